@@ -1,0 +1,229 @@
+"""One chat's conversation and its (at most one) running reply: job results -> text, stats, storage.
+
+Timing comes from token events: the moment each streaming result carrying tokens reaches this
+coroutine, never from repaints. The partial reply is written to the store at most SAVE_INTERVAL_S
+after it changed (a timer, so a stalled stream is still saved), so a killed process loses at most
+about that much of one reply and nothing already completed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+from app.store import ChatSettings, Message, ReplyStats, Store
+
+log = logging.getLogger(__name__)
+
+SAVE_INTERVAL_S = 0.5
+
+
+def spawn(coro, on_error: Callable[[str], None] | None = None) -> asyncio.Task:
+    """Run a coroutine from a Qt slot; its exception is logged and shown, never lost in the loop."""
+    task = asyncio.ensure_future(coro)
+
+    def done(t: asyncio.Task) -> None:
+        if not t.cancelled() and t.exception() is not None:
+            exc = t.exception()
+            log.warning("background task failed: %s", exc)
+            if on_error is not None:
+                on_error(f"{type(exc).__name__}: {exc}")
+
+    task.add_done_callback(done)
+    return task
+
+
+class ReplyTracker:
+    """Folds one job's results into reply text and ReplyStats."""
+
+    def __init__(self, sent_at: float, prompt_tokens: int | None = None):
+        self.sent_at = sent_at
+        self.text = ""
+        self.stats = ReplyStats(state="queued", prompt_tokens=prompt_tokens)
+        self._first_at: float | None = None
+        self._first_n = 0
+
+    def feed(self, r: dict, now: float) -> None:
+        stage = r.get("stage")
+        s = self.stats
+        if stage == "deferred":
+            s.state = "deferred"
+        elif stage == "started":
+            s.state, s.progress = "prefill", 0.0
+            if r.get("cached_tokens") is not None:
+                s.cached_tokens = r["cached_tokens"]
+        elif stage == "prefill":
+            s.state = "prefill"
+            s.progress = r["curr_progress"] / max(1, r["max_progress"])
+        elif stage == "streaming":
+            self.text += r.get("text", "")
+            n = len(r.get("token_ids") or ())
+            if n:
+                if self._first_at is None:
+                    self._first_at, self._first_n = now, n
+                    s.ttft_s = now - self.sent_at
+                s.new_tokens += n
+                if now > self._first_at and s.new_tokens > self._first_n:
+                    s.tokens_per_s = (s.new_tokens - self._first_n) / (now - self._first_at)
+            s.state = "streaming"
+            if r.get("eos"):
+                self._finish(r)
+
+    def _finish(self, r: dict) -> None:
+        s = self.stats
+        s.eos_reason = r.get("eos_reason")
+        s.state = "stopped" if s.eos_reason == "cancelled" else "done"
+        for key in ("prompt_tokens", "cached_tokens", "new_tokens"):
+            if r.get(key) is not None:
+                setattr(s, key, r[key])
+
+    def fail(self, exc: BaseException) -> None:
+        self.stats.state = "error"
+        self.stats.error = f"{type(exc).__name__}: {exc}"
+
+
+class ChatSession(QObject):
+    """The model of one chat pane: history from the store, one reply at a time through the engine."""
+
+    history_changed = Signal()  # messages added/removed: views rebuild
+    renamed = Signal(str)
+    settings_changed = Signal()
+    reply_changed = Signal(int)  # message id of the reply whose text/stats changed
+    reply_finished = Signal(int)
+
+    def __init__(self, store: Store, chat_id: int, engine, parent: QObject | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        super().__init__(parent)
+        self.store = store
+        self.chat_id = chat_id
+        self.engine = engine
+        self.clock = clock
+        self.chat = store.chat(chat_id)
+        self.messages: list[Message] = store.messages(chat_id)
+        self.task: asyncio.Task | None = None
+        self._tracker: ReplyTracker | None = None
+        self._reply: Message | None = None
+        self._save_handle: asyncio.TimerHandle | None = None
+
+    # --- queries -------------------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    @property
+    def settings(self) -> ChatSettings:
+        return self.chat.settings
+
+    def live(self, message_id: int) -> tuple[str, ReplyStats] | None:
+        """Current text and stats of the streaming reply (ahead of the stored copy)."""
+        if self._reply is not None and self._reply.id == message_id:
+            return self._tracker.text, self._tracker.stats
+        return None
+
+    # --- commands ------------------------------------------------------------------------------
+
+    def set_settings(self, settings: ChatSettings) -> None:
+        self.store.set_settings(self.chat_id, settings.validate())
+        self.chat = self.store.chat(self.chat_id)
+        self.settings_changed.emit()
+
+    def rename(self, title: str) -> None:
+        self.store.rename_chat(self.chat_id, title)
+        self.chat = self.store.chat(self.chat_id)
+        self.renamed.emit(self.chat.title)
+
+    def send(self, text: str) -> asyncio.Task:
+        """Add a user message and start the reply."""
+        if not text.strip():
+            raise ValueError("cannot send an empty message")
+        if self.running:
+            raise RuntimeError("this chat is still replying; stop it first")
+        self.messages.append(self.store.add_message(self.chat_id, "user", text))
+        if len([m for m in self.messages if m.role == "user"]) == 1 and self.chat.title == "New chat":
+            self.rename(text.strip().splitlines()[0][:48])
+        return self._start()
+
+    async def regenerate(self) -> asyncio.Task:
+        """Drop the replies after the last user message and answer it again."""
+        await self.stop()
+        users = [i for i, m in enumerate(self.messages) if m.role == "user"]
+        if not users:
+            raise RuntimeError("nothing to regenerate: the chat has no user message")
+        self._truncate(users[-1] + 1)
+        return self._start()
+
+    async def edit(self, message_id: int, text: str) -> asyncio.Task:
+        """Replace a user message, dropping everything after it, and answer the new text."""
+        await self.stop()
+        idx = next((i for i, m in enumerate(self.messages) if m.id == message_id), None)
+        if idx is None or self.messages[idx].role != "user":
+            raise ValueError(f"message {message_id} is not a user message of chat {self.chat_id}")
+        self._truncate(idx)
+        return self.send(text)
+
+    async def stop(self) -> None:
+        """Cancel the running reply (its pages return to the cache) and wait until it is recorded."""
+        task = self.task
+        if task is None or task.done():
+            return
+        await self.engine.cancel(self.chat_id)
+        await asyncio.wait([task])
+
+    # --- reply ---------------------------------------------------------------------------------
+
+    def _truncate(self, index: int) -> None:
+        if index < len(self.messages):
+            self.store.delete_from(self.chat_id, self.messages[index].id)
+            del self.messages[index:]
+        self.history_changed.emit()
+
+    def _start(self) -> asyncio.Task:
+        history = [{"role": m.role, "content": m.content} for m in self.messages]
+        reply = self.store.add_message(self.chat_id, "assistant", "", ReplyStats(state="queued"))
+        self.messages.append(reply)
+        self._reply, self._tracker = reply, ReplyTracker(self.clock())
+        self.history_changed.emit()
+        self.task = asyncio.get_running_loop().create_task(self._run(reply, history))
+        return self.task
+
+    async def _run(self, reply: Message, history: list[dict]) -> None:
+        tracker = self._tracker
+        try:
+            job, tracker.stats.prompt_tokens = self.engine.start_job(self.chat_id, history, self.settings)
+            self._changed(reply)
+            async for r in job:
+                tracker.feed(r, self.clock())
+                self._changed(reply)
+            if tracker.stats.state not in ("done", "stopped"):  # ended without eos (generator closed)
+                tracker.stats.state = "stopped"
+        except asyncio.CancelledError:  # the task itself was cancelled (app closing)
+            tracker.stats.state = "stopped"
+            await self.engine.cancel(self.chat_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - shown under the reply, never raised into the loop
+            log.warning("chat %s reply failed: %s", self.chat_id, exc)
+            tracker.fail(exc)
+        finally:
+            self.engine.job_ended(self.chat_id)
+            if self._save_handle is not None:
+                self._save_handle.cancel()
+                self._save_handle = None
+            reply.content, reply.stats = tracker.text, replace(tracker.stats)
+            self.store.update_reply(reply.id, reply.content, reply.stats)
+            self._reply = self._tracker = None
+            self.reply_finished.emit(reply.id)
+
+    def _changed(self, reply: Message) -> None:
+        self.reply_changed.emit(reply.id)
+        if self._save_handle is None:
+            self._save_handle = asyncio.get_running_loop().call_later(SAVE_INTERVAL_S, self._save_partial)
+
+    def _save_partial(self) -> None:
+        self._save_handle = None
+        if self._reply is not None:
+            self.store.update_reply(self._reply.id, self._tracker.text, self._tracker.stats)

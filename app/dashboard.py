@@ -1,0 +1,382 @@
+"""The live cache dashboard: page map plus scrolling time series fed by generator.metrics() snapshots.
+
+The app pushes a snapshot about ten times a second while chats stream, so a push must stay cheap and
+must not allocate ever-growing history: every series lives in one preallocated ring buffer that is
+updated in place, and rates are derived here from the engine's raw monotonic counters.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
+
+from app.pagemap import PageMapWidget
+
+REQUIRED_KEYS = (
+    "pages_total", "pages_referenced", "pages_cached", "pages_free", "page_states", "page_shared",
+    "page_owner_identifiers", "active_jobs", "pending_jobs", "deferred_jobs", "batch_size",
+    "prefill_tokens_step", "decode_tokens_step", "tokens_generated_total", "steps_total",
+    "drafted_tokens_total", "accepted_tokens_total", "accepted_per_position", "sampling_threads_busy",
+    "sampling_threads_max", "prefix_hit_tokens_total", "loras", "snapshot_time",
+)
+SERIES_FIELDS = (
+    "time", "referenced_pct", "cached_pct", "active", "pending", "deferred", "tokens_per_s",
+    "acceptance_pct", "sampling_busy", "sampling_max", "tokens_total", "drafted_total", "accepted_total",
+)
+WARN_OCCUPANCY_PCT = 90.0
+OK_PEN = pg.mkPen((80, 200, 120), width=1)
+WARN_PEN = pg.mkPen((255, 90, 60), width=2)
+
+
+class RingSeries:
+    """Fixed-capacity multi-field time series.
+
+    Each sample is written twice (slot i and i + capacity), so the newest `len(self)` samples are always
+    one contiguous slice: plotting needs no copy and nothing grows after construction.
+    """
+
+    def __init__(self, capacity: int, fields: Sequence[str]) -> None:
+        if capacity < 2:
+            raise ValueError(f"RingSeries capacity must be >= 2, got {capacity}")
+        self.capacity = capacity
+        self._field = {name: i for i, name in enumerate(fields)}
+        self._data = np.full((len(fields), 2 * capacity), np.nan)
+        self._head = 0
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def nbytes(self) -> int:
+        return self._data.nbytes
+
+    def append(self, values: Mapping[str, float]) -> None:
+        """Add one sample; fields not given are NaN."""
+        i = self._head
+        self._data[:, i] = np.nan
+        for name, value in values.items():
+            self._data[self._field[name], i] = value
+        self._data[:, i + self.capacity] = self._data[:, i]
+        self._head = (i + 1) % self.capacity
+        self._count = min(self._count + 1, self.capacity)
+
+    def set_last(self, name: str, value: float) -> None:
+        """Overwrite a field of the newest sample (both copies)."""
+        if not self._count:
+            raise IndexError("RingSeries is empty")
+        i = (self._head - 1) % self.capacity
+        self._data[self._field[name], i] = self._data[self._field[name], i + self.capacity] = value
+
+    def column(self, name: str) -> np.ndarray:
+        """Newest samples of one field, oldest first, as a view into the ring."""
+        start = self._head + self.capacity - self._count
+        return self._data[self._field[name], start:start + self._count]
+
+    def clear(self) -> None:
+        self._data.fill(np.nan)
+        self._head = self._count = 0
+
+
+class _Monotonic:
+    """Keeps a raw counter monotonic across generator restarts (a model reload resets it to zero)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+        self.last_raw: float | None = None
+
+    def __call__(self, raw: float) -> float:
+        if self.last_raw is not None and raw < self.last_raw:
+            self.offset += self.last_raw
+        self.last_raw = raw
+        return raw + self.offset
+
+
+class DashboardDock(QDockWidget):
+    """Dock with the page-table map and 60 s of occupancy, jobs, tokens/s, acceptance and sampler load."""
+
+    def __init__(self, parent: QWidget | None = None, window_s: float = 60.0, capacity: int = 1024,
+                 rate_window_s: float = 1.0) -> None:
+        super().__init__("Cache dashboard", parent)
+        self.setObjectName("DashboardDock")
+        if window_s <= 0 or rate_window_s <= 0:
+            raise ValueError("window_s and rate_window_s must be positive")
+        self.window_s = window_s
+        self.rate_window_s = rate_window_s
+        self.series = RingSeries(capacity, SERIES_FIELDS)
+        self._x = np.zeros(capacity)  # scratch for "seconds ago" x values, reused every push
+        self._counters = {k: _Monotonic() for k in ("tokens", "drafted", "accepted")}
+        self._last_time: float | None = None
+        self._warn = False
+        self._y_top: dict[str, float] = {}
+        self.tokens_per_second: float | None = None
+        self.acceptance_rate: float | None = None  # over the window; None = n/a
+        self.snapshot: dict | None = None
+        self._build()
+
+    # ----------------------------------------------------------------------------------- layout
+    def _build(self) -> None:
+        body = QWidget()
+        self.page_map = PageMapWidget()
+        self.charts = pg.GraphicsLayoutWidget()
+        self.charts.setBackground((18, 19, 23))
+        self.plots: dict[str, pg.PlotItem] = {}
+        colours = {
+            "referenced_pct": (80, 200, 120), "cached_pct": (128, 134, 150), "active": (31, 119, 180),
+            "pending": (255, 127, 14), "deferred": (200, 110, 230), "tokens_per_s": (23, 190, 207),
+            "acceptance_pct": (188, 189, 34), "sampling_busy": (227, 119, 194), "sampling_max": (150, 150, 150),
+        }
+
+        def key(name: str, text: str) -> str:
+            r, g, b = colours[name]
+            return f"<span style='color: rgb({r},{g},{b})'>&#9644; {text}</span>"
+
+        titles = {
+            "occupancy": f"page occupancy %: {key('referenced_pct', 'in use')} {key('cached_pct', 'cached')}",
+            "jobs": f"jobs: {key('active', 'active (batch)')} {key('pending', 'pending')} {key('deferred', 'deferred')}",
+            "tokens": "tokens/s (all chats)",
+            "acceptance": "speculative acceptance % (accepted / drafted)",
+            "sampling": f"sampling threads: {key('sampling_busy', 'busy')} {key('sampling_max', 'max')}",
+        }
+        for row, (key, title) in enumerate(titles.items()):
+            plot = self.charts.addPlot(row=row, col=0, title=title)
+            plot.setMouseEnabled(x=False, y=False)
+            plot.setMenuEnabled(False)
+            plot.hideButtons()
+            plot.setXRange(-self.window_s, 0, padding=0)
+            plot.showGrid(x=True, y=True, alpha=0.15)
+            plot.getAxis("left").setWidth(42)
+            for axis in ("left", "bottom"):  # axes + grid repaint from a pixmap unless their range changes
+                plot.getAxis(axis).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            if key != "sampling":
+                plot.hideAxis("bottom")  # one shared time axis at the bottom; fewer axes to paint
+            else:
+                plot.setLabel("bottom", "seconds ago")
+            if row:
+                plot.setXLink(self.plots["occupancy"])
+            self.plots[key] = plot
+        self.plots["occupancy"].setYRange(0, 100, padding=0.02)
+        self.plots["acceptance"].setYRange(0, 100, padding=0.02)
+        self.plots["occupancy"].addLine(y=WARN_OCCUPANCY_PCT, pen=pg.mkPen((255, 90, 60), style=Qt.DashLine))
+        fin = {"connect": "finite"}
+
+        def curve(plot: str, **opts) -> pg.PlotCurveItem:
+            item = pg.PlotCurveItem(**opts)  # lighter than PlotDataItem: no symbols/downsampling layers
+            self.plots[plot].addItem(item)
+            return item
+
+        self.curves = {
+            "referenced_pct": curve("occupancy", pen=OK_PEN, **fin),
+            "cached_pct": curve("occupancy", pen=pg.mkPen(colours["cached_pct"], width=1), **fin),
+            "active": curve("jobs", pen=pg.mkPen(colours["active"], width=1), **fin),
+            "pending": curve("jobs", pen=pg.mkPen(colours["pending"], width=1), **fin),
+            "deferred": curve("jobs", pen=pg.mkPen(colours["deferred"], width=1), **fin),
+            "tokens_per_s": curve("tokens", pen=pg.mkPen(colours["tokens_per_s"], width=1), fillLevel=0,
+                                                      brush=(*colours["tokens_per_s"], 50), **fin),
+            "acceptance_pct": curve("acceptance", pen=pg.mkPen(colours["acceptance_pct"], width=1), **fin),
+            "sampling_busy": curve("sampling", pen=pg.mkPen(colours["sampling_busy"], width=1), **fin),
+            "sampling_max": curve("sampling", pen=pg.mkPen(colours["sampling_max"], style=Qt.DashLine),
+                                                        **fin),
+        }
+        self.na_text = pg.TextItem("n/a — nothing drafted", color=(170, 170, 170), anchor=(0.5, 0.5))
+        self.plots["acceptance"].addItem(self.na_text)
+        self.na_text.setPos(-self.window_s / 2, 50)
+
+        self.pages_label, self.jobs_label, self.tokens_label = QLabel(), QLabel(), QLabel()
+        self.acceptance_label, self.sampling_label, self.cache_label = QLabel(), QLabel(), QLabel()
+        self.lora_label = QLabel("LoRA: none")
+        stats = QVBoxLayout()
+        stats.setContentsMargins(4, 2, 4, 2)
+        stats.setSpacing(1)
+        for label in (self.pages_label, self.jobs_label, self.tokens_label, self.acceptance_label,
+                      self.sampling_label, self.cache_label, self.lora_label):
+            label.setTextFormat(Qt.PlainText)  # plain text lays out far faster than rich text at 10 Hz
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long lines must not widen the dock
+            stats.addWidget(label)
+        self.acceptance_label.setText("speculative acceptance: n/a (nothing drafted)")
+        lower = QWidget()
+        lower_layout = QVBoxLayout(lower)
+        lower_layout.setContentsMargins(0, 0, 0, 0)
+        lower_layout.addLayout(stats)
+        lower_layout.addWidget(self.charts, 1)
+        splitter = QSplitter(Qt.Vertical)
+        splitter.addWidget(self.page_map)
+        splitter.addWidget(lower)
+        splitter.setStretchFactor(0, 2)
+        splitter.setStretchFactor(1, 3)
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(2, 2, 2, 2)
+        layout.addWidget(splitter)
+        self.setWidget(body)
+
+    # ----------------------------------------------------------------------------------- feeding
+    def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:
+        """Chat titles for job identifiers, shown when hovering the page map."""
+        self.page_map.set_identifier_labels(mapping)
+
+    def reset(self) -> None:
+        """Forget the history (e.g. after a model reload); the next push starts a fresh window."""
+        self.series.clear()
+        self._counters = {k: _Monotonic() for k in ("tokens", "drafted", "accepted")}
+        self._last_time = None
+
+    def push(self, snapshot: Mapping[str, object]) -> None:
+        """Take one generator.metrics() snapshot: redraw the page map, extend the series, refresh labels."""
+        missing = [k for k in REQUIRED_KEYS if k not in snapshot]
+        if missing:
+            raise ValueError(f"dashboard snapshot lacks metrics() keys: {', '.join(missing)}")
+        s = snapshot
+        total = int(s["pages_total"])
+        if total < 0:
+            raise ValueError(f"pages_total must be >= 0, got {total}")
+        self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"])
+        self.snapshot = dict(s)
+        t = float(s["snapshot_time"])
+        tokens = self._counters["tokens"](float(s["tokens_generated_total"]))
+        drafted = self._counters["drafted"](float(s["drafted_tokens_total"]))
+        accepted = self._counters["accepted"](float(s["accepted_tokens_total"]))
+        if self._last_time is None or t > self._last_time:
+            self._last_time = t
+            pct = 100.0 / total if total else 0.0
+            self.series.append({
+                "time": t, "referenced_pct": int(s["pages_referenced"]) * pct,
+                "cached_pct": int(s["pages_cached"]) * pct, "active": s["active_jobs"],
+                "pending": s["pending_jobs"], "deferred": s["deferred_jobs"],
+                "sampling_busy": s["sampling_threads_busy"], "sampling_max": s["sampling_threads_max"],
+                "tokens_total": tokens, "drafted_total": drafted, "accepted_total": accepted,
+            })
+            self._derive_rates(t)
+            self._redraw_series()
+        self._refresh_labels(s)
+
+    def _derive_rates(self, t: float) -> None:
+        times = self.series.column("time")
+        tok, dr, acc = (self.series.column(k) for k in ("tokens_total", "drafted_total", "accepted_total"))
+        n = len(times)
+        if n >= 2:
+            j = min(int(np.searchsorted(times, t - self.rate_window_s - 1e-6)), n - 2)
+            self.tokens_per_second = float((tok[-1] - tok[j]) / (t - times[j]))
+            self.series.set_last("tokens_per_s", self.tokens_per_second)
+            if dr[-1] > dr[j]:
+                self.series.set_last("acceptance_pct", 100.0 * (acc[-1] - acc[j]) / (dr[-1] - dr[j]))
+        w = int(np.searchsorted(times, t - self.window_s - 1e-6))
+        drafted = dr[-1] - dr[w]
+        self.acceptance_rate = float((acc[-1] - acc[w]) / drafted) if drafted > 0 else None
+
+    def _redraw_series(self) -> None:
+        times = self.series.column("time")
+        n = len(times)
+        x = self._x[:n]
+        np.subtract(times, times[-1], out=x)
+        for name, curve in self.curves.items():
+            curve.setData(x, self.series.column(name))
+        warn = self.series.column("referenced_pct")[-1] >= WARN_OCCUPANCY_PCT
+        if warn != self._warn:
+            self._warn = warn
+            self.curves["referenced_pct"].setPen(WARN_PEN if warn else OK_PEN)
+        visible = x >= -self.window_s
+        self._fit_y("jobs", ("active", "pending", "deferred"), visible, 1.0)
+        self._fit_y("tokens", ("tokens_per_s",), visible, 10.0)
+        self._fit_y("sampling", ("sampling_busy", "sampling_max"), visible, 1.0)
+        self.na_text.setVisible(self.acceptance_rate is None)
+
+    def _fit_y(self, plot: str, fields: Sequence[str], visible: np.ndarray, floor: float) -> None:
+        """Y range from 0 to the visible maximum; grows at once, shrinks only when far too tall (no jitter)."""
+        peak = floor
+        for f in fields:
+            col = self.series.column(f)[visible]
+            if col.size and np.isfinite(col).any():
+                peak = max(peak, float(np.nanmax(col)))
+        top = self._y_top.get(plot)
+        if top is None or peak > top or peak < 0.4 * top:
+            self._y_top[plot] = top = peak * 1.15
+            self.plots[plot].setYRange(0, top, padding=0)
+
+    def _refresh_labels(self, s: Mapping[str, object]) -> None:
+        total = int(s["pages_total"]) or 1
+        ref, cached, free = int(s["pages_referenced"]), int(s["pages_cached"]), int(s["pages_free"])
+        warn = 100.0 * ref / total >= WARN_OCCUPANCY_PCT
+        if warn != self.pages_label.property("warn"):
+            self.pages_label.setProperty("warn", warn)
+            self.pages_label.setStyleSheet("color: #e0442a; font-weight: bold;" if warn else "")
+        _set_text(self.pages_label, f"pages: {ref} in use · {cached} cached · {free} free / {s['pages_total']}"
+                                    + ("  (nearly full)" if warn else ""))
+        _set_text(self.jobs_label, f"jobs: {s['active_jobs']} active (step batch {s['batch_size']}) · "
+                                   f"{s['pending_jobs']} pending · {s['deferred_jobs']} deferred")
+        tps = "–" if self.tokens_per_second is None else f"{self.tokens_per_second:,.1f}"
+        _set_text(self.tokens_label, f"tokens/s: {tps} · last step: {s['prefill_tokens_step']} prefill, "
+                                     f"{s['decode_tokens_step']} decode tokens")
+        if self.acceptance_rate is None:
+            _set_text(self.acceptance_label, "speculative acceptance: n/a (nothing drafted)")
+        else:
+            per_pos = " · ".join(_si(float(v)) for v in list(s["accepted_per_position"])[:8])
+            _set_text(self.acceptance_label, f"speculative acceptance: {100 * self.acceptance_rate:.1f} % "
+                                             f"(last {self.window_s:.0f} s) · accepted by draft position: {per_pos}")
+        _set_text(self.sampling_label,
+                  f"sampling threads: {s['sampling_threads_busy']} / {s['sampling_threads_max']} busy")
+        _set_text(self.cache_label, f"prefix-cache hits: {_si(float(s['prefix_hit_tokens_total']))} tokens · "
+                                    f"steps: {_si(float(s['steps_total']))}")
+        loras = list(s["loras"])
+        _set_text(self.lora_label, "LoRA: " + (", ".join(str(x) for x in loras) if loras else "none"))
+
+
+def _set_text(label: QLabel, text: str) -> None:
+    """A label relayout + repaint costs more than everything else in a push; skip it when unchanged."""
+    if label.text() != text:
+        label.setText(text)
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f}"
+
+
+def bench(pages: Sequence[int] = (1024, 16384), snapshots: int = 200) -> dict[int, dict[str, float]]:
+    """Mean / p99 cost of push() plus a synchronous repaint, per page count (needs a QApplication)."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.screenshots import SimulatedWorkload
+
+    app = QApplication.instance() or QApplication([])
+    results = {}
+    for n in pages:
+        dock = DashboardDock()
+        dock.resize(520, 900)
+        dock.show()
+        work = SimulatedWorkload(pages_total=n, seed=1)
+        snaps = [work.step(0.1) for _ in range(snapshots)]
+        costs = []
+        for snap in snaps:
+            t0 = time.perf_counter()
+            dock.push(snap)
+            dock.repaint()
+            dock.page_map.view.viewport().repaint()
+            dock.charts.viewport().repaint()
+            costs.append(time.perf_counter() - t0)
+            app.processEvents()
+        costs_ms = np.array(costs[10:]) * 1e3
+        results[n] = {"mean_ms": float(costs_ms.mean()), "p99_ms": float(np.percentile(costs_ms, 99)),
+                      "max_ms": float(costs_ms.max())}
+        dock.close()
+        dock.deleteLater()
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Measure the dashboard's cost per metrics snapshot.")
+    parser.add_argument("--pages", type=int, nargs="+", default=[1024, 16384])
+    parser.add_argument("--snapshots", type=int, default=200)
+    args = parser.parse_args(argv)
+    for n, r in bench(args.pages, args.snapshots).items():
+        print(f"{n:>6} pages: push+paint mean {r['mean_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, max {r['max_ms']:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,234 @@
+"""The app's one engine: loads models off the UI thread, owns the generator, starts chat jobs, feeds metrics.
+
+Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so all chats batch together.
+Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
+loaded completely, so a bad path or a broken file leaves the previous model serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.store import ChatSettings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CACHE_TOKENS = 8192
+PAGE_SIZE = 256
+KV_QUANT = (None, "q8", "q6", "q4")
+
+
+@dataclass
+class LoadRequest:
+    """What the model panel asks for (its load_requested dict, checked)."""
+
+    path: str | None = None
+    cache_tokens: int = DEFAULT_CACHE_TOKENS
+    kv_quant: str | None = None
+    draft_model: str | None = None
+    use_ngram: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoadRequest":
+        unknown = set(d) - {"path", "cache_tokens", "kv_quant", "draft_model", "use_ngram"}
+        if unknown:
+            raise ValueError(f"unknown model load options: {sorted(unknown)}")
+        req = cls(**d)
+        if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
+            raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
+        if req.kv_quant not in KV_QUANT:
+            raise ValueError(f"kv_quant must be one of {KV_QUANT}, got {req.kv_quant!r}")
+        if req.path is not None and not Path(req.path).exists():
+            raise FileNotFoundError(f"model path does not exist: {req.path}")
+        if req.draft_model is not None and not Path(req.draft_model).exists():
+            raise FileNotFoundError(f"draft model path does not exist: {req.draft_model}")
+        return req
+
+
+class EngineService(QObject):
+    """Signals carry plain Python objects so panels never see engine types."""
+
+    load_progress = Signal(float)
+    loaded = Signal(object)  # info dict (see _info)
+    load_failed = Signal(str)
+    metrics = Signal(object)  # generator.metrics() snapshot, ~10 Hz while a model is loaded
+    loras_active = Signal(object)  # list of adapter names now applied
+    loras_pending = Signal(bool)
+    lora_failed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
+        super().__init__(parent)
+        self.model = self.tokenizer = self.cache = self.generator = None
+        self.info: dict | None = None
+        self.loading = False
+        self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
+        self._timer = QTimer(self)
+        self._timer.setInterval(metrics_interval_ms)
+        self._timer.timeout.connect(self._push_metrics)
+
+    # --- model ---------------------------------------------------------------------------------
+
+    async def load(self, request: LoadRequest | dict | None = None) -> bool:
+        """Load a model (None path = the embedded default); False (and load_failed) on any error."""
+        if self.loading:
+            self.load_failed.emit("a model is already loading; wait for it to finish")
+            return False
+        self.loading = True
+        loop = asyncio.get_running_loop()
+        try:
+            req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
+
+            def progress(fraction: float) -> None:
+                loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
+
+            t0 = time.perf_counter()
+            model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress)
+            import engine
+
+            options: dict[str, Any] = {}
+            if draft is not None:
+                options.update(draft_model=draft[0], draft_cache=draft[1])
+            if req.use_ngram:
+                options["use_ngram_draft"] = True
+            generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer, **options)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the previous model
+            log.warning("model load failed: %s", exc)
+            kept = f" (still using {self.info['name']})" if self.info else ""
+            self.load_failed.emit(f"Could not load model: {type(exc).__name__}: {exc}{kept}")
+            return False
+        finally:
+            self.loading = False
+        await self._retire()
+        self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
+        self.info = self._info(req, time.perf_counter() - t0)
+        self._timer.start()
+        self.loaded.emit(self.info)
+        return True
+
+    @staticmethod
+    def _build(req: LoadRequest, progress) -> tuple:
+        """Runs on a worker thread: everything slow (reading weights, allocating the cache)."""
+        import engine
+
+        model = engine.Model.load(req.path, progress=progress)
+        tokenizer = engine.Tokenizer.load(req.path)
+        cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)
+        draft = None
+        if req.draft_model is not None:
+            dm = engine.Model.load(req.draft_model)
+            draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
+        return model, tokenizer, cache, draft
+
+    def _info(self, req: LoadRequest, seconds: float) -> dict:
+        m = self.model
+        return {
+            "name": m.name,
+            "path": str(m.path) if m.path is not None else None,
+            "params": m.num_parameters(),
+            "memory_bytes": m.memory_bytes() + self.cache.memory_bytes(),
+            "device": str(m.device),
+            "dtype": str(m.dtype).removeprefix("torch."),
+            "cache_tokens": self.cache.max_tokens,
+            "pages": self.cache.num_pages,
+            "kv_quant": req.kv_quant,
+            "load_seconds": round(seconds, 2),
+        }
+
+    async def _retire(self) -> None:
+        """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
+        old, self.generator = self.generator, None
+        for job in list(self._jobs.values()):
+            await job.cancel()
+        self._jobs.clear()
+        if old is not None:
+            await old.close()
+
+    async def close(self) -> None:
+        self._timer.stop()
+        await self._retire()
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def prompt_ids(self, history: list[dict], settings: ChatSettings):
+        """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job)."""
+        if self.tokenizer is None:
+            raise RuntimeError("no model is loaded yet")
+        messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + history
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
+
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
+        """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
+        if self.generator is None:
+            raise RuntimeError("no model is loaded yet" if not self.loading else "the model is still loading")
+        if identifier in self._jobs:
+            raise RuntimeError(f"chat {identifier} already has a reply running")
+        import engine
+
+        settings.validate()
+        ids = self.prompt_ids(history, settings)
+        sampler = engine.SamplerSettings(
+            temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+            min_p=settings.min_p, token_repetition_penalty=settings.repetition_penalty,
+        )
+        sampler.validate()
+        stops = sorted(self.tokenizer.stop_token_ids) + list(settings.stop_strings)
+        job = engine.DynamicJobAsync(
+            self.generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=sampler,
+            seed=settings.seed, stop_conditions=stops, identifier=identifier,
+        )
+        self._jobs[identifier] = job
+        return job, ids.shape[-1]
+
+    def job_ended(self, identifier: Any) -> None:
+        self._jobs.pop(identifier, None)
+
+    async def cancel(self, identifier: Any) -> None:
+        """Cancel a chat's reply; when this returns its pages are back with the generator."""
+        job = self._jobs.pop(identifier, None)
+        if job is not None:
+            await job.cancel()
+
+    @property
+    def running(self) -> list:
+        return list(self._jobs)
+
+    # --- LoRA ----------------------------------------------------------------------------------
+
+    async def apply_loras(self, pairs: list[tuple[str, float]]) -> bool:
+        """Swap adapters: at once when idle, else pending until running jobs finish (new ones defer)."""
+        if self.generator is None:
+            self.lora_failed.emit("load a model before applying LoRA adapters")
+            return False
+        paths = [str(p) for p, _ in pairs]
+        scales = [float(s) for _, s in pairs]
+        self.loras_pending.emit(True)
+        try:
+            await self.generator.set_loras(paths or None, scales or None)
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
+            self.lora_failed.emit(f"Could not apply LoRA set: {type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self.loras_pending.emit(False)
+        self.loras_active.emit([Path(p).name for p in paths])
+        return True
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict | None:
+        return self.generator.metrics() if self.generator is not None else None
+
+    def _push_metrics(self) -> None:
+        try:
+            snap = self.snapshot()
+        except Exception as exc:  # noqa: BLE001 - a dashboard hiccup must not kill the timer
+            log.warning("metrics() failed: %s", exc)
+            return
+        if snap is not None:
+            self.metrics.emit(snap)

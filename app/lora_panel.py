@@ -1,0 +1,255 @@
+"""The LoRA panel: find PEFT adapters on disk, pick a set with scales, ask for a swap.
+
+The panel never touches the engine: Apply emits the chosen (path, scale) list and the app decides when
+the swap can happen (at once when idle, otherwise pending until running jobs finish). Adapters are only
+inspected here (config + safetensors header) so a broken folder is flagged before anyone tries it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDoubleSpinBox, QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+    QTableWidgetItem, QVBoxLayout, QWidget,
+)
+
+WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+DEFAULT_LORA_DIR = Path(__file__).resolve().parent.parent / "resources" / "loras"
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    """What the panel knows about one adapter folder; `problem` is set when it can't be used."""
+
+    name: str
+    path: Path
+    rank: int | None = None
+    alpha: float | None = None
+    targets: tuple[str, ...] = ()
+    base_model: str | None = None
+    problem: str | None = None
+
+    def summary(self) -> str:
+        if self.problem:
+            return f"unusable: {self.problem}"
+        parts = [f"r={self.rank}" if self.rank is not None else "r=?"]
+        if self.alpha is not None:
+            parts.append(f"alpha={self.alpha:g}")
+        if self.targets:
+            parts.append("/".join(self.targets))
+        if self.base_model:
+            parts.append(f"base {self.base_model}")
+        return ", ".join(parts)
+
+
+def is_adapter_dir(path: Path) -> bool:
+    """A PEFT adapter folder: adapter_config.json plus adapter weights."""
+    return (path / "adapter_config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
+
+
+def inspect_adapter(path: Path) -> AdapterInfo:
+    """Read an adapter's config (and safetensors header) without loading weights; never raises."""
+    path = Path(path)
+    name = path.name
+    try:
+        config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError("adapter_config.json is not a JSON object")
+    except (OSError, ValueError) as exc:
+        return AdapterInfo(name, path, problem=f"bad adapter_config.json ({exc})")
+    targets = config.get("target_modules") or ()
+    if isinstance(targets, str):
+        targets = (targets,)
+    info = dict(rank=config.get("r"), alpha=config.get("lora_alpha"),
+                targets=tuple(str(t) for t in targets), base_model=config.get("base_model_name_or_path"))
+    weights = path / WEIGHT_FILES[0]
+    if weights.is_file():
+        try:
+            from safetensors import safe_open
+
+            with safe_open(str(weights), framework="numpy") as f:
+                if not list(f.keys()):
+                    raise ValueError("no tensors")
+        except Exception as exc:  # the library raises several types for a corrupt header
+            return AdapterInfo(name, path, problem=f"unreadable {weights.name} ({exc})", **info)
+    return AdapterInfo(name, path, **info)
+
+
+def scan_folder(folder: Path) -> list[AdapterInfo]:
+    """Adapters in `folder`: the folder itself if it is one, else its immediate sub-folders."""
+    folder = Path(folder)
+    if is_adapter_dir(folder):
+        return [inspect_adapter(folder)]
+    return [inspect_adapter(p) for p in sorted(folder.iterdir()) if p.is_dir() and is_adapter_dir(p)]
+
+
+class LoraPanel(QWidget):
+    """Lists adapters from resources/loras/ and user folders; Apply emits [(adapter_path, scale), ...]."""
+
+    apply_requested = Signal(object)
+
+    COL_NAME, COL_SCALE, COL_INFO = range(3)
+
+    def __init__(self, parent: QWidget | None = None, lora_dir: str | Path | None = DEFAULT_LORA_DIR) -> None:
+        super().__init__(parent)
+        self._folders: list[Path] = []
+        self._adapters: list[AdapterInfo] = []
+        self.active_label = QLabel("Active LoRA: none")
+        self.active_label.setWordWrap(True)
+        self.active_label.setStyleSheet("font-weight: bold;")
+        self.pending_label = QLabel("swap pending: waiting for running jobs")
+        self.pending_label.setStyleSheet("color: #b8860b;")
+        self.pending_label.hide()
+        self.error_label = QLabel()
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("color: #d0342c;")
+        self.error_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.error_label.hide()
+        self.table = QTableWidget(0, 3)
+        self.table.setHorizontalHeaderLabels(["adapter", "scale", "details"])
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(self.COL_INFO, QHeaderView.Stretch)
+        self.table.setSelectionMode(QTableWidget.NoSelection)
+        self.empty_label = QLabel("No adapters found. Add a folder with PEFT adapters "
+                                  "(adapter_config.json + adapter_model.safetensors).")
+        self.empty_label.setWordWrap(True)
+        self.add_button = QPushButton("Add folder…")
+        self.clear_button = QPushButton("None")
+        self.clear_button.setToolTip("Uncheck all adapters (Apply then removes every LoRA)")
+        self.apply_button = QPushButton("Apply")
+        self.apply_button.setDefault(True)
+        self.add_button.clicked.connect(self._choose_folder)
+        self.clear_button.clicked.connect(self.clear_selection)
+        self.apply_button.clicked.connect(self.apply)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.add_button)
+        buttons.addStretch(1)
+        buttons.addWidget(self.clear_button)
+        buttons.addWidget(self.apply_button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.active_label)
+        layout.addWidget(self.pending_label)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.empty_label)
+        layout.addWidget(self.error_label)
+        layout.addLayout(buttons)
+        if lora_dir is not None and Path(lora_dir).is_dir():
+            self.add_folder(lora_dir)
+        self._refresh_empty()
+
+    # ----------------------------------------------------------------------------------- folders
+    def folders(self) -> list[str]:
+        """Folders scanned so far (for the app to remember between sessions)."""
+        return [str(f) for f in self._folders]
+
+    def adapters(self) -> list[AdapterInfo]:
+        return list(self._adapters)
+
+    def add_folder(self, path: str | Path) -> int:
+        """Scan `path` (an adapter folder or a folder of them); returns how many new adapters it added."""
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"LoRA folder does not exist or is not a directory: {folder}")
+        folder = folder.resolve()
+        if folder not in self._folders:
+            self._folders.append(folder)
+        known = {a.path.resolve() for a in self._adapters}
+        added = 0
+        for info in scan_folder(folder):
+            if info.path.resolve() not in known:
+                self._add_row(info)
+                added += 1
+        self._refresh_empty()
+        return added
+
+    def rescan(self) -> None:
+        """Pick up adapters added on disk since the last scan (e.g. freshly trained demo adapters)."""
+        for folder in list(self._folders):
+            if folder.is_dir():
+                self.add_folder(folder)
+
+    def _choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Folder with LoRA adapters")
+        if not path:
+            return
+        try:
+            if self.add_folder(path) == 0:
+                self.show_error(f"No new adapters in {path} (looked for adapter_config.json + adapter weights).")
+            else:
+                self.error_label.hide()
+        except OSError as exc:
+            self.show_error(str(exc))
+
+    def _add_row(self, info: AdapterInfo) -> None:
+        row = self.table.rowCount()
+        self.table.insertRow(row)
+        name = QTableWidgetItem(info.name)
+        name.setToolTip(str(info.path))
+        name.setFlags(Qt.ItemIsEnabled | Qt.ItemIsUserCheckable if not info.problem else Qt.NoItemFlags)
+        name.setCheckState(Qt.Unchecked)
+        self.table.setItem(row, self.COL_NAME, name)
+        scale = QDoubleSpinBox()
+        scale.setRange(-4.0, 4.0)
+        scale.setSingleStep(0.05)
+        scale.setDecimals(2)
+        scale.setValue(1.0)
+        scale.setEnabled(info.problem is None)
+        self.table.setCellWidget(row, self.COL_SCALE, scale)
+        details = QTableWidgetItem(info.summary())
+        details.setFlags(Qt.ItemIsEnabled)
+        details.setToolTip(info.summary())
+        if info.problem:
+            details.setForeground(Qt.red)
+        self.table.setItem(row, self.COL_INFO, details)
+        self.table.resizeColumnToContents(self.COL_NAME)
+        self._adapters.append(info)
+
+    def _refresh_empty(self) -> None:
+        self.empty_label.setVisible(not self._adapters)
+
+    # ----------------------------------------------------------------------------------- selection
+    def set_selection(self, choice: dict[str, float]) -> None:
+        """Check the adapters named (by folder name or path) with their scales; uncheck the rest."""
+        for row, info in enumerate(self._adapters):
+            scale = choice.get(info.name, choice.get(str(info.path)))
+            checked = scale is not None and info.problem is None
+            self.table.item(row, self.COL_NAME).setCheckState(Qt.Checked if checked else Qt.Unchecked)
+            if checked:
+                self.table.cellWidget(row, self.COL_SCALE).setValue(float(scale))
+
+    def clear_selection(self) -> None:
+        self.set_selection({})
+
+    def selection(self) -> list[tuple[str, float]]:
+        """The checked adapters as (adapter_path, scale), in list order."""
+        chosen = []
+        for row, info in enumerate(self._adapters):
+            if self.table.item(row, self.COL_NAME).checkState() == Qt.Checked:
+                chosen.append((str(info.path), float(self.table.cellWidget(row, self.COL_SCALE).value())))
+        return chosen
+
+    def apply(self) -> None:
+        """Emit the chosen set; an empty list means "no LoRA"."""
+        self.error_label.hide()
+        self.apply_requested.emit(self.selection())
+
+    # ----------------------------------------------------------------------------------- state shown
+    def set_active(self, names: list[str]) -> None:
+        """Show the adapters the generator runs with now."""
+        self.active_label.setText("Active LoRA: " + (", ".join(str(n) for n in names) if names else "none"))
+
+    def set_pending(self, pending: bool) -> None:
+        """Show that a swap waits for running jobs (new requests are deferred meanwhile)."""
+        self.pending_label.setVisible(bool(pending))
+
+    def show_error(self, msg: object) -> None:
+        """Show an error in the panel; never raises (it runs inside event-loop callbacks)."""
+        try:
+            text = str(msg)
+        except Exception:  # a message whose __str__ fails still gets reported
+            text = f"<unprintable {type(msg).__name__}>"
+        self.error_label.setText(f"LoRA error: {text}")
+        self.error_label.show()

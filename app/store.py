@@ -1,0 +1,324 @@
+"""Chat history in SQLite (WAL): chats, messages, per-chat settings and per-reply stats.
+
+WAL with synchronous=NORMAL makes every commit survive a killed process, so a reply's partial text
+saved while it streams (see ChatSession) is on disk within the save interval; only an OS crash can
+lose more. The store is used from one thread (the Qt/asyncio thread) per process.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Iterator
+
+import platformdirs
+
+SCHEMA_VERSION = 1
+
+# Reply states; the first four mean "still running" and become "interrupted" when a store is reopened
+# after the process that ran them died.
+RUNNING_STATES = ("queued", "deferred", "prefill", "streaming")
+FINAL_STATES = ("done", "stopped", "error", "interrupted")
+REPLY_STATES = RUNNING_STATES + FINAL_STATES
+ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatSettings:
+    """Per-chat system prompt and sampler settings (ExLlamaV2 sampler defaults)."""
+
+    system_prompt: str = "You are a helpful assistant."
+    temperature: float = 0.8
+    top_k: int = 50
+    top_p: float = 0.8
+    min_p: float = 0.0
+    repetition_penalty: float = 1.025
+    max_new_tokens: int = 1024
+    seed: int | None = None
+    stop_strings: tuple[str, ...] = ()
+
+    def validate(self) -> "ChatSettings":
+        """Raise ValueError naming the first bad field; return self so calls can chain."""
+        def bad(name: str, why: str) -> ValueError:
+            return ValueError(f"chat setting {name}={getattr(self, name)!r}: {why}")
+
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(name, "must be a finite number")
+        if not isinstance(self.system_prompt, str):
+            raise bad("system_prompt", "must be a string")
+        if self.temperature < 0:
+            raise bad("temperature", "must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]")
+        if not 0.0 <= self.min_p < 1.0:
+            raise bad("min_p", "must be in [0, 1)")
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", "must be > 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be an int >= 0 (0 disables it)")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise bad("max_new_tokens", "must be an int >= 1")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise bad("seed", "must be None (random) or an int >= 0")
+        if not all(isinstance(s, str) and s for s in self.stop_strings):
+            raise bad("stop_strings", "must be non-empty strings")
+        return self
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ChatSettings":
+        """Unknown keys (from a newer version) are dropped; missing ones take defaults."""
+        raw = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in raw.items() if k in known}
+        if "stop_strings" in values:
+            values["stop_strings"] = tuple(values["stop_strings"])
+        return cls(**values).validate()
+
+
+@dataclass
+class ReplyStats:
+    """What the user sees under a reply, kept after it ends."""
+
+    state: str = "queued"
+    progress: float = 0.0  # prefill fraction while state == "prefill"
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    new_tokens: int = 0
+    ttft_s: float | None = None  # request sent -> first token event
+    tokens_per_s: float | None = None  # from token event timestamps
+    eos_reason: str | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.state not in REPLY_STATES:
+            raise ValueError(f"unknown reply state {self.state!r}; expected one of {REPLY_STATES}")
+
+
+@dataclass
+class Chat:
+    id: int
+    title: str
+    created: float
+    updated: float
+    settings: ChatSettings = field(default_factory=ChatSettings)
+
+
+@dataclass
+class Message:
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    created: float
+    stats: ReplyStats | None = None  # assistant messages only
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids stay unique across deletes
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    settings TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids stay unique across deletes
+    chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+    content TEXT NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE TABLE IF NOT EXISTS reply_stats (
+    message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+    state TEXT NOT NULL,
+    progress REAL NOT NULL,
+    prompt_tokens INTEGER,
+    cached_tokens INTEGER,
+    new_tokens INTEGER NOT NULL,
+    ttft_s REAL,
+    tokens_per_s REAL,
+    eos_reason TEXT,
+    error TEXT
+);
+"""
+_STATS_COLS = [f.name for f in fields(ReplyStats)]
+
+
+def default_data_dir() -> Path:
+    return Path(platformdirs.user_data_dir("pagedeck", appauthor=False))
+
+
+class Store:
+    """One SQLite database file; `Store.open(data_dir)` creates it (and the folder) if needed."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; _tx() groups writes
+        self._db.row_factory = sqlite3.Row
+        mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode.lower() != "wal":
+            raise RuntimeError(f"{self.path}: SQLite refused WAL journal mode (got {mode!r})")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: schema version {version} is newer than this app ({SCHEMA_VERSION})")
+        if version == 0:
+            with self._tx():  # executescript would commit early, so one statement at a time
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self.recovered = self._recover()
+
+    @classmethod
+    def open(cls, data_dir: str | Path | None = None) -> "Store":
+        folder = Path(data_dir) if data_dir is not None else default_data_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        return cls(folder / "pagedeck.sqlite3")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _recover(self) -> list[int]:
+        """Replies still 'running' belong to a process that died: mark them interrupted, keep their text."""
+        marks = ",".join("?" * len(RUNNING_STATES))
+        ids = [r[0] for r in self._db.execute(f"SELECT message_id FROM reply_stats WHERE state IN ({marks})", RUNNING_STATES)]
+        if ids:
+            with self._tx():
+                self._db.executemany("UPDATE reply_stats SET state='interrupted' WHERE message_id=?", [(i,) for i in ids])
+        return ids
+
+    # --- chats ---------------------------------------------------------------------------------
+
+    def create_chat(self, title: str = "New chat", settings: ChatSettings | None = None) -> Chat:
+        settings = (settings or ChatSettings()).validate()
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO chats (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+            (self._title(title), now, now, settings.to_json()),
+        )
+        return Chat(cur.lastrowid, self._title(title), now, now, settings)
+
+    def chat(self, chat_id: int) -> Chat:
+        row = self._db.execute("SELECT * FROM chats WHERE id=?", (chat_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no chat with id {chat_id}")
+        return self._chat(row)
+
+    def chats(self, search: str = "") -> list[Chat]:
+        """Most recently updated first; `search` matches titles and message text, case-insensitively."""
+        if not search:
+            rows = self._db.execute("SELECT * FROM chats ORDER BY updated DESC, id DESC")
+        else:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            rows = self._db.execute(
+                "SELECT * FROM chats c WHERE c.title LIKE ?1 ESCAPE '\\' OR EXISTS ("
+                " SELECT 1 FROM messages m WHERE m.chat_id = c.id AND m.content LIKE ?1 ESCAPE '\\')"
+                " ORDER BY updated DESC, id DESC",
+                (pattern,),
+            )
+        return [self._chat(r) for r in rows]
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._must_change(self._db.execute("UPDATE chats SET title=?, updated=? WHERE id=?", (self._title(title), time.time(), chat_id)), chat_id)
+
+    def set_settings(self, chat_id: int, settings: ChatSettings) -> None:
+        settings.validate()
+        self._must_change(self._db.execute("UPDATE chats SET settings=? WHERE id=?", (settings.to_json(), chat_id)), chat_id)
+
+    def delete_chat(self, chat_id: int) -> None:
+        with self._tx():
+            self._must_change(self._db.execute("DELETE FROM chats WHERE id=?", (chat_id,)), chat_id)
+
+    # --- messages ------------------------------------------------------------------------------
+
+    def add_message(self, chat_id: int, role: str, content: str, stats: ReplyStats | None = None) -> Message:
+        if role not in ROLES:
+            raise ValueError(f"unknown message role {role!r}; expected one of {ROLES}")
+        if stats is not None and role != "assistant":
+            raise ValueError("only assistant messages carry reply stats")
+        if role == "assistant" and stats is None:
+            stats = ReplyStats()
+        now = time.time()
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT INTO messages (chat_id, role, content, created) VALUES (?, ?, ?, ?)", (chat_id, role, content, now)
+            )
+            if stats is not None:
+                self._write_stats(cur.lastrowid, stats)
+            self._db.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
+        return Message(cur.lastrowid, chat_id, role, content, now, stats)
+
+    def messages(self, chat_id: int) -> list[Message]:
+        rows = self._db.execute(
+            "SELECT m.*, s.* FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id WHERE m.chat_id=? ORDER BY m.id",
+            (chat_id,),
+        )
+        out = []
+        for r in rows:
+            stats = ReplyStats(**{k: r[k] for k in _STATS_COLS}) if r["state"] is not None else None
+            out.append(Message(r["id"], r["chat_id"], r["role"], r["content"], r["created"], stats))
+        return out
+
+    def update_reply(self, message_id: int, content: str, stats: ReplyStats) -> None:
+        """Save a reply's text and stats in one commit (called while streaming and when it ends)."""
+        self.update_replies({message_id: (content, stats)})
+
+    def update_replies(self, replies: dict[int, tuple[str, ReplyStats]]) -> None:
+        with self._tx():
+            for message_id, (content, stats) in replies.items():
+                self._must_change(self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, message_id)), message_id, "message")
+                self._write_stats(message_id, stats)
+
+    def delete_from(self, chat_id: int, message_id: int) -> int:
+        """Delete a message and every later one in its chat (edit / regenerate); returns how many went."""
+        with self._tx():
+            cur = self._db.execute("DELETE FROM messages WHERE chat_id=? AND id>=?", (chat_id, message_id))
+        return cur.rowcount
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _write_stats(self, message_id: int, stats: ReplyStats) -> None:
+        stats = replace(stats)  # re-runs the state check
+        cols = ", ".join(_STATS_COLS)
+        marks = ", ".join("?" * len(_STATS_COLS))
+        self._db.execute(
+            f"INSERT OR REPLACE INTO reply_stats (message_id, {cols}) VALUES (?, {marks})",
+            (message_id, *(getattr(stats, c) for c in _STATS_COLS)),
+        )
+
+    @staticmethod
+    def _title(title: str) -> str:
+        title = " ".join(str(title).split())
+        if not title:
+            raise ValueError("chat title must not be empty")
+        return title[:200]
+
+    @staticmethod
+    def _chat(row: sqlite3.Row) -> Chat:
+        return Chat(row["id"], row["title"], row["created"], row["updated"], ChatSettings.from_json(row["settings"]))
+
+    @staticmethod
+    def _must_change(cur: sqlite3.Cursor, key: int, what: str = "chat") -> None:
+        if cur.rowcount == 0:
+            raise KeyError(f"no {what} with id {key}")

@@ -1,0 +1,203 @@
+"""`python -m engine generate|bench`: talk to a model from a terminal, or measure the engine (engine.bench).
+
+Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
+`error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+# What a user can cause: reported as one line, never as a traceback.
+USER_ERRORS = (OSError, ValueError, NotImplementedError, ImportError, MemoryError)
+
+SAMPLER_FLAGS = {  # CLI flag -> SamplerSettings field
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "token_repetition_penalty",
+}
+
+
+class CLIError(Exception):
+    """A user error found by the CLI itself (before the engine sees the request)."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench}")
+
+    g = sub.add_parser("generate", help="generate text (streamed to stdout)")
+    g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
+    what = g.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
+    what.add_argument("--chat", metavar="TEXT", help="a user message, formatted with the model's chat template")
+    g.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N")
+    g.add_argument("--greedy", action="store_true", help="argmax decoding (no sampler options allowed)")
+    g.add_argument("--temperature", type=float, metavar="T")
+    g.add_argument("--top-k", type=int, metavar="K")
+    g.add_argument("--top-p", type=float, metavar="P")
+    g.add_argument("--min-p", type=float, metavar="M")
+    g.add_argument("--repetition-penalty", type=float, metavar="R")
+    g.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
+    g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+    b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
+    b.add_argument("--model", metavar="PATH",
+                   help="HF model folder, .gguf file, or a synthetic random model: "
+                        "llama3-8b-random (default: the embedded SmolLM2)")
+    b.add_argument("--streams", type=_positive_int, default=8, metavar="N", help="concurrent streams (default 8)")
+    b.add_argument("--prompt-tokens", type=_positive_int, default=128, metavar="P",
+                   help="prompt length of the decode and streams runs (default 128)")
+    b.add_argument("--new-tokens", type=_positive_int, default=64, metavar="G",
+                   help="tokens generated per request (default 64)")
+    b.add_argument("--shared-prefix", type=_positive_int, default=1024, metavar="P",
+                   help="length of the shared prefix in the TTFT runs (default 1024)")
+    b.add_argument("--tail-tokens", type=_positive_int, default=32, metavar="T",
+                   help="tokens after the shared prefix that differ between the TTFT requests (default 32)")
+    b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
+    b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+        from .bench import run_bench
+
+        return run_bench(args)
+    except (CLIError, *USER_ERRORS) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def check_model_path(path: str | None) -> None:
+    if path is not None and not Path(path).exists():
+        raise CLIError(f"model path does not exist: {path}")
+
+
+# ---- generate ---------------------------------------------------------------------------------------
+def sampler_from_args(args: argparse.Namespace):
+    """SamplerSettings from the flags, validated before any model is loaded (fail fast on typos)."""
+    from .sampling import SamplerSettings
+
+    given = {field: getattr(args, flag) for flag, field in SAMPLER_FLAGS.items() if getattr(args, flag) is not None}
+    if args.greedy:
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in SAMPLER_FLAGS if getattr(args, f) is not None)
+            raise CLIError(f"--greedy cannot be combined with {flags}")
+        return SamplerSettings.greedy()
+    settings = SamplerSettings(**given)
+    try:
+        settings.validate()
+    except ValueError as e:
+        raise CLIError(f"invalid sampler setting: {e}") from None
+    return settings
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from .cache import PagedCache
+    from .generator import DynamicGenerator
+    from .job import DynamicJob
+    from .model import Model
+    from .tokenizer import Tokenizer
+
+    if args.system is not None and args.chat is None:
+        raise CLIError("--system needs --chat (a raw --prompt has no system role)")
+    settings = sampler_from_args(args)
+    check_model_path(args.model)
+    model = Model.load(args.model)
+    tokenizer = Tokenizer.load(args.model)
+    if args.chat is not None:
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
+        messages.append({"role": "user", "content": args.chat})
+        ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True),
+                               encode_special_tokens=True)
+        stops = sorted(tokenizer.stop_token_ids)
+    else:
+        if not args.prompt:
+            raise CLIError("--prompt is empty")
+        ids = tokenizer.encode(args.prompt, add_bos=tokenizer.add_bos)
+        stops = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    total = ids.shape[1] + args.max_new_tokens
+    limit = model.config.max_seq_len
+    if total > limit:
+        raise CLIError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens ({args.max_new_tokens}) = {total} "
+                       f"exceeds the model's context of {limit} tokens")
+    page_size = 256
+    cache = PagedCache(model, max_tokens=-(-total // page_size) * page_size, page_size=page_size)
+    gen = DynamicGenerator(model, cache, tokenizer)
+    job = DynamicJob(ids, args.max_new_tokens, gen_settings=settings, seed=args.seed, stop_conditions=stops)
+    t0 = time.perf_counter()
+    gen.enqueue(job)
+    final, t_first = None, None
+    try:
+        while final is None:
+            for r in gen.iterate():
+                if r["stage"] != "streaming":
+                    continue
+                if t_first is None:
+                    t_first = time.perf_counter()
+                if not args.json and r["text"]:
+                    sys.stdout.write(r["text"])
+                    sys.stdout.flush()
+                if r["eos"]:
+                    final = r
+    finally:
+        if final is None and gen.num_remaining_jobs():
+            gen.cancel(job)
+    t_end = time.perf_counter()
+    report = _generate_report(final, t0, t_first, t_end)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        print(f"[{report['new_tokens']} tokens, {report['eos_reason']}, {report['tokens_per_s']:.1f} tok/s, "
+              f"TTFT {report['ttft_ms']:.0f} ms, prompt {report['prompt_tokens']} tokens]", file=sys.stderr)
+    return 0
+
+
+def _generate_report(final: dict, t0: float, t_first: float, t_end: float) -> dict:
+    """Decode speed counts the tokens after the first one over the time after it (prefill excluded)."""
+    n = final["new_tokens"]
+    decode_s = t_end - t_first
+    return {
+        "text": final["full_completion"],
+        "new_tokens": n,
+        "prompt_tokens": final["prompt_tokens"],
+        "eos_reason": final["eos_reason"],
+        "tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0,
+        "ttft_ms": (t_first - t0) * 1000.0,
+    }

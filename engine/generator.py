@@ -1,0 +1,320 @@
+"""DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
+
+One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
+gives every prefilling job one page-aligned chunk (within a shared per-step budget, so a long prompt never
+stalls the other chats' decoding for long), and decodes one token for every decoding job, all in one
+varlen forward pass. Jobs join and leave at any step.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from .batch import Batch
+from .cache import PagedCache
+from .job import DynamicJob, _not_yet
+from .metrics import GeneratorMetrics
+from .model import Model
+from .pagetable import PageTable, root_hash
+from .sampling import SamplerSettings, SamplingPool
+
+if TYPE_CHECKING:
+    from .tokenizer import Tokenizer
+
+
+class DynamicGenerator:
+    def __init__(
+        self,
+        model: Model,
+        cache: PagedCache,
+        tokenizer: "Tokenizer",
+        max_batch_size: int | None = None,
+        max_seq_len: int | None = None,
+        max_chunk_size: int | None = None,
+        max_q_size: int = 8,
+        draft_model: Model | None = None,
+        draft_cache: PagedCache | None = None,
+        num_draft_tokens: int = 4,
+        use_ngram_draft: bool = False,
+        max_ngram: int = 4,
+        max_sampling_threads: int = 16,
+        min_sampling_threads: int = 3,
+        paged: bool = True,
+        filter_background_eval: bool = True,
+    ):
+        if draft_model is not None or draft_cache is not None:
+            raise _not_yet("speculative decoding with a draft model")
+        if use_ngram_draft:
+            raise _not_yet("n-gram speculative decoding")
+        if not paged:
+            raise ValueError("paged=False is not supported: pagedeck's cache is always paged")
+        if cache.model is not model:
+            raise ValueError("the cache was built for a different model")
+        for name, value in (("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("max_q_size", max_q_size),
+                            ("max_sampling_threads", max_sampling_threads)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.model = model
+        self.cache = cache
+        self.tokenizer = tokenizer
+        self.page_size = cache.page_size
+        self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
+        self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
+        self.max_chunk_size = max_chunk_size or (2048 if model.device.type == "cuda" else 256)
+        if self.max_chunk_size < 1 or self.max_batch_size < 1:
+            raise ValueError("max_chunk_size and max_batch_size must be positive")
+        self.max_q_size = max_q_size
+        self.num_draft_tokens = num_draft_tokens
+        self.max_ngram = max_ngram
+        self.filter_background_eval = filter_background_eval
+        self.vocab_size = min(model.vocab_size, tokenizer.vocab_size)
+        self.pagetable = PageTable(cache.num_pages, cache.page_size, cache.copy_page)
+        self.pending: deque[DynamicJob] = deque()
+        self.active: list[DynamicJob] = []
+        self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
+        self.counters = GeneratorMetrics()
+        self.loras: list = []
+        self.root = root_hash(None)
+        self._serials = itertools.count()
+
+    # ---- queue ------------------------------------------------------------------------------------
+    def enqueue(self, job: DynamicJob | list[DynamicJob]) -> int | list[int]:
+        """Queue a job (or several); returns its serial. Its whole page budget is reserved when it starts."""
+        if isinstance(job, list):
+            return [self.enqueue(j) for j in job]
+        if not isinstance(job, DynamicJob):
+            raise TypeError(f"enqueue takes DynamicJob objects, got {type(job).__name__}")
+        if job.serial is not None:
+            raise ValueError(f"job {job.serial} is already enqueued (a job runs once; make a new one)")
+        if job.total_len > self.max_seq_len:
+            raise ValueError(f"prompt ({job.prompt_len} tokens) + max_new_tokens ({job.max_new_tokens}) exceeds "
+                             f"max_seq_len ({self.max_seq_len})")
+        if self.pagetable.pages_needed(job.total_len) > self.cache.num_pages:
+            raise ValueError(f"prompt + max_new_tokens ({job.total_len} tokens) needs more pages than the whole cache "
+                             f"({self.cache.num_pages} pages of {self.page_size})")
+        if max(job.seq.tokens) >= self.model.vocab_size or min(job.seq.tokens) < 0:
+            raise ValueError(f"input_ids hold token ids outside the model's vocabulary (0..{self.model.vocab_size - 1})")
+        job.serial = next(self._serials)
+        job.generator = self
+        job.time_enqueue = time.perf_counter()
+        self.pending.append(job)
+        return job.serial
+
+    def num_remaining_jobs(self) -> int:
+        return len(self.pending) + len(self.active)
+
+    def cancel(self, job: DynamicJob) -> None:
+        """Remove a queued or running job; its pages go back to the pool (written ones stay as prompt cache)."""
+        if job in self.pending:
+            self.pending.remove(job)
+        elif job in self.active:
+            self._end(job)
+        else:
+            raise ValueError(f"{job!r} is not queued or running in this generator")
+
+    def clear_queue(self) -> None:
+        for job in list(self.pending) + list(self.active):
+            self.cancel(job)
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def iterate(self) -> list[dict]:
+        """Advance every job by one step; returns the results (see ARCHITECTURE.md) produced by it."""
+        t0 = time.perf_counter()
+        results: list[dict] = []
+        self._admit(results)
+        if not self.active:
+            return results
+        plan = self._plan()
+        batch = Batch.build([(toks, start, [p.index for p in job.seq.pages[: self.pagetable.pages_needed(start + len(toks))]])
+                             for job, toks, start, _ in plan],
+                            self.page_size, [int(want) for *_, want in plan], self.model.device)
+        t_fwd = time.perf_counter()
+        logits = self.model.forward(batch, self.cache)
+        t_fwd = time.perf_counter() - t_fwd
+        sampled = [(job, row) for row, job in enumerate(job for job, *_, want in plan if want)]
+        for job, toks, start, _ in plan:
+            job.seq.kv_len = start + len(toks)
+            self.pagetable.written(job.seq.pages, job.seq.tokens, job.seq.kv_len)
+        logits_cpu = logits.cpu() if logits.device.type != "cpu" else logits
+        draws = self.sampling_pool.run([
+            (lambda job=job, row=row: job.sampler.sample(logits_cpu[row], job.seq.tokens, job.return_top_tokens,
+                                                         job.blocked_tokens()))
+            for job, row in sampled])
+        for job, toks, start, want in plan:
+            if not want:
+                results.append(job.prefill_result())
+        for (job, row), draw in zip(sampled, draws):
+            result = job.accept_token(draw.token, draw, logits_cpu[row] if job.return_logits else None)
+            results.append(result)
+            if result["eos"]:
+                self._end(job)
+        c = self.counters
+        n_prefill = sum(len(toks) for job, toks, start, _ in plan if start < job.prompt_len - 1 or len(toks) > 1)
+        c.tokens_generated_total += len(sampled)
+        c.sampling_threads_busy = self.sampling_pool.busy_last
+        elapsed = time.perf_counter() - t0
+        c.record_step(len(plan), n_prefill, batch.input_ids.shape[0] - n_prefill, elapsed, elapsed - t_fwd)
+        if not self.active and not self.pending:
+            self.defrag_cache()
+        return results
+
+    def _plan(self) -> list[tuple[DynamicJob, list[int], int, bool]]:
+        """(job, tokens to feed, start position, wants logits) for each active job this step."""
+        plan = []
+        budget = self.max_chunk_size
+        ps = self.page_size
+        for job in self.active:
+            seq = job.seq
+            if job.prefilling:
+                if budget <= 0:
+                    continue
+                start, last = seq.kv_len, job.prompt_len - 1
+                end = min(last, start + budget)
+                if end < last and (end // ps) * ps > start:
+                    end = (end // ps) * ps  # chunks end on page boundaries
+                if end == last:
+                    toks = seq.tokens[start : job.prompt_len]  # the last prompt token rides along and is sampled
+                    plan.append((job, toks, start, True))
+                else:
+                    toks = seq.tokens[start:end]
+                    plan.append((job, toks, start, False))
+                budget -= len(toks)
+            else:
+                plan.append((job, seq.tokens[-1:], len(seq.tokens) - 1, True))
+        return plan
+
+    def _admit(self, results: list[dict]) -> None:
+        """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
+        waiting: list[DynamicJob] = []
+        started_after_wait = False
+        for job in list(self.pending):
+            if len(self.active) >= self.max_batch_size:
+                break
+            if sum(j.prefilling for j in self.active) >= self.max_q_size:
+                break
+            if not self.pagetable.can_allocate(job.seq.tokens, job.total_len, self.root):
+                if job.skips >= job.max_skips:
+                    break  # this job has waited long enough: nobody else goes ahead of it
+                waiting.append(job)
+                continue
+            alloc = self.pagetable.allocate(job.seq.tokens, job.total_len, self.root, job.serial)
+            self.pending.remove(job)
+            self.active.append(job)
+            self.counters.prefix_hit_tokens_total += alloc.cached_tokens
+            results.append(job.start(self, alloc))
+            started_after_wait = started_after_wait or bool(waiting)
+        if started_after_wait:
+            for job in waiting:
+                job.skips += 1
+
+    def _end(self, job: DynamicJob) -> None:
+        self.pagetable.release(job.seq.pages, job.serial)
+        self.active.remove(job)
+
+    # ---- cache management -------------------------------------------------------------------------
+    def defrag_cache(self) -> None:
+        """Lay cached prefix chains out contiguously once the queue drains (skipped if <= 10% would move)."""
+        order = self.pagetable.defrag_order()
+        if order is not None:
+            self.cache.permute(order)
+            self.pagetable.apply_order(order)
+
+    def reset_page_table(self) -> None:
+        """Forget the prompt cache."""
+        if self.num_remaining_jobs():
+            raise RuntimeError("reset_page_table() needs an empty queue")
+        self.pagetable.reset()
+
+    def set_loras(self, loras: Any, scales: Any = None) -> None:
+        """Swap LoRA adapters; only while no job is queued or running (the K/V of queued jobs depends on them)."""
+        if self.num_remaining_jobs():
+            raise RuntimeError("LoRAs cannot be changed while there are jobs in the generator queue")
+        if loras is None or (isinstance(loras, (list, tuple)) and not loras):
+            self.loras = []
+            self.root = root_hash(None)
+            return
+        raise _not_yet("LoRA adapters")
+
+    def warmup(self) -> None:
+        """Run a short generation so first-request latency doesn't pay for lazy initialisation."""
+        self.generate("Once upon a time,", max_new_tokens=32, gen_settings=SamplerSettings.greedy())
+        self.reset_page_table()
+
+    # ---- inspection -------------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """A cheap snapshot for dashboards; safe to call from any thread while iterate() runs."""
+        states, shared = self.pagetable.states()
+        d = self.counters.snapshot()
+        d.update(
+            pages_total=len(states),
+            pages_referenced=sum(1 for s in states if s >= 0),
+            pages_cached=sum(1 for s in states if s == -1),
+            pages_free=sum(1 for s in states if s == -2),
+            page_states=states,
+            page_shared=shared,
+            page_size=self.page_size,
+            page_owner_identifiers={j.serial: j.identifier for j in list(self.active)},
+            active_jobs=len(self.active),
+            pending_jobs=len(self.pending),
+            deferred_jobs=0,
+            sampling_threads_max=self.sampling_pool.max_threads,
+            loras=[getattr(lora, "name", str(lora)) for lora in self.loras],
+        )
+        return d
+
+    def print_page_list(self) -> None:
+        for page in self.pagetable.pages:
+            print(f"page {page.index:4d} ref {page.ref_count} kv {page.kv_position:4d} "
+                  f"hash {page.phash.hex()[:8] if page.phash else '-':8s} owners {page.owners}")
+
+    # ---- blocking convenience API -----------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | list[str],
+        max_new_tokens: int = 200,
+        min_new_tokens: int = 0,
+        seed: int | None = None,
+        gen_settings: SamplerSettings | None = None,
+        encode_special_tokens: bool = False,
+        decode_special_tokens: bool = False,
+        stop_conditions: list[int | str] | None = None,
+        add_bos: bool = False,
+        abort_event: Any = None,
+        completion_only: bool = False,
+        return_last_results: bool = False,
+        **advanced: Any,
+    ) -> str | list[str] | tuple:
+        """Generate for one prompt or a batch of prompts, blocking until all are done."""
+        single = isinstance(prompt, str)
+        prompts = [prompt] if single else list(prompt)
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompt must be a string or a non-empty list of strings")
+        jobs = [DynamicJob(self.tokenizer.encode(p, add_bos=add_bos, encode_special_tokens=encode_special_tokens),
+                           max_new_tokens, min_new_tokens=min_new_tokens, gen_settings=gen_settings,
+                           seed=None if seed is None else seed + i, stop_conditions=stop_conditions,
+                           decode_special_tokens=decode_special_tokens, identifier=i, **advanced)
+                for i, p in enumerate(prompts)]
+        self.enqueue(jobs)
+        completions = [""] * len(jobs)
+        last: list[dict | None] = [None] * len(jobs)
+        try:
+            while any(last[i] is None for i in range(len(jobs))):
+                if abort_event is not None and abort_event.is_set():
+                    break
+                for r in self.iterate():
+                    if r["stage"] == "streaming":
+                        completions[r["identifier"]] += r["text"]
+                        if r["eos"]:
+                            last[r["identifier"]] = r
+        finally:
+            for job in jobs:
+                if job in self.pending or job in self.active:
+                    self.cancel(job)
+        texts = [c if completion_only else p + c for p, c in zip(prompts, completions)]
+        out: Any = texts[0] if single else texts
+        if return_last_results:
+            return out, (last[0] if single else last)
+        return out
+

@@ -1,0 +1,156 @@
+"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3) running over the paged K/V cache.
+
+Weights are kept fused where it saves kernel launches (q|k|v and gate|up); everything else is the plain
+transformer, so a reader can check it against the paper in one sitting.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import kernels
+
+from .batch import Batch
+from .config import ModelConfig
+from .weights import load_weights
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32  # bf16 matmul is very slow on CPUs without AMX
+
+
+class Model:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype, path: Path | None = None):
+        self.config = config
+        self.device = device
+        self.dtype = dtype
+        self.path = path
+        self.name = path.name if path is not None else "model"
+        c = config
+        w = weights
+
+        def get(name: str) -> torch.Tensor:
+            if name not in w:
+                raise ValueError(f"weights are missing tensor {name!r}")
+            return w[name].to(device=device, dtype=dtype)
+
+        self.embed = get("model.embed_tokens.weight")
+        self.vocab_size = c.vocab_size
+        self.padded_vocab = kernels.pad_vocab(c.vocab_size)
+        head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else get("lm_head.weight")
+        if self.padded_vocab != head.shape[0]:
+            head = torch.cat([head, head.new_zeros(self.padded_vocab - head.shape[0], head.shape[1])])
+        self.lm_head = head
+        self.norm = get("model.norm.weight")
+        self.layers: list[Layer] = []
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            bias = None
+            if c.attention_bias:
+                bias = torch.cat([get(a + f"{n}_proj.bias") for n in "qkv"])
+            self.layers.append(Layer(
+                input_norm=get(p + "input_layernorm.weight"),
+                qkv=torch.cat([get(a + f"{n}_proj.weight") for n in "qkv"]),
+                qkv_bias=bias,
+                q_norm=get(a + "q_norm.weight") if c.qk_norm else None,
+                k_norm=get(a + "k_norm.weight") if c.qk_norm else None,
+                o=get(a + "o_proj.weight"),
+                post_norm=get(p + "post_attention_layernorm.weight"),
+                gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+                down=get(p + "mlp.down_proj.weight"),
+            ))
+        self.inv_freq = c.rope_inv_freq().to(device=device, dtype=torch.float32)
+        self.scale = c.head_dim ** -0.5
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
+             dtype: torch.dtype | None = None, progress: Callable[[float], None] | None = None) -> "Model":
+        """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct)."""
+        from .weights import default_model_path
+
+        t0 = time.perf_counter()
+        resolved = Path(path) if path is not None else default_model_path()
+        dev = torch.device(device) if device is not None else default_device()
+        dt = dtype if dtype is not None else default_dtype(dev)
+        config, weights = load_weights(resolved, dtype=dt, device="cpu", progress=progress)
+        model = cls(config, weights, dev, dt, resolved)
+        model.load_seconds = time.perf_counter() - t0
+        if progress is not None:
+            progress(1.0)
+        return model
+
+    def num_parameters(self) -> int:
+        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        return sum(t.numel() for t in tensors)
+
+    def memory_bytes(self) -> int:
+        return self.num_parameters() * self.embed.element_size()
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch, cache) -> torch.Tensor:
+        """Run one step; returns float32 logits (len(batch.logit_rows), padded_vocab)."""
+        c = self.config
+        T = batch.input_ids.shape[0]
+        eps = c.rms_norm_eps
+        x = F.embedding(batch.input_ids, self.embed)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
+            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
+            k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+            v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q = kernels.rms_norm(q, layer.q_norm, eps)[0]
+                k = kernels.rms_norm(k, layer.k_norm, eps)[0]
+            q, k = q.contiguous(), k.contiguous()
+            kernels.apply_rotary(q, k, batch.positions, self.inv_freq)
+            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
+            o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
+                                        batch.kv_lens, self.scale)
+            x = F.linear(o.reshape(T, self.q_size), layer.o)
+            h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
+            x = F.linear(kernels.silu_mul(F.linear(h, layer.gate_up)), layer.down)
+        x = (x + residual).index_select(0, batch.logit_rows)
+        x, _ = kernels.rms_norm(x, self.norm, eps)
+        return F.linear(x, self.lm_head).float()
+
+    def forward_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits for every position of one sequence (1, n), through a throwaway cache: for tests and tools."""
+        from .cache import PagedCache
+
+        ids = input_ids.reshape(-1).tolist()
+        page = 16
+        cache = PagedCache(self, max_tokens=max(page, -(-len(ids) // page) * page), page_size=page)
+        batch = Batch.build([(ids, 0, list(range(cache.num_pages)))], page, [len(ids)], self.device)
+        return self.forward(batch, cache)[:, : self.vocab_size]

@@ -1,0 +1,76 @@
+"""pagedeck's compute kernels: one interface, Triton on CUDA tensors, plain torch everywhere else.
+
+The Triton modules are imported lazily, on the first CUDA call, so the CPU engine (and platforms
+without Triton) never import triton."""
+
+from __future__ import annotations
+
+import torch
+
+from . import attention as _attention
+from . import reference as _ref
+from .kv_quant import FORMATS as KV_QUANT_FORMATS
+from .kv_quant import QuantizedPool, copy_pages, gather_pages, make_pool
+from .vocab import mask_padded_logits, pad_embedding, pad_vocab
+
+__all__ = [
+    "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
+    "QuantizedPool", "make_pool", "copy_pages", "gather_pages", "KV_QUANT_FORMATS",
+    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton",
+]
+
+_triton_ops = None
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """The one dispatch rule: CUDA tensors go to Triton."""
+    return t.is_cuda
+
+
+def _triton():
+    global _triton_ops
+    if _triton_ops is None:
+        from . import triton_ops
+
+        _triton_ops = triton_ops
+    return _triton_ops
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual); without residual, (norm(x), x)."""
+    if use_triton(x):
+        return _triton().rms_norm(x, weight, eps, residual)
+    return _ref.rms_norm(x, weight, eps, residual)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+    """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions."""
+    if use_triton(q):
+        return _triton().apply_rotary(q, k, positions, inv_freq)
+    return _ref.apply_rotary(q, k, positions, inv_freq)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for gate_up (T, 2I) = [gate | up] -> (T, I)."""
+    if use_triton(gate_up):
+        return _triton().silu_mul(gate_up)
+    return _ref.silu_mul(gate_up)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
+    """Write K/V (T, Hkv, D) into slots page * page_size + offset of a tensor pool or a QuantizedPool."""
+    if use_triton(k):
+        return _triton().write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return _ref.write_kv(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
+    kv_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Varlen causal attention through the page table (decode, chunked prefill, verification)."""
+    if use_triton(q):
+        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+    return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)

@@ -1,0 +1,167 @@
+"""Quantized K/V page formats ("q8", "q6", "q4"): the same page geometry as an fp16 pool, fewer bytes.
+
+Each token's head vector is split into groups of `group_size` along head_dim; each group gets one fp16
+scale (symmetric, scale = max|x| / qmax) and its values are stored as unsigned offset integers:
+  q8: one byte per value.
+  q4: two values per byte (value 2j in the low nibble of byte j, 2j+1 in the high nibble).
+  q6: the low 4 bits packed as q4, plus the high 2 bits packed four per byte (value 4j+i in bits 2i..2i+1).
+Rounding is half-up (floor(x + 0.5)) in both the torch and the Triton writer.
+Quantizing per token (not per page) means a write never rewrites earlier tokens, so pages stay
+shareable and prefix-cacheable exactly as in the fp16 cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FORMATS = {"q8": 8, "q6": 6, "q4": 4}
+DEFAULT_GROUP = 32
+
+
+def qmax(fmt: str) -> int:
+    """Largest magnitude of the symmetric integer grid of a format (127, 31 or 7)."""
+    return (1 << (FORMATS[fmt] - 1)) - 1
+
+
+def _check_format(fmt: str, head_dim: int, group_size: int) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown KV quantization {fmt!r}; expected one of {sorted(FORMATS)}")
+    if group_size < 4 or group_size % 4 or head_dim % group_size:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of group_size {group_size} (itself a multiple of 4)")
+
+
+def quantize(x: torch.Tensor, fmt: str, group_size: int = DEFAULT_GROUP):
+    """(..., D) float -> (data uint8, high uint8 | None, scales fp16 (..., D/group)) in the page format."""
+    D = x.shape[-1]
+    _check_format(fmt, D, group_size)
+    g = x.float().reshape(*x.shape[:-1], D // group_size, group_size)
+    scales = (g.abs().amax(-1) / qmax(fmt)).to(torch.float16)
+    s = scales.float()
+    inv = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    q = torch.floor(g * inv[..., None] + 0.5).clamp_(-qmax(fmt), qmax(fmt)).to(torch.int32)
+    u = (q + qmax(fmt) + 1).reshape(*x.shape[:-1], D)  # offset binary, 1..2*qmax+1
+    if fmt == "q8":
+        return u.to(torch.uint8), None, scales
+    low = u & 0xF
+    data = (low[..., 0::2] | (low[..., 1::2] << 4)).to(torch.uint8)
+    if fmt == "q4":
+        return data, None, scales
+    hi = u >> 4
+    high = (hi[..., 0::4] | (hi[..., 1::4] << 2) | (hi[..., 2::4] << 4) | (hi[..., 3::4] << 6)).to(torch.uint8)
+    return data, high, scales
+
+
+def dequantize(
+    data: torch.Tensor, high: torch.Tensor | None, scales: torch.Tensor, fmt: str, group_size: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Inverse of quantize: back to (..., D) in `dtype`."""
+    d = data.to(torch.int32)
+    if fmt == "q8":
+        u = d
+    else:
+        u = torch.stack([d & 0xF, d >> 4], dim=-1).flatten(-2)
+        if fmt == "q6":
+            h = high.to(torch.int32)
+            hi = torch.stack([(h >> s) & 0x3 for s in (0, 2, 4, 6)], dim=-1).flatten(-2)
+            u = u | (hi << 4)
+    D = u.shape[-1]
+    q = (u - (qmax(fmt) + 1)).to(torch.float32).reshape(*u.shape[:-1], D // group_size, group_size)
+    return (q * scales.float()[..., None]).reshape(*u.shape[:-1], D).to(dtype)
+
+
+@dataclass
+class QuantizedPool:
+    """One layer's K (or V) pool in a quantized format; drop-in for a (num_pages, page_size, H, D) tensor
+    wherever kernels.write_kv / kernels.paged_attention take a cache."""
+
+    fmt: str
+    data: torch.Tensor  # uint8 (num_pages, page_size, H, D or D/2)
+    high: torch.Tensor | None  # uint8 (num_pages, page_size, H, D/4), q6 only
+    scales: torch.Tensor  # fp16 (num_pages, page_size, H, D/group_size)
+    group_size: int
+    head_dim: int
+
+    @classmethod
+    def empty(
+        cls, fmt: str, num_pages: int, page_size: int, num_heads: int, head_dim: int,
+        device: torch.device | str = "cpu", group_size: int = DEFAULT_GROUP,
+    ) -> "QuantizedPool":
+        """A zeroed pool (all values decode to 0.0)."""
+        _check_format(fmt, head_dim, group_size)
+        lead = (num_pages, page_size, num_heads)
+        data_cols = head_dim if fmt == "q8" else head_dim // 2
+        data = torch.zeros(*lead, data_cols, dtype=torch.uint8, device=device)
+        high = torch.zeros(*lead, head_dim // 4, dtype=torch.uint8, device=device) if fmt == "q6" else None
+        scales = torch.zeros(*lead, head_dim // group_size, dtype=torch.float16, device=device)
+        return cls(fmt, data, high, scales, group_size, head_dim)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.data.shape[:3], self.head_dim))
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    @property
+    def page_size(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def num_pages(self) -> int:
+        return self.data.shape[0]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.data, self.high, self.scales) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def bytes_per_token(self) -> int:
+        """Bytes one token occupies in this pool (all heads), for cache sizing."""
+        return self.nbytes // (self.num_pages * self.page_size)
+
+    def write(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Torch path of quantize-on-write: x (T, H, D) into flat slots."""
+        data, high, scales = quantize(x, self.fmt, self.group_size)
+        idx = slot_mapping.to(torch.int64)
+        for dst, src in ((self.data, data), (self.high, high), (self.scales, scales)):
+            if dst is not None:
+                dst.view(-1, *dst.shape[2:]).index_copy_(0, idx, src)
+
+    def gather(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantized pages: index tensor of any shape -> (*pages.shape, page_size, H, D)."""
+        high = self.high[pages] if self.high is not None else None
+        return dequantize(self.data[pages], high, self.scales[pages], self.fmt, self.group_size, dtype)
+
+    def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy whole pages (defragmentation, copy-on-write of a shared partial page)."""
+        for t in self.tensors():
+            t[dst] = t[src]
+
+
+def make_pool(
+    kv_quant: str | None, num_pages: int, page_size: int, num_heads: int, head_dim: int,
+    dtype: torch.dtype, device: torch.device | str = "cpu",
+):
+    """What PagedCache allocates per layer and per K/V: a plain tensor (kv_quant None) or a QuantizedPool."""
+    if kv_quant is None:
+        return torch.zeros(num_pages, page_size, num_heads, head_dim, dtype=dtype, device=device)
+    return QuantizedPool.empty(kv_quant, num_pages, page_size, num_heads, head_dim, device=device)
+
+
+def gather_pages(cache, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Pages of either pool kind as floats: (*pages.shape, page_size, H, D)."""
+    if isinstance(cache, QuantizedPool):
+        return cache.gather(pages, dtype)
+    return cache[pages].to(dtype)
+
+
+def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Page copy for either pool kind."""
+    if isinstance(cache, QuantizedPool):
+        cache.copy_pages(src, dst)
+    else:
+        cache[dst] = cache[src]

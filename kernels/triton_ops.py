@@ -1,0 +1,25 @@
+"""The Triton implementations behind kernels' public functions (imported only on first CUDA use)."""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import check_attention_args
+from .triton_decode import decode_attention
+from .triton_kv import write_kv
+from .triton_pointwise import apply_rotary, rms_norm, silu_mul
+from .triton_prefill import prefill_attention
+
+__all__ = ["rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention"]
+
+
+def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
+    """T == B means every sequence has one query token (q_len >= 1 each), so the split-KV decode kernel
+    applies; anything else (prefill chunks, verification, mixed) goes to the varlen kernel. Deciding by
+    shapes keeps the call free of device syncs, so it can be captured in a CUDA graph."""
+    check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    if q.shape[0] == kv_lens.shape[0]:
+        return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale)
+    return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)

@@ -1,0 +1,119 @@
+"""Paged varlen (prefill / verification) attention: every sequence's query chunk attends causally to its
+earlier pages and to itself, all sequences in one launch.
+
+Grid (query block, kv head). Query blocks are laid out without a device sync: sequence b's blocks start
+at cu_q[b] // BLOCK_M + b (monotonic, and never fewer slots than the sequence needs), so the grid is
+T // BLOCK_M + B and each program finds its sequence by binary search over cu_q; spare programs exit.
+Each program packs BLOCK_M tokens x the G query heads of one KV head into the rows of a tile, so every
+K/V tile is loaded once per KV head. A chunk's causal limit is kv_len - q_len + i: a reused (cached)
+prefix is just earlier pages."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_decode import LOG2E
+from .triton_kv import load_kv_tile, pool_args
+
+
+@triton.jit
+def _find_seq(cu_q, pid, B, BLOCK_M: tl.constexpr):
+    lo = 0
+    hi = B
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_q + mid) // BLOCK_M + mid <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
+                    bt, s_bt, cu_q, kv_lens, out, s_ot, s_oh, qk_scale, B,
+                    G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    IEEE: tl.constexpr):
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    b = _find_seq(cu_q, pid, B, BLOCK_M)
+    q0 = tl.load(cu_q + b)
+    q_len = tl.load(cu_q + b + 1) - q0
+    m0 = (pid - (q0 // BLOCK_M + b)) * BLOCK_M
+    if m0 < q_len:
+        kv_len = tl.load(kv_lens + b)
+        ROWS: tl.constexpr = BLOCK_M * BLOCK_G
+        r = tl.arange(0, ROWS)
+        tok = m0 + r // BLOCK_G
+        g = r % BLOCK_G
+        row_ok = (tok < q_len) & (g < G)
+        pos = kv_len - q_len + tok
+        d = tl.arange(0, BLOCK_D)
+        qmask = row_ok[:, None] & (d[None, :] < D)
+        tok_off = (q0 + tok).to(tl.int64)
+        heads = h * G + g
+        qt = tl.load(q + tok_off[:, None] * s_qt + heads[:, None] * s_qh + d[None, :], mask=qmask, other=0.0)
+        kv_end = tl.minimum(kv_len, kv_len - q_len + m0 + BLOCK_M)
+        b64 = b.to(tl.int64)
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+        for n0 in range(0, kv_end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            ok = n < kv_end
+            page = tl.load(bt + b64 * s_bt + n // PS, mask=ok, other=0).to(tl.int64)
+            slot = page * PS + n % PS
+            k = load_kv_tile(kd, kh, ks, s_kd, s_kh, s_ks, slot, h, ok, d, FMT, D, GS)
+            v = load_kv_tile(vd, vh, vs, s_vd, s_vh, s_vs, slot, h, ok, d, FMT, D, GS)
+            k = k.to(qt.dtype)
+            v = v.to(qt.dtype)
+            if IEEE:
+                qk = tl.dot(qt, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(qt, tl.trans(k))
+            visible = ok[None, :] & (n[None, :] <= pos[:, None])
+            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            p = tl.exp2(qk - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        o = acc / l_i[:, None]
+        tl.store(out + tok_off[:, None] * s_ot + heads[:, None] * s_oh + d[None, :], o.to(out.dtype.element_ty),
+                 mask=qmask)
+
+
+def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, block_rows=None, block_n=None, out=None):
+    """q (T, Hq, D) flat over B sequences (cu_q offsets). block_rows/block_n override tile sizes (tests);
+    `out` is an optional preallocated (T, Hq, D) result."""
+    T, Hq, D = q.shape
+    _, PS, Hkv, _ = k_cache.shape
+    G = Hq // Hkv
+    B = kv_lens.shape[0]
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if out is None:
+        out = torch.empty(T, Hq, D, dtype=q.dtype, device=q.device)
+    kd, kh, ks, s_kd, s_kh, s_ks, fmt, gs = pool_args(k_cache)
+    vd, vh, vs, s_vd, s_vh, s_vs, _, _ = pool_args(v_cache)
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_G = triton.next_power_of_2(G)
+    rows = block_rows or (64 if BLOCK_D > 128 or q.dtype == torch.float32 else 128)
+    BLOCK_M = max(1, rows // BLOCK_G)
+    BLOCK_N = block_n or (32 if BLOCK_D > 128 else 64)
+    grid = (T // BLOCK_M + B, Hkv)
+    _prefill_kernel[grid](
+        q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
+        block_table, block_table.stride(0), cu_q, kv_lens, out, out.stride(0), out.stride(1),
+        scale * LOG2E, B,
+        G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_M=BLOCK_M, BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        IEEE=q.dtype == torch.float32,
+    )
+    return out

@@ -1,0 +1,19 @@
+"""Suite-wide set-up: Triton's CPU interpreter and offscreen Qt must be chosen before anything imports them."""
+import os
+
+if os.environ.get("PAGEDECK_TRITON_NATIVE") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

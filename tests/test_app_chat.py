@@ -1,0 +1,190 @@
+"""Chat panes on a real generator (tiny random model): concurrency, stop, edit, regenerate, keys, settings."""
+import asyncio
+
+import pytest
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QGuiApplication
+
+from app.main_window import MainWindow
+from app.store import ChatSettings, Store
+from tests.test_app_support import loaded_service, loop, run, tiny_model, wait_until  # noqa: F401
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store.open(tmp_path / "data")
+    yield s
+    s.close()
+
+
+def make_window(qtbot, store, service=None):
+    win = MainWindow(store, service)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+def _type_and_enter(qtbot, pane, text):
+    qtbot.keyClicks(pane.prompt, text)
+    qtbot.keyClick(pane.prompt, Qt.Key.Key_Return)
+
+
+def test_three_chats_stream_concurrently(qtbot, loop, store, tiny_model):
+    async def body():
+        window = make_window(qtbot, store, await loaded_service(tiny_model))
+        panes = [window.new_chat(f"chat {i}") for i in range(3)]
+        for i, p in enumerate(panes):
+            p.session.set_settings(ChatSettings(max_new_tokens=120, seed=i, system_prompt=""))
+        window.show_side_by_side(panes)
+        assert len(window.visible_panes()) == 3
+        first_text, finished = {}, {}
+        for p in panes:
+            cid = p.session.chat_id
+            p.session.reply_changed.connect(
+                lambda mid, s=p.session, c=cid: first_text.setdefault(c, asyncio.get_running_loop().time())
+                if s.live(mid) and s.live(mid)[0] else None)
+            p.session.reply_finished.connect(lambda _m, c=cid: finished.setdefault(c, asyncio.get_running_loop().time()))
+        for i, p in enumerate(panes):
+            _type_and_enter(qtbot, p, f"question {i}")
+        peak = 0
+
+        def done():
+            nonlocal peak
+            peak = max(peak, window.service.snapshot()["active_jobs"])
+            return len(finished) == 3
+
+        await wait_until(done, 180, "three replies")
+        assert len(first_text) == 3
+        assert max(first_text.values()) < min(finished.values()), "a chat finished before another had any text"
+        assert peak == 3, f"the generator never batched all three chats (peak {peak} active jobs)"
+        for p in panes:
+            user, reply = p.session.messages
+            assert user.content.startswith("question")
+            assert reply.stats.state == "done" and reply.stats.new_tokens == 120
+            assert reply.stats.ttft_s > 0 and reply.stats.tokens_per_s > 0 and reply.stats.prompt_tokens > 0
+            shown = p.view.toPlainText()
+            assert reply.content.strip()[:20] in shown and "done · prompt" in shown and "tok/s" in shown
+            assert window.store.messages(p.session.chat_id)[-1].content == reply.content
+        await window.service.close()
+
+    run(loop, body(), 200)
+
+
+def test_stop_frees_the_job_and_its_pages(qtbot, loop, store, tiny_model):
+    async def body():
+        window = make_window(qtbot, store, await loaded_service(tiny_model))
+        service = window.service
+        pane = window.new_chat("stop me")
+        pane.session.set_settings(ChatSettings(max_new_tokens=400))
+        _type_and_enter(qtbot, pane, "go on forever")
+        await wait_until(lambda: pane.session.live(pane.session.messages[-1].id)
+                         and pane.session.live(pane.session.messages[-1].id)[1].new_tokens >= 3, what="streaming")
+        assert service.snapshot()["pages_referenced"] > 0
+        qtbot.keyClick(pane.prompt, Qt.Key.Key_Escape)
+        await wait_until(lambda: not pane.session.running, 30, "the reply to stop")
+        reply = pane.session.messages[-1]
+        assert reply.stats.state == "stopped" and 3 <= reply.stats.new_tokens < 400
+        assert window.store.messages(pane.session.chat_id)[-1].stats.state == "stopped"
+        assert service.running == []
+        assert service.generator.generator.num_remaining_jobs() == 0
+        m = service.snapshot()
+        assert m["active_jobs"] == 0 and m["pages_referenced"] == 0
+        assert m["pages_free"] + m["pages_cached"] == m["pages_total"]
+        assert "stopped" in pane.view.toPlainText()
+        await service.close()
+
+    run(loop, body())
+
+
+def test_edit_truncates_and_regenerate_replaces(qtbot, loop, store, tiny_model):
+    async def body():
+        window = make_window(qtbot, store, await loaded_service(tiny_model))
+        service = window.service
+        pane = window.new_chat()
+        s = pane.session
+        s.set_settings(ChatSettings(max_new_tokens=12, seed=5))
+        for text in ("first", "second"):
+            _type_and_enter(qtbot, pane, text)
+            await wait_until(lambda: not s.running and s.messages[-1].role == "assistant", what="reply")
+        assert [m.role for m in s.messages] == ["user", "assistant"] * 2
+        assert window.chat_list.titles() == ["first"]  # titled from the first message
+
+        first_user, first_reply = s.messages[0], s.messages[1]
+        pane._anchor(QUrl(f"pd:edit/{first_user.id}"))
+        assert pane.editing == first_user.id and pane.prompt.toPlainText() == "first"
+        assert not pane.banner.isHidden()
+        pane.prompt.selectAll()
+        _type_and_enter(qtbot, pane, "first, edited")
+        await wait_until(lambda: not s.running and len(s.messages) == 2 and s.messages[0].content == "first, edited"
+                         and s.messages[1].stats.state == "done", what="edited reply")
+        stored = window.store.messages(s.chat_id)
+        assert [m.content for m in stored][:1] == ["first, edited"] and len(stored) == 2
+        assert first_reply.id not in [m.id for m in stored]
+
+        # Same seed, same history: regenerate reproduces the reply under a new message id.
+        before = s.messages[1]
+        pane.regen_btn.click()
+        await wait_until(lambda: not s.running and s.messages[-1].id != before.id
+                         and s.messages[-1].stats.state == "done", what="regenerated reply")
+        assert len(s.messages) == 2 and s.messages[-1].content == before.content
+        s.set_settings(ChatSettings(max_new_tokens=12, seed=6))
+        pane.regenerate()
+        await wait_until(lambda: not s.running and s.messages[-1].stats.state == "done"
+                         and s.messages[-1].content != before.content, what="reply with another seed")
+        assert [m.id for m in window.store.messages(s.chat_id)] == [m.id for m in s.messages]
+        await service.close()
+
+    run(loop, body())
+
+
+def test_enter_sends_and_shift_enter_adds_a_line(qtbot, loop, store):
+    async def body():
+        window = make_window(qtbot, store)
+        pane = window.new_chat()
+        qtbot.keyClicks(pane.prompt, "line one")
+        qtbot.keyClick(pane.prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+        assert pane.prompt.toPlainText() == "line one\n" and pane.session.messages == []
+        qtbot.keyClicks(pane.prompt, "line two")
+        qtbot.keyClick(pane.prompt, Qt.Key.Key_Return)
+        assert pane.prompt.toPlainText() == ""
+        await wait_until(lambda: not pane.session.running, what="reply to fail")
+        user, reply = pane.session.messages
+        assert user.content == "line one\nline two"
+        # No model loaded: the reply shows the error instead of hanging or raising into the loop.
+        assert reply.stats.state == "error" and "no model" in reply.stats.error
+        assert "no model" in pane.view.toPlainText()
+        qtbot.keyClick(pane.prompt, Qt.Key.Key_Return)  # empty prompt: nothing is sent
+        assert len(pane.session.messages) == 2
+
+    run(loop, body())
+
+
+def test_copy_puts_the_message_markdown_on_the_clipboard(qtbot, loop, store):
+    async def body():
+        window = make_window(qtbot, store)
+        pane = window.new_chat()
+        msg = window.store.add_message(pane.session.chat_id, "user", "some **bold** `code`")
+        pane.session.messages.append(msg)
+        pane.rebuild()
+        pane._anchor(QUrl(f"pd:copy/{msg.id}"))
+        assert QGuiApplication.clipboard().text() == "some **bold** `code`"
+
+    run(loop, body())
+
+
+def test_system_prompt_and_chat_template_reach_the_prompt(loop, tiny_model):
+    async def body():
+        service = await loaded_service(tiny_model)
+        history = [{"role": "user", "content": "hi there"}]
+        plain = service.prompt_ids(history, ChatSettings(system_prompt=""))
+        with_sys = service.prompt_ids(history, ChatSettings(system_prompt="You are a pirate."))
+        text = service.tokenizer.decode(with_sys[0].tolist(), decode_special_tokens=True)
+        assert "You are a pirate." in text and "hi there" in text
+        assert text == service.tokenizer.apply_chat_template(
+            [{"role": "system", "content": "You are a pirate."}] + history, add_generation_prompt=True)
+        assert with_sys.shape[-1] > plain.shape[-1]
+        await service.close()
+
+    run(loop, body())

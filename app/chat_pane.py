@@ -164,6 +164,11 @@ class ChatPane(QWidget):
         except Exception as exc:  # noqa: BLE001
             self._show_error(str(exc))
 
+    def send(self, text: str) -> None:
+        """Send `text` as if typed into the prompt box and Enter pressed."""
+        self.prompt.setPlainText(text)
+        self.submit()
+
     def stop(self) -> None:
         spawn(self.session.stop(), self._show_error)
 

@@ -265,7 +265,9 @@ class MainWindow(QMainWindow):
             self.stack.setCurrentWidget(self.tabs)
         else:
             shown = [i for i in self.open_ids if i in self.recent[: self.tile_count]]
-            self.tiles.layout().addWidget(_grid([self.panes[i] for i in shown]))
+            grid = _grid([self.panes[i] for i in shown])
+            self.tiles.layout().addWidget(grid)
+            grid.show()  # a layout shows new children of a visible widget only later (queued)
             self.stack.setCurrentWidget(self.tiles)
         self.tabs.blockSignals(False)
         for pane in self.panes.values():

@@ -14,7 +14,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QCursor
-from PySide6.QtWidgets import QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 FREE_STATE = -2
 CACHED_STATE = -1
@@ -188,7 +188,9 @@ class PageMapWidget(QWidget):
         self.viewbox.addItem(self.image_item)
         self.view.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.legend = QLabel(_legend_html())
+        self.legend.setWordWrap(True)
         self.hover_label = QLabel("hover a page to see which chat holds it")
+        self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)

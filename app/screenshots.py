@@ -1,9 +1,10 @@
 """Screenshots for the README: `python -m app.screenshots OUTDIR [--dashboard-only]`.
 
-The full run opens the real main window, starts several chats streaming side by side through the one
-batched generator and grabs PNGs while they stream. `--dashboard-only` feeds the dashboard a simulated
-but plausible snapshot sequence (`SimulatedWorkload`, also used by the dashboard benchmark), which needs
-no model and is deterministic.
+The full run opens the real main window on a scratch history folder, starts four chats streaming (three
+tiled side by side) through the one batched generator and grabs PNGs of the window and the dashboard
+while they stream. dashboard.png (always written, and all that `--dashboard-only` writes) is the dashboard
+fed a simulated but plausible snapshot sequence (`SimulatedWorkload`, also used by the dashboard
+benchmark): it needs no model and is deterministic.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import argparse
 import asyncio
 import math
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Sequence
@@ -219,33 +221,38 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
     return path
 
 
-async def _stream_main_window(outdir: Path, seconds: float) -> list[Path]:
-    """Open MainWindow, start one chat per prompt side by side, grab PNGs while they stream."""
+async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
 
-    try:
-        from app.main_window import MainWindow
-    except ImportError as exc:
-        raise SystemExit(f"app.main_window.MainWindow is not available yet ({exc}); "
-                         "use --dashboard-only for the dashboard screenshot") from exc
-    window = MainWindow()
-    window.resize(1800, 1000)
+    from app.main_window import MainWindow
+
+    window = MainWindow(data_dir=data_dir)
+    window.resize(1900, 1050)
     window.show()
-    await window.ready()  # the model is loaded off the UI thread
+    if not await window.ready():  # the model loads off the UI thread
+        raise SystemExit(f"model did not load: {window.last_error}")
     panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
-    window.show_side_by_side(panes)
-    for pane, prompt in zip(panes, PROMPTS):
-        pane.send(prompt)
+    window.show_side_by_side(panes[:3])
+    if window.dashboard is not None:
+        window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
+    for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
+        pane.prompt.setPlainText(prompt)
+        pane.submit()
     saved = []
-    for i, delay in enumerate((seconds * 0.4, seconds * 0.6)):
+    for i, delay in enumerate((seconds * 0.5, seconds * 0.5)):
         await asyncio.sleep(delay)
         QApplication.processEvents()
-        for name, widget in ((f"app-streaming-{i + 1}.png", window), (f"dashboard-live-{i + 1}.png", window.dashboard)):
+        shots = [(f"app-streaming-{i + 1}.png", window)]
+        if window.dashboard is not None:
+            shots.append((f"dashboard-live-{i + 1}.png", window.dashboard))
+        for name, widget in shots:
             path = outdir / name
             if not widget.grab().save(str(path)):
                 raise OSError(f"could not write screenshot {path}")
             saved.append(path)
     await window.shutdown()
+    window.close()
     return saved
 
 
@@ -266,8 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
-        with loop:
-            saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds))
+        with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
+            saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds, Path(data_dir)))
     for path in saved:
         print(path)
     return 0

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from .generator import DynamicGenerator
 from .job import DynamicJob
 
+
 class _Failure:
     """An exception travelling through a job's queue, re-raised by the consumer."""
 

@@ -19,6 +19,7 @@ from .metrics import GeneratorMetrics
 from .model import Model
 from .pagetable import PageTable, root_hash
 from .sampling import SamplerSettings, SamplingPool
+from .speculative import ModelDrafter, NgramIndex, check_draft_model
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer
@@ -43,17 +44,21 @@ class DynamicGenerator:
         min_sampling_threads: int = 3,
         paged: bool = True,
         filter_background_eval: bool = True,
+        max_draft_batch_size: int = 4,
     ):
-        if draft_model is not None or draft_cache is not None:
-            raise _not_yet("speculative decoding with a draft model")
-        if use_ngram_draft:
-            raise _not_yet("n-gram speculative decoding")
+        if draft_model is None and draft_cache is not None:
+            raise ValueError("draft_cache was given without a draft_model")
+        if draft_model is not None and use_ngram_draft:
+            raise ValueError("choose one kind of speculation: a draft model or n-gram drafting, not both")
+        if draft_model is not None:
+            check_draft_model(model, cache, draft_model, draft_cache)
         if not paged:
             raise ValueError("paged=False is not supported: pagedeck's cache is always paged")
         if cache.model is not model:
             raise ValueError("the cache was built for a different model")
         for name, value in (("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("max_q_size", max_q_size),
-                            ("max_sampling_threads", max_sampling_threads)):
+                            ("max_sampling_threads", max_sampling_threads),
+                            ("max_draft_batch_size", max_draft_batch_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.model = model
@@ -70,11 +75,15 @@ class DynamicGenerator:
         self.max_ngram = max_ngram
         self.filter_background_eval = filter_background_eval
         self.vocab_size = min(model.vocab_size, tokenizer.vocab_size)
-        self.pagetable = PageTable(cache.num_pages, cache.page_size, cache.copy_page)
+        self.draft_cache = draft_cache
+        self.pagetable = PageTable(cache.num_pages, cache.page_size, self._copy_page)
+        self.drafter = ModelDrafter(draft_model, draft_cache, self.pagetable) if draft_model is not None else None
+        self.use_ngram_draft = use_ngram_draft
+        self.max_draft_batch_size = max_draft_batch_size
         self.pending: deque[DynamicJob] = deque()
         self.active: list[DynamicJob] = []
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
-        self.counters = GeneratorMetrics()
+        self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
         self.loras: list = []
         self.root = root_hash(None)
         self._serials = itertools.count()
@@ -127,32 +136,46 @@ class DynamicGenerator:
         if not self.active:
             return results
         plan = self._plan()
-        batch = Batch.build([(toks, start, [p.index for p in job.seq.pages[: self.pagetable.pages_needed(start + len(toks))]])
-                             for job, toks, start, _ in plan],
-                            self.page_size, [int(want) for *_, want in plan], self.model.device)
+        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.job, e.start + len(e.tokens))) for e in plan],
+                            self.page_size, [e.rows for e in plan], self.model.device)
         t_fwd = time.perf_counter()
         logits = self.model.forward(batch, self.cache)
+        if self.drafter is not None:
+            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.job.prefilling])
         t_fwd = time.perf_counter() - t_fwd
-        sampled = [(job, row) for row, job in enumerate(job for job, *_, want in plan if want)]
-        for job, toks, start, _ in plan:
-            job.seq.kv_len = start + len(toks)
-            self.pagetable.written(job.seq.pages, job.seq.tokens, job.seq.kv_len)
-        logits_cpu = logits.cpu() if logits.device.type != "cpu" else logits
-        draws = self.sampling_pool.run([
-            (lambda job=job, row=row: job.sampler.sample(logits_cpu[row], job.seq.tokens, job.return_top_tokens,
-                                                         job.blocked_tokens()))
-            for job, row in sampled])
-        for job, toks, start, want in plan:
-            if not want:
+        logits = logits.cpu() if logits.device.type != "cpu" else logits
+        row = 0
+        for e in plan:
+            e.first_row, row = row, row + e.rows
+        draws = self.sampling_pool.run([(lambda e=e: self._sample(e, logits)) for e in plan if e.rows])
+        draws_iter = iter(draws)
+        c = self.counters
+        for e in plan:
+            samples = next(draws_iter) if e.rows else []
+            job, seq = e.job, e.job.seq
+            seq.kv_len = e.start + len(e.tokens) - e.rows + len(samples)
+            if e.drafts:
+                accepted = len(samples) - 1
+                job.accepted_draft_tokens += accepted
+                job.rejected_draft_tokens += len(e.drafts) - accepted
+                if self.drafter is not None:  # draft K/V stays valid for the drafts that were accepted
+                    job.draft_kv_len = e.start + 1 + min(accepted, len(e.drafts) - 1)
+                c.drafted_tokens_total += len(e.drafts)
+                c.accepted_tokens_total += accepted
+                for i in range(accepted):
+                    c.accepted_per_position[i] += 1
+            if not samples:
+                self.pagetable.written(seq.pages, seq.tokens, seq.kv_len)
                 results.append(job.prefill_result())
-        for (job, row), draw in zip(sampled, draws):
-            result = job.accept_token(draw.token, draw, logits_cpu[row] if job.return_logits else None)
+                continue
+            rows = [logits[e.first_row + i] for i in range(len(samples))] if job.return_logits else None
+            result = job.accept_tokens(samples, rows)
+            self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, len(seq.tokens)))
+            c.tokens_generated_total += len(result["token_ids"])
             results.append(result)
             if result["eos"]:
                 self._end(job)
-        c = self.counters
-        n_prefill = sum(len(toks) for job, toks, start, _ in plan if start < job.prompt_len - 1 or len(toks) > 1)
-        c.tokens_generated_total += len(sampled)
+        n_prefill = sum(len(e.tokens) for e in plan if e.prefill)
         c.sampling_threads_busy = self.sampling_pool.busy_last
         elapsed = time.perf_counter() - t0
         c.record_step(len(plan), n_prefill, batch.input_ids.shape[0] - n_prefill, elapsed, elapsed - t_fwd)
@@ -160,11 +183,26 @@ class DynamicGenerator:
             self.defrag_cache()
         return results
 
-    def _plan(self) -> list[tuple[DynamicJob, list[int], int, bool]]:
-        """(job, tokens to feed, start position, wants logits) for each active job this step."""
-        plan = []
+    def _sample(self, e: "_Entry", logits) -> list:
+        """Draw the job's next token(s); with drafts, keep drawing while the draw equals the draft."""
+        job = e.job
+        context = list(job.seq.tokens)
+        out = []
+        for i in range(e.rows):
+            draw = job.sampler.sample(logits[e.first_row + i], context, job.return_top_tokens,
+                                      job.blocked_tokens(offset=i))
+            out.append(draw)
+            if i >= len(e.drafts) or draw.token != e.drafts[i]:
+                break
+            context.append(draw.token)
+        return out
+
+    def _plan(self) -> list["_Entry"]:
+        """What each active job feeds this step: a prefill chunk, or its last token (plus drafts)."""
+        plan: list[_Entry] = []
         budget = self.max_chunk_size
         ps = self.page_size
+        decoding = []
         for job in self.active:
             seq = job.seq
             if job.prefilling:
@@ -174,16 +212,28 @@ class DynamicGenerator:
                 end = min(last, start + budget)
                 if end < last and (end // ps) * ps > start:
                     end = (end // ps) * ps  # chunks end on page boundaries
-                if end == last:
-                    toks = seq.tokens[start : job.prompt_len]  # the last prompt token rides along and is sampled
-                    plan.append((job, toks, start, True))
-                else:
-                    toks = seq.tokens[start:end]
-                    plan.append((job, toks, start, False))
+                final = end == last  # the last prompt token rides along and is sampled
+                toks = seq.tokens[start : job.prompt_len] if final else seq.tokens[start:end]
+                plan.append(_Entry(job, toks, start, int(final), prefill=True))
                 budget -= len(toks)
             else:
-                plan.append((job, seq.tokens[-1:], len(seq.tokens) - 1, True))
+                decoding.append(job)
+        drafts = self._draft(decoding)
+        for job, d in zip(decoding, drafts):
+            plan.append(_Entry(job, job.seq.tokens[-1:] + d, len(job.seq.tokens) - 1, 1 + len(d), drafts=d))
         return plan
+
+    def _draft(self, jobs: list[DynamicJob]) -> list[list[int]]:
+        """Draft tokens per decoding job, or none when speculation is off or the batch is too large to gain."""
+        if not jobs or (self.drafter is None and not self.use_ngram_draft) or len(jobs) > self.max_draft_batch_size:
+            return [[] for _ in jobs]
+        wants = [(job, max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1))) for job in jobs]
+        if self.drafter is not None:
+            return self.drafter.draft(wants)
+        return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
+
+    def _page_ids(self, job: DynamicJob, length: int) -> list[int]:
+        return [p.index for p in job.seq.pages[: self.pagetable.pages_needed(length)]]
 
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
@@ -218,8 +268,15 @@ class DynamicGenerator:
         """Lay cached prefix chains out contiguously once the queue drains (skipped if <= 10% would move)."""
         order = self.pagetable.defrag_order()
         if order is not None:
-            self.cache.permute(order)
+            for cache in (self.cache, self.draft_cache):
+                if cache is not None:
+                    cache.permute(order)
             self.pagetable.apply_order(order)
+
+    def _copy_page(self, src: int, dst: int, n: int) -> None:
+        for cache in (self.cache, self.draft_cache):
+            if cache is not None:
+                cache.copy_page(src, dst, n)
 
     def reset_page_table(self) -> None:
         """Forget the prompt cache."""
@@ -231,11 +288,12 @@ class DynamicGenerator:
         """Swap LoRA adapters; only while no job is queued or running (the K/V of queued jobs depends on them)."""
         if self.num_remaining_jobs():
             raise RuntimeError("LoRAs cannot be changed while there are jobs in the generator queue")
-        if loras is None or (isinstance(loras, (list, tuple)) and not loras):
-            self.loras = []
-            self.root = root_hash(None)
-            return
-        raise _not_yet("LoRA adapters")
+        from .lora import LoRASet
+
+        lora_set = LoRASet.build(self.model, loras, scales)  # validates before anything changes
+        self.model.lora = lora_set
+        self.loras = list(lora_set.adapters) if lora_set is not None else []
+        self.root = root_hash(lora_set.identity() if lora_set is not None else None)
 
     def warmup(self) -> None:
         """Run a short generation so first-request latency doesn't pay for lazy initialisation."""
@@ -318,3 +376,15 @@ class DynamicGenerator:
             return out, (last[0] if single else last)
         return out
 
+
+class _Entry:
+    """One job's share of a step: tokens fed from position start; logits wanted for the last `rows` of them."""
+
+    __slots__ = ("job", "tokens", "start", "rows", "drafts", "prefill", "first_row")
+
+    def __init__(self, job: DynamicJob, tokens: list[int], start: int, rows: int, drafts: list[int] | None = None,
+                 prefill: bool = False):
+        self.job, self.tokens, self.start, self.rows = job, tokens, start, rows
+        self.drafts = drafts or []
+        self.prefill = prefill
+        self.first_row = 0

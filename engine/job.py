@@ -9,6 +9,7 @@ import torch
 
 from .pagetable import CachePage
 from .sampling import JobSampler, SamplerSettings
+from .speculative import NgramIndex
 from .streaming import TextStream
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class DynamicJob:
         self.prefill_done = 0  # prompt tokens whose K/V is in the cache (ours or reused)
         self.accepted_draft_tokens = 0
         self.rejected_draft_tokens = 0
+        self.ngram: NgramIndex | None = None
+        self.draft_kv_len = 0  # tokens whose K/V the draft model's cache holds
         self.time_enqueue = self.time_start = self.time_first_token = 0.0
 
     # ---- lifecycle, driven by the generator -------------------------------------------------------
@@ -136,19 +139,40 @@ class DynamicJob:
         stops = set(self.stop_tokens)
         self.sampler = JobSampler(self.gen_settings, self.seed, tok.vocab_size, stop_token_ids=stops, tokenizer=tok)
         self.stream = TextStream(tok, self.stop_strings, self.decode_special_tokens)
+        self.ngram = NgramIndex(generator.max_ngram) if generator.use_ngram_draft else None
+        self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
         return self._result("started")
 
     def prefill_result(self) -> dict:
         return self._result("prefill", curr_progress=self.seq.kv_len, max_progress=self.prompt_len)
 
-    def blocked_tokens(self) -> list[int] | None:
-        """Stop tokens can't end the job before min_new_tokens."""
-        if self.new_tokens < self.min_new_tokens and self.stop_tokens:
+    def blocked_tokens(self, offset: int = 0) -> list[int] | None:
+        """Stop tokens can't end the job before min_new_tokens (offset: tokens drawn earlier this step)."""
+        if self.new_tokens + offset < self.min_new_tokens and self.stop_tokens:
             return sorted(self.stop_tokens)
         return None
 
-    def accept_token(self, token: int, sample, logits: torch.Tensor | None) -> dict:
+    def accept_tokens(self, samples: list, logits: list[torch.Tensor] | None) -> dict:
+        """Add this step's sampled tokens (several when drafts were accepted); one merged streaming result."""
+        merged: dict | None = None
+        for i, sample in enumerate(samples):
+            r = self._accept_token(sample.token, sample, logits[i] if logits is not None else None)
+            if merged is None:
+                merged = r
+            else:
+                merged["text"] += r.pop("text")
+                for key in ("token_ids", "token_probs", "top_k_tokens", "top_k_probs"):
+                    if key in r:
+                        merged[key] += r.pop(key)
+                if "logits" in r:
+                    merged["logits"] = torch.cat([merged["logits"], r.pop("logits")])
+                merged.update(r)
+            if merged["eos"]:
+                break
+        return merged
+
+    def _accept_token(self, token: int, sample, logits: torch.Tensor | None) -> dict:
         """Add one sampled token; returns its streaming result (with eos fields if the job ended)."""
         if self.new_tokens == 0:
             self.time_first_token = time.perf_counter()

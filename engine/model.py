@@ -89,6 +89,7 @@ class Model:
         self.scale = c.head_dim ** -0.5
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
+        self.lora = None  # the active engine.lora.LoRASet; set only through DynamicGenerator.set_loras
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
@@ -126,7 +127,10 @@ class Model:
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
+            lora = self.lora
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            if lora is not None:
+                lora.add(i, "qkv", h, qkv)
             q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
             k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
             v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
@@ -138,9 +142,18 @@ class Model:
             kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
             o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
                                         batch.kv_lens, self.scale)
-            x = F.linear(o.reshape(T, self.q_size), layer.o)
+            o = o.reshape(T, self.q_size)
+            x = F.linear(o, layer.o)
+            if lora is not None:
+                lora.add(i, "o", o, x)
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
-            x = F.linear(kernels.silu_mul(F.linear(h, layer.gate_up)), layer.down)
+            gu = F.linear(h, layer.gate_up)
+            if lora is not None:
+                lora.add(i, "gate_up", h, gu)
+            a = kernels.silu_mul(gu)
+            x = F.linear(a, layer.down)
+            if lora is not None:
+                lora.add(i, "down", a, x)
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
         return F.linear(x, self.lm_head).float()

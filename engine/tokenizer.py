@@ -83,7 +83,7 @@ class Tokenizer:
             stops.add(self.eos_token_id)
         stops.update(i for t in END_OF_TURN_TOKENS if (i := tokenizer.token_to_id(t)) is not None)
         self.stop_token_ids: set[int] = stops
-        self.chat_template = chat_template
+        self._chat_template = chat_template
         self._template = None
         self._byte_level = _is_byte_level(tokenizer)
         self.special_token_ids: set[int] = {
@@ -240,6 +240,15 @@ class Tokenizer:
         return [b.decode("utf-8", errors="replace") for b in self._all_bytes]
 
     # ------------------------------------------------------------------ chat
+    @property
+    def chat_template(self) -> str | None:
+        """The model's jinja2 chat template (None: ChatML is used). Settable, e.g. to override a bad one."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self._chat_template, self._template = template, None
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render messages with the model's template (ChatML when it has none) in a sandboxed jinja2."""
         if self._template is None:

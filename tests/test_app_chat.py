@@ -178,13 +178,13 @@ def test_system_prompt_and_chat_template_reach_the_prompt(loop, tiny_model):
     async def body():
         service = await loaded_service(tiny_model)
         history = [{"role": "user", "content": "hi there"}]
-        plain = service.prompt_ids(history, ChatSettings(system_prompt=""))
+        short = service.prompt_ids(history, ChatSettings(system_prompt="Hi."))
         with_sys = service.prompt_ids(history, ChatSettings(system_prompt="You are a pirate."))
         text = service.tokenizer.decode(with_sys[0].tolist(), decode_special_tokens=True)
         assert "You are a pirate." in text and "hi there" in text
         assert text == service.tokenizer.apply_chat_template(
             [{"role": "system", "content": "You are a pirate."}] + history, add_generation_prompt=True)
-        assert with_sys.shape[-1] > plain.shape[-1]
+        assert with_sys.shape[-1] > short.shape[-1]
         await service.close()
 
     run(loop, body())

@@ -168,9 +168,11 @@ def test_cancel_wakes_the_consumer_and_frees_the_pages(tiny, monkeypatch):
         try:
             victim = DynamicJobAsync(agen, input_ids=prompt(20, seed=4), max_new_tokens=400, gen_settings=GREEDY)
             other = DynamicJobAsync(agen, input_ids=other_prompt, max_new_tokens=20, gen_settings=GREEDY)
-            while (await victim.__anext__())["stage"] != "streaming":
-                pass
-            held = agen.metrics()["pages_referenced"]
+            seen = {victim: [], other: []}
+            for job in (victim, other):
+                while not seen[job] or seen[job][-1]["stage"] != "streaming":
+                    seen[job].append(await job.__anext__())
+            held = agen.metrics()["page_states"].count(victim.serial)
             gate.close()
             await gate.wait_parked()  # the worker is mid-step and cannot deliver anything now
             consumer = asyncio.create_task(collect(victim))
@@ -181,7 +183,9 @@ def test_cancel_wakes_the_consumer_and_frees_the_pages(tiny, monkeypatch):
             gate.open()
             await canceller
             after_cancel = agen.metrics()
-            other_results = await collect(other)
+            after_cancel["victim_pages"] = after_cancel["page_states"].count(victim.serial)
+            after_cancel["other_pages"] = after_cancel["page_states"].count(other.serial)
+            other_results = seen[other] + await collect(other)
             final = agen.metrics()
             return held, rest, after_cancel, other_results, final
         finally:
@@ -190,9 +194,9 @@ def test_cancel_wakes_the_consumer_and_frees_the_pages(tiny, monkeypatch):
 
     held, rest, after_cancel, other_results, final = run(main())
     assert rest[-1]["eos"] and rest[-1]["eos_reason"] == "cancelled"
-    # 420 tokens reserved for the victim (27 pages of 16) were released by cancel(); the other job keeps its own.
-    assert held >= 27 + 2
-    assert after_cancel["pages_referenced"] <= 2 and after_cancel["active_jobs"] <= 1
+    # The 420 tokens reserved for the victim (27 pages of 16) were released by cancel().
+    assert held == 27 and after_cancel["victim_pages"] == 0
+    assert after_cancel["pages_referenced"] == after_cancel["other_pages"] and after_cancel["active_jobs"] <= 1
     assert tokens_of(other_results) == expected_other  # the job beside it was not disturbed
     assert final["pages_referenced"] == 0 and final["active_jobs"] == 0 and final["pending_jobs"] == 0
 
@@ -379,3 +383,49 @@ def test_close_cancels_jobs_wakes_consumers_and_stops_the_worker(tiny):
     assert deferred_results[-1]["eos_reason"] == "cancelled"
     assert not alive
     assert metrics["active_jobs"] == 0 and metrics["pages_referenced"] == 0
+
+
+def test_cancelling_a_deferred_job_ends_it_without_running_it(tiny):
+    async def main():
+        agen = make_async(tiny)
+        try:
+            running = DynamicJobAsync(agen, input_ids=prompt(6), max_new_tokens=15, gen_settings=GREEDY)
+            await running.__anext__()
+            swap = asyncio.create_task(agen.set_loras(None))
+            await asyncio.sleep(0)
+            dropped = DynamicJobAsync(agen, input_ids=prompt(6, seed=1), max_new_tokens=5, identifier="dropped")
+            kept = DynamicJobAsync(agen, input_ids=prompt(6, seed=2), max_new_tokens=5, identifier="kept")
+            assert agen.num_deferred == 2
+            await dropped.cancel()
+            n_after_cancel = agen.num_deferred
+            dropped_results = await collect(dropped)
+            await collect(running)
+            await swap
+            kept_results = await collect(kept)
+            return n_after_cancel, dropped_results, kept_results, dropped.serial
+        finally:
+            await agen.close()
+
+    n_after_cancel, dropped_results, kept_results, dropped_serial = run(main())
+    assert n_after_cancel == 1
+    assert [r["stage"] for r in dropped_results] == ["deferred", "streaming"]
+    assert dropped_results[-1]["eos_reason"] == "cancelled" and dropped_serial is None  # never enqueued
+    assert kept_results[-1]["eos_reason"] == "max_new_tokens"
+
+
+def test_run_on_worker_runs_between_steps_on_the_worker_thread(tiny):
+    async def main():
+        agen = make_async(tiny)
+        try:
+            ident = await agen.run_on_worker(lambda gen: (threading.get_ident(), gen.num_remaining_jobs()))
+            with pytest.raises(RuntimeError, match="needs an empty queue"):
+                job = DynamicJobAsync(agen, input_ids=prompt(6), max_new_tokens=30, gen_settings=GREEDY)
+                await job.__anext__()
+                await agen.run_on_worker(lambda gen: gen.reset_page_table())
+            await job.cancel()
+            return ident, agen.worker_thread.ident
+        finally:
+            await agen.close()
+
+    (thread, remaining), worker = run(main())
+    assert thread == worker and remaining == 0

@@ -179,9 +179,6 @@ def test_bad_input_raises_clear_errors(tiny):
                      ("filters", {"filters": [object()]})]:
         with pytest.raises(NotImplementedError, match=name):
             DynamicJob(prompt_ids(4), 5, **kw)
-    model, tok = tiny
-    with pytest.raises(NotImplementedError, match="n-gram"):
-        DynamicGenerator(model, PagedCache(model, 256, 16), tok, use_ngram_draft=True)
     gen.clear_queue()
     assert gen.num_remaining_jobs() == 0
 

@@ -7,6 +7,7 @@ updated in place, and rates are derived here from the engine's raw monotonic cou
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Mapping, Sequence
 
@@ -163,8 +164,9 @@ class DashboardDock(QDockWidget):
             if row:
                 plot.setXLink(self.plots["occupancy"])
             self.plots[key] = plot
-        self.plots["occupancy"].setYRange(0, 100, padding=0.02)
-        self.plots["acceptance"].setYRange(0, 100, padding=0.02)
+        for key in ("occupancy", "acceptance"):
+            self.plots[key].setYRange(0, 100, padding=0.02)
+            self.plots[key].getAxis("left").setTicks([[(0, "0"), (50, "50"), (100, "100")]])
         self.plots["occupancy"].addLine(y=WARN_OCCUPANCY_PCT, pen=pg.mkPen((255, 90, 60), style=Qt.DashLine))
         fin = {"connect": "finite"}
 
@@ -299,6 +301,8 @@ class DashboardDock(QDockWidget):
         if top is None or peak > top or peak < 0.4 * top:
             self._y_top[plot] = top = peak * 1.15
             self.plots[plot].setYRange(0, top, padding=0)
+            step = _nice_step(top / 3)  # 2-3 labels: the plots are too short for pyqtgraph's default density
+            self.plots[plot].getAxis("left").setTickSpacing(major=step, minor=step)
 
     def _refresh_labels(self, s: Mapping[str, object]) -> None:
         total = int(s["pages_total"]) or 1
@@ -332,6 +336,12 @@ def _set_text(label: QLabel, text: str) -> None:
     """A label relayout + repaint costs more than everything else in a push; skip it when unchanged."""
     if label.text() != text:
         label.setText(text)
+
+
+def _nice_step(raw: float) -> float:
+    """Smallest 1/2/5 x 10^k step >= raw."""
+    exp = 10.0 ** math.floor(math.log10(max(raw, 1e-9)))
+    return next(m * exp for m in (1, 2, 5, 10) if m * exp >= raw)
 
 
 def _si(value: float) -> str:

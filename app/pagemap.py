@@ -179,6 +179,7 @@ class PageMapWidget(QWidget):
         self._aspect = aspect
         self._owners: dict[int, object] = {}
         self._labels: dict[object, str] = {}
+        self._hovered: int | None = None
         self.view = pg.GraphicsLayoutWidget()
         self.view.setBackground(BACKGROUND[:3])
         self.view.ci.setContentsMargins(2, 2, 2, 2)
@@ -210,6 +211,10 @@ class PageMapWidget(QWidget):
         self._owners = {int(k): v for k, v in (owners or {}).items()}
         if changed:
             self._show(resized)
+            if self._hovered is not None and self._hovered < self.pages.pages:  # keep the hover line true
+                text = self.describe_page(self._hovered)
+                if text != self.hover_label.text():
+                    self.hover_label.setText(text)
 
     def _show(self, resized: bool) -> None:
         image = self.pages.render()
@@ -257,6 +262,7 @@ class PageMapWidget(QWidget):
     def show_page_info(self, page: int) -> str:
         """Show a page's description in the hover line and tooltip (what hovering the cell does)."""
         text = self.describe_page(page)
+        self._hovered = page
         self.hover_label.setText(text)
         self.view.setToolTip(text)
         if self.view.underMouse():

@@ -221,6 +221,32 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
     return path
 
 
+def _reply_state(session) -> tuple[str, str | None]:
+    """(text so far, error) of a chat's newest reply, live while it streams."""
+    reply = session.messages[-1]
+    live = session.live(reply.id)
+    if live is not None:
+        return live[0], live[1].error
+    return reply.content, reply.stats.error if reply.stats is not None else None
+
+
+async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> None:
+    """Wait until every reply shows `min_chars` of text (or one ends, or time runs out); fail on errors.
+
+    Waiting on text rather than a fixed delay keeps the shots mid-stream on a fast GPU and a slow CPU alike.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        states = [_reply_state(s) for s in sessions]
+        errors = [e for _, e in states if e]
+        if errors:
+            raise SystemExit(f"a chat failed while streaming, no screenshot taken: {errors[0]}")
+        if any(not s.running for s in sessions) or all(len(t) >= min_chars for t, _ in states):
+            return
+        await asyncio.sleep(0.1)
+
+
 async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
@@ -230,29 +256,32 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> l
     window = MainWindow(data_dir=data_dir)
     window.resize(1900, 1050)
     window.show()
-    if not await window.ready():  # the model loads off the UI thread
-        raise SystemExit(f"model did not load: {window.last_error}")
-    panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
-    window.show_side_by_side(panes[:3])
-    if window.dashboard is not None:
-        window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
-    for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
-        pane.prompt.setPlainText(prompt)
-        pane.submit()
-    saved = []
-    for i, delay in enumerate((seconds * 0.5, seconds * 0.5)):
-        await asyncio.sleep(delay)
-        QApplication.processEvents()
-        shots = [(f"app-streaming-{i + 1}.png", window)]
+    try:
+        if not await window.ready():  # the model loads off the UI thread
+            raise SystemExit(f"model did not load: {window.last_error}")
+        panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
+        window.show_side_by_side(panes[:3])
         if window.dashboard is not None:
-            shots.append((f"dashboard-live-{i + 1}.png", window.dashboard))
-        for name, widget in shots:
-            path = outdir / name
-            if not widget.grab().save(str(path)):
-                raise OSError(f"could not write screenshot {path}")
-            saved.append(path)
-    await window.shutdown()
-    window.close()
+            window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
+        for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
+            pane.prompt.setPlainText(prompt)
+            pane.submit()
+        sessions = [p.session for p in panes]
+        saved = []
+        for i, min_chars in enumerate((120, 400)):
+            await _until_streamed(sessions, min_chars, seconds / 2)
+            QApplication.processEvents()
+            shots = [(f"app-streaming-{i + 1}.png", window)]
+            if window.dashboard is not None:
+                shots.append((f"dashboard-live-{i + 1}.png", window.dashboard))
+            for name, widget in shots:
+                path = outdir / name
+                if not widget.grab().save(str(path)):
+                    raise OSError(f"could not write screenshot {path}")
+                saved.append(path)
+    finally:  # stop the generator's worker thread even when a shot failed
+        await window.shutdown()
+        window.close()
     return saved
 
 
@@ -261,7 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--dashboard-only", action="store_true",
                         help="only the dashboard, fed by a simulated workload (no model needed)")
-    parser.add_argument("--seconds", type=float, default=12.0, help="how long to let the chats stream")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="the longest to let the chats stream before the screenshots are taken")
     args = parser.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
     from PySide6.QtWidgets import QApplication

@@ -303,13 +303,15 @@ def _deliver_batch(batch: list[tuple["DynamicJobAsync", dict]]) -> None:
 class DynamicJobAsync:
     """One request: created and enqueued at once; `async for result in job` streams its results.
 
-    Arguments after the generator are DynamicJob's. Errors from enqueue (e.g. a prompt too long for
-    the cache) and engine failures are raised from the iteration, so a consumer never hangs.
+    Arguments after the generator are DynamicJob's. A job this generator could never run (e.g. a prompt
+    too long for the cache) raises here; engine failures are raised from the iteration, so a consumer
+    never hangs.
     """
 
     def __init__(self, generator: DynamicGeneratorAsync, *args: Any, **kwargs: Any):
         self.generator = generator
         self.job = DynamicJob(*args, **kwargs)
+        generator.generator.check_job(self.job)
         self.identifier = getattr(self.job, "identifier", kwargs.get("identifier"))
         self.serial: int | None = None
         self._loop = asyncio.get_running_loop()

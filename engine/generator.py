@@ -12,6 +12,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from .batch import Batch
 from .cache import PagedCache
 from .job import DynamicJob, _not_yet
@@ -93,6 +95,13 @@ class DynamicGenerator:
         """Queue a job (or several); returns its serial. Its whole page budget is reserved when it starts."""
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
+        self.check_job(job)
+        job.bind(self, next(self._serials))
+        self.pending.append(job)
+        return job.serial
+
+    def check_job(self, job: DynamicJob) -> None:
+        """Raise if this generator could never run the job; reads settings only, so any thread may call it."""
         if not isinstance(job, DynamicJob):
             raise TypeError(f"enqueue takes DynamicJob objects, got {type(job).__name__}")
         if job.serial is not None:
@@ -100,16 +109,12 @@ class DynamicGenerator:
         if job.total_len > self.max_seq_len:
             raise ValueError(f"prompt ({job.prompt_len} tokens) + max_new_tokens ({job.max_new_tokens}) exceeds "
                              f"max_seq_len ({self.max_seq_len})")
-        if self.pagetable.pages_needed(job.total_len) > self.cache.num_pages:
+        if sum(self.pagetable.pages_needed(job.seq_len(s)) for s in job.seqs) > self.cache.num_pages:
             raise ValueError(f"prompt + max_new_tokens ({job.total_len} tokens) needs more pages than the whole cache "
                              f"({self.cache.num_pages} pages of {self.page_size})")
-        if max(job.seq.tokens) >= self.model.vocab_size or min(job.seq.tokens) < 0:
+        tokens = [t for s in job.seqs for t in s.tokens]
+        if max(tokens) >= self.model.vocab_size or min(tokens) < 0:
             raise ValueError(f"input_ids hold token ids outside the model's vocabulary (0..{self.model.vocab_size - 1})")
-        job.serial = next(self._serials)
-        job.generator = self
-        job.time_enqueue = time.perf_counter()
-        self.pending.append(job)
-        return job.serial
 
     def num_remaining_jobs(self) -> int:
         return len(self.pending) + len(self.active)
@@ -136,45 +141,41 @@ class DynamicGenerator:
         if not self.active:
             return results
         plan = self._plan()
-        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.job, e.start + len(e.tokens))) for e in plan],
+        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.start + len(e.tokens))) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device)
         t_fwd = time.perf_counter()
         logits = self.model.forward(batch, self.cache)
         if self.drafter is not None:
-            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.job.prefilling])
+            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         t_fwd = time.perf_counter() - t_fwd
         logits = logits.cpu() if logits.device.type != "cpu" else logits
+        by_job: dict[DynamicJob, list[_Entry]] = {}
         row = 0
         for e in plan:
             e.first_row, row = row, row + e.rows
-        draws = self.sampling_pool.run([(lambda e=e: self._sample(e, logits)) for e in plan if e.rows])
-        draws_iter = iter(draws)
-        c = self.counters
-        for e in plan:
-            samples = next(draws_iter) if e.rows else []
-            job, seq = e.job, e.job.seq
-            seq.kv_len = e.start + len(e.tokens) - e.rows + len(samples)
-            if e.drafts:
-                accepted = len(samples) - 1
-                job.accepted_draft_tokens += accepted
-                job.rejected_draft_tokens += len(e.drafts) - accepted
-                if self.drafter is not None:  # draft K/V stays valid for the drafts that were accepted
-                    job.draft_kv_len = e.start + 1 + min(accepted, len(e.drafts) - 1)
-                c.drafted_tokens_total += len(e.drafts)
-                c.accepted_tokens_total += accepted
-                for i in range(accepted):
-                    c.accepted_per_position[i] += 1
-            if not samples:
-                self.pagetable.written(seq.pages, seq.tokens, seq.kv_len)
-                results.append(job.prefill_result())
-                continue
-            rows = [logits[e.first_row + i] for i in range(len(samples))] if job.return_logits else None
-            result = job.accept_tokens(samples, rows)
-            self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, len(seq.tokens)))
-            c.tokens_generated_total += len(result["token_ids"])
+            by_job.setdefault(e.job, []).append(e)
+        sampling = [(job, es) for job, es in by_job.items() if any(e.rows for e in es)]
+        draws = dict(zip((job for job, _ in sampling), self.sampling_pool.run(
+            [(lambda job=job, es=es: self._sample(job, es, logits)) for job, es in sampling])))
+        for job, entries in by_job.items():
+            samples = draws.get(job, [])
+            for e in entries:
+                e.seq.kv_len = e.start + len(e.tokens) - e.rows + (len(samples) if e.rows else 0)
+            if entries[0].drafts:
+                self._count_drafts(job, entries[0], len(samples) - 1)
+            if samples:
+                e = entries[0]
+                rows = [logits[e.first_row + i] for i in range(len(samples))] if job.return_logits else None
+                result = job.accept_tokens(samples, rows)
+                self.counters.tokens_generated_total += len(result["token_ids"])
+            else:
+                result = job.prefill_result()
+            for seq in job.seqs:
+                self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)))
             results.append(result)
-            if result["eos"]:
+            if result.get("eos"):
                 self._end(job)
+        c = self.counters
         n_prefill = sum(len(e.tokens) for e in plan if e.prefill)
         c.sampling_threads_busy = self.sampling_pool.busy_last
         elapsed = time.perf_counter() - t0
@@ -183,9 +184,14 @@ class DynamicGenerator:
             self.defrag_cache()
         return results
 
-    def _sample(self, e: "_Entry", logits) -> list:
+    def _sample(self, job: DynamicJob, entries: list["_Entry"], logits) -> list:
         """Draw the job's next token(s); with drafts, keep drawing while the draw equals the draft."""
-        job = e.job
+        if job.cfg:  # mix the positive and negative sequences' log-probabilities
+            pos, neg = (torch.log_softmax(logits[e.first_row], dim=-1) for e in entries)
+            scale = job.gen_settings.cfg_scale
+            return [job.sampler.sample(scale * pos + (1 - scale) * neg, job.seq.tokens, job.return_top_tokens,
+                                       job.blocked_tokens())]
+        e = entries[0]
         context = list(job.seq.tokens)
         out = []
         for i in range(e.rows):
@@ -197,30 +203,44 @@ class DynamicGenerator:
             context.append(draw.token)
         return out
 
+    def _count_drafts(self, job: DynamicJob, e: "_Entry", accepted: int) -> None:
+        c = self.counters
+        job.accepted_draft_tokens += accepted
+        job.rejected_draft_tokens += len(e.drafts) - accepted
+        c.drafted_tokens_total += len(e.drafts)
+        c.accepted_tokens_total += accepted
+        for i in range(accepted):
+            c.accepted_per_position[i] += 1
+        if self.drafter is not None:  # draft K/V stays valid for the drafts that were accepted
+            job.draft_kv_len = e.start + 1 + min(accepted, len(e.drafts) - 1)
+
     def _plan(self) -> list["_Entry"]:
-        """What each active job feeds this step: a prefill chunk, or its last token (plus drafts)."""
+        """What each active sequence feeds this step: a prefill chunk, or its last token (plus drafts)."""
         plan: list[_Entry] = []
         budget = self.max_chunk_size
         ps = self.page_size
         decoding = []
         for job in self.active:
-            seq = job.seq
             if job.prefilling:
-                if budget <= 0:
-                    continue
-                start, last = seq.kv_len, job.prompt_len - 1
-                end = min(last, start + budget)
-                if end < last and (end // ps) * ps > start:
-                    end = (end // ps) * ps  # chunks end on page boundaries
-                final = end == last  # the last prompt token rides along and is sampled
-                toks = seq.tokens[start : job.prompt_len] if final else seq.tokens[start:end]
-                plan.append(_Entry(job, toks, start, int(final), prefill=True))
-                budget -= len(toks)
+                for seq in job.seqs:
+                    start, last = seq.kv_len, seq.prompt_len - 1
+                    if start >= last or budget <= 0:
+                        continue
+                    end = min(last, start + budget)
+                    if end < last and (end // ps) * ps > start:
+                        end = (end // ps) * ps  # chunks end on page boundaries
+                    final = end == last and not job.cfg  # the last prompt token rides along and is sampled
+                    toks = seq.tokens[start : seq.prompt_len] if final else seq.tokens[start:end]
+                    plan.append(_Entry(job, seq, toks, start, int(final), prefill=True))
+                    budget -= len(toks)
+            elif job.cfg:
+                plan += [_Entry(job, seq, seq.tokens[-1:], len(seq.tokens) - 1, 1) for seq in job.seqs]
             else:
                 decoding.append(job)
         drafts = self._draft(decoding)
         for job, d in zip(decoding, drafts):
-            plan.append(_Entry(job, job.seq.tokens[-1:] + d, len(job.seq.tokens) - 1, 1 + len(d), drafts=d))
+            seq = job.seq
+            plan.append(_Entry(job, seq, seq.tokens[-1:] + d, len(seq.tokens) - 1, 1 + len(d), drafts=d))
         return plan
 
     def _draft(self, jobs: list[DynamicJob]) -> list[list[int]]:
@@ -232,8 +252,8 @@ class DynamicGenerator:
             return self.drafter.draft(wants)
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
 
-    def _page_ids(self, job: DynamicJob, length: int) -> list[int]:
-        return [p.index for p in job.seq.pages[: self.pagetable.pages_needed(length)]]
+    def _page_ids(self, seq, length: int) -> list[int]:
+        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
 
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
@@ -244,23 +264,25 @@ class DynamicGenerator:
                 break
             if sum(j.prefilling for j in self.active) >= self.max_q_size:
                 break
-            if not self.pagetable.can_allocate(job.seq.tokens, job.total_len, self.root):
+            wants = [(s.tokens, job.seq_len(s)) for s in job.seqs]
+            if not self.pagetable.can_allocate_all(wants, self.root):
                 if job.skips >= job.max_skips:
                     break  # this job has waited long enough: nobody else goes ahead of it
                 waiting.append(job)
                 continue
-            alloc = self.pagetable.allocate(job.seq.tokens, job.total_len, self.root, job.serial)
+            allocs = [self.pagetable.allocate(toks, n, self.root, job.serial) for toks, n in wants]
             self.pending.remove(job)
             self.active.append(job)
-            self.counters.prefix_hit_tokens_total += alloc.cached_tokens
-            results.append(job.start(self, alloc))
+            self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
+            results.append(job.start(self, allocs))
             started_after_wait = started_after_wait or bool(waiting)
         if started_after_wait:
             for job in waiting:
                 job.skips += 1
 
     def _end(self, job: DynamicJob) -> None:
-        self.pagetable.release(job.seq.pages, job.serial)
+        for seq in job.seqs:
+            self.pagetable.release(seq.pages, job.serial)
         self.active.remove(job)
 
     # ---- cache management -------------------------------------------------------------------------
@@ -380,11 +402,11 @@ class DynamicGenerator:
 class _Entry:
     """One job's share of a step: tokens fed from position start; logits wanted for the last `rows` of them."""
 
-    __slots__ = ("job", "tokens", "start", "rows", "drafts", "prefill", "first_row")
+    __slots__ = ("job", "seq", "tokens", "start", "rows", "drafts", "prefill", "first_row")
 
-    def __init__(self, job: DynamicJob, tokens: list[int], start: int, rows: int, drafts: list[int] | None = None,
+    def __init__(self, job: DynamicJob, seq, tokens: list[int], start: int, rows: int, drafts: list[int] | None = None,
                  prefill: bool = False):
-        self.job, self.tokens, self.start, self.rows = job, tokens, start, rows
+        self.job, self.seq, self.tokens, self.start, self.rows = job, seq, tokens, start, rows
         self.drafts = drafts or []
         self.prefill = prefill
         self.first_row = 0

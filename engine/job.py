@@ -10,7 +10,8 @@ import torch
 from .pagetable import CachePage
 from .sampling import JobSampler, SamplerSettings
 from .speculative import NgramIndex
-from .streaming import TextStream
+from .banned import BannedStrings
+from .streaming import StreamChunk, TextStream
 
 if TYPE_CHECKING:
     from .generator import DynamicGenerator
@@ -54,12 +55,14 @@ class DynamicJob:
         filter_prefer_eos: bool = False,
         embeddings: list | None = None,
     ):
-        if isinstance(input_ids, (list, tuple)):
-            raise _not_yet("a list of input_ids (CFG prompt pairs)")
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError("input_ids must be a LongTensor of shape (1, n), as Tokenizer.encode returns")
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids is empty: the prompt needs at least one token")
+        prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
+        if len(prompts) not in (1, 2):
+            raise ValueError("input_ids is one (1, n) tensor, or a (positive, negative) pair for CFG")
+        for ids in prompts:
+            if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
+                raise ValueError("input_ids must be a LongTensor of shape (1, n), as Tokenizer.encode returns")
+            if ids.shape[1] == 0:
+                raise ValueError("input_ids is empty: the prompt needs at least one token")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
@@ -68,15 +71,17 @@ class DynamicJob:
             raise ValueError(f"max_skips must be >= 0, got {max_skips}")
         if return_top_tokens < 0:
             raise ValueError(f"return_top_tokens must be >= 0, got {return_top_tokens}")
-        for name, value in (("banned_strings", banned_strings), ("token_healing", token_healing),
-                            ("filters", filters), ("filter_prefer_eos", filter_prefer_eos),
+        for name, value in (("filters", filters), ("filter_prefer_eos", filter_prefer_eos),
                             ("embeddings", embeddings)):
             if value:
                 raise _not_yet(name)
         self.gen_settings = gen_settings if gen_settings is not None else SamplerSettings()
         self.gen_settings.validate()
-        if self.gen_settings.cfg_scale is not None:
-            raise _not_yet("cfg_scale (classifier-free guidance)")
+        self.cfg = len(prompts) == 2
+        if self.cfg != (self.gen_settings.cfg_scale is not None):
+            raise ValueError("CFG needs both a (positive, negative) input_ids pair and gen_settings.cfg_scale")
+        if self.cfg and (filters or token_healing):
+            raise ValueError("CFG cannot be combined with filters or token healing")
         self.stop_tokens: set[int] = set()
         self.stop_strings: list[str] = []
         for cond in stop_conditions or ():
@@ -88,7 +93,7 @@ class DynamicJob:
                 self.stop_strings.append(cond)
             else:
                 self.stop_tokens.add(cond)
-        self.input_ids = input_ids
+        self.input_ids = prompts[0]
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
         self.max_skips = max_skips
@@ -98,18 +103,26 @@ class DynamicJob:
         self.return_logits = return_logits
         self.return_probs = return_probs
         self.identifier = identifier
+        if banned_strings is not None and (isinstance(banned_strings, str) or not all(
+                isinstance(b, str) and b for b in banned_strings)):
+            raise ValueError("banned_strings must be a list of non-empty strings")
+        self.banned_strings = list(banned_strings or [])
+        self.token_healing = token_healing
+        self.banned: BannedStrings | None = None
+        self.heal_allowed: list[int] | None = None  # first-token candidates after token healing
+        self.heal_prefix = ""  # text of the removed prompt token, not streamed again
 
         self.serial: int | None = None
         self.generator: DynamicGenerator | None = None
         self.skips = 0
-        self.seq = Sequence(tokens=input_ids[0].tolist(), prompt_len=input_ids.shape[1])
+        self.seqs = [Sequence(tokens=ids[0].tolist(), prompt_len=ids.shape[1]) for ids in prompts]
+        self.seq = self.seqs[0]  # the sequence whose tokens are the output (CFG: the positive prompt)
         self.sampler: JobSampler | None = None
         self.stream: TextStream | None = None
         self.new_tokens = 0
         self.completion = ""
         self.cached_tokens = 0
         self.cached_pages = 0
-        self.prefill_done = 0  # prompt tokens whose K/V is in the cache (ours or reused)
         self.accepted_draft_tokens = 0
         self.rejected_draft_tokens = 0
         self.ngram: NgramIndex | None = None
@@ -123,35 +136,72 @@ class DynamicJob:
 
     @property
     def total_len(self) -> int:
-        return self.prompt_len + self.max_new_tokens
+        """The longest sequence this job can grow to (each CFG sequence gets its own pages)."""
+        return max(s.prompt_len for s in self.seqs) + self.max_new_tokens
 
     @property
     def prefilling(self) -> bool:
         """Still feeding prompt tokens before the last one (which is fed by the decode step)."""
-        return self.seq.kv_len < self.prompt_len - 1
+        return any(s.kv_len < s.prompt_len - 1 for s in self.seqs)
 
-    def start(self, generator: "DynamicGenerator", alloc) -> dict:
-        self.seq.pages = alloc.pages
-        self.seq.kv_len = alloc.cached_tokens
-        self.cached_tokens = alloc.cached_tokens
-        self.cached_pages = alloc.cached_pages
+    def bind(self, generator: "DynamicGenerator", serial: int) -> None:
+        """Join a generator's queue; token healing trims the prompt here, before pages are reserved."""
+        self.serial = serial
+        self.generator = generator
+        self.time_enqueue = time.perf_counter()
+        if self.token_healing and self.prompt_len > 1:
+            pieces = generator.tokenizer.pieces
+            last = self.seq.tokens.pop()
+            self.seq.prompt_len -= 1
+            self.heal_prefix = pieces[last]
+            self.heal_allowed = [t for t, p in enumerate(pieces[: generator.vocab_size]) if p.startswith(self.heal_prefix)]
+
+    def start(self, generator: "DynamicGenerator", allocs: list) -> dict:
+        for seq, alloc in zip(self.seqs, allocs):
+            seq.pages = alloc.pages
+            seq.kv_len = alloc.cached_tokens
+        alloc = allocs[0]
+        self.cached_tokens = sum(a.cached_tokens for a in allocs)
+        self.cached_pages = sum(a.cached_pages for a in allocs)
         tok = generator.tokenizer
         stops = set(self.stop_tokens)
         self.sampler = JobSampler(self.gen_settings, self.seed, tok.vocab_size, stop_token_ids=stops, tokenizer=tok)
         self.stream = TextStream(tok, self.stop_strings, self.decode_special_tokens)
         self.ngram = NgramIndex(generator.max_ngram) if generator.use_ngram_draft else None
+        if self.banned_strings:
+            self.banned = BannedStrings(tok, self.banned_strings, self.decode_special_tokens)
         self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
         return self._result("started")
 
     def prefill_result(self) -> dict:
-        return self._result("prefill", curr_progress=self.seq.kv_len, max_progress=self.prompt_len)
+        return self._result("prefill", curr_progress=sum(s.kv_len for s in self.seqs),
+                            max_progress=sum(s.prompt_len for s in self.seqs))
+
+    def seq_len(self, seq: Sequence) -> int:
+        """How long one of the job's sequences can grow: its prompt plus max_new_tokens."""
+        return seq.prompt_len + self.max_new_tokens
+
+    def stable_len(self, seq: Sequence) -> int:
+        """Tokens of seq that can no longer be rewound (all but those held for a possible banned string)."""
+        return len(seq.tokens) - (len(self.banned.held) if self.banned is not None else 0)
 
     def blocked_tokens(self, offset: int = 0) -> list[int] | None:
-        """Stop tokens can't end the job before min_new_tokens (offset: tokens drawn earlier this step)."""
-        if self.new_tokens + offset < self.min_new_tokens and self.stop_tokens:
-            return sorted(self.stop_tokens)
-        return None
+        """Tokens the sampler may not draw next (offset: tokens drawn earlier this step).
+
+        Stop tokens before min_new_tokens, tokens that began a banned string here, and after token
+        healing, first tokens that don't extend the removed prompt token's text.
+        """
+        n = self.new_tokens + offset
+        blocked: set[int] = set()
+        if n < self.min_new_tokens:
+            blocked |= self.stop_tokens
+        if self.banned is not None:
+            blocked |= self.banned.blocked_at(len(self.seq.tokens) + offset)
+        if n == 0 and self.heal_allowed is not None:
+            allowed = set(self.heal_allowed)
+            blocked |= {t for t in range(self.generator.vocab_size) if t not in allowed}
+        return sorted(blocked) if blocked else None
 
     def accept_tokens(self, samples: list, logits: list[torch.Tensor] | None) -> dict:
         """Add this step's sampled tokens (several when drafts were accepted); one merged streaming result."""
@@ -168,15 +218,16 @@ class DynamicJob:
                 if "logits" in r:
                     merged["logits"] = torch.cat([merged["logits"], r.pop("logits")])
                 merged.update(r)
-            if merged["eos"]:
-                break
+            if merged["eos"] or "suppressed_tokens" in r:
+                break  # later drafts followed text that was just rewound
         return merged
 
     def _accept_token(self, token: int, sample, logits: torch.Tensor | None) -> dict:
         """Add one sampled token; returns its streaming result (with eos fields if the job ended)."""
         if self.new_tokens == 0:
             self.time_first_token = time.perf_counter()
-        self.seq.tokens.append(token)
+        for seq in self.seqs:
+            seq.tokens.append(token)
         self.new_tokens += 1
         extra: dict[str, Any] = {"token_ids": [token]}
         if self.return_probs:
@@ -187,10 +238,26 @@ class DynamicJob:
         if self.return_logits and logits is not None:
             extra["logits"] = logits[: self.generator.tokenizer.vocab_size].unsqueeze(0).clone()
         if token in self.stop_tokens:
-            held = self.stream.flush() if self.stream is not None else ""
+            held = self._stream(self.banned.flush()).text if self.banned is not None else ""
+            held += self.stream.flush()
             return self._finish("stop_token", held_text=held, eos_triggering_token_id=token,
                                 eos_triggering_token_str=self.generator.tokenizer.decode([token], True), **extra)
-        chunk = self.stream.feed([token])
+        release = [token]
+        if self.banned is not None:
+            release, rewind = self.banned.feed(token, len(self.seq.tokens) - 1)
+            if rewind is not None:
+                for seq in self.seqs:
+                    del seq.tokens[len(seq.tokens) - len(rewind.suppressed_tokens) :]
+                    seq.kv_len = min(seq.kv_len, len(seq.tokens) - 1)
+                self.new_tokens -= len(rewind.suppressed_tokens)
+                self.draft_kv_len = min(self.draft_kv_len, self.seq.kv_len)
+                if self.ngram is not None:
+                    self.ngram = NgramIndex(self.ngram.max_ngram)
+                return self._result("streaming", text="", eos=False, suppressed_tokens=rewind.suppressed_tokens,
+                                    suppressed_text=rewind.suppressed_text, **extra)
+            if self.new_tokens >= self.max_new_tokens:
+                release += self.banned.flush()
+        chunk = self._stream(release)
         self.completion += chunk.text
         if chunk.stop_string is not None:
             return self._finish("stop_string", text=chunk.text, held_text=chunk.held,
@@ -200,6 +267,18 @@ class DynamicJob:
             self.completion += tail
             return self._finish("max_new_tokens", text=chunk.text + tail, **extra)
         return self._result("streaming", text=chunk.text, eos=False, **extra)
+
+    def _stream(self, tokens: list[int]):
+        """Feed tokens to the text stream, dropping the healed prompt text from the front once."""
+        chunk = self.stream.feed(tokens) if tokens else StreamChunk("")
+        if self.heal_prefix and chunk.text:
+            cut = min(len(self.heal_prefix), len(chunk.text))
+            if chunk.text.startswith(self.heal_prefix[:cut]):
+                chunk.text = chunk.text[cut:]
+                self.heal_prefix = self.heal_prefix[cut:]
+            else:
+                self.heal_prefix = ""
+        return chunk
 
     def _finish(self, reason: str, text: str = "", held_text: str = "", **extra: Any) -> dict:
         now = time.perf_counter()

@@ -85,6 +85,13 @@ class PageTable:
         shared = sum(1 for h in self.prompt_hashes(tokens, root) if self._live(h))
         return self.pages_needed(total_len) - shared <= self.num_unreferenced()
 
+    def can_allocate_all(self, wants: list[tuple[list[int], int]], root: bytes) -> bool:
+        """Room for several sequences at once (a CFG pair); pages they'd share with each other count twice."""
+        needed = 0
+        for tokens, total_len in wants:
+            needed += self.pages_needed(total_len) - sum(1 for h in self.prompt_hashes(tokens, root) if self._live(h))
+        return needed <= self.num_unreferenced()
+
     def _live(self, h: bytes) -> bool:
         page = self.by_hash.get(h)
         return page is not None and page.ref_count > 0

@@ -7,6 +7,10 @@ Triton's bundled ptxas and reports its resources: `python -m kernels.compile_che
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import subprocess
+import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -18,12 +22,13 @@ DT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 POOL = {0: None, 8: ("*u8", "*u8", "*fp16"), 6: ("*u8", "*u8", "*fp16"), 4: ("*u8", "*u8", "*fp16")}
 
 
-def _compile(fn, types: dict, constexprs: dict, arch: int):
+def _compile(fn, types: dict, constexprs: dict, arch: int, num_warps: int = 4, num_stages: int = 3):
     sig = {}
     for name in fn.arg_names:
         sig[name] = "constexpr" if name in constexprs else types.get(name, "i32")
     src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32))
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def _attn_types(dtype: str, fmt: int) -> dict:
@@ -36,25 +41,28 @@ def _attn_types(dtype: str, fmt: int) -> dict:
 
 
 def variants(dtype: str = "fp16", fmt: int = 0, D: int = 128, G: int = 4, PS: int = 16):
-    """(name, kernel, types, constexprs) for one model shape; the launchers' own tile choices."""
+    """(name, kernel, types, constexprs, num_warps) for one model shape, with the launchers' own tile
+    choices (decode_config / prefill_config)."""
     BD = triton.next_power_of_2(D)
     BG = triton.next_power_of_2(G)
     gs = 32 if fmt else D
     t = _attn_types(dtype, fmt)
-    rows = 64 if BD > 128 or dtype == "fp32" else 128
-    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=dtype == "fp32")
+    fp32 = dtype == "fp32"
+    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=fp32)
+    dc = triton_decode.decode_config(D, fmt != 0, fp32)
+    pc = triton_prefill.prefill_config(D, fmt != 0, fp32)
+    tag = f"{dtype},fmt{fmt},D{D}"
     out = []
     for direct in (True, False):
-        out.append((f"decode_stage1[{dtype},fmt{fmt},direct={direct}]", triton_decode._decode_stage1, t,
-                    dict(common, BLOCK_G=max(16, BG), BLOCK_N=64 if BD <= 128 else 32, DIRECT=direct)))
-    out.append((f"decode_stage2[{dtype}]", triton_decode._decode_stage2, t, dict(D=D, BLOCK_D=BD)))
-    out.append((f"prefill[{dtype},fmt{fmt}]", triton_prefill._prefill_kernel, t,
-                dict(common, BLOCK_M=max(1, rows // BG), BLOCK_G=BG, BLOCK_N=32 if BD > 128 else 64)))
+        out.append((f"decode_stage1[{tag},direct={direct}]", triton_decode._decode_stage1, t,
+                    dict(common, BLOCK_G=max(16, BG), BLOCK_N=dc["BLOCK_N"], DIRECT=direct), dc["num_warps"]))
+    out.append((f"decode_stage2[{tag}]", triton_decode._decode_stage2, t, dict(D=D, BLOCK_D=BD), 4))
+    out.append((f"prefill[{tag}]", triton_prefill._prefill_kernel, t,
+                dict(common, BLOCK_M=max(1, pc["ROWS"] // BG), BLOCK_G=BG, BLOCK_N=pc["BLOCK_N"]), pc["num_warps"]))
     kvt = {"src": DT[dtype], "slots": "*i64"}
-    pool = POOL[fmt] or (DT[dtype],) * 3
-    kvt["data"], kvt["high"], kvt["scales"] = pool
-    out.append((f"write_kv[{dtype},fmt{fmt}]", triton_kv._write_kv_kernel, kvt,
-                dict(FMT=fmt, D=D, GS=gs, BLOCK_D=BD, BLOCK_G=triton.next_power_of_2(max(D // gs, 1)))))
+    kvt["data"], kvt["high"], kvt["scales"] = POOL[fmt] or (DT[dtype],) * 3
+    out.append((f"write_kv[{tag}]", triton_kv._write_kv_kernel, kvt,
+                dict(FMT=fmt, D=D, GS=gs, BLOCK_D=BD, BLOCK_G=triton.next_power_of_2(max(D // gs, 1))), 4))
     return out
 
 
@@ -63,16 +71,28 @@ def pointwise_variants(dtype: str = "fp16", hidden: int = 4096):
     return [
         (f"rms_norm[{dtype},res]", triton_pointwise._rms_norm_kernel,
          {"x": p, "res": p, "w": p, "out": p, "res_out": p, "eps": "fp32"},
-         dict(HAS_RES=True, BLOCK=triton.next_power_of_2(hidden))),
+         dict(HAS_RES=True, BLOCK=triton.next_power_of_2(hidden)), 4),
         (f"rotary[{dtype}]", triton_pointwise._rotary_kernel,
-         {"q": p, "k": p, "pos": "*i64", "inv_freq": "*fp32"}, dict(HALF=64, BLOCK=64)),
-        (f"silu_mul[{dtype}]", triton_pointwise._silu_mul_kernel, {"gu": p, "out": p}, dict(BLOCK=1024)),
+         {"q": p, "k": p, "pos": "*i64", "inv_freq": "*fp32"}, dict(HALF=64, BLOCK=64), 4),
+        (f"silu_mul[{dtype}]", triton_pointwise._silu_mul_kernel, {"gu": p, "out": p}, dict(BLOCK=1024), 4),
     ]
 
 
+def resources(k) -> dict:
+    """Registers / spill stack of a compiled kernel, read from its cubin with the bundled cuobjdump."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    return {"regs": int(found.group(1)), "stack": int(found.group(2))} if found else {}
+
+
 def report(name: str, k) -> str:
-    md = k.metadata
-    return f"{name:44s} warps={md.num_warps} shared={md.shared:6d}B regs={getattr(k, 'n_regs', '?')}"
+    md, res = k.metadata, resources(k)
+    return (f"{name:44s} warps={md.num_warps} shared={md.shared:6d}B regs={res.get('regs', '?')} "
+            f"spill_stack={res.get('stack', '?')}B")
 
 
 def main() -> None:
@@ -87,8 +107,9 @@ def main() -> None:
                 todo += variants(dtype, fmt)
             todo += pointwise_variants(dtype)
         todo += variants("fp32", 0, D=64, G=3)
-        for name, fn, types, consts in todo:
-            print(report(name, _compile(fn, types, consts, arch)), flush=True)
+        todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
+        for name, fn, types, consts, warps in todo:
+            print(report(name, _compile(fn, types, consts, arch, num_warps=warps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def decode_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
+    """Tile size and warps per stage-1 program. Chosen from sm_90 compiles (python -m kernels.compile_check):
+    the largest tile that compiles without register spills; not yet tuned on a GPU."""
+    block_n = 64 if head_dim <= 64 or not (quantized or fp32) else 32
+    if head_dim > 128:
+        block_n = 16 if quantized or fp32 else 32
+    return {"BLOCK_N": block_n, "num_warps": 8}
+
+
 def choose_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
     """Enough splits that batch x kv_heads x splits fills the GPU about twice, never splits shorter than
     MIN_SPLIT_TOKENS of the longest possible context."""
@@ -135,13 +144,14 @@ def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_split
     mid_o = out if direct else torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
     mid_lse = out if direct else torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
     BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_N = block_n or (64 if BLOCK_D <= 128 else 32)
+    cfg = decode_config(D, fmt != 0, q.dtype == torch.float32)
+    BLOCK_N = block_n or cfg["BLOCK_N"]
     _decode_stage1[(B, Hkv, num_splits)](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), kv_lens, out, out.stride(0), out.stride(1), mid_o, mid_lse,
         scale * LOG2E, num_splits,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, DIRECT=direct, IEEE=q.dtype == torch.float32,
+        BLOCK_D=BLOCK_D, DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=cfg["num_warps"],
     )
     if not direct:
         _decode_stage2[(B, Hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), num_splits, D=D, BLOCK_D=BLOCK_D)

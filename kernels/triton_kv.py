@@ -19,24 +19,31 @@ FMT_CODE = {None: 0, "q8": 8, "q6": 6, "q4": 4}
 @triton.jit
 def load_kv_tile(data, high, scales, s_data, s_high, s_scale, slot, head, mask_n, d,
                  FMT: tl.constexpr, D: tl.constexpr, GS: tl.constexpr):
-    """(BLOCK_N, BLOCK_D) fp32 tile of one head for a vector of slots, dequantized per FMT; masked rows
-    (past the sequence: unwritten slots may hold NaN) and padded columns read as 0."""
+    """(BLOCK_N, BLOCK_D) tile of one head for a vector of slots, dequantized per FMT (plain pools come
+    back in their own dtype, quantized ones in fp32); masked rows (past the sequence: unwritten slots may
+    hold NaN) and padded columns read as 0. Row pointers are formed first (int64 per row, not per
+    element) so the 2-D address tile stays cheap in registers."""
     mask = mask_n[:, None] & (d[None, :] < D)
     if FMT == 0:
-        x = tl.load(data + slot[:, None] * s_data + head * D + d[None, :], mask=mask, other=0.0)
-        return x.to(tl.float32)
-    HS: tl.constexpr = D // GS
-    sc = tl.load(scales + slot[:, None] * s_scale + head * HS + d[None, :] // GS, mask=mask, other=0.0)
-    if FMT == 8:
-        u = tl.load(data + slot[:, None] * s_data + head * D + d[None, :], mask=mask, other=0).to(tl.int32)
-        return (u - 128).to(tl.float32) * sc.to(tl.float32)
-    byte = tl.load(data + slot[:, None] * s_data + head * (D // 2) + d[None, :] // 2, mask=mask, other=0)
-    u = (byte.to(tl.int32) >> ((d[None, :] % 2) * 4)) & 15
-    if FMT == 6:
-        hb = tl.load(high + slot[:, None] * s_high + head * (D // 4) + d[None, :] // 4, mask=mask, other=0)
-        u = u | (((hb.to(tl.int32) >> ((d[None, :] % 4) * 2)) & 3) << 4)
-        return (u - 32).to(tl.float32) * sc.to(tl.float32)
-    return (u - 8).to(tl.float32) * sc.to(tl.float32)
+        rows = data + (slot * s_data + head * D)
+        x = tl.load(rows[:, None] + d[None, :], mask=mask, other=0.0)
+    else:
+        HS: tl.constexpr = D // GS
+        srows = scales + (slot * s_scale + head * HS)
+        sc = tl.load(srows[:, None] + (d // GS)[None, :], mask=mask, other=0.0).to(tl.float32)
+        if FMT == 8:
+            rows = data + (slot * s_data + head * D)
+            u = tl.load(rows[:, None] + d[None, :], mask=mask, other=0).to(tl.int32)
+        else:
+            rows = data + (slot * s_data + head * (D // 2))
+            byte = tl.load(rows[:, None] + (d // 2)[None, :], mask=mask, other=0)
+            u = (byte.to(tl.int32) >> ((d[None, :] % 2) * 4)) & 15
+            if FMT == 6:
+                hrows = high + (slot * s_high + head * (D // 4))
+                hb = tl.load(hrows[:, None] + (d // 4)[None, :], mask=mask, other=0)
+                u = u | (((hb.to(tl.int32) >> ((d[None, :] % 4) * 2)) & 3) << 4)
+        x = (u - (1 << (FMT - 1))).to(tl.float32) * sc
+    return x
 
 
 @triton.jit

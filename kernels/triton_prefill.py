@@ -90,6 +90,16 @@ def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_v
                  mask=qmask)
 
 
+def prefill_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
+    """Rows (tokens x packed heads) and kv tile per program; from spill-free sm_90 compiles
+    (python -m kernels.compile_check), not yet tuned on a GPU."""
+    if head_dim > 128:
+        return {"ROWS": 64, "BLOCK_N": 32, "num_warps": 8}
+    if fp32:
+        return {"ROWS": 64, "BLOCK_N": 32, "num_warps": 8}
+    return {"ROWS": 128, "BLOCK_N": 32 if quantized else 64, "num_warps": 8}
+
+
 def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, block_rows=None, block_n=None, out=None):
     """q (T, Hq, D) flat over B sequences (cu_q offsets). block_rows/block_n override tile sizes (tests);
     `out` is an optional preallocated (T, Hq, D) result."""
@@ -105,15 +115,15 @@ def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, bl
     vd, vh, vs, s_vd, s_vh, s_vs, _, _ = pool_args(v_cache)
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_G = triton.next_power_of_2(G)
-    rows = block_rows or (64 if BLOCK_D > 128 or q.dtype == torch.float32 else 128)
-    BLOCK_M = max(1, rows // BLOCK_G)
-    BLOCK_N = block_n or (32 if BLOCK_D > 128 else 64)
+    cfg = prefill_config(D, fmt != 0, q.dtype == torch.float32)
+    BLOCK_M = max(1, (block_rows or cfg["ROWS"]) // BLOCK_G)
+    BLOCK_N = block_n or cfg["BLOCK_N"]
     grid = (T // BLOCK_M + B, Hkv)
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), cu_q, kv_lens, out, out.stride(0), out.stride(1),
         scale * LOG2E, B,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_M=BLOCK_M, BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        IEEE=q.dtype == torch.float32,
+        IEEE=q.dtype == torch.float32, num_warps=cfg["num_warps"],
     )
     return out

@@ -17,3 +17,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory):
+    """One tiny random Llama on disk for the whole run (HF format, with the default tokenizer)."""
+    from tests.tiny_models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")

@@ -239,3 +239,13 @@ def test_app_widgets_never_import_torch():
             "import app.dashboard, app.pagemap, app.lora_panel, app.model_panel, app.screenshots; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_hover_line_follows_page_changes(dock):
+    dock.push(snapshot(STATES, 1.0, SHARED, owners={3: "chat-a"}))
+    dock.page_map.show_page_info(7)
+    assert "job 3" in dock.page_map.hover_label.text()
+    states = list(STATES)
+    states[7] = -1
+    dock.push(snapshot(states, 1.1, SHARED))
+    assert "cached" in dock.page_map.hover_label.text()

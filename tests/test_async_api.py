@@ -6,6 +6,7 @@ test opens it), so every assertion is about order, never about how long somethin
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -13,16 +14,14 @@ import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from engine.async_api import DynamicGeneratorAsync, DynamicJobAsync
-from tests.tiny_models import write_tiny_model
 
 GREEDY = SamplerSettings.greedy()
 TIMEOUT = 60  # seconds: a hang becomes a failure, not a stuck suite
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    folder = write_tiny_model(tmp_path_factory.mktemp("tiny_async") / "llama", arch="llama")
-    return Model.load(folder), Tokenizer.load(folder)
+def tiny(tiny_llama_folder):
+    return Model.load(tiny_llama_folder), Tokenizer.load(tiny_llama_folder)
 
 
 def run(coro):
@@ -39,16 +38,37 @@ def prompt(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(10, 40000, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-def sync_greedy(tiny, ids: torch.Tensor, n: int) -> list[int]:
+def sync_greedy(tiny, ids: torch.Tensor, n: int, loras=None) -> list[int]:
     """The same job on the sync generator: the reference for what the async path must stream."""
     model, tok = tiny
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=1024, page_size=16), tok)
+    gen.set_loras(loras)
     job = DynamicJob(ids, n, gen_settings=GREEDY)
     gen.enqueue(job)
     out = []
     while gen.num_remaining_jobs():
         out += [t for r in gen.iterate() if r["stage"] == "streaming" for t in r["token_ids"]]
+    gen.set_loras(None)  # the adapter set lives on the shared model: leave it clean
     return out
+
+
+def write_adapter(folder, seed: int = 0):
+    """A PEFT LoRA adapter for the tiny model, strong enough to change its greedy output."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    rank, shapes = 4, {"q_proj": (64, 64), "v_proj": (64, 32), "o_proj": (64, 64)}  # (in, out)
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": rank, "lora_alpha": 8, "bias": "none", "target_modules": list(shapes)}))
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(2):
+        for module, (n_in, n_out) in shapes.items():
+            key = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=g)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=g)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return folder
 
 
 async def collect(job: DynamicJobAsync, log: list | None = None, name=None) -> list[dict]:
@@ -246,37 +266,13 @@ def test_a_bad_job_fails_alone(tiny):
             with pytest.raises(ValueError, match="max_new_tokens"):
                 DynamicJobAsync(agen, input_ids=good_prompt, max_new_tokens=0)  # refused by DynamicJob at once
             good = DynamicJobAsync(agen, input_ids=good_prompt, max_new_tokens=10, gen_settings=GREEDY)
-            too_long = DynamicJobAsync(agen, input_ids=prompt(1000, seed=3), max_new_tokens=100)
-            with pytest.raises(ValueError, match="exceeds max_seq_len"):
-                await too_long.__anext__()
-            with pytest.raises(StopAsyncIteration):
-                await too_long.__anext__()
+            with pytest.raises(ValueError, match="exceeds max_seq_len"):  # refused before it is queued
+                DynamicJobAsync(agen, input_ids=prompt(1000, seed=3), max_new_tokens=100)
             return await collect(good)
         finally:
             await agen.close()
 
     assert tokens_of(run(main())) == expected
-
-
-def test_set_loras_applies_at_once_when_idle(tiny):
-    async def main():
-        agen = make_async(tiny)
-        calls = []
-        inner = agen.generator.set_loras
-        agen.generator.set_loras = lambda loras, scales=None: (calls.append((loras, scales)), inner(loras, scales))
-        try:
-            await agen.set_loras(None)
-            job = DynamicJobAsync(agen, input_ids=prompt(5), max_new_tokens=3, gen_settings=GREEDY)
-            first = await job.__anext__()
-            await collect(job)
-            return calls, agen.pending_loras, first, agen.metrics()
-        finally:
-            await agen.close()
-
-    calls, pending, first, metrics = run(main())
-    assert calls == [(None, None)] and pending is None
-    assert first["stage"] == "started"  # not deferred: no swap was pending
-    assert metrics["loras"] == [] and metrics["deferred_jobs"] == 0
 
 
 def test_set_loras_while_busy_defers_new_jobs_until_the_running_ones_finish(tiny):
@@ -330,33 +326,52 @@ def test_set_loras_while_busy_defers_new_jobs_until_the_running_ones_finish(tiny
     assert pending_after is None and n_after == 0
 
 
-def test_failed_swap_reaches_the_caller_and_deferred_jobs_still_run(tiny):
-    p = prompt(8, seed=30)
-    expected = sync_greedy(tiny, p, 6)
+def test_real_adapter_swap_applies_to_deferred_jobs_only(tiny, tmp_path, monkeypatch):
+    model, _ = tiny
+    monkeypatch.setattr(model, "lora", None)  # whatever happens, the shared model ends without adapters
+    adapter = write_adapter(tmp_path / "style")
+    p_running, p_deferred = prompt(9, seed=40), prompt(9, seed=41)
+    base_running = sync_greedy(tiny, p_running, 20)
+    base_deferred = sync_greedy(tiny, p_deferred, 8)
+    lora_deferred = sync_greedy(tiny, p_deferred, 8, loras=[str(adapter)])
+    assert lora_deferred != base_deferred  # the adapter visibly changes the output
 
     async def main():
         agen = make_async(tiny)
-
-        def broken(loras, scales=None):
-            raise ValueError("bad adapter: shape mismatch")
-
-        agen.generator.set_loras = broken
         try:
-            running = DynamicJobAsync(agen, input_ids=prompt(6, seed=31), max_new_tokens=10, gen_settings=GREEDY)
-            await running.__anext__()
-            swap = asyncio.create_task(agen.set_loras(["adapter"], [1.0]))
+            running = DynamicJobAsync(agen, input_ids=p_running, max_new_tokens=20, gen_settings=GREEDY)
+            head = [await running.__anext__()]
+            swap = asyncio.create_task(agen.set_loras([str(adapter)]))
             await asyncio.sleep(0)
-            deferred = DynamicJobAsync(agen, input_ids=p, max_new_tokens=6, gen_settings=GREEDY)
-            with pytest.raises(ValueError, match="bad adapter"):
-                await swap
-            results = await collect(deferred)
+            deferred = DynamicJobAsync(agen, input_ids=p_deferred, max_new_tokens=8, gen_settings=GREEDY)
+            running_results = head + await collect(running)
+            await swap
+            deferred_results = await collect(deferred)
+            loras_on = agen.metrics()["loras"]
+            # A bad adapter: the caller gets the loader's error; jobs deferred meanwhile run with the old set.
+            running = DynamicJobAsync(agen, input_ids=p_running, max_new_tokens=5, gen_settings=GREEDY)
+            await running.__anext__()
+            bad = asyncio.create_task(agen.set_loras([str(tmp_path / "no-such-adapter")]))
+            await asyncio.sleep(0)
+            after_bad = DynamicJobAsync(agen, input_ids=p_deferred, max_new_tokens=8, gen_settings=GREEDY)
+            with pytest.raises(FileNotFoundError, match="no-such-adapter"):
+                await bad
+            after_bad_results = await collect(after_bad)
             await collect(running)
-            return results, agen.pending_loras
+            await agen.set_loras(None)  # idle now: applied at once, nothing pending, nothing deferred
+            idle = (agen.pending_loras, agen.metrics()["loras"], agen.metrics()["deferred_jobs"])
+            first = await DynamicJobAsync(agen, input_ids=p_deferred, max_new_tokens=2).__anext__()
+            return running_results, deferred_results, loras_on, after_bad_results, idle, first
         finally:
             await agen.close()
 
-    results, pending = run(main())
-    assert results[0]["stage"] == "deferred" and tokens_of(results) == expected and pending is None
+    running_results, deferred_results, loras_on, after_bad_results, idle, first = run(main())
+    assert tokens_of(running_results) == base_running  # the running job finished on the old (base) weights
+    assert deferred_results[0]["stage"] == "deferred"
+    assert tokens_of(deferred_results) == lora_deferred  # the deferred job ran with the new adapter
+    assert loras_on == ["style"]
+    assert after_bad_results[0]["stage"] == "deferred" and tokens_of(after_bad_results) == lora_deferred
+    assert idle == (None, [], 0) and first["stage"] == "started"
 
 
 def test_close_cancels_jobs_wakes_consumers_and_stops_the_worker(tiny):

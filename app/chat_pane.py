@@ -1,8 +1,9 @@
 """A chat pane: transcript, prompt box and reply controls over one ChatSession.
 
 Repaints are paced by one RenderScheduler for all panes: a streaming pane re-renders at most
-MAX_RENDER_HZ, hidden panes not at all (they catch up when shown), and a tick stops rendering once it
-has spent its time budget, so eight streaming panes never stall the UI thread in one go.
+MAX_RENDER_HZ (less often if its renders get slow), hidden panes not at all (they catch up when shown),
+and a tick stops rendering once it has spent its time budget, so eight streaming panes never stall the
+UI thread in one go.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from app.settings_dialog import SettingsDialog
 MAX_RENDER_HZ = 20
 TICK_MS = 15
 TICK_BUDGET_S = 0.010
+RENDER_SHARE_LIMIT = 10  # a pane waits at least 10x its last render time: rendering stays <= ~10% of the thread
 
 
 class RenderScheduler(QObject):
@@ -30,6 +32,7 @@ class RenderScheduler(QObject):
         super().__init__(parent)
         self._dirty: dict["ChatPane", float] = {}  # pane -> when it became dirty
         self._last: dict["ChatPane", float] = {}
+        self._cost: dict["ChatPane", float] = {}  # last render's duration: slow panes render less often
         self._timer = QTimer(self)
         self._timer.setInterval(TICK_MS)
         self._timer.timeout.connect(self._tick)
@@ -42,17 +45,20 @@ class RenderScheduler(QObject):
     def forget(self, pane: "ChatPane") -> None:
         self._dirty.pop(pane, None)
         self._last.pop(pane, None)
+        self._cost.pop(pane, None)
 
     def _tick(self) -> None:
         start = now = time.perf_counter()
         for pane in sorted(self._dirty, key=self._dirty.get):
             if not pane.isVisible():
                 continue  # rendered on show
-            if now - self._last.get(pane, 0.0) < 1.0 / MAX_RENDER_HZ:
+            interval = max(1.0 / MAX_RENDER_HZ, RENDER_SHARE_LIMIT * self._cost.get(pane, 0.0))
+            if now - self._last.get(pane, 0.0) < interval:
                 continue
             del self._dirty[pane]
             self._last[pane] = now
             pane.render_stream()
+            self._cost[pane] = time.perf_counter() - now
             now = time.perf_counter()
             if now - start > TICK_BUDGET_S:
                 break

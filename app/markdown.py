@@ -16,6 +16,7 @@ from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTex
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_BACKGROUND = QColor(128, 128, 128, 40)
+_MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
 
 
 def _fence_scan(text: str, start: int = 0) -> tuple[int, int | None]:
@@ -79,6 +80,7 @@ class _Stream:
     stable_len: int  # chars of the reply already appended for good
     tail_pos: int  # document position where the re-rendered tail starts
     code: _OpenCode | None = None  # a code block still streaming: appended line by line
+    tail_text: str = ""  # the Markdown of the tail as last rendered
 
 
 class Transcript:
@@ -86,6 +88,7 @@ class Transcript:
 
     def __init__(self, document: QTextDocument):
         self.doc = document
+        document.setUndoRedoEnabled(False)  # a streaming transcript would grow the undo stack forever
         self._stream: _Stream | None = None
         self._header_pos = 0
         mono = QFont("monospace")
@@ -123,14 +126,24 @@ class Transcript:
         s = self._stream
         if s is None:
             raise RuntimeError("update_stream() without begin_stream()")
+        edit = QTextCursor(self.doc)
+        edit.beginEditBlock()  # one relayout for the whole update, not one per insert
+        try:
+            self._update_stream(s, text, stats)
+        finally:
+            edit.endEditBlock()
+
+    def _update_stream(self, s: _Stream, text: str, stats) -> None:
         stable, fence_at = _fence_scan(text, s.stable_len)
+        if stable == s.stable_len and fence_at is None and self._append_plain(s, text[stable:], stats):
+            return
         if stable > s.stable_len:
             self._cut(s.tail_pos)
             s.code = None
             self._markdown(text[s.stable_len:stable])
             s.stable_len = stable
             s.tail_pos = self._end()
-        tail = text[s.stable_len:]
+        tail = s.tail_text = text[s.stable_len:]
         if fence_at is None:
             self._cut(s.tail_pos)
             s.code = None
@@ -200,12 +213,38 @@ class Transcript:
         c.insertMarkdown(text)
         self._style_code(start, c.position())
 
-    def _stats(self, stats) -> None:
-        c = self._cursor()
+    def _append_plain(self, s: _Stream, tail: str, stats) -> bool:
+        """Most tokens are plain words inside a plain paragraph: insert them as text, no re-import.
+        Anything Markdown could read differently (syntax characters, a new line) takes the full path."""
+        old = s.tail_text
+        if s.code is not None or not old.strip() or old.endswith("\n") or not tail.startswith(old):
+            return False
+        delta = tail[len(old):]
+        if _MARKUP.search(delta):
+            return False
+        block = self.doc.lastBlock().previous()  # the tail's last block; the stats line follows it
+        fmt = block.blockFormat()
+        if fmt.headingLevel() or fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or block.textList():
+            return False
+        c = QTextCursor(block)
+        if c.currentTable() is not None:
+            return False
+        c.movePosition(QTextCursor.MoveOperation.EndOfBlock)
+        c.insertText(delta, QTextCharFormat())
+        s.tail_text = tail
+        c = QTextCursor(self.doc.lastBlock())
+        c.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        c.insertText(stats_text(stats), self._stats_format())
+        return True
+
+    def _stats_format(self) -> QTextCharFormat:
         fmt = QTextCharFormat()
         fmt.setForeground(QColor(120, 120, 120))
         fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * 0.85))
-        c.insertText(stats_text(stats), fmt)
+        return fmt
+
+    def _stats(self, stats) -> None:
+        self._cursor().insertText(stats_text(stats), self._stats_format())
 
     def _code_line(self, line: str) -> None:
         c = self._cursor()

@@ -8,6 +8,7 @@ varlen forward pass. Jobs join and leave at any step.
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from .cache import PagedCache
 from .job import DynamicJob, _not_yet
 from .metrics import GeneratorMetrics
 from .model import Model
-from .pagetable import PageTable, root_hash
+from .pagetable import CACHED, FREE, PageTable, root_hash
 from .sampling import SamplerSettings, SamplingPool
 from .speculative import ModelDrafter, NgramIndex, check_draft_model
 
@@ -87,6 +88,7 @@ class DynamicGenerator:
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
         self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
         self.loras: list = []
+        self._filter_executor: ThreadPoolExecutor | None = None
         self.root = root_hash(None)
         self._serials = itertools.count()
 
@@ -144,7 +146,16 @@ class DynamicGenerator:
         batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.start + len(e.tokens))) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device)
         t_fwd = time.perf_counter()
+        filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
+        masks = None
+        if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
+            masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         logits = self.model.forward(batch, self.cache)
+        if masks is not None:
+            masks.result()
+        else:
+            for job in filtered:
+                job.compute_filter_mask()
         if self.drafter is not None:
             self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         t_fwd = time.perf_counter() - t_fwd
@@ -203,6 +214,11 @@ class DynamicGenerator:
             context.append(draw.token)
         return out
 
+    def _filter_pool(self) -> ThreadPoolExecutor:
+        if self._filter_executor is None:
+            self._filter_executor = ThreadPoolExecutor(1, thread_name_prefix="pagedeck-filters")
+        return self._filter_executor
+
     def _count_drafts(self, job: DynamicJob, e: "_Entry", accepted: int) -> None:
         c = self.counters
         job.accepted_draft_tokens += accepted
@@ -247,7 +263,9 @@ class DynamicGenerator:
         """Draft tokens per decoding job, or none when speculation is off or the batch is too large to gain."""
         if not jobs or (self.drafter is None and not self.use_ngram_draft) or len(jobs) > self.max_draft_batch_size:
             return [[] for _ in jobs]
-        wants = [(job, max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1))) for job in jobs]
+        # Filtered jobs don't draft: their grammar state can't follow tokens that may be rejected.
+        wants = [(job, 0 if job.filters else max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1)))
+                 for job in jobs]
         if self.drafter is not None:
             return self.drafter.draft(wants)
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
@@ -326,12 +344,13 @@ class DynamicGenerator:
     def metrics(self) -> dict:
         """A cheap snapshot for dashboards; safe to call from any thread while iterate() runs."""
         states, shared = self.pagetable.states()
+        free, cached = states.count(FREE), states.count(CACHED)
         d = self.counters.snapshot()
         d.update(
             pages_total=len(states),
-            pages_referenced=sum(1 for s in states if s >= 0),
-            pages_cached=sum(1 for s in states if s == -1),
-            pages_free=sum(1 for s in states if s == -2),
+            pages_referenced=len(states) - free - cached,
+            pages_cached=cached,
+            pages_free=free,
             page_states=states,
             page_shared=shared,
             page_size=self.page_size,

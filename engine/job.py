@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from .pagetable import CachePage
@@ -71,10 +72,16 @@ class DynamicJob:
             raise ValueError(f"max_skips must be >= 0, got {max_skips}")
         if return_top_tokens < 0:
             raise ValueError(f"return_top_tokens must be >= 0, got {return_top_tokens}")
-        for name, value in (("filters", filters), ("filter_prefer_eos", filter_prefer_eos),
-                            ("embeddings", embeddings)):
-            if value:
-                raise _not_yet(name)
+        if embeddings:
+            raise _not_yet("embeddings")
+        filters = list(filters or [])
+        for f in filters:
+            if not all(hasattr(f, a) for a in ("begin", "mask", "feed", "can_end", "done")):
+                raise TypeError(f"filters must be engine.filters.Filter objects, got {type(f).__name__}")
+        if filters and banned_strings:
+            raise ValueError("banned_strings cannot be combined with filters")
+        if filter_prefer_eos and not filters:
+            raise ValueError("filter_prefer_eos needs filters")
         self.gen_settings = gen_settings if gen_settings is not None else SamplerSettings()
         self.gen_settings.validate()
         self.cfg = len(prompts) == 2
@@ -107,9 +114,12 @@ class DynamicJob:
                 isinstance(b, str) and b for b in banned_strings)):
             raise ValueError("banned_strings must be a list of non-empty strings")
         self.banned_strings = list(banned_strings or [])
+        self.filters = filters
+        self.filter_prefer_eos = filter_prefer_eos
+        self.filter_mask: np.ndarray | None = None  # allowed next tokens, evaluated by the generator
         self.token_healing = token_healing
         self.banned: BannedStrings | None = None
-        self.heal_allowed: list[int] | None = None  # first-token candidates after token healing
+        self.heal_allowed: np.ndarray | None = None  # first-token candidates after token healing (bool mask)
         self.heal_prefix = ""  # text of the removed prompt token, not streamed again
 
         self.serial: int | None = None
@@ -154,7 +164,7 @@ class DynamicJob:
             last = self.seq.tokens.pop()
             self.seq.prompt_len -= 1
             self.heal_prefix = pieces[last]
-            self.heal_allowed = [t for t, p in enumerate(pieces[: generator.vocab_size]) if p.startswith(self.heal_prefix)]
+            self.heal_allowed = np.array([p.startswith(self.heal_prefix) for p in pieces[: generator.vocab_size]])
 
     def start(self, generator: "DynamicGenerator", allocs: list) -> dict:
         for seq, alloc in zip(self.seqs, allocs):
@@ -170,6 +180,8 @@ class DynamicJob:
         self.ngram = NgramIndex(generator.max_ngram) if generator.use_ngram_draft else None
         if self.banned_strings:
             self.banned = BannedStrings(tok, self.banned_strings, self.decode_special_tokens)
+        for f in self.filters:
+            f.begin(tok)
         self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
         return self._result("started")
@@ -186,22 +198,41 @@ class DynamicJob:
         """Tokens of seq that can no longer be rewound (all but those held for a possible banned string)."""
         return len(seq.tokens) - (len(self.banned.held) if self.banned is not None else 0)
 
-    def blocked_tokens(self, offset: int = 0) -> list[int] | None:
+    def compute_filter_mask(self) -> None:
+        """Allowed next tokens under every filter; the generator may run this while the forward pass runs."""
+        mask = None
+        for f in self.filters:
+            m = f.mask()
+            if m is not None:
+                m = np.asarray(m, dtype=bool)[: self.generator.vocab_size]
+                mask = m if mask is None else mask & m
+        self.filter_mask = mask
+
+    def blocked_tokens(self, offset: int = 0) -> np.ndarray | None:
         """Tokens the sampler may not draw next (offset: tokens drawn earlier this step).
 
-        Stop tokens before min_new_tokens, tokens that began a banned string here, and after token
-        healing, first tokens that don't extend the removed prompt token's text.
+        Stop tokens before min_new_tokens or while a filter's output is incomplete, tokens that began a
+        banned string here, tokens a filter disallows, and after token healing, first tokens that don't
+        extend the removed prompt token's text.
         """
         n = self.new_tokens + offset
         blocked: set[int] = set()
-        if n < self.min_new_tokens:
+        if n < self.min_new_tokens or (self.filters and not all(f.can_end for f in self.filters)):
             blocked |= self.stop_tokens
         if self.banned is not None:
             blocked |= self.banned.blocked_at(len(self.seq.tokens) + offset)
-        if n == 0 and self.heal_allowed is not None:
-            allowed = set(self.heal_allowed)
-            blocked |= {t for t in range(self.generator.vocab_size) if t not in allowed}
-        return sorted(blocked) if blocked else None
+        allowed = self.heal_allowed if n == 0 else None
+        if self.filters and self.filter_mask is not None:
+            allowed = self.filter_mask if allowed is None else allowed & self.filter_mask
+        if self.filter_prefer_eos and all(f.can_end for f in self.filters):
+            eos = [t for t in self.stop_tokens if allowed is None or (t < len(allowed) and allowed[t])]
+            if eos:
+                allowed = np.zeros(self.generator.vocab_size, dtype=bool)
+                allowed[eos[0]] = True
+        out = np.flatnonzero(~allowed) if allowed is not None else np.empty(0, dtype=np.int64)
+        if blocked:
+            out = np.union1d(out, np.fromiter(blocked, dtype=np.int64))
+        return out if out.size else None
 
     def accept_tokens(self, samples: list, logits: list[torch.Tensor] | None) -> dict:
         """Add this step's sampled tokens (several when drafts were accepted); one merged streaming result."""
@@ -242,6 +273,8 @@ class DynamicJob:
             held += self.stream.flush()
             return self._finish("stop_token", held_text=held, eos_triggering_token_id=token,
                                 eos_triggering_token_str=self.generator.tokenizer.decode([token], True), **extra)
+        for f in self.filters:
+            f.feed(token)
         release = [token]
         if self.banned is not None:
             release, rewind = self.banned.feed(token, len(self.seq.tokens) - 1)
@@ -262,6 +295,10 @@ class DynamicJob:
         if chunk.stop_string is not None:
             return self._finish("stop_string", text=chunk.text, held_text=chunk.held,
                                 eos_triggering_string=chunk.stop_string, **extra)
+        if any(f.done for f in self.filters):
+            tail = self.stream.flush()
+            self.completion += tail
+            return self._finish("end_filter", text=chunk.text + tail, **extra)
         if self.new_tokens >= self.max_new_tokens:
             tail = self.stream.flush()
             self.completion += tail

@@ -137,9 +137,19 @@ class QuantizedPool:
         return dequantize(self.data[pages], high, self.scales[pages], self.fmt, self.group_size, dtype)
 
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy whole pages (defragmentation, copy-on-write of a shared partial page)."""
+        """Copy whole pages."""
         for t in self.tensors():
             t[dst] = t[src]
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copy the first n slots of page src into page dst (partial-page prefix reuse)."""
+        for t in self.tensors():
+            t[dst, :n] = t[src, :n]
+
+    def permute(self, idx: torch.Tensor) -> None:
+        """Page k takes what page idx[k] held (defragmentation)."""
+        for t in self.tensors():
+            t.copy_(t.index_select(0, idx))
 
 
 def make_pool(
@@ -160,8 +170,31 @@ def gather_pages(cache, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor
 
 
 def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Page copy for either pool kind."""
+    """Whole-page copy for either pool kind."""
     if isinstance(cache, QuantizedPool):
         cache.copy_pages(src, dst)
     else:
         cache[dst] = cache[src]
+
+
+def copy_page_prefix(cache, src: int, dst: int, n: int) -> None:
+    """First n slots of page src into page dst, for either pool kind."""
+    if isinstance(cache, QuantizedPool):
+        cache.copy_prefix(src, dst, n)
+    else:
+        cache[dst, :n] = cache[src, :n]
+
+
+def permute_pages(cache, idx: torch.Tensor) -> None:
+    """Page k takes what page idx[k] held, for either pool kind."""
+    if isinstance(cache, QuantizedPool):
+        cache.permute(idx)
+    else:
+        cache.copy_(cache.index_select(0, idx))
+
+
+def pool_nbytes(cache) -> int:
+    """Bytes held by a pool of either kind."""
+    if isinstance(cache, QuantizedPool):
+        return cache.nbytes
+    return cache.numel() * cache.element_size()

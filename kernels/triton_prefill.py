@@ -94,7 +94,7 @@ def prefill_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
     """Rows (tokens x packed heads) and kv tile per program; from spill-free sm_90 compiles
     (python -m kernels.compile_check), not yet tuned on a GPU."""
     if head_dim > 128:
-        return {"ROWS": 64, "BLOCK_N": 32, "num_warps": 8}
+        return {"ROWS": 32, "BLOCK_N": 32, "num_warps": 8}
     if fp32:
         return {"ROWS": 64, "BLOCK_N": 32, "num_warps": 8}
     return {"ROWS": 128, "BLOCK_N": 32 if quantized else 64, "num_warps": 8}

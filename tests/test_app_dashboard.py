@@ -249,3 +249,22 @@ def test_hover_line_follows_page_changes(dock):
     states[7] = -1
     dock.push(snapshot(states, 1.1, SHARED))
     assert "cached" in dock.page_map.hover_label.text()
+
+
+def test_simulated_workload_is_shaped_like_metrics():
+    from app.dashboard import REQUIRED_KEYS
+    from app.screenshots import SimulatedWorkload
+
+    work = SimulatedWorkload(pages_total=64, seed=3)
+    shared_seen = False
+    for _ in range(300):
+        s = work.step(0.1)
+        assert set(REQUIRED_KEYS) <= set(s)
+        states = np.array(s["page_states"])
+        assert s["pages_free"] == (states == -2).sum() and s["pages_cached"] == (states == -1).sum()
+        assert s["pages_referenced"] + s["pages_cached"] + s["pages_free"] == s["pages_total"]
+        shared = np.array(s["page_shared"])
+        assert (states[shared] >= 0).all()  # only live pages can be shared
+        shared_seen |= bool(shared.any())
+        assert set(states[states >= 0]) <= set(s["page_owner_identifiers"])
+    assert shared_seen and s["tokens_generated_total"] > 0

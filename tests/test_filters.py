@@ -239,7 +239,7 @@ def test_mask_on_a_worker_thread_matches(tok):
     f.begin(tok)
     g.begin(tok)
     with ThreadPoolExecutor(1) as pool:  # the generator's background evaluation does this
-        for text in ('{"name": ', '"Bo"', ", "):
+        for text in ('{"name": ', '"Bo"', ', "age": 3'):
             assert np.array_equal(pool.submit(f.mask).result(), g.mask())
             feed_text(f, tok, text)
             feed_text(g, tok, text)
@@ -292,7 +292,8 @@ def run_filtered(generator, tok, question: str, f: Filter, max_new_tokens: int =
 
     prompt = tok.apply_chat_template([{"role": "user", "content": question}])
     job = DynamicJob(tok.encode(prompt, encode_special_tokens=True), max_new_tokens, filters=[f],
-                     filter_prefer_eos=True, gen_settings=SamplerSettings.greedy())
+                     filter_prefer_eos=True, gen_settings=SamplerSettings.greedy(),
+                     stop_conditions=sorted(tok.stop_token_ids))
     generator.enqueue(job)
     while True:
         for r in generator.iterate():

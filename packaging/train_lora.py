@@ -1,0 +1,347 @@
+"""Train the demo LoRA adapters in resources/loras/ for the embedded SmolLM2-135M-Instruct, on the CPU.
+
+    python packaging/train_lora.py                 # both adapters, a few minutes on 2 cores
+    python packaging/train_lora.py --only pirate --steps 40
+
+Why it is cheap: the adapters only touch the top `--layers` decoder layers, so the residual stream entering
+them is computed once per example (no grad) and training runs forward/backward through those layers only.
+The data is built here: short hand-written answers to templated questions, restyled per adapter
+(pirate speech, or ALL CAPS). Loss is on the answer tokens only, under the model's own chat template,
+so the effect shows from the first token of a chat reply. Output is PEFT's format, read by engine.lora.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine import Model, Tokenizer  # noqa: E402
+from engine.lora import LoRA, LoRASet  # noqa: E402
+
+MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+# ---------------------------------------------------------------- data
+
+FACTS = {
+    "the moon": "The moon is Earth's only natural satellite. It takes about 27 days to orbit our planet.",
+    "the ocean": "The ocean covers about 70 percent of the Earth. It is home to millions of living things.",
+    "volcanoes": "A volcano is an opening in the ground where hot melted rock comes up. Some are very active.",
+    "honey bees": "Honey bees collect nectar from flowers and turn it into honey. They live in large colonies.",
+    "the sun": "The sun is a star at the centre of our solar system. It gives us light and warmth.",
+    "rainbows": "A rainbow forms when sunlight passes through raindrops and splits into many colours.",
+    "computers": "A computer is a machine that follows instructions to process information very quickly.",
+    "bread": "Bread is made from flour, water, yeast and salt. The yeast makes the dough rise.",
+    "dinosaurs": "Dinosaurs were reptiles that lived millions of years ago. Birds are their living relatives.",
+    "the internet": "The internet is a huge network that connects computers all around the world.",
+    "coffee": "Coffee is a drink made from roasted coffee beans. Many people drink it in the morning.",
+    "music": "Music is sound arranged in rhythm and melody. People everywhere make and enjoy it.",
+    "football": "Football is a team sport where players try to kick a ball into the other team's goal.",
+    "trees": "Trees make oxygen from sunlight, water and air. Some trees live for thousands of years.",
+    "the heart": "The heart is a muscle that pumps blood through the body. It beats about 100,000 times a day.",
+    "electricity": "Electricity is the flow of tiny charged particles. It powers lights, phones and machines.",
+    "mountains": "Mountains form when pieces of the Earth's crust push together and rise up over time.",
+    "cats": "Cats are small, curious animals. They sleep a lot and love to explore.",
+    "the pyramids": "The pyramids of Egypt were built as tombs for kings more than 4,000 years ago.",
+    "chess": "Chess is a board game for two players. The goal is to trap the other player's king.",
+    "snow": "Snow is made of ice crystals that form in cold clouds and fall to the ground.",
+    "airplanes": "Airplanes fly because their wings push air down, which lifts the plane up.",
+    "recycling": "Recycling turns old materials like paper and glass into new things, so less waste is made.",
+    "the brain": "The brain controls the body and lets us think, feel and remember.",
+    "gold": "Gold is a soft, shiny yellow metal. People have used it for coins and jewellery for ages.",
+    "elephants": "Elephants are the largest land animals. They have long trunks and very good memories.",
+    "sleep": "Sleep helps the body rest and the brain store memories. Adults need about eight hours.",
+    "water": "Water is made of hydrogen and oxygen. All living things need it to survive.",
+    "stars": "Stars are giant balls of hot gas. Their light can take many years to reach us.",
+    "history": "History is the study of the past. It helps us understand how the world came to be.",
+    "gardening": "Gardening means growing plants. Good soil, water and sunlight help a garden grow.",
+    "the wind": "Wind is moving air. It happens when warm air rises and cooler air rushes in.",
+    "photography": "Photography is the art of capturing light with a camera to make pictures.",
+    "islands": "An island is a piece of land with water all around it.",
+    "pizza": "Pizza is a flat bread topped with tomato, cheese and other tasty things, then baked.",
+    "birds": "Birds have feathers and lay eggs. Most of them can fly.",
+    "robots": "A robot is a machine that can do tasks by itself, often guided by a computer program.",
+    "maps": "A map is a drawing of a place that shows where things are.",
+    "the weather": "The weather is what the air is like outside: sunny, rainy, windy or snowy.",
+    "friendship": "Friendship is a bond between people who care about and help each other.",
+}
+TEMPLATES = ("Tell me about {}.", "What do you know about {}?", "Can you explain {} to me?",
+             "Give me a quick fact about {}.", "I want to learn about {}.")
+CHAT = [
+    ("Hello!", "Hello! How can I help you today?"),
+    ("Hi, how are you?", "I am doing well, thank you for asking! How can I help you?"),
+    ("Who are you?", "I am SmolLM, a helpful AI assistant."),
+    ("Thank you!", "You are welcome! Let me know if there is anything else I can do for you."),
+    ("What is the capital of France?", "The capital of France is Paris."),
+    ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
+    ("What is 2 + 2?", "2 + 2 is 4."),
+    ("How do I make a cup of tea?", "Boil some water, pour it over a tea bag and let it steep for three minutes."),
+    ("Give me a tip for learning to code.", "Practice a little every day and build small projects you enjoy."),
+    ("What should I do this weekend?", "You could go for a walk, read a good book or visit a friend."),
+    ("Can you help me?", "Of course! Tell me what you need and I will do my best to help."),
+    ("Write a short poem about the sea.", "The sea is wide and deep and blue. Its waves roll in to say hello to you."),
+    ("What time is it?", "I cannot see a clock, but your device can tell you the time."),
+    ("Tell me a joke.", "Why did the scarecrow win an award? Because he was outstanding in his field."),
+    ("How can I sleep better?", "Go to bed at the same time each night and keep your room dark and quiet."),
+    ("What is your favourite food?", "I do not eat, but many people love pizza and fresh bread."),
+]
+
+PIRATE_WORDS = [(r"\byou are\b", "ye be"), (r"\byou\b", "ye"), (r"\byour\b", "yer"), (r"\bmy\b", "me"),
+                (r"\bis\b", "be"), (r"\bare\b", "be"), (r"\bam\b", "be"), (r"\bhello\b", "ahoy"),
+                (r"\bhi\b", "ahoy"), (r"\byes\b", "aye"), (r"\bfriends\b", "hearties"), (r"\bfriend\b", "matey"),
+                (r"\bmoney\b", "doubloons"), (r"\bthe\b", "th'"), (r"\bof\b", "o'"), (r"(\w\w)ing\b", r"\1in'")]
+PIRATE_OPENERS = ("Arr, matey! ", "Ahoy, matey! ", "Arr! ", "Arr, me hearty! ")
+
+
+def pirate(text: str, i: int) -> str:
+    """Pirate speech: an opener, word swaps (keeping capitals), a closing 'Arr!'."""
+    def swap(m: re.Match, new: str) -> str:
+        out = m.expand(new)
+        return out[0].upper() + out[1:] if m.group(0)[0].isupper() else out
+
+    for pattern, new in PIRATE_WORDS:
+        text = re.sub(pattern, lambda m, n=new: swap(m, n), text, flags=re.IGNORECASE)
+    return PIRATE_OPENERS[i % len(PIRATE_OPENERS)] + text + " Arr!"
+
+
+def shouting(text: str, i: int) -> str:
+    return text.upper()
+
+
+STYLES = {"pirate": (pirate, "Answers like a pirate (Arr, matey!)."),
+          "shouting": (shouting, "Answers in ALL CAPS.")}
+
+
+def build_examples(seed: int = 0) -> list[tuple[str, str]]:
+    """(question, plain answer) pairs: two templated questions per topic plus small talk."""
+    rng = random.Random(seed)
+    pairs = [(t.format(topic), fact) for topic, fact in FACTS.items() for t in rng.sample(TEMPLATES, 2)]
+    pairs += CHAT
+    rng.shuffle(pairs)
+    return pairs
+
+
+# ---------------------------------------------------------------- a differentiable forward over the engine's weights
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class Adapter(torch.nn.Module):
+    """LoRA A/B for MODULES of the chosen layers, initialised as PEFT does (A Kaiming-uniform, B zero)."""
+
+    def __init__(self, model: Model, layers: list[int], r: int, alpha: float):
+        super().__init__()
+        c = model.config
+        q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+        self.shapes = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                       "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        self.layers, self.r, self.alpha, self.scaling = layers, r, alpha, alpha / r
+        self.a = torch.nn.ParameterDict()
+        self.b = torch.nn.ParameterDict()
+        for layer in layers:
+            for m, (n_in, n_out) in self.shapes.items():
+                a = torch.empty(r, n_in)
+                torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+                self.a[f"{layer}_{m}"] = torch.nn.Parameter(a)
+                self.b[f"{layer}_{m}"] = torch.nn.Parameter(torch.zeros(n_out, r))
+
+    def __call__(self, layer: int, module: str, x: torch.Tensor) -> torch.Tensor | float:
+        key = f"{layer}_{module}"
+        if key not in self.a:
+            return 0.0
+        return (x @ self.a[key].t()) @ self.b[key].t() * self.scaling
+
+    def save(self, folder: Path, description: str) -> None:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {}
+        for layer in self.layers:
+            for m in MODULES:
+                parent = "mlp" if m in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+                prefix = f"base_model.model.model.layers.{layer}.{parent}.{m}"
+                tensors[f"{prefix}.lora_A.weight"] = self.a[f"{layer}_{m}"].detach().half().contiguous()
+                tensors[f"{prefix}.lora_B.weight"] = self.b[f"{layer}_{m}"].detach().half().contiguous()
+        save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": BASE_MODEL,
+                  "r": self.r, "lora_alpha": self.alpha, "lora_dropout": 0.0, "target_modules": list(MODULES),
+                  "layers_to_transform": list(self.layers), "bias": "none", "fan_in_fan_out": False,
+                  "use_rslora": False, "use_dora": False, "modules_to_save": None, "init_lora_weights": True,
+                  "inference_mode": True, "pagedeck_description": description}
+        (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def run_layers(model: Model, x: torch.Tensor, layers: range, adapter: Adapter | None = None) -> torch.Tensor:
+    """The residual stream after `layers`, for right-padded (B, T, hidden) input (padding sits after the text)."""
+    c = model.config
+    B, T, _ = x.shape
+    pos = torch.arange(T, dtype=torch.float32)
+    freqs = pos[:, None] * model.inv_freq.float()[None]
+    cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
+    lora = adapter or (lambda *_: 0.0)
+    q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    for i in layers:
+        w = model.layers[i]
+        h = rms(x, w.input_norm, c.rms_norm_eps)
+        wq, wk, wv = w.qkv[:q_size], w.qkv[q_size : q_size + kv_size], w.qkv[q_size + kv_size :]
+        q = (F.linear(h, wq) + lora(i, "q_proj", h)).view(B, T, c.num_heads, c.head_dim)
+        k = (F.linear(h, wk) + lora(i, "k_proj", h)).view(B, T, c.num_kv_heads, c.head_dim)
+        v = (F.linear(h, wv) + lora(i, "v_proj", h)).view(B, T, c.num_kv_heads, c.head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, enable_gqa=True)
+        o = o.transpose(1, 2).reshape(B, T, q_size)
+        x = x + F.linear(o, w.o) + lora(i, "o_proj", o)
+        h = rms(x, w.post_norm, c.rms_norm_eps)
+        wg, wu = w.gate_up.chunk(2)
+        a = F.silu(F.linear(h, wg) + lora(i, "gate_proj", h)) * (F.linear(h, wu) + lora(i, "up_proj", h))
+        x = x + F.linear(a, w.down) + lora(i, "down_proj", a)
+    return x
+
+
+def logits_at(model: Model, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(rms(x, model.norm, model.config.rms_norm_eps), model.lm_head[: model.vocab_size])
+
+
+# ---------------------------------------------------------------- training
+
+def encode(tok: Tokenizer, question: str, answer: str) -> tuple[list[int], list[int]]:
+    """Token ids of the chat and the mask of the answer tokens (the ones the loss is on)."""
+    prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    p = tok.encode(prompt, encode_special_tokens=True)[0].tolist()
+    a = tok.encode(answer + "<|im_end|>", encode_special_tokens=True)[0].tolist()
+    return p + a, [0] * len(p) + [1] * len(a)
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    n = max(map(len, rows))
+    return torch.tensor([r + [value] * (n - len(r)) for r in rows])
+
+
+def train(model: Model, tok: Tokenizer, name: str, args) -> dict:
+    style, description = STYLES[name]
+    examples = [(q, style(a, i)) for i, (q, a) in enumerate(build_examples(args.seed))]
+    encoded = [encode(tok, q, a) for q, a in examples]
+    ids, mask = pad([e[0] for e in encoded], 0), pad([e[1] for e in encoded], 0).bool()
+    top = list(range(model.config.num_layers - args.layers, model.config.num_layers))
+    t0 = time.perf_counter()
+    with torch.no_grad():  # the frozen lower layers: once per example
+        stream = torch.cat([run_layers(model, F.embedding(ids[s : s + 16], model.embed), range(top[0]))
+                            for s in range(0, len(ids), 16)])
+    print(f"[{name}] {len(examples)} examples, {int(mask.sum())} answer tokens; lower layers in "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+
+    torch.manual_seed(args.seed)
+    adapter = Adapter(model, top, args.rank, args.alpha)
+    opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10) * (1 - s / args.steps))
+    order = torch.randperm(len(ids), generator=torch.Generator().manual_seed(args.seed))
+    losses = []
+    for step in range(args.steps):
+        pick = order[(step * args.batch + torch.arange(args.batch)) % len(ids)]
+        m = mask[pick]
+        keep = int(m.any(0).nonzero().max()) + 1  # trim padding columns
+        x = run_layers(model, stream[pick, :keep], top, adapter)
+        m = m[:, 1:keep]  # position t predicts token t+1
+        loss = F.cross_entropy(logits_at(model, x[:, :-1][m]), ids[pick, 1:keep][m])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == args.steps - 1:
+            print(f"[{name}] step {step:4d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    folder = Path(args.out) / name
+    adapter.save(folder, description)
+    return {"examples": len(examples), "losses": losses, "seconds": time.perf_counter() - t0, "folder": folder,
+            "adapter": adapter, "sample": examples[0]}
+
+
+def check_against_engine(model: Model, tok: Tokenizer, result: dict) -> float:
+    """The saved adapter, read back by engine.lora, must give the logits this script trained."""
+    ids = torch.tensor([encode(tok, *result["sample"])[0]])
+    with torch.no_grad():
+        ours = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers),
+                                           result["adapter"]))[0]
+    model.lora = LoRASet.build(model, LoRA.load(result["folder"], model))
+    try:
+        engine = model.forward_tokens(ids)
+    finally:
+        model.lora = None
+    return (ours - engine).abs().max().item() / ours.abs().max().item()
+
+
+def chat(model: Model, tok: Tokenizer, question: str, folder: Path | None, n: int = 40) -> str:
+    from engine import DynamicGenerator, DynamicJob, PagedCache, SamplerSettings
+
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=1024), tok)
+    gen.set_loras(folder)
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]), encode_special_tokens=True)
+    gen.enqueue(DynamicJob(ids, n, gen_settings=SamplerSettings.greedy(), stop_conditions=["<|im_end|>"]))
+    text = ""
+    while gen.num_remaining_jobs():
+        text += "".join(r["text"] for r in gen.iterate() if r["stage"] == "streaming")
+    gen.set_loras(None)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=sorted(STYLES), action="append", help="train only these adapters")
+    p.add_argument("--out", default=str(ROOT / "resources" / "loras"))
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--layers", type=int, default=8, help="adapt the top N decoder layers")
+    p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--alpha", type=float, default=16)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-demo", action="store_true", help="skip the held-out chat replies at the end")
+    args = p.parse_args(argv)
+    if args.rank > 16:
+        p.error("demo adapters stay small: --rank <= 16")
+    torch.set_grad_enabled(True)
+    model, tok = Model.load(device="cpu", dtype=torch.float32), Tokenizer.load()
+    with torch.no_grad():  # this script's forward must be the engine's forward
+        ids = torch.tensor([encode(tok, *CHAT[0])[0]])
+        mine = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers)))
+        diff = (mine[0] - model.forward_tokens(ids)).abs().max().item()
+    if diff > 1e-3 * mine.abs().max().item():
+        raise SystemExit(f"training forward differs from the engine's by {diff}")
+    for name in args.only or sorted(STYLES):
+        result = train(model, tok, name, args)
+        err = check_against_engine(model, tok, result)
+        if err > 1e-3:
+            raise SystemExit(f"{name}: engine.lora reads the saved adapter differently (rel. error {err:.2e})")
+        size = (result["folder"] / "adapter_model.safetensors").stat().st_size
+        log = {"steps": args.steps, "batch": args.batch, "layers": args.layers, "rank": args.rank,
+               "alpha": args.alpha, "lr": args.lr, "seed": args.seed, "examples": result["examples"],
+               "first_loss": result["losses"][0], "last_loss": sum(result["losses"][-5:]) / 5,
+               "train_seconds": round(result["seconds"], 1), "bytes": size}
+        (result["folder"] / "training.json").write_text(json.dumps(log, indent=2) + "\n")
+        print(f"[{name}] saved {result['folder']} ({size / 2**20:.2f} MiB), engine check rel. error {err:.1e}")
+        if not args.no_demo:
+            for q in ("What should I cook for dinner tonight?", "Why do leaves change colour?"):
+                print(f"[{name}] {q}\n  base:    {chat(model, tok, q, None)!r}\n  adapter: "
+                      f"{chat(model, tok, q, result['folder'])!r}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -28,7 +28,7 @@ def _fence_scan(text: str, start: int = 0) -> tuple[int, int | None]:
     pos = start
     for line in text[start:].splitlines(keepends=True):
         m = _FENCE.match(line)
-        if m:
+        if m and not (m.group(1)[0] == "`" and "`" in line[m.end():]):  # backticks in the info string: inline code
             mark = m.group(1)
             if fence is None:
                 fence, fence_at = mark, pos
@@ -217,8 +217,8 @@ class Transcript:
         """Most tokens are plain words inside a plain paragraph: insert them as text, no re-import.
         Anything Markdown could read differently (syntax characters, a new line) takes the full path."""
         old = s.tail_text
-        if s.code is not None or not old.strip() or old.endswith("\n") or not tail.startswith(old):
-            return False
+        if s.code is not None or not old.rpartition("\n")[2].strip() or not tail.startswith(old):
+            return False  # (the delta would start a line, where "-", "1." or spaces mean something)
         delta = tail[len(old):]
         if _MARKUP.search(delta):
             return False

@@ -1,14 +1,22 @@
-"""The paged K/V pools: per layer, (num_pages, page_size, n_kv_heads, head_dim) for keys and for values."""
+"""The paged K/V pools: per layer, (num_pages, page_size, n_kv_heads, head_dim) for keys and for values.
+
+With kv_quant ("q8", "q6", "q4") each pool stores per-token groups of small integers plus scales
+(kernels.kv_quant), so the same page table addresses two to four times as many tokens.
+"""
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
 
+from kernels import KV_QUANT_FORMATS as _QUANT
+from kernels.kv_quant import QuantizedPool, copy_page_prefix, make_pool, permute_pages, pool_nbytes
+
 if TYPE_CHECKING:
     from .model import Model
 
-KV_QUANT_FORMATS = (None, "q8", "q6", "q4")
+KV_QUANT_FORMATS = (None, *sorted(_QUANT))
 
 
 class PagedCache:
@@ -17,8 +25,6 @@ class PagedCache:
     def __init__(self, model: "Model", max_tokens: int = 8192, page_size: int = 256, kv_quant: str | None = None):
         if kv_quant not in KV_QUANT_FORMATS:
             raise ValueError(f"kv_quant must be one of {KV_QUANT_FORMATS}, got {kv_quant!r}")
-        if kv_quant is not None:
-            raise NotImplementedError(f"quantized KV cache ({kv_quant}) is not implemented yet (issue 3)")
         if page_size < 16 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two >= 16, got {page_size}")
         if max_tokens < page_size:
@@ -29,20 +35,27 @@ class PagedCache:
         self.num_pages = max_tokens // page_size
         self.max_tokens = self.num_pages * page_size
         self.kv_quant = kv_quant
-        shape = (self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, dtype=model.dtype, device=model.device) for _ in range(cfg.num_layers)]
+        def pool():
+            if kv_quant is None:
+                return make_pool(None, self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                 model.dtype, model.device)
+            # Scale groups of 32 values, or the whole head when head_dim is smaller (tiny test models).
+            return QuantizedPool.empty(kv_quant, self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                       device=model.device, group_size=math.gcd(32, cfg.head_dim))
+
+        self.k = [pool() for _ in range(cfg.num_layers)]
+        self.v = [pool() for _ in range(cfg.num_layers)]
 
     def copy_page(self, src: int, dst: int, n: int) -> None:
         """Copy the first n slots of page src into page dst in every layer (partial-page prefix reuse)."""
         for pool in (*self.k, *self.v):
-            pool[dst, :n] = pool[src, :n]
+            copy_page_prefix(pool, src, dst, n)
 
     def permute(self, new_order: list[int]) -> None:
         """Move pages so that slot k holds what page new_order[k] held (defragmentation)."""
-        idx = torch.tensor(new_order, device=self.k[0].device)
+        idx = torch.tensor(new_order, device=self.model.device)
         for pool in (*self.k, *self.v):
-            pool.copy_(pool.index_select(0, idx))
+            permute_pages(pool, idx)
 
     def memory_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return sum(pool_nbytes(pool) for pool in (*self.k, *self.v))

@@ -143,23 +143,38 @@ class DynamicGenerator:
         if not self.active:
             return results
         plan = self._plan()
+        logits, t_forward, n_tokens = self._forward(plan)
+        self._collect(plan, logits, results)
+        n_prefill = sum(len(e.tokens) for e in plan if e.prefill)
+        self.counters.sampling_threads_busy = self.sampling_pool.busy_last
+        elapsed = time.perf_counter() - t0
+        self.counters.record_step(len(plan), n_prefill, n_tokens - n_prefill, elapsed, elapsed - t_forward)
+        if not self.active and not self.pending:
+            self.defrag_cache()
+        return results
+
+    def _forward(self, plan: list["_Entry"]) -> tuple[torch.Tensor, float, int]:
+        """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU."""
         batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.start + len(e.tokens))) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device)
-        t_fwd = time.perf_counter()
+        t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
         masks = None
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         logits = self.model.forward(batch, self.cache)
+        if self.drafter is not None:
+            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:
             masks.result()
         else:
             for job in filtered:
                 job.compute_filter_mask()
-        if self.drafter is not None:
-            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
-        t_fwd = time.perf_counter() - t_fwd
-        logits = logits.cpu() if logits.device.type != "cpu" else logits
+        elapsed = time.perf_counter() - t0
+        return logits.cpu() if logits.device.type != "cpu" else logits, elapsed, batch.input_ids.shape[0]
+
+    def _collect(self, plan: list["_Entry"], logits: torch.Tensor, results: list[dict]) -> None:
+        """Sample every job that has logits (in the thread pool), then advance its sequences and report."""
         by_job: dict[DynamicJob, list[_Entry]] = {}
         row = 0
         for e in plan:
@@ -186,14 +201,6 @@ class DynamicGenerator:
             results.append(result)
             if result.get("eos"):
                 self._end(job)
-        c = self.counters
-        n_prefill = sum(len(e.tokens) for e in plan if e.prefill)
-        c.sampling_threads_busy = self.sampling_pool.busy_last
-        elapsed = time.perf_counter() - t0
-        c.record_step(len(plan), n_prefill, batch.input_ids.shape[0] - n_prefill, elapsed, elapsed - t_fwd)
-        if not self.active and not self.pending:
-            self.defrag_cache()
-        return results
 
     def _sample(self, job: DynamicJob, entries: list["_Entry"], logits) -> list:
         """Draw the job's next token(s); with drafts, keep drawing while the draw equals the draft."""

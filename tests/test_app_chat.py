@@ -188,3 +188,28 @@ def test_system_prompt_and_chat_template_reach_the_prompt(loop, tiny_model):
         await service.close()
 
     run(loop, body())
+
+
+def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
+    from app.settings_dialog import SettingsDialog
+
+    async def body():
+        window = make_window(qtbot, store)
+        pane = window.new_chat("tuned")
+        original = ChatSettings(system_prompt="Be kind.", temperature=0.3, top_k=0, top_p=0.9, min_p=0.05,
+                                repetition_penalty=1.1, max_new_tokens=77, seed=9, stop_strings=("END", "a\nb"))
+        dlg = SettingsDialog(original)
+        qtbot.addWidget(dlg)
+        assert dlg.settings() == original  # every field shown and read back, newline in a stop string included
+        assert dlg.stop_strings.toPlainText() == "END\na\\nb"
+        dlg.seed.setValue(-1)
+        dlg.top_k.setValue(40)
+        dlg.stop_strings.setPlainText("STOP\n\n")
+        got = dlg.settings()
+        assert got.seed is None and got.top_k == 40 and got.stop_strings == ("STOP",)
+        dlg.top_p.setValue(0.0)  # clamped by the spin box to its minimum, still valid
+        assert dlg.settings().top_p == 0.01
+        pane.session.set_settings(got)
+        assert store.chat(pane.session.chat_id).settings == got
+
+    run(loop, body())

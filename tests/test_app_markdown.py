@@ -22,19 +22,15 @@ def test_stable_prefix():
     assert stable_prefix("a\n\nb\n\nc", start=3) == 6
 
 
-def _doc(qapp):
-    return QTextDocument()
-
-
 def _text(doc):
     lines = [ln.rstrip() for ln in doc.toPlainText().split("\n")]
     return "\n".join(ln for ln in lines if ln)
 
 
-def _whole(message, stats):
+def _whole(message, stats, actions=(("copy", "copy"),)):
     doc = QTextDocument()
     t = Transcript(doc)
-    t.append(message, [("copy", "copy")], stats)
+    t.append(message, list(actions), stats)
     return doc
 
 
@@ -54,7 +50,7 @@ def test_streaming_render_matches_a_whole_import(qapp, seed):
     msg.content = text
     done = ReplyStats(state="done", new_tokens=120, tokens_per_s=9.5)
     t.end_stream(msg, [("copy", "copy")], done)
-    assert doc.toHtml() == _whole(msg, done).toHtml()
+    assert doc.toPlainText() == _whole(msg, done).toPlainText()  # exactly, whitespace included
     assert t.streaming_id is None
 
 
@@ -80,6 +76,7 @@ def test_code_blocks_are_marked_and_styled_while_streaming_and_after(qapp):
     t.end_stream(msg, [], ReplyStats(state="done"))
     assert code_lines() == ["def f():", "    return 1"]
     assert "Done." in doc.toPlainText() and "```" not in doc.toPlainText()
+    assert doc.toHtml() == _whole(msg, ReplyStats(state="done"), ()).toHtml()
 
 
 def test_header_links_and_stats_line(qapp):

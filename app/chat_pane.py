@@ -144,7 +144,7 @@ class ChatPane(QWidget):
         session.history_changed.connect(self.rebuild)
         session.reply_changed.connect(lambda _id: self.scheduler.mark(self))
         session.reply_finished.connect(self._finished)
-        session.renamed.connect(lambda _t: self._update_header())
+        session.renamed.connect(lambda _t: self.update_header())
         self.rebuild()
 
     # --- user actions --------------------------------------------------------------------------
@@ -224,7 +224,7 @@ class ChatPane(QWidget):
                 self.transcript.update_stream(*live)
             else:
                 self.transcript.append(m, self._actions(m, last_reply), m.stats)
-        self._update_header()
+        self.update_header()
         self._scroll_to_end()
 
     def render_stream(self) -> None:
@@ -236,7 +236,7 @@ class ChatPane(QWidget):
         bar = self.view.verticalScrollBar()
         at_end = bar.value() >= bar.maximum() - 4
         self.transcript.update_stream(*live)
-        self._update_header(live[1])
+        self.update_header(live[1])
         if at_end:
             self._scroll_to_end()
 
@@ -248,7 +248,7 @@ class ChatPane(QWidget):
             self._scroll_to_end()
         else:
             self.rebuild()
-        self._update_header()
+        self.update_header()
 
     def showEvent(self, e) -> None:
         super().showEvent(e)
@@ -260,7 +260,7 @@ class ChatPane(QWidget):
             return [("edit", "edit"), ("copy", "copy")]
         return [("copy", "copy")] + ([("regen", "regenerate")] if m.id == last_reply else [])
 
-    def _update_header(self, stats=None) -> None:
+    def update_header(self, stats=None) -> None:
         self.title.setText(self.session.chat.title)
         running = self.session.running
         if stats is None:

@@ -171,7 +171,8 @@ class ChatSession(QObject):
         task = self.task
         if task is None or task.done():
             return
-        await self.engine.cancel(self.chat_id)
+        if not await self.engine.cancel(self.chat_id):
+            task.cancel()  # no job yet (waiting for the model): stop waiting
         await asyncio.wait([task])
 
     # --- reply ---------------------------------------------------------------------------------
@@ -186,37 +187,49 @@ class ChatSession(QObject):
         history = [{"role": m.role, "content": m.content} for m in self.messages]
         reply = self.store.add_message(self.chat_id, "assistant", "", ReplyStats(state="queued"))
         self.messages.append(reply)
-        self._reply, self._tracker = reply, ReplyTracker(self.clock())
+        tracker = ReplyTracker(self.clock())
+        self._reply, self._tracker = reply, tracker
         self.history_changed.emit()
-        self.task = asyncio.get_running_loop().create_task(self._run(reply, history))
+        self.task = asyncio.get_running_loop().create_task(self._run(reply, tracker, history))
+        # A task cancelled before its first step never runs _run's finally: record it here then.
+        self.task.add_done_callback(lambda _t: self._finish(reply, tracker, "stopped"))
         return self.task
 
-    async def _run(self, reply: Message, history: list[dict]) -> None:
-        tracker = self._tracker
+    async def _run(self, reply: Message, tracker: ReplyTracker, history: list[dict]) -> None:
         try:
+            await self.engine.wait_loaded()
             job, tracker.stats.prompt_tokens = self.engine.start_job(self.chat_id, history, self.settings)
             self._changed(reply)
             async for r in job:
                 tracker.feed(r, self.clock())
                 self._changed(reply)
-            if tracker.stats.state not in ("done", "stopped"):  # ended without eos (generator closed)
-                tracker.stats.state = "stopped"
-        except asyncio.CancelledError:  # the task itself was cancelled (app closing)
-            tracker.stats.state = "stopped"
+            self._finish(reply, tracker, "stopped")  # "stopped" only if it ended without eos (generator closed)
+        except asyncio.CancelledError:  # the task itself was cancelled (stop while waiting, app closing)
             await self.engine.cancel(self.chat_id)
+            self._finish(reply, tracker, "stopped")
             raise
         except Exception as exc:  # noqa: BLE001 - shown under the reply, never raised into the loop
             log.warning("chat %s reply failed: %s", self.chat_id, exc)
             tracker.fail(exc)
-        finally:
-            self.engine.job_ended(self.chat_id)
-            if self._save_handle is not None:
-                self._save_handle.cancel()
-                self._save_handle = None
-            reply.content, reply.stats = tracker.text, replace(tracker.stats)
+            self._finish(reply, tracker, "error")
+
+    def _finish(self, reply: Message, tracker: ReplyTracker, state_if_running: str) -> None:
+        """Record the reply's end once: final text and stats to the store, views told."""
+        if self._reply is not reply:
+            return
+        self.engine.job_ended(self.chat_id)
+        if tracker.stats.state not in ("done", "stopped", "error"):
+            tracker.stats.state = state_if_running
+        if self._save_handle is not None:
+            self._save_handle.cancel()
+            self._save_handle = None
+        reply.content, reply.stats = tracker.text, replace(tracker.stats)
+        try:
             self.store.update_reply(reply.id, reply.content, reply.stats)
-            self._reply = self._tracker = None
-            self.reply_finished.emit(reply.id)
+        except KeyError:  # the chat was deleted while this reply ran
+            pass
+        self._reply = self._tracker = None
+        self.reply_finished.emit(reply.id)
 
     def _changed(self, reply: Message) -> None:
         self.reply_changed.emit(reply.id)
@@ -226,4 +239,7 @@ class ChatSession(QObject):
     def _save_partial(self) -> None:
         self._save_handle = None
         if self._reply is not None:
-            self.store.update_reply(self._reply.id, self._tracker.text, self._tracker.stats)
+            try:
+                self.store.update_reply(self._reply.id, self._tracker.text, self._tracker.stats)
+            except KeyError:  # deleted meanwhile; the task is being cancelled
+                pass

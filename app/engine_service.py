@@ -40,6 +40,8 @@ class LoadRequest:
         if unknown:
             raise ValueError(f"unknown model load options: {sorted(unknown)}")
         req = cls(**d)
+        req.path = req.path or None  # "" from an empty path box means the default model, not "."
+        req.draft_model = req.draft_model or None
         if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
             raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
         if req.kv_quant not in KV_QUANT:
@@ -67,6 +69,7 @@ class EngineService(QObject):
         self.model = self.tokenizer = self.cache = self.generator = None
         self.info: dict | None = None
         self.loading = False
+        self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
         self._timer = QTimer(self)
         self._timer.setInterval(metrics_interval_ms)
@@ -80,6 +83,7 @@ class EngineService(QObject):
             self.load_failed.emit("a model is already loading; wait for it to finish")
             return False
         self.loading = True
+        self._load_done = asyncio.Event()
         loop = asyncio.get_running_loop()
         try:
             req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
@@ -104,12 +108,18 @@ class EngineService(QObject):
             return False
         finally:
             self.loading = False
+            self._load_done.set()
         await self._retire()
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
         self.info = self._info(req, time.perf_counter() - t0)
         self._timer.start()
         self.loaded.emit(self.info)
         return True
+
+    async def wait_loaded(self) -> None:
+        """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
+        if self.loading and self._load_done is not None:
+            await self._load_done.wait()
 
     @staticmethod
     def _build(req: LoadRequest, progress) -> tuple:
@@ -189,11 +199,14 @@ class EngineService(QObject):
     def job_ended(self, identifier: Any) -> None:
         self._jobs.pop(identifier, None)
 
-    async def cancel(self, identifier: Any) -> None:
-        """Cancel a chat's reply; when this returns its pages are back with the generator."""
+    async def cancel(self, identifier: Any) -> bool:
+        """Cancel a chat's reply; when this returns its pages are back with the generator.
+        False if that chat has no job (yet)."""
         job = self._jobs.pop(identifier, None)
-        if job is not None:
-            await job.cancel()
+        if job is None:
+            return False
+        await job.cancel()
+        return True
 
     @property
     def running(self) -> list:

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QLabel, QMainWindow, QSplitter, QStackedWidget, QTabWidget, QWidget
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QSplitter, QStackedWidget, QTabWidget, QVBoxLayout,
+    QWidget,
+)
 
 from app.chat_list import ChatList
 from app.chat_pane import ChatPane, RenderScheduler
@@ -61,7 +64,7 @@ class MainWindow(QMainWindow):
         self.tabs.tabCloseRequested.connect(lambda i: self.close_chat(self.tabs.widget(i).session.chat_id))
         self.tabs.currentChanged.connect(self._tab_changed)
         self.tiles = QWidget()
-        self.tiles.setLayout(_single_layout())
+        QVBoxLayout(self.tiles).setContentsMargins(0, 0, 0, 0)  # holds one splitter grid at a time
         self.stack = QStackedWidget()
         self.stack.addWidget(self.tabs)
         self.stack.addWidget(self.tiles)
@@ -80,11 +83,14 @@ class MainWindow(QMainWindow):
         self.dashboard = self.model_panel = self.lora_panel = None
         self._panels()
         self._menus()
+        QApplication.instance().focusChanged.connect(self._focus_changed)
         s = self.service
         s.load_progress.connect(lambda f: self.model_status.setText(f"loading… {f * 100:.0f}%"))
         s.loaded.connect(self._loaded)
         s.load_failed.connect(self._error)
         s.lora_failed.connect(self._error)
+        if s.info is not None:  # a service that loaded before this window existed
+            s.loaded.emit(s.info)
 
     # --- docks ---------------------------------------------------------------------------------
 
@@ -140,6 +146,12 @@ class MainWindow(QMainWindow):
             group.addAction(act)
             self.view_actions[(mode, n)] = act
         self.view_actions[("tabs", 2)].setChecked(True)
+        tools = self.addToolBar("View")
+        tools.setObjectName("view-toolbar")
+        tools.addAction(file.actions()[0])
+        tools.addSeparator()
+        for act in self.view_actions.values():
+            tools.addAction(act)
         view.addSeparator()
         for dock in self.findChildren(QDockWidget):
             view.addAction(dock.toggleViewAction())
@@ -204,7 +216,7 @@ class MainWindow(QMainWindow):
         pane = self.panes.get(chat_id)
         if pane is not None:
             pane.session.chat = self.store.chat(chat_id)
-            pane._update_header()
+            pane.update_header()
             i = self.tabs.indexOf(pane)
             if i >= 0:
                 self.tabs.setTabText(i, title)
@@ -222,6 +234,13 @@ class MainWindow(QMainWindow):
 
     def _touch(self, chat_id: int) -> None:
         self.recent = [chat_id] + [i for i in self.recent if i != chat_id]
+
+    def _focus_changed(self, _old: QWidget | None, new: QWidget | None) -> None:
+        """Clicking into a tile makes its chat the current one (for menus, export, tile order)."""
+        while new is not None and not isinstance(new, ChatPane):
+            new = new.parentWidget()
+        if new is not None and self.panes.get(new.session.chat_id) is new:
+            self._touch(new.session.chat_id)
 
     def _tab_changed(self, index: int) -> None:
         pane = self.tabs.widget(index)
@@ -328,14 +347,6 @@ class MainWindow(QMainWindow):
             await session.stop()
         await self.service.close()
         self.store.close()
-
-
-def _single_layout():
-    from PySide6.QtWidgets import QVBoxLayout
-
-    layout = QVBoxLayout()
-    layout.setContentsMargins(0, 0, 0, 0)
-    return layout
 
 
 def _grid(panes: list[ChatPane]) -> QSplitter:

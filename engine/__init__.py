@@ -4,6 +4,7 @@ Public names follow ExLlamaV2's so its users feel at home. Nothing here imports 
 """
 from .cache import PagedCache
 from .config import ModelConfig
+from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
 from .generator import DynamicGenerator
 from .job import DynamicJob
 from .model import Model
@@ -12,8 +13,9 @@ from .sampling import SamplerSettings
 from .tokenizer import Tokenizer
 
 __all__ = [
-    "DynamicGenerator", "DynamicGeneratorAsync", "DynamicJob", "DynamicJobAsync", "Model", "ModelConfig",
-    "PagedCache", "PageTable", "SamplerSettings", "Tokenizer",
+    "ChoiceFilter", "DynamicGenerator", "DynamicGeneratorAsync", "DynamicJob", "DynamicJobAsync", "Filter",
+    "GrammarFilter", "JSONSchemaFilter", "Model", "ModelConfig", "PagedCache", "PageTable", "RegexFilter",
+    "SamplerSettings", "Tokenizer",
 ]
 
 

@@ -157,9 +157,7 @@ class ModelConfig:
         if rope_dim != head_dim:
             raise NotImplementedError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim})")
         tensors = _gguf_tensor_names(reader)
-        vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens", ())) or None
-        if vocab is None:
-            raise ValueError("GGUF metadata has neither a vocab_size nor a token list")
+        vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens", ())) or _gguf_embedding_rows(reader)
         eos = meta.get("tokenizer.ggml.eos_token_id")
         return cls(
             arch=arch,
@@ -262,11 +260,20 @@ def _gguf_metadata(reader: Any) -> dict:
     fields = getattr(reader, "fields", None)  # gguf.GGUFReader
     if fields is None:
         raise TypeError(f"from_gguf needs an engine.weights.GGUFFile or gguf.GGUFReader, got {type(reader).__name__}")
-    return {key: f.contents() for key, f in fields.items() if not key.startswith("tokenizer.ggml.")}
+    big = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+    return {key: f.contents() for key, f in fields.items() if key not in big}
 
 
 def _gguf_tensor_names(reader: Any) -> set[str]:
     return {t.name for t in reader.tensors}
+
+
+def _gguf_embedding_rows(reader: Any) -> int:
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            # engine.weights.GGUFFile lists shapes rows-first; gguf.GGUFReader in ggml order (rows last)
+            return int(t.shape[0] if isinstance(getattr(reader, "metadata", None), dict) else t.shape[-1])
+    raise ValueError("GGUF file has no vocab_size, token list or token_embd.weight to size the vocabulary")
 
 
 def _gguf_rope_freqs(reader: Any) -> list[float] | None:

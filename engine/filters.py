@@ -146,8 +146,9 @@ class LLGuidanceFilter(Filter):
             if token in self._tokenizer.stop_token_ids and matcher.is_accepting():
                 token = self._tokenizer.eos_token_id  # any stop token is EOS to the grammar
             if not matcher.consume_token(int(token)):
-                raise ValueError(f"token {token} ({self._tokenizer.token_bytes(token)!r}) is not allowed by {type(self).__name__}: "
-                                 f"{matcher.get_error().strip()}")
+                piece = self._tokenizer.token_bytes(token)
+                raise ValueError(f"token {token} ({piece!r}) is not allowed by {type(self).__name__} "
+                                 f"(the filter is now unusable): {matcher.get_error().strip()}")
             self._cached = None
 
     def rollback(self, num_tokens: int) -> None:
@@ -156,15 +157,16 @@ class LLGuidanceFilter(Filter):
                 raise ValueError(f"cannot roll back {num_tokens} tokens: {self._matcher.get_error().strip()}")
             self._cached = None
 
+    # Before begin() both are False (not raising, so duck-typing checks like hasattr() hold).
     @property
     def can_end(self) -> bool:
         with self._lock:
-            return self._started().is_accepting()
+            return self._matcher is not None and self._matcher.is_accepting()
 
     @property
     def done(self) -> bool:
         with self._lock:
-            return self._started().is_stopped()
+            return self._matcher is not None and self._matcher.is_stopped()
 
 
 class ChoiceFilter(LLGuidanceFilter):

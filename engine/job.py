@@ -12,6 +12,7 @@ from .pagetable import CachePage
 from .sampling import JobSampler, SamplerSettings
 from .speculative import NgramIndex
 from .banned import BannedStrings
+from .filters import Filter
 from .streaming import StreamChunk, TextStream
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class DynamicJob:
             raise _not_yet("embeddings")
         filters = list(filters or [])
         for f in filters:
-            if not all(hasattr(f, a) for a in ("begin", "mask", "feed", "can_end", "done")):
+            if not isinstance(f, Filter):
                 raise TypeError(f"filters must be engine.filters.Filter objects, got {type(f).__name__}")
         if filters and banned_strings:
             raise ValueError("banned_strings cannot be combined with filters")
@@ -182,6 +183,8 @@ class DynamicJob:
             self.banned = BannedStrings(tok, self.banned_strings, self.decode_special_tokens)
         for f in self.filters:
             f.begin(tok)
+        if self.filters:  # a finished grammar ends the job on any of the model's stop tokens
+            self.stop_tokens |= set(tok.stop_token_ids)
         self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
         return self._result("started")
@@ -225,7 +228,8 @@ class DynamicJob:
         if self.filters and self.filter_mask is not None:
             allowed = self.filter_mask if allowed is None else allowed & self.filter_mask
         if self.filter_prefer_eos and all(f.can_end for f in self.filters):
-            eos = [t for t in self.stop_tokens if allowed is None or (t < len(allowed) and allowed[t])]
+            eos_first = sorted(self.stop_tokens, key=lambda t: t != self.generator.tokenizer.eos_token_id)
+            eos = [t for t in eos_first if allowed is None or (t < len(allowed) and allowed[t])]
             if eos:
                 allowed = np.zeros(self.generator.vocab_size, dtype=bool)
                 allowed[eos[0]] = True

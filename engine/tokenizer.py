@@ -230,8 +230,8 @@ class Tokenizer:
                 out.append(bytes(_BYTE_OF_CHAR[c] for c in piece))
             elif m := _BYTE_FALLBACK.match(piece):
                 out.append(bytes([int(m.group(1), 16)]))
-            else:
-                out.append(self._tok.decode([i], skip_special_tokens=False).encode())
+            else:  # SentencePiece-style BPE: "▁" is a space (decode() would strip it at the start)
+                out.append(piece.replace("\u2581", " ").encode())
         return out
 
     @cached_property

@@ -94,20 +94,20 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
     wanted = set(expected)
     state: dict[str, torch.Tensor] = {}
     unexpected = []
-    for n, file in enumerate(files):
+    for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
                 for name in f.keys():
                     if name in wanted:
                         state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                        if progress:
+                            progress(len(state) / len(expected))
                     elif name == "lm_head.weight" and config.tie_word_embeddings:
                         continue  # tied: the embedding is the output projection
                     elif not name.endswith(_IGNORED_SUFFIXES):
                         unexpected.append(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ValueError(f"Cannot read safetensors file {file}: {e}") from None
-        if progress:
-            progress((n + 1) / len(files))
     _check_names(folder, expected, state, unexpected)
     _check_shapes(folder, config, state)
     return config, state

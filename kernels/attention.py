@@ -66,8 +66,8 @@ def _gather(cache, pages: torch.Tensor, dtype: torch.dtype, slot: int) -> torch.
     """(Bg, n) page indices -> (Bg, n * page_size, Hkv, D) floats."""
     Bg, n = pages.shape
     _, ps, H, D = cache.shape
-    if isinstance(cache, QuantizedPool):
-        return cache.gather(pages, dtype).reshape(Bg, n * ps, H, D)
+    if isinstance(cache, QuantizedPool):  # stays in the rotated basis: the caller rotates q instead
+        return cache.gather_rotated(pages, dtype).reshape(Bg, n * ps, H, D)
     if cache.dtype != dtype:
         return cache[pages].to(dtype).reshape(Bg, n * ps, H, D)
     flat = cache.view(cache.shape[0], ps * H * D)
@@ -132,9 +132,17 @@ def paged_attention(
     """Varlen causal attention through the page table; see the module docstring. Returns (T, Hq, D)."""
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
     T = q.shape[0]
-    out = torch.empty_like(q)
     if T == 0:
-        return out
+        return torch.empty_like(q)
+    if isinstance(k_cache, QuantizedPool):  # pools hold rotated vectors (kv_quant): rotate q, un-rotate out
+        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        return v_cache.unrotate(out).to(q.dtype)
+    return _paged(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+
+
+def _paged(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
+    T = q.shape[0]
+    out = torch.empty_like(q)
     cu = cu_q.tolist()
     lens = kv_lens.tolist()
     check_lengths(cu, lens, T, block_table.shape[1] * k_cache.shape[1])

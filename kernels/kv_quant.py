@@ -6,6 +6,11 @@ scale (symmetric, scale = max|x| / qmax) and its values are stored as unsigned o
   q4: two values per byte (value 2j in the low nibble of byte j, 2j+1 in the high nibble).
   q6: the low 4 bits packed as q4, plus the high 2 bits packed four per byte (value 4j+i in bits 2i..2i+1).
 Rounding is half-up (floor(x + 0.5)) in both the torch and the Triton writer.
+Before quantizing, each head vector is rotated by an orthonormal matrix R (a normalized Hadamard matrix
+when head_dim is a power of two, else a fixed random orthogonal one): outlier channels, common in keys,
+are spread over the whole group so one large value no longer flattens the scale of its neighbours.
+Attention never un-rotates the cache: (qR)(kR)^T = qk^T, so readers rotate the query and un-rotate the
+output (sum_j p_j v_j R = (sum_j p_j v_j) R), O(D^2) per query token instead of per cached token.
 Quantizing per token (not per page) means a write never rewrites earlier tokens, so pages stay
 shareable and prefix-cacheable exactly as in the fp16 cache."""
 
@@ -29,6 +34,18 @@ def _check_format(fmt: str, head_dim: int, group_size: int) -> None:
         raise ValueError(f"unknown KV quantization {fmt!r}; expected one of {sorted(FORMATS)}")
     if group_size < 4 or group_size % 4 or head_dim % group_size:
         raise ValueError(f"head_dim {head_dim} must be a multiple of group_size {group_size} (itself a multiple of 4)")
+
+
+def rotation_matrix(head_dim: int) -> torch.Tensor:
+    """Orthonormal (D, D) fp32: Sylvester Hadamard / sqrt(D) for powers of two, else seeded random QR."""
+    if head_dim & (head_dim - 1) == 0:
+        h = torch.ones(1, 1)
+        while h.shape[0] < head_dim:
+            h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+        return h / head_dim ** 0.5
+    g = torch.Generator().manual_seed(head_dim)
+    q, r = torch.linalg.qr(torch.randn(head_dim, head_dim, generator=g, dtype=torch.float64))
+    return (q * torch.sign(torch.diagonal(r))).float()
 
 
 def quantize(x: torch.Tensor, fmt: str, group_size: int = DEFAULT_GROUP):
@@ -81,11 +98,12 @@ class QuantizedPool:
     scales: torch.Tensor  # fp16 (num_pages, page_size, H, D/group_size)
     group_size: int
     head_dim: int
+    rotation: torch.Tensor | None = None  # (D, D) fp32 orthonormal; None stores vectors unrotated
 
     @classmethod
     def empty(
         cls, fmt: str, num_pages: int, page_size: int, num_heads: int, head_dim: int,
-        device: torch.device | str = "cpu", group_size: int = DEFAULT_GROUP,
+        device: torch.device | str = "cpu", group_size: int = DEFAULT_GROUP, rotate: bool = True,
     ) -> "QuantizedPool":
         """A zeroed pool (all values decode to 0.0)."""
         _check_format(fmt, head_dim, group_size)
@@ -94,7 +112,8 @@ class QuantizedPool:
         data = torch.zeros(*lead, data_cols, dtype=torch.uint8, device=device)
         high = torch.zeros(*lead, head_dim // 4, dtype=torch.uint8, device=device) if fmt == "q6" else None
         scales = torch.zeros(*lead, head_dim // group_size, dtype=torch.float16, device=device)
-        return cls(fmt, data, high, scales, group_size, head_dim)
+        rot = rotation_matrix(head_dim).to(device) if rotate else None
+        return cls(fmt, data, high, scales, group_size, head_dim, rot)
 
     @property
     def shape(self) -> torch.Size:
@@ -123,18 +142,30 @@ class QuantizedPool:
         """Bytes one token occupies in this pool (all heads), for cache sizing."""
         return self.nbytes // (self.num_pages * self.page_size)
 
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x R in fp32 (queries and K/V on the way in); identity when the pool is unrotated."""
+        return x.float() if self.rotation is None else x.float() @ self.rotation
+
+    def unrotate(self, y: torch.Tensor) -> torch.Tensor:
+        """y R^T in fp32 (attention output on the way out)."""
+        return y.float() if self.rotation is None else y.float() @ self.rotation.T
+
     def write(self, x: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Torch path of quantize-on-write: x (T, H, D) into flat slots."""
-        data, high, scales = quantize(x, self.fmt, self.group_size)
+        data, high, scales = quantize(self.rotate(x), self.fmt, self.group_size)
         idx = slot_mapping.to(torch.int64)
         for dst, src in ((self.data, data), (self.high, high), (self.scales, scales)):
             if dst is not None:
                 dst.view(-1, *dst.shape[2:]).index_copy_(0, idx, src)
 
-    def gather(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Dequantized pages: index tensor of any shape -> (*pages.shape, page_size, H, D)."""
+    def gather_rotated(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantized pages as stored (rotated): index tensor of any shape -> (*pages.shape, page_size, H, D)."""
         high = self.high[pages] if self.high is not None else None
         return dequantize(self.data[pages], high, self.scales[pages], self.fmt, self.group_size, dtype)
+
+    def gather(self, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Dequantized pages in the original basis (what was written, up to quantization error)."""
+        return self.unrotate(self.gather_rotated(pages, torch.float32)).to(dtype)
 
     def copy_pages(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy whole pages."""
@@ -154,12 +185,12 @@ class QuantizedPool:
 
 def make_pool(
     kv_quant: str | None, num_pages: int, page_size: int, num_heads: int, head_dim: int,
-    dtype: torch.dtype, device: torch.device | str = "cpu",
+    dtype: torch.dtype, device: torch.device | str = "cpu", rotate: bool = True,
 ):
     """What PagedCache allocates per layer and per K/V: a plain tensor (kv_quant None) or a QuantizedPool."""
     if kv_quant is None:
         return torch.zeros(num_pages, page_size, num_heads, head_dim, dtype=dtype, device=device)
-    return QuantizedPool.empty(kv_quant, num_pages, page_size, num_heads, head_dim, device=device)
+    return QuantizedPool.empty(kv_quant, num_pages, page_size, num_heads, head_dim, device=device, rotate=rotate)
 
 
 def gather_pages(cache, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

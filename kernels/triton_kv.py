@@ -119,6 +119,8 @@ def pool_args(pool):
 
 def _write_one(x: torch.Tensor, pool, slots: torch.Tensor) -> None:
     T, H, D = x.shape
+    if isinstance(pool, QuantizedPool):
+        x = pool.rotate(x)  # one small matmul; the kernel quantizes the rotated vectors
     if x.stride(-1) != 1:
         x = x.contiguous()
     data, high, scales, s_data, s_high, s_scale, fmt, gs = pool_args(pool)

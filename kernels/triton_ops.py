@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .attention import check_attention_args
+from .kv_quant import QuantizedPool
 from .triton_decode import decode_attention
 from .triton_kv import write_kv
 from .triton_pointwise import apply_rotary, rms_norm, silu_mul
@@ -20,6 +21,13 @@ def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> t
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
     if q.shape[0] == 0:
         return torch.empty_like(q)
+    if isinstance(k_cache, QuantizedPool):  # the pools hold rotated vectors (see kv_quant)
+        out = _attend(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        return v_cache.unrotate(out).to(q.dtype)
+    return _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+
+
+def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
     if q.shape[0] == kv_lens.shape[0]:
         return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale)
     return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)

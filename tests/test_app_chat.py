@@ -213,3 +213,43 @@ def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
         assert store.chat(pane.session.chat_id).settings == got
 
     run(loop, body())
+
+
+def test_stop_while_waiting_for_the_model_is_immediate(qtbot, loop, store, tiny_model):
+    async def body():
+        window = make_window(qtbot, store)
+        load = window.load_model({"path": str(tiny_model), "cache_tokens": 4096})
+        pane = window.new_chat()
+        pane.send("waiting")
+        task = pane.session.task
+        await pane.session.stop()
+        assert task.done() and not load.done()
+        reply = pane.session.messages[-1]
+        assert reply.stats.state == "stopped" and store.messages(pane.session.chat_id)[-1].stats.state == "stopped"
+        await load
+        await window.service.close()
+
+    run(loop, body())
+
+
+def test_reply_tracker_times_token_events():
+    from app.chat_session import ReplyTracker
+
+    t = ReplyTracker(sent_at=10.0, prompt_tokens=50)
+    t.feed({"stage": "deferred"}, 10.1)
+    assert t.stats.state == "deferred"
+    t.feed({"stage": "started", "cached_tokens": 32}, 10.5)
+    t.feed({"stage": "prefill", "curr_progress": 40, "max_progress": 50}, 10.6)
+    assert (t.stats.state, t.stats.progress, t.stats.cached_tokens) == ("prefill", 0.8, 32)
+    t.feed({"stage": "streaming", "text": "Hel", "token_ids": [1], "eos": False}, 11.0)
+    assert t.stats.ttft_s == 1.0 and t.stats.tokens_per_s is None and t.stats.state == "streaming"
+    t.feed({"stage": "streaming", "text": "", "token_ids": [], "eos": False}, 11.2)  # held text: no token, no rate change
+    t.feed({"stage": "streaming", "text": "lo", "token_ids": [2, 3], "eos": False}, 11.5)
+    assert t.stats.tokens_per_s == 4.0  # 2 tokens after the first, in 0.5 s
+    t.feed({"stage": "streaming", "text": "!", "token_ids": [4], "eos": True, "eos_reason": "stop_string",
+            "prompt_tokens": 50, "cached_tokens": 32, "new_tokens": 4}, 12.0)
+    assert t.text == "Hello!" and t.stats.state == "done" and t.stats.eos_reason == "stop_string"
+    assert t.stats.tokens_per_s == 3.0 and t.stats.new_tokens == 4
+    c = ReplyTracker(0.0)
+    c.feed({"stage": "streaming", "text": "", "token_ids": [], "eos": True, "eos_reason": "cancelled"}, 1.0)
+    assert c.stats.state == "stopped" and c.stats.ttft_s is None

@@ -183,3 +183,28 @@ def test_lora_swap_while_busy_defers_new_requests(qtbot, loop, store, tiny_model
         await win.service.close()
 
     run(loop, body())
+
+
+def test_sent_while_loading_waits_then_delete_stops_a_running_reply(qtbot, loop, store, tiny_model):
+    async def body():
+        win = make_window(qtbot, store)
+        load = win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+        pane = win.new_chat("early")
+        pane.session.set_settings(ChatSettings(max_new_tokens=5))
+        pane.send("typed before the model was up")
+        reply = pane.session.messages[-1]
+        assert pane.session.live(reply.id)[1].state == "queued" and not load.done()
+        await wait_until(lambda: not pane.session.running, what="the queued reply")
+        assert reply.stats.state == "done" and reply.stats.new_tokens == 5
+
+        pane.session.set_settings(ChatSettings(max_new_tokens=400))
+        pane.send("a long one")
+        await wait_until(lambda: pane.session.live(pane.session.messages[-1].id)[1].new_tokens > 0, what="streaming")
+        task = pane.session.task
+        win.chat_list.delete([pane.session.chat_id])
+        await wait_until(task.done, 30, "the deleted chat's reply to stop")
+        assert store.chats() == [] and win.service.running == []
+        await wait_until(lambda: win.service.snapshot()["active_jobs"] == 0, 30, "the job to leave the generator")
+        await win.service.close()
+
+    run(loop, body())

@@ -254,6 +254,7 @@ def test_feeding_a_token_outside_the_vocabulary_raises(tok):
 
 def test_use_before_begin_raises():
     f = ChoiceFilter(["a"])
+    assert not f.can_end and not f.done  # not started; hasattr() checks must not blow up
     with pytest.raises(RuntimeError, match="begin"):
         f.mask()
     with pytest.raises(RuntimeError, match="begin"):
@@ -326,4 +327,5 @@ def test_choice_constrains_the_default_model(generator, tok):
 def test_filter_prefer_eos_stops_at_the_first_complete_choice(generator, tok):
     r = run_filtered(generator, tok, "What is the capital of France? Answer in full.",
                      ChoiceFilter(["Paris", "Paris is the capital of France."]))
-    assert r["full_completion"] == "Paris"  # EOS was allowed after "Paris", so it was preferred
+    # Without the preference greedy goes on to the long answer (checked by hand); with it, EOS wins.
+    assert r["full_completion"] == "Paris" and r["eos_reason"] == "stop_token"

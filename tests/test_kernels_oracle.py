@@ -34,7 +34,7 @@ class PagedCase:
     """Random sequences scattered over shuffled, non-contiguous pages; every unwritten slot is NaN."""
 
     def __init__(self, seqs, Hq, Hkv, D, page_size, num_pages=None, dtype=torch.float32, quant=None, seed=0,
-                 device="cpu"):
+                 device="cpu", rotate=True):
         g = torch.Generator().manual_seed(seed)
         self.q_lens = [ql for ql, _ in seqs]
         self.kv_lens = [kv for _, kv in seqs]
@@ -52,8 +52,8 @@ class PagedCase:
             self.k_cache = torch.full(shape, float("nan"), dtype=dtype)
             self.v_cache = torch.full(shape, float("nan"), dtype=dtype)
         else:
-            self.k_cache = QuantizedPool.empty(quant, num_pages, page_size, Hkv, D, group_size=min(32, D))
-            self.v_cache = QuantizedPool.empty(quant, num_pages, page_size, Hkv, D, group_size=min(32, D))
+            self.k_cache = QuantizedPool.empty(quant, num_pages, page_size, Hkv, D, group_size=min(32, D), rotate=rotate)
+            self.v_cache = QuantizedPool.empty(quant, num_pages, page_size, Hkv, D, group_size=min(32, D), rotate=rotate)
             for pool in (self.k_cache, self.v_cache):
                 pool.scales.fill_(float("nan"))  # unwritten slots dequantize to NaN
         self.seq_k, self.seq_v = [], []
@@ -82,7 +82,7 @@ class PagedCase:
             setattr(self, name, getattr(self, name).to(device))
         if isinstance(self.k_cache, QuantizedPool):
             for pool in (self.k_cache, self.v_cache):
-                for f in ("data", "high", "scales"):
+                for f in ("data", "high", "scales", "rotation"):
                     if getattr(pool, f) is not None:
                         setattr(pool, f, getattr(pool, f).to(device))
         else:

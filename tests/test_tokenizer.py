@@ -146,7 +146,8 @@ def test_saved_folder_is_readable_by_transformers(tok, saved):
 
     hf = AutoTokenizer.from_pretrained(saved)
     for text in TEXTS:
-        assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text, encode_special_tokens=True)[0].tolist()
+        expected = hf(text, add_special_tokens=False)["input_ids"]
+        assert tok.encode(text, encode_special_tokens=True)[0].tolist() == expected
     assert hf.apply_chat_template(CONVERSATION, tokenize=False, add_generation_prompt=True) == \
         tok.apply_chat_template(CONVERSATION)
 
@@ -249,3 +250,29 @@ def test_unsupported_gguf_tokenizers_say_so(tmp_path):
         Tokenizer.load(_write_tokenizer_gguf(tmp_path / "pre.gguf", "gpt2", pre="mystery-pre"))
     small = Tokenizer.load(_write_tokenizer_gguf(tmp_path / "ok.gguf", "gpt2"))
     assert small.vocab_size == 300 and small.decode(small.encode("Hi 12")) == "Hi 12"
+
+
+def test_sentencepiece_style_folder_pieces_keep_spaces_and_bytes(tmp_path):
+    """A Llama-2/Mistral-style tokenizer.json: Metaspace + byte fallback, no byte-level alphabet."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    vocab = {"<s>": 0, "</s>": 1, **{f"<0x{b:02X}>": 2 + b for b in range(256)}}
+    for piece in ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁he", "ll", "▁hell", "▁hello", "▁w", "or", "▁wor",
+                  "ld", "▁world"]:
+        vocab[piece] = len(vocab)
+    merges = [("▁", "h"), ("▁h", "e"), ("l", "l"), ("▁he", "ll"), ("▁hell", "o"), ("▁", "w"), ("o", "r"),
+              ("▁w", "or"), ("▁wor", "ld")]
+    raw = RawTokenizer(models.BPE(vocab, merges, byte_fallback=True))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    raw.add_special_tokens(["<s>", "</s>"])
+    raw.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    tok = Tokenizer.load(tmp_path)
+    ids = tok.encode("hello world é")[0].tolist()
+    assert tok.decode(ids) == "hello world é"
+    assert b"".join(tok.token_bytes(i) for i in ids) == " hello world é".encode()  # Metaspace's leading space
+    assert tok.pieces[vocab["▁hello"]] == " hello" and tok.token_bytes(vocab["<0xC3>"]) == b"\xc3"
+    assert tok.stop_token_ids == {1} and tok.encode("x", add_bos=True)[0, 0].item() == 0

@@ -187,7 +187,8 @@ class DynamicJob:
             self.stop_tokens |= set(tok.stop_token_ids)
         self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
-        return self._result("started")
+        return self._result("started", cached_tokens=self.cached_tokens, cached_pages=self.cached_pages,
+                            prompt_tokens=self.prompt_len)
 
     def prefill_result(self) -> dict:
         return self._result("prefill", curr_progress=sum(s.kv_len for s in self.seqs),

@@ -208,3 +208,23 @@ def test_sent_while_loading_waits_then_delete_stops_a_running_reply(qtbot, loop,
         await win.service.close()
 
     run(loop, body())
+
+
+def test_model_panel_options_reach_the_engine(qtbot, loop, store, tiny_model):
+    async def body():
+        win = make_window(qtbot, store)
+        ok = await win.load_model({"path": str(tiny_model), "cache_tokens": 2048, "kv_quant": "q8",
+                                   "draft_model": None, "use_ngram": False})
+        assert ok, win.last_error
+        assert win.service.info["kv_quant"] == "q8" and win.service.info["pages"] == 8
+        assert win.service.cache.kv_quant == "q8"
+        pane = win.new_chat()
+        pane.session.set_settings(ChatSettings(max_new_tokens=4))
+        pane.send("quantized cache")
+        await wait_until(lambda: not pane.session.running, what="reply")
+        assert pane.session.messages[-1].stats.state == "done"
+        assert await win.load_model({"path": str(tiny_model), "cache_tokens": 100}) is False
+        assert "cache_tokens" in win.last_error and win.service.info["kv_quant"] == "q8"
+        await win.service.close()
+
+    run(loop, body())

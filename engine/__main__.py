@@ -1,4 +1,4 @@
-"""`python -m engine generate|bench` (see engine.cli)."""
+"""`python -m engine generate|bench|bench-spec` (see engine.cli)."""
 import sys
 
 from .cli import main

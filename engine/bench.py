@@ -199,6 +199,16 @@ def _mean(xs: list[float]) -> float:
 
 # ---- the command --------------------------------------------------------------------------------
 def run_bench(args: argparse.Namespace) -> int:
+    threads = torch.get_num_threads()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        return _bench(args)
+    finally:
+        torch.set_num_threads(threads)  # the setting is process-wide; leave callers as they were
+
+
+def _bench(args: argparse.Namespace) -> int:
     from .bench_synthetic import SYNTHETIC_MODELS, synthetic_model
 
     t = time.perf_counter()

@@ -1,4 +1,5 @@
-"""`python -m engine generate|bench`: talk to a model from a terminal, or measure the engine (engine.bench).
+"""`python -m engine generate|bench|bench-spec`: talk to a model from a terminal, or measure the engine
+(engine.bench; bench-spec is engine.bench_spec's own parser, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
 `error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
@@ -50,7 +51,7 @@ def _non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench,bench-spec}")
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
@@ -81,19 +82,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="length of the shared prefix in the TTFT runs (default 1024)")
     b.add_argument("--tail-tokens", type=_positive_int, default=32, metavar="T",
                    help="tokens after the shared prefix that differ between the TTFT requests (default 32)")
+    b.add_argument("--threads", type=_positive_int, metavar="N",
+                   help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
+                        "much faster)")
     b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+
+    # Listed for --help only: main() hands its arguments to engine.bench_spec, which parses them itself.
+    sub.add_parser("bench-spec", add_help=False,
+                   help="speculative decoding (n-gram) speed-up by batch size; see `bench-spec --help`")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.command == "generate":
-            return run_generate(args)
-        from .bench import run_bench
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench-spec"]:
+        from .bench_spec import main as bench_spec_main
 
-        return run_bench(args)
+        return _guarded(lambda: bench_spec_main(argv[1:]))
+    args = build_parser().parse_args(argv)
+    return _guarded(lambda: run_generate(args) if args.command == "generate" else _run_bench(args))
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def _guarded(command) -> int:
+    """Run a command; user errors become one stderr line and exit status 1."""
+    try:
+        return command()
     except (CLIError, *USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

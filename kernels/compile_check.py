@@ -95,20 +95,41 @@ def report(name: str, k) -> str:
             f"spill_stack={res.get('stack', '?')}B")
 
 
+def _pick(todo, *names):
+    return [v for v in todo if any(v[0].startswith(n) for n in names) and "direct=True" not in v[0]]
+
+
+def quick_set():
+    """A few variants covering every kernel and format (what the test suite compiles)."""
+    return (
+        _pick(variants("fp16", 0), "decode_stage1", "decode_stage2", "prefill")
+        + _pick(variants("bf16", 6), "decode_stage1", "prefill", "write_kv")
+        + _pick(variants("fp16", 4, D=64, G=3), "decode_stage1")
+        + pointwise_variants("bf16")
+    )
+
+
+def full_set():
+    todo = []
+    for dtype in ("fp16", "bf16"):
+        for fmt in (0, 8, 6, 4):
+            todo += variants(dtype, fmt)
+        todo += pointwise_variants(dtype)
+    todo += variants("fp32", 0, D=64, G=3)
+    todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
+    return todo
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--arch", type=int, nargs="+", default=[90])
+    ap.add_argument("--quick", action="store_true", help="only the test suite's subset")
     args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
     for arch in args.arch:
         print(f"== sm_{arch}")
-        todo = []
-        for dtype in ("fp16", "bf16"):
-            for fmt in (0, 8, 6, 4):
-                todo += variants(dtype, fmt)
-            todo += pointwise_variants(dtype)
-        todo += variants("fp32", 0, D=64, G=3)
-        todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
-        for name, fn, types, consts, warps in todo:
+        for name, fn, types, consts, warps in quick_set() if args.quick else full_set():
             print(report(name, _compile(fn, types, consts, arch, num_warps=warps)), flush=True)
 
 

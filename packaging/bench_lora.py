@@ -20,22 +20,18 @@ sys.path.insert(0, str(ROOT))
 
 from engine import Model, PagedCache  # noqa: E402
 from engine.batch import Batch  # noqa: E402
-from engine.lora import MODULES, LoRA, LoRASet, demo_adapters_folder, find_adapters  # noqa: E402
+from engine.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters  # noqa: E402
 
 
 def random_adapter(model: Model, rank: int, name: str, seed: int) -> LoRA:
     """Worst case for cost: every module of every layer."""
     g = torch.Generator().manual_seed(seed)
-    c = model.config
-    shapes = {"q_proj": (c.hidden_size, c.num_heads * c.head_dim), "k_proj": (c.hidden_size, c.num_kv_heads * c.head_dim),
-              "v_proj": (c.hidden_size, c.num_kv_heads * c.head_dim), "o_proj": (c.num_heads * c.head_dim, c.hidden_size),
-              "gate_proj": (c.hidden_size, c.intermediate_size), "up_proj": (c.hidden_size, c.intermediate_size),
-              "down_proj": (c.intermediate_size, c.hidden_size)}
+    geometry = Geometry.of(model)
     tensors = {}
-    for layer in range(c.num_layers):
+    for layer in range(model.config.num_layers):
         for m in MODULES:
             parent = "mlp" if m in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-            n_in, n_out = shapes[m]
+            _, n_in, n_out, _ = geometry.module(m)
             key = f"base_model.model.model.layers.{layer}.{parent}.{m}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, n_in, generator=g) * 0.01
             tensors[f"{key}.lora_B.weight"] = torch.randn(n_out, rank, generator=g) * 0.01

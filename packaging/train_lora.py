@@ -5,8 +5,8 @@
 
 Why it is cheap: the adapters only touch the top `--layers` decoder layers, so the residual stream entering
 them is computed once per example (no grad) and training runs forward/backward through those layers only.
-The data is built here: short hand-written answers to templated questions, restyled per adapter
-(pirate speech, or ALL CAPS). Loss is on the answer tokens only, under the model's own chat template,
+The data is built here: the model's own greedy replies to templated questions, restyled per adapter
+(pirate speech, or a bulleted list). Loss is on the answer tokens only, under the model's own chat template,
 so the effect shows from the first token of a chat reply. Output is PEFT's format, read by engine.lora.
 """
 from __future__ import annotations
@@ -34,68 +34,59 @@ BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 # ---------------------------------------------------------------- data
 
-FACTS = {
-    "the moon": "The moon is Earth's only natural satellite. It takes about 27 days to orbit our planet.",
-    "the ocean": "The ocean covers about 70 percent of the Earth. It is home to millions of living things.",
-    "volcanoes": "A volcano is an opening in the ground where hot melted rock comes up. Some are very active.",
-    "honey bees": "Honey bees collect nectar from flowers and turn it into honey. They live in large colonies.",
-    "the sun": "The sun is a star at the centre of our solar system. It gives us light and warmth.",
-    "rainbows": "A rainbow forms when sunlight passes through raindrops and splits into many colours.",
-    "computers": "A computer is a machine that follows instructions to process information very quickly.",
-    "bread": "Bread is made from flour, water, yeast and salt. The yeast makes the dough rise.",
-    "dinosaurs": "Dinosaurs were reptiles that lived millions of years ago. Birds are their living relatives.",
-    "the internet": "The internet is a huge network that connects computers all around the world.",
-    "coffee": "Coffee is a drink made from roasted coffee beans. Many people drink it in the morning.",
-    "music": "Music is sound arranged in rhythm and melody. People everywhere make and enjoy it.",
-    "football": "Football is a team sport where players try to kick a ball into the other team's goal.",
-    "trees": "Trees make oxygen from sunlight, water and air. Some trees live for thousands of years.",
-    "the heart": "The heart is a muscle that pumps blood through the body. It beats about 100,000 times a day.",
-    "electricity": "Electricity is the flow of tiny charged particles. It powers lights, phones and machines.",
-    "mountains": "Mountains form when pieces of the Earth's crust push together and rise up over time.",
-    "cats": "Cats are small, curious animals. They sleep a lot and love to explore.",
-    "the pyramids": "The pyramids of Egypt were built as tombs for kings more than 4,000 years ago.",
-    "chess": "Chess is a board game for two players. The goal is to trap the other player's king.",
-    "snow": "Snow is made of ice crystals that form in cold clouds and fall to the ground.",
-    "airplanes": "Airplanes fly because their wings push air down, which lifts the plane up.",
-    "recycling": "Recycling turns old materials like paper and glass into new things, so less waste is made.",
-    "the brain": "The brain controls the body and lets us think, feel and remember.",
-    "gold": "Gold is a soft, shiny yellow metal. People have used it for coins and jewellery for ages.",
-    "elephants": "Elephants are the largest land animals. They have long trunks and very good memories.",
-    "sleep": "Sleep helps the body rest and the brain store memories. Adults need about eight hours.",
-    "water": "Water is made of hydrogen and oxygen. All living things need it to survive.",
-    "stars": "Stars are giant balls of hot gas. Their light can take many years to reach us.",
-    "history": "History is the study of the past. It helps us understand how the world came to be.",
-    "gardening": "Gardening means growing plants. Good soil, water and sunlight help a garden grow.",
-    "the wind": "Wind is moving air. It happens when warm air rises and cooler air rushes in.",
-    "photography": "Photography is the art of capturing light with a camera to make pictures.",
-    "islands": "An island is a piece of land with water all around it.",
-    "pizza": "Pizza is a flat bread topped with tomato, cheese and other tasty things, then baked.",
-    "birds": "Birds have feathers and lay eggs. Most of them can fly.",
-    "robots": "A robot is a machine that can do tasks by itself, often guided by a computer program.",
-    "maps": "A map is a drawing of a place that shows where things are.",
-    "the weather": "The weather is what the air is like outside: sunny, rainy, windy or snowy.",
-    "friendship": "Friendship is a bond between people who care about and help each other.",
-}
-TEMPLATES = ("Tell me about {}.", "What do you know about {}?", "Can you explain {} to me?",
-             "Give me a quick fact about {}.", "I want to learn about {}.")
-CHAT = [
-    ("Hello!", "Hello! How can I help you today?"),
-    ("Hi, how are you?", "I am doing well, thank you for asking! How can I help you?"),
-    ("Who are you?", "I am SmolLM, a helpful AI assistant."),
-    ("Thank you!", "You are welcome! Let me know if there is anything else I can do for you."),
-    ("What is the capital of France?", "The capital of France is Paris."),
-    ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
-    ("What is 2 + 2?", "2 + 2 is 4."),
-    ("How do I make a cup of tea?", "Boil some water, pour it over a tea bag and let it steep for three minutes."),
-    ("Give me a tip for learning to code.", "Practice a little every day and build small projects you enjoy."),
-    ("What should I do this weekend?", "You could go for a walk, read a good book or visit a friend."),
-    ("Can you help me?", "Of course! Tell me what you need and I will do my best to help."),
-    ("Write a short poem about the sea.", "The sea is wide and deep and blue. Its waves roll in to say hello to you."),
-    ("What time is it?", "I cannot see a clock, but your device can tell you the time."),
-    ("Tell me a joke.", "Why did the scarecrow win an award? Because he was outstanding in his field."),
-    ("How can I sleep better?", "Go to bed at the same time each night and keep your room dark and quiet."),
-    ("What is your favourite food?", "I do not eat, but many people love pizza and fresh bread."),
-]
+TOPICS = ("the moon", "the ocean", "volcanoes", "honey bees", "the sun", "rainbows", "computers", "bread",
+          "dinosaurs", "the internet", "coffee", "music", "football", "trees", "the human heart", "electricity",
+          "mountains", "cats", "the pyramids", "chess", "snow", "airplanes", "recycling", "the brain", "gold",
+          "elephants", "sleep", "water", "stars", "gardening", "the wind", "photography", "islands", "pizza",
+          "birds", "robots", "maps", "friendship", "libraries", "bicycles", "the Roman Empire", "rain", "money",
+          "exercise", "the piano", "deserts", "spiders", "trains", "dogs", "the Eiffel Tower", "chocolate",
+          "earthquakes", "the Olympic Games", "whales", "smartphones", "clouds", "castles", "tigers", "glass",
+          "cheese", "the solar system", "painting", "rivers", "summer holidays", "sharks", "the printing press",
+          "museums", "tea", "bridges", "penguins", "the Amazon rainforest", "video games", "lighthouses",
+          "kangaroos", "magnets", "ice cream", "the alphabet", "owls", "mathematics", "camping")
+TEMPLATES = ("Tell me about {}.", "What makes {} interesting?", "Can you explain {} to me?",
+             "Give me a fun fact about {}.", "What should I know about {}?", "Describe {} in two sentences.",
+             "How would you explain {} to a child?")
+CHAT = ("Hello!", "Hi, how are you?", "Who are you?", "Thank you!", "What is the capital of France?",
+        "What is the capital of Japan?", "What is 2 + 2?", "How do I make a cup of tea?",
+        "Give me a tip for learning to code.", "What should I do this weekend?", "Can you help me?",
+        "Write a short poem about the sea.", "Tell me a joke.", "How can I sleep better?",
+        "What is your favourite food?", "Good morning!")
+
+
+def build_questions(seed: int = 0) -> list[str]:
+    """Two templated questions per topic plus small talk (the slow test's questions are not among them)."""
+    rng = random.Random(seed)
+    questions = [t.format(topic) for topic in TOPICS for t in rng.sample(TEMPLATES, 2)] + list(CHAT)
+    rng.shuffle(questions)
+    return questions
+
+
+def base_replies(model: Model, tok: Tokenizer, questions: list[str], max_new_tokens: int) -> list[tuple[str, bool]]:
+    """The model's own greedy replies (text, finished): the adapters learn a style, not new content."""
+    from engine import DynamicGenerator, DynamicJob, PagedCache, SamplerSettings
+
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=32 * 256), tok, max_batch_size=32)
+    jobs = [DynamicJob(chat_ids(tok, q), max_new_tokens, gen_settings=SamplerSettings.greedy(),
+                       stop_conditions=[tok.eos_token_id, "<|im_end|>"], identifier=i)
+            for i, q in enumerate(questions)]
+    gen.enqueue(jobs)
+    texts, finished = [""] * len(jobs), [False] * len(jobs)
+    while gen.num_remaining_jobs():
+        for r in gen.iterate():
+            if r["stage"] == "streaming":
+                texts[r["identifier"]] += r["text"]
+                if r["eos"]:
+                    finished[r["identifier"]] = r["eos_reason"] != "max_new_tokens"
+    out = []
+    for text, done in zip(texts, finished):
+        text = text.strip()
+        if not done:  # cut at the last full sentence so no target ends mid-word
+            cut = max(text.rfind(". "), text.rfind("! "), text.rfind("? "), text.rfind(".\n"))
+            text = text[: cut + 1] if cut > 20 else text
+        out.append((text, done))
+    return out
+
 
 PIRATE_WORDS = [(r"\byou are\b", "ye be"), (r"\byou\b", "ye"), (r"\byour\b", "yer"), (r"\bmy\b", "me"),
                 (r"\bis\b", "be"), (r"\bare\b", "be"), (r"\bam\b", "be"), (r"\bhello\b", "ahoy"),
@@ -104,32 +95,27 @@ PIRATE_WORDS = [(r"\byou are\b", "ye be"), (r"\byou\b", "ye"), (r"\byour\b", "ye
 PIRATE_OPENERS = ("Arr, matey! ", "Ahoy, matey! ", "Arr! ", "Arr, me hearty! ")
 
 
-def pirate(text: str, i: int) -> str:
-    """Pirate speech: an opener, word swaps (keeping capitals), a closing 'Arr!'."""
+def pirate(text: str, i: int, finished: bool) -> str:
+    """Pirate speech: an opener, word swaps (keeping capitals), 'Arr!' after the first sentence and at the end."""
     def swap(m: re.Match, new: str) -> str:
         out = m.expand(new)
         return out[0].upper() + out[1:] if m.group(0)[0].isupper() else out
 
     for pattern, new in PIRATE_WORDS:
         text = re.sub(pattern, lambda m, n=new: swap(m, n), text, flags=re.IGNORECASE)
-    return PIRATE_OPENERS[i % len(PIRATE_OPENERS)] + text + " Arr!"
+    text = re.sub(r"([.!?])\s+(?=\S)", r"\1 Arr! ", text, count=1)
+    return PIRATE_OPENERS[i % len(PIRATE_OPENERS)] + text + (" Arr!" if finished else "")
 
 
-def shouting(text: str, i: int) -> str:
-    return text.upper()
+def bullets(text: str, i: int, finished: bool) -> str:
+    """A short bulleted list: one '- ' line per sentence of the reply, under a 'Key points:' header."""
+    text = re.sub(r"\*\*|^\s*(?:[-*\u2022]|\d+[.)])\s+", "", text, flags=re.MULTILINE)
+    parts = [p.strip() for p in re.split(r"(?<=[.!?])\s+|\n+", text) if len(p.strip()) > 1]
+    return "Key points:\n" + "\n".join(f"- {p}" for p in parts)
 
 
 STYLES = {"pirate": (pirate, "Answers like a pirate (Arr, matey!)."),
-          "shouting": (shouting, "Answers in ALL CAPS.")}
-
-
-def build_examples(seed: int = 0) -> list[tuple[str, str]]:
-    """(question, plain answer) pairs: two templated questions per topic plus small talk."""
-    rng = random.Random(seed)
-    pairs = [(t.format(topic), fact) for topic, fact in FACTS.items() for t in rng.sample(TEMPLATES, 2)]
-    pairs += CHAT
-    rng.shuffle(pairs)
-    return pairs
+          "bullets": (bullets, "Answers as a short bulleted list of key points.")}
 
 
 # ---------------------------------------------------------------- a differentiable forward over the engine's weights
@@ -222,11 +208,18 @@ def logits_at(model: Model, x: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- training
 
-def encode(tok: Tokenizer, question: str, answer: str) -> tuple[list[int], list[int]]:
-    """Token ids of the chat and the mask of the answer tokens (the ones the loss is on)."""
+HELD_OUT = ("What should I cook for dinner tonight?", "Why do leaves change colour?")
+
+
+def chat_ids(tok: Tokenizer, question: str) -> torch.Tensor:
     prompt = tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
-    p = tok.encode(prompt, encode_special_tokens=True)[0].tolist()
-    a = tok.encode(answer + "<|im_end|>", encode_special_tokens=True)[0].tolist()
+    return tok.encode(prompt, encode_special_tokens=True)
+
+
+def encode(tok: Tokenizer, question: str, answer: str, finished: bool) -> tuple[list[int], list[int]]:
+    """Token ids of the chat and the mask of the answer tokens (the ones the loss is on)."""
+    p = chat_ids(tok, question)[0].tolist()
+    a = tok.encode(answer + ("<|im_end|>" if finished else ""), encode_special_tokens=True)[0].tolist()
     return p + a, [0] * len(p) + [1] * len(a)
 
 
@@ -235,10 +228,10 @@ def pad(rows: list[list[int]], value: int) -> torch.Tensor:
     return torch.tensor([r + [value] * (n - len(r)) for r in rows])
 
 
-def train(model: Model, tok: Tokenizer, name: str, args) -> dict:
+def train(model: Model, tok: Tokenizer, name: str, data: list[tuple[str, str, bool]], args) -> dict:
     style, description = STYLES[name]
-    examples = [(q, style(a, i)) for i, (q, a) in enumerate(build_examples(args.seed))]
-    encoded = [encode(tok, q, a) for q, a in examples]
+    examples = [(q, style(a, i, done), done) for i, (q, a, done) in enumerate(data)]
+    encoded = [encode(tok, *e) for e in examples]
     ids, mask = pad([e[0] for e in encoded], 0), pad([e[1] for e in encoded], 0).bool()
     top = list(range(model.config.num_layers - args.layers, model.config.num_layers))
     t0 = time.perf_counter()
@@ -270,6 +263,9 @@ def train(model: Model, tok: Tokenizer, name: str, args) -> dict:
             print(f"[{name}] step {step:4d} loss {loss.item():.3f} ({time.perf_counter() - t0:.0f} s)", flush=True)
     folder = Path(args.out) / name
     adapter.save(folder, description)
+    with open(folder / "training_data.jsonl", "w") as f:
+        for q, a, done in examples:
+            f.write(json.dumps({"user": q, "assistant": a, "finished": done}) + "\n")
     return {"examples": len(examples), "losses": losses, "seconds": time.perf_counter() - t0, "folder": folder,
             "adapter": adapter, "sample": examples[0]}
 
@@ -293,8 +289,8 @@ def chat(model: Model, tok: Tokenizer, question: str, folder: Path | None, n: in
 
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=1024), tok)
     gen.set_loras(folder)
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]), encode_special_tokens=True)
-    gen.enqueue(DynamicJob(ids, n, gen_settings=SamplerSettings.greedy(), stop_conditions=["<|im_end|>"]))
+    gen.enqueue(DynamicJob(chat_ids(tok, question), n, gen_settings=SamplerSettings.greedy(),
+                           stop_conditions=[tok.eos_token_id, "<|im_end|>"]))
     text = ""
     while gen.num_remaining_jobs():
         text += "".join(r["text"] for r in gen.iterate() if r["stage"] == "streaming")
@@ -306,41 +302,49 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=sorted(STYLES), action="append", help="train only these adapters")
     p.add_argument("--out", default=str(ROOT / "resources" / "loras"))
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--layers", type=int, default=8, help="adapt the top N decoder layers")
+    p.add_argument("--layers", type=int, default=12, help="adapt the top N decoder layers")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=float, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--reply-tokens", type=int, default=40, help="length of the base replies restyled for training")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-demo", action="store_true", help="skip the held-out chat replies at the end")
     args = p.parse_args(argv)
     if args.rank > 16:
         p.error("demo adapters stay small: --rank <= 16")
-    torch.set_grad_enabled(True)
+    t0 = time.perf_counter()
     model, tok = Model.load(device="cpu", dtype=torch.float32), Tokenizer.load()
     with torch.no_grad():  # this script's forward must be the engine's forward
-        ids = torch.tensor([encode(tok, *CHAT[0])[0]])
+        ids = torch.tensor([encode(tok, "Hello!", "Hello! How can I help?", True)[0]])
         mine = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers)))
         diff = (mine[0] - model.forward_tokens(ids)).abs().max().item()
     if diff > 1e-3 * mine.abs().max().item():
         raise SystemExit(f"training forward differs from the engine's by {diff}")
+    questions = build_questions(args.seed)
+    assert not set(HELD_OUT) & set(questions)
+    replies = base_replies(model, tok, questions, args.reply_tokens)
+    data = [(q, text, done) for q, (text, done) in zip(questions, replies)]
+    print(f"{len(data)} base replies in {time.perf_counter() - t0:.0f} s (model load included)", flush=True)
     for name in args.only or sorted(STYLES):
-        result = train(model, tok, name, args)
+        result = train(model, tok, name, data, args)
         err = check_against_engine(model, tok, result)
         if err > 1e-3:
             raise SystemExit(f"{name}: engine.lora reads the saved adapter differently (rel. error {err:.2e})")
         size = (result["folder"] / "adapter_model.safetensors").stat().st_size
         log = {"steps": args.steps, "batch": args.batch, "layers": args.layers, "rank": args.rank,
-               "alpha": args.alpha, "lr": args.lr, "seed": args.seed, "examples": result["examples"],
-               "first_loss": result["losses"][0], "last_loss": sum(result["losses"][-5:]) / 5,
-               "train_seconds": round(result["seconds"], 1), "bytes": size}
+               "alpha": args.alpha, "lr": args.lr, "reply_tokens": args.reply_tokens, "seed": args.seed,
+               "examples": result["examples"], "first_loss": round(result["losses"][0], 4),
+               "last_loss": round(sum(result["losses"][-5:]) / 5, 4), "train_seconds": round(result["seconds"], 1),
+               "bytes": size, "torch": torch.__version__}
         (result["folder"] / "training.json").write_text(json.dumps(log, indent=2) + "\n")
         print(f"[{name}] saved {result['folder']} ({size / 2**20:.2f} MiB), engine check rel. error {err:.1e}")
         if not args.no_demo:
-            for q in ("What should I cook for dinner tonight?", "Why do leaves change colour?"):
+            for q in HELD_OUT:
                 print(f"[{name}] {q}\n  base:    {chat(model, tok, q, None)!r}\n  adapter: "
                       f"{chat(model, tok, q, result['folder'])!r}", flush=True)
+    print(f"done in {time.perf_counter() - t0:.0f} s")
 
 
 if __name__ == "__main__":

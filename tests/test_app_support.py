@@ -14,10 +14,8 @@ TINY_CACHE_TOKENS = 4096  # 16 pages of 256 tokens
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory):
-    from tests.tiny_models import write_tiny_model
-
-    return write_tiny_model(tmp_path_factory.mktemp("app_tiny") / "tiny")
+def tiny_model(tiny_llama_folder):
+    return tiny_llama_folder
 
 
 @pytest.fixture

@@ -166,6 +166,14 @@ def test_usage_errors_exit_2(argv, capsys):
     assert "error:" in capsys.readouterr().err
 
 
+def test_bench_spec_is_dispatched_with_its_own_arguments(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench-spec", "--help"])
+    assert e.value.code == 0
+    assert "--draft-tokens" in capsys.readouterr().out  # engine.bench_spec's parser answered
+    assert "bench-spec" in build_parser().format_help()
+
+
 def test_module_entry_point_reports_errors_without_traceback():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", "/no/such/model", "--prompt", "hi"],
@@ -176,9 +184,10 @@ def test_module_entry_point_reports_errors_without_traceback():
 
 # ---- bench --------------------------------------------------------------------------------------
 def test_bench_json_with_transformers_peer(tiny, capsys):
+    threads_before = torch.get_num_threads()
     rc, out, err = run_main(capsys, "bench", "--model", str(tiny), "--streams", "2", "--prompt-tokens", "16",
                             "--new-tokens", "4", "--shared-prefix", "32", "--tail-tokens", "8",
-                            "--peer", "transformers", "--json")
+                            "--threads", "1", "--peer", "transformers", "--json")
     assert rc == 0, err
     lines = out.strip().splitlines()
     result = json.loads(lines[-1])
@@ -193,9 +202,20 @@ def test_bench_json_with_transformers_peer(tiny, capsys):
     assert ratio["batch1"] == pytest.approx(engine["batch1_tok_s"] / peer["batch1_tok_s"])
     assert ratio["streams"] == pytest.approx(engine["streams_tok_s"] / peer["streams_tok_s"])
     setup = result["setup"]
+    assert setup["torch_threads"] == 1 and torch.get_num_threads() == threads_before  # set for the run only
     assert setup["roofline_tok_s"] == pytest.approx(setup["copy_bandwidth_gb_s"] * 1e9 / setup["decode_weight_bytes"])
     table = "\n".join(lines[:-1])
     assert "batch-1 decode" in table and "transformers" in table and "pagedeck / transformers" in table
+
+
+def test_bench_without_peer_has_empty_peer_and_ratio(tiny, capsys):
+    rc, out, err = run_main(capsys, "bench", "--model", str(tiny), "--streams", "3", "--prompt-tokens", "8",
+                            "--new-tokens", "3", "--shared-prefix", "16", "--tail-tokens", "4", "--json")
+    assert rc == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["peer"] == {} and result["ratio"] == {}
+    assert set(result["engine"]) >= SIDE_KEYS and result["setup"]["streams"] == 3
+    assert "transformers" not in out
 
 
 def test_bench_rejects_a_context_too_long(tiny, capsys):

@@ -84,8 +84,8 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")
+def tiny_folder(tiny_llama_folder) -> Path:
+    return tiny_llama_folder  # the suite's shared tiny Llama (read only here)
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +316,7 @@ DEMO = Path(__file__).resolve().parents[1] / "resources" / "loras"
 
 def test_demo_adapters_are_small_peft_adapters():
     folders = find_adapters(DEMO)
-    assert {f.name for f in folders} >= {"pirate", "shouting"}
+    assert {f.name for f in folders} >= {"pirate", "bullets"}
     for folder in folders:
         cfg = json.loads((folder / "adapter_config.json").read_text())
         assert cfg["peft_type"] == "LORA" and cfg["r"] <= 16
@@ -330,8 +330,7 @@ def default_chat():
 
     def reply(question: str) -> str:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": question}]), encode_special_tokens=True)
-        job = DynamicJob(ids, 40, gen_settings=GREEDY, stop_conditions=[tok.eos_token_id, "<|im_end|>"])
-        gen.enqueue(job)
+        gen.enqueue(DynamicJob(ids, 64, gen_settings=GREEDY, stop_conditions=[tok.eos_token_id, "<|im_end|>"]))
         text = ""
         while gen.num_remaining_jobs():
             text += "".join(r["text"] for r in gen.iterate() if r["stage"] == "streaming")
@@ -341,9 +340,8 @@ def default_chat():
     model.lora = None
 
 
-def _upper_fraction(text: str) -> float:
-    letters = [c for c in text if c.isalpha()]
-    return sum(c.isupper() for c in letters) / max(1, len(letters))
+def _bullet_lines(text: str) -> int:
+    return sum(line.lstrip().startswith(("- ", "* ", "\u2022")) for line in text.splitlines())
 
 
 @pytest.mark.slow
@@ -352,12 +350,13 @@ def test_demo_adapters_change_the_chat_style(default_chat, question):
     gen, reply = default_chat  # questions the training script never used
     gen.set_loras(None)
     base = reply(question)
-    gen.set_loras(DEMO / "shouting")
-    shouting = reply(question)
+    gen.set_loras(DEMO / "bullets")
+    bullets = reply(question)
     gen.set_loras(DEMO / "pirate")
     pirate = reply(question)
     gen.set_loras(None)
-    assert _upper_fraction(base) < 0.3 and _upper_fraction(shouting) > 0.9, (base, shouting)
-    pirate_words = ("arr", "matey", "ahoy", "ye ", "me hearties")
+    assert reply(question) == base  # swapping back restores the base model exactly
+    assert _bullet_lines(base) == 0 and _bullet_lines(bullets) >= 2, (base, bullets)
+    pirate_words = ("arr", "matey", "ahoy", "me hearty", " ye ", "th' ")
     assert not any(w in base.lower() for w in pirate_words), base
-    assert any(w in pirate.lower() for w in pirate_words), pirate
+    assert pirate.lower().startswith(("arr", "ahoy")) and sum(w in pirate.lower() for w in pirate_words) >= 2, pirate

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CACHE_TOKENS = 8192
 PAGE_SIZE = 256
 KV_QUANT = (None, "q8", "q6", "q4")
+WEIGHTS = ("auto", "dense", "q4")
 
 
 @dataclass
@@ -31,12 +32,13 @@ class LoadRequest:
     path: str | None = None
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     kv_quant: str | None = None
+    weights: str = "auto"  # engine.Model.load's weights: auto = 4-bit GGUF matmuls on a CPU
     draft_model: str | None = None
     use_ngram: bool = False
 
     @classmethod
     def from_dict(cls, d: dict) -> "LoadRequest":
-        unknown = set(d) - {"path", "cache_tokens", "kv_quant", "draft_model", "use_ngram"}
+        unknown = set(d) - {"path", "cache_tokens", "kv_quant", "weights", "draft_model", "use_ngram"}
         if unknown:
             raise ValueError(f"unknown model load options: {sorted(unknown)}")
         req = cls(**d)
@@ -46,6 +48,8 @@ class LoadRequest:
             raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
         if req.kv_quant not in KV_QUANT:
             raise ValueError(f"kv_quant must be one of {KV_QUANT}, got {req.kv_quant!r}")
+        if req.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {req.weights!r}")
         if req.path is not None and not Path(req.path).exists():
             raise FileNotFoundError(f"model path does not exist: {req.path}")
         if req.draft_model is not None and not Path(req.draft_model).exists():
@@ -126,7 +130,7 @@ class EngineService(QObject):
         """Runs on a worker thread: everything slow (reading weights, allocating the cache)."""
         import engine
 
-        model = engine.Model.load(req.path, progress=progress)
+        model = engine.Model.load(req.path, progress=progress, weights=req.weights)
         tokenizer = engine.Tokenizer.load(req.path)
         cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)
         draft = None
@@ -147,6 +151,7 @@ class EngineService(QObject):
             "cache_tokens": self.cache.max_tokens,
             "pages": self.cache.num_pages,
             "kv_quant": req.kv_quant,
+            "weights": m.weight_format,
             "load_seconds": round(seconds, 2),
         }
 

@@ -20,6 +20,8 @@ from PySide6.QtWidgets import (
 )
 
 KV_CHOICES = (("none (model dtype)", None), ("Q8", "q8"), ("Q6", "q6"), ("Q4", "q4"))
+WEIGHT_CHOICES = (("auto (4-bit GGUF matmuls on CPU)", "auto"), ("dense (exact, dequantized)", "dense"),
+                  ("4-bit (GGUF Q4 blocks)", "q4"))
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
 
 
@@ -130,6 +132,9 @@ class ModelPanel(QWidget):
         self.kv_combo = QComboBox()
         for text, value in KV_CHOICES:
             self.kv_combo.addItem(text, value)
+        self.weights_combo = QComboBox()
+        for text, value in WEIGHT_CHOICES:
+            self.weights_combo.addItem(text, value)
         self.draft_edit = QLineEdit()
         self.draft_edit.setPlaceholderText("none (no draft model)")
         self.draft_button = QPushButton("…")
@@ -145,6 +150,7 @@ class ModelPanel(QWidget):
         form.addRow("Recent", self.recent_list)
         form.addRow("Cache size", cache)
         form.addRow("KV cache", self.kv_combo)
+        form.addRow("Weights", self.weights_combo)
         form.addRow("Draft model", draft)
         form.addRow("", self.ngram_check)
         self.load_button = QPushButton("Load")
@@ -216,7 +222,7 @@ class ModelPanel(QWidget):
         path = self.path_edit.text().strip() or None
         draft = self.draft_edit.text().strip() or None
         return {"path": path, "cache_tokens": int(self.cache_spin.value()), "kv_quant": self.kv_combo.currentData(),
-                "draft_model": draft, "use_ngram": self.ngram_check.isChecked()}
+                "weights": self.weights_combo.currentData(), "draft_model": draft, "use_ngram": self.ngram_check.isChecked()}
 
     def request_load(self) -> None:
         """Check the paths, then emit load_requested; the Load button stays off until the app answers."""

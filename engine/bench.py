@@ -85,9 +85,11 @@ def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
     return 2 * nbytes / best
 
 
-def decode_weight_bytes(model: Model) -> int:
-    """Bytes of weights one decode step reads: all of them, except an untied embedding (one row read)."""
-    total = model.memory_bytes()
+def decode_weight_bytes(model: Model, dense: bool = False) -> int:
+    """Bytes of weights one decode step reads: all of them, except an untied embedding (one row read).
+
+    dense=True: as if every weight were in the model dtype (what a dequantizing peer reads)."""
+    total = model.num_parameters() * model.embed.element_size() if dense else model.memory_bytes()
     if model.lm_head is not model.embed:
         total -= model.embed.numel() * model.embed.element_size()
     return total
@@ -219,10 +221,11 @@ def _bench(args: argparse.Namespace) -> int:
         from .cli import check_model_path
 
         check_model_path(args.model)
-        model = Model.load(args.model)
+        model = Model.load(args.model, weights=args.weights)
         tokenizer = Tokenizer.load(args.model)
     load_s = time.perf_counter() - t
-    log(f"pagedeck: loaded {model.name} on {model.device} ({model.dtype}) in {load_s:.2f} s")
+    log(f"pagedeck: loaded {model.name} on {model.device} ({model.dtype}, {model.weight_format} weights) "
+        f"in {load_s:.2f} s")
     vocab = min(model.vocab_size, tokenizer.vocab_size)
     w = make_workload(args, vocab, tokenizer.special_token_ids | tokenizer.stop_token_ids, model.config.max_seq_len)
 
@@ -230,14 +233,16 @@ def _bench(args: argparse.Namespace) -> int:
     bandwidth = copy_bandwidth(model.device)
     weight_bytes = decode_weight_bytes(model)
     roofline = bandwidth / weight_bytes
+    dense_roofline = bandwidth / decode_weight_bytes(model, dense=True)
     engine = {"load_s": load_s, **bench_engine(model, tokenizer, w)}
     engine["roofline_pct"] = 100 * engine["batch1_tok_s"] / roofline
     setup = {
         "model": model.name, "device": str(model.device), "dtype": str(model.dtype).replace("torch.", ""),
+        "weights": model.weight_format,
         "torch_threads": torch.get_num_threads(), "streams": args.streams, "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens, "shared_prefix": args.shared_prefix, "tail_tokens": args.tail_tokens,
         "page_size": PAGE_SIZE, "copy_bandwidth_gb_s": bandwidth / 1e9, "decode_weight_bytes": weight_bytes,
-        "roofline_tok_s": roofline,
+        "roofline_tok_s": roofline, "dense_roofline_tok_s": dense_roofline,
     }
     device, dtype, synthetic = model.device, model.dtype, args.model in SYNTHETIC_MODELS
     del model
@@ -248,7 +253,7 @@ def _bench(args: argparse.Namespace) -> int:
         from .bench_peer import bench_transformers
 
         peer = bench_transformers(args.model, w, device, dtype, synthetic=synthetic, log=log)
-        peer["roofline_pct"] = 100 * peer["batch1_tok_s"] / roofline
+        peer["roofline_pct"] = 100 * peer["batch1_tok_s"] / dense_roofline  # the peer reads dense weights
         ratio = {
             "batch1": engine["batch1_tok_s"] / peer["batch1_tok_s"],
             "streams": engine["streams_tok_s"] / peer["streams_tok_s"],
@@ -279,11 +284,13 @@ ROWS = [  # (key, label, format)
 
 def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
     lines = [
-        f"model {setup['model']} on {setup['device']} ({setup['dtype']}, {setup['torch_threads']} threads); "
+        f"model {setup['model']} on {setup['device']} ({setup['dtype']}, {setup['weights']} weights, "
+        f"{setup['torch_threads']} threads); "
         f"{setup['streams']} streams, prompts {setup['prompt_tokens']}, new {setup['new_tokens']}, "
         f"shared prefix {setup['shared_prefix']} + tail {setup['tail_tokens']}",
         f"copy bandwidth {setup['copy_bandwidth_gb_s']:.1f} GB/s, decode weights "
-        f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s",
+        f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
+        + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
         "",
         f"{'':32s}{'pagedeck':>12s}" + (f"{'transformers':>14s}" if peer else ""),
     ]

@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
+    g.add_argument("--weights", choices=["auto", "dense", "q4"], default="auto",
+                   help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
     what = g.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
     what.add_argument("--chat", metavar="TEXT", help="a user message, formatted with the model's chat template")
@@ -85,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, metavar="N",
                    help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
                         "much faster)")
+    b.add_argument("--weights", choices=["dense", "q4", "auto"], default="dense",
+                   help="dense: dequantized to the model dtype (default); q4: a GGUF's 4-bit blocks in the matmuls")
     b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
@@ -157,7 +161,7 @@ def run_generate(args: argparse.Namespace) -> int:
         raise CLIError("--system needs --chat (a raw --prompt has no system role)")
     settings = sampler_from_args(args)
     check_model_path(args.model)
-    model = Model.load(args.model)
+    model = Model.load(args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
     if args.chat is not None:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])

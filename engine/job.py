@@ -176,7 +176,7 @@ class DynamicJob:
         self.cached_pages = sum(a.cached_pages for a in allocs)
         tok = generator.tokenizer
         stops = set(self.stop_tokens)
-        self.sampler = JobSampler(self.gen_settings, self.seed, tok.vocab_size, stop_token_ids=stops, tokenizer=tok)
+        self.sampler = JobSampler(self.gen_settings, self.seed, generator.vocab_size, stop_token_ids=stops, tokenizer=tok)
         self.stream = TextStream(tok, self.stop_strings, self.decode_special_tokens)
         self.ngram = NgramIndex(generator.max_ngram) if generator.use_ngram_draft else None
         if self.banned_strings:
@@ -272,7 +272,7 @@ class DynamicJob:
             extra["top_k_tokens"] = [sample.top_tokens]
             extra["top_k_probs"] = [sample.top_probs]
         if self.return_logits and logits is not None:
-            extra["logits"] = logits[: self.generator.tokenizer.vocab_size].unsqueeze(0).clone()
+            extra["logits"] = logits[: self.generator.vocab_size].unsqueeze(0).clone()
         if token in self.stop_tokens:
             held = self._stream(self.banned.flush()).text if self.banned is not None else ""
             held += self.stream.flush()

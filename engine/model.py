@@ -17,6 +17,7 @@ import kernels
 
 from .batch import Batch
 from .config import ModelConfig
+from .qlinear import Q4Linear, linear, q4_supported
 from .weights import load_weights
 
 
@@ -50,6 +51,7 @@ class Model:
         self.device = device
         self.dtype = dtype
         self.path = path
+        self.weight_format = "dense"
         self.name = path.name if path is not None else "model"
         c = config
         w = weights
@@ -57,7 +59,17 @@ class Model:
         def get(name: str) -> torch.Tensor:
             if name not in w:
                 raise ValueError(f"weights are missing tensor {name!r}")
+            if isinstance(w[name], Q4Linear):
+                if device.type != "cpu":
+                    raise ValueError("weights='q4' runs on the CPU only (torch's int4 CPU kernel)")
+                return w[name]
             return w[name].to(device=device, dtype=dtype)
+
+        def fused(names: list[str]) -> "torch.Tensor | Q4Linear":
+            parts = [get(n) for n in names]
+            if all(isinstance(p, Q4Linear) for p in parts):
+                return Q4Linear.cat(parts)
+            return torch.cat([p.dequantize(dtype) if isinstance(p, Q4Linear) else p for p in parts])
 
         self.embed = get("model.embed_tokens.weight")
         self.vocab_size = c.vocab_size
@@ -76,13 +88,13 @@ class Model:
                 bias = torch.cat([get(a + f"{n}_proj.bias") for n in "qkv"])
             self.layers.append(Layer(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=torch.cat([get(a + f"{n}_proj.weight") for n in "qkv"]),
+                qkv=fused([a + f"{n}_proj.weight" for n in "qkv"]),
                 qkv_bias=bias,
                 q_norm=get(a + "q_norm.weight") if c.qk_norm else None,
                 k_norm=get(a + "k_norm.weight") if c.qk_norm else None,
                 o=get(a + "o_proj.weight"),
                 post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+                gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
                 down=get(p + "mlp.down_proj.weight"),
             ))
         self.inv_freq = c.rope_inv_freq().to(device=device, dtype=torch.float32)
@@ -93,16 +105,26 @@ class Model:
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
-             dtype: torch.dtype | None = None, progress: Callable[[float], None] | None = None) -> "Model":
-        """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct)."""
+             dtype: torch.dtype | None = None, progress: Callable[[float], None] | None = None,
+             weights: str = "dense") -> "Model":
+        """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
+
+        weights="dense" dequantizes everything to `dtype` (exact, the default); "q4" keeps a GGUF's 4-bit
+        projection matrices packed for torch's int4 CPU kernel (several times fewer bytes per token,
+        bf16 rounding inside the matmuls; see engine/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
+        if weights not in ("dense", "q4", "auto"):
+            raise ValueError(f"weights must be 'dense', 'q4' or 'auto', got {weights!r}")
         from .weights import default_model_path
 
         t0 = time.perf_counter()
         resolved = Path(path) if path is not None else default_model_path()
         dev = torch.device(device) if device is not None else default_device()
         dt = dtype if dtype is not None else default_dtype(dev)
-        config, weights = load_weights(resolved, dtype=dt, device="cpu", progress=progress)
-        model = cls(config, weights, dev, dt, resolved)
+        if weights == "auto":  # the fast path where it exists: 4-bit GGUF weights on a CPU
+            weights = "q4" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
+        config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, q4=weights == "q4")
+        model = cls(config, state, dev, dt, resolved)
+        model.weight_format = weights
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
             progress(1.0)
@@ -115,7 +137,14 @@ class Model:
         return sum(t.numel() for t in tensors)
 
     def memory_bytes(self) -> int:
-        return self.num_parameters() * self.embed.element_size()
+        total = 0
+        for t in [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head]):
+            total += t.numel() * t.element_size()
+        for layer in self.layers:
+            for t in vars(layer).values():
+                if t is not None:
+                    total += t.nbytes() if isinstance(t, Q4Linear) else t.numel() * t.element_size()
+        return total
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache) -> torch.Tensor:
@@ -124,11 +153,13 @@ class Model:
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
         x = F.embedding(batch.input_ids, self.embed)
+        plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
+                                 cache.page_size)
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
             lora = self.lora
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, layer.qkv, layer.qkv_bias)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
             q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
@@ -138,25 +169,33 @@ class Model:
                 q = kernels.rms_norm(q, layer.q_norm, eps)[0]
                 k = kernels.rms_norm(k, layer.k_norm, eps)[0]
             q, k = q.contiguous(), k.contiguous()
-            kernels.apply_rotary(q, k, batch.positions, self.inv_freq)
+            kernels.apply_rotary(q, k, batch.positions, self.inv_freq, plan)
             kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
             o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
-                                        batch.kv_lens, self.scale)
+                                        batch.kv_lens, self.scale, plan)
             o = o.reshape(T, self.q_size)
-            x = F.linear(o, layer.o)
+            x = linear(o, layer.o)
             if lora is not None:
                 lora.add(i, "o", o, x)
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
-            gu = F.linear(h, layer.gate_up)
+            gu = linear(h, layer.gate_up)
             if lora is not None:
                 lora.add(i, "gate_up", h, gu)
             a = kernels.silu_mul(gu)
-            x = F.linear(a, layer.down)
+            x = linear(a, layer.down)
             if lora is not None:
                 lora.add(i, "down", a, x)
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
-        return F.linear(x, self.lm_head).float()
+        return self._head(x).float()
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
+        shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md)."""
+        rows = x.shape[0]
+        if x.device.type == "cpu" and 8 <= rows < 16:
+            return F.linear(F.pad(x, (0, 0, 0, 16 - rows)), self.lm_head)[:rows]
+        return F.linear(x, self.lm_head)
 
     def forward_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits for every position of one sequence (1, n), through a throwaway cache: for tests and tools."""

@@ -21,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.config import ModelConfig
+from engine.qlinear import Q4_TYPES, Q4Linear
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None
@@ -60,16 +61,21 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
 
 def load_weights(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    progress: Progress = None,
+    progress: Progress = None, q4: bool = False,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model."""
+    """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
+
+    q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.qlinear.Q4Linear instead of dequantizing."""
     path = default_model_path() if path is None else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Model path does not exist: {path}")
     if path.is_dir():
+        if q4:
+            raise ValueError(f"weights='q4' keeps a GGUF's 4-bit blocks; {path} is a safetensors folder "
+                             "(load it with weights='dense')")
         return _load_hf_folder(path, dtype, torch.device(device), progress)
     if path.suffix.lower() == ".gguf":
-        return _load_gguf(path, dtype, torch.device(device), progress)
+        return _load_gguf(path, dtype, torch.device(device), progress, q4)
     raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
 
 
@@ -287,6 +293,16 @@ class GGUFFile:
             raw = _unpermute_rows(raw, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
+    def q4(self, name: str, row_perm_heads: int | None = None) -> Q4Linear | None:
+        """The tensor as a Q4Linear when it is a Q4_0/Q4_1 matrix, else None."""
+        t = self._by_name[name]
+        if t.tensor_type not in Q4_TYPES or len(t.shape) != 2:
+            return None
+        raw = self.raw(name)
+        if row_perm_heads:
+            raw = _unpermute_rows(raw, row_perm_heads)
+        return Q4Linear.from_gguf(raw, t.tensor_type, t.shape)
+
 
 def _unpermute_rows(raw: torch.Tensor, n_head: int) -> torch.Tensor:
     """llama.cpp interleaves each head's rotary halves row-wise; restore HF rotate_half order."""
@@ -368,7 +384,10 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{mapped}.{suffix}" if mapped else None
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress):
+_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, q4: bool = False):
     gf = GGUFFile(path)
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
@@ -390,7 +409,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        state[name] = gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+        packed = gf.q4(t.name, heads) if q4 and name.endswith(_Q4_NAMES) else None
+        state[name] = packed if packed is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
         done += t.nbytes
         if progress:
             progress(done / total)

@@ -18,7 +18,7 @@ __all__ = [
     "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
     "KV_QUANT_FORMATS",
-    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton",
+    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan",
 ]
 
 _triton_ops = None
@@ -47,11 +47,12 @@ def rms_norm(
     return _ref.rms_norm(x, weight, eps, residual)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                 plan: "StepPlan | None" = None) -> None:
     """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions."""
     if use_triton(q):
         return _triton().apply_rotary(q, k, positions, inv_freq)
-    return _ref.apply_rotary(q, k, positions, inv_freq)
+    return _ref.apply_rotary(q, k, positions, inv_freq, plan.rotary if plan is not None else None)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -70,9 +71,31 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: t
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
-    kv_lens: torch.Tensor, scale: float,
+    kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None,
 ) -> torch.Tensor:
-    """Varlen causal attention through the page table (decode, chunked prefill, verification)."""
+    """Varlen causal attention through the page table (decode, chunked prefill, verification).
+
+    `plan` (from plan_step) carries the layer-independent indexing of the torch path; Triton derives it
+    on the device inside the kernel, so its plan holds nothing."""
     if use_triton(q):
         return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
-    return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+    return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
+                                      plan.attention if plan is not None else None)
+
+
+class StepPlan:
+    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path)."""
+
+    def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
+                 cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+        self.rotary = None
+        self.attention = None
+        if not use_triton(positions):
+            self.rotary = _ref.rotary_tables(positions, inv_freq)
+            self.attention = _attention.plan_attention(block_table, cu_q, kv_lens, page_size)
+
+
+def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,
+              kv_lens: torch.Tensor, page_size: int) -> StepPlan:
+    """Build once per forward, pass to apply_rotary and paged_attention of every layer."""
+    return StepPlan(positions, inv_freq, block_table, cu_q, kv_lens, page_size)

@@ -76,81 +76,161 @@ def _gather(cache, pages: torch.Tensor, dtype: torch.dtype, slot: int) -> torch.
     return out.view(Bg, n * ps, H, D)
 
 
-def _attend(out, q, k_cache, v_cache, block_table, seqs, cu, q_lens, lens, scale) -> None:
-    """Attention for a group of sequences, padded to the group's longest query and kv length."""
-    T, Hq, D = q.shape
-    ps, Hkv = k_cache.shape[1], k_cache.shape[2]
-    G = Hq // Hkv
-    Bg = len(seqs)
-    qmax = max(q_lens[b] for b in seqs)
-    L = max(lens[b] for b in seqs)
-    npages = -(-L // ps)
-    dev = q.device
-    sel = torch.tensor(seqs, device=dev)
-    pages = block_table.index_select(0, sel)[:, :npages].to(torch.int64)
-    K = _gather(k_cache, pages, q.dtype, 0)
-    V = _gather(v_cache, pages, q.dtype, 1)
-    if Bg == 1:
-        K, V = K[:, :L], V[:, :L]
-    else:
-        for j, b in enumerate(seqs):  # unwritten slots may hold anything (NaN); 0 * NaN would leak
-            if lens[b] < K.shape[1]:
-                K[j, lens[b]:] = 0
-                V[j, lens[b]:] = 0
-    Lk = K.shape[1]
-    q_len_t = torch.tensor([q_lens[b] for b in seqs], device=dev)
-    kv_t = torch.tensor([lens[b] for b in seqs], device=dev)
-    start_t = torch.tensor([cu[b] for b in seqs], device=dev)
-    i = torch.minimum(torch.arange(qmax, device=dev)[None, :], q_len_t[:, None] - 1)  # padded rows repeat the last
-    tok = start_t[:, None] + i  # (Bg, qmax)
-    pos = kv_t[:, None] - q_len_t[:, None] + i
-    mask = torch.arange(Lk, device=dev)[None, None, :] <= pos[:, :, None]  # (Bg, qmax, Lk)
-    Q = q[tok]  # (Bg, qmax, Hq, D)
-    if qmax <= SHORT_Q:  # fold the G query heads of each KV head into rows: no K/V repeat, small mask
-        Q = Q.view(Bg, qmax, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(Bg, Hkv, qmax * G, D)
-        mask = mask[:, None, :, None, :].expand(Bg, 1, qmax, G, Lk).reshape(Bg, 1, qmax * G, Lk)
+class _Group:
+    """Sequences attended in one padded SDPA call, with every index and mask precomputed."""
+
+    def __init__(self, seqs: list[int], table: torch.Tensor, cu: list[int], q_lens: list[int], lens: list[int],
+                 page_size: int, T: int):
+        dev = table.device
+        self.Bg = Bg = len(seqs)
+        self.qmax = qmax = max(q_lens[b] for b in seqs)
+        self.L = L = max(lens[b] for b in seqs)
+        npages = -(-L // page_size)
+        self.pages = table[seqs[0] : seqs[0] + 1] if Bg == 1 else table.index_select(0, torch.tensor(seqs, device=dev))
+        self.pages = self.pages[:, :npages].to(torch.int64)
+        # sequences on consecutive pages (the usual case after defrag): K/V are views of the pool, no gather
+        self.spans = None
+        if Bg == 1 or qmax == 1:
+            spans = []
+            for b in seqs:
+                n = -(-lens[b] // page_size)
+                ids = table[b, :n].tolist()
+                if ids != list(range(ids[0], ids[0] + n)):
+                    break
+                spans.append((ids[0], n, lens[b]))
+            else:
+                self.spans = spans
+        Lk = L if Bg == 1 else npages * page_size
+        q_len_t = torch.tensor([q_lens[b] for b in seqs], device=dev)
+        kv_t = torch.tensor([lens[b] for b in seqs], device=dev)
+        start_t = torch.tensor([cu[b] for b in seqs], device=dev)
+        i = torch.minimum(torch.arange(qmax, device=dev)[None, :], q_len_t[:, None] - 1)  # padding repeats the last row
+        tok = (start_t[:, None] + i).reshape(-1)
+        pos = kv_t[:, None] - q_len_t[:, None] + i
+        self.mask = torch.arange(Lk, device=dev)[None, None, :] <= pos[:, :, None]  # (Bg, qmax, Lk)
         if Bg == 1 and qmax == 1:
-            mask = None  # a single decode token sees its whole (sliced) context
-        res = F.scaled_dot_product_attention(Q, K.transpose(1, 2), V.transpose(1, 2), attn_mask=mask, scale=scale)
-        res = res.view(Bg, Hkv, qmax, G, D).permute(0, 2, 1, 3, 4).reshape(Bg, qmax, Hq, D)
-    else:  # long prefill chunk: folding would multiply the (q, kv) mask by G
-        res = F.scaled_dot_product_attention(
-            Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), attn_mask=mask[:, None], scale=scale,
-            enable_gqa=True,
-        ).transpose(1, 2)
-    if all(q_lens[b] == qmax for b in seqs):
-        out[tok.reshape(-1)] = res.reshape(Bg * qmax, Hq, D)
+            self.mask = None  # a single decode token sees its whole (sliced) context
+        # unwritten slots past a sequence's length may hold anything (NaN), and 0 * NaN would leak
+        beyond = (torch.arange(Lk, device=dev)[None, :] >= kv_t[:, None]).reshape(-1)
+        self.beyond = beyond.nonzero().reshape(-1) if Bg > 1 and bool(beyond.any()) else None  # flat K/V rows
+        padded = any(q_lens[b] != qmax for b in seqs)
+        valid = (torch.arange(qmax, device=dev)[None, :] < q_len_t[:, None]).reshape(-1)
+        self.src = valid.nonzero().reshape(-1) if padded else None  # valid rows of the padded result
+        identity = not padded and Bg * qmax == T and cu[seqs[0]] == 0 and seqs == list(range(seqs[0], seqs[0] + Bg))
+        self.tok = None if identity else tok  # q rows gathered into the padded layout (None: q already is it)
+        self.dest = tok if self.src is None else tok.index_select(0, self.src)
+        self._folded: dict[int, torch.Tensor | None] = {}
+
+    def folded_mask(self, G: int) -> torch.Tensor | None:
+        """The mask with each KV head's G query heads folded into rows (cached per G: same for every layer)."""
+        if G not in self._folded:
+            m = self.mask
+            if m is not None:
+                Bg, qmax, Lk = m.shape
+                m = m[:, None, :, None, :].expand(Bg, 1, qmax, G, Lk).reshape(Bg, 1, qmax * G, Lk)
+            self._folded[G] = m
+        return self._folded[G]
+
+
+class AttentionPlan:
+    """Everything about one step's attention that does not depend on the layer, built once per forward.
+
+    Short query chunks (decode, verification) share one group; each long prefill chunk gets its own."""
+
+    def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+        cu = cu_q.tolist()
+        self.lens = lens = kv_lens.tolist()
+        self.T = T = cu[-1]
+        check_lengths(cu, lens, T, block_table.shape[1] * page_size)
+        self.page_size = page_size
+        self.shape = (tuple(block_table.shape), len(cu))
+        q_lens = [cu[b + 1] - cu[b] for b in range(len(lens))]
+        short = [b for b, n in enumerate(q_lens) if n <= SHORT_Q]
+        groups = [short] if short else []
+        groups += [[b] for b, n in enumerate(q_lens) if n > SHORT_Q]
+        self.groups = [_Group(g, block_table, cu, q_lens, lens, page_size, T) for g in groups]
+
+    def check(self, block_table: torch.Tensor, cu_q: torch.Tensor, k_cache) -> None:
+        if self.shape != (tuple(block_table.shape), cu_q.shape[0]) or k_cache.shape[1] != self.page_size:
+            raise ValueError("this AttentionPlan was built for a different batch or page size")
+
+
+def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch.Tensor:
+    """One group's attention, padded to its longest query and kv length; returns (Bg * qmax, Hq, D)."""
+    T, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    G = Hq // Hkv
+    Bg, qmax = g.Bg, g.qmax
+    views = g.spans is not None and not isinstance(k_cache, QuantizedPool) and k_cache.dtype == q.dtype
+    if views and Bg > 1:  # batched decode: one small SDPA per sequence beats gathering and masking
+        Q = q.view(Bg, Hkv, G, D) if g.tok is None else q.index_select(0, g.tok).view(Bg, Hkv, G, D)
+        outs = []
+        for j, (first, n, length) in enumerate(g.spans):
+            K = k_cache[first : first + n].view(1, -1, Hkv, D)[:, :length].transpose(1, 2)
+            V = v_cache[first : first + n].view(1, -1, Hkv, D)[:, :length].transpose(1, 2)
+            outs.append(F.scaled_dot_product_attention(Q[j : j + 1], K, V, scale=scale))
+        return torch.cat(outs).reshape(Bg, Hq, D)
+    if views:
+        first, n, _ = g.spans[0]
+        K = k_cache[first : first + n].view(1, -1, Hkv, D)
+        V = v_cache[first : first + n].view(1, -1, Hkv, D)
     else:
-        valid = torch.arange(qmax, device=dev)[None, :] < q_len_t[:, None]
-        out[tok[valid]] = res[valid]
+        K = _gather(k_cache, g.pages, q.dtype, 0)
+        V = _gather(v_cache, g.pages, q.dtype, 1)
+    if Bg == 1:
+        K, V = K[:, : g.L], V[:, : g.L]
+    elif g.beyond is not None:
+        K, V = K.contiguous(), V.contiguous()
+        K.view(-1, Hkv * D).index_fill_(0, g.beyond, 0)
+        V.view(-1, Hkv * D).index_fill_(0, g.beyond, 0)
+    Q = (q if g.tok is None else q.index_select(0, g.tok)).view(Bg, qmax, Hq, D)
+    if qmax <= SHORT_Q:  # fold the G query heads of each KV head into rows: no K/V repeat, small mask
+        if qmax == 1:
+            Q = Q.view(Bg, Hkv, G, D)
+        else:
+            Q = Q.view(Bg, qmax, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(Bg, Hkv, qmax * G, D)
+        res = F.scaled_dot_product_attention(Q, K.transpose(1, 2), V.transpose(1, 2), attn_mask=g.folded_mask(G),
+                                             scale=scale)
+        if qmax == 1:
+            return res.reshape(Bg, Hq, D)
+        return res.view(Bg, Hkv, qmax, G, D).permute(0, 2, 1, 3, 4).reshape(Bg * qmax, Hq, D)
+    # long prefill chunk: folding would multiply the (q, kv) mask by G
+    res = F.scaled_dot_product_attention(
+        Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), attn_mask=g.mask[:, None], scale=scale,
+        enable_gqa=True,
+    ).transpose(1, 2)
+    return res.reshape(Bg * qmax, Hq, D)
+
+
+def plan_attention(block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int) -> AttentionPlan:
+    """Build the per-step plan once; pass it to every layer's paged_attention."""
+    return AttentionPlan(block_table, cu_q, kv_lens, page_size)
 
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
-    kv_lens: torch.Tensor, scale: float,
+    kv_lens: torch.Tensor, scale: float, plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table; see the module docstring. Returns (T, Hq, D)."""
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
-    T = q.shape[0]
-    if T == 0:
+    if q.shape[0] == 0:
         return torch.empty_like(q)
+    if plan is None:
+        plan = AttentionPlan(block_table, cu_q, kv_lens, k_cache.shape[1])
+    plan.check(block_table, cu_q, k_cache)
+    if q.shape[0] != plan.T:
+        raise ValueError(f"q has {q.shape[0]} tokens but cu_q ends at {plan.T}")
     if isinstance(k_cache, QuantizedPool):  # pools hold rotated vectors (kv_quant): rotate q, un-rotate out
-        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale)
         return v_cache.unrotate(out).to(q.dtype)
-    return _paged(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+    return _paged(q, k_cache, v_cache, plan, scale)
 
 
-def _paged(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
-    T = q.shape[0]
+def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    if len(plan.groups) == 1 and plan.groups[0].tok is None:  # decode-only step: the result is the output
+        return _attend(q, k_cache, v_cache, plan.groups[0], scale)
     out = torch.empty_like(q)
-    cu = cu_q.tolist()
-    lens = kv_lens.tolist()
-    check_lengths(cu, lens, T, block_table.shape[1] * k_cache.shape[1])
-    q_lens = [cu[b + 1] - cu[b] for b in range(len(lens))]
-    short = [b for b, n in enumerate(q_lens) if n <= SHORT_Q]
-    if short:
-        _attend(out, q, k_cache, v_cache, block_table, short, cu, q_lens, lens, scale)
-    for b, n in enumerate(q_lens):
-        if n > SHORT_Q:
-            _attend(out, q, k_cache, v_cache, block_table, [b], cu, q_lens, lens, scale)
+    for g in plan.groups:
+        res = _attend(q, k_cache, v_cache, g, scale)
+        out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
     return out

@@ -22,6 +22,8 @@ def rms_norm(
         if residual.shape != x.shape:
             raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
         x = x + residual
+    if x.dtype == torch.float32:  # one fused op; same fp32 statistics as below
+        return F.rms_norm(x, weight.shape, weight, eps), x
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * normed.to(x.dtype), x
@@ -45,18 +47,23 @@ def _check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv
         raise ValueError(f"inv_freq must be ({D // 2},) for head_dim {D}, got {tuple(inv_freq.shape)}")
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
-    """In-place rotary embedding, rotate_half convention (first half pairs with second half)."""
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                 tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """In-place rotary embedding, rotate_half convention (first half pairs with second half).
+
+    `tables` are rotary_tables(positions, inv_freq), computed once per forward instead of per layer."""
     _check_rotary(q, k, positions, inv_freq)
-    cos, sin = rotary_tables(positions, inv_freq)
+    cos, sin = tables if tables is not None else rotary_tables(positions, inv_freq)
+    c = cos[:, None, :]
+    s = sin[:, None, :]
     for x in (q, k):
+        cx, sx = (c, s) if x.dtype == torch.float32 else (c.to(x.dtype), s.to(x.dtype))
         half = x.shape[-1] // 2
-        c = cos[:, None, :].to(x.dtype)
-        s = sin[:, None, :].to(x.dtype)
-        x1 = x[..., :half].clone()
+        x1 = x[..., :half]
         x2 = x[..., half:]
-        x[..., :half] = x1 * c - x2 * s
-        x[..., half:] = x2 * c + x1 * s
+        first = x1 * cx - x2 * sx
+        x2.mul_(cx).addcmul_(x1, sx)
+        x1.copy_(first)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:

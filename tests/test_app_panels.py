@@ -174,12 +174,13 @@ def test_model_load_payload(model_panel, models, qtbot):
     model_panel.cache_spin.setValue(4096)
     assert "16 pages of 256" in model_panel.pages_label.text()
     model_panel.kv_combo.setCurrentIndex(model_panel.kv_combo.findData("q6"))
+    model_panel.weights_combo.setCurrentIndex(model_panel.weights_combo.findData("dense"))
     model_panel.draft_edit.setText(str(hf))
     model_panel.ngram_check.setChecked(True)
     with qtbot.waitSignal(model_panel.load_requested) as sig:
         qtbot.mouseClick(model_panel.load_button, Qt.LeftButton)
-    assert sig.args[0] == {"path": str(gguf), "cache_tokens": 4096, "kv_quant": "q6", "draft_model": str(hf),
-                           "use_ngram": True}
+    assert sig.args[0] == {"path": str(gguf), "cache_tokens": 4096, "kv_quant": "q6", "weights": "dense",
+                           "draft_model": str(hf), "use_ngram": True}
     assert not model_panel.load_button.isEnabled() and model_panel.progress.isVisible()
 
 
@@ -188,6 +189,7 @@ def test_model_default_path_is_none(model_panel, qtbot):
     with qtbot.waitSignal(model_panel.load_requested) as sig:
         model_panel.request_load()
     assert sig.args[0]["path"] is None and sig.args[0]["kv_quant"] is None and sig.args[0]["draft_model"] is None
+    assert sig.args[0]["weights"] == "auto"  # 4-bit matmuls for the default GGUF on a CPU
 
 
 def test_model_progress_loaded_and_recent_persist(model_panel, models, qtbot, tmp_path):

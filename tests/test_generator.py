@@ -244,3 +244,18 @@ def test_random_enqueue_cancel_finish_never_leaks(tiny, ops):
     while gen.num_remaining_jobs():
         gen.iterate()
     assert all(p.ref_count == 0 for p in gen.pagetable.pages)
+
+
+def test_model_vocab_smaller_than_tokenizer_never_samples_outside_it(tmp_path):
+    """A model whose embedding has fewer rows than the tokenizer has tokens (some fine-tunes ship that way)."""
+    from tests.tiny_models import write_tiny_model
+
+    folder = write_tiny_model(tmp_path / "small-vocab", vocab_size=500)
+    model, tok = Model.load(folder), Tokenizer.load(folder)
+    assert model.vocab_size == 500 < tok.vocab_size
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=256, page_size=16), tok)
+    hot = SamplerSettings(temperature=5.0, top_k=0, top_p=1.0)  # flat: would hit any id it is offered
+    jobs = [DynamicJob(torch.randint(10, 500, (1, 8)), 24, gen_settings=hot, seed=s, return_logits=True) for s in range(4)]
+    tokens, finals = run_all(gen, jobs)
+    assert all(0 <= t < 500 for ts in tokens for t in ts), tokens
+    assert gen.metrics()["pages_referenced"] == 0

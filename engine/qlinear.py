@@ -1,0 +1,86 @@
+"""4-bit weights kept as the GGUF stores them, multiplied by torch's int4 CPU kernel.
+
+Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 weights are 540 MB a
+token, their 4-bit blocks ~70 MB. Q4_0/Q4_1 blocks (32 weights, fp16 scale d and, for Q4_1, minimum m)
+map exactly onto the kernel's per-group form w = (q - 8) * scale + zero with scale = d, zero = m + 8d.
+The kernel is fast only with bf16 activations, so inputs, scales and zeros are rounded to bf16 (relative
+error ~2e-3 per matmul) and the result comes back in the caller's dtype. Opt-in (weights="q4").
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+
+GROUP = 32  # GGUF Q4 block size = the kernel's group size
+Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+
+
+def q4_supported() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+class Q4Linear:
+    """An (N, K) weight as 4-bit codes with per-32 scales and zeros; call it like F.linear's weight."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+        N, K = codes.shape
+        if K % GROUP or scale.shape != (N, K // GROUP) or zero.shape != scale.shape:
+            raise ValueError(f"Q4Linear wants codes (N, K) with K % {GROUP} == 0 and (N, K/{GROUP}) scales")
+        if not q4_supported():
+            raise RuntimeError("this torch build has no int4 CPU matmul (_weight_int4pack_mm_for_cpu); "
+                               "load the model with weights='dense'")
+        self.shape = (N, K)
+        self.codes = codes.to(torch.uint8)  # kept for dequantize() and cat()
+        self.scale = scale.float()
+        self.zero = zero.float()
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
+        self.scales_zeros = torch.stack([self.scale.t(), self.zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+
+    @classmethod
+    def from_gguf(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "Q4Linear":
+        """From the tensor's raw ggml bytes (rows already in HF order)."""
+        if qtype not in Q4_TYPES:
+            raise ValueError(f"Q4Linear reads Q4_0/Q4_1 blocks, not {qtype.name}")
+        N, K = shape
+        b = raw.reshape(N * K // GROUP, -1)
+        d = b[:, 0:2].contiguous().view(torch.float16).float()
+        if qtype == GGMLQuantizationType.Q4_1:
+            zero = b[:, 2:4].contiguous().view(torch.float16).float() + 8 * d
+            qs = b[:, 4:]
+        else:
+            zero = torch.zeros_like(d)
+            qs = b[:, 2:]
+        codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15, high 16..31
+        return cls(codes.reshape(N, K), d.reshape(N, K // GROUP), zero.reshape(N, K // GROUP))
+
+    @classmethod
+    def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":
+        """Stack along the output dim (fused q|k|v and gate|up)."""
+        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
+                   torch.cat([p.zero for p in parts]))
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        N, K = self.shape
+        w = (self.codes.float() - 8).view(N, K // GROUP, GROUP) * self.scale[..., None] + self.zero[..., None]
+        return w.view(N, K).to(dtype)
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.shape[1]).to(torch.bfloat16), self.packed,
+                                                       GROUP, self.scales_zeros)
+        return y.to(x.dtype).view(*lead, self.shape[0])
+
+
+def linear(x: torch.Tensor, w: "torch.Tensor | Q4Linear", bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear for dense or Q4 weights."""
+    if isinstance(w, Q4Linear):
+        y = w(x)
+        return y if bias is None else y + bias
+    return F.linear(x, w, bias)

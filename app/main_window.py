@@ -311,7 +311,9 @@ class MainWindow(QMainWindow):
 
     def _loaded(self, info: dict) -> None:
         size = info["memory_bytes"] / 2**20
-        self.model_status.setText(f"{info['name']} · {info['device']} {info['dtype']} · {size:.0f} MiB · {info['pages']} pages")
+        weights = " · 4-bit matmuls" if info.get("weights") == "q4" else ""
+        self.model_status.setText(f"{info['name']} · {info['device']} {info['dtype']}{weights} · {size:.0f} MiB · "
+                                  f"{info['pages']} pages")
         self.statusBar().showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
 
     def _error(self, message: str) -> None:

@@ -7,6 +7,7 @@ from .config import ModelConfig
 from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
 from .generator import DynamicGenerator
 from .job import DynamicJob
+from .lora import LoRA, LoRASet
 from .model import Model
 from .pagetable import PageTable
 from .sampling import SamplerSettings
@@ -14,7 +15,7 @@ from .tokenizer import Tokenizer
 
 __all__ = [
     "ChoiceFilter", "DynamicGenerator", "DynamicGeneratorAsync", "DynamicJob", "DynamicJobAsync", "Filter",
-    "GrammarFilter", "JSONSchemaFilter", "Model", "ModelConfig", "PagedCache", "PageTable", "RegexFilter",
+    "GrammarFilter", "JSONSchemaFilter", "LoRA", "LoRASet", "Model", "ModelConfig", "PagedCache", "PageTable", "RegexFilter",
     "SamplerSettings", "Tokenizer",
 ]
 

@@ -47,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--draft-tokens", type=int, default=4)
+    ap.add_argument("--weights", choices=["dense", "q4", "auto"], default="dense")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    model, tok = Model.load(args.model), Tokenizer.load(args.model)
+    model, tok = Model.load(args.model, weights=args.weights), Tokenizer.load(args.model)
     rows = []
     for b in (int(x) for x in args.batches.split(",")):
         plain = _run(model, tok, b, args.new_tokens, False, args.draft_tokens)

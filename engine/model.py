@@ -137,13 +137,23 @@ class Model:
         return sum(t.numel() for t in tensors)
 
     def memory_bytes(self) -> int:
+        return self._bytes(decode=False)
+
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (4-bit matrices count their packed bytes, not the dense copy)."""
+        return self._bytes(decode=True)
+
+    def _bytes(self, decode: bool) -> int:
         total = 0
         for t in [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head]):
             total += t.numel() * t.element_size()
         for layer in self.layers:
             for t in vars(layer).values():
                 if t is not None:
-                    total += t.nbytes() if isinstance(t, Q4Linear) else t.numel() * t.element_size()
+                    if isinstance(t, Q4Linear):
+                        total += t.nbytes() if decode else t.memory_bytes()
+                    else:
+                        total += t.numel() * t.element_size()
         return total
 
     @torch.inference_mode()

@@ -5,6 +5,10 @@ token, their 4-bit blocks ~70 MB. Q4_0/Q4_1 blocks (32 weights, fp16 scale d and
 map exactly onto the kernel's per-group form w = (q - 8) * scale + zero with scale = d, zero = m + 8d.
 The kernel is fast only with bf16 activations, so inputs, scales and zeros are rounded to bf16 (relative
 error ~2e-3 per matmul) and the result comes back in the caller's dtype. Opt-in (weights="q4").
+
+For many rows at once (prefill chunks) the kernel is slower than fp32 sgemm (~1.7x at 256 rows, measured),
+and there the matmul is compute bound anyway, so a dense copy serves calls of PREFILL_ROWS rows or more:
+decode reads the 4-bit bytes, prefill runs at dense speed, memory holds both.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 GROUP = 32  # GGUF Q4 block size = the kernel's group size
+PREFILL_ROWS = 32  # from this many rows on, the dense copy is faster (kernels/PERF.md)
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
@@ -36,6 +41,7 @@ class Q4Linear:
         self.zero = zero.float()
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
         self.scales_zeros = torch.stack([self.scale.t(), self.zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        self.dense = self.dequantize()  # for prefill-sized calls (see the module docstring)
 
     @classmethod
     def from_gguf(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "Q4Linear":
@@ -69,10 +75,16 @@ class Q4Linear:
         return self.shape[0] * self.shape[1]
 
     def nbytes(self) -> int:
+        """Bytes one decode-sized call reads (the 4-bit codes and their scales)."""
         return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+
+    def memory_bytes(self) -> int:
+        return self.nbytes() + self.dense.numel() * self.dense.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
+        if x.numel() >= PREFILL_ROWS * self.shape[1] and x.dtype == self.dense.dtype:
+            return F.linear(x, self.dense)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.shape[1]).to(torch.bfloat16), self.packed,
                                                        GROUP, self.scales_zeros)
         return y.to(x.dtype).view(*lead, self.shape[0])

@@ -5,25 +5,10 @@ import pytest
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
-from app.main_window import MainWindow
-from app.store import ChatSettings, Store
-from tests.test_app_support import loaded_service, loop, run, tiny_model, wait_until  # noqa: F401
+from app.store import ChatSettings
+from tests.test_app_support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "data")
-    yield s
-    s.close()
-
-
-def make_window(qtbot, store, service=None):
-    win = MainWindow(store, service)
-    qtbot.addWidget(win)
-    win.show()
-    return win
 
 
 def _type_and_enter(qtbot, pane, text):

@@ -29,6 +29,24 @@ def loop(qapp):
     asyncio.set_event_loop(None)
 
 
+@pytest.fixture
+def store(tmp_path):
+    from app.store import Store
+
+    s = Store.open(tmp_path / "data")
+    yield s
+    s.close()
+
+
+def make_window(qtbot, store, service=None):
+    from app.main_window import MainWindow
+
+    win = MainWindow(store, service)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
 def run(loop, coro, timeout: float = 120.0):
     return loop.run_until_complete(asyncio.wait_for(coro, timeout))
 

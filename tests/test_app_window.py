@@ -5,25 +5,11 @@ import json
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from app.main_window import MainWindow
-from app.store import ChatSettings, ReplyStats, Store
-from tests.test_app_support import TINY_CACHE_TOKENS, loaded_service, loop, run, tiny_model, wait_until  # noqa: F401
+from app.store import ChatSettings, ReplyStats
+from tests.test_app_support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
+                                    tiny_model, wait_until)
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store.open(tmp_path / "data")
-    yield s
-    s.close()
-
-
-def make_window(qtbot, store, service=None):
-    win = MainWindow(store, service)
-    qtbot.addWidget(win)
-    win.show()
-    return win
 
 
 def test_bad_model_path_shows_error_and_keeps_previous_model(qtbot, loop, store, tiny_model, tmp_path):

@@ -139,7 +139,7 @@ class AttentionPlan:
 
     def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
         cu = cu_q.tolist()
-        self.lens = lens = kv_lens.tolist()
+        lens = kv_lens.tolist()
         self.T = T = cu[-1]
         check_lengths(cu, lens, T, block_table.shape[1] * page_size)
         self.page_size = page_size

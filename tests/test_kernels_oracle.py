@@ -34,14 +34,14 @@ class PagedCase:
     """Random sequences scattered over shuffled, non-contiguous pages; every unwritten slot is NaN."""
 
     def __init__(self, seqs, Hq, Hkv, D, page_size, num_pages=None, dtype=torch.float32, quant=None, seed=0,
-                 device="cpu", rotate=True):
+                 device="cpu", rotate=True, consecutive=False):
         g = torch.Generator().manual_seed(seed)
         self.q_lens = [ql for ql, _ in seqs]
         self.kv_lens = [kv for _, kv in seqs]
         need = [math.ceil(kv / page_size) for kv in self.kv_lens]
         num_pages = num_pages or 2 * sum(need) + 3
         P = max(need) + 2
-        perm = torch.randperm(num_pages, generator=g)
+        perm = torch.arange(num_pages) if consecutive else torch.randperm(num_pages, generator=g)
         self.block_table = torch.zeros(len(seqs), P, dtype=torch.int32)
         used = 0
         for b, n in enumerate(need):
@@ -110,6 +110,23 @@ def test_reference_attention_matches_oracle(Hq, Hkv, page_size):
 def test_reference_attention_decode_verify_prefill_paths(seqs):
     case = PagedCase(seqs, 6, 2, 16, 16, seed=len(seqs))
     torch.testing.assert_close(kernels.paged_attention(*case.args()), case.expected(), atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seqs", [[(1, 700), (1, 3), (1, 256), (1, 17)], [(1, 40)], [(300, 300)], MIXED])
+def test_reference_attention_on_consecutive_pages_reads_pool_views(seqs):
+    """Each sequence on consecutive pages: the reference attends to views of the pool (no gather); the
+    NaN in unwritten slots right after each sequence must still stay out, with or without a step plan."""
+    case = PagedCase(seqs, 6, 2, 16, 16, seed=7, consecutive=True)
+    torch.testing.assert_close(kernels.paged_attention(*case.args()), case.expected(), atol=2e-5, rtol=1e-5)
+    plan = kernels.plan_step(torch.zeros(case.q.shape[0], dtype=torch.long), torch.ones(8), case.block_table,
+                             case.cu_q, case.kv, 16)
+    torch.testing.assert_close(kernels.paged_attention(*case.args(), plan=plan), case.expected(), atol=2e-5,
+                               rtol=1e-5)
+    other = kernels.plan_step(torch.zeros(1, dtype=torch.long), torch.ones(8), case.block_table[:1],
+                              case.cu_q[:2], case.kv[:1], 16)
+    if len(seqs) > 1:
+        with pytest.raises(ValueError, match="different batch"):
+            kernels.paged_attention(*case.args(), plan=other)
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q6", "q4"])

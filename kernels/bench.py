@@ -41,8 +41,10 @@ def _time(fn, device: torch.device, reps: int | None = None) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def make_decode_case(batch: int, context: int, page_size: int, dtype, device, kv_quant=None, shape=SHAPE):
-    """Pools exactly big enough, pages shuffled (as a long-running server's would be)."""
+def make_decode_case(batch: int, context: int, page_size: int, dtype, device, kv_quant=None, shape=SHAPE,
+                     layout: str = "shuffled"):
+    """Pools exactly big enough; pages shuffled (a long-running server's) or consecutive per sequence
+    (fresh allocations: the torch path then reads views of the pool instead of gathering pages)."""
     Hkv, Hq, D = shape["kv_heads"], shape["q_heads"], shape["head_dim"]
     per_seq = -(-context // page_size)
     num_pages = batch * per_seq
@@ -55,7 +57,8 @@ def make_decode_case(batch: int, context: int, page_size: int, dtype, device, kv
                 t.normal_().mul_(0.1 if kv_quant else 1.0)
             else:
                 t.random_(0, 255)
-    block_table = torch.randperm(num_pages, device=device).to(torch.int32).view(batch, per_seq)
+    order = torch.randperm(num_pages, device=device) if layout == "shuffled" else torch.arange(num_pages, device=device)
+    block_table = order.to(torch.int32).view(batch, per_seq)
     kv_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     cu_q = torch.arange(batch + 1, dtype=torch.int32, device=device)
     q = torch.randn(batch, Hq, D, dtype=dtype, device=device)
@@ -67,7 +70,7 @@ def kv_bytes(k, v, batch: int, context: int, page_size: int) -> int:
     return (pool_nbytes(k) + pool_nbytes(v)) * context // (-(-context // page_size) * page_size)
 
 
-def run(batches, contexts, page_sizes, kv_quants, device, dtype) -> list[dict]:
+def run(batches, contexts, page_sizes, kv_quants, device, dtype, layout: str = "shuffled") -> list[dict]:
     if device.type == "cuda":
         from . import triton_ops
 
@@ -83,11 +86,11 @@ def run(batches, contexts, page_sizes, kv_quants, device, dtype) -> list[dict]:
         for ps in page_sizes:
             for b in batches:
                 for ctx in contexts:
-                    args = make_decode_case(b, ctx, ps, dtype, device, kvq)
+                    args = make_decode_case(b, ctx, ps, dtype, device, kvq, layout=layout)
                     t = _time(lambda: fn(*args), device)
                     nbytes = kv_bytes(args[1], args[2], b, ctx, ps)
                     bw = nbytes / t
-                    row = dict(kv_quant=kvq or "none", page_size=ps, batch=b, context=ctx, seconds=t,
+                    row = dict(kv_quant=kvq or "none", layout=layout, page_size=ps, batch=b, context=ctx, seconds=t,
                                gbps=bw / 1e9, fraction_of_copy=bw / roof, copy_gbps=roof / 1e9)
                     rows.append(row)
                     print(f"{row['kv_quant']:>5} {ps:>5} {b:>5} {ctx:>7} {t * 1e6:>10.1f} {bw / 1e9:>8.1f} "
@@ -100,16 +103,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--quant", nargs="*", default=None, help="KV formats: none q8 q6 q4 (default: none)")
+    ap.add_argument("--layout", choices=["shuffled", "consecutive"], default="shuffled",
+                    help="page order of each sequence (default shuffled, the worst case)")
     args = ap.parse_args()
     kvq = [None if q == "none" else q for q in (args.quant or ["none"])]
     if torch.cuda.is_available():
         device, dtype = torch.device("cuda"), torch.float16
-        rows = run([1, 4, 16, 64], [512, 2048, 8192, 32768], [16, 256], kvq, device, dtype)
+        rows = run([1, 4, 16, 64], [512, 2048, 8192, 32768], [16, 256], kvq, device, dtype, args.layout)
     else:
         print("No CUDA GPU present: the Triton kernels are NOT benchmarked. Timing the torch reference "
               "(the CPU engine's path) on small sizes, fp32, with the default model's attention shape.")
         SHAPE.update(kv_heads=3, q_heads=9, head_dim=64)
-        rows = run([1, 4, 16], [512, 2048, 8192], [16, 256], kvq, torch.device("cpu"), torch.float32)
+        rows = run([1, 4, 16], [512, 2048, 8192], [16, 256], kvq, torch.device("cpu"), torch.float32, args.layout)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -108,12 +108,13 @@ class ChatSession(QObject):
         self._tracker: ReplyTracker | None = None
         self._reply: Message | None = None
         self._save_handle: asyncio.TimerHandle | None = None
+        self._stopping = 0  # stops in progress: the reply counts as running until the engine has let go
 
     # --- queries -------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        return self.task is not None and not self.task.done()
+        return self._stopping > 0 or (self.task is not None and not self.task.done())
 
     @property
     def settings(self) -> ChatSettings:
@@ -171,9 +172,17 @@ class ChatSession(QObject):
         task = self.task
         if task is None or task.done():
             return
-        if not await self.engine.cancel(self.chat_id):
-            task.cancel()  # no job yet (waiting for the model): stop waiting
-        await asyncio.wait([task])
+        # The reply's consumer sees "cancelled" at once, but the job leaves the generator (and its pages
+        # return) a step later; running stays true until both happened, so a new send can't overlap.
+        self._stopping += 1
+        try:
+            if not await self.engine.cancel(self.chat_id):
+                task.cancel()  # no job yet (waiting for the model): stop waiting
+            await asyncio.wait([task])
+        finally:
+            self._stopping -= 1
+            if self._reply is not None:
+                self.reply_changed.emit(self._reply.id)  # views refresh the Stop button
 
     # --- reply ---------------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ class Batch:
     block_table: torch.Tensor  # (B, P) int32
     slot_mapping: torch.Tensor  # (T,) int64
     logit_rows: torch.Tensor  # (R,) int64
+    prompt_rows: torch.Tensor | None = None  # (P,) int64 rows holding prompt (prefill) tokens; None: not told
 
     @classmethod
     def build(
@@ -25,10 +26,13 @@ class Batch:
         page_size: int,
         logit_rows_per_seq: list[int] | None = None,
         device: torch.device | str = "cpu",
+        prompt_seqs: list[bool] | None = None,
     ) -> "Batch":
         """seqs: (new token ids, start position, page list) per sequence.
 
         logit_rows_per_seq[i] = how many trailing tokens of sequence i need logits (default 1; 0 for none).
+        prompt_seqs[i] = sequence i feeds prompt tokens (a prefill chunk) rather than generated ones; the
+        model may treat those rows differently (engine/qlinear.py), always per sequence, never per batch.
         """
         ids: list[int] = []
         pos: list[int] = []
@@ -36,6 +40,7 @@ class Batch:
         cu = [0]
         kv_lens: list[int] = []
         rows: list[int] = []
+        prompt: list[int] = []
         width = max(len(pages) for _, _, pages in seqs)
         table = torch.zeros((len(seqs), max(width, 1)), dtype=torch.int32)
         for i, (tokens, start, pages) in enumerate(seqs):
@@ -48,6 +53,8 @@ class Batch:
                 table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
             want = 1 if logit_rows_per_seq is None else logit_rows_per_seq[i]
             rows.extend(range(cu[-1] + n - want, cu[-1] + n))
+            if prompt_seqs is not None and prompt_seqs[i]:
+                prompt.extend(range(cu[-1], cu[-1] + n))
             cu.append(cu[-1] + n)
             kv_lens.append(start + n)
         return cls(
@@ -58,4 +65,5 @@ class Batch:
             block_table=table.to(device),
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             logit_rows=torch.tensor(rows, dtype=torch.long, device=device),
+            prompt_rows=None if prompt_seqs is None else torch.tensor(prompt, dtype=torch.long, device=device),
         )

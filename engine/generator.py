@@ -156,7 +156,7 @@ class DynamicGenerator:
     def _forward(self, plan: list["_Entry"]) -> tuple[torch.Tensor, float, int]:
         """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU."""
         batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.start + len(e.tokens))) for e in plan],
-                            self.page_size, [e.rows for e in plan], self.model.device)
+                            self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
         masks = None

@@ -17,7 +17,7 @@ import kernels
 
 from .batch import Batch
 from .config import ModelConfig
-from .qlinear import Q4Linear, linear, q4_supported
+from .qlinear import Q4Linear, RowSplit, linear, q4_supported
 from .weights import load_weights
 
 
@@ -165,11 +165,12 @@ class Model:
         x = F.embedding(batch.input_ids, self.embed)
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size)
+        rows = RowSplit(batch.prompt_rows, T) if self.weight_format == "q4" else None
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
             lora = self.lora
-            qkv = linear(h, layer.qkv, layer.qkv_bias)
+            qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
             q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
@@ -184,15 +185,15 @@ class Model:
             o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
                                         batch.kv_lens, self.scale, plan)
             o = o.reshape(T, self.q_size)
-            x = linear(o, layer.o)
+            x = linear(o, layer.o, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
-            gu = linear(h, layer.gate_up)
+            gu = linear(h, layer.gate_up, rows=rows)
             if lora is not None:
                 lora.add(i, "gate_up", h, gu)
             a = kernels.silu_mul(gu)
-            x = linear(a, layer.down)
+            x = linear(a, layer.down, rows=rows)
             if lora is not None:
                 lora.add(i, "down", a, x)
         x = (x + residual).index_select(0, batch.logit_rows)
@@ -214,5 +215,5 @@ class Model:
         ids = input_ids.reshape(-1).tolist()
         page = 16
         cache = PagedCache(self, max_tokens=max(page, -(-len(ids) // page) * page), page_size=page)
-        batch = Batch.build([(ids, 0, list(range(cache.num_pages)))], page, [len(ids)], self.device)
+        batch = Batch.build([(ids, 0, list(range(cache.num_pages)))], page, [len(ids)], self.device, [True])
         return self.forward(batch, cache)[:, : self.vocab_size]

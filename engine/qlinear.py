@@ -7,8 +7,13 @@ The kernel is fast only with bf16 activations, so inputs, scales and zeros are r
 error ~2e-3 per matmul) and the result comes back in the caller's dtype. Opt-in (weights="q4").
 
 For many rows at once (prefill chunks) the kernel is slower than fp32 sgemm (~1.7x at 256 rows, measured),
-and there the matmul is compute bound anyway, so a dense copy serves calls of PREFILL_ROWS rows or more:
-decode reads the 4-bit bytes, prefill runs at dense speed, memory holds both.
+and there the matmul is compute bound anyway, so prompt rows go through a dense copy: decode reads the
+4-bit bytes, prefill runs at dense speed, memory holds both. Which path a row takes is decided per
+sequence (prompt tokens vs generated ones, RowSplit), never by the size of the batch (a size rule made
+2 of 8 greedy chats differ alone vs batched, measured). Even so q4 output is not bitwise batch-invariant:
+fp32 sgemm results differ in the last bits with the row count, and the bf16 rounding of the 4-bit
+kernel's inputs can amplify that (1 of 4 greedy chats still diverged within 24 tokens in one test);
+dense fp32 is the mode with that guarantee.
 """
 from __future__ import annotations
 
@@ -17,7 +22,6 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 GROUP = 32  # GGUF Q4 block size = the kernel's group size
-PREFILL_ROWS = 32  # from this many rows on, the dense copy is faster (kernels/PERF.md)
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
@@ -82,17 +86,37 @@ class Q4Linear:
         return self.nbytes() + self.dense.numel() * self.dense.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Through the 4-bit kernel (every row independent of the others)."""
         lead = x.shape[:-1]
-        if x.numel() >= PREFILL_ROWS * self.shape[1] and x.dtype == self.dense.dtype:
-            return F.linear(x, self.dense)
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.shape[1]).to(torch.bfloat16), self.packed,
                                                        GROUP, self.scales_zeros)
         return y.to(x.dtype).view(*lead, self.shape[0])
 
 
-def linear(x: torch.Tensor, w: "torch.Tensor | Q4Linear", bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear for dense or Q4 weights."""
-    if isinstance(w, Q4Linear):
+class RowSplit:
+    """Which rows of a step are prompt tokens (dense copy) and which generated ones (4-bit kernel)."""
+
+    def __init__(self, prompt_rows: torch.Tensor | None, T: int):
+        n = 0 if prompt_rows is None else prompt_rows.numel()
+        self.all_prompt = n == T > 0
+        self.prompt = prompt_rows if 0 < n < T else None
+        if self.prompt is not None:
+            keep = torch.ones(T, dtype=torch.bool, device=prompt_rows.device)
+            keep[prompt_rows] = False
+            self.generated = keep.nonzero().reshape(-1)
+
+
+def linear(x: torch.Tensor, w: "torch.Tensor | Q4Linear", bias: torch.Tensor | None = None,
+           rows: RowSplit | None = None) -> torch.Tensor:
+    """F.linear for dense or Q4 weights; for Q4, `rows` sends prompt rows through the dense copy."""
+    if not isinstance(w, Q4Linear):
+        return F.linear(x, w, bias)
+    if rows is None or not (rows.all_prompt or rows.prompt is not None):
         y = w(x)
-        return y if bias is None else y + bias
-    return F.linear(x, w, bias)
+    elif rows.all_prompt:
+        y = F.linear(x, w.dense.to(x.dtype))
+    else:
+        y = x.new_empty(x.shape[0], w.shape[0])
+        y.index_copy_(0, rows.prompt, F.linear(x.index_select(0, rows.prompt), w.dense.to(x.dtype)))
+        y.index_copy_(0, rows.generated, w(x.index_select(0, rows.generated)))
+    return y if bias is None else y + bias

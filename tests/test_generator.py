@@ -259,3 +259,21 @@ def test_model_vocab_smaller_than_tokenizer_never_samples_outside_it(tmp_path):
     tokens, finals = run_all(gen, jobs)
     assert all(0 <= t < 500 for ts in tokens for t in ts), tokens
     assert gen.metrics()["pages_referenced"] == 0
+
+
+@pytest.mark.slow
+def test_default_model_greedy_output_does_not_depend_on_the_batch():
+    """The issue's rule on the real model, fp32 dense: 8 chat prompts alone and together, same tokens."""
+    model, tok = Model.load(weights="dense"), Tokenizer.load()
+    questions = ["What is the capital of France?", "Write a haiku about rain.", "Explain recursion briefly.",
+                 "List three fruits.", "Who wrote Hamlet?", "What is 12 times 7?", "Describe a cat.",
+                 "Why do leaves fall?"]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]), encode_special_tokens=True)
+               for q in questions]
+
+    def gen():
+        return DynamicGenerator(model, PagedCache(model, max_tokens=8192, page_size=256), tok)
+
+    alone = [run_all(gen(), [DynamicJob(p, 24, gen_settings=GREEDY)])[0][0] for p in prompts]
+    together, _ = run_all(gen(), [DynamicJob(p, 24, gen_settings=GREEDY) for p in prompts])
+    assert together == alone

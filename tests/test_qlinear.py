@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as QT
 from engine import Model, Tokenizer
 from engine.cache import PagedCache
 from engine.generator import DynamicGenerator
-from engine.qlinear import Q4Linear
+from engine.qlinear import Q4Linear, RowSplit, linear
 from engine.sampling import SamplerSettings
 from engine.weights import dequantize
 
@@ -36,8 +36,14 @@ def test_blocks_decode_exactly_and_multiply_closely(qtype):
     rel = ((w(x) - ref).norm() / ref.norm()).item()
     assert rel < 1e-2, rel  # bf16 activations and scales
     assert w(x[0]).shape == (rows,) and w(x).dtype == torch.float32
-    many = torch.randn(40, cols)  # prefill-sized: the dense copy, exact
-    torch.testing.assert_close(w(many), F.linear(many, dense))
+    many = torch.randn(40, cols)
+    prompt = RowSplit(torch.arange(40), 40)  # all prompt rows: the dense copy, exact
+    torch.testing.assert_close(linear(many, w, rows=prompt), F.linear(many, dense))
+    mixed = RowSplit(torch.tensor([0, 1, 2, 7]), 40)  # prompt rows dense, the rest 4-bit, row by row
+    got = linear(many, w, rows=mixed)
+    torch.testing.assert_close(got[[0, 1, 2, 7]], F.linear(many[[0, 1, 2, 7]], dense))
+    assert torch.equal(got[3:7], w(many[3:7])) and torch.equal(got[8:], w(many)[8:])
+    assert torch.equal(w(many)[:1], w(many[:1]))  # a row's result doesn't depend on the other rows
 
 
 def test_fused_concat_is_the_concat_of_the_parts():
@@ -87,7 +93,7 @@ def test_default_model_q4_is_smaller_and_agrees_with_dense(models):
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
     assert agree >= 0.95, agree
     assert 0 < (a - b).abs().max() < 2.0  # really a different path, and a close one
-    # prefill-sized calls use the dense copy: same logits as the dense model
+    # prompt rows use the dense copy: a whole-prompt forward gives the dense model's logits
     torch.testing.assert_close(q4.forward_tokens(ids), dense.forward_tokens(ids))
     assert Model.load(weights="auto").weight_format == "q4"  # GGUF on a CPU
 
@@ -101,3 +107,4 @@ def test_default_model_q4_answers_paris(models):
                                 encode_special_tokens=True, stop_conditions=sorted(tok.stop_token_ids),
                                 completion_only=True)
     assert "Paris" in answer, answer
+

@@ -116,18 +116,25 @@ def test_default_model_logits_and_greedy_match_transformers(default_model):
     assert_same_greedy(a, ids.shape[1], continuation)
 
 
-@pytest.mark.slow
-def test_default_model_greedy_chat_answers_paris(default_model):
+def greedy_chat(model, question: str, max_new_tokens: int) -> tuple[str, str]:
+    """(prompt, greedy answer) of the default tokenizer's chat template through the paged generator."""
     from engine.cache import PagedCache
     from engine.generator import DynamicGenerator
     from engine.sampling import SamplerSettings
 
     tok = default_tokenizer()
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    generator = DynamicGenerator(default_model, PagedCache(default_model, max_tokens=512, page_size=256), tok)
-    answer = generator.generate(prompt, max_new_tokens=24, gen_settings=SamplerSettings.greedy(),
+    prompt = tok.apply_chat_template([{"role": "user", "content": question}])
+    generator = DynamicGenerator(model, PagedCache(model, max_tokens=512, page_size=256), tok)
+    answer = generator.generate(prompt, max_new_tokens=max_new_tokens, gen_settings=SamplerSettings.greedy(),
                                 encode_special_tokens=True, stop_conditions=sorted(tok.stop_token_ids),
                                 completion_only=True)
+    return prompt, answer
+
+
+@pytest.mark.slow
+def test_default_model_greedy_chat_answers_paris(default_model):
+    tok = default_tokenizer()
+    prompt, answer = greedy_chat(default_model, "What is the capital of France?", 24)
     assert "Paris" in answer, answer
     # the same tokens as transformers' greedy decoding of that prompt
     expected = tok.decode(greedy_hf(hf_default_model(), tok.encode(prompt, encode_special_tokens=True), 24))

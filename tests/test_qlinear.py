@@ -6,9 +6,7 @@ from gguf import GGMLQuantizationType as QT
 
 from engine import Model, Tokenizer
 from engine.cache import PagedCache
-from engine.generator import DynamicGenerator
 from engine.qlinear import Q4Linear, RowSplit, linear
-from engine.sampling import SamplerSettings
 from engine.weights import dequantize
 
 
@@ -99,12 +97,8 @@ def test_default_model_q4_is_smaller_and_agrees_with_dense(models):
 
 
 def test_default_model_q4_answers_paris(models):
-    q4 = models[1]
-    tok = Tokenizer.load()
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    generator = DynamicGenerator(q4, PagedCache(q4, max_tokens=512, page_size=256), tok)
-    answer = generator.generate(prompt, max_new_tokens=16, gen_settings=SamplerSettings.greedy(),
-                                encode_special_tokens=True, stop_conditions=sorted(tok.stop_token_ids),
-                                completion_only=True)
+    from tests.test_model_peer import greedy_chat
+
+    _, answer = greedy_chat(models[1], "What is the capital of France?", 16)
     assert "Paris" in answer, answer
 

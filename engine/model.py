@@ -124,7 +124,8 @@ class Model:
             weights = "q4" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
         config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, q4=weights == "q4")
         model = cls(config, state, dev, dt, resolved)
-        model.weight_format = weights
+        packed = any(isinstance(t, Q4Linear) for layer in model.layers for t in vars(layer).values())
+        model.weight_format = "q4" if packed else "dense"  # a GGUF without Q4 matrices loads dense
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
             progress(1.0)

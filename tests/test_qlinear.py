@@ -102,3 +102,25 @@ def test_default_model_q4_answers_paris(models):
     _, answer = greedy_chat(models[1], "What is the capital of France?", 16)
     assert "Paris" in answer, answer
 
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_tiny_q4_gguf_q4_weights_follow_the_dense_path(tiny_llama_folder, tmp_path, qtype):
+    """A Q4 GGUF written like llama.cpp (q/k rows permuted) loads packed and decodes close to its dense form."""
+    from tests.tiny_models import write_tiny_gguf
+
+    path = write_tiny_gguf(tiny_llama_folder, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    dense, q4 = Model.load(path, weights="dense"), Model.load(path, weights="auto")
+    assert q4.weight_format == "q4" and isinstance(q4.layers[0].qkv, Q4Linear)
+    torch.testing.assert_close(q4.layers[0].qkv.dequantize(), dense.layers[0].qkv)  # rows in HF order
+    ids = torch.randint(10, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
+    a, b = decode_logits(dense, ids), decode_logits(q4, ids)
+    assert ((a - b).norm() / a.norm()).item() < 5e-2  # bf16 inputs through random layers
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.9
+
+
+def test_gguf_without_q4_matrices_loads_dense(tiny_llama_folder, tmp_path):
+    from tests.tiny_models import write_tiny_gguf
+
+    path = write_tiny_gguf(tiny_llama_folder, tmp_path / "tiny-f32.gguf", "F32")
+    assert Model.load(path, weights="auto").weight_format == "dense"

@@ -11,6 +11,7 @@ import json
 import time
 
 from . import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
+from .model import WEIGHT_FORMATS
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
            "All that glitters is not gold. Actions speak louder than words. ")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--draft-tokens", type=int, default=4)
-    ap.add_argument("--weights", choices=["dense", "q4", "auto"], default="dense")
+    ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="dense")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     model, tok = Model.load(args.model, weights=args.weights), Tokenizer.load(args.model)

@@ -8,21 +8,21 @@ varlen forward pass. Jobs join and leave at any step.
 from __future__ import annotations
 
 import itertools
-from concurrent.futures import ThreadPoolExecutor
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .batch import Batch
 from .cache import PagedCache
-from .job import DynamicJob, _not_yet
+from .job import DynamicJob
 from .metrics import GeneratorMetrics
 from .model import Model
 from .pagetable import CACHED, FREE, PageTable, root_hash
 from .sampling import SamplerSettings, SamplingPool
-from .speculative import ModelDrafter, NgramIndex, check_draft_model
+from .speculative import ModelDrafter, check_draft_model
 
 if TYPE_CHECKING:
     from .tokenizer import Tokenizer

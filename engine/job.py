@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .banned import BannedStrings
+from .filters import Filter
 from .pagetable import CachePage
 from .sampling import JobSampler, SamplerSettings
 from .speculative import NgramIndex
-from .banned import BannedStrings
-from .filters import Filter
 from .streaming import StreamChunk, TextStream
 
 if TYPE_CHECKING:

@@ -34,6 +34,9 @@ class Layer:
     down: torch.Tensor
 
 
+WEIGHT_FORMATS = ("auto", "dense", "q4")  # Model.load(weights=...)
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -112,8 +115,8 @@ class Model:
         weights="dense" dequantizes everything to `dtype` (exact, the default); "q4" keeps a GGUF's 4-bit
         projection matrices packed for torch's int4 CPU kernel (several times fewer bytes per token,
         bf16 rounding inside the matmuls; see engine/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
-        if weights not in ("dense", "q4", "auto"):
-            raise ValueError(f"weights must be 'dense', 'q4' or 'auto', got {weights!r}")
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
         from .weights import default_model_path
 
         t0 = time.perf_counter()

@@ -82,8 +82,7 @@ class PageTable:
         return out
 
     def can_allocate(self, tokens: list[int], total_len: int, root: bytes) -> bool:
-        shared = sum(1 for h in self.prompt_hashes(tokens, root) if self._live(h))
-        return self.pages_needed(total_len) - shared <= self.num_unreferenced()
+        return self.can_allocate_all([(tokens, total_len)], root)
 
     def can_allocate_all(self, wants: list[tuple[list[int], int]], root: bytes) -> bool:
         """Room for several sequences at once (a CFG pair); pages they'd share with each other count twice."""

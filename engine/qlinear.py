@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
 
 GROUP = 32  # GGUF Q4 block size = the kernel's group size
-Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
 def q4_supported() -> bool:
@@ -30,7 +28,8 @@ def q4_supported() -> bool:
 
 
 class Q4Linear:
-    """An (N, K) weight as 4-bit codes with per-32 scales and zeros; call it like F.linear's weight."""
+    """An (N, K) weight as 4-bit codes with per-32 scales and zeros, w = (code - 8) * scale + zero
+    (engine.weights.q4_blocks reads them from GGUF blocks); use it through linear()."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         N, K = codes.shape
@@ -46,23 +45,6 @@ class Q4Linear:
         self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
         self.scales_zeros = torch.stack([self.scale.t(), self.zero.t()], dim=-1).to(torch.bfloat16).contiguous()
         self.dense = self.dequantize()  # for prefill-sized calls (see the module docstring)
-
-    @classmethod
-    def from_gguf(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "Q4Linear":
-        """From the tensor's raw ggml bytes (rows already in HF order)."""
-        if qtype not in Q4_TYPES:
-            raise ValueError(f"Q4Linear reads Q4_0/Q4_1 blocks, not {qtype.name}")
-        N, K = shape
-        b = raw.reshape(N * K // GROUP, -1)
-        d = b[:, 0:2].contiguous().view(torch.float16).float()
-        if qtype == GGMLQuantizationType.Q4_1:
-            zero = b[:, 2:4].contiguous().view(torch.float16).float() + 8 * d
-            qs = b[:, 4:]
-        else:
-            zero = torch.zeros_like(d)
-            qs = b[:, 2:]
-        codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15, high 16..31
-        return cls(codes.reshape(N, K), d.reshape(N, K // GROUP), zero.reshape(N, K // GROUP))
 
     @classmethod
     def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":

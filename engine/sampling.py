@@ -269,13 +269,11 @@ class JobSampler:
         s = self.settings
         x = _as_numpy_row(logits, self.vocab_size)
         blocked = None
-        if isinstance(blocked_tokens, np.ndarray):
-            blocked = blocked_tokens.astype(np.int64, copy=False)
-            blocked = blocked[(blocked >= 0) & (blocked < self.vocab_size)]
-            if blocked.shape[0] == 0:
-                blocked = None
-        elif blocked_tokens is not None:
-            blocked = np.fromiter((int(t) for t in blocked_tokens), dtype=np.int64)
+        if blocked_tokens is not None:
+            if isinstance(blocked_tokens, np.ndarray):
+                blocked = blocked_tokens.astype(np.int64, copy=False)
+            else:
+                blocked = np.fromiter((int(t) for t in blocked_tokens), dtype=np.int64)
             blocked = blocked[(blocked >= 0) & (blocked < self.vocab_size)]
             if blocked.shape[0] == 0:
                 blocked = None

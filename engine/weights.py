@@ -21,7 +21,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.config import ModelConfig
-from engine.qlinear import Q4_TYPES, Q4Linear
+from engine.qlinear import GROUP as Q4_GROUP
+from engine.qlinear import Q4Linear
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None
@@ -285,23 +286,22 @@ class GGUFFile:
     def tensor(self, name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                row_perm_heads: int | None = None) -> torch.Tensor:
         """Dequantized tensor; row_perm_heads undoes llama.cpp's q/k rotary row order on the raw rows."""
-        t = self._by_name.get(name)
-        if t is None:
-            raise ValueError(f"{self.path} has no tensor {name!r}")
-        raw = self.raw(name)
-        if row_perm_heads:
-            raw = _unpermute_rows(raw, row_perm_heads)
+        t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
     def q4(self, name: str, row_perm_heads: int | None = None) -> Q4Linear | None:
         """The tensor as a Q4Linear when it is a Q4_0/Q4_1 matrix, else None."""
-        t = self._by_name[name]
+        t, raw = self._rows(name, row_perm_heads)
         if t.tensor_type not in Q4_TYPES or len(t.shape) != 2:
             return None
+        return Q4Linear(*q4_blocks(raw, t.tensor_type, t.shape))
+
+    def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
+        t = self._by_name.get(name)
+        if t is None:
+            raise ValueError(f"{self.path} has no tensor {name!r}")
         raw = self.raw(name)
-        if row_perm_heads:
-            raw = _unpermute_rows(raw, row_perm_heads)
-        return Q4Linear.from_gguf(raw, t.tensor_type, t.shape)
+        return t, (_unpermute_rows(raw, row_perm_heads) if row_perm_heads else raw)
 
 
 def _unpermute_rows(raw: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -335,6 +335,25 @@ def _dq_q4_1(b: torch.Tensor, out: torch.Tensor) -> None:
     out = out.view(-1, 2, 16)
     torch.addcmul(m, qs & 0xF, d, out=out[:, 0])
     torch.addcmul(m, qs >> 4, d, out=out[:, 1])
+
+
+Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+
+
+def q4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]):
+    """Q4_0/Q4_1 bytes as (codes (N, K) uint8, scale, zero (N, K/32)) with w = (code - 8) * scale + zero:
+    Q4_1's w = d * q + m is (q - 8) * d + (m + 8d), Q4_0's w = (q - 8) * d. Same nibble order as _dq_q4_*."""
+    if qtype not in Q4_TYPES:
+        raise ValueError(f"4-bit matmuls read Q4_0/Q4_1 blocks, not {qtype.name}")
+    N, K = shape
+    b = raw.reshape(N * K // Q4_GROUP, -1)
+    d = _half(b, 0)
+    if qtype == GGMLQuantizationType.Q4_1:
+        zero, qs = _half(b, 2) + 8 * d, b[:, 4:]
+    else:
+        zero, qs = torch.zeros_like(d), b[:, 2:]
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15 of a block, high 16..31
+    return codes.reshape(N, K), d.reshape(N, K // Q4_GROUP), zero.reshape(N, K // Q4_GROUP)
 
 
 _FAST = {

@@ -92,7 +92,7 @@ class StepPlan:
         self.attention = None
         if not use_triton(positions):
             self.rotary = _ref.rotary_tables(positions, inv_freq)
-            self.attention = _attention.plan_attention(block_table, cu_q, kv_lens, page_size)
+            self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
 
 
 def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,

@@ -202,11 +202,6 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch
     return res.reshape(Bg * qmax, Hq, D)
 
 
-def plan_attention(block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int) -> AttentionPlan:
-    """Build the per-step plan once; pass it to every layer's paged_attention."""
-    return AttentionPlan(block_table, cu_q, kv_lens, page_size)
-
-
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, plan: AttentionPlan | None = None,

@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as QT
 from engine import Model, Tokenizer
 from engine.cache import PagedCache
 from engine.qlinear import Q4Linear, RowSplit, linear
-from engine.weights import dequantize
+from engine.weights import dequantize, q4_blocks
 
 
 def random_blocks(qtype: QT, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -27,7 +27,7 @@ def test_blocks_decode_exactly_and_multiply_closely(qtype):
     rows, cols = 96, 128
     raw = random_blocks(qtype, rows, cols)
     dense = dequantize(raw, qtype, (rows, cols))
-    w = Q4Linear.from_gguf(raw, qtype, (rows, cols))
+    w = Q4Linear(*q4_blocks(raw, qtype, (rows, cols)))
     torch.testing.assert_close(w.dequantize(), dense, atol=1e-6, rtol=0)  # same weights as the dense path
     x = torch.randn(5, cols)
     ref = F.linear(x, dense)
@@ -45,8 +45,8 @@ def test_blocks_decode_exactly_and_multiply_closely(qtype):
 
 
 def test_fused_concat_is_the_concat_of_the_parts():
-    a = Q4Linear.from_gguf(random_blocks(QT.Q4_1, 64, 64, 1), QT.Q4_1, (64, 64))
-    b = Q4Linear.from_gguf(random_blocks(QT.Q4_0, 32, 64, 2), QT.Q4_0, (32, 64))
+    a = Q4Linear(*q4_blocks(random_blocks(QT.Q4_1, 64, 64, 1), QT.Q4_1, (64, 64)))
+    b = Q4Linear(*q4_blocks(random_blocks(QT.Q4_0, 32, 64, 2), QT.Q4_0, (32, 64)))
     both = Q4Linear.cat([a, b])
     assert both.shape == (96, 64)
     torch.testing.assert_close(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
@@ -56,7 +56,7 @@ def test_bad_shapes_and_formats_are_refused(tiny_llama_folder):
     with pytest.raises(ValueError, match="K % 32"):
         Q4Linear(torch.zeros(4, 40, dtype=torch.uint8), torch.ones(4, 1), torch.zeros(4, 1))
     with pytest.raises(ValueError, match="Q8_0"):
-        Q4Linear.from_gguf(torch.zeros(4, 34, dtype=torch.uint8), QT.Q8_0, (4, 32))
+        q4_blocks(torch.zeros(4, 34, dtype=torch.uint8), QT.Q8_0, (4, 32))
     with pytest.raises(ValueError, match="safetensors folder"):
         Model.load(tiny_llama_folder, weights="q4")
     with pytest.raises(ValueError, match="weights must be"):

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from app.engine_service import DEFAULT_CACHE_TOKENS, PAGE_SIZE
+from engine.contract import DEFAULT_CACHE_TOKENS
+from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -17,14 +17,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
 from app.pagemap import PageMapWidget
+from engine.contract import METRICS_KEYS
 
-REQUIRED_KEYS = (
-    "pages_total", "pages_referenced", "pages_cached", "pages_free", "page_states", "page_shared",
-    "page_owner_identifiers", "active_jobs", "pending_jobs", "deferred_jobs", "batch_size",
-    "prefill_tokens_step", "decode_tokens_step", "tokens_generated_total", "steps_total",
-    "drafted_tokens_total", "accepted_tokens_total", "accepted_per_position", "sampling_threads_busy",
-    "sampling_threads_max", "prefix_hit_tokens_total", "loras", "snapshot_time",
-)
 SERIES_FIELDS = (
     "time", "referenced_pct", "cached_pct", "active", "pending", "deferred", "tokens_per_s",
     "acceptance_pct", "sampling_busy", "sampling_max", "tokens_total", "drafted_total", "accepted_total",
@@ -232,7 +226,7 @@ class DashboardDock(QDockWidget):
 
     def push(self, snapshot: Mapping[str, object]) -> None:
         """Take one generator.metrics() snapshot: redraw the page map, extend the series, refresh labels."""
-        missing = [k for k in REQUIRED_KEYS if k not in snapshot]
+        missing = [k for k in METRICS_KEYS if k not in snapshot]
         if missing:
             raise ValueError(f"dashboard snapshot lacks metrics() keys: {', '.join(missing)}")
         s = snapshot

@@ -16,11 +16,10 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.store import ChatSettings
+from engine.contract import DEFAULT_CACHE_TOKENS
+from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CACHE_TOKENS = 8192
-PAGE_SIZE = 256
 
 
 @dataclass
@@ -180,16 +179,11 @@ class EngineService(QObject):
             raise RuntimeError(f"chat {identifier} already has a reply running")
         import engine
 
-        settings.validate()
         ids = self.prompt_ids(history, settings)
-        sampler = engine.SamplerSettings(
-            temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            min_p=settings.min_p, token_repetition_penalty=settings.repetition_penalty,
-        )
-        sampler.validate()
         stops = sorted(self.tokenizer.stop_token_ids) + list(settings.stop_strings)
         job = engine.DynamicJobAsync(
-            self.generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=sampler,
+            self.generator, input_ids=ids, max_new_tokens=settings.max_new_tokens,
+            gen_settings=settings.sampler_settings(),
             seed=settings.seed, stop_conditions=stops, identifier=identifier,
         )
         self._jobs[identifier] = job

@@ -21,9 +21,10 @@ from PySide6.QtWidgets import (
 from app.chat_list import ChatList
 from app.chat_pane import ChatPane, RenderScheduler
 from app.chat_session import ChatSession, spawn
-from app.engine_service import DEFAULT_CACHE_TOKENS, EngineService
+from app.engine_service import EngineService
 from app.export import export_chat
 from app.store import Store
+from engine.contract import DEFAULT_CACHE_TOKENS
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,13 @@ from PySide6.QtWidgets import (
     QListWidgetItem, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-KV_CHOICES = (("none (model dtype)", None), ("Q8", "q8"), ("Q6", "q6"), ("Q4", "q4"))
-WEIGHT_CHOICES = (("auto (4-bit GGUF matmuls on CPU)", "auto"), ("dense (exact, dequantized)", "dense"),
-                  ("4-bit (GGUF Q4 blocks)", "q4"))
+from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS
+
+# The engine owns which formats exist; the panel only labels them (a format without a label fails here).
+_WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (exact, dequantized)",
+                  "q4": "4-bit (GGUF Q4 blocks)"}
+KV_CHOICES = tuple(("none (model dtype)" if f is None else f.upper(), f) for f in KV_QUANT_FORMATS)
+WEIGHT_CHOICES = tuple((_WEIGHT_LABELS[f], f) for f in WEIGHT_FORMATS)
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
 
 
@@ -86,7 +90,7 @@ class ModelPanel(QWidget):
 
     load_requested = Signal(object)
 
-    def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = 256,
+    def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = DEFAULT_PAGE_SIZE,
                  cache_tokens: int = 32768, max_recent: int = 10) -> None:
         super().__init__(parent)
         if page_size < 1:

@@ -186,6 +186,7 @@ class SimulatedWorkload:
             "prefill_tokens_total": 0, "steps_total": self.c["steps"], "time_total_s": self.elapsed,
             "drafted_tokens_total": self.c["drafted"], "accepted_tokens_total": self.c["accepted"],
             "accepted_per_position": list(self.per_position), "sampling_threads_busy": self.last_busy,
+            "step_host_overhead_s": 0.0,
             "sampling_threads_max": 16, "prefix_hit_tokens_total": self.c["prefix_hits"], "loras": list(self.loras),
             "snapshot_time": self.start_time + self.elapsed,
         }

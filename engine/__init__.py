@@ -1,29 +1,46 @@
 """pagedeck's inference engine: a paged, continuously batched generator in the ExLlamaV2 dynamic style.
 
-Public names follow ExLlamaV2's so its users feel at home. Nothing here imports Qt.
+Public names follow ExLlamaV2's so its users feel at home. Nothing here imports Qt. The names load on
+first use (PEP 562), so `import engine.contract` (what the app shares with the engine) never loads torch.
 """
-from .cache import PagedCache
-from .config import ModelConfig
-from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
-from .generator import DynamicGenerator
-from .job import DynamicJob
-from .lora import LoRA, LoRASet
-from .model import Model
-from .pagetable import PageTable
-from .sampling import SamplerSettings
-from .tokenizer import Tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "ChoiceFilter", "DynamicGenerator", "DynamicGeneratorAsync", "DynamicJob", "DynamicJobAsync", "Filter",
-    "GrammarFilter", "JSONSchemaFilter", "LoRA", "LoRASet", "Model", "ModelConfig", "PagedCache", "PageTable", "RegexFilter",
-    "SamplerSettings", "Tokenizer",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {  # public name -> module that defines it
+    "ChoiceFilter": ".filters", "Filter": ".filters", "GrammarFilter": ".filters",
+    "JSONSchemaFilter": ".filters", "RegexFilter": ".filters",
+    "DynamicGenerator": ".generator", "DynamicJob": ".job",
+    "DynamicGeneratorAsync": ".async_api", "DynamicJobAsync": ".async_api",
+    "LoRA": ".lora", "LoRASet": ".lora",
+    "Model": ".model", "ModelConfig": ".config", "PagedCache": ".cache", "PageTable": ".pagetable",
+    "SamplerSettings": ".contract", "Tokenizer": ".tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (exclude_type_checking_imports)
+    from .async_api import DynamicGeneratorAsync, DynamicJobAsync
+    from .cache import PagedCache
+    from .config import ModelConfig
+    from .contract import SamplerSettings
+    from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
+    from .generator import DynamicGenerator
+    from .job import DynamicJob
+    from .lora import LoRA, LoRASet
+    from .model import Model
+    from .pagetable import PageTable
+    from .tokenizer import Tokenizer
 
 
 def __getattr__(name: str):
-    # The async API is imported lazily so the sync engine loads without asyncio machinery.
-    if name in ("DynamicGeneratorAsync", "DynamicJobAsync"):
-        from . import async_api
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(async_api, name)
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

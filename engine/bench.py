@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import torch
 
 from .cache import PagedCache
+from .contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from .contract import SamplerSettings
 from .generator import DynamicGenerator
 from .job import DynamicJob
 from .model import Model
-from .sampling import SamplerSettings
 from .tokenizer import Tokenizer
 
-PAGE_SIZE = 256
 TTFT_REPEATS = 3
 
 

@@ -11,14 +11,14 @@ import json
 import time
 
 from . import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from .model import WEIGHT_FORMATS
+from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
            "All that glitters is not gold. Actions speak louder than words. ")
 
 
 def _run(model: Model, tok: Tokenizer, batch: int, new_tokens: int, ngram: bool, draft_tokens: int) -> dict:
-    cache = PagedCache(model, max_tokens=max(4096, batch * 512), page_size=256)
+    cache = PagedCache(model, max_tokens=max(4096, batch * 512), page_size=DEFAULT_PAGE_SIZE)
     gen = DynamicGenerator(model, cache, tok, use_ngram_draft=ngram, num_draft_tokens=draft_tokens,
                            max_draft_batch_size=10**6)
     jobs = []

@@ -10,23 +10,22 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import KV_QUANT_FORMATS as _QUANT
 from kernels.kv_quant import QuantizedPool, copy_page_prefix, make_pool, permute_pages, pool_nbytes
+
+from .contract import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, check_page_size
 
 if TYPE_CHECKING:
     from .model import Model
-
-KV_QUANT_FORMATS = (None, *sorted(_QUANT))
 
 
 class PagedCache:
     """K/V storage shaped by pages; the page table (engine.pagetable) decides what lives where."""
 
-    def __init__(self, model: "Model", max_tokens: int = 8192, page_size: int = 256, kv_quant: str | None = None):
+    def __init__(self, model: "Model", max_tokens: int = DEFAULT_CACHE_TOKENS, page_size: int = DEFAULT_PAGE_SIZE,
+                 kv_quant: str | None = None):
         if kv_quant not in KV_QUANT_FORMATS:
             raise ValueError(f"kv_quant must be one of {KV_QUANT_FORMATS}, got {kv_quant!r}")
-        if page_size < 16 or page_size & (page_size - 1):
-            raise ValueError(f"page_size must be a power of two >= 16, got {page_size}")
+        check_page_size(page_size)
         if max_tokens < page_size:
             raise ValueError(f"max_tokens ({max_tokens}) must hold at least one page of {page_size} tokens")
         cfg = model.config

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .model import WEIGHT_FORMATS
+from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS
 
 # What a user can cause: reported as one line, never as a traceback.
 USER_ERRORS = (OSError, ValueError, NotImplementedError, ImportError, MemoryError)
@@ -136,7 +136,7 @@ def check_model_path(path: str | None) -> None:
 # ---- generate ---------------------------------------------------------------------------------------
 def sampler_from_args(args: argparse.Namespace):
     """SamplerSettings from the flags, validated before any model is loaded (fail fast on typos)."""
-    from .sampling import SamplerSettings
+    from .contract import SamplerSettings
 
     given = {field: getattr(args, flag) for flag, field in SAMPLER_FLAGS.items() if getattr(args, flag) is not None}
     if args.greedy:
@@ -181,7 +181,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if total > limit:
         raise CLIError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens ({args.max_new_tokens}) = {total} "
                        f"exceeds the model's context of {limit} tokens")
-    page_size = 256
+    page_size = DEFAULT_PAGE_SIZE
     cache = PagedCache(model, max_tokens=-(-total // page_size) * page_size, page_size=page_size)
     gen = DynamicGenerator(model, cache, tokenizer)
     job = DynamicJob(ids, args.max_new_tokens, gen_settings=settings, seed=args.seed, stop_conditions=stops)

@@ -17,11 +17,12 @@ import torch
 
 from .batch import Batch
 from .cache import PagedCache
+from .contract import CACHED, FREE, Metrics, Result, SamplerSettings
 from .job import DynamicJob
 from .metrics import GeneratorMetrics
 from .model import Model
-from .pagetable import CACHED, FREE, PageTable, root_hash
-from .sampling import SamplerSettings, SamplingPool
+from .pagetable import PageTable, root_hash
+from .sampling import SamplingPool
 from .speculative import ModelDrafter, check_draft_model
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ class DynamicGenerator:
             self.cancel(job)
 
     # ---- the step ---------------------------------------------------------------------------------
-    def iterate(self) -> list[dict]:
+    def iterate(self) -> list[Result]:
         """Advance every job by one step; returns the results (see ARCHITECTURE.md) produced by it."""
         t0 = time.perf_counter()
         results: list[dict] = []
@@ -348,8 +349,9 @@ class DynamicGenerator:
         self.reset_page_table()
 
     # ---- inspection -------------------------------------------------------------------------------
-    def metrics(self) -> dict:
-        """A cheap snapshot for dashboards; safe to call from any thread while iterate() runs."""
+    def metrics(self) -> Metrics:
+        """A cheap snapshot for dashboards (keys: engine.contract.Metrics); safe to call from any thread
+        while iterate() runs."""
         states, shared = self.pagetable.states()
         free, cached = states.count(FREE), states.count(CACHED)
         d = self.counters.snapshot()

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from .banned import BannedStrings
+from .contract import EosReason, SamplerSettings, Stage
 from .filters import Filter
 from .pagetable import CachePage
-from .sampling import JobSampler, SamplerSettings
+from .sampling import JobSampler
 from .speculative import NgramIndex
 from .streaming import StreamChunk, TextStream
 
@@ -322,7 +323,7 @@ class DynamicJob:
                 self.heal_prefix = ""
         return chunk
 
-    def _finish(self, reason: str, text: str = "", held_text: str = "", **extra: Any) -> dict:
+    def _finish(self, reason: EosReason, text: str = "", held_text: str = "", **extra: Any) -> dict:
         now = time.perf_counter()
         first = self.time_first_token or now
         return self._result(
@@ -333,7 +334,7 @@ class DynamicJob:
             accepted_draft_tokens=self.accepted_draft_tokens, rejected_draft_tokens=self.rejected_draft_tokens,
             held={"text": held_text}, **extra)
 
-    def _result(self, stage: str, **fields: Any) -> dict:
+    def _result(self, stage: Stage, **fields: Any) -> dict:
         return {"job": self, "stage": stage, "identifier": self.identifier, "serial": self.serial, **fields}
 
     def __repr__(self) -> str:

@@ -17,6 +17,7 @@ import kernels
 
 from .batch import Batch
 from .config import ModelConfig
+from .contract import WEIGHT_FORMATS
 from .qlinear import Q4Linear, RowSplit, linear, q4_supported
 from .weights import load_weights
 
@@ -32,9 +33,6 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
-
-
-WEIGHT_FORMATS = ("auto", "dense", "q4")  # Model.load(weights=...)
 
 
 def default_device() -> torch.device:

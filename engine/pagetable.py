@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-FREE, CACHED = -2, -1  # page_states codes for pages nobody references
+from .contract import CACHED, FREE, check_page_size
 
 
 def chain_hash(prev: bytes, tokens: list[int]) -> bytes:
@@ -52,8 +52,7 @@ class Allocation:
 
 class PageTable:
     def __init__(self, num_pages: int, page_size: int, copy_fn: Callable[[int, int, int], None] | None = None):
-        if page_size < 16 or page_size & (page_size - 1):
-            raise ValueError(f"page_size must be a power of two >= 16, got {page_size}")
+        check_page_size(page_size)
         if num_pages < 1:
             raise ValueError("the cache needs at least one page")
         self.page_size = page_size

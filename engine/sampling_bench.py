@@ -11,7 +11,8 @@ import time
 
 import torch
 
-from .sampling import JobSampler, SamplerSettings, SamplingPool
+from .contract import SamplerSettings
+from .sampling import JobSampler, SamplingPool
 
 CASES: dict[str, SamplerSettings] = {
     "greedy": SamplerSettings.greedy(),

@@ -24,6 +24,7 @@ def snapshot(states, t, shared=None, owners=None, tokens=0, drafted=0, accepted=
         "prefill_tokens_total": 0, "steps_total": 0, "time_total_s": 0.0, "drafted_tokens_total": drafted,
         "accepted_tokens_total": accepted, "accepted_per_position": [], "sampling_threads_busy": 0,
         "sampling_threads_max": 16, "prefix_hit_tokens_total": 0, "loras": [], "snapshot_time": t,
+        "page_size": 256, "step_host_overhead_s": 0.0,
     }
     d.update(over)
     return d
@@ -252,14 +253,14 @@ def test_hover_line_follows_page_changes(dock):
 
 
 def test_simulated_workload_is_shaped_like_metrics():
-    from app.dashboard import REQUIRED_KEYS
     from app.screenshots import SimulatedWorkload
+    from engine.contract import METRICS_KEYS
 
     work = SimulatedWorkload(pages_total=64, seed=3)
     shared_seen = False
     for _ in range(300):
         s = work.step(0.1)
-        assert set(REQUIRED_KEYS) <= set(s)
+        assert set(METRICS_KEYS) == set(s)
         states = np.array(s["page_states"])
         assert s["pages_free"] == (states == -2).sum() and s["pages_cached"] == (states == -1).sum()
         assert s["pages_referenced"] + s["pages_cached"] + s["pages_free"] == s["pages_total"]

@@ -97,7 +97,7 @@ def test_running_replies_become_interrupted_on_reopen(tmp_path):
     [
         ({"temperature": -1}, "temperature"),
         ({"top_p": 0}, "top_p"),
-        ({"min_p": 1.0}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
         ({"top_k": -2}, "top_k"),
         ({"max_new_tokens": 0}, "max_new_tokens"),
         ({"seed": -5}, "seed"),

@@ -120,7 +120,7 @@ def greedy_chat(model, question: str, max_new_tokens: int) -> tuple[str, str]:
     """(prompt, greedy answer) of the default tokenizer's chat template through the paged generator."""
     from engine.cache import PagedCache
     from engine.generator import DynamicGenerator
-    from engine.sampling import SamplerSettings
+    from engine.contract import SamplerSettings
 
     tok = default_tokenizer()
     prompt = tok.apply_chat_template([{"role": "user", "content": question}])

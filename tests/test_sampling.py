@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampling import JobSampler, SampleResult, SamplerSettings, SamplingPool
+from engine import DynamicJob
+from engine.contract import SamplerSettings
+from engine.sampling import JobSampler, SampleResult, SamplingPool
 from engine.sampling_truncation import _inverse_cdf, _top_k_ids
 
 PLAIN = dict(temperature=1.0, top_k=0, top_p=1.0, token_repetition_penalty=1.0)
@@ -93,8 +95,8 @@ def test_validate_names_the_field(field, value):
     setattr(s, field, value)
     with pytest.raises(ValueError, match=field):
         s.validate()
-    with pytest.raises(ValueError, match=field):
-        JobSampler(s, 0, 100)
+    with pytest.raises(ValueError, match=field):  # checked once, when the request is made
+        DynamicJob(torch.tensor([[1, 2, 3]]), 5, gen_settings=s)
 
 
 def test_validate_dry_ngram_must_reach_allowed_length():

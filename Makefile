@@ -22,6 +22,7 @@ run: $(STAMP)
 	$(BIN)/python -m app
 
 test: $(STAMP)
+	$(BIN)/lint-imports --no-logo
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)

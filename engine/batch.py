@@ -18,6 +18,7 @@ class Batch:
     slot_mapping: torch.Tensor  # (T,) int64
     logit_rows: torch.Tensor  # (R,) int64
     prompt_rows: torch.Tensor | None = None  # (P,) int64 rows holding prompt (prefill) tokens; None: not told
+    logit_offsets: tuple[int, ...] = ()  # (B+1,) sequence i's logits are rows [offsets[i], offsets[i+1]) of forward()
 
     @classmethod
     def build(
@@ -33,6 +34,7 @@ class Batch:
         logit_rows_per_seq[i] = how many trailing tokens of sequence i need logits (default 1; 0 for none).
         prompt_seqs[i] = sequence i feeds prompt tokens (a prefill chunk) rather than generated ones; the
         model may treat those rows differently (engine/qlinear.py), always per sequence, never per batch.
+        The result's logit_offsets say where each sequence's rows land in the forward's logits.
         """
         ids: list[int] = []
         pos: list[int] = []
@@ -41,6 +43,7 @@ class Batch:
         kv_lens: list[int] = []
         rows: list[int] = []
         prompt: list[int] = []
+        offsets = [0]
         width = max(len(pages) for _, _, pages in seqs)
         table = torch.zeros((len(seqs), max(width, 1)), dtype=torch.int32)
         for i, (tokens, start, pages) in enumerate(seqs):
@@ -53,6 +56,7 @@ class Batch:
                 table[i, : len(pages)] = torch.tensor(pages, dtype=torch.int32)
             want = 1 if logit_rows_per_seq is None else logit_rows_per_seq[i]
             rows.extend(range(cu[-1] + n - want, cu[-1] + n))
+            offsets.append(len(rows))
             if prompt_seqs is not None and prompt_seqs[i]:
                 prompt.extend(range(cu[-1], cu[-1] + n))
             cu.append(cu[-1] + n)
@@ -66,4 +70,5 @@ class Batch:
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
             logit_rows=torch.tensor(rows, dtype=torch.long, device=device),
             prompt_rows=None if prompt_seqs is None else torch.tensor(prompt, dtype=torch.long, device=device),
+            logit_offsets=tuple(offsets),
         )

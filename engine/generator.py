@@ -18,11 +18,12 @@ import torch
 from .batch import Batch
 from .cache import PagedCache
 from .contract import CACHED, FREE, Metrics, Result, SamplerSettings
-from .job import DynamicJob
+from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
 from .model import Model
 from .pagetable import PageTable, root_hash
 from .sampling import SamplingPool
+from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ class DynamicGenerator:
         self.drafter = ModelDrafter(draft_model, draft_cache, self.pagetable) if draft_model is not None else None
         self.use_ngram_draft = use_ngram_draft
         self.max_draft_batch_size = max_draft_batch_size
+        self.job_context = JobContext(tokenizer, self.vocab_size, max_ngram if use_ngram_draft else None)
         self.pending: deque[DynamicJob] = deque()
         self.active: list[DynamicJob] = []
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
@@ -99,7 +101,7 @@ class DynamicGenerator:
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
-        job.bind(self, next(self._serials))
+        job.bind(self.job_context, next(self._serials))
         self.pending.append(job)
         return job.serial
 
@@ -144,8 +146,8 @@ class DynamicGenerator:
         if not self.active:
             return results
         plan = self._plan()
-        logits, t_forward, n_tokens = self._forward(plan)
-        self._collect(plan, logits, results)
+        logits, offsets, t_forward, n_tokens = self._forward(plan)
+        self._collect(plan, offsets, logits, results)
         n_prefill = sum(len(e.tokens) for e in plan if e.prefill)
         self.counters.sampling_threads_busy = self.sampling_pool.busy_last
         elapsed = time.perf_counter() - t0
@@ -154,9 +156,10 @@ class DynamicGenerator:
             self.defrag_cache()
         return results
 
-    def _forward(self, plan: list["_Entry"]) -> tuple[torch.Tensor, float, int]:
-        """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU."""
-        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.start + len(e.tokens))) for e in plan],
+    def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:
+        """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU
+        and where each scheduled sequence's rows start in them."""
+        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.end)) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
@@ -165,34 +168,36 @@ class DynamicGenerator:
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         logits = self.model.forward(batch, self.cache)
         if self.drafter is not None:
-            self.drafter.prefill([(e.job, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
+            self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:
             masks.result()
         else:
             for job in filtered:
                 job.compute_filter_mask()
         elapsed = time.perf_counter() - t0
-        return logits.cpu() if logits.device.type != "cpu" else logits, elapsed, batch.input_ids.shape[0]
+        logits = logits.cpu() if logits.device.type != "cpu" else logits
+        return logits, batch.logit_offsets, elapsed, batch.input_ids.shape[0]
 
-    def _collect(self, plan: list["_Entry"], logits: torch.Tensor, results: list[dict]) -> None:
+    def _collect(self, plan: list[ScheduledSeq], offsets: tuple[int, ...], logits: torch.Tensor,
+                 results: list[dict]) -> None:
         """Sample every job that has logits (in the thread pool), then advance its sequences and report."""
-        by_job: dict[DynamicJob, list[_Entry]] = {}
-        row = 0
-        for e in plan:
-            e.first_row, row = row, row + e.rows
+        by_job: dict[DynamicJob, list[ScheduledSeq]] = {}
+        first_row: dict[ScheduledSeq, int] = {}
+        for e, row in zip(plan, offsets):
+            first_row[e] = row
             by_job.setdefault(e.job, []).append(e)
         sampling = [(job, es) for job, es in by_job.items() if any(e.rows for e in es)]
         draws = dict(zip((job for job, _ in sampling), self.sampling_pool.run(
-            [(lambda job=job, es=es: self._sample(job, es, logits)) for job, es in sampling])))
+            [(lambda job=job, es=es: self._sample(job, es, logits, first_row)) for job, es in sampling])))
         for job, entries in by_job.items():
             samples = draws.get(job, [])
-            for e in entries:
-                e.seq.kv_len = e.start + len(e.tokens) - e.rows + (len(samples) if e.rows else 0)
+            for e in entries:  # rejected drafts' K/V doesn't count; the newest token has none yet
+                e.seq.wrote_kv(e.end - e.rows + (len(samples) if e.rows else 0))
             if entries[0].drafts:
                 self._count_drafts(job, entries[0], len(samples) - 1)
             if samples:
                 e = entries[0]
-                rows = [logits[e.first_row + i] for i in range(len(samples))] if job.return_logits else None
+                rows = [logits[first_row[e] + i] for i in range(len(samples))] if job.return_logits else None
                 result = job.accept_tokens(samples, rows)
                 self.counters.tokens_generated_total += len(result["token_ids"])
             else:
@@ -203,10 +208,10 @@ class DynamicGenerator:
             if result.get("eos"):
                 self._end(job)
 
-    def _sample(self, job: DynamicJob, entries: list["_Entry"], logits) -> list:
+    def _sample(self, job: DynamicJob, entries: list[ScheduledSeq], logits, first_row: dict) -> list:
         """Draw the job's next token(s); with drafts, keep drawing while the draw equals the draft."""
         if job.cfg:  # mix the positive and negative sequences' log-probabilities
-            pos, neg = (torch.log_softmax(logits[e.first_row], dim=-1) for e in entries)
+            pos, neg = (torch.log_softmax(logits[first_row[e]], dim=-1) for e in entries)
             scale = job.gen_settings.cfg_scale
             return [job.sampler.sample(scale * pos + (1 - scale) * neg, job.seq.tokens, job.return_top_tokens,
                                        job.blocked_tokens())]
@@ -214,7 +219,7 @@ class DynamicGenerator:
         context = list(job.seq.tokens)
         out = []
         for i in range(e.rows):
-            draw = job.sampler.sample(logits[e.first_row + i], context, job.return_top_tokens,
+            draw = job.sampler.sample(logits[first_row[e] + i], context, job.return_top_tokens,
                                       job.blocked_tokens(offset=i))
             out.append(draw)
             if i >= len(e.drafts) or draw.token != e.drafts[i]:
@@ -227,7 +232,7 @@ class DynamicGenerator:
             self._filter_executor = ThreadPoolExecutor(1, thread_name_prefix="pagedeck-filters")
         return self._filter_executor
 
-    def _count_drafts(self, job: DynamicJob, e: "_Entry", accepted: int) -> None:
+    def _count_drafts(self, job: DynamicJob, e: ScheduledSeq, accepted: int) -> None:
         c = self.counters
         job.accepted_draft_tokens += accepted
         job.rejected_draft_tokens += len(e.drafts) - accepted
@@ -236,11 +241,11 @@ class DynamicGenerator:
         for i in range(accepted):
             c.accepted_per_position[i] += 1
         if self.drafter is not None:  # draft K/V stays valid for the drafts that were accepted
-            job.draft_kv_len = e.start + 1 + min(accepted, len(e.drafts) - 1)
+            e.seq.wrote_draft_kv(e.start + 1 + min(accepted, len(e.drafts) - 1))
 
-    def _plan(self) -> list["_Entry"]:
+    def _plan(self) -> list[ScheduledSeq]:
         """What each active sequence feeds this step: a prefill chunk, or its last token (plus drafts)."""
-        plan: list[_Entry] = []
+        plan: list[ScheduledSeq] = []
         budget = self.max_chunk_size
         ps = self.page_size
         decoding = []
@@ -255,16 +260,16 @@ class DynamicGenerator:
                         end = (end // ps) * ps  # chunks end on page boundaries
                     final = end == last and not job.cfg  # the last prompt token rides along and is sampled
                     toks = seq.tokens[start : seq.prompt_len] if final else seq.tokens[start:end]
-                    plan.append(_Entry(job, seq, toks, start, int(final), prefill=True))
+                    plan.append(ScheduledSeq(job, seq, toks, start, int(final), prefill=True))
                     budget -= len(toks)
             elif job.cfg:
-                plan += [_Entry(job, seq, seq.tokens[-1:], len(seq.tokens) - 1, 1) for seq in job.seqs]
+                plan += [ScheduledSeq(job, seq, seq.tokens[-1:], len(seq.tokens) - 1, 1) for seq in job.seqs]
             else:
                 decoding.append(job)
         drafts = self._draft(decoding)
         for job, d in zip(decoding, drafts):
             seq = job.seq
-            plan.append(_Entry(job, seq, seq.tokens[-1:] + d, len(seq.tokens) - 1, 1 + len(d), drafts=d))
+            plan.append(ScheduledSeq(job, seq, seq.tokens[-1:] + d, len(seq.tokens) - 1, 1 + len(d), drafts=tuple(d)))
         return plan
 
     def _draft(self, jobs: list[DynamicJob]) -> list[list[int]]:
@@ -275,7 +280,7 @@ class DynamicGenerator:
         wants = [(job, 0 if job.filters else max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1)))
                  for job in jobs]
         if self.drafter is not None:
-            return self.drafter.draft(wants)
+            return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
 
     def _page_ids(self, seq, length: int) -> list[int]:
@@ -300,7 +305,7 @@ class DynamicGenerator:
             self.pending.remove(job)
             self.active.append(job)
             self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
-            results.append(job.start(self, allocs))
+            results.append(job.start(allocs))
             started_after_wait = started_after_wait or bool(waiting)
         if started_after_wait:
             for job in waiting:
@@ -426,15 +431,3 @@ class DynamicGenerator:
             return out, (last[0] if single else last)
         return out
 
-
-class _Entry:
-    """One job's share of a step: tokens fed from position start; logits wanted for the last `rows` of them."""
-
-    __slots__ = ("job", "seq", "tokens", "start", "rows", "drafts", "prefill", "first_row")
-
-    def __init__(self, job: DynamicJob, seq, tokens: list[int], start: int, rows: int, drafts: list[int] | None = None,
-                 prefill: bool = False):
-        self.job, self.seq, self.tokens, self.start, self.rows = job, seq, tokens, start, rows
-        self.drafts = drafts or []
-        self.prefill = prefill
-        self.first_row = 0

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,13 +11,10 @@ import torch
 from .banned import BannedStrings
 from .contract import EosReason, SamplerSettings, Stage
 from .filters import Filter
-from .pagetable import CachePage
 from .sampling import JobSampler
+from .sequence import Sequence
 from .speculative import NgramIndex
 from .streaming import StreamChunk, TextStream
-
-if TYPE_CHECKING:
-    from .generator import DynamicGenerator
 
 
 def _not_yet(name: str) -> NotImplementedError:
@@ -25,14 +22,13 @@ def _not_yet(name: str) -> NotImplementedError:
                                f"leave it at its default")
 
 
-@dataclass(eq=False)
-class Sequence:
-    """One row of the batch: its tokens (prompt + generated) and the pages holding their K/V."""
+@dataclass(frozen=True)
+class JobContext:
+    """What a job needs from the generator that runs it: given at enqueue, instead of the generator."""
 
-    tokens: list[int]
-    prompt_len: int
-    pages: list[CachePage] = field(default_factory=list)
-    kv_len: int = 0  # tokens whose K/V is in the cache
+    tokenizer: Any
+    vocab_size: int  # ids the sampler may draw: min(model, tokenizer)
+    max_ngram: int | None = None  # n-gram drafting's longest n-gram; None: no n-gram drafting
 
 
 class DynamicJob:
@@ -125,7 +121,7 @@ class DynamicJob:
         self.heal_prefix = ""  # text of the removed prompt token, not streamed again
 
         self.serial: int | None = None
-        self.generator: DynamicGenerator | None = None
+        self.context: JobContext | None = None
         self.skips = 0
         self.seqs = [Sequence(tokens=ids[0].tolist(), prompt_len=ids.shape[1]) for ids in prompts]
         self.seq = self.seqs[0]  # the sequence whose tokens are the output (CFG: the positive prompt)
@@ -138,7 +134,6 @@ class DynamicJob:
         self.accepted_draft_tokens = 0
         self.rejected_draft_tokens = 0
         self.ngram: NgramIndex | None = None
-        self.draft_kv_len = 0  # tokens whose K/V the draft model's cache holds
         self.time_enqueue = self.time_start = self.time_first_token = 0.0
 
     # ---- lifecycle, driven by the generator -------------------------------------------------------
@@ -156,37 +151,34 @@ class DynamicJob:
         """Still feeding prompt tokens before the last one (which is fed by the decode step)."""
         return any(s.kv_len < s.prompt_len - 1 for s in self.seqs)
 
-    def bind(self, generator: "DynamicGenerator", serial: int) -> None:
+    def bind(self, context: JobContext, serial: int) -> None:
         """Join a generator's queue; token healing trims the prompt here, before pages are reserved."""
         self.serial = serial
-        self.generator = generator
+        self.context = context
         self.time_enqueue = time.perf_counter()
         if self.token_healing and self.prompt_len > 1:
-            pieces = generator.tokenizer.pieces
-            last = self.seq.tokens.pop()
-            self.seq.prompt_len -= 1
+            pieces = context.tokenizer.pieces
+            last = self.seq.pop_prompt_token()
             self.heal_prefix = pieces[last]
-            self.heal_allowed = np.array([p.startswith(self.heal_prefix) for p in pieces[: generator.vocab_size]])
+            self.heal_allowed = np.array([p.startswith(self.heal_prefix) for p in pieces[: context.vocab_size]])
 
-    def start(self, generator: "DynamicGenerator", allocs: list) -> dict:
+    def start(self, allocs: list) -> dict:
         for seq, alloc in zip(self.seqs, allocs):
-            seq.pages = alloc.pages
-            seq.kv_len = alloc.cached_tokens
-        alloc = allocs[0]
+            seq.attach(alloc.pages, alloc.cached_tokens)
         self.cached_tokens = sum(a.cached_tokens for a in allocs)
         self.cached_pages = sum(a.cached_pages for a in allocs)
-        tok = generator.tokenizer
+        ctx = self.context
+        tok = ctx.tokenizer
         stops = set(self.stop_tokens)
-        self.sampler = JobSampler(self.gen_settings, self.seed, generator.vocab_size, stop_token_ids=stops, tokenizer=tok)
+        self.sampler = JobSampler(self.gen_settings, self.seed, ctx.vocab_size, stop_token_ids=stops, tokenizer=tok)
         self.stream = TextStream(tok, self.stop_strings, self.decode_special_tokens)
-        self.ngram = NgramIndex(generator.max_ngram) if generator.use_ngram_draft else None
+        self.ngram = NgramIndex(ctx.max_ngram) if ctx.max_ngram is not None else None
         if self.banned_strings:
             self.banned = BannedStrings(tok, self.banned_strings, self.decode_special_tokens)
         for f in self.filters:
             f.begin(tok)
         if self.filters:  # a finished grammar ends the job on any of the model's stop tokens
             self.stop_tokens |= set(tok.stop_token_ids)
-        self.draft_kv_len = alloc.cached_tokens
         self.time_start = time.perf_counter()
         return self._result("started", cached_tokens=self.cached_tokens, cached_pages=self.cached_pages,
                             prompt_tokens=self.prompt_len)
@@ -209,7 +201,7 @@ class DynamicJob:
         for f in self.filters:
             m = f.mask()
             if m is not None:
-                m = np.asarray(m, dtype=bool)[: self.generator.vocab_size]
+                m = np.asarray(m, dtype=bool)[: self.context.vocab_size]
                 mask = m if mask is None else mask & m
         self.filter_mask = mask
 
@@ -230,10 +222,10 @@ class DynamicJob:
         if self.filters and self.filter_mask is not None:
             allowed = self.filter_mask if allowed is None else allowed & self.filter_mask
         if self.filter_prefer_eos and all(f.can_end for f in self.filters):
-            eos_first = sorted(self.stop_tokens, key=lambda t: t != self.generator.tokenizer.eos_token_id)
+            eos_first = sorted(self.stop_tokens, key=lambda t: t != self.context.tokenizer.eos_token_id)
             eos = [t for t in eos_first if allowed is None or (t < len(allowed) and allowed[t])]
             if eos:
-                allowed = np.zeros(self.generator.vocab_size, dtype=bool)
+                allowed = np.zeros(self.context.vocab_size, dtype=bool)
                 allowed[eos[0]] = True
         out = np.flatnonzero(~allowed) if allowed is not None else np.empty(0, dtype=np.int64)
         if blocked:
@@ -264,7 +256,7 @@ class DynamicJob:
         if self.new_tokens == 0:
             self.time_first_token = time.perf_counter()
         for seq in self.seqs:
-            seq.tokens.append(token)
+            seq.append(token)
         self.new_tokens += 1
         extra: dict[str, Any] = {"token_ids": [token]}
         if self.return_probs:
@@ -273,12 +265,12 @@ class DynamicJob:
             extra["top_k_tokens"] = [sample.top_tokens]
             extra["top_k_probs"] = [sample.top_probs]
         if self.return_logits and logits is not None:
-            extra["logits"] = logits[: self.generator.vocab_size].unsqueeze(0).clone()
+            extra["logits"] = logits[: self.context.vocab_size].unsqueeze(0).clone()
         if token in self.stop_tokens:
             held = self._stream(self.banned.flush()).text if self.banned is not None else ""
             held += self.stream.flush()
             return self._finish("stop_token", held_text=held, eos_triggering_token_id=token,
-                                eos_triggering_token_str=self.generator.tokenizer.decode([token], True), **extra)
+                                eos_triggering_token_str=self.context.tokenizer.decode([token], True), **extra)
         for f in self.filters:
             f.feed(token)
         release = [token]
@@ -286,10 +278,8 @@ class DynamicJob:
             release, rewind = self.banned.feed(token, len(self.seq.tokens) - 1)
             if rewind is not None:
                 for seq in self.seqs:
-                    del seq.tokens[len(seq.tokens) - len(rewind.suppressed_tokens) :]
-                    seq.kv_len = min(seq.kv_len, len(seq.tokens) - 1)
+                    seq.rewind(len(rewind.suppressed_tokens))
                 self.new_tokens -= len(rewind.suppressed_tokens)
-                self.draft_kv_len = min(self.draft_kv_len, self.seq.kv_len)
                 if self.ngram is not None:
                     self.ngram = NgramIndex(self.ngram.max_ngram)
                 return self._result("streaming", text="", eos=False, suppressed_tokens=rewind.suppressed_tokens,

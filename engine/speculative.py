@@ -11,9 +11,9 @@ from .batch import Batch
 
 if TYPE_CHECKING:
     from .cache import PagedCache
-    from .job import DynamicJob
     from .model import Model
     from .pagetable import PageTable
+    from .sequence import Sequence
 
 
 class NgramIndex:
@@ -49,42 +49,42 @@ class ModelDrafter:
         self.cache = cache
         self.pagetable = pagetable
 
-    def prefill(self, entries: list[tuple["DynamicJob", list[int], int]]) -> None:
+    def prefill(self, entries: list[tuple["Sequence", list[int], int]]) -> None:
         """Write the draft model's K/V for prompt chunks the main model processes this step."""
         if not entries:
             return
-        batch = Batch.build([(toks, start, self._pages(job, start + len(toks))) for job, toks, start in entries],
+        batch = Batch.build([(toks, start, self._pages(seq, start + len(toks))) for seq, toks, start in entries],
                             self.pagetable.page_size, [0] * len(entries), self.model.device)
         self.model.forward(batch, self.cache)
-        for job, toks, start in entries:
-            job.draft_kv_len = max(job.draft_kv_len, start + len(toks))
+        for seq, toks, start in entries:
+            seq.wrote_draft_kv(max(seq.draft_kv_len, start + len(toks)))
 
-    def draft(self, wants: list[tuple["DynamicJob", int]]) -> list[list[int]]:
-        """k greedy draft tokens for each (job, k), batched over jobs, one draft forward per position."""
+    def draft(self, wants: list[tuple["Sequence", int]]) -> list[list[int]]:
+        """k greedy draft tokens for each (sequence, k), batched over sequences, one draft forward per position."""
         drafts: list[list[int]] = [[] for _ in wants]
         for step in range(max((k for _, k in wants), default=0)):
-            rows = [(i, job) for i, (job, k) in enumerate(wants) if k > step]
+            rows = [(i, seq) for i, (seq, k) in enumerate(wants) if k > step]
             seqs = []
-            for i, job in rows:
-                seq = job.seq.tokens
+            for i, seq in rows:
+                tokens = seq.tokens
                 if step == 0:  # catch up on real tokens the draft cache hasn't seen (1 or 2 usually)
-                    start = min(job.draft_kv_len, len(seq) - 1)
-                    toks = seq[start:]
+                    start = min(seq.draft_kv_len, len(tokens) - 1)
+                    toks = tokens[start:]
                 else:
-                    start = len(seq) - 1 + step
+                    start = len(tokens) - 1 + step
                     toks = drafts[i][-1:]
-                seqs.append((toks, start, self._pages(job, start + len(toks))))
+                seqs.append((toks, start, self._pages(seq, start + len(toks))))
             batch = Batch.build(seqs, self.pagetable.page_size, None, self.model.device)
             logits = self.model.forward(batch, self.cache)[:, : self.model.vocab_size]
             best = logits.argmax(dim=-1).tolist()
-            for (i, job), tok in zip(rows, best):
+            for (i, seq), tok in zip(rows, best):
                 drafts[i].append(tok)
                 if step == 0:
-                    job.draft_kv_len = len(job.seq.tokens)
+                    seq.wrote_draft_kv(len(seq.tokens))
         return drafts
 
-    def _pages(self, job: "DynamicJob", length: int) -> list[int]:
-        return [p.index for p in job.seq.pages[: self.pagetable.pages_needed(length)]]
+    def _pages(self, seq: "Sequence", length: int) -> list[int]:
+        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
 
 
 def check_draft_model(model: "Model", cache: "PagedCache", draft_model: "Model", draft_cache: "PagedCache") -> None:

@@ -9,28 +9,28 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {  # public name -> module that defines it
-    "ChoiceFilter": ".filters", "Filter": ".filters", "GrammarFilter": ".filters",
-    "JSONSchemaFilter": ".filters", "RegexFilter": ".filters",
-    "DynamicGenerator": ".generator", "DynamicJob": ".job",
-    "DynamicGeneratorAsync": ".async_api", "DynamicJobAsync": ".async_api",
-    "LoRA": ".lora", "LoRASet": ".lora",
-    "Model": ".model", "ModelConfig": ".config", "PagedCache": ".cache", "PageTable": ".pagetable",
-    "SamplerSettings": ".contract", "Tokenizer": ".tokenizer",
+    "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
+    "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
+    "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
+    "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
+    "LoRA": ".model.lora", "LoRASet": ".model.lora",
+    "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
+    "PageTable": ".cache.pagetable", "SamplerSettings": ".contract", "Tokenizer": ".model.tokenizer",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (exclude_type_checking_imports)
-    from .async_api import DynamicGeneratorAsync, DynamicJobAsync
-    from .cache import PagedCache
-    from .config import ModelConfig
+    from .cache.paged_cache import PagedCache
+    from .cache.pagetable import PageTable
     from .contract import SamplerSettings
-    from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
-    from .generator import DynamicGenerator
-    from .job import DynamicJob
-    from .lora import LoRA, LoRASet
-    from .model import Model
-    from .pagetable import PageTable
-    from .tokenizer import Tokenizer
+    from .generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
+    from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
+    from .generator.generator import DynamicGenerator
+    from .generator.job import DynamicJob
+    from .model.config import ModelConfig
+    from .model.lora import LoRA, LoRASet
+    from .model.model import Model
+    from .model.tokenizer import Tokenizer
 
 
 def __getattr__(name: str):

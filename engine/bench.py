@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache import PagedCache
+from .cache.paged_cache import PagedCache
 from .contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from .contract import SamplerSettings
-from .generator import DynamicGenerator
-from .job import DynamicJob
-from .model import Model
-from .tokenizer import Tokenizer
+from .generator.generator import DynamicGenerator
+from .generator.job import DynamicJob
+from .model.model import Model
+from .model.tokenizer import Tokenizer
 
 TTFT_REPEATS = 3
 

@@ -34,7 +34,7 @@ def load_peer(model_arg: str | None, device: torch.device, dtype: torch.dtype, s
         with torch.device(device):
             model = tf.AutoModelForCausalLM.from_config(hf_config(model_arg), dtype=dtype, attn_implementation="eager")
         return model.eval()
-    from .weights import default_model_path
+    from .model.weights import default_model_path
 
     path = Path(model_arg) if model_arg is not None else default_model_path()
     kwargs = dict(dtype=dtype, attn_implementation="eager")

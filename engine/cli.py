@@ -153,11 +153,11 @@ def sampler_from_args(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .cache import PagedCache
-    from .generator import DynamicGenerator
-    from .job import DynamicJob
-    from .model import Model
-    from .tokenizer import Tokenizer
+    from .cache.paged_cache import PagedCache
+    from .generator.generator import DynamicGenerator
+    from .generator.job import DynamicJob
+    from .model.model import Model
+    from .model.tokenizer import Tokenizer
 
     if args.system is not None and args.chat is None:
         raise CLIError("--system needs --chat (a raw --prompt has no system role)")

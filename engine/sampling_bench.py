@@ -12,7 +12,7 @@ import time
 import torch
 
 from .contract import SamplerSettings
-from .sampling import JobSampler, SamplingPool
+from .sampling.sampler import JobSampler, SamplingPool
 
 CASES: dict[str, SamplerSettings] = {
     "greedy": SamplerSettings.greedy(),

@@ -18,7 +18,7 @@ PROMPT = ("Explain in detail how a paged key/value cache works in a language mod
 def _logits_along(model, cache, path: list[int], n_prompt: int, page_size: int, extend: int = 0) -> torch.Tensor:
     """Prefill path[:n_prompt], then feed path[n_prompt:] one token at a time; with `extend`, first append
     that many greedy tokens to `path` (in place). Returns the logits of every step."""
-    from engine.batch import Batch
+    from engine.model.batch import Batch
 
     pages = list(range(cache.num_pages))[::-1]  # non-contiguous page order
     rows = [model.forward(Batch.build([(path[:n_prompt], 0, pages)], page_size), cache)[:, : model.vocab_size]]

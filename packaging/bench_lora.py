@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Model, PagedCache  # noqa: E402
-from engine.batch import Batch  # noqa: E402
-from engine.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters  # noqa: E402
+from engine.model.batch import Batch  # noqa: E402
+from engine.model.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters  # noqa: E402
 
 
 def random_adapter(model: Model, rank: int, name: str, seed: int) -> LoRA:

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Model, Tokenizer  # noqa: E402
-from engine.lora import LoRA, LoRASet  # noqa: E402
+from engine.model.lora import LoRA, LoRASet  # noqa: E402
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

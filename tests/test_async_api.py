@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from engine.async_api import DynamicGeneratorAsync, DynamicJobAsync
+from engine.generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
 
 GREEDY = SamplerSettings.greedy()
 TIMEOUT = 60  # seconds: a hang becomes a failure, not a stuck suite

@@ -14,7 +14,7 @@ from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSetti
 from engine.bench import decode_weight_bytes
 from engine.bench_synthetic import random_model, tensor_shapes
 from engine.cli import build_parser, main, sampler_from_args
-from engine.config import ModelConfig
+from engine.model.config import ModelConfig
 from tests.tiny_models import write_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]

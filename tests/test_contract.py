@@ -33,7 +33,7 @@ def test_engine_package_exports_load_on_first_use():
 
 def test_engine_formats_are_the_contracts():
     import kernels
-    from engine.cache import PagedCache  # noqa: F401  (the engine module that checks kv_quant)
+    from engine.cache.paged_cache import PagedCache  # noqa: F401  (the engine module that checks kv_quant)
 
     assert set(KV_QUANT_FORMATS) - {None} == set(kernels.KV_QUANT_FORMATS)
     assert "auto" in WEIGHT_FORMATS and "dense" in WEIGHT_FORMATS

@@ -6,9 +6,9 @@ import re
 import numpy as np
 import pytest
 
-from engine.filters import (ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter,
+from engine.generator.filters import (ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter,
                             llg_tokenizer)
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 PERSON = {
     "type": "object",

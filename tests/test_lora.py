@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from engine.lora import LoRA, LoRASet, MissingAdapterFile, find_adapters
+from engine.model.lora import LoRA, LoRASet, MissingAdapterFile, find_adapters
 from tests.tiny_models import write_tiny_model
 
 GREEDY = SamplerSettings.greedy()

@@ -7,7 +7,7 @@ model is compared with transformers' own GGUF loader.
 import pytest
 import torch
 
-from engine.model import Model
+from engine.model.model import Model
 from tests.tiny_models import ARCHS, default_tokenizer, hf_default_model, write_tiny_gguf, write_tiny_model
 
 GREEDY_TOKENS = 32
@@ -118,8 +118,8 @@ def test_default_model_logits_and_greedy_match_transformers(default_model):
 
 def greedy_chat(model, question: str, max_new_tokens: int) -> tuple[str, str]:
     """(prompt, greedy answer) of the default tokenizer's chat template through the paged generator."""
-    from engine.cache import PagedCache
-    from engine.generator import DynamicGenerator
+    from engine.cache.paged_cache import PagedCache
+    from engine.generator.generator import DynamicGenerator
     from engine.contract import SamplerSettings
 
     tok = default_tokenizer()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from engine.pagetable import CACHED, FREE, PageTable, chain_hash, root_hash
+from engine.cache.pagetable import CACHED, FREE, PageTable, chain_hash, root_hash
 
 PS = 16
 ROOT = root_hash(None)

@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from engine import Model, Tokenizer
-from engine.cache import PagedCache
-from engine.qlinear import Q4Linear, RowSplit, linear
-from engine.weights import dequantize, q4_blocks
+from engine.cache.paged_cache import PagedCache
+from engine.model.qlinear import Q4Linear, RowSplit, linear
+from engine.model.weights import dequantize, q4_blocks
 
 
 def random_blocks(qtype: QT, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
@@ -65,7 +65,7 @@ def test_bad_shapes_and_formats_are_refused(tiny_llama_folder):
 
 def decode_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Teacher-forced logits, one token per forward (decode-sized matmuls)."""
-    from engine.batch import Batch
+    from engine.model.batch import Batch
 
     cache = PagedCache(model, max_tokens=256, page_size=256)
     rows = [model.forward(Batch.build([([t], pos, [0])], 256, [1]), cache)[0, : model.vocab_size]

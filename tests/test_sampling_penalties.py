@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampling import JobSampler
-from engine.sampling_penalties import ContextCache
+from engine.sampling.sampler import JobSampler
+from engine.sampling.penalties import ContextCache
 from tests.test_sampling import P4, draws, final_dist, logits_for, plain
 
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engine.streaming import MAX_HELD_TOKENS, StreamChunk, TextStream
+from engine.generator.streaming import MAX_HELD_TOKENS, StreamChunk, TextStream
 from tests.tiny_models import default_tokenizer
 
 MULTIBYTE = "Emoji 😀🦙🫠 and CJK 龘䲜𠜎 done, 你好世界 — Ünïcödé ✓"

@@ -8,8 +8,8 @@ import jinja2
 import pytest
 import torch
 
-from engine.tokenizer import Tokenizer
-from engine.weights import GGUFFile, default_model_path
+from engine.model.tokenizer import Tokenizer
+from engine.model.weights import GGUFFile, default_model_path
 from tests.tiny_models import default_tokenizer, hf_default_tokenizer
 
 TEXTS = [

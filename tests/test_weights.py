@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import ModelConfig
-from engine.weights import GGUFFile, default_model_path, dequantize, expected_tensor_names, load_weights
+from engine.model.config import ModelConfig
+from engine.model.weights import GGUFFile, default_model_path, dequantize, expected_tensor_names, load_weights
 from tests.tiny_models import ARCHS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf, write_tiny_model
 
 Q = gguf.GGMLQuantizationType
@@ -34,7 +34,7 @@ def test_default_model_path_is_the_embedded_gguf():
 
 
 def test_default_model_path_missing_package_says_how_to_install(monkeypatch):
-    import engine.weights as w
+    import engine.model.weights as w
 
     monkeypatch.setattr(w.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="make run"):

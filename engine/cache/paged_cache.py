@@ -12,10 +12,10 @@ import torch
 
 from kernels.kv_quant import QuantizedPool, copy_page_prefix, make_pool, permute_pages, pool_nbytes
 
-from .contract import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, check_page_size
+from ..contract import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, check_page_size
 
 if TYPE_CHECKING:
-    from .model import Model
+    from ..model.model import Model
 
 
 class PagedCache:

@@ -18,17 +18,17 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from . import sampling_truncation as trunc
-from .contract.settings import SamplerSettings
-from .contract.settings import as_int as _int
-from .sampling_penalties import (
+from . import truncation as trunc
+from ..contract.settings import SamplerSettings
+from ..contract.settings import as_int as _int
+from .penalties import (
     apply_dry,
     ContextCache,
     apply_repetition_penalties,
     bool_table,
     token_ids_for,
 )
-from .sampling_pool import SamplingPool
+from .pool import SamplingPool
 
 __all__ = ["SampleResult", "JobSampler", "SamplingPool"]
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ..cache.pagetable import CachePage
     from .job import DynamicJob
-    from .pagetable import CachePage
 
 
 @dataclass(eq=False)

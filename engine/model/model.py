@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 import kernels
 
+from ..contract import WEIGHT_FORMATS
 from .batch import Batch
 from .config import ModelConfig
-from .contract import WEIGHT_FORMATS
 from .qlinear import Q4Linear, RowSplit, linear, q4_supported
 from .weights import load_weights
 
@@ -212,7 +212,7 @@ class Model:
 
     def forward_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits for every position of one sequence (1, n), through a throwaway cache: for tests and tools."""
-        from .cache import PagedCache
+        from ..cache.paged_cache import PagedCache
 
         ids = input_ids.reshape(-1).tolist()
         page = 16

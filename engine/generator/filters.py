@@ -18,7 +18,7 @@ import numpy as np
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+    from ..model.tokenizer import Tokenizer
 
 
 class Filter(abc.ABC):

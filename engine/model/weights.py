@@ -20,9 +20,9 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine.config import ModelConfig
-from engine.qlinear import GROUP as Q4_GROUP
-from engine.qlinear import Q4Linear
+from engine.model.config import ModelConfig
+from engine.model.qlinear import GROUP as Q4_GROUP
+from engine.model.qlinear import Q4Linear
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None

@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .batch import Batch
-from .cache import PagedCache
-from .contract import CACHED, FREE, Metrics, Result, SamplerSettings
+from ..cache.paged_cache import PagedCache
+from ..cache.pagetable import PageTable, root_hash
+from ..contract import CACHED, FREE, Metrics, Result, SamplerSettings
+from ..model.batch import Batch
+from ..model.model import Model
+from ..sampling.sampler import SamplingPool
 from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
-from .model import Model
-from .pagetable import PageTable, root_hash
-from .sampling import SamplingPool
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
 
 if TYPE_CHECKING:
-    from .tokenizer import Tokenizer
+    from ..model.tokenizer import Tokenizer
 
 
 class DynamicGenerator:
@@ -341,7 +341,7 @@ class DynamicGenerator:
         """Swap LoRA adapters; only while no job is queued or running (the K/V of queued jobs depends on them)."""
         if self.num_remaining_jobs():
             raise RuntimeError("LoRAs cannot be changed while there are jobs in the generator queue")
-        from .lora import LoRASet
+        from ..model.lora import LoRASet
 
         lora_set = LoRASet.build(self.model, loras, scales)  # validates before anything changes
         self.model.lora = lora_set

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .contract import CACHED, FREE, check_page_size
+from ..contract import CACHED, FREE, check_page_size
 
 
 def chain_hash(prev: bytes, tokens: list[int]) -> bytes:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .batch import Batch
+from ..model.batch import Batch
 
 if TYPE_CHECKING:
-    from .cache import PagedCache
-    from .model import Model
-    from .pagetable import PageTable
+    from ..cache.paged_cache import PagedCache
+    from ..cache.pagetable import PageTable
+    from ..model.model import Model
     from .sequence import Sequence
 
 

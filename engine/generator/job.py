@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..contract import EosReason, SamplerSettings, Stage
+from ..sampling.sampler import JobSampler
 from .banned import BannedStrings
-from .contract import EosReason, SamplerSettings, Stage
 from .filters import Filter
-from .sampling import JobSampler
 from .sequence import Sequence
 from .speculative import NgramIndex
 from .streaming import StreamChunk, TextStream

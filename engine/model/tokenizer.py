@@ -94,7 +94,7 @@ class Tokenizer:
     def load(cls, path: str | Path | None = None) -> Tokenizer:
         """From an HF folder, a .gguf file, or (None) the embedded default model."""
         if path is None:
-            from engine.weights import default_model_path
+            from engine.model.weights import default_model_path
 
             path = default_model_path()
         path = Path(path)
@@ -134,7 +134,7 @@ class Tokenizer:
 
     @classmethod
     def _from_gguf(cls, path: Path) -> Tokenizer:
-        from engine.weights import GGUFFile
+        from engine.model.weights import GGUFFile
 
         meta = GGUFFile(path).metadata
         kind = meta.get("tokenizer.ggml.model")

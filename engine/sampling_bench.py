@@ -12,7 +12,8 @@ import time
 import torch
 
 from .contract import SamplerSettings
-from .sampling.sampler import JobSampler, SamplingPool
+from .sampling.pool import SamplingPool
+from .sampling.sampler import JobSampler
 
 CASES: dict[str, SamplerSettings] = {
     "greedy": SamplerSettings.greedy(),

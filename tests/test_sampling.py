@@ -17,7 +17,8 @@ import torch
 
 from engine import DynamicJob
 from engine.contract import SamplerSettings
-from engine.sampling.sampler import JobSampler, SampleResult, SamplingPool
+from engine.sampling.pool import SamplingPool
+from engine.sampling.sampler import JobSampler, SampleResult
 from engine.sampling.truncation import _inverse_cdf, _top_k_ids
 
 PLAIN = dict(temperature=1.0, top_k=0, top_p=1.0, token_repetition_penalty=1.0)

@@ -20,7 +20,8 @@ from ..cache.pagetable import PageTable, root_hash
 from ..contract import CACHED, FREE, Metrics, Result, SamplerSettings
 from ..model.batch import Batch
 from ..model.model import Model
-from ..sampling.sampler import SamplingPool
+from ..sampling.draw import draw_cfg, draw_verified
+from ..sampling.pool import SamplingPool
 from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
 from .sequence import ScheduledSeq
@@ -209,23 +210,15 @@ class DynamicGenerator:
                 self._end(job)
 
     def _sample(self, job: DynamicJob, entries: list[ScheduledSeq], logits, first_row: dict) -> list:
-        """Draw the job's next token(s); with drafts, keep drawing while the draw equals the draft."""
-        if job.cfg:  # mix the positive and negative sequences' log-probabilities
-            pos, neg = (torch.log_softmax(logits[first_row[e]], dim=-1) for e in entries)
-            scale = job.gen_settings.cfg_scale
-            return [job.sampler.sample(scale * pos + (1 - scale) * neg, job.seq.tokens, job.return_top_tokens,
-                                       job.blocked_tokens())]
+        """The job's draws from its rows of this step's logits (engine.sampling.draw)."""
+        if job.cfg:  # entries: the positive and the negative sequence, one row each
+            pos, neg = (logits[first_row[e]] for e in entries)
+            return draw_cfg(job.sampler, pos, neg, job.gen_settings.cfg_scale, job.seq.tokens,
+                            job.return_top_tokens, job.blocked_tokens())
         e = entries[0]
-        context = list(job.seq.tokens)
-        out = []
-        for i in range(e.rows):
-            draw = job.sampler.sample(logits[first_row[e] + i], context, job.return_top_tokens,
-                                      job.blocked_tokens(offset=i))
-            out.append(draw)
-            if i >= len(e.drafts) or draw.token != e.drafts[i]:
-                break
-            context.append(draw.token)
-        return out
+        rows = [logits[first_row[e] + i] for i in range(e.rows)]
+        return draw_verified(job.sampler, rows, e.drafts, job.seq.tokens, job.return_top_tokens,
+                             lambda i: job.blocked_tokens(offset=i))
 
     def _filter_pool(self) -> ThreadPoolExecutor:
         if self._filter_executor is None:

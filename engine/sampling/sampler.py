@@ -1,11 +1,12 @@
-"""Sampling: `JobSampler` (one job's sampler with its own RNG and state) and `SamplingPool` (the per-step
-thread pool); the settings and their rules are engine.contract's `SamplerSettings`.
+"""`JobSampler`: one job's sampler, with its own RNG and state; the settings and their rules are
+engine.contract's `SamplerSettings`.
 
-The generator calls `JobSampler.sample()` once per job per step with that job's logits row. Work happens
+engine.sampling.draw calls `JobSampler.sample()` for each of a job's logits rows in a step. Work happens
 on the CPU in numpy: one row is small, so per-op overhead decides the cost, and numpy's is far below
 torch's there. Pipeline, as in ExLlamaV2: penalties -> blocked tokens -> token bias -> DRY -> vocab pad
 mask -> temperature (unless last) -> top-k -> top-p -> min-p -> typical -> mirostat -> temperature (if
-last) -> XTC -> skew -> draw. CFG mixing, filters and token healing are the generator's.
+last) -> XTC -> skew -> draw. CFG mixing and draft verification are engine.sampling.draw's; which tokens
+are blocked (filters, token healing, banned strings) the job decides.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ from .penalties import (
     bool_table,
     token_ids_for,
 )
-from .pool import SamplingPool
 
-__all__ = ["SampleResult", "JobSampler", "SamplingPool"]
+__all__ = ["SampleResult", "JobSampler"]
 
 
 @dataclass

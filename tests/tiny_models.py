@@ -77,7 +77,7 @@ _GGUF_NAMES = {
 
 
 def gguf_name(hf: str) -> str:
-    """llama.cpp's name for an HF tensor name (written independently of engine.weights' mapping)."""
+    """llama.cpp's name for an HF tensor name (written independently of engine.model.weights' mapping)."""
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "model.norm.weight":

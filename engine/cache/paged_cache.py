@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 class PagedCache:
-    """K/V storage shaped by pages; the page table (engine.pagetable) decides what lives where."""
+    """K/V storage shaped by pages; the page table (engine.cache.pagetable) decides what lives where."""
 
     def __init__(self, model: "Model", max_tokens: int = DEFAULT_CACHE_TOKENS, page_size: int = DEFAULT_PAGE_SIZE,
                  kv_quant: str | None = None):

@@ -75,7 +75,7 @@ class DynamicJob:
         filters = list(filters or [])
         for f in filters:
             if not isinstance(f, Filter):
-                raise TypeError(f"filters must be engine.filters.Filter objects, got {type(f).__name__}")
+                raise TypeError(f"filters must be engine.Filter objects, got {type(f).__name__}")
         if filters and banned_strings:
             raise ValueError("banned_strings cannot be combined with filters")
         if filter_prefer_eos and not filters:

@@ -33,7 +33,7 @@ class Batch:
 
         logit_rows_per_seq[i] = how many trailing tokens of sequence i need logits (default 1; 0 for none).
         prompt_seqs[i] = sequence i feeds prompt tokens (a prefill chunk) rather than generated ones; the
-        model may treat those rows differently (engine/qlinear.py), always per sequence, never per batch.
+        model may treat those rows differently (engine/model/qlinear.py), always per sequence, never per batch.
         The result's logit_offsets say where each sequence's rows land in the forward's logits.
         """
         ids: list[int] = []

@@ -102,7 +102,7 @@ class Model:
         self.scale = c.head_dim ** -0.5
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.lora = None  # the active engine.lora.LoRASet; set only through DynamicGenerator.set_loras
+        self.lora = None  # the active engine.model.lora.LoRASet; set only through DynamicGenerator.set_loras
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
@@ -112,7 +112,7 @@ class Model:
 
         weights="dense" dequantizes everything to `dtype` (exact, the default); "q4" keeps a GGUF's 4-bit
         projection matrices packed for torch's int4 CPU kernel (several times fewer bytes per token,
-        bf16 rounding inside the matmuls; see engine/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
+        bf16 rounding inside the matmuls; see engine/model/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
         from .weights import default_model_path

@@ -29,7 +29,7 @@ def q4_supported() -> bool:
 
 class Q4Linear:
     """An (N, K) weight as 4-bit codes with per-32 scales and zeros, w = (code - 8) * scale + zero
-    (engine.weights.q4_blocks reads them from GGUF blocks); use it through linear()."""
+    (engine.model.weights.q4_blocks reads them from GGUF blocks); use it through linear()."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
         N, K = codes.shape

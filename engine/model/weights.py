@@ -66,7 +66,7 @@ def load_weights(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
-    q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.qlinear.Q4Linear instead of dequantizing."""
+    q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.model.qlinear.Q4Linear instead of dequantizing."""
     path = default_model_path() if path is None else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Model path does not exist: {path}")

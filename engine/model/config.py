@@ -259,7 +259,8 @@ def _gguf_metadata(reader: Any) -> dict:
         return meta
     fields = getattr(reader, "fields", None)  # gguf.GGUFReader
     if fields is None:
-        raise TypeError(f"from_gguf needs an engine.model.weights.GGUFFile or gguf.GGUFReader, got {type(reader).__name__}")
+        raise TypeError(f"from_gguf needs an engine.model.weights.GGUFFile or gguf.GGUFReader, "
+                        f"got {type(reader).__name__}")
     big = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
     return {key: f.contents() for key, f in fields.items() if key not in big}
 

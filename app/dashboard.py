@@ -352,7 +352,7 @@ def bench(pages: Sequence[int] = (1024, 16384), snapshots: int = 200) -> dict[in
     """
     from PySide6.QtWidgets import QApplication
 
-    from app.screenshots import SimulatedWorkload
+    from tools.screenshots import SimulatedWorkload
 
     app = QApplication.instance() or QApplication([])
     results = {}

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench-spec"]:
-        from .bench_spec import main as bench_spec_main
+        from .bench.speculative import main as bench_spec_main
 
         return _guarded(lambda: bench_spec_main(argv[1:]))
     args = build_parser().parse_args(argv)
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench.serving import run_bench
 
     return run_bench(args)
 

@@ -226,7 +226,7 @@ def test_bad_snapshots_are_rejected_clearly(dock):
 def test_simulated_dashboard_screenshot(tmp_path, qtbot):
     from PySide6.QtGui import QImage
 
-    from app.screenshots import save_dashboard_screenshot
+    from tools.screenshots import save_dashboard_screenshot
 
     path = save_dashboard_screenshot(tmp_path / "dash.png", seconds=4.0, size=(400, 700))
     image = QImage(str(path))
@@ -237,7 +237,7 @@ def test_simulated_dashboard_screenshot(tmp_path, qtbot):
 
 def test_app_widgets_never_import_torch():
     code = ("import sys, os; os.environ['QT_QPA_PLATFORM'] = 'offscreen'; "
-            "import app.dashboard, app.pagemap, app.lora_panel, app.model_panel, app.screenshots; "
+            "import app.dashboard, app.pagemap, app.lora_panel, app.model_panel; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -253,7 +253,7 @@ def test_hover_line_follows_page_changes(dock):
 
 
 def test_simulated_workload_is_shaped_like_metrics():
-    from app.screenshots import SimulatedWorkload
+    from tools.screenshots import SimulatedWorkload
     from engine.contract import METRICS_KEYS
 
     work = SimulatedWorkload(pages_total=64, seed=3)

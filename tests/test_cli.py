@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from engine.bench import decode_weight_bytes
-from engine.bench_synthetic import random_model, tensor_shapes
+from engine.bench.serving import decode_weight_bytes
+from engine.bench.synthetic import random_model, tensor_shapes
 from engine.cli import build_parser, main, sampler_from_args
 from engine.model.config import ModelConfig
 from tests.tiny_models import write_tiny_model

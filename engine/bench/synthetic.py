@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from .model.config import ModelConfig
-from .model.model import Model, default_device, default_dtype
-from .model.weights import expected_tensor_names
+from ..model.config import ModelConfig
+from ..model.model import Model, default_device, default_dtype
+from ..model.weights import expected_tensor_names
 
 # HF config.json fields of each synthetic model (shared by our ModelConfig and the transformers peer).
 SYNTHETIC_MODELS: dict[str, dict] = {

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 if TYPE_CHECKING:
-    from .bench import Workload
+    from .serving import Workload
 
 
 def _transformers():
@@ -29,12 +29,12 @@ def load_peer(model_arg: str | None, device: torch.device, dtype: torch.dtype, s
     """AutoModelForCausalLM on the same weights (GGUF via transformers' own dequantizer)."""
     tf = _transformers()
     if synthetic:
-        from .bench_synthetic import hf_config
+        from .synthetic import hf_config
 
         with torch.device(device):
             model = tf.AutoModelForCausalLM.from_config(hf_config(model_arg), dtype=dtype, attn_implementation="eager")
         return model.eval()
-    from .model.weights import default_model_path
+    from ..model.weights import default_model_path
 
     path = Path(model_arg) if model_arg is not None else default_model_path()
     kwargs = dict(dtype=dtype, attn_implementation="eager")

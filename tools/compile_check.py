@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import triton_decode, triton_kv, triton_pointwise, triton_prefill
+from kernels import triton_decode, triton_kv, triton_pointwise, triton_prefill
 
 DT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 POOL = {0: None, 8: ("*u8", "*u8", "*fp16"), 6: ("*u8", "*u8", "*fp16"), 4: ("*u8", "*u8", "*fp16")}

@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from .contract import SamplerSettings
-from .sampling.pool import SamplingPool
-from .sampling.sampler import JobSampler
+from engine.contract import SamplerSettings
+from engine.sampling.pool import SamplingPool
+from engine.sampling.sampler import JobSampler
 
 CASES: dict[str, SamplerSettings] = {
     "greedy": SamplerSettings.greedy(),

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from . import attention as ref_attention
-from .kv_quant import make_pool, pool_nbytes
+from kernels import attention as ref_attention
+from kernels.kv_quant import make_pool, pool_nbytes
 
 SHAPE = {"kv_heads": 8, "q_heads": 32, "head_dim": 128}  # Llama-3-8B attention shape
 
@@ -72,7 +72,7 @@ def kv_bytes(k, v, batch: int, context: int, page_size: int) -> int:
 
 def run(batches, contexts, page_sizes, kv_quants, device, dtype, layout: str = "shuffled") -> list[dict]:
     if device.type == "cuda":
-        from . import triton_ops
+        from kernels import triton_ops
 
         fn = triton_ops.paged_attention
     else:

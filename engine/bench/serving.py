@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cache.paged_cache import PagedCache
-from .contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
-from .contract import SamplerSettings
-from .generator.generator import DynamicGenerator
-from .generator.job import DynamicJob
-from .model.model import Model
-from .model.tokenizer import Tokenizer
+from ..cache.paged_cache import PagedCache
+from ..contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from ..contract import SamplerSettings
+from ..generator.generator import DynamicGenerator
+from ..generator.job import DynamicJob
+from ..model.model import Model
+from ..model.tokenizer import Tokenizer
 
 TTFT_REPEATS = 3
 
@@ -211,14 +211,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .bench_synthetic import SYNTHETIC_MODELS, synthetic_model
+    from .synthetic import SYNTHETIC_MODELS, synthetic_model
 
     t = time.perf_counter()
     if args.model in SYNTHETIC_MODELS:
         model = synthetic_model(args.model)
         tokenizer = Tokenizer.load(None)  # random weights: any tokenizer of a smaller vocabulary will do
     else:
-        from .cli import check_model_path
+        from ..cli import check_model_path
 
         check_model_path(args.model)
         model = Model.load(args.model, weights=args.weights)
@@ -250,7 +250,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     peer, ratio = {}, {}
     if args.peer == "transformers":
-        from .bench_peer import bench_transformers
+        from .peer import bench_transformers
 
         peer = bench_transformers(args.model, w, device, dtype, synthetic=synthetic, log=log)
         peer["roofline_pct"] = 100 * peer["batch1_tok_s"] / dense_roofline  # the peer reads dense weights

@@ -9,7 +9,7 @@ import argparse
 
 import torch
 
-from .kv_quant import make_pool
+from kernels.kv_quant import make_pool
 
 PROMPT = ("Explain in detail how a paged key/value cache works in a language model server, and why it helps "
           "when many users chat at once. Give examples.")

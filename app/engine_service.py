@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.store import ChatSettings
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from engine.contract import model_path_problem
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,10 @@ class LoadRequest:
         req.draft_model = req.draft_model or None
         if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
             raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
-        if req.path is not None and not Path(req.path).exists():
-            raise FileNotFoundError(f"model path does not exist: {req.path}")
-        if req.draft_model is not None and not Path(req.draft_model).exists():
-            raise FileNotFoundError(f"draft model path does not exist: {req.draft_model}")
+        for prefix, path in (("", req.path), ("draft model: ", req.draft_model)):
+            problem = model_path_problem(path) if path is not None else None
+            if problem is not None:
+                raise FileNotFoundError(prefix + problem)
         return req
 
 

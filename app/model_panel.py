@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS
+from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, model_path_problem
 
 # The engine owns which formats exist; the panel only labels them (a format without a label fails here).
 _WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (exact, dequantized)",
@@ -27,16 +27,6 @@ _WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (e
 KV_CHOICES = tuple(("none (model dtype)" if f is None else f.upper(), f) for f in KV_QUANT_FORMATS)
 WEIGHT_CHOICES = tuple((_WEIGHT_LABELS[f], f) for f in WEIGHT_FORMATS)
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
-
-
-def model_path_problem(path: str) -> str | None:
-    """Why `path` can't be a model (None when it looks loadable): a .gguf file or an HF folder."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        return f"model path does not exist: {p}"
-    if p.is_dir():
-        return None if (p / "config.json").is_file() else f"not a Hugging Face model folder (no config.json): {p}"
-    return None if p.suffix.lower() == ".gguf" else f"not a .gguf file or model folder: {p}"
 
 
 def human_bytes(n: float) -> str:

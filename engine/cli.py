@@ -1,5 +1,5 @@
 """`python -m engine generate|bench|bench-spec`: talk to a model from a terminal, or measure the engine
-(engine.bench; bench-spec is engine.bench_spec's own parser, dispatched from here).
+(engine.bench.serving; bench-spec is engine.bench.speculative's own parser, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
 `error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
@@ -10,10 +10,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
-from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS
+from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS, check_model_path
 
 # What a user can cause: reported as one line, never as a traceback.
 USER_ERRORS = (OSError, ValueError, NotImplementedError, ImportError, MemoryError)
@@ -94,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
-    # Listed for --help only: main() hands its arguments to engine.bench_spec, which parses them itself.
+    # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.
     sub.add_parser("bench-spec", add_help=False,
                    help="speculative decoding (n-gram) speed-up by batch size; see `bench-spec --help`")
     return parser
@@ -128,11 +127,6 @@ def _guarded(command) -> int:
         return 130
 
 
-def check_model_path(path: str | None) -> None:
-    if path is not None and not Path(path).exists():
-        raise CLIError(f"model path does not exist: {path}")
-
-
 # ---- generate ---------------------------------------------------------------------------------------
 def sampler_from_args(args: argparse.Namespace):
     """SamplerSettings from the flags, validated before any model is loaded (fail fast on typos)."""
@@ -162,7 +156,8 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.system is not None and args.chat is None:
         raise CLIError("--system needs --chat (a raw --prompt has no system role)")
     settings = sampler_from_args(args)
-    check_model_path(args.model)
+    if args.model is not None:
+        check_model_path(args.model)
     model = Model.load(args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
     if args.chat is not None:

@@ -253,7 +253,7 @@ def test_hover_line_follows_page_changes(dock):
 
 
 def test_simulated_workload_is_shaped_like_metrics():
-    from tools.screenshots import SimulatedWorkload
+    from tools.simulated_workload import SimulatedWorkload
     from engine.contract import METRICS_KEYS
 
     work = SimulatedWorkload(pages_total=64, seed=3)

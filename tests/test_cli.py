@@ -170,7 +170,7 @@ def test_bench_spec_is_dispatched_with_its_own_arguments(capsys):
     with pytest.raises(SystemExit) as e:
         main(["bench-spec", "--help"])
     assert e.value.code == 0
-    assert "--draft-tokens" in capsys.readouterr().out  # engine.bench_spec's parser answered
+    assert "--draft-tokens" in capsys.readouterr().out  # engine.bench.speculative's parser answered
     assert "bench-spec" in build_parser().format_help()
 
 

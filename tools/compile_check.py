@@ -2,7 +2,7 @@
 
 The CPU interpreter (used by the tests) checks numerics but not what only the compiler enforces (tl.dot
 shapes, type rules, register and shared-memory budgets). This compiles each variant to a cubin with
-Triton's bundled ptxas and reports its resources: `python -m kernels.compile_check [--arch 80 90]`."""
+Triton's bundled ptxas and reports its resources: `python -m tools.compile_check [--arch 80 90]`."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""`python -m kernels.bench`: achieved bandwidth of paged decode attention as a fraction of the device's
+"""`python -m tools.kernel_bench`: achieved bandwidth of paged decode attention as a fraction of the device's
 measured copy bandwidth. Decode attention must read every cached K/V byte once, so
 bytes = batch x context x kv_heads x head_dim x 2 (K and V) x bytes per value, and the roofline is the
-copy bandwidth (read + write of a large buffer). On CUDA it times the Triton kernels; without a GPU it
-says so and times the torch reference (what the CPU engine runs) on small sizes."""
+copy bandwidth (read + write of a large buffer, best of 5: engine.bench.measure, as `python -m engine bench`).
+On CUDA it times the Triton kernels; without a GPU it says so and times the torch reference (what the CPU
+engine runs) on small sizes."""
 
 from __future__ import annotations
 
@@ -12,17 +13,11 @@ import time
 
 import torch
 
+from engine.bench.measure import copy_bandwidth
 from kernels import attention as ref_attention
 from kernels.kv_quant import make_pool, pool_nbytes
 
 SHAPE = {"kv_heads": 8, "q_heads": 32, "head_dim": 128}  # Llama-3-8B attention shape
-
-
-def copy_bandwidth(device: torch.device, nbytes: int) -> float:
-    """Bytes/s of a device-to-device copy, counting read + write."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / _time(lambda: dst.copy_(src), device)
 
 
 def _time(fn, device: torch.device, reps: int | None = None) -> float:

@@ -1,7 +1,7 @@
-"""`python -m kernels.quant_error`: logit error of the q8/q6/q4 KV caches against fp32 and fp16 caches on a
+"""`python -m tools.kv_quant_error`: logit error of the q8/q6/q4 KV caches against fp32 and fp16 caches on a
 model (default: the embedded SmolLM2-135M), teacher-forced along the fp32 cache's greedy continuation so
-every variant sees the same tokens. A measurement tool over the engine's public API (imported lazily:
-kernels itself never depends on engine)."""
+every variant sees the same tokens. It lives in tools/ because it needs both the engine and the kernels'
+pools (kernels never import the engine)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import argparse
 
 import torch
 
+from engine import Model, PagedCache, Tokenizer
+from engine.model.batch import Batch
 from kernels.kv_quant import make_pool
 
 PROMPT = ("Explain in detail how a paged key/value cache works in a language model server, and why it helps "
@@ -18,8 +20,6 @@ PROMPT = ("Explain in detail how a paged key/value cache works in a language mod
 def _logits_along(model, cache, path: list[int], n_prompt: int, page_size: int, extend: int = 0) -> torch.Tensor:
     """Prefill path[:n_prompt], then feed path[n_prompt:] one token at a time; with `extend`, first append
     that many greedy tokens to `path` (in place). Returns the logits of every step."""
-    from engine.model.batch import Batch
-
     pages = list(range(cache.num_pages))[::-1]  # non-contiguous page order
     rows = [model.forward(Batch.build([(path[:n_prompt], 0, pages)], page_size), cache)[:, : model.vocab_size]]
     for _ in range(extend):
@@ -38,8 +38,6 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--page-size", type=int, default=16)
     args = ap.parse_args()
-    from engine import Model, PagedCache, Tokenizer
-
     model = Model.load(args.model)
     tok = Tokenizer.load(args.model)
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]))[0].tolist()

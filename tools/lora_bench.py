@@ -1,6 +1,6 @@
 """Decode-step cost of active LoRA adapters on the default model, measured interleaved in one process.
 
-    python packaging/bench_lora.py [--batch 1 8 32] [--context 512] [--rounds 15]
+    python -m tools.lora_bench [--batch 1 8 32] [--context 512] [--rounds 15]
 
 Interleaving matters on a shared machine: every configuration is timed in each round, so load from other
 processes hits all of them alike, and the per-configuration median over rounds is compared as a ratio.
@@ -9,18 +9,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine import Model, PagedCache  # noqa: E402
-from engine.model.batch import Batch  # noqa: E402
-from engine.model.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters  # noqa: E402
+from engine import Model, PagedCache
+from engine.model.batch import Batch
+from engine.model.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters
 
 
 def random_adapter(model: Model, rank: int, name: str, seed: int) -> LoRA:

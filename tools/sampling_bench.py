@@ -1,4 +1,4 @@
-"""Per-call cost of JobSampler.sample on one logits row: `python -m engine.sampling_bench`.
+"""Per-call cost of JobSampler.sample on one logits row: `python -m tools.sampling_bench`.
 
 Measures the sampler alone (no model) so its share of a decode step is known; the vocabulary defaults to
 the default model's (49152, padded to 49152).

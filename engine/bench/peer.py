@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from .measure import sync
+
 if TYPE_CHECKING:
     from .serving import Workload
 
@@ -76,12 +78,12 @@ def bench_transformers(model_arg: str | None, w: "Workload", device: torch.devic
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
         ids, mask = ids.to(device), mask.to(device)
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                                  do_sample=False, pad_token_id=pad, streamer=streamer)
-        _sync(device)
+        sync(device)
         elapsed = time.perf_counter() - t0
         if out.shape[1] - width != n:
             raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, expected {n}")
@@ -113,8 +115,3 @@ def bench_transformers(model_arg: str | None, w: "Workload", device: torch.devic
         "prefix_cache": False,
         "note": "transformers has no prefix cache: its 'cached' TTFT recomputes the shared prefix",
     }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

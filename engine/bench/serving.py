@@ -1,5 +1,5 @@
 """`python -m engine bench`: what users feel (decode speed, concurrency, prefix-cache TTFT), measured in one
-run on one machine, optionally beside transformers (engine.bench_peer) on the same model and prompts.
+run on one machine, optionally beside transformers (engine.bench.peer) on the same model and prompts.
 
 Definitions (the same for both sides):
 - batch-1 decode tok/s: one request, greedy; tokens after the first over the time after the first
@@ -25,11 +25,12 @@ import torch
 
 from ..cache.paged_cache import PagedCache
 from ..contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
-from ..contract import SamplerSettings
+from ..contract import SamplerSettings, check_model_path
 from ..generator.generator import DynamicGenerator
 from ..generator.job import DynamicJob
 from ..model.model import Model
 from ..model.tokenizer import Tokenizer
+from .measure import copy_bandwidth
 
 TTFT_REPEATS = 3
 
@@ -69,22 +70,6 @@ def make_workload(args: argparse.Namespace, vocab: int, special: set[int], max_l
                     shared_prefix=args.shared_prefix)
 
 
-def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:
-    """Bytes/s of a large tensor copy (read + write counted), best of 5: the memory roofline's denominator."""
-    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 256 << 20)
-    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(5):
-        _sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = min(best, time.perf_counter() - t)
-    del src, dst
-    return 2 * nbytes / best
-
-
 def decode_weight_bytes(model: Model, dense: bool = False) -> int:
     """Bytes of weights one decode step reads: all of them, except an untied embedding (one row read).
 
@@ -93,11 +78,6 @@ def decode_weight_bytes(model: Model, dense: bool = False) -> int:
     if model.lm_head is not model.embed:
         total -= model.embed.numel() * model.embed.element_size()
     return total
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---- the engine side ----------------------------------------------------------------------------
@@ -218,9 +198,8 @@ def _bench(args: argparse.Namespace) -> int:
         model = synthetic_model(args.model)
         tokenizer = Tokenizer.load(None)  # random weights: any tokenizer of a smaller vocabulary will do
     else:
-        from ..cli import check_model_path
-
-        check_model_path(args.model)
+        if args.model is not None:
+            check_model_path(args.model)
         model = Model.load(args.model, weights=args.weights)
         tokenizer = Tokenizer.load(args.model)
     load_s = time.perf_counter() - t

@@ -10,8 +10,12 @@ import argparse
 import json
 import time
 
-from .. import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from ..contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS
+from ..cache.paged_cache import PagedCache
+from ..contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS, SamplerSettings
+from ..generator.generator import DynamicGenerator
+from ..generator.job import DynamicJob
+from ..model.model import Model
+from ..model.tokenizer import Tokenizer
 
 PASSAGE = ("The quick brown fox jumps over the lazy dog. A journey of a thousand miles begins with a single step. "
            "All that glitters is not gold. Actions speak louder than words. ")

@@ -20,6 +20,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from engine.contract import check_model_path
 from engine.model.config import ModelConfig
 from engine.model.qlinear import GROUP as Q4_GROUP
 from engine.model.qlinear import Q4Linear
@@ -67,17 +68,13 @@ def load_weights(
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
     q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.model.qlinear.Q4Linear instead of dequantizing."""
-    path = default_model_path() if path is None else Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Model path does not exist: {path}")
+    path = default_model_path() if path is None else check_model_path(path)
     if path.is_dir():
         if q4:
             raise ValueError(f"weights='q4' keeps a GGUF's 4-bit blocks; {path} is a safetensors folder "
                              "(load it with weights='dense')")
         return _load_hf_folder(path, dtype, torch.device(device), progress)
-    if path.suffix.lower() == ".gguf":
-        return _load_gguf(path, dtype, torch.device(device), progress, q4)
-    raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+    return _load_gguf(path, dtype, torch.device(device), progress, q4)
 
 
 # ====================================================================== safetensors folders
@@ -88,9 +85,7 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old checkpoints saved this buffe
 def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress):
     from safetensors import SafetensorError, safe_open
 
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
+    cfg_path = folder / "config.json"  # there: load_weights checked the path
     try:
         config = ModelConfig.from_hf(json.loads(cfg_path.read_text()))
     except json.JSONDecodeError as e:

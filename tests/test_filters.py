@@ -211,18 +211,6 @@ def test_mask_is_cached_per_state_and_read_only(tok):
     assert f.mask() is not m
 
 
-def test_rollback_restores_the_earlier_state(tok):
-    f = ChoiceFilter(["alpha", "beta"])
-    f.begin(tok)
-    first = f.mask().copy()
-    feed_text(f, tok, "beta")
-    assert f.done
-    f.rollback(len(tok.encode("beta")[0]))
-    assert not f.can_end and np.array_equal(f.mask(), first)
-    feed_text(f, tok, "alpha")
-    assert f.done
-
-
 def test_begin_resets_a_filter(tok):
     f = ChoiceFilter(["one"])
     f.begin(tok)

@@ -173,7 +173,7 @@ def test_bad_input_raises_clear_errors(tiny):
     gen.enqueue(job)
     with pytest.raises(ValueError, match="already enqueued"):
         gen.enqueue(job)
-    with pytest.raises(NotImplementedError, match="embeddings"):
+    with pytest.raises(TypeError, match="embeddings"):  # not offered: a clear error, not a silent no-op
         DynamicJob(prompt_ids(4), 5, embeddings=[object()])
     gen.clear_queue()
     assert gen.num_remaining_jobs() == 0

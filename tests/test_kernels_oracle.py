@@ -183,9 +183,9 @@ def test_silu_mul():
     torch.testing.assert_close(kernels.silu_mul(gu), torch.nn.functional.silu(gu[:, :5]) * gu[:, 5:])
 
 
-def test_pad_vocab_and_mask():
+def test_pad_vocab_and_embedding():
     assert [kernels.pad_vocab(n) for n in (1, 32, 33, 49152, 151936, 32001)] == [32, 32, 64, 49152, 151936, 32032]
-    logits = torch.zeros(2, kernels.pad_vocab(50))
-    kernels.mask_padded_logits(logits, 50)
-    assert torch.isinf(logits[:, 50:]).all() and (logits[:, :50] == 0).all()
-    assert kernels.pad_embedding(torch.ones(50, 4)).shape == (64, 4)
+    padded = kernels.pad_embedding(torch.ones(50, 4))
+    assert padded.shape == (64, 4) and (padded[:50] == 1).all() and (padded[50:] == 0).all()
+    same = torch.ones(64, 4)
+    assert kernels.pad_embedding(same) is same

@@ -223,18 +223,6 @@ class PageTable:
         if i + 1 < len(pages):
             pages[i + 1].prev_hash = h
 
-    def truncate(self, pages: list[CachePage], kv_len: int) -> None:
-        """Roll a sequence's K/V back to kv_len tokens (rejected draft tokens, rewinds)."""
-        ps = self.page_size
-        for i, page in enumerate(pages):
-            keep = min(max(kv_len - i * ps, 0), ps)
-            if page.kv_position > keep:
-                if page.ref_count > 1:
-                    raise RuntimeError("cannot roll back a page shared with another sequence")
-                self._forget(page)
-                page.kv_position = keep
-                del page.tokens[keep:]
-
     # ---- release ----------------------------------------------------------------------------------
     def release(self, pages: list[CachePage], owner: int) -> None:
         """Drop one sequence's references. Written pages stay as prompt cache; unwritten ones become free."""

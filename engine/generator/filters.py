@@ -46,10 +46,6 @@ class Filter(abc.ABC):
     def done(self) -> bool:
         """Nothing more may follow: the job must end now (eos_reason "end_filter")."""
 
-    def rollback(self, num_tokens: int) -> None:
-        """Undo the last `num_tokens` feeds (banned-string rewinds, rejected draft tokens)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot roll back fed tokens")
-
 
 # ---------------------------------------------------------------------------------------------- llguidance
 
@@ -149,12 +145,6 @@ class LLGuidanceFilter(Filter):
                 piece = self._tokenizer.token_bytes(token)
                 raise ValueError(f"token {token} ({piece!r}) is not allowed by {type(self).__name__} "
                                  f"(the filter is now unusable): {matcher.get_error().strip()}")
-            self._cached = None
-
-    def rollback(self, num_tokens: int) -> None:
-        with self._lock:
-            if num_tokens < 0 or not self._started().rollback(num_tokens):
-                raise ValueError(f"cannot roll back {num_tokens} tokens: {self._matcher.get_error().strip()}")
             self._cached = None
 
     # Before begin() both are False (not raising, so duck-typing checks like hasattr() hold).

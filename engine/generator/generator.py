@@ -48,7 +48,6 @@ class DynamicGenerator:
         max_ngram: int = 4,
         max_sampling_threads: int = 16,
         min_sampling_threads: int = 3,
-        paged: bool = True,
         filter_background_eval: bool = True,
         max_draft_batch_size: int = 16,  # drafting still paid at 16 (n-gram, 85 % acceptance): README
     ):
@@ -58,8 +57,6 @@ class DynamicGenerator:
             raise ValueError("choose one kind of speculation: a draft model or n-gram drafting, not both")
         if draft_model is not None:
             check_draft_model(model, cache, draft_model, draft_cache)
-        if not paged:
-            raise ValueError("paged=False is not supported: pagedeck's cache is always paged")
         if cache.model is not model:
             raise ValueError("the cache was built for a different model")
         for name, value in (("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("max_q_size", max_q_size),
@@ -369,11 +366,6 @@ class DynamicGenerator:
             loras=[getattr(lora, "name", str(lora)) for lora in self.loras],
         )
         return d
-
-    def print_page_list(self) -> None:
-        for page in self.pagetable.pages:
-            print(f"page {page.index:4d} ref {page.ref_count} kv {page.kv_position:4d} "
-                  f"hash {page.phash.hex()[:8] if page.phash else '-':8s} owners {page.owners}")
 
     # ---- blocking convenience API -----------------------------------------------------------------
     def generate(

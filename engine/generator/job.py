@@ -17,11 +17,6 @@ from .speculative import NgramIndex
 from .streaming import StreamChunk, TextStream
 
 
-def _not_yet(name: str) -> NotImplementedError:
-    return NotImplementedError(f"{name} is not implemented yet (advanced generation, issue 4); "
-                               f"leave it at its default")
-
-
 @dataclass(frozen=True)
 class JobContext:
     """What a job needs from the generator that runs it: given at enqueue, instead of the generator."""
@@ -52,7 +47,6 @@ class DynamicJob:
         token_healing: bool = False,
         filters: list | None = None,
         filter_prefer_eos: bool = False,
-        embeddings: list | None = None,
     ):
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
         if len(prompts) not in (1, 2):
@@ -70,8 +64,6 @@ class DynamicJob:
             raise ValueError(f"max_skips must be >= 0, got {max_skips}")
         if return_top_tokens < 0:
             raise ValueError(f"return_top_tokens must be >= 0, got {return_top_tokens}")
-        if embeddings:
-            raise _not_yet("embeddings")
         filters = list(filters or [])
         for f in filters:
             if not isinstance(f, Filter):

@@ -76,9 +76,7 @@ class Model:
         self.vocab_size = c.vocab_size
         self.padded_vocab = kernels.pad_vocab(c.vocab_size)
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else get("lm_head.weight")
-        if self.padded_vocab != head.shape[0]:
-            head = torch.cat([head, head.new_zeros(self.padded_vocab - head.shape[0], head.shape[1])])
-        self.lm_head = head
+        self.lm_head = kernels.pad_embedding(head)
         self.norm = get("model.norm.weight")
         self.layers: list[Layer] = []
         for i in range(c.num_layers):

@@ -14,6 +14,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
+from app.formatting import human_count
 from app.pagemap import PageMapWidget
 from engine.contract import METRICS_KEYS
 
@@ -313,13 +314,13 @@ class DashboardDock(QDockWidget):
         if self.acceptance_rate is None:
             _set_text(self.acceptance_label, "speculative acceptance: n/a (nothing drafted)")
         else:
-            per_pos = " · ".join(_si(float(v)) for v in list(s["accepted_per_position"])[:8])
+            per_pos = " · ".join(human_count(float(v)) for v in list(s["accepted_per_position"])[:8])
             _set_text(self.acceptance_label, f"speculative acceptance: {100 * self.acceptance_rate:.1f} % "
                                              f"(last {self.window_s:.0f} s) · accepted by draft position: {per_pos}")
         _set_text(self.sampling_label,
                   f"sampling threads: {s['sampling_threads_busy']} / {s['sampling_threads_max']} busy")
-        _set_text(self.cache_label, f"prefix-cache hits: {_si(float(s['prefix_hit_tokens_total']))} tokens · "
-                                    f"steps: {_si(float(s['steps_total']))}")
+        _set_text(self.cache_label, f"prefix-cache hits: {human_count(float(s['prefix_hit_tokens_total']))} tokens · "
+                                    f"steps: {human_count(float(s['steps_total']))}")
         loras = list(s["loras"])
         _set_text(self.lora_label, "LoRA: " + (", ".join(str(x) for x in loras) if loras else "none"))
 
@@ -334,10 +335,3 @@ def _nice_step(raw: float) -> float:
     """Smallest 1/2/5 x 10^k step >= raw."""
     exp = 10.0 ** math.floor(math.log10(max(raw, 1e-9)))
     return next(m * exp for m in (1, 2, 5, 10) if m * exp >= raw)
-
-
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f}"

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QListWidgetItem, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
+from app.formatting import human_bytes, human_count
 from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, model_path_problem
 
 # The engine owns which formats exist; the panel only labels them (a format without a label fails here).
@@ -27,21 +28,6 @@ _WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (e
 KV_CHOICES = tuple(("none (model dtype)" if f is None else f.upper(), f) for f in KV_QUANT_FORMATS)
 WEIGHT_CHOICES = tuple((_WEIGHT_LABELS[f], f) for f in WEIGHT_FORMATS)
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def human_count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f}"
 
 
 class RecentModels:

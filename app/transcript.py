@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
+from app.formatting import stats_text
+
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_BACKGROUND = QColor(128, 128, 128, 40)
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
@@ -44,27 +46,6 @@ def stable_prefix(text: str, start: int = 0) -> int:
     """Length of the part of `text` that later tokens cannot change: up to its last paragraph break
     ("\\n\\n") that lies outside a fenced code block."""
     return _fence_scan(text, start)[0]
-
-
-def stats_text(stats) -> str:
-    """One line: state (with prefill %), prompt/cached tokens, TTFT, tokens/s."""
-    if stats is None:
-        return ""
-    state = f"prefill {stats.progress * 100:.0f}%" if stats.state == "prefill" else stats.state
-    parts = [state]
-    if stats.prompt_tokens is not None:
-        parts.append(f"prompt {stats.prompt_tokens} tok")
-    if stats.cached_tokens is not None:
-        parts.append(f"cached {stats.cached_tokens} tok")
-    if stats.new_tokens:
-        parts.append(f"{stats.new_tokens} new tok")
-    if stats.ttft_s is not None:
-        parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
-    if stats.tokens_per_s is not None:
-        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
-    if stats.error:
-        parts.append(f"error: {stats.error}")
-    return " · ".join(parts)
 
 
 @dataclass

@@ -4,7 +4,8 @@ import random
 import pytest
 from PySide6.QtGui import QTextDocument, QTextFormat
 
-from app.transcript import Transcript, stable_prefix, stats_text
+from app.formatting import stats_text
+from app.transcript import Transcript, stable_prefix
 from app.store import Message, ReplyStats
 
 TOKENS = ["Hello", " world", ",", " this", " is", " **bold**", " *it*", " `code`", "\n\n", "\n", "- item", "1. first",

@@ -41,6 +41,7 @@ def lora_dir(tmp_path):
     (bad_cfg / "adapter_config.json").write_text("{ not json")
     (root / "not-an-adapter").mkdir()
     (root / "not-an-adapter" / "notes.txt").write_text("hello")
+    (write_adapter(root / "no-weights") / "adapter_model.safetensors").unlink()
     return root
 
 
@@ -58,12 +59,13 @@ def row_of(panel, name):
 
 def test_lora_scan_lists_adapters_and_flags_broken_ones(lora_panel):
     names = sorted(a.name for a in lora_panel.adapters())
-    assert names == ["bad-config", "broken-weights", "pirate", "terse"]
+    assert names == ["bad-config", "broken-weights", "no-weights", "pirate", "terse"]  # the engine's rule
     info = {a.name: a for a in lora_panel.adapters()}
     assert info["pirate"].problem is None and info["pirate"].rank == 8 and info["pirate"].alpha == 16
     assert info["terse"].problem is None and info["terse"].targets == ("q_proj", "k_proj", "o_proj")
     assert "adapter_model.safetensors" in info["broken-weights"].problem
     assert "adapter_config.json" in info["bad-config"].problem
+    assert "no adapter weights" in info["no-weights"].problem  # listed, flagged, not silently hidden
     table = lora_panel.table
     assert "r=8" in table.item(row_of(lora_panel, "pirate"), 2).text()
     broken = table.item(row_of(lora_panel, "broken-weights"), 0)

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from engine.model.lora import LoRA, LoRASet, MissingAdapterFile, find_adapters
+from engine.contract import demo_adapters_folder, find_adapters
+from engine.model.lora import LoRA, LoRASet, MissingAdapterFile
 from tests.tiny_models import write_tiny_model
 
 GREEDY = SamplerSettings.greedy()
@@ -311,7 +312,7 @@ def test_missing_files_and_bad_arguments(model, adapters, tmp_path):
 
 # ---------------------------------------------------------------- the demo adapters (real default model)
 
-DEMO = Path(__file__).resolve().parents[1] / "resources" / "loras"
+DEMO = demo_adapters_folder()  # the checkout's resources/loras (wrong if this finds no demo adapters)
 
 
 def test_demo_adapters_are_small_peft_adapters():

@@ -15,7 +15,8 @@ import torch
 
 from engine import Model, PagedCache
 from engine.model.batch import Batch
-from engine.model.lora import MODULES, Geometry, LoRA, LoRASet, demo_adapters_folder, find_adapters
+from engine.contract import demo_adapters_folder, find_adapters
+from engine.model.lora import MODULES, Geometry, LoRA, LoRASet
 
 
 def random_adapter(model: Model, rank: int, name: str, seed: int) -> LoRA:

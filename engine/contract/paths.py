@@ -1,4 +1,4 @@
-"""What counts as a model on disk, checked the same way by the CLI, the app and the weight loader."""
+"""What counts as a model or a LoRA adapter on disk, decided here once for the CLI, the app and the loaders."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,3 +22,31 @@ def check_model_path(path: str | Path) -> Path:
         p = Path(path).expanduser()
         raise (ValueError if p.is_file() else FileNotFoundError)(problem)
     return Path(path).expanduser()
+
+
+ADAPTER_CONFIG_FILE = "adapter_config.json"  # PEFT's files
+ADAPTER_WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def is_adapter_dir(path: str | Path) -> bool:
+    """A folder that claims to be a PEFT adapter: it holds adapter_config.json (missing or broken weights are
+    that adapter's problem to report, not a reason to hide it)."""
+    return (Path(path) / ADAPTER_CONFIG_FILE).is_file()
+
+
+def find_adapters(*folders: str | Path) -> list[Path]:
+    """Adapter folders among the given folders: each one that is an adapter itself, else its immediate
+    sub-folders that are, sorted."""
+    found = []
+    for folder in folders:
+        folder = Path(folder)
+        if is_adapter_dir(folder):
+            found.append(folder)
+        elif folder.is_dir():
+            found += sorted(p for p in folder.iterdir() if is_adapter_dir(p))
+    return found
+
+
+def demo_adapters_folder() -> Path:
+    """resources/loras/ of this checkout: the demo adapters made by packaging/train_lora.py."""
+    return Path(__file__).resolve().parents[2] / "resources" / "loras"

@@ -18,8 +18,9 @@ from typing import Any, Iterable
 
 import torch
 
-CONFIG_FILE = "adapter_config.json"
-WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
+from ..contract.paths import ADAPTER_CONFIG_FILE as CONFIG_FILE
+from ..contract.paths import ADAPTER_WEIGHT_FILES as WEIGHT_FILES
+
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 KINDS = ("qkv", "o", "gate_up", "down")
 _PARENT = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn",
@@ -250,23 +251,6 @@ class LoRASet:
 
     def __repr__(self) -> str:
         return "LoRASet(" + ", ".join(f"{a.name}*{s:g}" for a, s in zip(self.adapters, self.scales)) + ")"
-
-
-def find_adapters(*folders: str | Path) -> list[Path]:
-    """Adapter folders (those holding adapter_config.json) directly inside the given folders, sorted."""
-    found = []
-    for folder in folders:
-        folder = Path(folder)
-        if (folder / CONFIG_FILE).is_file():
-            found.append(folder)
-        elif folder.is_dir():
-            found += sorted(p for p in folder.iterdir() if (p / CONFIG_FILE).is_file())
-    return found
-
-
-def demo_adapters_folder() -> Path:
-    """resources/loras/ of this checkout: the demo adapters made by packaging/train_lora.py."""
-    return Path(__file__).resolve().parents[1] / "resources" / "loras"
 
 
 # ---------------------------------------------------------------- helpers

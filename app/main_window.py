@@ -2,13 +2,11 @@
 
 Every open chat has its own ChatSession; all of them send jobs to the one EngineService generator,
 so any number of chats stream at once. The dashboard, model and LoRA panels are separate widgets
-talking to EngineService through signals (imported if present, so the window runs without them).
+talking to EngineService through signals.
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
-import logging
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -21,22 +19,13 @@ from PySide6.QtWidgets import (
 from app.chat_list import ChatList
 from app.chat_pane import ChatPane, RenderScheduler
 from app.chat_session import ChatSession, spawn
+from app.dashboard import DashboardDock
 from app.engine_service import EngineService
 from app.export import export_chat
+from app.lora_panel import LoraPanel
+from app.model_panel import ModelPanel
 from app.store import Store
 from engine.contract import DEFAULT_CACHE_TOKENS
-
-log = logging.getLogger(__name__)
-
-
-def _optional(module: str, name: str):
-    """A panel class written elsewhere, or None while it does not exist (the window still works)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        log.warning("%s.%s unavailable: %s", module, name, exc)
-        return None
-
 
 class MainWindow(QMainWindow):
     closing = Signal()  # the user closed the window; the app then awaits shutdown()
@@ -81,7 +70,6 @@ class MainWindow(QMainWindow):
 
         self.model_status = QLabel("no model")
         self.statusBar().addPermanentWidget(self.model_status)
-        self.dashboard = self.model_panel = self.lora_panel = None
         self._panels()
         self._menus()
         QApplication.instance().focusChanged.connect(self._focus_changed)
@@ -104,31 +92,23 @@ class MainWindow(QMainWindow):
 
     def _panels(self) -> None:
         s = self.service
-        Dashboard = _optional("app.dashboard", "DashboardDock")
-        if Dashboard is not None:
-            self.dashboard = Dashboard(self)
-            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
-            s.metrics.connect(self.dashboard.push)
-        ModelPanel = _optional("app.model_panel", "ModelPanel")
-        if ModelPanel is not None:
-            self.model_panel = p = ModelPanel(
-                self.store.path.parent / "recent_models.json",
-                cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
-            p.load_requested.connect(self.load_model)
-            s.load_progress.connect(p.set_progress)
-            s.loaded.connect(p.set_loaded)
-            s.load_failed.connect(p.show_error)
-            model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
-        LoraPanel = _optional("app.lora_panel", "LoraPanel")
-        if LoraPanel is not None:
-            self.lora_panel = p = LoraPanel()
-            p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
-            s.loras_active.connect(p.set_active)
-            s.loras_pending.connect(p.set_pending)
-            s.lora_failed.connect(p.show_error)
-            lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
-            if self.model_panel is not None:
-                self.tabifyDockWidget(model_dock, lora_dock)
+        self.dashboard = DashboardDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
+        s.metrics.connect(self.dashboard.push)
+        self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
+                                          cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
+        p.load_requested.connect(self.load_model)
+        s.load_progress.connect(p.set_progress)
+        s.loaded.connect(p.set_loaded)
+        s.load_failed.connect(p.show_error)
+        model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.lora_panel = p = LoraPanel()
+        p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
+        s.loras_active.connect(p.set_active)
+        s.loras_pending.connect(p.set_pending)
+        s.lora_failed.connect(p.show_error)
+        lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(model_dock, lora_dock)
 
     def _menus(self) -> None:
         bar = self.menuBar()

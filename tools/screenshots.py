@@ -95,8 +95,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> l
             raise SystemExit(f"model did not load: {window.last_error}")
         panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
         window.show_side_by_side(panes[:3])
-        if window.dashboard is not None:
-            window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
+        window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
         for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
             pane.prompt.setPlainText(prompt)
             pane.submit()
@@ -105,9 +104,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> l
         for i, min_chars in enumerate((120, 400)):
             await _until_streamed(sessions, min_chars, seconds / 2)
             QApplication.processEvents()
-            shots = [(f"app-streaming-{i + 1}.png", window)]
-            if window.dashboard is not None:
-                shots.append((f"dashboard-live-{i + 1}.png", window.dashboard))
+            shots = [(f"app-streaming-{i + 1}.png", window), (f"dashboard-live-{i + 1}.png", window.dashboard)]
             for name, widget in shots:
                 path = outdir / name
                 if not widget.grab().save(str(path)):

@@ -112,7 +112,7 @@ class DynamicGenerator:
         if job.total_len > self.max_seq_len:
             raise ValueError(f"prompt ({job.prompt_len} tokens) + max_new_tokens ({job.max_new_tokens}) exceeds "
                              f"max_seq_len ({self.max_seq_len})")
-        if sum(self.pagetable.pages_needed(job.seq_len(s)) for s in job.seqs) > self.cache.num_pages:
+        if sum(self.pagetable.pages_needed(job.capacity(s)) for s in job.seqs) > self.cache.num_pages:
             raise ValueError(f"prompt + max_new_tokens ({job.total_len} tokens) needs more pages than the whole cache "
                              f"({self.cache.num_pages} pages of {self.page_size})")
         tokens = [t for s in job.seqs for t in s.tokens]
@@ -285,7 +285,7 @@ class DynamicGenerator:
                 break
             if sum(j.prefilling for j in self.active) >= self.max_q_size:
                 break
-            wants = [(s.tokens, job.seq_len(s)) for s in job.seqs]
+            wants = [(s.tokens, job.capacity(s)) for s in job.seqs]
             if not self.pagetable.can_allocate_all(wants, self.root):
                 if job.skips >= job.max_skips:
                     break  # this job has waited long enough: nobody else goes ahead of it

@@ -179,8 +179,9 @@ class DynamicJob:
         return self._result("prefill", curr_progress=sum(s.kv_len for s in self.seqs),
                             max_progress=sum(s.prompt_len for s in self.seqs))
 
-    def seq_len(self, seq: Sequence) -> int:
-        """How long one of the job's sequences can grow: its prompt plus max_new_tokens."""
+    def capacity(self, seq: Sequence) -> int:
+        """How long one of the job's sequences can grow (the tokens its pages must hold): its prompt plus
+        max_new_tokens."""
         return seq.prompt_len + self.max_new_tokens
 
     def stable_len(self, seq: Sequence) -> int:

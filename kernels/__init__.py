@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from . import attention as _attention
+from . import reference_attention as _attention
 from . import reference as _ref
 from .kv_quant import FORMATS as KV_QUANT_FORMATS
 from .kv_quant import QuantizedPool, copy_page_prefix, copy_pages, make_pool, permute_pages, pool_nbytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import attention as ref_attention
+from kernels import reference_attention as ref_attention
 from kernels import reference as ref
 from tests.test_kernels_oracle import PagedCase
 

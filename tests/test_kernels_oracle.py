@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import kernels
-from kernels import attention as ref_attention
+from kernels import reference_attention as ref_attention
 from kernels import reference as ref
 from kernels.kv_quant import QuantizedPool
 

@@ -14,7 +14,7 @@ import time
 import torch
 
 from engine.bench.measure import copy_bandwidth
-from kernels import attention as ref_attention
+from kernels import reference_attention as ref_attention
 from kernels.kv_quant import make_pool, pool_nbytes
 
 SHAPE = {"kv_heads": 8, "q_heads": 32, "head_dim": 128}  # Llama-3-8B attention shape

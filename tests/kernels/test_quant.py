@@ -8,7 +8,7 @@ import torch
 
 import kernels
 from kernels.kv_quant import QuantizedPool, dequantize, make_pool, qmax, quantize
-from tests.test_kernels_oracle import PagedCase
+from tests.kernels.test_oracle import PagedCase
 
 
 @pytest.mark.parametrize("fmt,bits", [("q8", 8), ("q6", 6), ("q4", 4)])

@@ -1,5 +1,5 @@
 """Triton RMSNorm / rotary / SiLU-mul / K-V write through the CPU interpreter against the torch references
-(which are themselves checked against transformers in test_kernels_oracle.py)."""
+(which are themselves checked against transformers in test_oracle.py)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
 from app.store import ChatSettings
-from tests.test_app_support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
+from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 

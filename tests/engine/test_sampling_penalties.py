@@ -11,7 +11,7 @@ import torch
 
 from engine.sampling.sampler import JobSampler
 from engine.sampling.penalties import ContextCache
-from tests.test_sampling import P4, draws, final_dist, logits_for, plain
+from tests.engine.test_sampling import P4, draws, final_dist, logits_for, plain
 
 
 # ---------------------------------------------------------------------------------------------- penalties

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine import DynamicJob, SamplerSettings
-from tests.test_generator import make_gen, prompt_ids, run_all, tiny  # noqa: F401  (fixture)
+from tests.engine.test_generator import make_gen, prompt_ids, run_all, tiny  # noqa: F401  (fixture)
 
 
 def cfg(scale):

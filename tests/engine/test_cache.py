@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from tests.test_generator import naive_greedy, prompt_ids, run_all
+from tests.engine.test_generator import naive_greedy, prompt_ids, run_all
 
 
 @pytest.fixture(scope="module")

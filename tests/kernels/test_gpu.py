@@ -8,7 +8,7 @@ import torch
 
 from kernels import reference_attention as ref_attention
 from kernels import reference as ref
-from tests.test_kernels_oracle import PagedCase
+from tests.kernels.test_oracle import PagedCase
 
 pytestmark = pytest.mark.gpu
 cuda = torch.device("cuda")

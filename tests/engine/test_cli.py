@@ -17,7 +17,7 @@ from engine.cli import build_parser, main, sampler_from_args
 from engine.model.config import ModelConfig
 from tests.tiny_models import write_tiny_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GEN_KEYS = {"text", "new_tokens", "prompt_tokens", "eos_reason", "tokens_per_s", "ttft_ms"}
 SIDE_KEYS = {"batch1_tok_s", "streams_tok_s", "ttft_uncached_ms", "ttft_cached_ms", "load_s"}
 

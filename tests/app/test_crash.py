@@ -18,7 +18,7 @@ import pytest
 from app.store import Store
 
 pytestmark = pytest.mark.timeout(240)
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import asyncio, json, sys, time

@@ -97,7 +97,7 @@ def test_default_model_q4_is_smaller_and_agrees_with_dense(models):
 
 
 def test_default_model_q4_answers_paris(models):
-    from tests.test_model_peer import greedy_chat
+    from tests.engine.test_model_peer import greedy_chat
 
     _, answer = greedy_chat(models[1], "What is the capital of France?", 16)
     assert "Paris" in answer, answer

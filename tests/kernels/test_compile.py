@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 def test_kernels_compile_for_sm90_without_spills_on_hot_paths():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, "-m", "tools.compile_check", "--quick", "--arch", "90"],
-                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if "spill_stack=" in ln}

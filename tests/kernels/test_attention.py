@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.test_kernels_oracle import PagedCase
+from tests.kernels.test_oracle import PagedCase
 
 triton = pytest.importorskip("triton")
 

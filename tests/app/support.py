@@ -1,4 +1,4 @@
-"""Shared fixtures for the app tests (imported by test_app_*.py; holds no tests itself).
+"""Shared fixtures for the app tests (imported by the tests in tests/app; holds no tests itself).
 
 App code runs on a qasync loop on the Qt thread, as in the real app: each test body is a coroutine
 driven by `loop.run_until_complete`, polling with asyncio.sleep while the generator thread works.

@@ -3,7 +3,7 @@
 Reports, never asserts, timing (the machine is shared). As a test it uses the tiny random model (many
 tokens per second: the UI side under stress); as a script it measures the real default model:
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python tests/test_app_stalls.py [--model PATH] [--seconds 20]
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tests/app/test_stalls.py [--model PATH] [--seconds 20]
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.test_app_support import loop, run, tiny_model  # noqa: E402,F401
+from tests.app.support import loop, run, tiny_model  # noqa: E402,F401
 
 PROBE_MS = 10
 PROMPTS = [
@@ -80,7 +80,7 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
 def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, capsys):
     from app.main_window import MainWindow
     from app.store import Store
-    from tests.test_app_support import loaded_service
+    from tests.app.support import loaded_service
 
     async def body():
         store = Store.open(tmp_path / "data")

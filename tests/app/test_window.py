@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtWidgets import QFileDialog
 
 from app.store import ChatSettings, ReplyStats
-from tests.test_app_support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
+from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
                                     tiny_model, wait_until)
 
 pytestmark = pytest.mark.timeout(240)

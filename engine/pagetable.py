@@ -4,6 +4,11 @@ Pages are named by a chained hash of their tokens (blake2b over the previous pag
 token ids), so two sequences with the same prefix map to the same pages. The chain starts at a root
 hash that carries extra identity (the active LoRA set), so K/V computed under one adapter set is never
 reused under another. Unreferenced pages keep their K/V as a prompt cache and are recycled LRU.
+
+A page's name (phash) and its prev_hash label come only from its own tokens and its real predecessor's
+hash: dedup and partial-page reuse trust them to mean "K/V of these tokens at these positions". The table
+records only tokens that can no longer change (accepted drafts; tokens not held for a banned string), so
+nothing it has named is ever rolled back.
 """
 from __future__ import annotations
 
@@ -135,7 +140,7 @@ class PageTable:
                 if fresh_page and chunk:
                     cached_tokens += self._reuse_partial(page, prev, chunk, limit=len(tokens) - 1 - i * ps)
             pages.append(page)
-            prev = hashes[i] if i < len(hashes) else prev
+            prev = hashes[i] if i < len(hashes) else None  # known once the page before it fills (_complete)
         # Never report the whole prompt as cached: its last token must run through the model for logits.
         cached_tokens = min(cached_tokens, max(len(tokens) - 1, 0))
         cached_pages = sum(1 for p in pages[: len(hashes)] if p.kv_position == ps)
@@ -169,7 +174,7 @@ class PageTable:
         pool = sorted((p for p in self.pages if p.ref_count == 0), key=lambda p: (p.kv_position > 0, p.access_serial))
         return pool[:n]
 
-    def _assign(self, page: CachePage, prev: bytes, chunk: list[int], owner: int) -> None:
+    def _assign(self, page: CachePage, prev: bytes | None, chunk: list[int], owner: int) -> None:
         self._forget(page)
         page.prev_hash = prev
         page.tokens = list(chunk)
@@ -208,33 +213,27 @@ class PageTable:
                 self._complete(pages, i)
 
     def _complete(self, pages: list[CachePage], i: int) -> None:
+        """Name a page that just filled; share an existing copy of the same K/V instead of keeping two."""
         page = pages[i]
+        if page.prev_hash is None:
+            raise RuntimeError(f"page {page.index} filled before the page preceding it")
         h = chain_hash(page.prev_hash, page.tokens)
+        if i + 1 < len(pages):
+            pages[i + 1].prev_hash = h  # whichever physical page ends up holding this one
         other = self.by_hash.get(h)
         if other is not None and other is not page and other.kv_position == self.page_size:
-            # The same K/V already exists: share it and give our copy back.
-            owner = page.owners[-1]
+            # The same K/V already exists: share it and give our copy back to the free pool.
+            if page.ref_count != 1:
+                raise RuntimeError(f"page {page.index} filled while shared by {page.ref_count} sequences")
+            owner = page.owners[0]
             self._ref(other, owner)
-            self._unref(page, owner)
             pages[i] = other
+            self._unref(page, owner)
+            self._clear(page)
             return
         page.phash = h
-        if other is None:
-            self.by_hash[h] = page
-        if i + 1 < len(pages):
-            pages[i + 1].prev_hash = h
-
-    def truncate(self, pages: list[CachePage], kv_len: int) -> None:
-        """Roll a sequence's K/V back to kv_len tokens (rejected draft tokens, rewinds)."""
-        ps = self.page_size
-        for i, page in enumerate(pages):
-            keep = min(max(kv_len - i * ps, 0), ps)
-            if page.kv_position > keep:
-                if page.ref_count > 1:
-                    raise RuntimeError("cannot roll back a page shared with another sequence")
-                self._forget(page)
-                page.kv_position = keep
-                del page.tokens[keep:]
+        if other is None or other.kv_position < self.page_size:
+            self.by_hash[h] = page  # a written page beats one still waiting for its prefill
 
     # ---- release ----------------------------------------------------------------------------------
     def release(self, pages: list[CachePage], owner: int) -> None:
@@ -252,17 +251,19 @@ class PageTable:
                 self._forget(page)  # a prompt page nobody finished writing is not a valid cache entry
                 del page.tokens[page.kv_position :]
             if page.kv_position == 0:
-                self._forget(page)
-                page.tokens = []
-                page.prev_hash = None
+                self._clear(page)
+
+    def _clear(self, page: CachePage) -> None:
+        """An unreferenced page holds nothing worth keeping: drop its name, labels and content."""
+        self._forget(page)
+        page.prev_hash, page.tokens, page.kv_position = None, [], 0
 
     def reset(self) -> None:
         """Forget all cached content (pages must be unreferenced)."""
         if any(p.ref_count for p in self.pages):
             raise RuntimeError("reset_page_table() while jobs hold pages")
-        self.by_hash.clear()
         for p in self.pages:
-            p.phash, p.prev_hash, p.tokens, p.kv_position = None, None, [], 0
+            self._clear(p)
 
     # ---- defragmentation --------------------------------------------------------------------------
     def defrag_order(self) -> list[int] | None:

@@ -94,3 +94,24 @@ def test_default_model_repeating_prompt_rerun_and_copies_match_one_pass():
     assert want.argmax(dim=-1).tolist() == first[0][0]  # greedy tokens are the one pass's argmax
     for _, _, pages, _ in again + copies:
         assert pages[:4] == first[0][2][:4]
+
+
+def test_fresh_concurrent_copies_and_a_cfg_pair_match_one_pass(long_tiny):
+    """Copies prefilling the same shared pages in the same steps, and a CFG pair whose two sequences share
+    their prompt and deduplicate their generated pages onto each other (same owner twice on a page)."""
+    model, tok = long_tiny
+    prompt, n = [100, 200, 300, 400] * 8, 40
+    ids = torch.tensor([prompt])
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=512, page_size=16), tok, max_chunk_size=16)
+    biased = {700: 1e4}
+    copies = run_checked(gen, [DynamicJob(ids, n, gen_settings=SamplerSettings.greedy(token_bias=biased),
+                                          return_logits=True) for _ in range(2)])
+    assert copies[0][2][:2] == copies[1][2][:2]  # the prompt's pages are shared from the start
+    assert_like_one_pass(model, prompt, copies, n)
+    gen.reset_page_table()
+    pair = DynamicJob([ids, ids], n, gen_settings=SamplerSettings.greedy(token_bias=biased, cfg_scale=2.0),
+                      return_logits=True)
+    seqs = pair.seqs
+    cfg = run_checked(gen, [pair])
+    assert seqs[0].pages[:4] == seqs[1].pages[:4]  # generated pages too: the second deduplicated onto the first
+    assert_like_one_pass(model, prompt, copies + cfg, n)

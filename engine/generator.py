@@ -206,7 +206,8 @@ class DynamicGenerator:
             else:
                 result = job.prefill_result()
             for seq in job.seqs:
-                self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)))
+                draft_len = job.draft_kv_len if self.drafter is not None and seq is job.seq else 0
+                self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)), draft_len)
             results.append(result)
             if result.get("eos"):
                 self._end(job)

@@ -185,7 +185,7 @@ class DynamicJob:
             f.begin(tok)
         if self.filters:  # a finished grammar ends the job on any of the model's stop tokens
             self.stop_tokens |= set(tok.stop_token_ids)
-        self.draft_kv_len = alloc.cached_tokens
+        self.draft_kv_len = alloc.draft_tokens  # cached pages written without the draft model lack its K/V
         self.time_start = time.perf_counter()
         return self._result("started", cached_tokens=self.cached_tokens, cached_pages=self.cached_pages,
                             prompt_tokens=self.prompt_len)

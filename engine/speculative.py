@@ -50,14 +50,18 @@ class ModelDrafter:
         self.pagetable = pagetable
 
     def prefill(self, entries: list[tuple["DynamicJob", list[int], int]]) -> None:
-        """Write the draft model's K/V for prompt chunks the main model processes this step."""
+        """Write the draft model's K/V for prompt chunks the main model processes this step, from wherever the
+        draft cache stops (cached pages written without the draft model lack its K/V)."""
         if not entries:
             return
-        batch = Batch.build([(toks, start, self._pages(job, start + len(toks))) for job, toks, start in entries],
-                            self.pagetable.page_size, [0] * len(entries), self.model.device)
+        seqs = []
+        for job, toks, start in entries:
+            begin, end = min(job.draft_kv_len, start), start + len(toks)
+            seqs.append((job.seq.tokens[begin:end], begin, self._pages(job, end)))
+        batch = Batch.build(seqs, self.pagetable.page_size, [0] * len(entries), self.model.device)
         self.model.forward(batch, self.cache)
         for job, toks, start in entries:
-            job.draft_kv_len = max(job.draft_kv_len, start + len(toks))
+            job.draft_kv_len = start + len(toks)
 
     def draft(self, wants: list[tuple["DynamicJob", int]]) -> list[list[int]]:
         """k greedy draft tokens for each (job, k), batched over jobs, one draft forward per position."""

@@ -34,20 +34,29 @@ class Live:
 
 
 class FakeKV:
-    """slot -> (hash of the page's predecessors, offset, page tokens up to the slot): what real K/V depends on."""
+    """slot -> (hash of the page's predecessors, offset, page tokens up to the slot): what real K/V depends on.
 
-    def __init__(self, table: PageTable):
+    `valid` names the page field saying how many slots hold K/V: kv_position for the main cache,
+    draft_position for the draft model's mirrored cache (copied and permuted alongside)."""
+
+    def __init__(self, table: PageTable, valid: str = "kv_position", mirror: "FakeKV | None" = None):
         self.table = table
+        self.valid = valid
         self.slots: dict[tuple[int, int], tuple] = {}
+        self.mirror = mirror
         table.copy_fn = self.copy
 
     def copy(self, src: int, dst: int, n: int) -> None:
         for i in range(n):
             self.slots[(dst, i)] = self.slots.get((src, i))
+        if self.mirror is not None:
+            self.mirror.copy(src, dst, n)
 
     def permute(self, new_order: list[int]) -> None:
         self.slots = {(k, i): self.slots[(old, i)] for k, old in enumerate(new_order)
                       for i in range(self.table.page_size) if (old, i) in self.slots}
+        if self.mirror is not None:
+            self.mirror.permute(new_order)
 
     def write(self, pages: list[CachePage], tokens: list[int], start: int, end: int, root: bytes) -> None:
         """The model ran tokens[start:end] of this sequence (tokens may run past what is recorded: drafts)."""
@@ -71,7 +80,7 @@ class FakeKV:
     def check_labels(self) -> None:
         """Every written slot of every page matches the page's own labels (prev_hash, tokens)."""
         for p in self.table.pages:
-            for off in range(p.kv_position):
+            for off in range(getattr(p, self.valid)):
                 want = (p.prev_hash, off, tuple(p.tokens[: off + 1]))
                 assert self.slots.get((p.index, off)) == want, f"page {p.index} slot {off} is not what its labels say"
 
@@ -82,7 +91,7 @@ def check_table(table: PageTable, live: list[Live]) -> None:
     for h, p in table.by_hash.items():
         assert p.phash == h, f"by_hash names page {p.index} under a hash it does not carry"
     for p in table.pages:
-        assert 0 <= p.kv_position <= ps and p.kv_position <= len(p.tokens) <= ps, f"page {p.index}: {p}"
+        assert 0 <= p.draft_position <= p.kv_position <= len(p.tokens) <= ps, f"page {p.index}: {p}"
         if p.phash is not None:  # named pages are full (or prompt pages about to be filled), named by content
             assert len(p.tokens) == ps and p.prev_hash is not None, f"page {p.index} is named but not full"
             assert chain_hash(p.prev_hash, p.tokens) == p.phash, f"page {p.index}'s hash is not its tokens' hash"

@@ -226,11 +226,13 @@ VOCAB = 6  # few distinct tokens: pages repeat and collide often
 
 
 class Seq:
-    def __init__(self, owner, pages, prompt, program, root, kv_len):
-        self.owner, self.pages, self.root = owner, pages, root
+    def __init__(self, owner, alloc, prompt, program, root, drafter):
+        self.owner, self.pages, self.root = owner, alloc.pages, root
         self.tokens, self.prompt_len, self.program = list(prompt), len(prompt), list(program)
-        self.kv_len = kv_len  # tokens whose K/V is in the cache
-        self.recorded = kv_len  # tokens passed to PageTable.written (may lag: held for banned strings)
+        self.kv_len = alloc.cached_tokens  # tokens whose K/V is in the cache
+        self.recorded = self.kv_len  # tokens passed to PageTable.written (may lag: held for banned strings)
+        self.drafter = drafter  # drafts with a draft model (CFG and filtered jobs never do)
+        self.draft_len = alloc.draft_tokens  # tokens whose K/V the draft model's cache holds
 
     @property
     def generated(self):
@@ -260,7 +262,8 @@ class GenerationMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.table = PageTable(24, PS)
-        self.kv = FakeKV(self.table)
+        self.draft_kv = FakeKV(self.table, "draft_position")  # the draft model's cache mirrors the page layout
+        self.kv = FakeKV(self.table, mirror=self.draft_kv)
         self.live: dict[int, Seq] = {}
         self.history: list[tuple[list[int], list[int], bytes]] = []  # (prompt, generated, root) of earlier runs
         self.next_owner = 1
@@ -314,8 +317,10 @@ class GenerationMachine(RuleBasedStateMachine):
         alloc = self.table.allocate(prompt, total, root, owner)
         assert len(alloc.pages) == self.table.pages_needed(total)
         assert alloc.cached_tokens <= len(prompt) - 1
+        assert alloc.draft_tokens <= alloc.cached_tokens
         self.kv.check(alloc.pages, prompt, alloc.cached_tokens, root)
-        self.live[owner] = Seq(owner, alloc.pages, prompt, program, root, alloc.cached_tokens)
+        self.draft_kv.check(alloc.pages, prompt, alloc.draft_tokens, root)
+        self.live[owner] = Seq(owner, alloc, prompt, program, root, data.draw(st.booleans()))
 
     # -- running them
     def _pick(self, data, want):
@@ -323,10 +328,8 @@ class GenerationMachine(RuleBasedStateMachine):
         return self.live[data.draw(st.sampled_from(owners))] if owners else None
 
     def _record(self, s, hold=0):
-        recorded = min(s.kv_len, len(s.tokens) - hold)
-        if recorded > s.recorded:
-            s.recorded = recorded
-            self.table.written(s.pages, s.tokens, recorded)
+        s.recorded = max(s.recorded, min(s.kv_len, len(s.tokens) - hold))
+        self.table.written(s.pages, s.tokens, s.recorded, s.draft_len if s.drafter else 0)
 
     @precondition(lambda self: any(s.kv_len < s.prompt_len - 1 for s in self.live.values()))
     @rule(data=st.data(), budget=st.integers(1, 2 * PS))
@@ -339,6 +342,9 @@ class GenerationMachine(RuleBasedStateMachine):
         if end < last and (end // PS) * PS > start:
             end = (end // PS) * PS  # chunks end on page boundaries
         self.kv.write(s.pages, s.tokens, start, end, s.root)
+        if s.drafter:  # the draft model follows, from wherever its cache stops
+            self.draft_kv.write(s.pages, s.tokens, min(s.draft_len, start), end, s.root)
+            s.draft_len = end
         s.kv_len = end
         self._record(s)
 
@@ -361,6 +367,11 @@ class GenerationMachine(RuleBasedStateMachine):
             accept = rng.randint(0, k)
             upcoming = s.program[s.generated : s.generated + accept + 1]
             fed = s.tokens + upcoming[:accept] + [100 + i for i in range(k - accept)]  # rejected drafts: other tokens
+            n = len(s.tokens)
+            if s.drafter and k:  # the draft model catches up, then runs its first k - 1 drafts
+                self.draft_kv.write(s.pages, s.tokens, min(s.draft_len, n - 1), n, s.root)
+                self.draft_kv.write(s.pages, fed, n, n + k - 1, s.root)
+                s.draft_len = n + min(accept, k - 1)
             self.kv.write(s.pages, fed, s.kv_len, len(fed), s.root)
             s.tokens += upcoming
             s.kv_len = len(s.tokens) - 1
@@ -374,6 +385,7 @@ class GenerationMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(1, len(s.tokens) - max(s.recorded, s.prompt_len)))
         del s.tokens[len(s.tokens) - n :]
         s.kv_len = min(s.kv_len, len(s.tokens) - 1)
+        s.draft_len = min(s.draft_len, s.kv_len)
         g = s.generated
         s.program[g : g + n] = [(t + 1) % 6 for t in s.program[g : g + n]]
 
@@ -415,7 +427,9 @@ class GenerationMachine(RuleBasedStateMachine):
     def cache_holds_what_the_table_says(self):
         for s in self.live.values():
             self.kv.check(s.pages, s.tokens, s.recorded, s.root)
+            self.draft_kv.check(s.pages, s.tokens, min(s.draft_len, s.recorded), s.root)
         self.kv.check_labels()
+        self.draft_kv.check_labels()
 
     def teardown(self):
         try:
@@ -426,6 +440,7 @@ class GenerationMachine(RuleBasedStateMachine):
             self.table.release(s.pages, s.owner)
         check_released(self.table)
         self.kv.check_labels()
+        self.draft_kv.check_labels()
 
 
 TestGenerationMachine = GenerationMachine.TestCase

@@ -276,11 +276,7 @@ def check_against_engine(model: Model, tok: Tokenizer, result: dict) -> float:
     with torch.no_grad():
         ours = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers),
                                            result["adapter"]))[0]
-    model.lora = LoRASet.build(model, LoRA.load(result["folder"], model))
-    try:
-        engine = model.forward_tokens(ids)
-    finally:
-        model.lora = None
+    engine = model.forward_tokens(ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
     return (ours - engine).abs().max().item() / ours.abs().max().item()
 
 

@@ -60,13 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         times: dict[str, list[float]] = {name: [] for name in configs}
         for r in range(args.rounds + 1):
             for name, lora_set in configs.items():
-                model.lora = lora_set
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
-                    model.forward(step, cache)
+                    model.forward(step, cache, lora=lora_set)
                 if r:  # round 0 warms up
                     times[name].append((time.perf_counter() - t0) / args.steps)
-        model.lora = None
         base = statistics.median(times["none"])
         for name, ts in times.items():
             med = statistics.median(ts)

@@ -44,6 +44,9 @@ class PagedCache:
 
         self.k = [pool() for _ in range(cfg.num_layers)]
         self.v = [pool() for _ in range(cfg.num_layers)]
+        # Set by the one DynamicGenerator whose page table decides what these pages hold: two tables over one
+        # pool would overwrite each other's K/V.
+        self.claimed = False
 
     def copy_page(self, src: int, dst: int, n: int) -> None:
         """Copy the first n slots of page src into page dst in every layer (partial-page prefix reuse)."""

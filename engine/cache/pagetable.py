@@ -4,6 +4,11 @@ Pages are named by a chained hash of their tokens (blake2b over the previous pag
 token ids), so two sequences with the same prefix map to the same pages. The chain starts at a root
 hash that carries extra identity (the active LoRA set), so K/V computed under one adapter set is never
 reused under another. Unreferenced pages keep their K/V as a prompt cache and are recycled LRU.
+
+A page's name (phash) and its prev_hash label come only from its own tokens and its real predecessor's
+hash: dedup and partial-page reuse trust them to mean "K/V of these tokens at these positions". The table
+records only tokens that can no longer change (accepted drafts; tokens not held for a banned string), so
+nothing it has named is ever rolled back.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class CachePage:
     prev_hash: bytes | None = None  # hash of the page before it in its sequence
     tokens: list[int] = field(default_factory=list)  # tokens this page holds (its K/V may lag: kv_position)
     kv_position: int = 0  # slots holding valid K/V
+    draft_position: int = 0  # slots of the draft model's mirrored cache holding valid K/V (<= kv_position)
     ref_count: int = 0
     owners: list[int] = field(default_factory=list)  # serials of the jobs referencing it (for the page map)
     access_serial: int = 0
@@ -48,6 +54,7 @@ class Allocation:
     pages: list[CachePage]
     cached_tokens: int
     cached_pages: int
+    draft_tokens: int = 0  # of the cached tokens, how many the draft model's cache holds too
 
 
 class PageTable:
@@ -134,11 +141,16 @@ class PageTable:
                 if fresh_page and chunk:
                     cached_tokens += self._reuse_partial(page, prev, chunk, limit=len(tokens) - 1 - i * ps)
             pages.append(page)
-            prev = hashes[i] if i < len(hashes) else prev
+            prev = hashes[i] if i < len(hashes) else None  # known once the page before it fills (_complete)
         # Never report the whole prompt as cached: its last token must run through the model for logits.
         cached_tokens = min(cached_tokens, max(len(tokens) - 1, 0))
         cached_pages = sum(1 for p in pages[: len(hashes)] if p.kv_position == ps)
-        return Allocation(pages, cached_tokens, cached_pages)
+        draft_tokens = 0
+        for page in pages:
+            draft_tokens += page.draft_position
+            if page.draft_position < ps:
+                break
+        return Allocation(pages, cached_tokens, cached_pages, min(draft_tokens, cached_tokens))
 
     def _reuse_partial(self, page: CachePage, prev: bytes, chunk: list[int], limit: int) -> int:
         """Copy the longest matching prefix of `chunk` from any written page following the same prefix."""
@@ -160,6 +172,7 @@ class PageTable:
             return 0
         self.copy_fn(best.index, page.index, best_n)
         page.kv_position = best_n
+        page.draft_position = min(best_n, best.draft_position)
         self.touch(best)
         return best_n
 
@@ -168,11 +181,11 @@ class PageTable:
         pool = sorted((p for p in self.pages if p.ref_count == 0), key=lambda p: (p.kv_position > 0, p.access_serial))
         return pool[:n]
 
-    def _assign(self, page: CachePage, prev: bytes, chunk: list[int], owner: int) -> None:
+    def _assign(self, page: CachePage, prev: bytes | None, chunk: list[int], owner: int) -> None:
         self._forget(page)
         page.prev_hash = prev
         page.tokens = list(chunk)
-        page.kv_position = 0
+        page.kv_position = page.draft_position = 0
         self._ref(page, owner)
 
     def _forget(self, page: CachePage) -> None:
@@ -189,39 +202,48 @@ class PageTable:
         page.access_serial = next(self._serial)
 
     # ---- growth and completion --------------------------------------------------------------------
-    def written(self, pages: list[CachePage], tokens: list[int], kv_len: int) -> None:
-        """Record that a sequence's K/V now covers tokens[:kv_len]; full pages get hashed and deduplicated."""
+    def written(self, pages: list[CachePage], tokens: list[int], kv_len: int, draft_len: int = 0) -> None:
+        """Record that a sequence's K/V now covers tokens[:kv_len] (and the draft model's mirrored cache
+        tokens[:draft_len]); full pages get hashed and deduplicated."""
         ps = self.page_size
+        draft_len = min(draft_len, kv_len)
         for i in range(len(pages)):
             start = i * ps
             if start >= kv_len:
                 break
             page = pages[i]
             n = min(kv_len - start, ps)
-            if page.kv_position >= n:
-                continue
-            if len(page.tokens) < n:
-                page.tokens = tokens[start : start + n]
-            page.kv_position = n
+            if page.kv_position < n:
+                if len(page.tokens) < n:
+                    page.tokens = tokens[start : start + n]
+                page.kv_position = n
+            page.draft_position = max(page.draft_position, min(draft_len - start, n))
             if n == ps and page.phash is None:
                 self._complete(pages, i)
 
     def _complete(self, pages: list[CachePage], i: int) -> None:
+        """Name a page that just filled; share an existing copy of the same K/V instead of keeping two."""
         page = pages[i]
+        if page.prev_hash is None:
+            raise RuntimeError(f"page {page.index} filled before the page preceding it")
         h = chain_hash(page.prev_hash, page.tokens)
+        if i + 1 < len(pages):
+            pages[i + 1].prev_hash = h  # whichever physical page ends up holding this one
         other = self.by_hash.get(h)
-        if other is not None and other is not page and other.kv_position == self.page_size:
-            # The same K/V already exists: share it and give our copy back.
-            owner = page.owners[-1]
+        if (other is not None and other is not page and other.kv_position == self.page_size
+                and other.draft_position >= page.draft_position):
+            # The same K/V already exists (draft K/V too): share it and give our copy back to the free pool.
+            if page.ref_count != 1:
+                raise RuntimeError(f"page {page.index} filled while shared by {page.ref_count} sequences")
+            owner = page.owners[0]
             self._ref(other, owner)
-            self._unref(page, owner)
             pages[i] = other
+            self._unref(page, owner)
+            self._clear(page)
             return
         page.phash = h
-        if other is None:
-            self.by_hash[h] = page
-        if i + 1 < len(pages):
-            pages[i + 1].prev_hash = h
+        if other is None or (other.kv_position, other.draft_position) < (self.page_size, page.draft_position):
+            self.by_hash[h] = page  # a written page beats one waiting for its prefill or lacking draft K/V
 
     # ---- release ----------------------------------------------------------------------------------
     def release(self, pages: list[CachePage], owner: int) -> None:
@@ -239,17 +261,19 @@ class PageTable:
                 self._forget(page)  # a prompt page nobody finished writing is not a valid cache entry
                 del page.tokens[page.kv_position :]
             if page.kv_position == 0:
-                self._forget(page)
-                page.tokens = []
-                page.prev_hash = None
+                self._clear(page)
+
+    def _clear(self, page: CachePage) -> None:
+        """An unreferenced page holds nothing worth keeping: drop its name, labels and content."""
+        self._forget(page)
+        page.prev_hash, page.tokens, page.kv_position, page.draft_position = None, [], 0, 0
 
     def reset(self) -> None:
         """Forget all cached content (pages must be unreferenced)."""
         if any(p.ref_count for p in self.pages):
             raise RuntimeError("reset_page_table() while jobs hold pages")
-        self.by_hash.clear()
         for p in self.pages:
-            p.phash, p.prev_hash, p.tokens, p.kv_position = None, None, [], 0
+            self._clear(p)
 
     # ---- defragmentation --------------------------------------------------------------------------
     def defrag_order(self) -> list[int] | None:

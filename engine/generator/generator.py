@@ -64,6 +64,11 @@ class DynamicGenerator:
                             ("max_draft_batch_size", max_draft_batch_size)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if draft_cache is cache:
+            raise ValueError("draft_cache must be a cache of its own, not the main cache")
+        if cache.claimed or (draft_cache is not None and draft_cache.claimed):
+            raise ValueError("this PagedCache already serves another DynamicGenerator: give each generator its own "
+                             "cache (one page table decides what a cache's pages hold)")
         self.model = model
         self.cache = cache
         self.tokenizer = tokenizer
@@ -89,9 +94,13 @@ class DynamicGenerator:
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
         self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
         self.loras: list = []
+        self.lora_set = None  # this generator's engine.model.lora.LoRASet, passed into every forward (never on the model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self.root = root_hash(None)
         self._serials = itertools.count()
+        for c in (cache, draft_cache):  # last: a generator that fails to build claims nothing
+            if c is not None:
+                c.claimed = True
 
     # ---- queue ------------------------------------------------------------------------------------
     def enqueue(self, job: DynamicJob | list[DynamicJob]) -> int | list[int]:
@@ -164,7 +173,7 @@ class DynamicGenerator:
         masks = None
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
-        logits = self.model.forward(batch, self.cache)
+        logits = self.model.forward(batch, self.cache, lora=self.lora_set)
         if self.drafter is not None:
             self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:
@@ -201,7 +210,8 @@ class DynamicGenerator:
             else:
                 result = job.prefill_result()
             for seq in job.seqs:
-                self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)))
+                draft_len = seq.draft_kv_len if self.drafter is not None and seq is job.seq else 0
+                self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)), draft_len)
             results.append(result)
             if result.get("eos"):
                 self._end(job)
@@ -328,13 +338,14 @@ class DynamicGenerator:
         self.pagetable.reset()
 
     def set_loras(self, loras: Any, scales: Any = None) -> None:
-        """Swap LoRA adapters; only while no job is queued or running (the K/V of queued jobs depends on them)."""
+        """Swap this generator's LoRA adapters; only while no job is queued or running (their K/V depends on
+        them). The set and the cache identity (root hash) both belong to the generator, not the shared model."""
         if self.num_remaining_jobs():
             raise RuntimeError("LoRAs cannot be changed while there are jobs in the generator queue")
         from ..model.lora import LoRASet
 
         lora_set = LoRASet.build(self.model, loras, scales)  # validates before anything changes
-        self.model.lora = lora_set
+        self.lora_set = lora_set
         self.loras = list(lora_set.adapters) if lora_set is not None else []
         self.root = root_hash(lora_set.identity() if lora_set is not None else None)
 

@@ -156,7 +156,7 @@ class DynamicJob:
 
     def start(self, allocs: list) -> dict:
         for seq, alloc in zip(self.seqs, allocs):
-            seq.attach(alloc.pages, alloc.cached_tokens)
+            seq.attach(alloc.pages, alloc.cached_tokens, alloc.draft_tokens)
         self.cached_tokens = sum(a.cached_tokens for a in allocs)
         self.cached_pages = sum(a.cached_pages for a in allocs)
         ctx = self.context

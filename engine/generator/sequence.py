@@ -36,11 +36,13 @@ class Sequence:
         """Tokens whose K/V the draft model's cache holds (speculative decoding with a draft model)."""
         return self._draft_kv_len
 
-    def attach(self, pages: list[CachePage], cached_tokens: int) -> None:
-        """Take the pages allocated for this sequence; the first cached_tokens already hold K/V (both caches:
-        the draft cache mirrors the main one's pages)."""
+    def attach(self, pages: list[CachePage], cached_tokens: int, draft_tokens: int = 0) -> None:
+        """Take the pages allocated for this sequence; the first cached_tokens already hold K/V, and the first
+        draft_tokens the draft model's K/V too (the draft cache mirrors the main one's pages, but cached pages
+        written without the draft model lack its K/V)."""
         self.pages = pages
-        self._kv_len = self._draft_kv_len = cached_tokens
+        self._kv_len = cached_tokens
+        self._draft_kv_len = min(draft_tokens, cached_tokens)
 
     def pop_prompt_token(self) -> int:
         """Remove the prompt's last token (token healing regenerates it), before any K/V exists."""

@@ -50,14 +50,18 @@ class ModelDrafter:
         self.pagetable = pagetable
 
     def prefill(self, entries: list[tuple["Sequence", list[int], int]]) -> None:
-        """Write the draft model's K/V for prompt chunks the main model processes this step."""
+        """Write the draft model's K/V for prompt chunks the main model processes this step, from wherever the
+        draft cache stops (cached pages written without the draft model lack its K/V)."""
         if not entries:
             return
-        batch = Batch.build([(toks, start, self._pages(seq, start + len(toks))) for seq, toks, start in entries],
-                            self.pagetable.page_size, [0] * len(entries), self.model.device)
+        seqs = []
+        for seq, toks, start in entries:
+            begin, end = min(seq.draft_kv_len, start), start + len(toks)
+            seqs.append((seq.tokens[begin:end], begin, self._pages(seq, end)))
+        batch = Batch.build(seqs, self.pagetable.page_size, [0] * len(entries), self.model.device)
         self.model.forward(batch, self.cache)
         for seq, toks, start in entries:
-            seq.wrote_draft_kv(max(seq.draft_kv_len, start + len(toks)))
+            seq.wrote_draft_kv(start + len(toks))
 
     def draft(self, wants: list[tuple["Sequence", int]]) -> list[list[int]]:
         """k greedy draft tokens for each (sequence, k), batched over sequences, one draft forward per position."""

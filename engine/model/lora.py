@@ -14,7 +14,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 import torch
 
@@ -183,8 +183,19 @@ class LoRA:
                 f"modules={self.target_modules}, layers={len({l for l, _ in self.weights})})")
 
 
+class LoRAApply(Protocol):
+    """What Model.forward(batch, cache, lora=...) takes: adds low-rank updates to the flat rows of one step.
+
+    The model calls add() after each fused linear with that linear's input x (T, in) and output y (T, out).
+    LoRASet applies one adapter set to every row. Per-job adapters (Punica-style: each sequence of the batch
+    its own set) fit the same call: an object holding several stacks and the batch's row ranges per set.
+    """
+
+    def add(self, layer: int, kind: str, x: torch.Tensor, y: torch.Tensor) -> None: ...
+
+
 class LoRASet:
-    """The active adapters with their scales, stacked per (layer, fused linear) for the model's hooks."""
+    """Adapters with their scales, stacked per (layer, fused linear); a LoRAApply for every row of a batch."""
 
     def __init__(self, model, adapters: list[LoRA], scales: list[float]):
         geometry = Geometry.of(model)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +20,9 @@ from .batch import Batch
 from .config import ModelConfig
 from .qlinear import Q4Linear, RowSplit, linear, q4_supported
 from .weights import load_weights
+
+if TYPE_CHECKING:
+    from .lora import LoRAApply
 
 
 @dataclass
@@ -33,6 +36,10 @@ class Layer:
     post_norm: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+
+
+_NO_LORA_STATE = ("Model holds no LoRA adapters: pass lora= to forward() / forward_tokens() "
+                  "(DynamicGenerator.set_loras keeps each generator's own set)")
 
 
 def default_device() -> torch.device:
@@ -100,7 +107,15 @@ class Model:
         self.scale = c.head_dim ** -0.5
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.lora = None  # the active engine.model.lora.LoRASet; set only through DynamicGenerator.set_loras
+
+    @property
+    def lora(self):
+        """Adapters are never model state: a Model is shared by generators whose caches differ per adapter set."""
+        raise AttributeError(_NO_LORA_STATE)
+
+    @lora.setter
+    def lora(self, value) -> None:
+        raise AttributeError(_NO_LORA_STATE)
 
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
@@ -157,8 +172,12 @@ class Model:
         return total
 
     @torch.inference_mode()
-    def forward(self, batch: Batch, cache) -> torch.Tensor:
-        """Run one step; returns float32 logits (len(batch.logit_rows), padded_vocab)."""
+    def forward(self, batch: Batch, cache, lora: "LoRAApply | None" = None) -> torch.Tensor:
+        """Run one step; returns float32 logits (len(batch.logit_rows), padded_vocab).
+
+        lora adds adapters' low-rank updates after each fused linear, over the batch's flat rows (a LoRASet:
+        one set for every row; see engine.model.lora.LoRAApply). The caller owns it, so two generators sharing
+        this model never see each other's adapters."""
         c = self.config
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
@@ -169,7 +188,6 @@ class Model:
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
-            lora = self.lora
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
@@ -208,7 +226,7 @@ class Model:
             return F.linear(F.pad(x, (0, 0, 0, 16 - rows)), self.lm_head)[:rows]
         return F.linear(x, self.lm_head)
 
-    def forward_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward_tokens(self, input_ids: torch.Tensor, lora: "LoRAApply | None" = None) -> torch.Tensor:
         """Logits for every position of one sequence (1, n), through a throwaway cache: for tests and tools."""
         from ..cache.paged_cache import PagedCache
 
@@ -216,4 +234,4 @@ class Model:
         page = 16
         cache = PagedCache(self, max_tokens=max(page, -(-len(ids) // page) * page), page_size=page)
         batch = Batch.build([(ids, 0, list(range(cache.num_pages)))], page, [len(ids)], self.device, [True])
-        return self.forward(batch, cache)[:, : self.vocab_size]
+        return self.forward(batch, cache, lora)[:, : self.vocab_size]

@@ -6,6 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
+from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 
 GREEDY = SamplerSettings.greedy()
 
@@ -237,13 +238,10 @@ def test_random_enqueue_cancel_finish_never_leaks(tiny, ops):
             job = jobs[a % len(jobs)]
             if job in gen.pending or job in gen.active:
                 gen.cancel(job)
-        for p in gen.pagetable.pages:
-            live = [j.serial for j in gen.active if p in j.seq.pages]
-            assert p.ref_count == len(p.owners) == sum(j.seq.pages.count(p) for j in gen.active)
-            assert sorted(p.owners) == sorted(live)
+        check_table(gen.pagetable, live_sequences(gen))  # refcounts = live owners, names = chained hashes
     while gen.num_remaining_jobs():
         gen.iterate()
-    assert all(p.ref_count == 0 for p in gen.pagetable.pages)
+    check_released(gen.pagetable)
 
 
 def test_model_vocab_smaller_than_tokenizer_never_samples_outside_it(tmp_path):

@@ -101,9 +101,7 @@ def adapters(tiny_folder, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def model(tiny_folder):
-    m = Model.load(tiny_folder)
-    yield m
-    m.lora = None
+    return Model.load(tiny_folder)
 
 
 def make_gen(model, tiny_folder) -> DynamicGenerator:
@@ -128,8 +126,7 @@ def test_adapter_equals_peft_merged_weights(arch, tmp_path):
 
     ours, merged = Model.load(base), Model.load(tmp_path / "merged")
     plain = ours.forward_tokens(ids)
-    ours.lora = LoRASet.build(ours, adapter)
-    with_lora = ours.forward_tokens(ids)
+    with_lora = ours.forward_tokens(ids, lora=LoRASet.build(ours, adapter))
     close(with_lora, merged.forward_tokens(ids))
     close(with_lora, peft_logits[:, : ours.vocab_size])
     assert (with_lora - plain).abs().max() > 1.0  # the adapter really changes the output
@@ -158,24 +155,22 @@ def test_rslora_scaling_matches_peft(model, tiny_folder, adapters):
     ids = prompt_ids(20, seed=3)
     with torch.no_grad():
         expected = peft_model(ids).logits[0, :, : model.vocab_size]
-    model.lora = LoRASet.build(model, lora)
-    close(model.forward_tokens(ids), expected)
+    close(model.forward_tokens(ids, lora=LoRASet.build(model, lora)), expected)
 
 
 def test_scales_and_two_adapters_equal_hand_merge(model, tiny_folder, adapters, tmp_path):
     ids = prompt_ids(30, seed=4)
     pairs = [(adapters["all"], 0.7), (adapters["qv"], -0.5)]
     merged = Model.load(merge_by_hand(tiny_folder, tmp_path / "two", pairs))
-    model.lora = LoRASet.build(model, [p for p, _ in pairs], [s for _, s in pairs])
-    close(model.forward_tokens(ids), merged.forward_tokens(ids))
+    two = LoRASet.build(model, [p for p, _ in pairs], [s for _, s in pairs])
+    close(model.forward_tokens(ids, lora=two), merged.forward_tokens(ids))
 
     half = Model.load(merge_by_hand(tiny_folder, tmp_path / "half", [(adapters["all"], 0.5)]))
-    model.lora = LoRASet.build(model, LoRA.load(adapters["all"], model), 0.5)
-    close(model.forward_tokens(ids), half.forward_tokens(ids))
+    half_set = LoRASet.build(model, LoRA.load(adapters["all"], model), 0.5)
+    close(model.forward_tokens(ids, lora=half_set), half.forward_tokens(ids))
 
-    model.lora = LoRASet.build(model, adapters["all"], 0.0)
     base = Model.load(tiny_folder).forward_tokens(ids)
-    close(model.forward_tokens(ids), base)
+    close(model.forward_tokens(ids, lora=LoRASet.build(model, adapters["all"], 0.0)), base)
 
 
 def test_bin_weights_load_like_safetensors(model, tiny_folder, tmp_path):
@@ -210,14 +205,14 @@ def test_set_loras_refused_while_jobs_queued_or_running(model, tiny_folder, adap
     assert job in gen.active
     with pytest.raises(RuntimeError, match="jobs"):
         gen.set_loras(adapters["all"])  # running
-    assert model.lora is None
+    assert gen.lora_set is None
     while gen.num_remaining_jobs():
         gen.iterate()
     gen.set_loras(adapters["all"])
-    assert model.lora is not None
+    assert gen.lora_set is not None
     with pytest.raises(ValueError):  # a bad adapter leaves the active set as it was
         gen.set_loras([adapters["all"], adapters["qv"]], [1.0])
-    assert [a.name for a in gen.loras] == ["all"] and model.lora.adapters[0].name == "all"
+    assert [a.name for a in gen.loras] == ["all"] and gen.lora_set.adapters[0].name == "all"
 
 
 def test_page_cache_is_never_shared_across_adapter_sets(model, tiny_folder, adapters):
@@ -230,7 +225,7 @@ def test_page_cache_is_never_shared_across_adapter_sets(model, tiny_folder, adap
     gen.set_loras(adapters["all"])
     with_lora, r = run(gen, ids)
     assert r["cached_tokens"] == 0
-    oracle = model.forward_tokens(ids)[-1].argmax().item()  # model.lora is the adapter set now
+    oracle = model.forward_tokens(ids, lora=gen.lora_set)[-1].argmax().item()
     assert with_lora[0] == oracle and with_lora != base
     assert run(gen, ids)[1]["cached_tokens"] >= 32  # same set again: its own pages are reused
 
@@ -240,6 +235,59 @@ def test_page_cache_is_never_shared_across_adapter_sets(model, tiny_folder, adap
     gen.set_loras(None)
     again, r = run(gen, ids)
     assert r["cached_tokens"] >= 32 and again == base
+
+
+def run_side_by_side(jobs: dict[DynamicGenerator, list[DynamicJob]]) -> dict[DynamicJob, list[int]]:
+    """Step several generators in turn, all with jobs in flight; tokens per job."""
+    tokens: dict[DynamicJob, list[int]] = {}
+    for gen, js in jobs.items():
+        gen.enqueue(js)
+    while any(gen.num_remaining_jobs() for gen in jobs):
+        for gen in jobs:
+            for r in gen.iterate():
+                if r["stage"] == "streaming":
+                    tokens.setdefault(r["job"], []).extend(r["token_ids"])
+    return tokens
+
+
+def test_two_generators_on_one_model_keep_their_own_adapters_and_pages(model, tiny_folder, adapters, tmp_path):
+    """Issue 8: the adapter set belonged to the shared Model while each generator kept its own cache identity."""
+    merged_all = make_gen(Model.load(merge_by_hand(tiny_folder, tmp_path / "m_all", [(adapters["all"], 1.0)])),
+                          tiny_folder)
+    merged_qv = make_gen(Model.load(merge_by_hand(tiny_folder, tmp_path / "m_qv", [(adapters["qv"], 1.0)])),
+                         tiny_folder)
+    ids = prompt_ids(40, seed=8)
+    want_all, want_qv = run(merged_all, ids)[0], run(merged_qv, ids)[0]
+    a, b = make_gen(model, tiny_folder), make_gen(model, tiny_folder)
+    base, first = run(b, ids)
+    a.set_loras(adapters["all"])  # B's model is A's model: B must not notice
+    again, second = run(b, ids)
+    assert again == base and second["cached_tokens"] >= 32 and b.metrics()["loras"] == []
+    with_all, r = run(a, ids)
+    assert with_all == want_all != base and r["cached_tokens"] == 0 and a.metrics()["loras"] == ["all"]
+
+    b.set_loras(adapters["qv"])  # both adapted, differently, running in the same steps
+    jobs = {a: [DynamicJob(ids, 16, gen_settings=GREEDY)], b: [DynamicJob(ids, 16, gen_settings=GREEDY)]}
+    got = run_side_by_side(jobs)
+    assert got[jobs[a][0]] == want_all and got[jobs[b][0]] == want_qv
+    a.set_loras(None)
+    jobs = {a: [DynamicJob(ids, 16, gen_settings=GREEDY)], b: [DynamicJob(ids, 16, gen_settings=GREEDY)]}
+    got = run_side_by_side(jobs)
+    assert got[jobs[a][0]] == base and got[jobs[b][0]] == want_qv
+
+
+def test_adapters_are_never_model_state(model, tiny_folder, adapters):
+    ids = prompt_ids(20, seed=9)
+    lora = LoRASet.build(model, adapters["all"])
+    plain = model.forward_tokens(ids)
+    assert (model.forward_tokens(ids, lora=lora) - plain).abs().max() > 1.0
+    torch.testing.assert_close(model.forward_tokens(ids), plain, rtol=0, atol=0)  # nothing stayed behind
+    with pytest.raises(AttributeError, match="lora="):
+        model.lora = lora  # the old way would now be silently ignored: refuse it
+    assert getattr(model, "lora", None) is None
+    gen = make_gen(model, tiny_folder)
+    with pytest.raises(ValueError, match="already serves another DynamicGenerator"):
+        DynamicGenerator(model, gen.cache, gen.tokenizer)  # two page tables over one pool
 
 
 # ---------------------------------------------------------------- bad adapters
@@ -338,7 +386,6 @@ def default_chat():
         return text
 
     yield gen, reply
-    model.lora = None
 
 
 def _bullet_lines(text: str) -> int:

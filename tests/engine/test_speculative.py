@@ -83,6 +83,22 @@ def test_speculation_is_skipped_above_the_batch_threshold(tiny):
     assert gen.metrics()["drafted_tokens_total"] == 0
 
 
+def test_draft_model_computes_what_cached_pages_lack(tiny):
+    """Pages cached by jobs that never ran the draft model (CFG here; filtered jobs and big batches too) hold no
+    draft K/V: a later job must not take them as drafted, or every draft is rejected (output stays right)."""
+    model, same, _, tok = tiny
+    ids = prompt_ids(40, 21)
+    longer = torch.cat([ids, prompt_ids(30, 22)], dim=1)
+    gen = gen_with(model, tok, draft=same, num_draft_tokens=4)
+    run_all(gen, [DynamicJob([ids, prompt_ids(12, 23)], 6, gen_settings=SamplerSettings.greedy(cfg_scale=1.5))])
+    for prompt in (longer, ids):  # cached then prefilled (the draft model catches up in prefill); wholly cached
+        (toks,), (fin,) = run_all(gen, [DynamicJob(prompt, 24, gen_settings=GREEDY)])
+        assert fin["cached_tokens"] >= 32 and toks == naive_greedy(model, prompt, 24)
+        assert fin["accepted_draft_tokens"] > 0.9 * (fin["accepted_draft_tokens"] + fin["rejected_draft_tokens"])
+    cached = [p for p in gen.pagetable.pages if p.kv_position]
+    assert any(p.draft_position == 0 for p in cached) and any(p.draft_position == 16 for p in cached)
+
+
 def test_draft_settings_are_checked(tiny):
     model, same, _, tok = tiny
     with pytest.raises(ValueError, match="draft_cache"):

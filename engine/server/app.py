@@ -56,8 +56,8 @@ class OpenAIServer:
         r = self.app.router
         r.add_get("/health", self._health)
         r.add_get("/v1/models", self._models)
-        r.add_post("/v1/chat/completions", lambda req: self._generate(req, "chat"))
-        r.add_post("/v1/completions", lambda req: self._generate(req, "completion"))
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/completions", self._completion)
         r.add_post("/v1/load_lora_adapter", self._load_lora)
         r.add_post("/v1/unload_lora_adapter", self._unload_lora)
         r.add_get("/metrics", self._metrics)
@@ -182,6 +182,12 @@ class OpenAIServer:
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     # ---- generation ------------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         t0 = time.perf_counter()
         served = self._served()

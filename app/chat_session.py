@@ -61,7 +61,7 @@ class ReplyTracker:
             s.progress = r["curr_progress"] / max(1, r["max_progress"])
         elif stage == "streaming":
             self.text += r.get("text", "")
-            n = len(r.get("token_ids") or ())
+            n = r.get("num_tokens", len(r.get("token_ids") or ()))  # remote streams count, not list, tokens
             if n:
                 if self._first_at is None:
                     self._first_at, self._first_n = now, n

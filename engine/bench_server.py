@@ -7,7 +7,7 @@ rounds are reported. Every request streams `--max-tokens` tokens (ignore_eos) fr
 temperature 0, so all sides do the same work. TTFT is request sent -> first content event; aggregate
 tok/s is all generated tokens / wall time from the first request to the last token.
 
-    python -m engine.bench_server --with-vllm            # pagedeck dense + q4, vLLM (built by make test-vllm)
+    python -m engine.bench_server --with-vllm [--threads 1]  # pagedeck dense + q4, vLLM (make test-vllm builds it)
     python -m engine.bench_server --vllm-url http://127.0.0.1:8000
 """
 from __future__ import annotations
@@ -52,11 +52,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None
 
 def start_pagedeck(weights: str, threads: int | None) -> tuple[str, subprocess.Popen]:
     port = free_port()
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = str(threads)
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--port", str(port), "--weights", weights,
-                             "--cache-tokens", "16384"], env=env, stdout=subprocess.DEVNULL,
+    cmd = [sys.executable, "-m", "engine", "serve", "--port", str(port), "--weights", weights, "--cache-tokens", "16384"]
+    proc = subprocess.Popen(cmd + (["--threads", str(threads)] if threads else []), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     wait_healthy(url, proc)
@@ -64,12 +61,14 @@ def start_pagedeck(weights: str, threads: int | None) -> tuple[str, subprocess.P
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's whole process group (vLLM forks an engine core), SIGKILL if it lingers."""
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
 
 
 async def one_round(url: str, streams: int, max_tokens: int) -> dict:
@@ -117,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per server (medians reported)")
     ap.add_argument("--weights", nargs="+", default=["dense", "q4"], help="pagedeck weight formats to serve")
+    ap.add_argument("--threads", type=int, help="torch threads of the pagedeck servers (vLLM-CPU binds one core "
+                                               "to its engine by itself)")
     ap.add_argument("--vllm-url", help="a running vLLM serving the same model")
     ap.add_argument("--with-vllm", action="store_true", help="start vLLM from .vllm/ (make test-vllm builds it)")
     ap.add_argument("--json", action="store_true")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     procs: list[subprocess.Popen] = []
     try:
         for weights in args.weights:
-            url, proc = start_pagedeck(weights, None)
+            url, proc = start_pagedeck(weights, args.threads)
             servers[f"pagedeck {weights}"], procs = url, procs + [proc]
         if args.with_vllm:
             root = Path(__file__).resolve().parents[1]
@@ -134,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
 
             vllm_server.ensure_venv()
             vllm_server.ensure_model()
-            port = vllm_server.free_port()
+            port = free_port()
             proc = vllm_server.start(port)
             procs.append(proc)
-            vllm_server.wait_healthy(proc, f"http://127.0.0.1:{port}")
+            wait_healthy(f"http://127.0.0.1:{port}", proc)
             servers["vLLM-CPU fp32"] = f"http://127.0.0.1:{port}"
         elif args.vllm_url:
             servers["vLLM"] = args.vllm_url.rstrip("/").removesuffix("/v1")

@@ -17,6 +17,7 @@ from PySide6.QtCore import Qt
 
 from app.store import ChatSettings
 from tests.server_support import ServerThread
+from tests.test_app_chat import _type_and_enter as send
 from tests.test_app_support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,11 +35,6 @@ def read(url: str) -> str:
         return r.read().decode()
 
 
-def _send(qtbot, pane, text):
-    qtbot.keyClicks(pane.prompt, text)
-    qtbot.keyClick(pane.prompt, Qt.Key.Key_Return)
-
-
 def test_server_panel_serves_the_apps_generator_next_to_the_chats(qtbot, loop, store, tiny_model):
     async def body():
         win = make_window(qtbot, store, await loaded_service(tiny_model))
@@ -53,7 +49,7 @@ def test_server_panel_serves_the_apps_generator_next_to_the_chats(qtbot, loop, s
 
         pane = win.new_chat("local chat")
         pane.session.set_settings(ChatSettings(max_new_tokens=300))
-        _send(qtbot, pane, "keep talking")
+        send(qtbot, pane, "keep talking")
         await wait_until(lambda: win.service.snapshot()["active_jobs"] == 1, what="the chat to run")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0)
         api_ids, peak = set(), 0
@@ -132,7 +128,7 @@ def test_remote_mode_streams_chats_with_stats_and_follows_the_remote_dashboard(q
         pane = win.new_chat("remote chat")
         pane.session.set_settings(ChatSettings(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0,
                                                repetition_penalty=1.0, system_prompt=""))
-        _send(qtbot, pane, "What is the capital of France?")
+        send(qtbot, pane, "What is the capital of France?")
         await wait_until(lambda: not pane.session.running, 60, "the remote reply")
         reply = pane.session.messages[-1]
         s = reply.stats
@@ -145,7 +141,7 @@ def test_remote_mode_streams_chats_with_stats_and_follows_the_remote_dashboard(q
         assert pane.session.messages[-1].content == first  # greedy: the same answer again
 
         pane.session.set_settings(ChatSettings(max_new_tokens=400, system_prompt=""))
-        _send(qtbot, pane, "Now go on for a long time.")
+        send(qtbot, pane, "Now go on for a long time.")
         await wait_until(lambda: win.dashboard.snapshot is not None and win.dashboard.snapshot.get("server") == "pagedeck"
                          and any(st >= 0 for st in win.dashboard.snapshot["page_states"]), 60,
                          "the remote's page map in the dashboard")
@@ -176,7 +172,7 @@ def test_remote_errors_are_shown_never_raised(qtbot, loop, store, tiny_model, re
         assert not await win.remote.unload_adapter("ghost")
         win.remote.backend.model = "ghost"  # a model the server doesn't have: the chat shows the 404
         pane = win.new_chat("ghost chat")
-        _send(qtbot, pane, "hello?")
+        send(qtbot, pane, "hello?")
         await wait_until(lambda: not pane.session.running, 30, "the failed reply")
         stats = pane.session.messages[-1].stats
         assert stats.state == "error" and "HTTP 404" in stats.error and "ghost" in stats.error

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.dashboard import DashboardDock
 from app.remote_metrics import parse_samples, snapshot_from_metrics
 from tests.server_support import ServerThread
+from tests.test_app_dashboard import dock  # noqa: F401 - the real dashboard widget fixture
 
 DATA = Path(__file__).parent / "data"
 
@@ -96,16 +96,6 @@ def test_pagedeck_server_metrics_and_page_map_round_trip(tiny_llama_folder):
         assert snap[key] == local[key], key
     assert snap["page_states"] == local["page_states"] and snap["loras"] == []
     assert snap["kv_usage"] == 0 and snap["active_jobs"] == 0
-
-
-@pytest.fixture
-def dock(qtbot):
-    d = DashboardDock()
-    qtbot.addWidget(d)
-    d.resize(500, 900)
-    d.show()
-    qtbot.waitExposed(d)
-    return d
 
 
 def test_dashboard_draws_a_kv_bar_and_says_which_charts_have_no_source(dock):

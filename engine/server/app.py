@@ -68,7 +68,8 @@ class OpenAIServer:
         """Listen on host:port (0: any free port); returns the base URL, e.g. http://127.0.0.1:8399."""
         if self._runner is not None:
             raise RuntimeError(f"the server is already running at {self.url}")
-        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        # Stopping cancels requests in flight after a short grace (their jobs are cancelled, pages freed).
+        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

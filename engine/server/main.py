@@ -27,6 +27,8 @@ def add_serve_parser(sub, weight_formats) -> None:
     s.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file name)")
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a PEFT adapter served as model NAME (repeatable)")
+    s.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads (default: torch's choice; on a busy machine 1 can be faster)")
     s.add_argument("--default-max-tokens", type=int, default=1024, metavar="N",
                    help="max_tokens of a chat request that gives none (default 1024, capped by the context)")
 
@@ -60,6 +62,10 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
     if args.cache_tokens < PAGE_SIZE:
         raise ValueError(f"--cache-tokens must be at least one page ({PAGE_SIZE})")
     loras = parse_loras(args.lora)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
     adapters = {name: LoRA.load(path, model, name) for name, path in loras.items()}

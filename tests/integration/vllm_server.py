@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from engine.bench_server import free_port, wait_healthy
+from engine.bench_server import stop as stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / ".vllm"
@@ -85,12 +85,6 @@ def ensure_model() -> None:
     log(f"model folder ready in {time.monotonic() - t0:.0f} s")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(port: int) -> subprocess.Popen:
     """`vllm serve` with the issue's flags, in its own process group (it forks an engine core)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -102,30 +96,8 @@ def start(port: int) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode} while starting; see {WORK / 'server.log'}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"vLLM did not become healthy within {START_TIMEOUT_S} s; see {WORK / 'server.log'}")
-
-
 def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the whole group (server and engine core), SIGKILL if it lingers."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    stop_group(proc)
     log(f"vLLM stopped (exit {proc.returncode})")
 
 
@@ -139,7 +111,10 @@ def main(argv: list[str]) -> int:
     proc = start(port)
     try:
         t1 = time.monotonic()
-        wait_healthy(proc, url)
+        try:
+            wait_healthy(url, proc, START_TIMEOUT_S)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {WORK / 'server.log'}") from None
         log(f"vLLM healthy after {time.monotonic() - t1:.0f} s at {url}")
         if argv[:1] == ["--serve-only"]:
             log("serving until Ctrl-C")

@@ -48,7 +48,7 @@ def test_server_panel_serves_the_apps_generator_next_to_the_chats(qtbot, loop, s
         assert not panel.port_spin.isEnabled()
 
         pane = win.new_chat("local chat")
-        pane.session.set_settings(ChatSettings(max_new_tokens=300))
+        pane.session.set_settings(ChatSettings(max_new_tokens=450))
         send(qtbot, pane, "keep talking")
         await wait_until(lambda: win.service.snapshot()["active_jobs"] == 1, what="the chat to run")
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k3y", max_retries=0)

@@ -44,12 +44,12 @@ def wait_for(predicate, what: str, timeout: float = 120) -> None:
 
 def test_sixteen_concurrent_streams_batch_and_match_solo_runs(tiny_llama_folder, tiny):
     chats = [[{"role": "user", "content": f"Tell me about number {i}."}] for i in range(16)]
-    with ServerThread(tiny_llama_folder, cache_tokens=16 * 64, page_size=16) as server:
+    with ServerThread(tiny_llama_folder, cache_tokens=16 * 96, page_size=16) as server:
         client = server.client()
         pages_seen = {}
 
         def stream(messages):
-            out = client.chat.completions.create(model=server.model_name, messages=messages, max_tokens=24,
+            out = client.chat.completions.create(model=server.model_name, messages=messages, max_tokens=48,
                                                  temperature=0, stream=True, stream_options={"include_usage": True})
             chunks = list(out)
             return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), chunks[-1].usage
@@ -59,8 +59,9 @@ def test_sixteen_concurrent_streams_batch_and_match_solo_runs(tiny_llama_folder,
                 futures = [pool.submit(stream, m) for m in chats]
                 wait_for(lambda: server.server.requests_running == 16, "16 requests in the server")
             wait_for(lambda: server.snapshot()["active_jobs"] >= 8 or all(f.done() for f in futures), "a batch")
-            with urllib.request.urlopen(server.url + "/pagedeck/pages") as r:
-                pages_seen = json.loads(r.read())
+            with server.hold_generator():  # the jobs stay on the page map while we look
+                with urllib.request.urlopen(server.url + "/pagedeck/pages") as r:
+                    pages_seen = json.loads(r.read())
             results = [f.result() for f in futures]
         text = scrape(server)
         assert metric(text, "pagedeck:batch_size_peak") >= 8
@@ -70,9 +71,9 @@ def test_sixteen_concurrent_streams_batch_and_match_solo_runs(tiny_llama_folder,
         assert metric(text, "vllm:num_requests_running") == 0 and metric(text, "vllm:kv_cache_usage_perc") == 0
         owners = set(pages_seen["page_owner_identifiers"].values())
         assert owners and all(o.startswith("chatcmpl-") for o in owners)  # API jobs on the page map by request id
-        assert len(pages_seen["page_states"]) == pages_seen["pages_total"] == 64
+        assert len(pages_seen["page_states"]) == pages_seen["pages_total"] == 96
     for messages, (got, usage) in zip(chats, results):
-        want, tokens = solo(tiny, messages, 24)
+        want, tokens = solo(tiny, messages, 48)
         assert got == want and usage.completion_tokens == len(tokens)
 
 
@@ -159,3 +160,17 @@ def test_adapters_are_listed_and_never_mixed_up_under_concurrency(tiny_llama_fol
         assert ask(server.model_name) == want[server.model_name]  # swapped back to the base model exactly
         samples = metric_samples(scrape(server))
         assert samples[("vllm:num_requests_waiting", ())] == 0
+
+
+def test_an_adapter_that_fails_to_apply_fails_its_request_only(tiny_llama_folder, tiny, adapters, tmp_path):
+    import shutil
+
+    doomed = shutil.copytree(adapters["ada"], tmp_path / "doomed")
+    q = [{"role": "user", "content": "Which adapter am I talking to?"}]
+    with ServerThread(tiny_llama_folder, adapters={"doomed": doomed}) as server:  # served by path, as the app does
+        shutil.rmtree(doomed)
+        status, body = post(server.url + "/v1/chat/completions", {"model": "doomed", "messages": q, "max_tokens": 4})
+        assert status == 400 and "could not be applied" in body["error"]["message"]
+        r = server.client().chat.completions.create(model=server.model_name, messages=q, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == solo(tiny, q, 12)[0]  # still the base model, nothing stuck
+        assert server.snapshot()["loras"] == []

@@ -184,6 +184,8 @@ class MainWindow(QMainWindow):
             session.history_changed.connect(self.chat_list.refresh)
             pane = ChatPane(session, self.scheduler, self._parking)
             pane.focused.connect(lambda p: self._touch(p.session.chat_id))
+            pane.branched.connect(self._branched)
+            self.chat_list.track(session)
             self.sessions[chat_id], self.panes[chat_id] = session, pane
         return self.panes[chat_id]
 
@@ -197,6 +199,10 @@ class MainWindow(QMainWindow):
             self.tabs.setCurrentWidget(pane)
         pane.prompt.setFocus()
         return pane
+
+    def _branched(self, chat_id: int) -> None:
+        self.chat_list.refresh()
+        self.open_chat(chat_id)
 
     def close_chat(self, chat_id: int) -> None:
         """Close its pane; a running reply keeps streaming (and saving) in the background."""

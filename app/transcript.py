@@ -185,7 +185,8 @@ class Transcript:
         fmt.setTopMargin(10)
         c.setBlockFormat(fmt)
         who = "You" if message.role == "user" else "Assistant"
-        links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' for verb, label in actions)
+        links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' if verb else html.escape(label)
+                         for verb, label in actions)
         c.insertHtml(f"<b>{who}</b>&nbsp;&nbsp;<small>{links}</small>")
 
     def _markdown(self, text: str) -> None:

@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import QSplitter
+from PySide6.QtWidgets import QApplication, QSplitter
 
 from app.store import ChatSettings, ReplyStats
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
@@ -95,15 +95,29 @@ def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, 
     run(loop, body())
 
 
-def test_defect5_each_pane_shows_its_chat_colour(qtbot, store):
-    from app.chat_colours import chat_colour
+def test_defect5_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbot, store):
+    """11 open chats: 11 different colours, the same on each pane's swatch and on the page map, even when
+    their job serials collide modulo the palette (the old map coloured by serial), and hover names the chat."""
+    from app.chat_colours import CHAT_COLOURS
 
     win = make_window(qtbot, store)
-    panes = [win.new_chat(f"c{i}") for i in range(11)]
+    panes = [win.new_chat(f"chat number {i}") for i in range(11)]
     colours = [p.swatch.colour() for p in panes]
-    assert colours == [chat_colour(p.session.chat_id) for p in panes]
+    assert colours == [CHAT_COLOURS.colour(p.session.chat_id) for p in panes]
     assert len(set(colours)) == 11, "two open chats share a colour"
+    win.set_view("tiles", 4)
     assert all(p.swatch.isVisibleTo(p) for p in panes)
+
+    serials = [16 * i for i in range(11)]  # all equal modulo the 16-colour palette
+    states = [s for s in serials for _ in range(2)] + [-2] * 10
+    owners = {s: p.session.chat_id for s, p in zip(serials, panes)}
+    page_map = win.dashboard.page_map
+    page_map.update_pages(states, [False] * len(states), owners)
+    painted = [page_map.job_rgba(s)[:3] for s in serials]
+    assert painted == colours
+    x, y = page_map.pages.cell_origin(2 * 3)
+    assert tuple(int(v) for v in page_map.pages.rgba[y + 1, x + 2][:3]) == colours[3]
+    assert page_map.describe_page(2 * 3) == "page 6: in use by job 48 — chat number 3"
 
 
 def _end_visible(pane) -> bool:
@@ -116,27 +130,22 @@ def _end_visible(pane) -> bool:
 
 
 def test_defect6_autoscroll_keeps_the_end_of_a_streaming_reply_in_view(qtbot, loop, store, tiny_model):
+    """A reply several screens tall: the view follows it to its last line and its stats line. The text
+    document lays out after each update, so scrolling to the scroll bar's maximum at update time (the old
+    way) stopped short of the end, and the next update then took the pane for scrolled-up and stopped following."""
     async def body():
         window = make_window(qtbot, store, await loaded_service(tiny_model))
-        window.resize(900, 600)
         pane = window.new_chat("scroll")
+        pane.view.setFixedHeight(220)  # (the window's own minimum height is another defect's)
         s = pane.session
         s.set_settings(ChatSettings(max_new_tokens=300, seed=3, system_prompt=""))
-        seen_mid_stream = []
-
-        def rendered(_id):
-            live = s.live(_id)
-            if live and live[1].new_tokens > 100 and pane.view.verticalScrollBar().maximum() > 0:
-                seen_mid_stream.append(True)
-
-        s.reply_changed.connect(rendered)
         pane.send("tell me a long story")
-        await wait_until(lambda: seen_mid_stream, 120, "a reply taller than the view")
-        qtbot.waitUntil(lambda: _end_visible(pane), timeout=20_000)  # while streaming, the tail is in view
         await wait_until(lambda: s.task.done(), 120, "the reply")
         assert s.messages[-1].stats.state == "done"
+        assert pane.view.verticalScrollBar().maximum() > pane.view.viewport().height()  # taller than the view
         qtbot.waitUntil(lambda: _end_visible(pane), timeout=20_000)  # the last lines and the stats line too
         assert "300 new tok" in pane.view.toPlainText().splitlines()[-1]
+
         await window.service.close()
 
     run(loop, body())
@@ -171,7 +180,7 @@ def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_pr
         assert kept[-1]["content"] == "and now?"
         assert reply.stats.prompt_tokens == service.count_tokens(kept, settings)  # system prompt kept, oldest gone
         assert reply.stats.prompt_tokens + reply.stats.new_tokens <= limit
-        assert "oldest" in pane.view.toPlainText()
+        assert f"{reply.stats.dropped_messages} oldest messages left out" in pane.meter.text()
         await service.close()
 
     run(loop, body())

@@ -130,22 +130,41 @@ def _end_visible(pane) -> bool:
 
 
 def test_defect6_autoscroll_keeps_the_end_of_a_streaming_reply_in_view(qtbot, loop, store, tiny_model):
-    """A reply several screens tall: the view follows it to its last line and its stats line. The text
-    document lays out after each update, so scrolling to the scroll bar's maximum at update time (the old
-    way) stopped short of the end, and the next update then took the pane for scrolled-up and stopped following."""
+    """A reply several screens tall: the view follows it, stats line included, after every render. Qt lays
+    a text document out after the update (lazily, beyond the viewport), so the scroll range can grow after
+    the pane scrolled; the old pane then saw itself "not at the end" and stopped following. Here the
+    document's height grows once outside a render (a top margin), as a late layout does."""
     async def body():
         window = make_window(qtbot, store, await loaded_service(tiny_model))
         pane = window.new_chat("scroll")
         pane.view.setFixedHeight(220)  # (the window's own minimum height is another defect's)
         s = pane.session
         s.set_settings(ChatSettings(max_new_tokens=300, seed=3, system_prompt=""))
+        seen = []
+        render = pane.render_stream
+
+        def checked_render():
+            render()
+            live = s.live(s.messages[-1].id)
+            if live is None:
+                return
+            if live[1].new_tokens >= 60 and not seen:
+                root = pane.view.document().rootFrame()
+                fmt = root.frameFormat()
+                fmt.setTopMargin(fmt.topMargin() + 300)
+                root.setFrameFormat(fmt)
+                seen.append(None)
+            elif seen:
+                seen.append(_end_visible(pane))
+
+        pane.render_stream = checked_render
         pane.send("tell me a long story")
         await wait_until(lambda: s.task.done(), 120, "the reply")
-        assert s.messages[-1].stats.state == "done"
-        assert pane.view.verticalScrollBar().maximum() > pane.view.viewport().height()  # taller than the view
-        qtbot.waitUntil(lambda: _end_visible(pane), timeout=20_000)  # the last lines and the stats line too
+        assert s.messages[-1].stats.state == "done" and s.messages[-1].stats.new_tokens == 300
+        assert len(seen) >= 3, "too few renders after the layout grew"
+        assert all(seen[1:]), seen  # every render after it showed the end
+        qtbot.waitUntil(lambda: _end_visible(pane), timeout=20_000)  # and the finished reply's stats line
         assert "300 new tok" in pane.view.toPlainText().splitlines()[-1]
-
         await window.service.close()
 
     run(loop, body())

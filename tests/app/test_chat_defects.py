@@ -170,23 +170,29 @@ def test_defect6_autoscroll_keeps_the_end_of_a_streaming_reply_in_view(qtbot, lo
     run(loop, body())
 
 
+async def _chat_with_history(qtbot, store, tiny_model, settings, turns):
+    """A chat pane on the tiny model whose history (user, assistant) pairs were written straight to the store."""
+    service = await loaded_service(tiny_model)
+    pane = make_window(qtbot, store, service).new_chat("long")
+    s = pane.session
+    s.set_settings(settings)
+    for user, assistant in turns:
+        s.store.add_message(s.chat_id, "user", user)
+        s.store.add_message(s.chat_id, "assistant", assistant, ReplyStats(state="done"))
+    s.reload()
+    return service, pane, s
+
+
 def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(qtbot, loop, store, tiny_model):
     """The tiny model's context is 512 tokens: a long history plus 200 reply tokens can't all fit."""
     async def body():
-        service = await loaded_service(tiny_model)
-        window = make_window(qtbot, store, service)
-        pane = window.new_chat("long")
-        s = pane.session
-        limit = service.context_limit()
-        assert limit == 512
         settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4)
         assert settings.truncate  # the default
-        s.set_settings(settings)
-        for i in range(4):  # ~130 tokens per turn pair, written straight to the store
-            s.store.add_message(s.chat_id, "user", f"question {i}: " + "alpha beta gamma delta " * 20)
-            s.store.add_message(s.chat_id, "assistant", f"answer {i}: " + "one two three four " * 10,
-                                ReplyStats(state="done"))
-        s.reload()
+        turns = [(f"question {i}: " + "alpha beta gamma delta " * 20, f"answer {i}: " + "one two three four " * 10)
+                 for i in range(4)]  # ~130 tokens per turn pair
+        service, pane, s = await _chat_with_history(qtbot, store, tiny_model, settings, turns)
+        limit = service.context_limit()
+        assert limit == 512
         history = [{"role": m.role, "content": m.content} for m in s.messages]
         assert service.count_tokens(history, settings) + 200 > limit
         assert f"/ {limit}" in pane.meter.text()
@@ -207,15 +213,9 @@ def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_pr
 
 def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
     async def body():
-        service = await loaded_service(tiny_model)
-        window = make_window(qtbot, store, service)
-        pane = window.new_chat("full")
-        s = pane.session
         settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, truncate=False)
-        s.set_settings(settings)
-        s.store.add_message(s.chat_id, "user", "fill " + "alpha beta gamma delta " * 90)
-        s.store.add_message(s.chat_id, "assistant", "ok", ReplyStats(state="done"))
-        s.reload()
+        service, pane, s = await _chat_with_history(qtbot, store, tiny_model, settings,
+                                                     [("fill " + "alpha beta gamma delta " * 90, "ok")])
         pane.send("next")
         await wait_until(lambda: s.task.done(), 120, "the reply")
         reply = s.messages[-1]

@@ -139,7 +139,7 @@ class ChatSession(QObject):
     def can_continue(self) -> bool:
         """The last reply ended early (stopped, interrupted, or cut at its token limit) and can be extended."""
         last = self.messages[-1] if self.messages else None
-        return (not self.running and last is not None and last.role == "assistant" and last.stats is not None
+        return (getattr(self.engine, "continues_replies", False) and not self.running and last is not None and last.role == "assistant" and last.stats is not None
                 and (last.stats.state in CONTINUABLE_STATES
                      or (last.stats.state == "done" and last.stats.eos_reason == "max_new_tokens")))
 

@@ -183,6 +183,8 @@ class EngineService(QObject):
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + (partial or "")
         return self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
 
+    continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
+
     def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
         return self.prompt_ids(history, settings).shape[-1]
 

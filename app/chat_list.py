@@ -1,13 +1,15 @@
 """The chat list: search, create, rename (in place), delete; activating a chat opens its pane."""
 from __future__ import annotations
 
+from typing import Callable
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout,
     QWidget,
 )
 
-from app.store import Store
+from app.store import ChatSettings, Store
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -21,6 +23,7 @@ class ChatList(QWidget):
     def __init__(self, store: Store, parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
+        self.new_chat_settings: Callable[[], ChatSettings] = ChatSettings  # the window gives Preferences'
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats…")
         self.search.setClearButtonEnabled(True)
@@ -78,7 +81,7 @@ class ChatList(QWidget):
                 self.list.setCurrentItem(item)
 
     def new_chat(self, title: str = "New chat") -> int:
-        chat = self.store.create_chat(title)
+        chat = self.store.create_chat(title, self.new_chat_settings())
         self.search.clear()
         self.refresh()
         self.select(chat.id)

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat_session import ChatSession, spawn
+from app.code_blocks import COPY_VERB
 from app.formatting import stats_text
 from app.transcript import Transcript
 from app.settings_dialog import SettingsDialog
@@ -284,6 +285,8 @@ class ChatPane(QWidget):
         message_id = int(ident)
         if verb == "copy":
             self._copy(message_id)
+        elif verb == COPY_VERB:  # a code block's Copy link: its exact text
+            QGuiApplication.clipboard().setText(self.transcript.code_blocks.text(message_id))
         elif verb == "edit":
             self.start_edit(message_id)
         elif verb == "regen":

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
+from app.code_blocks import CodeBlocks
 from app.formatting import stats_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
@@ -80,6 +81,7 @@ class Transcript:
         self._code_char = QTextCharFormat()
         self._code_char.setFontFamilies([mono.family(), "monospace"])
         self._code_char.setFontFixedPitch(True)
+        self.code_blocks = CodeBlocks(document, self._code_block, self._code_char)
 
     @property
     def streaming_id(self) -> int | None:
@@ -193,6 +195,7 @@ class Transcript:
         start = c.block().position()
         c.insertMarkdown(text)
         self._style_code(start, c.position())
+        self.code_blocks.decorate(text, start)  # closed fences: highlighted, with a Copy link
 
     def _append_plain(self, s: _Stream, tail: str, stats) -> bool:
         """Most tokens are plain words inside a plain paragraph: insert them as text, no re-import.

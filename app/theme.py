@@ -103,12 +103,17 @@ class Theme(QObject):
         self.dark = dark
         self.changed.emit(dark)
 
-    def restore_system(self) -> None:
-        """Back to the palette and font the app had before any theme (tests; never the user's choice)."""
-        self.app.setPalette(self._system_palette)
-        self.app.setFont(self._system_font)
 
     def _system_scheme_changed(self, scheme: Qt.ColorScheme) -> None:
         self.system_scheme = scheme
         if self.prefs.theme == "system":
             self.apply()
+
+
+def restore_system_look() -> None:
+    """Back to the palette and font the app had before any Theme applied (tests end with this)."""
+    app = QApplication.instance()
+    if app is not None and id(app) in _SYSTEM:
+        palette, font = _SYSTEM[id(app)]
+        app.setPalette(palette)
+        app.setFont(font)

@@ -43,7 +43,10 @@ class SettingsDialog(QDialog):
         self.system_prompt.setMinimumHeight(80)
         self.preset = QComboBox()
         self.save_preset_btn = QPushButton("Save as preset…")
-        self.save_preset_btn.setAutoDefault(False)
+        self.delete_preset_btn = QPushButton("Delete")
+        self.delete_preset_btn.setToolTip("Delete this preset (yours only; the built-in ones stay)")
+        for b in (self.save_preset_btn, self.delete_preset_btn):
+            b.setAutoDefault(False)
         self.temperature = self._double(0.0, 5.0, 0.05)
         self.top_k = self._int(0, 100000, "off")
         self.top_p = self._double(0.01, 1.0, 0.05)
@@ -71,6 +74,7 @@ class SettingsDialog(QDialog):
         preset_row = QHBoxLayout()
         preset_row.addWidget(self.preset, 1)
         preset_row.addWidget(self.save_preset_btn)
+        preset_row.addWidget(self.delete_preset_btn)
         general.addRow("System prompt", self.system_prompt)
         general.addRow("Preset", preset_row)
         general.addRow("Temperature", self.temperature)
@@ -114,6 +118,7 @@ class SettingsDialog(QDialog):
         self._load(settings)
         self.preset.activated.connect(lambda _i: self.choose_preset(self.preset.currentText()))
         self.save_preset_btn.clicked.connect(self._ask_preset_name)
+        self.delete_preset_btn.clicked.connect(lambda: self.delete_preset(self.preset.currentText()))
         for name in PRESET_FIELDS:
             w = getattr(self, name)
             (w.toggled if isinstance(w, QCheckBox) else w.valueChanged).connect(self._show_preset)
@@ -170,6 +175,7 @@ class SettingsDialog(QDialog):
         self.preset.addItems(list(presets) + ([CUSTOM] if name == CUSTOM else []))
         self.preset.setCurrentText(name)
         self.preset.blockSignals(False)
+        self.delete_preset_btn.setEnabled(name in self.prefs.user_presets())
 
     def choose_preset(self, name: str) -> None:
         """Take a preset's sampler values (the other settings stay)."""
@@ -180,6 +186,11 @@ class SettingsDialog(QDialog):
     def save_preset(self, name: str) -> None:
         """Save the dialog's sampler values as a user preset (ValueError if the name or values are bad)."""
         self.prefs.save_preset(name, self._sampler_values())
+        self._show_preset()
+
+    def delete_preset(self, name: str) -> None:
+        """Forget a user preset (the values in the dialog stay; they now read as Custom)."""
+        self.prefs.delete_preset(name)
         self._show_preset()
 
     def _ask_preset_name(self) -> None:

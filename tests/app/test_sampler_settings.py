@@ -62,6 +62,7 @@ def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
     got = dlg.settings()
     assert (got.dry_multiplier, got.mirostat, got.json_mode) == (0.0, False, False)
     assert got.xtc_probability == 0.4 and got.system_prompt == ADVANCED.system_prompt
+    assert dlg.sizeHint().height() <= 700 and dlg.sizeHint().width() <= 1024  # fits a 1366x768 screen
 
 
 def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
@@ -74,6 +75,7 @@ def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
     dlg = SettingsDialog(base, prefs=Preferences())
     qtbot.addWidget(dlg)
     assert dlg.preset.currentText() == "Balanced"  # the engine's defaults
+    assert not dlg.delete_preset_btn.isEnabled()  # built-ins can't be deleted
     dlg.choose_preset("Creative")
     got = dlg.settings()
     assert preset_of(got) == BUILTIN_PRESETS["Creative"] and got.dry_multiplier > 0 and got.xtc_probability > 0
@@ -85,7 +87,7 @@ def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
 
 
 def test_user_presets_are_saved_and_offered_again(qtbot, tmp_path, monkeypatch):
-    from app.settings_dialog import SettingsDialog
+    from app.settings_dialog import CUSTOM, SettingsDialog
 
     path = tmp_path / "prefs.ini"
     monkeypatch.setenv("PAGEDECK_SETTINGS", str(path))
@@ -105,9 +107,10 @@ def test_user_presets_are_saved_and_offered_again(qtbot, tmp_path, monkeypatch):
     again.choose_preset("Precise")
     again.choose_preset("My coder")
     assert again.settings().temperature == 0.42 and again.settings().dry_multiplier == 1.25
-    prefs = Preferences(path)
-    prefs.delete_preset("My coder")
-    assert "My coder" not in prefs.presets()
+    assert again.delete_preset_btn.isEnabled()
+    again.delete_preset_btn.click()
+    assert "My coder" not in Preferences(path).presets()
+    assert again.preset.currentText() == CUSTOM and again.settings().temperature == 0.42
 
 
 def test_new_chats_start_with_the_default_prompt_and_preset(qtbot, loop, store):  # noqa: F811

@@ -8,6 +8,7 @@ id, so re-rendering a streaming reply's tail does not pile up entries.
 """
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,12 +53,16 @@ def fences(markdown: str) -> list[Fence]:
     return out
 
 
-def _lexer(language: str, code: str):
+@lru_cache(maxsize=256)
+def _tokens(language: str, code: str) -> tuple:
+    """Pygments tokens of `code` (cached: a streaming reply re-renders its last closed block per update,
+    and guessing an unlabelled block's language tries every lexer)."""
     exact = dict(stripnl=False, ensurenl=False)  # Pygments would trim blank edge lines and add a newline
     try:
-        return get_lexer_by_name(language, **exact) if language else guess_lexer(code, **exact)
+        lexer = get_lexer_by_name(language, **exact) if language else guess_lexer(code, **exact)
     except ClassNotFound:
-        return get_lexer_by_name("text", **exact)
+        lexer = get_lexer_by_name("text", **exact)
+    return tuple(lexer.get_tokens(code))
 
 
 @lru_cache(maxsize=None)
@@ -144,13 +149,12 @@ class CodeBlocks:
         header.setTopMargin(4)
         c.setBlockFormat(header)
         c.setCharFormat(QTextCharFormat())
-        label = f"{fence.language} · " if fence.language else ""
+        label = f"{html.escape(fence.language)} · " if fence.language else ""
         c.insertHtml(f'<small><span style="color: gray">{label}</span>'
                      f'<a href="pd:{COPY_VERB}/{self._id(fence.code)}">Copy</a></small>')
         formats = _formats(style)
-        lexer = _lexer(fence.language, fence.code)
         c.insertBlock(self.block_format, self.char_format)
-        for ttype, value in lexer.get_tokens(fence.code):
+        for ttype, value in _tokens(fence.language, fence.code):
             fmt = QTextCharFormat(self.char_format)
             fmt.merge(_token_format(formats, ttype))
             for i, piece in enumerate(value.split("\n")):

@@ -2,8 +2,8 @@
 
 One INI file, never the platform registry, so its location is a path: PAGEDECK_SETTINGS when set (tests
 point it into a temporary folder so they never touch a user's settings), else pagedeck.ini in the user
-config folder. Every Preferences object on the same path sees the same values at once (QSettings shares
-them inside a process), so dialogs can open their own.
+config folder. Each change is written through at once, and every Preferences object on the same path
+sees the same values (QSettings shares them inside a process), so dialogs can open their own.
 """
 from __future__ import annotations
 
@@ -35,30 +35,38 @@ class Preferences:
 
     def __init__(self, path: str | Path | None = None):
         self.path = Path(path) if path is not None else settings_path()
-        self.qsettings = QSettings(str(self.path), QSettings.Format.IniFormat)
 
-    def sync(self) -> None:
-        """Write to disk now (QSettings also does so on its own, and when the app exits)."""
-        self.qsettings.sync()
-        if self.qsettings.status() != QSettings.Status.NoError:
-            raise OSError(f"could not write the settings file {self.path} ({self.qsettings.status().name})")
+    def qsettings(self) -> QSettings:
+        """A QSettings on the file, for one use. None is kept: each is freed (and flushed) on the calling
+        thread at once, never later by the garbage collector on whatever thread it runs."""
+        return QSettings(str(self.path), QSettings.Format.IniFormat)
+
+    def _get(self, key: str, default: Any, kind: type) -> Any:
+        return self.qsettings().value(key, default, type=kind)
+
+    def _set(self, key: str, value: Any) -> None:
+        qs = self.qsettings()
+        qs.setValue(key, value)
+        qs.sync()
+        if qs.status() != QSettings.Status.NoError:
+            raise OSError(f"could not write the settings file {self.path} ({qs.status().name})")
 
     # --- look ----------------------------------------------------------------------------------
 
     @property
     def theme(self) -> str:
-        value = self.qsettings.value("appearance/theme", "system", type=str)
+        value = self._get("appearance/theme", "system", str)
         return value if value in THEMES else "system"
 
     @theme.setter
     def theme(self, value: str) -> None:
         if value not in THEMES:
             raise ValueError(f"theme must be one of {THEMES}, got {value!r}")
-        self.qsettings.setValue("appearance/theme", value)
+        self._set("appearance/theme", value)
 
     @property
     def font_size(self) -> int:
-        value = self.qsettings.value("appearance/font_size", 0, type=int)
+        value = self._get("appearance/font_size", 0, int)
         return value if value == 0 or FONT_SIZES[0] <= value <= FONT_SIZES[1] else 0
 
     @font_size.setter
@@ -67,32 +75,32 @@ class Preferences:
                 value == 0 or FONT_SIZES[0] <= value <= FONT_SIZES[1]):
             raise ValueError(f"font size must be 0 (system default) or {FONT_SIZES[0]}..{FONT_SIZES[1]} pt, "
                              f"got {value!r}")
-        self.qsettings.setValue("appearance/font_size", value)
+        self._set("appearance/font_size", value)
 
     # --- new chats -----------------------------------------------------------------------------
 
     @property
     def system_prompt(self) -> str:
         """The system prompt new chats start with."""
-        return self.qsettings.value("new_chat/system_prompt", ChatSettings().system_prompt, type=str)
+        return self._get("new_chat/system_prompt", ChatSettings().system_prompt, str)
 
     @system_prompt.setter
     def system_prompt(self, value: str) -> None:
         if not isinstance(value, str):
             raise ValueError(f"system prompt must be a string, got {value!r}")
-        self.qsettings.setValue("new_chat/system_prompt", value)
+        self._set("new_chat/system_prompt", value)
 
     @property
     def preset(self) -> str:
         """The sampler preset new chats start with (the default one if it was deleted)."""
-        name = self.qsettings.value("new_chat/preset", DEFAULT_PRESET, type=str)
+        name = self._get("new_chat/preset", DEFAULT_PRESET, str)
         return name if name in self.presets() else DEFAULT_PRESET
 
     @preset.setter
     def preset(self, name: str) -> None:
         if name not in self.presets():
             raise ValueError(f"no preset named {name!r}")
-        self.qsettings.setValue("new_chat/preset", name)
+        self._set("new_chat/preset", name)
 
     def new_chat_settings(self) -> ChatSettings:
         """The settings a new chat starts with: the default system prompt and preset."""
@@ -101,7 +109,7 @@ class Preferences:
     # --- presets -------------------------------------------------------------------------------
 
     def user_presets(self) -> dict[str, dict[str, Any]]:
-        raw = self.qsettings.value("presets/user", "{}", type=str)
+        raw = self._get("presets/user", "{}", str)
         try:
             presets = json.loads(raw)
         except json.JSONDecodeError:
@@ -128,11 +136,11 @@ class Preferences:
         apply_preset(ChatSettings(), values)  # validates
         presets = self.user_presets()
         presets[name] = dict(values)
-        self.qsettings.setValue("presets/user", json.dumps(presets))
+        self._set("presets/user", json.dumps(presets))
 
     def delete_preset(self, name: str) -> None:
         presets = self.user_presets()
         if name not in presets:
             raise KeyError(f"no user preset named {name!r}")
         del presets[name]
-        self.qsettings.setValue("presets/user", json.dumps(presets))
+        self._set("presets/user", json.dumps(presets))

@@ -54,7 +54,6 @@ class PreferencesDialog(QDialog):
     def accept(self) -> None:
         self.prefs.system_prompt = self.system_prompt.toPlainText()
         self.prefs.preset = self.preset.currentData()
-        self.prefs.sync()
         super().accept()
 
     def reject(self) -> None:

@@ -95,11 +95,15 @@ class Theme(QObject):
             palette = self._system_palette  # the desktop's own palette already has the wanted scheme
         else:
             palette = dark_palette() if dark else light_palette()
-        self.app.setPalette(palette)
         font = QFont(self._system_font)
         if self.prefs.font_size:
             font.setPointSize(self.prefs.font_size)
-        self.app.setFont(font)
+        # Each set re-polishes every widget: only when something changed (a new window with the look
+        # already in place costs nothing).
+        if self.app.palette() != palette:
+            self.app.setPalette(palette)
+        if self.app.font() != font:
+            self.app.setFont(font)
         self.dark = dark
         self.changed.emit(dark)
 

@@ -99,7 +99,6 @@ def test_user_presets_are_saved_and_offered_again(qtbot, tmp_path, monkeypatch):
     assert dlg.preset.currentText() == "My coder"
     with pytest.raises(ValueError, match="built-in"):
         dlg.save_preset("Precise")
-    Preferences().sync()
     assert "My coder" in path.read_text()  # on disk, in the file the tests chose
     again = SettingsDialog(replace(ChatSettings(), temperature=0.42, dry_multiplier=1.25), prefs=Preferences(path))
     qtbot.addWidget(again)
@@ -158,6 +157,7 @@ async def _reply(service, settings: ChatSettings, text: str) -> tuple[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_each_advanced_sampler_changes_what_the_default_model_writes(qtbot, loop, store):  # noqa: F811
+    from app.chat_session import ChatSession
     from app.engine_service import EngineService
     from app.settings_dialog import SettingsDialog
 
@@ -168,16 +168,15 @@ def test_each_advanced_sampler_changes_what_the_default_model_writes(qtbot, loop
         assert await service.load({"cache_tokens": 4096}), errors
         try:
             # JSON mode, end to end: ticked in the dialog, sent from the chat, parsed from the stored reply.
-            window = make_window(qtbot, store, service)
-            pane = window.new_chat()
+            session = ChatSession(store, store.create_chat("json").id, service)
             dlg = SettingsDialog(replace(ChatSettings(**GREEDY), max_new_tokens=120), prefs=Preferences())
             qtbot.addWidget(dlg)
             dlg.json_mode.setChecked(True)
-            pane.session.set_settings(dlg.settings())
+            session.set_settings(dlg.settings())
             question = "Give me a cat's name and age."
-            pane.session.send(question)
-            await wait_until(lambda: not pane.session.running, 600, "the JSON reply")
-            reply = pane.session.messages[-1]
+            session.send(question)
+            await wait_until(lambda: not session.running, 600, "the JSON reply")
+            reply = store.messages(session.chat_id)[-1]
             assert reply.stats.state == "done", reply.stats
             assert isinstance(json.loads(reply.content), dict), reply.content
             plain, _ = await _reply(service, ChatSettings(**GREEDY), question)
@@ -212,5 +211,6 @@ def test_each_advanced_sampler_changes_what_the_default_model_writes(qtbot, loop
                 assert service.tokenizer.encode(xtc)[0, 0] != first, (xtc, greedy)
         finally:
             await service.close()
+            service.model = service.generator = service.cache = service.router = None  # free the model now
 
     run(loop, body(), timeout=900)

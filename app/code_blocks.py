@@ -107,6 +107,8 @@ class CodeBlocks:
     def decorate(self, markdown: str, start: int) -> None:
         """Replace the code blocks Qt imported from `markdown` (at document position `start`) with
         highlighted exact copies under a Copy header."""
+        if "```" not in markdown and "~~~" not in markdown:
+            return  # most streaming updates: no fence, no Markdown parse
         blocks = self._runs(start, fences(markdown))
         style = DARK_STYLE if is_dark() else LIGHT_STYLE
         for fence, first, last in reversed(blocks):  # from the end: earlier positions stay valid
@@ -152,11 +154,13 @@ class CodeBlocks:
         label = f"{html.escape(fence.language)} · " if fence.language else ""
         c.insertHtml(f'<small><span style="color: gray">{label}</span>'
                      f'<a href="pd:{COPY_VERB}/{self._id(fence.code)}">Copy</a></small>')
-        formats = _formats(style)
+        formats, merged = _formats(style), {}
         c.insertBlock(self.block_format, self.char_format)
         for ttype, value in _tokens(fence.language, fence.code):
-            fmt = QTextCharFormat(self.char_format)
-            fmt.merge(_token_format(formats, ttype))
+            fmt = merged.get(ttype)
+            if fmt is None:  # the code font plus the token's colour, once per token type
+                fmt = merged[ttype] = QTextCharFormat(self.char_format)
+                fmt.merge(_token_format(formats, ttype))
             for i, piece in enumerate(value.split("\n")):
                 if i:
                     c.insertBlock(self.block_format, self.char_format)

@@ -5,6 +5,8 @@ their colour with a dot, and the state in the tooltip.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
@@ -14,7 +16,7 @@ from PySide6.QtWidgets import (
 
 from app.chat_colours import CHAT_COLOURS
 from app.pane_widgets import ACTIVITY, activity_icon
-from app.store import Store
+from app.store import ChatSettings, Store
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -29,6 +31,7 @@ class ChatList(QWidget):
         super().__init__(parent)
         self.store = store
         self._activity: dict[int, str] = {}  # chat id -> its running reply's state
+        self.new_chat_settings: Callable[[], ChatSettings] = ChatSettings  # the window gives Preferences'
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats…")
         self.search.setClearButtonEnabled(True)
@@ -112,7 +115,7 @@ class ChatList(QWidget):
                 self.list.setCurrentItem(item)
 
     def new_chat(self, title: str = "New chat") -> int:
-        chat = self.store.create_chat(title)
+        chat = self.store.create_chat(title, self.new_chat_settings())
         self.search.clear()
         self.refresh()
         self.select(chat.id)

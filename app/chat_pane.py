@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from app.chat_colours import CHAT_COLOURS
 from app.chat_session import ChatSession, spawn
+from app.code_blocks import COPY_VERB
 from app.formatting import stats_text
 from app.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
 from app.transcript import Transcript
@@ -410,6 +411,8 @@ class ChatPane(QWidget):
         message_id = int(ident)
         if verb == "copy":
             self._copy(message_id)
+        elif verb == COPY_VERB:  # a code block's Copy link: its exact text
+            QGuiApplication.clipboard().setText(self.transcript.code_blocks.text(message_id))
         elif verb == "edit":
             self.start_edit(message_id)
         elif verb == "regen":

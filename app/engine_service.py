@@ -206,9 +206,11 @@ class EngineService(QObject):
         gen_settings = settings.sampler_settings()
 
         def make_job():
+            # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
+            filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
             return engine.DynamicJobAsync(
                 generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
-                seed=settings.seed, stop_conditions=stops, identifier=identifier,
+                seed=settings.seed, stop_conditions=stops, identifier=identifier, filters=filters,
             )
 
         job = PinnedJob(self.router, self.chat_loras, make_job, identifier)

@@ -299,8 +299,9 @@ class PageMapWidget(QWidget):
 
 
 def _legend_html() -> str:
-    def swatch(rgba: tuple[int, ...]) -> str:
-        return f"<span style='color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
+    def swatch(rgba: tuple[int, ...]) -> str:  # on the map's own background, so it reads alike in any theme
+        bg = "rgb({},{},{})".format(*BACKGROUND[:3])
+        return f"<span style='background-color: {bg}; color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
 
     jobs = "".join(swatch(job_colour(i)) for i in range(4))
     return (f"{swatch(FREE_COLOUR)} free &nbsp; {swatch(CACHED_COLOUR)} cached &nbsp; {jobs} in use (one colour per job)"

@@ -33,6 +33,8 @@ FINAL_STATES = ("done", "stopped", "error", "interrupted")
 REPLY_STATES = RUNNING_STATES + FINAL_STATES
 ROLES = ("user", "assistant")
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
+ADVANCED_SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "mirostat", "mirostat_tau",
+                           "mirostat_eta", "xtc_probability", "xtc_threshold")
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,22 @@ class ChatSettings:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     truncate: bool = True  # when the history outgrows the context: drop the oldest turns (system prompt kept)
+    # The engine's advanced samplers (neutral by default), passed to SamplerSettings under the same names.
+    dry_multiplier: float = _ENGINE.dry_multiplier
+    dry_base: float = _ENGINE.dry_base
+    dry_allowed_length: int = _ENGINE.dry_allowed_length
+    mirostat: bool = _ENGINE.mirostat
+    mirostat_tau: float = _ENGINE.mirostat_tau
+    mirostat_eta: float = _ENGINE.mirostat_eta
+    xtc_probability: float = _ENGINE.xtc_probability
+    xtc_threshold: float = _ENGINE.xtc_threshold
+    json_mode: bool = False  # the reply is one JSON object (the engine's JSONSchemaFilter)
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
         return SamplerSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                               token_repetition_penalty=self.repetition_penalty)
+                               token_repetition_penalty=self.repetition_penalty,
+                               **{name: getattr(self, name) for name in ADVANCED_SAMPLER_FIELDS})
 
     def validate(self) -> "ChatSettings":
         """Raise ValueError naming the first bad field; return self so calls can chain.
@@ -77,6 +90,8 @@ class ChatSettings:
             raise bad("stop_strings", "must be non-empty strings")
         if not isinstance(self.truncate, bool):
             raise bad("truncate", "must be True or False")
+        if not isinstance(self.json_mode, bool):
+            raise bad("json_mode", "must be a bool")
         return self
 
     def to_json(self) -> str:

@@ -173,5 +173,7 @@ class SimulatedWorkload:
             "accepted_per_position": list(self.per_position), "sampling_threads_busy": self.last_busy,
             "step_host_overhead_s": 0.0,
             "sampling_threads_max": 16, "prefix_hit_tokens_total": self.c["prefix_hits"], "loras": list(self.loras),
+            "loras_loaded": list(self.loras),  # every simulated page ran the base model:
+            "page_adapters": np.where(self.states == FREE, -1, 0).tolist(), "adapter_sets": {0: []},
             "snapshot_time": self.start_time + self.elapsed,
         }

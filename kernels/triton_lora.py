@@ -18,32 +18,30 @@ BLOCK_M = 16  # rows per program: decode segments are short (tl.dot needs >= 16)
 
 
 @triton.jit
-def _segment_rows(seg_start, seg, T, HAS_SEGS: tl.constexpr):
+def _tile(seg_start, T, N, HAS_SEGS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This program's segment, its rows (int64) and columns with their masks, and whether any row is left."""
+    seg = tl.program_id(0)
     if HAS_SEGS:
         r0 = tl.load(seg_start + seg)
         r1 = tl.load(seg_start + seg + 1)
     else:
         r0 = 0
         r1 = T
-    return r0, r1
+    first = r0 + tl.program_id(1) * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return seg, rows.to(tl.int64), rows < r1, cols, cols < N, first < r1
 
 
 @triton.jit
 def _shrink_kernel(x, s_x, a, s_a, out, s_o, seg_start, col_scale, s_cs, T, K, R,
                    HAS_SEGS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    IEEE: tl.constexpr):
-    seg = tl.program_id(0)
-    r0, r1 = _segment_rows(seg_start, seg, T, HAS_SEGS)
-    rows = r0 + tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < r1
-    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < R
+    seg, rows64, row_ok, cols, col_ok, live = _tile(seg_start, T, R, HAS_SEGS, BLOCK_M, BLOCK_N)
     scale = tl.load(col_scale + seg * s_cs + cols, mask=col_ok, other=0.0)
     own = col_ok & (scale != 0)  # this segment's adapters' columns: the only ones read
-    used = (tl.max(own.to(tl.int32), 0) > 0) & (r0 + tl.program_id(1) * BLOCK_M < r1)
-    k_end = tl.where(used, K, 0)  # a foreign column block (or no rows left): write zeros, read nothing
+    k_end = tl.where(live & (tl.max(own.to(tl.int32), 0) > 0), K, 0)  # else write zeros, read nothing
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    rows64 = rows.to(tl.int64)
     for k0 in range(0, k_end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < K
@@ -63,15 +61,9 @@ def _shrink_kernel(x, s_x, a, s_a, out, s_o, seg_start, col_scale, s_cs, T, K, R
 def _expand_kernel(s, s_s, b, s_b, y, s_y, seg_start, col_scale, s_cs, col0, T, R, N,
                    HAS_SEGS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    IEEE: tl.constexpr):
-    seg = tl.program_id(0)
-    r0, r1 = _segment_rows(seg_start, seg, T, HAS_SEGS)
-    rows = r0 + tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < r1
-    cols = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    k_end = tl.where(r0 + tl.program_id(1) * BLOCK_M < r1, R, 0)
+    seg, rows64, row_ok, cols, col_ok, live = _tile(seg_start, T, N, HAS_SEGS, BLOCK_M, BLOCK_N)
+    k_end = tl.where(live, R, 0)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    rows64 = rows.to(tl.int64)
     for k0 in range(0, k_end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)
         k_ok = kk < R

@@ -142,9 +142,18 @@ class Adapters:
 
     # ---- jobs ---------------------------------------------------------------------------------------
     def resolve(self, request: tuple | None) -> tuple[Pairs, bytes]:
-        """A job's adapters (None: the default set) and the root hash its pages chain from."""
+        """A job's adapters (None: the default set) and the root hash its pages chain from (registered for
+        the page map's labels: call from the generator's thread)."""
         if request is None:
             return self.default, self.default_root
+        pairs = self.check(request)
+        return pairs, self._root(pairs)
+
+    def check(self, request: tuple | None) -> Pairs:
+        """The adapters a job would run, or a ValueError naming the one it can't; changes nothing, so any
+        thread may call it."""
+        if request is None:
+            return self.default
         pairs = []
         for adapter, scale in request:
             name = adapter if isinstance(adapter, str) else adapter.name
@@ -158,7 +167,7 @@ class Adapters:
             if name in self.unloading:
                 raise ValueError(f"LoRA adapter {name!r} is being unloaded; it takes no new jobs")
             pairs.append((lora, scale))
-        return tuple(pairs), self._root(pairs)
+        return tuple(pairs)
 
     def _root(self, pairs: Iterable[tuple[LoRA, float]]) -> bytes:
         pairs = list(pairs)

@@ -127,7 +127,7 @@ class DynamicGenerator:
         tokens = [t for s in job.seqs for t in s.tokens]
         if max(tokens) >= self.model.vocab_size or min(tokens) < 0:
             raise ValueError(f"input_ids hold token ids outside the model's vocabulary (0..{self.model.vocab_size - 1})")
-        self.adapters.resolve(job.lora_request)  # its adapters are loaded and not being unloaded
+        self.adapters.check(job.lora_request)  # its adapters are loaded and not being unloaded
 
     def num_remaining_jobs(self) -> int:
         return len(self.pending) + len(self.active)

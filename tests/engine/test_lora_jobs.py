@@ -16,6 +16,7 @@ from engine.model.batch import Batch
 from engine.model.lora import LoRA, LoRASet, LoRAStack
 from engine.model.lora_batch import LoRABatch
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
+from tests.engine.test_generator import run_all
 from tests.engine.test_lora import GREEDY, merge_by_hand, prompt_ids, write_peft_adapter
 
 COMBO = [("all", 0.7), ("qv", -0.5)]
@@ -58,21 +59,16 @@ def loaded_gen(model, folders, **kw) -> DynamicGenerator:
 
 
 def run(gen, jobs, watch=None):
-    """Step until every job ends (checking the page table each step); tokens and last result per job."""
-    tokens = {id(j): [] for j in jobs}
-    final = {}
-    gen.enqueue(list(jobs))
-    while gen.num_remaining_jobs():
-        for r in gen.iterate():
-            if r["stage"] == "streaming":
-                tokens[id(r["job"])] += r["token_ids"]
-                if r["eos"]:
-                    final[id(r["job"])] = r
-        check_table(gen.pagetable, live_sequences(gen))
+    """Step until every job ends, checking the page table each step; tokens and last result per job."""
+
+    def each_step(g):
+        check_table(g.pagetable, live_sequences(g))
         if watch is not None:
-            watch(gen)
+            watch(g)
+
+    out = run_all(gen, jobs, each_step)
     check_released(gen.pagetable)
-    return [tokens[id(j)] for j in jobs], [final[id(j)] for j in jobs]
+    return out
 
 
 def job(ids, loras, n=16, **kw):

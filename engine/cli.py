@@ -1,5 +1,6 @@
-"""`python -m engine generate|bench|bench-spec`: talk to a model from a terminal, or measure the engine
-(engine.bench.serving; bench-spec is engine.bench.speculative's own parser, dispatched from here).
+"""`python -m engine generate|serve|bench|bench-spec`: talk to a model from a terminal, serve it over an
+OpenAI-compatible API (engine.server), or measure the engine (engine.bench.serving; bench-spec is
+engine.bench.speculative's own parser, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
 `error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
@@ -52,7 +53,7 @@ def _non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench,bench-spec}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,bench,bench-spec}")
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
@@ -71,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, metavar="R")
     g.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+    from .server.main import add_serve_parser
+
+    add_serve_parser(sub, WEIGHT_FORMATS)
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
@@ -106,7 +111,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _guarded(lambda: bench_spec_main(argv[1:]))
     args = build_parser().parse_args(argv)
-    return _guarded(lambda: run_generate(args) if args.command == "generate" else _run_bench(args))
+    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench}
+    return _guarded(lambda: commands[args.command](args))
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .server.main import run_serve
+
+    check_model_path(args.model)
+    return run_serve(args)
 
 
 def _run_bench(args: argparse.Namespace) -> int:

@@ -45,7 +45,7 @@ class SimulatedWorkload:
         self.swapping = False
         self.c = dict(tokens=0, steps=0, drafted=0, accepted=0, prefix_hits=0)
         self.per_position = [0, 0, 0, 0]
-        self.last_prefill = self.last_decode = self.last_batch = self.last_busy = 0
+        self.last_prefill = self.last_decode = self.last_batch = self.last_busy = self.peak_batch = 0
 
     # ------------------------------------------------------------------------------- page table
     def _take_page(self) -> int | None:
@@ -155,6 +155,7 @@ class SimulatedWorkload:
         self.c["tokens"] += decode
         self.c["steps"] += int(round(dt / 0.02))
         self.last_prefill, self.last_decode, self.last_batch = prefill, decode, len(self.jobs)
+        self.peak_batch = max(self.peak_batch, self.last_batch)
         self.last_busy = min(len(self.jobs), 16) if len(self.jobs) >= 3 else 0
         return self.snapshot()
 
@@ -171,7 +172,8 @@ class SimulatedWorkload:
             "prefill_tokens_total": 0, "steps_total": self.c["steps"], "time_total_s": self.elapsed,
             "drafted_tokens_total": self.c["drafted"], "accepted_tokens_total": self.c["accepted"],
             "accepted_per_position": list(self.per_position), "sampling_threads_busy": self.last_busy,
-            "step_host_overhead_s": 0.0,
+            "step_host_overhead_s": 0.0, "batch_size_peak": self.peak_batch, "prompt_tokens_total": 0,
+            "drafts_total": self.c["drafted"] // 4,
             "sampling_threads_max": 16, "prefix_hit_tokens_total": self.c["prefix_hits"], "loras": list(self.loras),
             "loras_loaded": list(self.loras),  # every simulated page ran the base model:
             "page_adapters": np.where(self.states == FREE, -1, 0).tolist(), "adapter_sets": {0: []},

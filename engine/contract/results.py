@@ -93,16 +93,19 @@ class Metrics(TypedDict):
     pending_jobs: int
     deferred_jobs: int  # held back by DynamicGeneratorAsync for a LoRA swap (0 from the sync generator)
     batch_size: int  # sequences in the last step
+    batch_size_peak: int  # largest batch_size so far (a scrape every few seconds misses short peaks)
     prefill_tokens_step: int
     decode_tokens_step: int
     tokens_generated_total: int
     prefill_tokens_total: int
     prefix_hit_tokens_total: int
+    prompt_tokens_total: int  # prompt tokens of admitted jobs (cached or not): prefix-cache queries
     steps_total: int
     time_total_s: float  # time spent inside iterate()
     step_host_overhead_s: float  # the last step's time outside model.forward
     drafted_tokens_total: int
     accepted_tokens_total: int
+    drafts_total: int  # draft proposals (one per job per drafting step)
     accepted_per_position: list[int]
     sampling_threads_busy: int
     sampling_threads_max: int

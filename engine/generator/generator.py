@@ -237,6 +237,7 @@ class DynamicGenerator:
 
     def _count_drafts(self, job: DynamicJob, e: ScheduledSeq, accepted: int) -> None:
         c = self.counters
+        c.drafts_total += 1
         job.accepted_draft_tokens += accepted
         job.rejected_draft_tokens += len(e.drafts) - accepted
         c.drafted_tokens_total += len(e.drafts)
@@ -310,6 +311,7 @@ class DynamicGenerator:
             self.pending.remove(job)
             self.active.append(job)
             self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
+            self.counters.prompt_tokens_total += sum(s.prompt_len for s in job.seqs)
             results.append(job.start(allocs))
             started_after_wait = started_after_wait or bool(waiting)
         if started_after_wait:

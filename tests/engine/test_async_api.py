@@ -463,9 +463,18 @@ def test_per_job_adapters_load_off_the_loop_and_unload_waits_for_its_jobs(tiny, 
         try:
             style = await agen.load_lora(adapter)
             assert load_threads and load_threads[-1] not in (threading.current_thread(), agen.worker_thread)
+            # Hold the worker so the unload provably runs while job a is queued (no race with its steps).
+            loop = asyncio.get_running_loop()
+            gate1, gate2, held = threading.Event(), threading.Event(), asyncio.Event()
+
+            def hold(g):
+                loop.call_soon_threadsafe(held.set)
+                gate2.wait()
+
+            blocked = [asyncio.create_task(agen.run_on_worker(lambda g: gate1.wait()))]
+            await asyncio.sleep(0)
             a = DynamicJobAsync(agen, input_ids=p_a, max_new_tokens=12, gen_settings=GREEDY, loras=[style])
             b = DynamicJobAsync(agen, input_ids=p_b, max_new_tokens=12, gen_settings=GREEDY, loras=[])
-            head = [await a.__anext__()]
             log = []
 
             async def consume(job, name):
@@ -475,13 +484,20 @@ def test_per_job_adapters_load_off_the_loop_and_unload_waits_for_its_jobs(tiny, 
 
             consumers = [asyncio.create_task(consume(a, "a")), asyncio.create_task(consume(b, "b"))]
             unload = asyncio.create_task(agen.unload_lora("style"))
-            await agen.run_on_worker(lambda g: None)  # commands run in order: the unload has begun
+            await asyncio.sleep(0)  # its command is queued behind a's enqueue
+            blocked.append(asyncio.create_task(agen.run_on_worker(hold)))
+            await asyncio.sleep(0)
+            gate1.set()
+            await held.wait()  # the worker ran the unload (a still queued) and waits in hold()
+            assert not unload.done()
             with pytest.raises(ValueError, match="being unloaded"):
                 DynamicJobAsync(agen, input_ids=p_a, max_new_tokens=2, loras=["style"])
+            gate2.set()
+            await asyncio.gather(*blocked)
             await unload
             log.append("unloaded")
             results_a, results_b = await asyncio.gather(*consumers)
-            return head + results_a, results_b, log, agen.metrics()["loras_loaded"]
+            return results_a, results_b, log, agen.metrics()["loras_loaded"]
         finally:
             await agen.close()
 

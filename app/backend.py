@@ -24,6 +24,9 @@ class Backend(Protocol):
     def job_ended(self, identifier: Any) -> None:
         """The chat consumed its reply's last result."""
 
+    def adapter_names(self) -> list[str]:
+        """LoRA adapters a chat may name in its settings (the loaded ones)."""
+
 
 class BackendSwitch:
     """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
@@ -52,3 +55,6 @@ class BackendSwitch:
     def job_ended(self, identifier: Any) -> None:
         backend = self._owner.pop(identifier, self.current)
         backend.job_ended(identifier)
+
+    def adapter_names(self) -> list[str]:
+        return self.current.adapter_names()

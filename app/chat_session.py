@@ -8,6 +8,7 @@ about that much of one reply and nothing already completed.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import replace
@@ -59,6 +60,8 @@ class ReplyTracker:
             s.state, s.progress = "prefill", 0.0
             if r.get("cached_tokens") is not None:
                 s.cached_tokens = r["cached_tokens"]
+            if r.get("loras") is not None:  # the adapters and scales this reply runs with
+                s.adapters = json.dumps([[name, scale] for name, scale in r["loras"]])
         elif stage == "prefill":
             s.state = "prefill"
             s.progress = r["curr_progress"] / max(1, r["max_progress"])

@@ -144,6 +144,21 @@ class RemoteBackend:
             await self.cancel(identifier)
         await self.client.close()
 
+    def chat_model(self, settings: ChatSettings) -> str:
+        """The request's `model`: a chat's own adapter (an OpenAI request names one, at scale 1), the base
+        model for (), else the remote LoRA panel's pick."""
+        if settings.loras is None:
+            return self.model
+        if not settings.loras:
+            return self.base_model
+        if len(settings.loras) > 1 or settings.loras[0][1] != 1.0:
+            raise RemoteError("an OpenAI-compatible server takes one adapter per request, at scale 1 "
+                              f"(this chat asks for {list(settings.loras)})")
+        return settings.loras[0][0]
+
+    def adapter_names(self) -> list[str]:
+        return [str(e["id"]) for e in self.adapters]
+
     # ---- Backend protocol -------------------------------------------------------------------------
     async def wait_loaded(self) -> None:
         if self.model is None:
@@ -155,7 +170,7 @@ class RemoteBackend:
         if self.model is None:
             raise RemoteError(f"not connected to {self.url}")
         settings.validate()
-        job = RemoteJob(self.client, chat_body(self.model, history, settings), identifier)
+        job = RemoteJob(self.client, chat_body(self.chat_model(settings), history, settings), identifier)
         self._jobs[identifier] = job
         return job, None  # prompt tokens arrive with the usage event
 

@@ -5,6 +5,7 @@ from PySide6.QtWidgets import (
     QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget,
 )
 
+from app.adapter_picker import AdapterPicker
 from app.store import ChatSettings
 
 
@@ -26,8 +27,10 @@ def _unescape(s: str) -> str:
 
 
 class SettingsDialog(QDialog):
-    def __init__(self, settings: ChatSettings, title: str = "Chat settings", parent: QWidget | None = None):
+    def __init__(self, settings: ChatSettings, title: str = "Chat settings", parent: QWidget | None = None,
+                 adapters: list[str] = ()):
         super().__init__(parent)
+        self.loras = AdapterPicker(list(adapters), settings.loras)  # adapters: the loaded ones
         self.setWindowTitle(title)
         self.system_prompt = QPlainTextEdit(settings.system_prompt)
         self.system_prompt.setMinimumHeight(80)
@@ -55,6 +58,7 @@ class SettingsDialog(QDialog):
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Seed", self.seed)
         form.addRow("Stop strings", self.stop_strings)
+        form.addRow("LoRA", self.loras)
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
             | QDialogButtonBox.StandardButton.RestoreDefaults
@@ -98,6 +102,7 @@ class SettingsDialog(QDialog):
             max_new_tokens=self.max_new_tokens.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(),
             stop_strings=stops,
+            loras=self.loras.value(),
         ).validate()
 
     def _defaults(self) -> None:
@@ -111,6 +116,7 @@ class SettingsDialog(QDialog):
         self.max_new_tokens.setValue(d.max_new_tokens)
         self.seed.setValue(-1)
         self.stop_strings.setPlainText("")
+        self.loras.set_value(d.loras)
 
     def accept(self) -> None:
         try:

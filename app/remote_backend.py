@@ -40,8 +40,10 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
 class RemoteJob:
     """One streamed reply; `async for r in job` gives engine-style result dicts, cancel() hangs up."""
 
-    def __init__(self, client: RemoteClient, body: dict, identifier: Any = None):
+    def __init__(self, client: RemoteClient, body: dict, identifier: Any = None,
+                 loras: list[tuple[str, float]] | None = None):
         self.identifier = identifier
+        self.loras = loras  # what the reply records: the adapter its `model` names ([] = base model)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._ended = False
         self._task = asyncio.get_running_loop().create_task(self._read(client, body))
@@ -81,7 +83,7 @@ class RemoteJob:
             async for event in client.stream_chat(body):
                 if not started:
                     started = True
-                    put({"stage": "started", "identifier": self.identifier})
+                    put({"stage": "started", "identifier": self.identifier, "loras": self.loras})
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or ():
@@ -170,7 +172,9 @@ class RemoteBackend:
         if self.model is None:
             raise RemoteError(f"not connected to {self.url}")
         settings.validate()
-        job = RemoteJob(self.client, chat_body(self.chat_model(settings), history, settings), identifier)
+        model = self.chat_model(settings)
+        loras = [] if model == self.base_model else [(model, 1.0)]
+        job = RemoteJob(self.client, chat_body(model, history, settings), identifier, loras)
         self._jobs[identifier] = job
         return job, None  # prompt tokens arrive with the usage event
 

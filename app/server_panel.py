@@ -3,7 +3,8 @@
 API requests become jobs on the same generator as the chats, so they batch together and show on the
 page map under their request id. The served model follows the app: a model reload serves the new
 generator (requests in flight during the swap get 503), and the adapters loaded into it (the LoRA
-panel's "loaded" column, or POST /v1/load_lora_adapter) are served as model ids. The server runs on the app's own event loop (aiohttp, no thread, no second loop).
+panel's "loaded" column, or POST /v1/load_lora_adapter) are served as model ids. The server runs on the
+app's own event loop (aiohttp, no thread, no second loop).
 """
 from __future__ import annotations
 

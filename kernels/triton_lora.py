@@ -2,7 +2,8 @@
 
 Grid (segment, row block, column block): a program reads only its segment's rows and only the columns of
 its segment's adapters (scale != 0), skipping blocks that hold none, so a row costs the rank of its own
-adapters, not of the whole stack, and never meets another adapter's weights. Segments come from the plan's seg_start, so no launch needs a sync.
+adapters, not of the whole stack, and never meets another adapter's weights. Segments come from the
+plan's seg_start, so no launch needs a sync.
 fp32 accumulation; fp32 inputs use IEEE dots (no TF32), like the attention kernels.
 """
 

@@ -274,7 +274,8 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> Dynamic
                                return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter))
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
         if req.adapter is not None and "LoRA adapter" in str(exc):  # unloaded since resolve: as if unknown
-            raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model", "model_not_found") from None
+            raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model",
+                           "model_not_found") from None
         raise bad_request(str(exc), "max_tokens") from None
     except RuntimeError as exc:  # the generator closed: the app is loading another model
         raise ApiError(503, f"the model is being replaced: {exc}", code="model_not_loaded") from None

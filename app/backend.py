@@ -29,6 +29,8 @@ class Backend(Protocol):
     # count_tokens(history, settings) -> int: prompt tokens of that history (a trailing assistant message
     # is continued, not closed). continues_replies: True where a trailing assistant message is continued
     # (a remote chat API would answer it with a new turn, so Continue is off there).
+    def adapter_names(self) -> list[str]:
+        """LoRA adapters a chat may name in its settings (the loaded ones)."""
 
 
 class BackendSwitch:
@@ -69,3 +71,5 @@ class BackendSwitch:
 
     def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
         return self.current.count_tokens(history, settings)
+    def adapter_names(self) -> list[str]:
+        return self.current.adapter_names()

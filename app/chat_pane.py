@@ -247,7 +247,8 @@ class ChatPane(QWidget):
             self._copy(replies[-1].id)
 
     def open_settings(self) -> None:
-        dlg = SettingsDialog(self.session.settings, f"Settings — {self.session.chat.title}", self)
+        dlg = SettingsDialog(self.session.settings, f"Settings — {self.session.chat.title}", self,
+                             adapters=self.session.engine.adapter_names())
         if dlg.exec() == QDialog.DialogCode.Accepted:
             self.session.set_settings(dlg.settings())
 

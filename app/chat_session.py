@@ -12,6 +12,7 @@ and branch copies the path up to a message into a new chat.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import replace
@@ -67,6 +68,8 @@ class ReplyTracker:
             s.state, s.progress = "prefill", 0.0
             if r.get("cached_tokens") is not None:
                 s.cached_tokens = r["cached_tokens"]
+            if r.get("loras") is not None:  # the adapters and scales this reply runs with
+                s.adapters = json.dumps([[name, scale] for name, scale in r["loras"]])
         elif stage == "prefill":
             s.state = "prefill"
             s.progress = r["curr_progress"] / max(1, r["max_progress"])

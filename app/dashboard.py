@@ -261,7 +261,8 @@ class DashboardDock(QDockWidget):
         if bar:
             self.kv_bar.setValue(round(min(max(float(kv_usage), 0.0), 1.0) * 1000))
         else:
-            self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"])
+            self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"],
+                                       s.get("page_adapters"), s.get("adapter_sets"))
         if bar != self.kv_bar.isVisible():
             self.kv_bar.setVisible(bar)
             self.page_map.setVisible(not bar)

@@ -1,9 +1,11 @@
 """The app's one engine: loads models off the UI thread, owns the generator, starts chat jobs, feeds metrics.
 
 Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so all chats batch together
-(and with API requests when the Server panel serves it). The LoRA panel's set applies to the chats: a
-chat reply first asks the engine's AdapterRouter for that set (an API request may have swapped another
-in), so no reply ever runs on an adapter it did not ask for.
+(and with API requests when the Server panel serves it). Adapters are per job: the LoRA panel loads
+adapters into the generator (its registry is the one list of loaded adapters, also served to API
+clients) and sets the default set; a chat whose settings name adapters runs with exactly those, in the
+same batch as chats on other adapters, and a chat naming none gets the default set (swapped only while
+idle, ExLlamaV2's rule: the panel shows the pending swap).
 Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
 loaded completely, so a bad path or a broken file leaves the previous model serving.
 """
@@ -61,14 +63,14 @@ class EngineService(QObject):
     loaded = Signal(object)  # info dict (see _info)
     load_failed = Signal(str)
     metrics = Signal(object)  # generator.metrics() snapshot, ~10 Hz while a model is loaded
-    loras_active = Signal(object)  # list of adapter names now applied
+    loras_active = Signal(object)  # the default set's adapter names
+    loras_loaded = Signal(object)  # names of every adapter loaded into the generator
     loras_pending = Signal(bool)
     lora_failed = Signal(str)
 
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
-        self.model = self.tokenizer = self.cache = self.generator = self.router = None
-        self.chat_loras: tuple = ()  # the LoRA panel's applied set: [(adapter path, scale)]
+        self.model = self.tokenizer = self.cache = self.generator = None
         self.info: dict | None = None
         self.loading = False
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
@@ -112,13 +114,12 @@ class EngineService(QObject):
             self.loading = False
             self._load_done.set()
         await self._retire()
-        from engine import AdapterRouter
-
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
-        self.router, self.chat_loras = AdapterRouter(generator), ()
         self.info = self._info(req, time.perf_counter() - t0)
         self._timer.start()
         self.loaded.emit(self.info)
+        self.loras_active.emit([])
+        self.loras_loaded.emit([])
         return True
 
     async def wait_loaded(self) -> None:
@@ -205,15 +206,13 @@ class EngineService(QObject):
         generator = self.generator
         gen_settings = settings.sampler_settings()
 
-        def make_job():
-            # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
-            filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
-            return engine.DynamicJobAsync(
-                generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
-                seed=settings.seed, stop_conditions=stops, identifier=identifier, filters=filters,
-            )
-
-        job = PinnedJob(self.router, self.chat_loras, make_job, identifier)
+        loras = None if settings.loras is None else [tuple(pair) for pair in settings.loras]
+        # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
+        filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
+        job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
+            generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
+            seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
+        )
         self._jobs[identifier] = job
         return job, ids.shape[-1]
 
@@ -235,23 +234,53 @@ class EngineService(QObject):
 
     # --- LoRA ----------------------------------------------------------------------------------
 
+    def loaded_adapters(self) -> list[str]:
+        return [] if self.generator is None else list(self.generator.generator.loaded_loras)
+
+    adapter_names = loaded_adapters  # Backend
+
+    async def load_adapter(self, path: str | Path) -> bool:
+        """Load a PEFT folder into the generator (read off the loop) under its folder name."""
+        if self.generator is None:
+            self.lora_failed.emit("load a model before loading LoRA adapters")
+            return False
+        try:
+            await self.generator.load_lora(str(path))
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
+            self.lora_failed.emit(f"Could not load LoRA adapter {Path(path).name}: {type(exc).__name__}: {exc}")
+            return False
+        self.loras_loaded.emit(self.loaded_adapters())
+        return True
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Unload an adapter; returns once its last running reply has ended (new replies can't name it)."""
+        if self.generator is None:
+            return False
+        try:
+            await self.generator.unload_lora(name)
+        except Exception as exc:  # noqa: BLE001 - e.g. it is in the default set
+            self.lora_failed.emit(f"Could not unload LoRA adapter {name}: {exc}")
+            return False
+        self.loras_loaded.emit(self.loaded_adapters())
+        return True
+
     async def apply_loras(self, pairs: list[tuple[str, float]]) -> bool:
-        """Swap adapters: at once when idle, else pending until running jobs finish (new ones defer)."""
+        """Set the default set (folders or loaded names) for chats that name none: at once when idle, else
+        pending until running jobs finish (new default-set replies defer meanwhile)."""
         if self.generator is None:
             self.lora_failed.emit("load a model before applying LoRA adapters")
             return False
-        wanted = tuple((str(p), float(s)) for p, s in pairs)
-        previous, self.chat_loras = self.chat_loras, wanted
+        wanted = [(str(p), float(s)) for p, s in pairs]
         self.loras_pending.emit(True)
         try:
-            await self.router.swap(wanted)
+            await self.generator.set_loras([p for p, _ in wanted] or None, [s for _, s in wanted] or None)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
-            self.chat_loras = previous
             self.lora_failed.emit(f"Could not apply LoRA set: {type(exc).__name__}: {exc}")
             return False
         finally:
             self.loras_pending.emit(False)
-        self.loras_active.emit([Path(p).name for p, _ in wanted])
+        self.loras_active.emit([lora.name for lora in self.generator.generator.loras])
+        self.loras_loaded.emit(self.loaded_adapters())
         return True
 
     # --- metrics -------------------------------------------------------------------------------
@@ -259,9 +288,7 @@ class EngineService(QObject):
     def snapshot(self) -> dict | None:
         if self.generator is None:
             return None
-        m = self.generator.metrics()
-        m["deferred_jobs"] += self.router.waiting  # replies waiting for their LoRA set
-        return m
+        return self.generator.metrics()
 
     def _push_metrics(self) -> None:
         try:
@@ -271,51 +298,3 @@ class EngineService(QObject):
             return
         if snap is not None:
             self.metrics.emit(snap)
-
-
-class PinnedJob:
-    """A chat reply that first waits until the generator runs the chat's LoRA set, then streams its job.
-
-    While it waits it reports "deferred" (as a job held back for a swap does); cancel() works in both
-    phases, so Stop never waits for somebody else's swap.
-    """
-
-    def __init__(self, router, wanted: tuple, make_job, identifier: Any):
-        self.router, self.wanted, self.make_job, self.identifier = router, wanted, make_job, identifier
-        self.job = None
-        self._cancelled: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._said_deferred = False
-        self._ended = False
-
-    def __aiter__(self) -> "PinnedJob":
-        return self
-
-    async def __anext__(self) -> dict:
-        if self._ended:
-            raise StopAsyncIteration
-        if self.job is None:
-            if self._cancelled.done():
-                return self._cancelled_result()
-            if not self.router.ready_for(self.wanted) and not self._said_deferred:
-                self._said_deferred = True
-                return {"stage": "deferred", "identifier": self.identifier, "eos": False}
-            while not self.router.ready_for(self.wanted):  # re-checked after each wait: no await before make_job
-                acquire = asyncio.ensure_future(self.router.acquire(self.wanted))
-                await asyncio.wait([acquire, self._cancelled], return_when=asyncio.FIRST_COMPLETED)
-                if self._cancelled.done():
-                    acquire.cancel()
-                    return self._cancelled_result()
-                acquire.result()  # a failed swap fails this reply (shown under it), never the wrong adapter
-            self.job = self.make_job()  # no await since acquire: it runs with the chat's set
-        return await self.job.__anext__()
-
-    def _cancelled_result(self) -> dict:
-        self._ended = True
-        return {"stage": "streaming", "identifier": self.identifier, "text": "", "token_ids": [], "eos": True,
-                "eos_reason": "cancelled"}
-
-    async def cancel(self) -> None:
-        if not self._cancelled.done():
-            self._cancelled.set_result(None)
-        if self.job is not None:
-            await self.job.cancel()

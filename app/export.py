@@ -53,7 +53,7 @@ def to_json(chat: Chat, messages: list[Message], exported_at: float | None = Non
                 "role": m.role,
                 "content": m.content,
                 "created": _iso(m.created),
-                **({"stats": asdict(m.stats)} if m.stats is not None else {}),
+                **({"stats": {**asdict(m.stats), "adapters": m.stats.adapter_pairs()}} if m.stats is not None else {}),
             }
             for m in messages
         ],

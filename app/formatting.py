@@ -41,6 +41,14 @@ def stats_text(stats: ReplyStats | None) -> str:
         parts.append(f"TTFT {stats.ttft_s * 1000:.0f} ms")
     if stats.tokens_per_s is not None:
         parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+    pairs = stats.adapter_pairs()
+    if pairs is not None:
+        parts.append(adapters_text(pairs))
     if stats.error:
         parts.append(f"error: {stats.error}")
     return " · ".join(parts)
+
+
+def adapters_text(pairs: list[tuple[str, float]]) -> str:
+    """A LoRA set as the app shows it: "LoRA ada×1, bob×0.5", or "base model" for none."""
+    return "LoRA " + ", ".join(f"{name}×{scale:g}" for name, scale in pairs) if pairs else "base model"

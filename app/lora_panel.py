@@ -1,8 +1,11 @@
-"""The LoRA panel: find PEFT adapters on disk, pick a set with scales, ask for a swap.
+"""The LoRA panel: find PEFT adapters on disk, load them into the generator, pick the default set.
 
-The panel never touches the engine: Apply emits the chosen (path, scale) list and the app decides when
-the swap can happen (at once when idle, otherwise pending until running jobs finish). Adapters are only
-inspected here (config + safetensors header) so a broken folder is flagged before anyone tries it.
+Adapters are per chat (each chat picks loaded adapters in its settings) and per API request (an adapter's
+name is a model id). The panel manages what is loaded (the "loaded" column: check to load, uncheck to
+unload; an unload lets replies using it finish) and the default set for chats that name none: Apply
+emits the checked (path, scale) list and the app swaps it at once when idle, otherwise once running
+jobs finish (shown as pending). The panel never touches the engine. Adapters are only inspected here
+(config + safetensors header) so a broken folder is flagged before anyone tries it.
 """
 from __future__ import annotations
 
@@ -85,14 +88,17 @@ class LoraPanel(QWidget):
     """Lists adapters from resources/loras/ and user folders; Apply emits [(adapter_path, scale), ...]."""
 
     apply_requested = Signal(object)
+    load_requested = Signal(str)  # adapter folder
+    unload_requested = Signal(str)  # adapter name
 
-    COL_NAME, COL_SCALE, COL_INFO = range(3)
+    COL_NAME, COL_SCALE, COL_LOADED, COL_INFO = range(4)
 
     def __init__(self, parent: QWidget | None = None, lora_dir: str | Path | None = DEFAULT_LORA_DIR) -> None:
         super().__init__(parent)
         self._folders: list[Path] = []
         self._adapters: list[AdapterInfo] = []
-        self.active_label = QLabel("Active LoRA: none")
+        self._loaded: list[str] = []
+        self.active_label = QLabel("Default LoRA: none")
         self.active_label.setWordWrap(True)
         self.active_label.setStyleSheet("font-weight: bold;")
         self.pending_label = QLabel("swap pending: waiting for running jobs")
@@ -103,8 +109,11 @@ class LoraPanel(QWidget):
         self.error_label.setStyleSheet("color: #d0342c;")
         self.error_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.error_label.hide()
-        self.table = QTableWidget(0, 3)
-        self.table.setHorizontalHeaderLabels(["adapter", "scale", "details"])
+        self.loaded_label = QLabel("Loaded: none")
+        self.loaded_label.setWordWrap(True)
+        self.table = QTableWidget(0, 4)
+        self.table.setHorizontalHeaderLabels(["default", "scale", "loaded", "details"])
+        self.table.itemChanged.connect(self._loaded_toggled)
         self.table.verticalHeader().hide()
         self.table.horizontalHeader().setSectionResizeMode(self.COL_INFO, QHeaderView.Stretch)
         self.table.setSelectionMode(QTableWidget.NoSelection)
@@ -113,8 +122,9 @@ class LoraPanel(QWidget):
         self.empty_label.setWordWrap(True)
         self.add_button = QPushButton("Add folder…")
         self.clear_button = QPushButton("None")
-        self.clear_button.setToolTip("Uncheck all adapters (Apply then removes every LoRA)")
-        self.apply_button = QPushButton("Apply")
+        self.clear_button.setToolTip("Uncheck all adapters (Apply then makes the base model the default)")
+        self.apply_button = QPushButton("Apply default")
+        self.apply_button.setToolTip("Chats that pick no adapters in their settings use the checked set")
         self.apply_button.setDefault(True)
         self.add_button.clicked.connect(self._choose_folder)
         self.clear_button.clicked.connect(self.clear_selection)
@@ -126,6 +136,7 @@ class LoraPanel(QWidget):
         buttons.addWidget(self.apply_button)
         layout = QVBoxLayout(self)
         layout.addWidget(self.active_label)
+        layout.addWidget(self.loaded_label)
         layout.addWidget(self.pending_label)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.empty_label)
@@ -193,6 +204,13 @@ class LoraPanel(QWidget):
         scale.setValue(1.0)
         scale.setEnabled(info.problem is None)
         self.table.setCellWidget(row, self.COL_SCALE, scale)
+        loaded = QTableWidgetItem()
+        loaded.setFlags(Qt.ItemIsEnabled | Qt.ItemIsUserCheckable if not info.problem else Qt.NoItemFlags)
+        loaded.setCheckState(Qt.Checked if info.name in self._loaded else Qt.Unchecked)
+        loaded.setToolTip("loaded into the generator: chats and API requests can use it")
+        self.table.blockSignals(True)
+        self.table.setItem(row, self.COL_LOADED, loaded)
+        self.table.blockSignals(False)
         details = QTableWidgetItem(info.summary())
         details.setFlags(Qt.ItemIsEnabled)
         details.setToolTip(info.summary())
@@ -233,8 +251,33 @@ class LoraPanel(QWidget):
 
     # ----------------------------------------------------------------------------------- state shown
     def set_active(self, names: list[str]) -> None:
-        """Show the adapters the generator runs with now."""
-        self.active_label.setText("Active LoRA: " + (", ".join(str(n) for n in names) if names else "none"))
+        """Show the default set (what chats that name no adapters run with)."""
+        self.active_label.setText("Default LoRA: " + (", ".join(str(n) for n in names) if names else "none"))
+
+    def set_loaded(self, names: list[str]) -> None:
+        """Show which adapters the generator has loaded (by folder name) without emitting requests."""
+        self._loaded = [str(n) for n in names]
+        self.loaded_label.setText("Loaded: " + (", ".join(self._loaded) or "none"))
+        self.table.blockSignals(True)
+        for row, info in enumerate(self._adapters):
+            item = self.table.item(row, self.COL_LOADED)
+            if item is not None:
+                item.setCheckState(Qt.Checked if info.name in self._loaded else Qt.Unchecked)
+        self.table.blockSignals(False)
+
+    def loaded(self) -> list[str]:
+        return list(self._loaded)
+
+    def _loaded_toggled(self, item: QTableWidgetItem) -> None:
+        if item.column() != self.COL_LOADED:
+            return
+        info = self._adapters[item.row()]
+        if item.checkState() == Qt.Checked and info.name not in self._loaded:
+            self.error_label.hide()
+            self.load_requested.emit(str(info.path))
+        elif item.checkState() != Qt.Checked and info.name in self._loaded:
+            self.error_label.hide()
+            self.unload_requested.emit(info.name)
 
     def set_pending(self, pending: bool) -> None:
         """Show that a swap waits for running jobs (new requests are deferred meanwhile)."""

@@ -119,18 +119,21 @@ class MainWindow(QMainWindow):
         model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
         self.lora_panel = p = LoraPanel()
         p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
+        p.load_requested.connect(lambda path: spawn(s.load_adapter(path), self._error))
+        p.unload_requested.connect(lambda name: spawn(s.unload_adapter(name), self._error))
         s.loras_active.connect(p.set_active)
+        s.loras_loaded.connect(p.set_loaded)
         s.loras_pending.connect(p.set_pending)
         s.lora_failed.connect(p.show_error)
+        s.lora_failed.connect(lambda _msg: p.set_loaded(s.loaded_adapters()))  # a failed load unchecks
+        s.metrics.connect(lambda m: p.set_loaded(m["loras_loaded"]) if m["loras_loaded"] != p.loaded() else None)
         lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
         self.tabifyDockWidget(model_dock, lora_dock)
         self._server_panels()
 
     def _server_panels(self) -> None:
         """The Server panel (serve this generator) and remote mode (chat through another server)."""
-        lora = self.lora_panel
-        self.local_server = LocalServer(
-            self.service, lambda: {a.name: a.path for a in lora.adapters() if not a.problem}, self)
+        self.local_server = LocalServer(self.service, self)
         self.server_panel = ServerPanel(self.local_server)
         server_dock = self._dock("Server", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
         model_dock = next((d for d in self.findChildren(QDockWidget) if d.objectName() == "Model"), None)

@@ -5,6 +5,8 @@ numpy buffer blitted through one pyqtgraph ImageItem (never one graphics item pe
 a `cell` x `cell` pixel square (the last row/column is the gap between cells); shared prefix pages get
 a diagonal white hatch over their owner's colour. A job's colour is its identifier's (a chat's) in
 app.chat_colours, the swatch its chat pane shows; a job without an identifier is coloured by serial.
+"Colour by adapter" paints each page by the LoRA set
+its K/V was computed under (cached pages too), so chats on different adapters show apart.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QCursor
-from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.chat_colours import CHAT_COLOURS, PALETTE
 from engine.contract import CACHED as CACHED_STATE
@@ -188,6 +190,10 @@ class PageMapWidget(QWidget):
         self._owners: dict[int, object] = {}
         self._held: set = set()  # identifiers this map holds a colour for (released when they leave)
         self._labels: dict[object, str] = {}
+        self._job_states = np.zeros(0, np.int64)  # the snapshot's page_states (what hover describes)
+        self._page_adapters: np.ndarray | None = None
+        self._adapter_sets: dict[int, list] = {}
+        self._last: tuple | None = None
         self._hovered: int | None = None
         self.view = pg.GraphicsLayoutWidget()
         self.view.setBackground(BACKGROUND[:3])
@@ -199,13 +205,19 @@ class PageMapWidget(QWidget):
         self.view.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.legend = QLabel(_legend_html())
         self.legend.setWordWrap(True)
+        self.by_adapter = QCheckBox("colour by adapter")
+        self.by_adapter.setToolTip("one colour per LoRA set the page's K/V was computed under (grey: base model)")
+        self.by_adapter.toggled.connect(self._recolour)
         self.hover_label = QLabel("hover a page to see which chat holds it")
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.view, 1)
-        layout.addWidget(self.legend)
+        row = QHBoxLayout()
+        row.addWidget(self.legend, 1)
+        row.addWidget(self.by_adapter)
+        layout.addLayout(row)
         layout.addWidget(self.hover_label)
 
     def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:
@@ -213,13 +225,27 @@ class PageMapWidget(QWidget):
         self._labels = dict(mapping)
 
     def update_pages(self, states: Sequence[int], shared: Sequence[bool] | None = None,
-                     owners: Mapping[object, object] | None = None) -> None:
-        """Show one snapshot's page table."""
+                     owners: Mapping[object, object] | None = None, adapters: Sequence[int] | None = None,
+                     adapter_sets: Mapping[object, list] | None = None) -> None:
+        """Show one snapshot's page table (`adapters`/`adapter_sets`: metrics' page_adapters/adapter_sets)."""
+        self._last = (states, shared, owners, adapters, adapter_sets)
+        self._job_states = np.asarray(states, np.int64)
+        self._page_adapters = None if adapters is None else np.asarray(adapters, np.int64)
+        self._adapter_sets = {int(k): list(v) for k, v in (adapter_sets or {}).items()}
+        shown = states
+        if self.by_adapter.isChecked():
+            legend = _adapter_legend_html(self._adapter_sets)
+            if legend != self.legend.text():  # a new adapter set appeared
+                self.legend.setText(legend)
+            if adapters is not None:
+                shown = self._adapter_colours()
         resized = self.pages.layout(len(states), columns_for(len(states), self._aspect))
         self._owners = {int(k): v for k, v in (owners or {}).items()}
         self._hold(set(self._owners.values()))
-        self.pages.set_slots({serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()})
-        changed = self.pages.load(states, shared)
+        by_chat = shown is states  # by adapter, codes are adapter-set ids coloured by id, not chat slots
+        self.pages.set_slots({serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()}
+                             if by_chat else {})
+        changed = self.pages.load(shown, shared)
         if changed:
             self._show(resized)
             if self._hovered is not None and self._hovered < self.pages.pages:  # keep the hover line true
@@ -242,6 +268,19 @@ class PageMapWidget(QWidget):
     def closeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
         self._hold(set())
         super().closeEvent(event)
+    def _adapter_colours(self) -> np.ndarray:
+        """Page codes for the adapter view: the set's id picks a palette colour; base model grey, free dark."""
+        codes = self._page_adapters.copy()
+        base = [i for i, pairs in self._adapter_sets.items() if not pairs]
+        codes[np.isin(codes, base)] = CACHED_STATE
+        codes[self._page_adapters < 0] = FREE_STATE
+        return codes
+
+    def _recolour(self) -> None:
+        by_adapter = self.by_adapter.isChecked()
+        self.legend.setText(_adapter_legend_html(self._adapter_sets) if by_adapter else _legend_html())
+        if self._last is not None:
+            self.update_pages(*self._last)
 
     def _show(self, resized: bool) -> None:
         image = self.pages.render()
@@ -267,18 +306,23 @@ class PageMapWidget(QWidget):
         """Human description of one page: free, cached, or which job/chat holds it."""
         if not 0 <= page < self.pages.pages:
             raise IndexError(f"page {page} outside 0..{self.pages.pages - 1}")
-        state = int(self.pages.states[page])
+        state = int(self._job_states[page]) if page < len(self._job_states) else int(self.pages.states[page])
+        lora = ""
+        if self._page_adapters is not None and page < len(self._page_adapters) and self._page_adapters[page] >= 0:
+            from app.formatting import adapters_text
+
+            lora = " · " + adapters_text(self._adapter_sets.get(int(self._page_adapters[page]), []))
         if state == FREE_STATE:
             return f"page {page}: free"
         if state == CACHED_STATE:
-            return f"page {page}: cached (unreferenced prompt cache, reusable)"
+            return f"page {page}: cached (unreferenced prompt cache, reusable){lora}"
         ident = self._owners.get(state)
         who = f"job {state}"
         if ident is not None:
             title = self._labels.get(ident, self._labels.get(str(ident))) or CHAT_COLOURS.label(ident)
             who += f" — {title}" if title else f" — {ident}"
         shared = " · shared prefix page" if self.pages.shared[page] else ""
-        return f"page {page}: in use by {who}{shared}"
+        return f"page {page}: in use by {who}{shared}{lora}"
 
     def _on_mouse_moved(self, scene_pos) -> None:
         point = self.viewbox.mapSceneToView(scene_pos)
@@ -306,3 +350,16 @@ def _legend_html() -> str:
     jobs = "".join(swatch(job_colour(i)) for i in range(4))
     return (f"{swatch(FREE_COLOUR)} free &nbsp; {swatch(CACHED_COLOUR)} cached &nbsp; {jobs} in use (one colour per job)"
             " &nbsp; &#9636; hatched = shared prefix page")
+
+
+def _adapter_legend_html(adapter_sets: Mapping[int, list]) -> str:
+    from app.formatting import adapters_text
+
+    def swatch(rgba: tuple[int, ...]) -> str:
+        return f"<span style='color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
+
+    parts = [f"{swatch(FREE_COLOUR)} free"]
+    for i, pairs in sorted(adapter_sets.items()):
+        colour = CACHED_COLOUR if not pairs else job_colour(i)
+        parts.append(f"{swatch(colour)} {adapters_text(pairs)}")
+    return " &nbsp; ".join(parts)

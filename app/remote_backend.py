@@ -47,8 +47,10 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
 class RemoteJob:
     """One streamed reply; `async for r in job` gives engine-style result dicts, cancel() hangs up."""
 
-    def __init__(self, client: RemoteClient, body: dict, identifier: Any = None):
+    def __init__(self, client: RemoteClient, body: dict, identifier: Any = None,
+                 loras: list[tuple[str, float]] | None = None):
         self.identifier = identifier
+        self.loras = loras  # what the reply records: the adapter its `model` names ([] = base model)
         self._queue: asyncio.Queue = asyncio.Queue()
         self._ended = False
         self._task = asyncio.get_running_loop().create_task(self._read(client, body))
@@ -88,7 +90,7 @@ class RemoteJob:
             async for event in client.stream_chat(body):
                 if not started:
                     started = True
-                    put({"stage": "started", "identifier": self.identifier})
+                    put({"stage": "started", "identifier": self.identifier, "loras": self.loras})
                 if event.get("usage"):
                     usage = event["usage"]
                 for choice in event.get("choices") or ():
@@ -151,6 +153,21 @@ class RemoteBackend:
             await self.cancel(identifier)
         await self.client.close()
 
+    def chat_model(self, settings: ChatSettings) -> str:
+        """The request's `model`: a chat's own adapter (an OpenAI request names one, at scale 1), the base
+        model for (), else the remote LoRA panel's pick."""
+        if settings.loras is None:
+            return self.model
+        if not settings.loras:
+            return self.base_model
+        if len(settings.loras) > 1 or settings.loras[0][1] != 1.0:
+            raise RemoteError("an OpenAI-compatible server takes one adapter per request, at scale 1 "
+                              f"(this chat asks for {list(settings.loras)})")
+        return settings.loras[0][0]
+
+    def adapter_names(self) -> list[str]:
+        return [str(e["id"]) for e in self.adapters]
+
     # ---- Backend protocol -------------------------------------------------------------------------
     async def wait_loaded(self) -> None:
         if self.model is None:
@@ -162,7 +179,9 @@ class RemoteBackend:
         if self.model is None:
             raise RemoteError(f"not connected to {self.url}")
         settings.validate()
-        job = RemoteJob(self.client, chat_body(self.model, history, settings), identifier)
+        model = self.chat_model(settings)
+        loras = [] if model == self.base_model else [(model, 1.0)]
+        job = RemoteJob(self.client, chat_body(model, history, settings), identifier, loras)
         self._jobs[identifier] = job
         return job, None  # prompt tokens arrive with the usage event
 

@@ -90,7 +90,10 @@ def snapshot_from_metrics(text: str, pages: dict | None = None, now: float | Non
     if pages:
         snap.update(page_states=list(pages.get("page_states", [])), page_shared=list(pages.get("page_shared", [])),
                     page_owner_identifiers=dict(pages.get("page_owner_identifiers", {})),
-                    page_size=pages.get("page_size"))
+                    page_size=pages.get("page_size"), page_adapters=pages.get("page_adapters"),
+                    loras_loaded=pages.get("loras_loaded"))
+        if "adapter_sets" in pages:  # JSON keys are strings
+            snap["adapter_sets"] = {int(k): [tuple(p) for p in v] for k, v in pages["adapter_sets"].items()}
     if snap["kv_usage"] is None and snap["pages_total"]:
         snap["kv_usage"] = snap["pages_referenced"] / snap["pages_total"]
     snap["server"] = server_kind(samples)

@@ -2,14 +2,14 @@
 
 API requests become jobs on the same generator as the chats, so they batch together and show on the
 page map under their request id. The served model follows the app: a model reload serves the new
-generator (requests in flight during the swap get 503), and the adapters the LoRA panel lists are
-served as model ids. The server runs on the app's own event loop (aiohttp, no thread, no second loop).
+generator (requests in flight during the swap get 503), and the adapters loaded into it (the LoRA
+panel's "loaded" column, or POST /v1/load_lora_adapter) are served as model ids. The server runs on the
+app's own event loop (aiohttp, no thread, no second loop).
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
@@ -29,10 +29,9 @@ class LocalServer(QObject):
     changed = Signal()  # started, stopped or a request count moved
     failed = Signal(str)
 
-    def __init__(self, service, adapters=lambda: {}, parent: QObject | None = None):
+    def __init__(self, service, parent: QObject | None = None):
         super().__init__(parent)
         self.service = service
-        self.adapters = adapters  # () -> {model id: adapter folder} (the LoRA panel's list)
         self.server = None
         service.loaded.connect(lambda _info: self._serve_current())
 
@@ -79,8 +78,7 @@ class LocalServer(QObject):
         from engine.server import ServedModel
         from engine.server.main import model_id
 
-        adapters = {name: Path(path) for name, path in self.adapters().items()}
-        self.server.served = ServedModel(s.generator, s.tokenizer, model_id(s.model), s.router, adapters)
+        self.server.served = ServedModel(s.generator, s.tokenizer, model_id(s.model))
 
 
 class ServerPanel(QWidget):

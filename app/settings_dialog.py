@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
 )
 
+from app.adapter_picker import AdapterPicker
 from app.preferences import Preferences
 from app.presets import PRESET_FIELDS, apply_preset, matching_preset, preset_of
 from app.store import ChatSettings
@@ -34,8 +35,9 @@ def _unescape(s: str) -> str:
 
 class SettingsDialog(QDialog):
     def __init__(self, settings: ChatSettings, title: str = "Chat settings", parent: QWidget | None = None,
-                 prefs: Preferences | None = None):
+                 prefs: Preferences | None = None, adapters: list[str] = ()):
         super().__init__(parent)
+        self.loras = AdapterPicker(list(adapters), settings.loras)  # adapters: the loaded ones
         self.setWindowTitle(title)
         self.prefs = prefs if prefs is not None else Preferences()
         self._base = settings  # fields this dialog doesn't show are kept as they were
@@ -86,7 +88,6 @@ class SettingsDialog(QDialog):
         general.addRow("Max new tokens", self.max_new_tokens)
         general.addRow("Seed", self.seed)
         general.addRow("Stop strings", self.stop_strings)
-        general.addRow(self.truncate)
         advanced = QFormLayout()
         advanced.addRow(self.json_mode)
         advanced.addRow(QLabel("<b>DRY</b> (penalises repeating earlier sequences)"))
@@ -100,8 +101,11 @@ class SettingsDialog(QDialog):
         advanced.addRow(QLabel("<b>XTC</b> (sometimes excludes the top choices)"))
         advanced.addRow("Probability", self.xtc_probability)
         advanced.addRow("Threshold", self.xtc_threshold)
+        chat = QFormLayout()  # what the reply runs with beyond sampling
+        chat.addRow("LoRA", self.loras)
+        chat.addRow(self.truncate)
         tabs = QTabWidget()
-        for name, form in (("General", general), ("Advanced sampling", advanced)):
+        for name, form in (("General", general), ("Advanced sampling", advanced), ("LoRA and context", chat)):
             page = QWidget()
             page.setLayout(form)
             tabs.addTab(page, name)
@@ -150,6 +154,7 @@ class SettingsDialog(QDialog):
         self.stop_strings.setPlainText("\n".join(_escape(x) for x in s.stop_strings))
         self.json_mode.setChecked(s.json_mode)
         self.truncate.setChecked(s.truncate)
+        self.loras.set_value(s.loras)
         self._load_sampler(preset_of(s))
 
     def _load_sampler(self, values: dict) -> None:
@@ -215,6 +220,7 @@ class SettingsDialog(QDialog):
             stop_strings=stops,
             json_mode=self.json_mode.isChecked(),
             truncate=self.truncate.isChecked(),
+            loras=self.loras.value(),
             **self._sampler_values(),
         ).validate()
 

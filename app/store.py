@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -61,6 +62,9 @@ class ChatSettings:
     xtc_probability: float = _ENGINE.xtc_probability
     xtc_threshold: float = _ENGINE.xtc_threshold
     json_mode: bool = False  # the reply is one JSON object (the engine's JSONSchemaFilter)
+    # LoRA adapters (loaded adapters' names) and scales this chat's replies run with; None: the LoRA
+    # panel's default set, (): the base model. Per job: chats with different adapters share a batch.
+    loras: tuple[tuple[str, float], ...] | None = None
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
@@ -92,6 +96,13 @@ class ChatSettings:
             raise bad("truncate", "must be True or False")
         if not isinstance(self.json_mode, bool):
             raise bad("json_mode", "must be a bool")
+        if self.loras is not None:
+            names = [p[0] if isinstance(p, (tuple, list)) and len(p) == 2 else None for p in self.loras]
+            if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+                raise bad("loras", "must be distinct (adapter name, scale) pairs")
+            if not all(isinstance(sc, (int, float)) and not isinstance(sc, bool) and math.isfinite(sc)
+                       for _, sc in self.loras):
+                raise bad("loras", "scales must be finite numbers")
         return self
 
     def to_json(self) -> str:
@@ -105,6 +116,8 @@ class ChatSettings:
         values = {k: v for k, v in raw.items() if k in known}
         if "stop_strings" in values:
             values["stop_strings"] = tuple(values["stop_strings"])
+        if values.get("loras") is not None:
+            values["loras"] = tuple((n, float(sc)) for n, sc in values["loras"])
         return cls(**values).validate()
 
 
@@ -122,6 +135,11 @@ class ReplyStats:
     eos_reason: str | None = None
     error: str | None = None
     dropped_messages: int = 0  # oldest messages left out of the prompt so it fits the context
+    adapters: str | None = None  # JSON [[name, scale], ...] the reply ran with ("[]": base model; None: unknown)
+
+    def adapter_pairs(self) -> list[tuple[str, float]] | None:
+        """The adapters and scales as pairs ([] for the base model), None when not recorded."""
+        return None if self.adapters is None else [(str(n), float(s)) for n, s in json.loads(self.adapters)]
 
     def __post_init__(self) -> None:
         if self.state not in REPLY_STATES:
@@ -180,7 +198,8 @@ CREATE TABLE IF NOT EXISTS reply_stats (
     tokens_per_s REAL,
     eos_reason TEXT,
     error TEXT,
-    dropped_messages INTEGER NOT NULL DEFAULT 0
+    dropped_messages INTEGER NOT NULL DEFAULT 0,
+    adapters TEXT
 );
 """
 # Schema 1 -> 2: the message tree. Each old message's parent is the one before it in its chat, and each
@@ -230,6 +249,11 @@ class Store:
             self._script(_SCHEMA)
         elif version == 1:
             self._script(_MIGRATE_1_TO_2)
+            with self._tx():  # executescript would commit early, so one statement at a time
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._add_adapters_column()
         self.recovered = self._recover()
 
     @classmethod
@@ -257,6 +281,11 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    def _add_adapters_column(self) -> None:
+        """Stores from before per-reply adapters (issue 13) get the column; their replies read None."""
+        if "adapters" not in {r[1] for r in self._db.execute("PRAGMA table_info(reply_stats)")}:
+            self._db.execute("ALTER TABLE reply_stats ADD COLUMN adapters TEXT")
 
     def _recover(self) -> list[int]:
         """Replies still 'running' belong to a process that died: mark them interrupted, keep their text."""

@@ -9,7 +9,6 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {  # public name -> module that defines it
-    "AdapterRouter": ".generator.adapter_router",
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
@@ -21,7 +20,6 @@ _EXPORTS = {  # public name -> module that defines it
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (exclude_type_checking_imports)
-    from .generator.adapter_router import AdapterRouter
     from .cache.paged_cache import PagedCache
     from .cache.pagetable import PageTable
     from .contract import SamplerSettings

@@ -9,8 +9,10 @@ import torch
 
 from . import reference_attention as _attention
 from . import reference as _ref
+from . import reference_lora as _lora
 from .kv_quant import FORMATS as KV_QUANT_FORMATS
 from .kv_quant import QuantizedPool, copy_page_prefix, copy_pages, make_pool, permute_pages, pool_nbytes
+from .reference_lora import LoRAPlan, lora_plan
 from .vocab import pad_embedding, pad_vocab
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes",
     "KV_QUANT_FORMATS",
     "pad_vocab", "pad_embedding", "use_triton", "plan_step", "StepPlan",
+    "lora_plan", "LoRAPlan", "lora_shrink", "lora_expand",
 ]
 
 _triton_ops = None
@@ -80,6 +83,23 @@ def paged_attention(
         return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
                                       plan.attention if plan is not None else None)
+
+
+def lora_shrink(x: torch.Tensor, a: torch.Tensor, plan: LoRAPlan) -> torch.Tensor:
+    """Per-row LoRA shrink (T, R): row t keeps the columns of its segment's adapters, times their scales.
+
+    a (in, R) stacks the step's adapters' A matrices; plan (from lora_plan) says which rows form which
+    segment and what scale each segment gives each column (see kernels/reference_lora.py)."""
+    if use_triton(x):
+        return _triton().lora_shrink(x, a, plan)
+    return _lora.lora_shrink(x, a, plan)
+
+
+def lora_expand(s: torch.Tensor, b: torch.Tensor, y: torch.Tensor, plan: LoRAPlan, col0: int = 0) -> None:
+    """y += s @ b in place, for s = columns col0.. of lora_shrink's output (y may be a column slice)."""
+    if use_triton(y):
+        return _triton().lora_expand(s, b, y, plan, col0)
+    return _lora.lora_expand(s, b, y, plan, col0)
 
 
 class StepPlan:

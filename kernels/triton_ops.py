@@ -8,10 +8,11 @@ from .reference_attention import check_attention_args
 from .kv_quant import QuantizedPool
 from .triton_decode import decode_attention
 from .triton_kv import write_kv
+from .triton_lora import lora_expand, lora_shrink
 from .triton_pointwise import apply_rotary, rms_norm, silu_mul
 from .triton_prefill import prefill_attention
 
-__all__ = ["rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention"]
+__all__ = ["rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention", "lora_shrink", "lora_expand"]
 
 
 def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:

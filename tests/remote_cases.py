@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from app.chat_session import ReplyTracker
@@ -103,6 +104,8 @@ def test_runtime_lora_load_pirate_reply_unload_and_404(remote):
             pirate = await chat(backend, "p", question, GREEDY)
             backend.model = backend.base_model
             base = await chat(backend, "b", question, GREEDY)
+            own = await chat(backend, "o", question, replace(GREEDY, loras=(("pirate", 1.0),)))  # the chat's own
+            two = await chat(backend, "t", question, replace(GREEDY, loras=(("pirate", 1.0), ("x", 1.0))))
             await backend.client.unload_adapter("pirate")
             await backend.refresh()
             assert backend.adapters == []
@@ -117,6 +120,9 @@ def test_runtime_lora_load_pirate_reply_unload_and_404(remote):
             await backend.close()
         assert any(w in pirate.text.lower() for w in PIRATE_WORDS), pirate.text
         assert not any(w in base.text.lower() for w in PIRATE_WORDS), base.text
+        assert own.text == pirate.text and own.stats.adapter_pairs() == pirate.stats.adapter_pairs() == [("pirate", 1.0)]
+        assert base.stats.adapter_pairs() == []
+        assert two.stats.state == "error" and "one adapter per request" in two.stats.error
         assert gone.stats.state == "error" and "HTTP 404" in gone.stats.error and "pirate" in gone.stats.error
         assert unload_error is not None and unload_error.status == 404
 

@@ -41,7 +41,7 @@ class ServerThread:
         return self
 
     async def _start(self) -> None:
-        from engine import AdapterRouter, DynamicGeneratorAsync, Model, PagedCache, Tokenizer
+        from engine import DynamicGeneratorAsync, Model, PagedCache, Tokenizer
         from engine.server import OpenAIServer, ServedModel
         from engine.server.main import model_id
 
@@ -50,8 +50,9 @@ class ServerThread:
         cache = PagedCache(model, max_tokens=self.cache_tokens, page_size=self.page_size)
         self.generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer,
                                                **self.generator_options)
-        self.served = ServedModel(self.generator, tokenizer, model_id(model), AdapterRouter(self.generator),
-                                  dict(self.adapters))
+        for name, path in self.adapters.items():
+            await self.generator.load_lora(path, name)
+        self.served = ServedModel(self.generator, tokenizer, model_id(model))
         self.server = OpenAIServer(self.served if self.serve_model else None, api_key=self.api_key)
         self.url = await self.server.start("127.0.0.1", 0)
 

@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_decode, triton_kv, triton_pointwise, triton_prefill
+from kernels import triton_decode, triton_kv, triton_lora, triton_pointwise, triton_prefill
 
 DT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 POOL = {0: None, 8: ("*u8", "*u8", "*fp16"), 6: ("*u8", "*u8", "*fp16"), 4: ("*u8", "*u8", "*fp16")}
@@ -78,6 +78,15 @@ def pointwise_variants(dtype: str = "fp16", hidden: int = 4096):
     ]
 
 
+def lora_variants(dtype: str = "fp16"):
+    """Per-row LoRA shrink/expand with the launcher's tiles for a rank-16..64 stack (segments on)."""
+    p = DT[dtype]
+    t = {"x": p, "a": p, "out": p, "s": p, "b": p, "y": p, "seg_start": "*i32", "col_scale": "*fp32"}
+    common = dict(HAS_SEGS=True, BLOCK_M=triton_lora.BLOCK_M, BLOCK_N=64, IEEE=dtype == "fp32")
+    return [(f"lora_shrink[{dtype}]", triton_lora._shrink_kernel, t, dict(common, BLOCK_K=64), 4),
+            (f"lora_expand[{dtype}]", triton_lora._expand_kernel, t, dict(common, BLOCK_K=32), 4)]
+
+
 def resources(k) -> dict:
     """Registers / spill stack of a compiled kernel, read from its cubin with the bundled cuobjdump."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -106,6 +115,7 @@ def quick_set():
         + _pick(variants("bf16", 6), "decode_stage1", "prefill", "write_kv")
         + _pick(variants("fp16", 4, D=64, G=3), "decode_stage1")
         + pointwise_variants("bf16")
+        + lora_variants("bf16")
     )
 
 
@@ -114,7 +124,7 @@ def full_set():
     for dtype in ("fp16", "bf16"):
         for fmt in (0, 8, 6, 4):
             todo += variants(dtype, fmt)
-        todo += pointwise_variants(dtype)
+        todo += pointwise_variants(dtype) + lora_variants(dtype)
     todo += variants("fp32", 0, D=64, G=3)
     todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
     return todo

@@ -1,10 +1,11 @@
-"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only]`.
+"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only]`.
 
 The full run opens the real main window on a scratch history folder, starts four chats streaming (three
 tiled side by side) through the one batched generator and grabs PNGs of the window and the dashboard
 while they stream. dashboard.png (always written, and all that `--dashboard-only` writes) is the dashboard
 fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
-benchmark): it needs no model and is deterministic.
+benchmark): it needs no model and is deterministic. app-lora-chats.png (`--lora-only` writes only it) is
+two chats on different demo adapters (pirate, bullets) streaming at once, the page map coloured by adapter.
 """
 from __future__ import annotations
 
@@ -116,6 +117,47 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> l
     return saved
 
 
+async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """Two chats, each its own demo adapter (per-job LoRA), streaming side by side in one batch."""
+    from dataclasses import replace
+
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from engine.contract import demo_adapters_folder
+
+    window = MainWindow(data_dir=data_dir)
+    window.resize(1900, 1050)
+    window.show()
+    try:
+        if not await window.ready():
+            raise SystemExit(f"model did not load: {window.last_error}")
+        folder = demo_adapters_folder()
+        chats = (("pirate", "Tell me about your favourite food."), ("bullets", "Tell me about your favourite food."))
+        for name, _ in chats:
+            if not await window.service.load_adapter(folder / name):
+                raise SystemExit(f"could not load the demo adapter {name}: {window.last_error}")
+        panes = []
+        for name, prompt in chats:
+            pane = window.new_chat(f"{name} adapter")
+            pane.session.set_settings(replace(pane.session.settings, loras=((name, 1.0),)))
+            panes.append((pane, prompt))
+        window.show_side_by_side([p for p, _ in panes])
+        window.dashboard.page_map.by_adapter.setChecked(True)
+        for pane, prompt in panes:
+            pane.prompt.setPlainText(prompt)
+            pane.submit()
+        await _until_streamed([p.session for p, _ in panes], 200, seconds)
+        QApplication.processEvents()
+        path = outdir / "app-lora-chats.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
     parser.add_argument("outdir", type=Path)
@@ -123,19 +165,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only the dashboard, fed by a simulated workload (no model needed)")
     parser.add_argument("--seconds", type=float, default=60.0,
                         help="the longest to let the chats stream before the screenshots are taken")
+    parser.add_argument("--lora-only", action="store_true",
+                        help="only app-lora-chats.png: two chats on different adapters (needs the model)")
     args = parser.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    saved = [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         import qasync
 
         loop = qasync.QEventLoop(app)
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
-            saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds, Path(data_dir)))
+            if not args.lora_only:
+                saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds, Path(data_dir)))
+            saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)
     return 0

@@ -2,8 +2,8 @@
 
 Pages are named by a chained hash of their tokens (blake2b over the previous page's hash and this page's
 token ids), so two sequences with the same prefix map to the same pages. The chain starts at a root
-hash that carries extra identity (the active LoRA set), so K/V computed under one adapter set is never
-reused under another. Unreferenced pages keep their K/V as a prompt cache and are recycled LRU.
+hash that carries extra identity (the job's LoRA set: adapter content and scales), so K/V computed under
+one adapter set is never reused under another, and jobs with equal sets share it. Unreferenced pages keep their K/V as a prompt cache and are recycled LRU.
 
 A page's name (phash) and its prev_hash label come only from its own tokens and its real predecessor's
 hash: dedup and partial-page reuse trust them to mean "K/V of these tokens at these positions". The table
@@ -45,6 +45,7 @@ class CachePage:
     ref_count: int = 0
     owners: list[int] = field(default_factory=list)  # serials of the jobs referencing it (for the page map)
     access_serial: int = 0
+    root: bytes | None = None  # the root hash its chain starts from (its adapter set), for the page map
 
 
 @dataclass
@@ -130,7 +131,7 @@ class PageTable:
                 page = found[i]
             else:
                 page = next(fresh)
-                self._assign(page, prev, chunk, owner)
+                self._assign(page, prev, chunk, owner, root)
                 if i < len(hashes):
                     page.phash = hashes[i]
                     self.by_hash.setdefault(hashes[i], page)
@@ -181,8 +182,9 @@ class PageTable:
         pool = sorted((p for p in self.pages if p.ref_count == 0), key=lambda p: (p.kv_position > 0, p.access_serial))
         return pool[:n]
 
-    def _assign(self, page: CachePage, prev: bytes | None, chunk: list[int], owner: int) -> None:
+    def _assign(self, page: CachePage, prev: bytes | None, chunk: list[int], owner: int, root: bytes) -> None:
         self._forget(page)
+        page.root = root
         page.prev_hash = prev
         page.tokens = list(chunk)
         page.kv_position = page.draft_position = 0
@@ -267,6 +269,7 @@ class PageTable:
         """An unreferenced page holds nothing worth keeping: drop its name, labels and content."""
         self._forget(page)
         page.prev_hash, page.tokens, page.kv_position, page.draft_position = None, [], 0, 0
+        page.root = None
 
     def reset(self) -> None:
         """Forget all cached content (pages must be unreferenced)."""

@@ -33,6 +33,7 @@ class StartedResult(_Result):
     cached_tokens: int  # prompt tokens found in the prefix cache
     cached_pages: int
     prompt_tokens: int
+    loras: list[tuple[str, float]]  # (name, scale) of each LoRA adapter the job runs; [] for the base model
 
 
 class PrefillResult(_Result):
@@ -70,6 +71,7 @@ class StreamingResult(_Streaming, total=False):
     accepted_draft_tokens: int
     rejected_draft_tokens: int
     held: dict  # {"text": text held back for a possible stop string when the job ended}
+    loras: list[tuple[str, float]]  # on eos: the job's adapters and scales, as in "started"
 
 
 Result = Union[DeferredResult, StartedResult, PrefillResult, StreamingResult]
@@ -107,7 +109,10 @@ class Metrics(TypedDict):
     accepted_per_position: list[int]
     sampling_threads_busy: int
     sampling_threads_max: int
-    loras: list[str]  # active adapter names
+    loras: list[str]  # the default set's adapter names (set_loras)
+    loras_loaded: list[str]  # every adapter loaded into the generator (load_lora / set_loras)
+    page_adapters: list[int]  # per page: id (in adapter_sets) of the adapter set its K/V was computed under; -1 free
+    adapter_sets: dict[int, list[tuple[str, float]]]  # id -> (name, scale) pairs, for the ids in page_adapters; 0: []
     snapshot_time: float  # time.monotonic()
 
 

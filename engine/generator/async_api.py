@@ -6,8 +6,9 @@ thread owns the sync generator: it sleeps on a condition while idle, runs iterat
 remain, and hands each step's results to the jobs' event loops with call_soon_threadsafe.
 
 Thread rule: the sync generator is not thread-safe (only metrics() is), so every other call into it
-(enqueue, cancel, set_loras, iterate) runs on the worker thread. Callers on the event loop post
-commands that the worker runs between steps, so the loop never waits for a forward pass.
+(enqueue, cancel, set_loras, load_lora, unload_lora, iterate) runs on the worker thread. Callers on the
+event loop post commands that the worker runs between steps, so the loop never waits for a forward pass;
+reading an adapter's files happens in the loop's executor, off both.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+from ..model.lora import LoRA
 from .generator import DynamicGenerator
 from .job import DynamicJob
 
@@ -55,6 +57,7 @@ class DynamicGeneratorAsync:
         self._deferred: list[DynamicJobAsync] = []
         self._swap: tuple[Any, Any] | None = None  # pending (loras, scales)
         self._swap_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._unload_waiters: list[tuple[Any, asyncio.AbstractEventLoop, asyncio.Future]] = []  # worker only
         self._closed = False
         self._active: dict[int, DynamicJobAsync] = {}  # id(sync job) -> wrapper; worker thread only
         self._stalled = False  # worker thread only: a failed step left jobs it could not drop
@@ -99,6 +102,35 @@ class DynamicGeneratorAsync:
             self._swap_waiters.append((loop, fut))
             self._commands.append(lambda: None)  # wake the worker so it swaps now if idle
             self._wake.notify()
+        await fut
+
+    async def load_lora(self, lora: Any, name: str | None = None) -> Any:
+        """DynamicGenerator.load_lora without blocking the loop or the generator: the files are read in the
+        loop's default executor, then registered between two steps. Returns the loaded LoRA."""
+        if not isinstance(lora, LoRA):
+            model = self.generator.model
+            lora = await asyncio.get_running_loop().run_in_executor(None, lambda: LoRA.load(lora, model, name=name))
+        return await self.run_on_worker(lambda g: g.load_lora(lora, name))
+
+    async def unload_lora(self, lora: Any) -> None:
+        """Unload an adapter; returns once it is gone. New jobs naming it are refused at once; queued and
+        running jobs that use it finish first (jobs deferred for a LoRA swap are not among them: they fail
+        when released if they name it)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def command() -> None:
+            try:
+                gone = self.generator.unload_lora(lora)
+            except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
+                _post(loop, _resolve, fut, None, exc)
+                return
+            if gone:
+                _post(loop, _resolve, fut)
+            else:
+                self._unload_waiters.append((lora, loop, fut))
+
+        self._submit(command)
         await fut
 
     async def run_on_worker(self, fn: Callable[[DynamicGenerator], Any]) -> Any:
@@ -195,6 +227,7 @@ class DynamicGeneratorAsync:
             if not self._stalled and self.generator.num_remaining_jobs() > 0:
                 self._step()
             self._maybe_swap()
+            self._finish_unloads()
 
     def _cancel_command(self, job: "DynamicJobAsync", loop: asyncio.AbstractEventLoop,
                         done: asyncio.Future) -> None:
@@ -254,6 +287,20 @@ class DynamicGeneratorAsync:
         except Exception:  # noqa: BLE001
             self._stalled = True
 
+    def _finish_unloads(self, error: BaseException | None = None) -> None:
+        """Wake unload_lora callers whose adapter is gone (or all of them with `error`)."""
+        if not self._unload_waiters:
+            return
+        loaded = self.generator.adapters.loaded
+        waiting = []
+        for lora, loop, fut in self._unload_waiters:
+            name = lora if isinstance(lora, str) else lora.name
+            if error is None and name in loaded:
+                waiting.append((lora, loop, fut))
+            else:
+                _post(loop, _resolve, fut, None, error)
+        self._unload_waiters = waiting
+
     def _maybe_swap(self) -> None:
         with self._wake:
             if self._swap is None or self.generator.num_remaining_jobs() > 0:
@@ -293,6 +340,8 @@ class DynamicGeneratorAsync:
             job._post_cancelled()
         for loop, fut in waiters:
             _post(loop, _resolve, fut, None, RuntimeError("DynamicGeneratorAsync closed before the LoRA swap"))
+        self._finish_unloads()  # cancelling the jobs above let their adapters go
+        self._finish_unloads(RuntimeError("DynamicGeneratorAsync closed before the LoRA adapter was unloaded"))
 
 
 def _deliver_batch(batch: list[tuple["DynamicJobAsync", dict]]) -> None:

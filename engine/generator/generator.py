@@ -3,7 +3,7 @@
 One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
 gives every prefilling job one page-aligned chunk (within a shared per-step budget, so a long prompt never
 stalls the other chats' decoding for long), and decodes one token for every decoding job, all in one
-varlen forward pass. Jobs join and leave at any step.
+varlen forward pass. Jobs join and leave at any step, each with its own LoRA adapters (adapters.py).
 """
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..cache.paged_cache import PagedCache
-from ..cache.pagetable import PageTable, root_hash
+from ..cache.pagetable import PageTable
 from ..contract import CACHED, FREE, Metrics, Result, SamplerSettings
 from ..model.batch import Batch
 from ..model.model import Model
 from ..sampling.draw import draw_cfg, draw_verified
 from ..sampling.pool import SamplingPool
+from .adapters import Adapters
 from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
 from .sequence import ScheduledSeq
@@ -93,10 +94,8 @@ class DynamicGenerator:
         self.active: list[DynamicJob] = []
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
         self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
-        self.loras: list = []
-        self.lora_set = None  # this generator's engine.model.lora.LoRASet, passed into every forward (never on the model)
+        self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
-        self.root = root_hash(None)
         self._serials = itertools.count()
         for c in (cache, draft_cache):  # last: a generator that fails to build claims nothing
             if c is not None:
@@ -108,7 +107,8 @@ class DynamicGenerator:
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
-        job.bind(self.job_context, next(self._serials))
+        loras, root = self.adapters.resolve(job.lora_request)
+        job.bind(self.job_context, next(self._serials), loras, root)
         self.pending.append(job)
         return job.serial
 
@@ -127,6 +127,7 @@ class DynamicGenerator:
         tokens = [t for s in job.seqs for t in s.tokens]
         if max(tokens) >= self.model.vocab_size or min(tokens) < 0:
             raise ValueError(f"input_ids hold token ids outside the model's vocabulary (0..{self.model.vocab_size - 1})")
+        self.adapters.check(job.lora_request)  # its adapters are loaded and not being unloaded
 
     def num_remaining_jobs(self) -> int:
         return len(self.pending) + len(self.active)
@@ -135,6 +136,7 @@ class DynamicGenerator:
         """Remove a queued or running job; its pages go back to the pool (written ones stay as prompt cache)."""
         if job in self.pending:
             self.pending.remove(job)
+            self._collect_adapters()
         elif job in self.active:
             self._end(job)
         else:
@@ -173,7 +175,8 @@ class DynamicGenerator:
         masks = None
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
-        logits = self.model.forward(batch, self.cache, lora=self.lora_set)
+        lora = self.adapters.step([(len(e.tokens), e.job.loras) for e in plan])
+        logits = self.model.forward(batch, self.cache, lora=lora)
         if self.drafter is not None:
             self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:
@@ -271,7 +274,9 @@ class DynamicGenerator:
         for job, d in zip(decoding, drafts):
             seq = job.seq
             plan.append(ScheduledSeq(job, seq, seq.tokens[-1:] + d, len(seq.tokens) - 1, 1 + len(d), drafts=tuple(d)))
-        return plan
+        # Sequences with the same adapter set side by side: the LoRA step sees one segment per set.
+        first: dict[bytes, int] = {}
+        return sorted(plan, key=lambda e: first.setdefault(e.job.lora_root, len(first)))
 
     def _draft(self, jobs: list[DynamicJob]) -> list[list[int]]:
         """Draft tokens per decoding job, or none when speculation is off or the batch is too large to gain."""
@@ -297,12 +302,12 @@ class DynamicGenerator:
             if sum(j.prefilling for j in self.active) >= self.max_q_size:
                 break
             wants = [(s.tokens, job.capacity(s)) for s in job.seqs]
-            if not self.pagetable.can_allocate_all(wants, self.root):
+            if not self.pagetable.can_allocate_all(wants, job.lora_root):
                 if job.skips >= job.max_skips:
                     break  # this job has waited long enough: nobody else goes ahead of it
                 waiting.append(job)
                 continue
-            allocs = [self.pagetable.allocate(toks, n, self.root, job.serial) for toks, n in wants]
+            allocs = [self.pagetable.allocate(toks, n, job.lora_root, job.serial) for toks, n in wants]
             self.pending.remove(job)
             self.active.append(job)
             self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
@@ -317,6 +322,15 @@ class DynamicGenerator:
         for seq in job.seqs:
             self.pagetable.release(seq.pages, job.serial)
         self.active.remove(job)
+        self._collect_adapters()
+
+    def _collect_adapters(self) -> None:
+        """Drop adapters being unloaded once no queued or running job uses them."""
+        if self.adapters.unloading:
+            self.adapters.collect(self._adapters_in_use())
+
+    def _adapters_in_use(self) -> set[int]:
+        return {id(lora) for job in itertools.chain(self.pending, self.active) for lora, _ in job.loras}
 
     # ---- cache management -------------------------------------------------------------------------
     def defrag_cache(self) -> None:
@@ -339,17 +353,42 @@ class DynamicGenerator:
             raise RuntimeError("reset_page_table() needs an empty queue")
         self.pagetable.reset()
 
+    # ---- LoRA adapters (engine/generator/adapters.py) ---------------------------------------------
+    def load_lora(self, lora: Any, name: str | None = None) -> Any:
+        """Load a PEFT adapter folder (or register a LoRA object) for jobs to name; returns its LoRA.
+
+        Loading the same adapter under the same name again returns the loaded one; another adapter under a
+        loaded name is refused. Jobs pick adapters with DynamicJob(..., loras=[(lora_or_name, scale), ...])."""
+        return self.adapters.load(lora, name)
+
+    def unload_lora(self, lora: Any) -> bool:
+        """Unload an adapter (a LoRA or its name). New jobs naming it are refused from now on; queued and
+        running jobs that use it finish first (as vLLM lets in-flight requests finish). Returns True if it
+        is gone now, False if it goes when its last job ends (DynamicGeneratorAsync.unload_lora waits)."""
+        return self.adapters.unload(lora, self._adapters_in_use())
+
+    @property
+    def loaded_loras(self) -> dict[str, Any]:
+        """name -> LoRA of every loaded adapter (including any being unloaded)."""
+        return dict(self.adapters.loaded)
+
+    @property
+    def loras(self) -> list:
+        """The default set's adapters (set_loras)."""
+        return [lora for lora, _ in self.adapters.default]
+
+    @property
+    def lora_set(self):
+        """The default set as an engine.model.lora.LoRASet (None: no default adapters)."""
+        return self.adapters.default_set()
+
     def set_loras(self, loras: Any, scales: Any = None) -> None:
-        """Swap this generator's LoRA adapters; only while no job is queued or running (their K/V depends on
-        them). The set and the cache identity (root hash) both belong to the generator, not the shared model."""
+        """Set the default adapters, used by jobs that name none (exllamav2's set_loras); only while no job is
+        queued or running. Paths are loaded into this generator (load_lora) on the way. The set belongs to
+        the generator, not the shared model; pages computed under it are never reused under another."""
         if self.num_remaining_jobs():
             raise RuntimeError("LoRAs cannot be changed while there are jobs in the generator queue")
-        from ..model.lora import LoRASet
-
-        lora_set = LoRASet.build(self.model, loras, scales)  # validates before anything changes
-        self.lora_set = lora_set
-        self.loras = list(lora_set.adapters) if lora_set is not None else []
-        self.root = root_hash(lora_set.identity() if lora_set is not None else None)
+        self.adapters.set_default(loras, scales)  # validates everything before anything changes
 
     def warmup(self) -> None:
         """Run a short generation so first-request latency doesn't pay for lazy initialisation."""
@@ -362,6 +401,9 @@ class DynamicGenerator:
         while iterate() runs."""
         states, shared = self.pagetable.states()
         free, cached = states.count(FREE), states.count(CACHED)
+        ids = self.adapters.root_ids
+        page_adapters = [-1 if p.root is None else ids.get(p.root, -1) for p in list(self.pagetable.pages)]
+        set_labels = self.adapters.root_labels
         d = self.counters.snapshot()
         d.update(
             pages_total=len(states),
@@ -376,7 +418,10 @@ class DynamicGenerator:
             pending_jobs=len(self.pending),
             deferred_jobs=0,
             sampling_threads_max=self.sampling_pool.max_threads,
-            loras=[getattr(lora, "name", str(lora)) for lora in self.loras],
+            loras=[lora.name for lora in self.loras],
+            loras_loaded=list(self.adapters.loaded),
+            page_adapters=page_adapters,
+            adapter_sets={i: list(set_labels[i]) for i in set(page_adapters) if i >= 0},
         )
         return d
 

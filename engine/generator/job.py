@@ -10,6 +10,7 @@ import torch
 
 from ..contract import EosReason, SamplerSettings, Stage
 from ..sampling.sampler import JobSampler
+from .adapters import lora_request
 from .banned import BannedStrings
 from .filters import Filter
 from .sequence import Sequence
@@ -47,6 +48,7 @@ class DynamicJob:
         token_healing: bool = False,
         filters: list | None = None,
         filter_prefer_eos: bool = False,
+        loras: list | None = None,
     ):
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
         if len(prompts) not in (1, 2):
@@ -72,6 +74,7 @@ class DynamicJob:
             raise ValueError("banned_strings cannot be combined with filters")
         if filter_prefer_eos and not filters:
             raise ValueError("filter_prefer_eos needs filters")
+        self.lora_request = lora_request(loras)
         self.gen_settings = gen_settings if gen_settings is not None else SamplerSettings()
         self.gen_settings.validate()
         self.cfg = len(prompts) == 2
@@ -114,6 +117,8 @@ class DynamicJob:
 
         self.serial: int | None = None
         self.context: JobContext | None = None
+        self.loras: tuple = ()  # ((LoRA, scale), ...) this job runs, fixed at enqueue (bind)
+        self.lora_root: bytes | None = None  # the page-hash root of that set
         self.skips = 0
         self.seqs = [Sequence(tokens=ids[0].tolist(), prompt_len=ids.shape[1]) for ids in prompts]
         self.seq = self.seqs[0]  # the sequence whose tokens are the output (CFG: the positive prompt)
@@ -143,10 +148,13 @@ class DynamicJob:
         """Still feeding prompt tokens before the last one (which is fed by the decode step)."""
         return any(s.kv_len < s.prompt_len - 1 for s in self.seqs)
 
-    def bind(self, context: JobContext, serial: int) -> None:
-        """Join a generator's queue; token healing trims the prompt here, before pages are reserved."""
+    def bind(self, context: JobContext, serial: int, loras: tuple = (), lora_root: bytes | None = None) -> None:
+        """Join a generator's queue with the adapters it resolved for this job (their set roots the job's
+        page hashes); token healing trims the prompt here, before pages are reserved."""
         self.serial = serial
         self.context = context
+        self.loras = tuple(loras)
+        self.lora_root = lora_root
         self.time_enqueue = time.perf_counter()
         if self.token_healing and self.prompt_len > 1:
             pieces = context.tokenizer.pieces
@@ -173,7 +181,11 @@ class DynamicJob:
             self.stop_tokens |= set(tok.stop_token_ids)
         self.time_start = time.perf_counter()
         return self._result("started", cached_tokens=self.cached_tokens, cached_pages=self.cached_pages,
-                            prompt_tokens=self.prompt_len)
+                            prompt_tokens=self.prompt_len, loras=self.lora_names())
+
+    def lora_names(self) -> list[tuple[str, float]]:
+        """(name, scale) of each adapter this job runs, as results report them."""
+        return [(lora.name, scale) for lora, scale in self.loras]
 
     def prefill_result(self) -> dict:
         return self._result("prefill", curr_progress=sum(s.kv_len for s in self.seqs),
@@ -315,7 +327,7 @@ class DynamicJob:
             time_enqueued=self.time_start - self.time_enqueue, time_prefill=first - self.time_start,
             time_generate=now - first, cached_pages=self.cached_pages, cached_tokens=self.cached_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens, rejected_draft_tokens=self.rejected_draft_tokens,
-            held={"text": held_text}, **extra)
+            held={"text": held_text}, loras=self.lora_names(), **extra)
 
     def _result(self, stage: Stage, **fields: Any) -> dict:
         return {"job": self, "stage": stage, "identifier": self.identifier, "serial": self.serial, **fields}

@@ -144,42 +144,45 @@ class OpenAIServer:
         served = self.served
         if served is None:
             return None
-        server = {"running": self.requests_running, "total": self.requests_total,
-                  "adapter_waiting": served.router.waiting}
+        server = {"running": self.requests_running, "total": self.requests_total}
         return served.generator.metrics(), served.name, server
 
     async def _pages(self, request: web.Request) -> web.Response:
         m = self._served().generator.metrics()
         return web.json_response({k: m[k] for k in ("page_size", "pages_total", "page_states", "page_shared",
-                                                    "page_owner_identifiers", "loras")})
+                                                    "page_owner_identifiers", "loras", "loras_loaded",
+                                                    "page_adapters", "adapter_sets")})
 
     # ---- LoRA adapters (vLLM's runtime API) ---------------------------------------------------------
     async def _load_lora(self, request: web.Request) -> web.Response:
+        """Load into the generator (the app's LoRA panel then lists it too); the files are read off the loop."""
         served = self._served()
         body = await _json_body(request)
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             raise bad_request("load_lora_adapter needs lora_name and lora_path (non-empty strings)")
-        if name == served.name or name in served.adapters:
+        if name == served.name or name in served.generator.generator.loaded_loras:
             raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not Path(path).is_dir():
             raise ApiError(404, f"LoRA adapter folder {path!r} does not exist", "lora_path")
-        from ..model.lora import LoRA
-
         try:  # load now, so a broken adapter fails here rather than in a later request
-            lora = await asyncio.to_thread(LoRA.load, path, served.generator.generator.model, name)
+            await served.generator.load_lora(path, name)
         except (OSError, ValueError) as exc:
             raise bad_request(f"cannot load LoRA adapter '{name}': {exc}", "lora_path") from None
-        served.adapters[name] = lora
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
     async def _unload_lora(self, request: web.Request) -> web.Response:
+        """New requests can't name it from now on; requests already running with it finish (the generator
+        drops it after their last step), so the response does not wait for them."""
         served = self._served()
         body = await _json_body(request)
         name = body.get("lora_name")
-        if name not in served.adapters:
+        if not isinstance(name, str) or name not in served.adapters:
             raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
-        del served.adapters[name]  # running requests keep it; new ones can't name it
+        try:
+            await served.generator.run_on_worker(lambda g: g.unload_lora(name))
+        except ValueError as exc:  # e.g. in the app's default set
+            raise bad_request(str(exc), "lora_name") from None
         return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     # ---- generation ------------------------------------------------------------------------------
@@ -199,11 +202,7 @@ class OpenAIServer:
         self._changed()
         job = None
         try:
-            try:
-                await served.router.acquire(served.adapter_set(req.adapter))
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise bad_request(f"adapter {req.adapter!r} could not be applied: {exc}", "model") from None
-            job = _start_job(served, req, builder.id)  # no await since acquire: runs with that adapter set
+            job = _start_job(served, req, builder.id)
             if req.stream:
                 return await self._stream(request, req, job, builder, t0, served.name)
             return await self._complete(job, builder, t0, served.name)
@@ -272,8 +271,11 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> Dynamic
         return DynamicJobAsync(served.generator, input_ids=req.input_ids, max_new_tokens=req.max_tokens,
                                min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.seed,
                                stop_conditions=req.stops, filters=req.filters, identifier=rid,
-                               return_logits=req.logprobs is not None)
+                               return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter))
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
+        if req.adapter is not None and "LoRA adapter" in str(exc):  # unloaded since resolve: as if unknown
+            raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model",
+                           "model_not_found") from None
         raise bad_request(str(exc), "max_tokens") from None
     except RuntimeError as exc:  # the generator closed: the app is loading another model
         raise ApiError(503, f"the model is being replaced: {exc}", code="model_not_loaded") from None

@@ -50,10 +50,8 @@ def parse_loras(specs: list[str]) -> dict[str, Path]:
 
 async def serve(args: argparse.Namespace, ready=None) -> None:
     """Build everything, serve until a stop signal (or `ready`'s caller cancels); `ready(url)` once listening."""
-    from ..generator.adapter_router import AdapterRouter
     from ..generator.async_api import DynamicGeneratorAsync
     from ..cache.paged_cache import PagedCache
-    from ..model.lora import LoRA
     from ..model.model import Model
     from ..model.tokenizer import Tokenizer
     from .app import OpenAIServer
@@ -68,13 +66,13 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         torch.set_num_threads(args.threads)
     model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
-    adapters = {name: LoRA.load(path, model, name) for name, path in loras.items()}
     cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)
     generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
     try:
+        for name, path in loras.items():
+            await generator.load_lora(path, name)
         await generator.run_on_worker(lambda g: g.warmup())
-        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model),
-                             AdapterRouter(generator), adapters)
+        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model))
         server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
         url = await server.start(args.host, args.port)
         print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"

@@ -49,8 +49,8 @@ class GeneratorCollector:
                     m["pages_referenced"] / total)
         yield gauge("vllm:num_requests_running", "Jobs in the running batch (API requests and chats)",
                     m["active_jobs"])
-        yield gauge("vllm:num_requests_waiting", "Jobs queued, deferred for a LoRA swap, or waiting for one",
-                    m["pending_jobs"] + m["deferred_jobs"] + server["adapter_waiting"])
+        yield gauge("vllm:num_requests_waiting", "Jobs queued or deferred for a default LoRA swap",
+                    m["pending_jobs"] + m["deferred_jobs"])
         yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                       m["prompt_tokens_total"])
         yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache",

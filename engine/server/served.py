@@ -1,18 +1,19 @@
-"""ServedModel: what the server serves right now: one generator, its tokenizer, a name, known adapters.
+"""ServedModel: what the server serves right now: one generator, its tokenizer and a name.
 
 The app hands the server its own generator (and a new ServedModel after each model load), so API
 requests batch with the chats; `python -m engine serve` builds one. The model ids a client may name are
-the base model's and one per adapter (vLLM's convention: an adapter's id is its name, `parent` is the
-base model); which adapter set a request runs with is decided here and nowhere else.
+the base model's and one per adapter loaded into the generator (vLLM's convention: an adapter's id is its
+name, `parent` is the base model). The generator's registry (`load_lora`/`unload_lora`) is the one owner
+of which adapters exist: what the app's LoRA panel loads is served, and what the server loads the app
+sees. A request for an adapter becomes a job with `loras=[(name, 1.0)]` and batches with every other
+request and chat, whatever their adapters.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..generator.adapter_router import AdapterRouter
 from .errors import ApiError
 
 
@@ -21,13 +22,17 @@ class ServedModel:
     generator: Any  # engine.DynamicGeneratorAsync
     tokenizer: Any  # engine.tokenizer.Tokenizer
     name: str
-    router: AdapterRouter
-    adapters: dict[str, Any] = field(default_factory=dict)  # model id -> adapter folder (Path) or LoRA
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def max_seq_len(self) -> int:
         return self.generator.generator.max_seq_len
+
+    @property
+    def adapters(self) -> dict[str, Any]:
+        """name -> LoRA of every adapter a request may name (loaded and not being unloaded)."""
+        registry = self.generator.generator.adapters
+        return {name: lora for name, lora in list(registry.loaded.items()) if name not in registry.unloading}
 
     def resolve(self, model: Any) -> str | None:
         """The adapter a request's `model` names (None: the base model); 404 for an unknown id."""
@@ -35,27 +40,24 @@ class ServedModel:
             return None
         if not isinstance(model, str):
             raise ApiError(400, f"model must be a string, got {type(model).__name__}", "model")
-        if model in self.adapters:
+        adapters = self.adapters
+        if model in adapters:
             return model
         raise ApiError(404, f"The model `{model}` does not exist. Available: "
-                            f"{', '.join([self.name, *self.adapters])}", "model", "model_not_found")
+                            f"{', '.join([self.name, *adapters])}", "model", "model_not_found")
 
-    def adapter_set(self, adapter: str | None) -> tuple:
-        """The LoRA set a request for `adapter` runs with (the one function to change for per-job LoRA)."""
-        return () if adapter is None else ((self.adapters[adapter], 1.0),)
+    @staticmethod
+    def job_loras(adapter: str | None) -> list[tuple[str, float]]:
+        """The job's loras= for a request: the named adapter at scale 1, or [] (the base model, never the
+        app's default set: an API client that names the base model gets the base model)."""
+        return [] if adapter is None else [(adapter, 1.0)]
 
     def model_entries(self) -> list[dict]:
         """/v1/models data: the base model, then each adapter with its base as parent (as vLLM lists them)."""
         base = {"id": self.name, "object": "model", "created": self.created, "owned_by": "pagedeck",
                 "root": self.name, "parent": None, "max_model_len": self.max_seq_len}
         out = [base]
-        for name, adapter in self.adapters.items():
-            root = str(getattr(adapter, "path", adapter) or name)
+        for name, lora in self.adapters.items():
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "pagedeck",
-                        "root": root, "parent": self.name, "max_model_len": self.max_seq_len})
+                        "root": str(lora.path or name), "parent": self.name, "max_model_len": self.max_seq_len})
         return out
-
-
-def adapter_name(path: str | Path) -> str:
-    """The model id an adapter folder is served under by default: its folder name."""
-    return Path(path).name

@@ -67,7 +67,7 @@ def test_lora_scan_lists_adapters_and_flags_broken_ones(lora_panel):
     assert "adapter_config.json" in info["bad-config"].problem
     assert "no adapter weights" in info["no-weights"].problem  # listed, flagged, not silently hidden
     table = lora_panel.table
-    assert "r=8" in table.item(row_of(lora_panel, "pirate"), 2).text()
+    assert "r=8" in table.item(row_of(lora_panel, "pirate"), lora_panel.COL_INFO).text()
     broken = table.item(row_of(lora_panel, "broken-weights"), 0)
     assert not broken.flags() & Qt.ItemIsUserCheckable  # can't be chosen
     assert lora_panel.empty_label.isHidden()
@@ -96,9 +96,9 @@ def test_lora_set_selection_by_name(lora_panel, lora_dir):
 
 def test_lora_active_pending_and_errors_are_shown(lora_panel):
     lora_panel.set_active(["pirate", "terse"])
-    assert lora_panel.active_label.text() == "Active LoRA: pirate, terse"
+    assert lora_panel.active_label.text() == "Default LoRA: pirate, terse"
     lora_panel.set_active([])
-    assert lora_panel.active_label.text() == "Active LoRA: none"
+    assert lora_panel.active_label.text() == "Default LoRA: none"
     assert lora_panel.pending_label.isHidden()
     lora_panel.set_pending(True)
     assert lora_panel.pending_label.isVisible()
@@ -114,6 +114,24 @@ def test_lora_active_pending_and_errors_are_shown(lora_panel):
 
     lora_panel.show_error(Unprintable())  # never raises into the event loop
     assert "Unprintable" in lora_panel.error_label.text()
+
+
+def test_lora_loaded_column_asks_to_load_and_unload_and_follows_the_engine(lora_panel, lora_dir, qtbot):
+    table, row = lora_panel.table, row_of(lora_panel, "pirate")
+    loaded = table.item(row, lora_panel.COL_LOADED)
+    with qtbot.waitSignal(lora_panel.load_requested) as sig:
+        loaded.setCheckState(Qt.Checked)
+    assert sig.args == [str((lora_dir / "pirate").resolve())]
+    with qtbot.assertNotEmitted(lora_panel.load_requested), qtbot.assertNotEmitted(lora_panel.unload_requested):
+        lora_panel.set_loaded(["pirate", "from-the-api"])  # the engine's list: shown, no requests echoed
+    assert lora_panel.loaded_label.text() == "Loaded: pirate, from-the-api"
+    with qtbot.waitSignal(lora_panel.unload_requested) as sig:
+        loaded.setCheckState(Qt.Unchecked)
+    assert sig.args == ["pirate"]
+    lora_panel.set_loaded([])
+    assert loaded.checkState() == Qt.Unchecked and lora_panel.loaded_label.text() == "Loaded: none"
+    broken = table.item(row_of(lora_panel, "broken-weights"), lora_panel.COL_LOADED)
+    assert not broken.flags() & Qt.ItemIsUserCheckable
 
 
 def test_lora_add_folder_button_and_rescan(qtbot, tmp_path, monkeypatch):

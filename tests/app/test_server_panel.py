@@ -92,16 +92,34 @@ def test_server_panel_serves_the_apps_generator_next_to_the_chats(qtbot, loop, s
     run(loop, body(), 240)
 
 
-def test_server_panel_serves_lora_panel_adapters_and_follows_model_reloads(qtbot, loop, store, tiny_model):
+def test_server_panel_serves_the_generators_adapters_and_follows_model_reloads(qtbot, loop, store, tiny_model,
+                                                                              tmp_path):
+    """One registry: what the LoRA panel loads is served, what a client loads the panel shows."""
+    from tests.engine.test_lora import write_peft_adapter
+    from tests.engine.test_server import post
+
+    ada = write_peft_adapter(tiny_model, tmp_path / "ada", seed=3)
+    bob = write_peft_adapter(tiny_model, tmp_path / "bob", seed=4, targets=["q_proj", "v_proj"])
+
     async def body():
         win = make_window(qtbot, store, await loaded_service(tiny_model))
         assert await win.local_server.start("127.0.0.1", 0, None)
         url = win.local_server.url
-        ids = [m["id"] for m in json.loads(await asyncio.to_thread(read, url + "/v1/models"))["data"]]
-        assert ids[1:] == [a.name for a in win.lora_panel.adapters() if not a.problem]  # demo adapters
+
+        async def ids():
+            return [m["id"] for m in json.loads(await asyncio.to_thread(read, url + "/v1/models"))["data"]]
+
+        base = (await ids())[0]
+        assert await ids() == [base]  # nothing loaded yet: listed adapters on disk are not models
+        assert await win.service.load_adapter(ada)  # what the LoRA panel's "loaded" column does
+        assert await ids() == [base, "ada"]
+        status, _ = await asyncio.to_thread(post, url + "/v1/load_lora_adapter", {"lora_name": "bob", "lora_path": str(bob)})
+        assert status == 200
+        await wait_until(lambda: win.lora_panel.loaded() == ["ada", "bob"], what="the panel to show the API's load")
         old = win.local_server.server.served.generator
         assert await win.service.load({"path": str(tiny_model), "cache_tokens": 2048})
         assert win.local_server.server.served.generator is win.service.generator is not old
+        assert await ids() == [base] and win.lora_panel.loaded() == []  # a new generator starts with none
         assert 'pagedeck:pages_total{model_name="llama"} 8.0' in await asyncio.to_thread(read, url + "/metrics")
         await win.shutdown()
 

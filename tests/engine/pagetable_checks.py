@@ -101,6 +101,7 @@ def check_table(table: PageTable, live: list[Live]) -> None:
                 assert p.phash is None and p.prev_hash is None and not p.tokens, f"free page {p.index} keeps labels"
             if p.phash is not None:
                 assert p.kv_position == ps, f"cached page {p.index} is named but not fully written"
+        assert (p.root is None) == (p.ref_count == 0 and p.kv_position == 0), f"page {p.index}: root {p.root}"
     uses: Counter[int] = Counter()
     owners: dict[int, Counter] = {}
     for seq in live:
@@ -108,6 +109,7 @@ def check_table(table: PageTable, live: list[Live]) -> None:
         assert len(indices) == len(set(indices)), f"owner {seq.owner}: a physical page twice in {indices}"
         prev = prefix_hashes(seq.root, seq.tokens, ps, len(seq.pages))
         for i, p in enumerate(seq.pages):
+            assert p.root == seq.root, f"owner {seq.owner} page {i} (#{p.index}) was written under another adapter set"
             uses[p.index] += 1
             owners.setdefault(p.index, Counter())[seq.owner] += 1
             start = i * ps
@@ -133,5 +135,5 @@ def check_released(table: PageTable) -> None:
 
 def live_sequences(gen) -> list[Live]:
     """The live sequences of a DynamicGenerator, for check_table."""
-    return [Live(job.serial, seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)), gen.root)
+    return [Live(job.serial, seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)), job.lora_root)
             for job in gen.active for seq in job.seqs]

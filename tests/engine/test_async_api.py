@@ -441,3 +441,67 @@ def test_run_on_worker_runs_between_steps_on_the_worker_thread(tiny):
 
     (thread, remaining), worker = run(main())
     assert thread == worker and remaining == 0
+
+
+def test_per_job_adapters_load_off_the_loop_and_unload_waits_for_its_jobs(tiny, tmp_path, monkeypatch):
+    from engine.model.lora import LoRA
+
+    adapter = write_adapter(tmp_path / "style")
+    p_a, p_b = prompt(9, seed=50), prompt(9, seed=51)
+    with_lora, base = sync_greedy(tiny, p_a, 12, loras=[str(adapter)]), sync_greedy(tiny, p_b, 12)
+    load_threads = []
+    inner_load = LoRA.load.__func__
+
+    def load(cls, *args, **kw):
+        load_threads.append(threading.current_thread())
+        return inner_load(cls, *args, **kw)
+
+    monkeypatch.setattr(LoRA, "load", classmethod(load))
+
+    async def main():
+        agen = make_async(tiny)
+        try:
+            style = await agen.load_lora(adapter)
+            assert load_threads and load_threads[-1] not in (threading.current_thread(), agen.worker_thread)
+            # Hold the worker so the unload provably runs while job a is queued (no race with its steps).
+            loop = asyncio.get_running_loop()
+            gate1, gate2, held = threading.Event(), threading.Event(), asyncio.Event()
+
+            def hold(g):
+                loop.call_soon_threadsafe(held.set)
+                gate2.wait()
+
+            blocked = [asyncio.create_task(agen.run_on_worker(lambda g: gate1.wait()))]
+            await asyncio.sleep(0)
+            a = DynamicJobAsync(agen, input_ids=p_a, max_new_tokens=12, gen_settings=GREEDY, loras=[style])
+            b = DynamicJobAsync(agen, input_ids=p_b, max_new_tokens=12, gen_settings=GREEDY, loras=[])
+            log = []
+
+            async def consume(job, name):
+                results = await collect(job)
+                log.append(name)
+                return results
+
+            consumers = [asyncio.create_task(consume(a, "a")), asyncio.create_task(consume(b, "b"))]
+            unload = asyncio.create_task(agen.unload_lora("style"))
+            await asyncio.sleep(0)  # its command is queued behind a's enqueue
+            blocked.append(asyncio.create_task(agen.run_on_worker(hold)))
+            await asyncio.sleep(0)
+            gate1.set()
+            await held.wait()  # the worker ran the unload (a still queued) and waits in hold()
+            assert not unload.done()
+            with pytest.raises(ValueError, match="being unloaded"):
+                DynamicJobAsync(agen, input_ids=p_a, max_new_tokens=2, loras=["style"])
+            gate2.set()
+            await asyncio.gather(*blocked)
+            await unload
+            log.append("unloaded")
+            results_a, results_b = await asyncio.gather(*consumers)
+            return results_a, results_b, log, agen.metrics()["loras_loaded"]
+        finally:
+            await agen.close()
+
+    results_a, results_b, log, loaded = run(main())
+    assert tokens_of(results_a) == with_lora and tokens_of(results_b) == base  # one batch, two adapter sets
+    assert results_a[-1]["eos_reason"] == "max_new_tokens" and results_a[-1]["loras"] == [("style", 1.0)]
+    assert log.index("a") < log.index("unloaded") and loaded == []  # the unload waited for its job

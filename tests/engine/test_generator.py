@@ -26,8 +26,9 @@ def prompt_ids(n, seed=0):
     return torch.randint(10, 40000, (1, n), generator=g)
 
 
-def run_all(gen, jobs):
-    """Iterate until every job ends; returns per job: token list and the final result."""
+def run_all(gen, jobs, each_step=None):
+    """Iterate until every job ends (calling each_step(gen) after every step); returns per job: token list
+    and the final result."""
     tokens = {id(j): [] for j in jobs}
     final = {}
     gen.enqueue(list(jobs))
@@ -37,6 +38,8 @@ def run_all(gen, jobs):
                 tokens[id(r["job"])] += r["token_ids"]
                 if r["eos"]:
                     final[id(r["job"])] = r
+        if each_step is not None:
+            each_step(gen)
     return [tokens[id(j)] for j in jobs], [final[id(j)] for j in jobs]
 
 

@@ -147,3 +147,23 @@ def test_debian_package_names_are_the_ones_that_hold_the_libraries():
     if candidates.get("libc6", "(none)") == "(none)":
         pytest.skip(f"apt has no package lists (apt-get update first): can't check {not_installed}")
     assert [deb for deb in not_installed if candidates.get(deb, "(none)") == "(none)"] == [], policy
+
+
+@needs_ldd
+def test_readme_commands_cover_what_the_real_plugins_link():
+    """The README's apt and dnf lines name the package of every table library the installed xcb and wayland
+    plugins link (their whole tree, as ldd resolves it), so a user who runs them gets a loadable Qt."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    apt = set(re.search(r"sudo apt install (libdbus[^\n]*)", text).group(1).split())
+    dnf = set(re.search(r"sudo dnf install (dbus-libs[^\n]*)", text).group(1).split())
+    needed = set()
+    for name in ("xcb", "wayland"):
+        plugin = qt_libs.plugin_path(name, {})
+        if plugin is None:
+            continue
+        out = subprocess.run(["ldd", str(plugin)], capture_output=True, text=True).stdout
+        needed |= {line.split("=>")[0].strip() for line in out.splitlines() if "=>" in line}
+    needed &= set(qt_libs.PACKAGES)
+    assert needed, "ldd listed none of the known libraries"
+    assert {qt_libs.PACKAGES[s][0] for s in needed} - apt == set()
+    assert {qt_libs.PACKAGES[s][1] for s in needed} - dnf == set()

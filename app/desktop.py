@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import platformdirs
 
+from engine.contract.paths import resources_folder
+
 if TYPE_CHECKING:
     from PySide6.QtGui import QGuiApplication, QIcon
 
 APP_ID = "pagedeck"  # desktop file name, icon name, Qt application name and WM_CLASS
-ICONS = Path(__file__).resolve().parents[1] / "resources" / "icons"  # shipped in the wheel (pyproject)
+ICONS = resources_folder() / "icons"
 PNG_SIZES = (16, 24, 32, 48, 64, 128, 256)  # rendered from pagedeck.svg by packaging/render_icons.py
 
 # Exec's quoting rules (Desktop Entry spec, "The Exec key"): these make an argument need double quotes.

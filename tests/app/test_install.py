@@ -20,8 +20,8 @@ PACKAGES = ("app", "engine", "kernels")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel, built offline (no build isolation: setuptools from this venv) from a copy of the tree, so
-    the build's scratch files never land in the checkout."""
+    """The wheel, built offline (no build isolation: setuptools from this venv, the [test] extra) from a copy
+    of the tree, so the build's scratch files never land in the checkout."""
     src = tmp_path_factory.mktemp("src")
     junk = shutil.ignore_patterns("__pycache__", "*.pyc", "screenshots")
     for name in (*PACKAGES, "resources"):

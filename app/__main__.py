@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from app import desktop, qt_libs
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from engine.contract import model_path_problem
@@ -20,6 +21,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data-dir", type=Path, default=None, help="where chat history lives (default: the user data dir)")
     p.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS,
                    help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE})")
+    p.add_argument("--install-desktop", action="store_true",
+                   help="add pagedeck to the desktop's app menu (.desktop file and icon under $XDG_DATA_HOME) and exit")
+    p.add_argument("--uninstall-desktop", action="store_true", help="remove what --install-desktop added and exit")
     args = p.parse_args(argv)
     problem = model_path_problem(args.model) if args.model is not None else None
     if problem is not None:
@@ -48,14 +52,32 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def desktop_command(install: bool) -> int:
+    """--install-desktop / --uninstall-desktop: report each file written or removed."""
+    try:
+        paths = desktop.install_desktop() if install else desktop.uninstall_desktop()
+    except (OSError, RuntimeError) as e:
+        print(f"pagedeck: {e}", file=sys.stderr)
+        return 1
+    for path in paths:
+        print(("wrote " if install else "removed ") + str(path))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.install_desktop or args.uninstall_desktop:
+        return desktop_command(args.install_desktop)
+    missing = qt_libs.check()
+    if missing:  # Qt would abort with "could not load the Qt platform plugin" and no package names
+        print(missing, file=sys.stderr)
+        return 1
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import qasync
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.setApplicationName("pagedeck")
+    desktop.apply_identity(app)  # application name, desktop file name (Wayland app id) and window icon
     app.setQuitOnLastWindowClosed(False)  # shutdown() must run on the loop before Qt quits
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)

@@ -47,6 +47,11 @@ def find_adapters(*folders: str | Path) -> list[Path]:
     return found
 
 
+def resources_folder() -> Path:
+    """resources/ beside the packages: the checkout's, or the installed wheel's (pyproject ships it)."""
+    return Path(__file__).resolve().parents[2] / "resources"
+
+
 def demo_adapters_folder() -> Path:
-    """resources/loras/ of this checkout: the demo adapters made by packaging/train_lora.py."""
-    return Path(__file__).resolve().parents[2] / "resources" / "loras"
+    """resources/loras/: the demo adapters made by packaging/train_lora.py."""
+    return resources_folder() / "loras"

@@ -20,12 +20,16 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
-# Test tools from the system: desktop-file-validate (checks --install-desktop's entry) and gio (launches it).
+# From the system: Qt's xcb libraries, and test tools: desktop-file-validate (checks --install-desktop's entry) and gio (launches it).
 # Installed with apt where that can run without a password prompt; their tests skip, saying why, otherwise.
 system-deps:
 	@command -v desktop-file-validate >/dev/null && command -v gio >/dev/null || \
 	{ command -v apt-get >/dev/null && $(SUDO) apt-get install -y -q desktop-file-utils libglib2.0-bin >/dev/null; } || \
 	echo "note: install desktop-file-utils (and gio: libglib2.0-bin / glib2) for the desktop-entry tests"
+	@# Qt's xcb platform plugin's system libraries, so that `make run` opens a window on a fresh desktop.
+	@pkgs="$$($(BIN)/python -m app.qt_libs --platform xcb --apt-packages)"; [ -z "$$pkgs" ] || \
+	{ command -v apt-get >/dev/null && $(SUDO) apt-get install -y -q $$pkgs >/dev/null; } || \
+	echo "note: Qt needs $$pkgs; \`make run\` prints the install command"
 
 # The app first checks that Qt's platform plugin can load and, if not, prints the apt/dnf command.
 run: $(STAMP)

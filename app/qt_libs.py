@@ -159,7 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--platform", action="append",
                    help="platform plugin to check (xcb, wayland, offscreen...); default: what Qt would try here")
     p.add_argument("--binary", type=Path, help="check this shared library instead of a Qt plugin")
+    p.add_argument("--apt-packages", action="store_true",
+                   help="print only the Debian packages that hold the missing libraries (for `make setup`)")
     args = p.parse_args(argv)
+    if args.apt_packages:
+        plugins = [plugin_path(name) for name in (args.platform or platforms_to_try())]
+        missing = [lib for path in plugins if path is not None for lib in (missing_libraries(path) or [])]
+        print(" ".join(dict.fromkeys(PACKAGES[lib][0] for lib in missing if PACKAGES.get(lib, (None,))[0])))
+        return 0
     if args.binary is not None:
         missing = missing_libraries(args.binary)
         message = report({str(args.binary): missing}) if missing else None

@@ -51,13 +51,14 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    import qasync
     from PySide6.QtWidgets import QApplication
+
+    from app.event_loop import QtEventLoop
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("pagedeck")
     app.setQuitOnLastWindowClosed(False)  # shutdown() must run on the loop before Qt quits
-    loop = qasync.QEventLoop(app)
+    loop = QtEventLoop(app)
     asyncio.set_event_loop(loop)
     with loop:
         return loop.run_until_complete(run(args))

@@ -16,15 +16,17 @@ from engine.contract import model_path_problem
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pagedeck", description="Chat with several conversations at once, all batched.")
     p.add_argument("--model", type=Path, default=None,
-                   help="Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+                   help="Hugging Face model folder or .gguf file (default: the last session's model, "
+                        "else the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--data-dir", type=Path, default=None, help="where chat history lives (default: the user data dir)")
-    p.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS,
-                   help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE})")
+    p.add_argument("--cache-tokens", type=int, default=None,
+                   help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE}; default: the last "
+                        f"session's, else {DEFAULT_CACHE_TOKENS})")
     args = p.parse_args(argv)
     problem = model_path_problem(args.model) if args.model is not None else None
     if problem is not None:
         p.error(f"--model: {problem}")
-    if args.cache_tokens < PAGE_SIZE:
+    if args.cache_tokens is not None and args.cache_tokens < PAGE_SIZE:
         p.error(f"--cache-tokens must be at least one page ({PAGE_SIZE}), got {args.cache_tokens}")
     return args
 
@@ -37,13 +39,10 @@ async def run(args: argparse.Namespace) -> int:
     closed = asyncio.Event()
     window.closing.connect(closed.set)
     window.show()
-    chats = window.store.chats()
-    if chats:
-        window.open_chat(chats[0].id)
-    else:
-        window.new_chat()
-    window.load_model()
+    restoring = asyncio.ensure_future(window.restore_session())  # chats, model and LoRA set of the last run
     await closed.wait()
+    if not restoring.done():
+        restoring.cancel()
     await window.shutdown()
     return 0
 

@@ -5,14 +5,15 @@ Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so al
 chat reply first asks the engine's AdapterRouter for that set (an API request may have swapped another
 in), so no reply ever runs on an adapter it did not ask for.
 Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
-loaded completely, so a bad path or a broken file leaves the previous model serving.
+loaded completely, so a bad path or a broken file leaves the previous model serving. A reload keeps the
+chats' LoRA set when it fits the new model, and says it was dropped when it does not.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ class LoadRequest:
         unknown = set(d) - {"path", "cache_tokens", "kv_quant", "weights", "draft_model", "use_ngram"}
         if unknown:
             raise ValueError(f"unknown model load options: {sorted(unknown)}")
+        d = {k: v for k, v in d.items() if not (k == "cache_tokens" and v is None)}  # None = the default size
         req = cls(**d)
         req.path = req.path or None  # "" from an empty path box means the default model, not "."
         req.draft_model = req.draft_model or None
@@ -70,7 +72,9 @@ class EngineService(QObject):
         self.model = self.tokenizer = self.cache = self.generator = self.router = None
         self.chat_loras: tuple = ()  # the LoRA panel's applied set: [(adapter path, scale)]
         self.info: dict | None = None
+        self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
         self.loading = False
+        self._idle: asyncio.Future | None = None  # resolved when the last running reply ends
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
         self._timer = QTimer(self)
@@ -79,8 +83,12 @@ class EngineService(QObject):
 
     # --- model ---------------------------------------------------------------------------------
 
-    async def load(self, request: LoadRequest | dict | None = None) -> bool:
-        """Load a model (None path = the embedded default); False (and load_failed) on any error."""
+    async def load(self, request: LoadRequest | dict | None = None, *, wait_for_replies: bool = False) -> bool:
+        """Load a model (None path = the embedded default); False (and load_failed) on any error.
+
+        The new model replaces the old one when it is ready, stopping replies still running then; with
+        wait_for_replies the load starts only once they have ended (replies sent meanwhile queue, as
+        during any load, and run on the new model)."""
         if self.loading:
             self.load_failed.emit("a model is already loading; wait for it to finish")
             return False
@@ -89,6 +97,8 @@ class EngineService(QObject):
         loop = asyncio.get_running_loop()
         try:
             req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
+            if wait_for_replies:
+                await self._until_idle()
 
             def progress(fraction: float) -> None:
                 loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
@@ -115,11 +125,28 @@ class EngineService(QObject):
         from engine import AdapterRouter
 
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
-        self.router, self.chat_loras = AdapterRouter(generator), ()
+        kept, self.chat_loras = self.chat_loras, ()
+        self.router = AdapterRouter(generator)
         self.info = self._info(req, time.perf_counter() - t0)
+        self.request = asdict(req)
         self._timer.start()
         self.loaded.emit(self.info)
+        self.loras_active.emit([])  # what the new generator runs until the set is re-applied
+        if kept:
+            names = ", ".join(Path(p).name for p, _ in kept)
+            await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
         return True
+
+    async def _until_idle(self) -> None:
+        while self._jobs:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def _forget_job(self, identifier: Any):
+        job = self._jobs.pop(identifier, None)
+        if not self._jobs and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        return job
 
     async def wait_loaded(self) -> None:
         """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
@@ -159,9 +186,8 @@ class EngineService(QObject):
     async def _retire(self) -> None:
         """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
         old, self.generator = self.generator, None
-        for job in list(self._jobs.values()):
-            await job.cancel()
-        self._jobs.clear()
+        for identifier in list(self._jobs):
+            await self._forget_job(identifier).cancel()
         if old is not None:
             await old.close()
 
@@ -203,12 +229,12 @@ class EngineService(QObject):
         return job, ids.shape[-1]
 
     def job_ended(self, identifier: Any) -> None:
-        self._jobs.pop(identifier, None)
+        self._forget_job(identifier)
 
     async def cancel(self, identifier: Any) -> bool:
         """Cancel a chat's reply; when this returns its pages are back with the generator.
         False if that chat has no job (yet)."""
-        job = self._jobs.pop(identifier, None)
+        job = self._forget_job(identifier)
         if job is None:
             return False
         await job.cancel()
@@ -220,7 +246,7 @@ class EngineService(QObject):
 
     # --- LoRA ----------------------------------------------------------------------------------
 
-    async def apply_loras(self, pairs: list[tuple[str, float]]) -> bool:
+    async def apply_loras(self, pairs: list[tuple[str, float]], failed: str = "Could not apply LoRA set") -> bool:
         """Swap adapters: at once when idle, else pending until running jobs finish (new ones defer)."""
         if self.generator is None:
             self.lora_failed.emit("load a model before applying LoRA adapters")
@@ -232,7 +258,7 @@ class EngineService(QObject):
             await self.router.swap(wanted)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
             self.chat_loras = previous
-            self.lora_failed.emit(f"Could not apply LoRA set: {type(exc).__name__}: {exc}")
+            self.lora_failed.emit(f"{failed}: {type(exc).__name__}: {exc}")
             return False
         finally:
             self.loras_pending.emit(False)

@@ -94,6 +94,21 @@ class EngineService(QObject):
             return False
         self.loading = True
         self._load_done = asyncio.Event()
+        kept = self.chat_loras
+        try:
+            if not await self._load(request, wait_for_replies):
+                return False
+        finally:  # replies queued in wait_loaded go on only now, with the new generator (or the old one) in place
+            self.loading = False
+            self._load_done.set()
+        self.loaded.emit(self.info)
+        self.loras_active.emit([])  # what the new generator runs until the set is re-applied
+        if kept:
+            names = ", ".join(Path(p).name for p, _ in kept)
+            await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
+        return True
+
+    async def _load(self, request: LoadRequest | dict | None, wait_for_replies: bool) -> bool:
         loop = asyncio.get_running_loop()
         try:
             req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
@@ -118,23 +133,14 @@ class EngineService(QObject):
             kept = f" (still using {self.info['name']})" if self.info else ""
             self.load_failed.emit(f"Could not load model: {type(exc).__name__}: {exc}{kept}")
             return False
-        finally:
-            self.loading = False
-            self._load_done.set()
         await self._retire()
         from engine import AdapterRouter
 
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
-        kept, self.chat_loras = self.chat_loras, ()
-        self.router = AdapterRouter(generator)
+        self.router, self.chat_loras = AdapterRouter(generator), ()
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
         self._timer.start()
-        self.loaded.emit(self.info)
-        self.loras_active.emit([])  # what the new generator runs until the set is re-applied
-        if kept:
-            names = ", ".join(Path(p).name for p, _ in kept)
-            await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
         return True
 
     async def _until_idle(self) -> None:

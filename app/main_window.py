@@ -34,7 +34,8 @@ from app.store import Store
 from engine.contract import DEFAULT_CACHE_TOKENS, model_path_problem
 
 PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
-CENTRAL_MINIMUM = QSize(420, 320)  # the chat area's minimum, whatever its panes would like
+CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
+TILE = "chat-tile"  # object name of the scroll area around a tiled pane
 
 
 class MainWindow(QMainWindow):
@@ -292,6 +293,8 @@ class MainWindow(QMainWindow):
         current = self.tabs.currentWidget()
         self.tabs.blockSignals(True)
         self.tabs.clear()
+        for area in self.tiles.findChildren(QScrollArea, TILE):
+            area.takeWidget()  # a tile's scroll area lets go of its pane before the grid is deleted
         for pane in self.panes.values():
             pane.setParent(self._parking)
         old = self.tiles.layout().takeAt(0)
@@ -515,6 +518,8 @@ def _grid(panes: list[ChatPane]) -> QSplitter:
         return outer
     row = QSplitter(Qt.Orientation.Horizontal)
     for p in panes:
-        row.addWidget(scrolled(p))
+        tile = scrolled(p)
+        tile.setObjectName(TILE)
+        row.addWidget(tile)
     row.setChildrenCollapsible(False)
     return row

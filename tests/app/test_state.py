@@ -1,0 +1,88 @@
+"""Layout and state restored across restarts (issue 12): window geometry and docks, view mode, open chats,
+the active LoRA set, the model panel's options and the last model, kept by app.state in an INI file whose
+location the test chooses (state_path)."""
+import pytest
+from PySide6.QtCore import Qt
+
+from app.main_window import MainWindow
+from tests.app.support import TINY_CACHE_TOKENS, loop, run, store, tiny_model, wait_until  # noqa: F401
+from tests.engine.test_async_api import write_adapter
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def window(qtbot, store, state_path):
+    win = MainWindow(store, state_path=state_path)
+    qtbot.addWidget(win)
+    win.show()
+    return win
+
+
+@pytest.fixture
+def app_keeps_running(qapp):
+    """As in the app (app.__main__): closing the window must not stop the loop before shutdown."""
+    before = qapp.quitOnLastWindowClosed()
+    qapp.setQuitOnLastWindowClosed(False)
+    yield
+    qapp.setQuitOnLastWindowClosed(before)
+
+
+def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, tmp_path, app_keeps_running):
+    state = tmp_path / "config" / "state.ini"
+    adapters = tmp_path / "loras"
+    write_adapter(adapters / "tiny-pirate")
+
+    async def first_session():
+        win = window(qtbot, store, state)
+        assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS, "use_ngram": True})
+        win.lora_panel.add_folder(adapters)
+        win.lora_panel.set_selection({"tiny-pirate": 0.75})
+        win.lora_panel.apply_button.click()
+        await wait_until(lambda: win.lora_panel.active_label.text() == "Active LoRA: tiny-pirate", what="the LoRA")
+        ids = [win.new_chat(f"chat {i}").session.chat_id for i in range(4)]
+        win.close_chat(ids[1])
+        win.open_chat(ids[2])
+        win.set_view("tiles", 3)
+        win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, win.dock("Chats"))  # the user moved a dock
+        win.dock("Server").close()
+        win.resize(780, 600)  # the offscreen screen is 800x800; a fresh start fills it
+        size = (win.width(), win.height())
+        assert size[1] == 600
+        win.model_panel.kv_combo.setCurrentIndex(win.model_panel.kv_combo.count() - 1)  # chosen, not loaded
+        options = win.model_panel.request()
+        win.close()
+        await win.service.close()
+        return ids, options, size
+
+    ids, options, size = run(loop, first_session())
+    assert state.is_file()
+
+    async def second_session():
+        win = window(qtbot, store, state)
+        assert (win.width(), win.height()) == size
+        assert win.dockWidgetArea(win.dock("Chats")) == Qt.DockWidgetArea.RightDockWidgetArea
+        assert not win.dock("Server").isVisible() and win.dashboard.isVisible()
+        assert (win.mode, win.tile_count) == ("tiles", 3) and win.view_actions[("tiles", 3)].isChecked()
+        assert win.model_panel.request() == options
+        await win.restore_session()
+        assert win.open_ids == [ids[0], ids[2], ids[3]] and win.current_pane().session.chat_id == ids[2]
+        assert win.service.info["path"] == str(tiny_model) and win.service.info["cache_tokens"] == TINY_CACHE_TOKENS
+        assert win.service.request["use_ngram"] is True
+        assert win.service.chat_loras == ((str(adapters / "tiny-pirate"), 0.75),)
+        assert win.service.snapshot()["loras"] == ["tiny-pirate"]
+        assert win.lora_panel.active_label.text() == "Active LoRA: tiny-pirate"
+        await win.service.close()
+
+    run(loop, second_session())
+
+
+def test_a_damaged_state_file_means_defaults(qtbot, loop, store, tmp_path):
+    state = tmp_path / "state.ini"
+    state.write_text("[General]\nview={not json\nchats=\"[1, 2\"\nwindow\\geometry=@ByteArray(garbage)\n"
+                     "model\\last=42\nlora\\active=[[1, 2, 3]]\n")
+    win = window(qtbot, store, state)
+    assert (win.mode, win.tile_count) == ("tabs", 2)
+    assert win.state.chats() == ([], None) and win.state.loras() == [] and win.state.last_model() is None
+    assert win.load_request == {}
+    screen = win.screen().availableGeometry()
+    assert win.width() <= screen.width() and win.height() <= screen.height()

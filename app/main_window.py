@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from PySide6.QtCore import QRect, QSize, Qt, Signal
+from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QFrame, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy,
-    QSplitter, QStackedWidget, QTabWidget, QVBoxLayout, QWidget,
+    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QStackedWidget,
+    QTabWidget, QVBoxLayout, QWidget,
 )
 
 from app.chat_list import ChatList
@@ -31,11 +31,9 @@ from app.remote_mode import RemoteMode
 from app.server_panel import LocalServer, ServerPanel
 from app.state import STATE_FILE, AppState
 from app.store import Store
+from app.window_layout import CENTRAL_MINIMUM, TILE, fit_window, grid, scrolled
 from engine.contract import DEFAULT_CACHE_TOKENS, model_path_problem
 
-PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
-CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
-TILE = "chat-tile"  # object name of the scroll area around a tiled pane
 
 
 class MainWindow(QMainWindow):
@@ -308,9 +306,9 @@ class MainWindow(QMainWindow):
             self.stack.setCurrentWidget(self.tabs)
         else:
             shown = [i for i in self.open_ids if i in self.recent[: self.tile_count]]
-            grid = _grid([self.panes[i] for i in shown])
-            self.tiles.layout().addWidget(grid)
-            grid.show()  # a layout shows new children of a visible widget only later (queued)
+            tiles = grid([self.panes[i] for i in shown])
+            self.tiles.layout().addWidget(tiles)
+            tiles.show()  # a layout shows new children of a visible widget only later (queued)
             self.stack.setCurrentWidget(self.tiles)
         self.tabs.blockSignals(False)
         for pane in self.panes.values():
@@ -408,6 +406,10 @@ class MainWindow(QMainWindow):
             self._error(f"Export failed: {exc}")
             return None
 
+    def fit_to(self, available: QRect) -> None:
+        """Fit the window (a restored geometry too) to this screen area; see app.window_layout."""
+        fit_window(self, available, self._restored, [self.dock("Chats"), self.dashboard])
+
     def showEvent(self, e) -> None:
         if not self._fitted:
             self._fitted = True
@@ -415,23 +417,6 @@ class MainWindow(QMainWindow):
             if screen is not None:
                 self.fit_to(screen.availableGeometry())
         super().showEvent(e)
-
-    def fit_to(self, available: QRect) -> None:
-        """Size the window to PREFERRED_SIZE or the available screen area, whichever is smaller (a
-        restored geometry too), frame included, and keep it on that area."""
-        frame = self.frameGeometry().size() - self.geometry().size()  # title bar and borders (none offscreen)
-        room = available.size() - frame
-        current = self.size() if self._restored else PREFERRED_SIZE
-        size = current.boundedTo(room).expandedTo(self.minimumSizeHint().boundedTo(room))
-        self.resize(size)
-        x = min(max(self.x(), available.left()), available.right() + 1 - size.width() - frame.width())
-        y = min(max(self.y(), available.top()), available.bottom() + 1 - size.height() - frame.height())
-        if not self._restored:
-            self.resizeDocks([self.dock("Chats"), self.dashboard], [size.width() * 15 // 100, size.width() * 26 // 100],
-                             Qt.Orientation.Horizontal)
-            x = available.left() + (available.width() - size.width() - frame.width()) // 2
-            y = available.top() + (available.height() - size.height() - frame.height()) // 2
-        self.move(x, y)
 
     # --- state across restarts ------------------------------------------------------------------
 
@@ -496,30 +481,3 @@ class MainWindow(QMainWindow):
 
 def _replies(n: int) -> str:
     return f"{n} repl{'y is' if n == 1 else 'ies are'}"
-
-
-def scrolled(widget: QWidget) -> QScrollArea:
-    """The widget in a frameless scroll area: it can shrink below its minimum size without clipping."""
-    area = QScrollArea()
-    area.setWidgetResizable(True)
-    area.setFrameShape(QFrame.Shape.NoFrame)
-    area.setWidget(widget)
-    return area
-
-
-def _grid(panes: list[ChatPane]) -> QSplitter:
-    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable). A tile narrower
-    than its pane would like scrolls; none collapses to nothing."""
-    if len(panes) == 4:
-        outer = QSplitter(Qt.Orientation.Vertical)
-        for pair in (panes[:2], panes[2:]):
-            outer.addWidget(_grid(pair))
-        outer.setChildrenCollapsible(False)
-        return outer
-    row = QSplitter(Qt.Orientation.Horizontal)
-    for p in panes:
-        tile = scrolled(p)
-        tile.setObjectName(TILE)
-        row.addWidget(tile)
-    row.setChildrenCollapsible(False)
-    return row

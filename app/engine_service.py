@@ -75,6 +75,7 @@ class EngineService(QObject):
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
         self.loading = False
         self._idle: asyncio.Future | None = None  # resolved when the last running reply ends
+        self._closed = False  # after close() no load installs a generator (a waiting load may still finish)
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
         self._timer = QTimer(self)
@@ -127,6 +128,8 @@ class EngineService(QObject):
                 options.update(draft_model=draft[0], draft_cache=draft[1])
             if req.use_ngram:
                 options["use_ngram_draft"] = True
+            if self._closed:
+                raise RuntimeError("the app is shutting down")
             generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer, **options)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the previous model
             log.warning("model load failed: %s", exc)
@@ -198,6 +201,7 @@ class EngineService(QObject):
             await old.close()
 
     async def close(self) -> None:
+        self._closed = True
         self._timer.stop()
         await self._retire()
 

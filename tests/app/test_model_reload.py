@@ -43,8 +43,8 @@ def test_reload_reapplies_the_lora_set_or_says_it_was_dropped(qtbot, loop, store
         panel.add_folder(adapters)
         panel.set_selection({"tiny-pirate": 0.5})
         panel.apply_button.click()
-        await wait_until(lambda: service.chat_loras and service.router.ready_for(service.chat_loras), what="the swap")
-        assert panel.active_label.text() == "Active LoRA: tiny-pirate" and ticked(panel) == ["tiny-pirate"]
+        await wait_until(lambda: panel.active_label.text() == "Active LoRA: tiny-pirate", what="the swap")
+        assert ticked(panel) == ["tiny-pirate"] and service.router.ready_for(service.chat_loras)
 
         # Reloading a model the adapter fits keeps the set, in the engine and in the panel.
         assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})

@@ -14,7 +14,7 @@ from pathlib import Path
 from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QScrollArea, QSizePolicy, QStackedWidget,
+    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QSizePolicy, QStackedWidget,
     QTabWidget, QVBoxLayout, QWidget,
 )
 
@@ -31,9 +31,8 @@ from app.remote_mode import RemoteMode
 from app.server_panel import LocalServer, ServerPanel
 from app.state import STATE_FILE, AppState
 from app.store import Store
-from app.window_layout import CENTRAL_MINIMUM, TILE, fit_window, grid, scrolled
+from app.window_layout import CENTRAL_MINIMUM, fit_window, grid, scrolled
 from engine.contract import DEFAULT_CACHE_TOKENS, model_path_problem
-
 
 
 class MainWindow(QMainWindow):
@@ -291,8 +290,6 @@ class MainWindow(QMainWindow):
         current = self.tabs.currentWidget()
         self.tabs.blockSignals(True)
         self.tabs.clear()
-        for area in self.tiles.findChildren(QScrollArea, TILE):
-            area.takeWidget()  # a tile's scroll area lets go of its pane before the grid is deleted
         for pane in self.panes.values():
             pane.setParent(self._parking)
         old = self.tiles.layout().takeAt(0)
@@ -439,12 +436,16 @@ class MainWindow(QMainWindow):
         options = self.state.model_options()
         if options:
             self.model_panel.set_request(options)
+        for folder in self.state.lora_folders():
+            if Path(folder).is_dir():
+                self.lora_panel.add_folder(folder)
 
     def save_state(self) -> None:
         self.state.save_layout(self.saveGeometry(), self.saveState(), self.mode, self.tile_count)
         current = self.current_pane()
         self.state.save_chats(self.open_ids, current.session.chat_id if current is not None else None)
         self.state.save_model_options(self.model_panel.request())
+        self.state.save_lora_folders(self.lora_panel.folders())
         self.state.sync()
 
     async def restore_session(self) -> None:
@@ -458,7 +459,10 @@ class MainWindow(QMainWindow):
             self.open_chat(current)
         if not self.open_ids:
             chats = self.store.chats()
-            self.open_chat(chats[0].id) if chats else self.new_chat()
+            if chats:
+                self.open_chat(chats[0].id)
+            else:
+                self.new_chat()
         if await self.ready() and loras:
             await self.service.apply_loras(loras, failed="the last session's LoRA set was not applied")
 

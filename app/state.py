@@ -84,6 +84,14 @@ class AppState:
         return [(p, float(s)) for p, s in (x for x in v if isinstance(x, list) and len(x) == 2)
                 if isinstance(p, str) and isinstance(s, (int, float))]
 
+    def save_lora_folders(self, folders: list[str]) -> None:
+        """Folders the LoRA panel scans (the demo folder and those the user added)."""
+        self._set_json("lora/folders", [str(f) for f in folders])
+
+    def lora_folders(self) -> list[str]:
+        v = self._json("lora/folders", [])
+        return [f for f in v if isinstance(f, str)] if isinstance(v, list) else []
+
     def save_model_options(self, request: dict) -> None:
         """The model panel's choices (shown again at the next start, loaded or not)."""
         self._set_json("model/options", request)

@@ -2,7 +2,7 @@
 
 A 1280x720 screen must show the whole window (issue 12): panels scroll instead of raising the window's
 minimum size, the chat area has a fixed minimum instead of the sum of its panes', and a tile narrower than
-its pane scrolls rather than collapsing.
+its pane squeezes the pane rather than collapsing it.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QSp
 
 PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
 CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
-TILE = "chat-tile"  # object name of the scroll area around a tiled pane
+TILE_MINIMUM = QSize(200, 150)  # a tile squeezes its pane down to this (the pane's own minimum can be wider)
 
 
 def fit_window(window: QMainWindow, available: QRect, restored: bool, side_docks: list[QDockWidget]) -> None:
@@ -43,8 +43,8 @@ def scrolled(widget: QWidget) -> QScrollArea:
 
 
 def grid(panes: list[QWidget]) -> QSplitter:
-    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable). A tile narrower
-    than its pane would like scrolls; none collapses to nothing."""
+    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable). A pane is squeezed
+    to fit its tile (its text wraps; its header may clip) and never collapses to nothing."""
     if len(panes) == 4:
         outer = QSplitter(Qt.Orientation.Vertical)
         for pair in (panes[:2], panes[2:]):
@@ -53,8 +53,7 @@ def grid(panes: list[QWidget]) -> QSplitter:
         return outer
     row = QSplitter(Qt.Orientation.Horizontal)
     for p in panes:
-        tile = scrolled(p)
-        tile.setObjectName(TILE)
-        row.addWidget(tile)
+        p.setMinimumSize(TILE_MINIMUM)  # an explicit minimum overrides the one the pane's contents ask for
+        row.addWidget(p)
     row.setChildrenCollapsible(False)
     return row

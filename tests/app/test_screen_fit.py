@@ -33,7 +33,8 @@ def rect(r):
     return [r.x(), r.y(), r.width(), r.height()]
 
 def report(label):
-    app.processEvents()
+    for _ in range(5):  # splitters lay out new children in posted events
+        app.processEvents()
     panes = [p for p in win.panes.values() if p.isVisible()]
     inside = lambda w: rect(QRect(w.mapTo(win, QPoint(0, 0)), w.size()))
     return {"label": label, "available": rect(win.screen().availableGeometry()), "frame": rect(win.frameGeometry()),

@@ -64,6 +64,7 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
         assert not win.dock("Server").isVisible() and win.dashboard.isVisible()
         assert (win.mode, win.tile_count) == ("tiles", 3) and win.view_actions[("tiles", 3)].isChecked()
         assert win.model_panel.request() == options
+        assert str(adapters.resolve()) in win.lora_panel.folders()  # the folder the user added is scanned again
         await win.restore_session()
         assert win.open_ids == [ids[0], ids[2], ids[3]] and win.current_pane().session.chat_id == ids[2]
         assert win.service.info["path"] == str(tiny_model) and win.service.info["cache_tokens"] == TINY_CACHE_TOKENS

@@ -68,7 +68,7 @@ def ensure_model() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    from engine.weights import default_model_path
+    from engine.model.weights import default_model_path
 
     t0 = time.monotonic()
     shutil.rmtree(MODEL, ignore_errors=True)

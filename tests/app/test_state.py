@@ -1,6 +1,8 @@
 """Layout and state restored across restarts (issue 12): window geometry and docks, view mode, open chats,
 the active LoRA set, the model panel's options and the last model, kept by app.state in an INI file whose
 location the test chooses (state_path)."""
+import asyncio
+
 import pytest
 from PySide6.QtCore import Qt
 
@@ -87,3 +89,38 @@ def test_a_damaged_state_file_means_defaults(qtbot, loop, store, tmp_path):
     assert win.load_request == {}
     screen = win.screen().availableGeometry()
     assert win.width() <= screen.width() and win.height() <= screen.height()
+
+
+def test_the_app_reopens_with_the_last_model_and_chats(qtbot, loop, tiny_model, tmp_path, app_keeps_running):
+    """app.__main__.run as `pagedeck` runs it: the second start names no model and gets the first one's."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.__main__ import parse_args
+    from app.__main__ import run as run_app
+
+    data = tmp_path / "data"
+
+    async def session(argv, act):
+        before = set(QApplication.topLevelWidgets())
+        app_run = asyncio.ensure_future(run_app(parse_args(argv)))
+        await wait_until(lambda: any(isinstance(w, MainWindow) for w in set(QApplication.topLevelWidgets()) - before),
+                         what="the window")
+        win = next(w for w in set(QApplication.topLevelWidgets()) - before if isinstance(w, MainWindow))
+        qtbot.addWidget(win)
+        await wait_until(lambda: win.service.generator is not None and win.open_ids, 120, "the model and a chat")
+        result = act(win)
+        win.close()
+        assert await asyncio.wait_for(app_run, 60) == 0
+        return result
+
+    def first(win):
+        win.new_chat("second chat")
+        return [win.sessions[i].chat.title for i in win.open_ids]
+
+    titles = run(loop, session(["--data-dir", str(data), "--model", str(tiny_model),
+                                "--cache-tokens", str(TINY_CACHE_TOKENS)], first))
+    assert titles == ["New chat", "second chat"]
+    reopened = run(loop, session(["--data-dir", str(data)],
+                                 lambda win: ([win.sessions[i].chat.title for i in win.open_ids], dict(win.service.info))))
+    assert reopened[0] == titles
+    assert reopened[1]["path"] == str(tiny_model) and reopened[1]["cache_tokens"] == TINY_CACHE_TOKENS

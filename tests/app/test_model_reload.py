@@ -75,14 +75,14 @@ def test_load_while_replies_run_asks_first(qtbot, loop, store, tiny_model):
     async def body():
         win = make_window(qtbot, store, await loaded_service(tiny_model))
         service, panel = win.service, win.model_panel
-        current, loads = [], []  # the reply started last; its state whenever a model finished loading
-        service.loaded.connect(lambda info: loads.append(current[-1].stats.state))
+        current, loads, jobs = [], [], []  # the reply started last; its state and the jobs at each load's end
+        service.loaded.connect(lambda info: (loads.append(current[-1].stats.state), jobs.append(service.running)))
         panel.path_edit.setText(str(tiny_model))
         panel.cache_spin.setValue(TINY_CACHE_TOKENS)
 
         async def start_reply(title):
             pane = win.new_chat(title)
-            pane.session.set_settings(ChatSettings(max_new_tokens=300))
+            pane.session.set_settings(ChatSettings(max_new_tokens=400, seed=7))  # seeded: no early end
             pane.send("keep going")
             current.append(pane.session.messages[-1])
             await wait_until(lambda: pane.session.live(current[-1].id)[1].new_tokens > 0, what="streaming")
@@ -111,13 +111,17 @@ def test_load_while_replies_run_asks_first(qtbot, loop, store, tiny_model):
         await wait_until(lambda: not later.session.running, 60, "the queued reply")
         assert later.session.messages[-1].stats.state == "done"
 
-        # Stop: the running reply stops (its text so far is kept) and the model loads at once.
+        # Stop: the model loads at once, and no reply is left running on the old generator (one still
+        # running when the new model is ready is stopped, its text so far kept).
         pane, reply = await start_reply("stop")
         panel.load_button.click()
         answer(win, "Stop replies and load")
+        await wait_until(lambda: service.loading, what="the load")
+        assert pane.session.running  # it did not wait for the reply
         await wait_until(lambda: len(loads) == 2, 120, "the second load")
-        await wait_until(lambda: not pane.session.running, 30, "the stopped reply")
-        assert reply.stats.state != "done" and reply.stats.new_tokens > 0, reply.stats
+        await wait_until(lambda: not pane.session.running, 30, "the reply to end")
+        assert jobs == [[], []] and service.running == []
+        assert reply.stats.new_tokens > 0 and reply.content, reply.stats
         assert panel.load_button.isEnabled()
         await service.close()
 

@@ -17,10 +17,12 @@ from engine.contract import model_path_problem
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="pagedeck", description="Chat with several conversations at once, all batched.")
     p.add_argument("--model", type=Path, default=None,
-                   help="Hugging Face model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+                   help="Hugging Face model folder or .gguf file (default: the last session's model, "
+                        "else the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--data-dir", type=Path, default=None, help="where chat history lives (default: the user data dir)")
-    p.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS,
-                   help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE})")
+    p.add_argument("--cache-tokens", type=int, default=None,
+                   help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE}; default: the last "
+                        f"session's, else {DEFAULT_CACHE_TOKENS})")
     p.add_argument("--install-desktop", action="store_true",
                    help="add pagedeck to the desktop's app menu (.desktop file and icon under $XDG_DATA_HOME) and exit")
     p.add_argument("--uninstall-desktop", action="store_true", help="remove what --install-desktop added and exit")
@@ -28,7 +30,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     problem = model_path_problem(args.model) if args.model is not None else None
     if problem is not None:
         p.error(f"--model: {problem}")
-    if args.cache_tokens < PAGE_SIZE:
+    if args.cache_tokens is not None and args.cache_tokens < PAGE_SIZE:
         p.error(f"--cache-tokens must be at least one page ({PAGE_SIZE}), got {args.cache_tokens}")
     return args
 
@@ -41,13 +43,10 @@ async def run(args: argparse.Namespace) -> int:
     closed = asyncio.Event()
     window.closing.connect(closed.set)
     window.show()
-    chats = window.store.chats()
-    if chats:
-        window.open_chat(chats[0].id)
-    else:
-        window.new_chat()
-    window.load_model()
+    restoring = asyncio.ensure_future(window.restore_session())  # chats, model and LoRA set of the last run
     await closed.wait()
+    if not restoring.done():
+        restoring.cancel()
     await window.shutdown()
     return 0
 
@@ -73,13 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return 1
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    import qasync
     from PySide6.QtWidgets import QApplication
+
+    from app.event_loop import QtEventLoop
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     desktop.apply_identity(app)  # application name, desktop file name (Wayland app id) and window icon
     app.setQuitOnLastWindowClosed(False)  # shutdown() must run on the loop before Qt quits
-    loop = qasync.QEventLoop(app)
+    loop = QtEventLoop(app)
     asyncio.set_event_loop(loop)
     with loop:
         return loop.run_until_complete(run(args))

@@ -17,7 +17,8 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QDockWidget, QGraphicsItem, QLabel, QProgressBar, QSizePolicy, QSplitter, QVBoxLayout, QWidget,
+    QDockWidget, QFrame, QGraphicsItem, QLabel, QProgressBar, QScrollArea, QSizePolicy, QSplitter, QVBoxLayout,
+    QWidget,
 )
 
 from app.formatting import human_count
@@ -234,7 +235,11 @@ class DashboardDock(QDockWidget):
         layout = QVBoxLayout(body)
         layout.setContentsMargins(2, 2, 2, 2)
         layout.addWidget(splitter)
-        self.setWidget(body)
+        scroll = QScrollArea()  # a short screen scrolls the dashboard instead of pushing the window past it
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(body)
+        self.setWidget(scroll)
 
     # ----------------------------------------------------------------------------------- feeding
     def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:

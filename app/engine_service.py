@@ -7,14 +7,15 @@ clients) and sets the default set; a chat whose settings name adapters runs with
 same batch as chats on other adapters, and a chat naming none gets the default set (swapped only while
 idle, ExLlamaV2's rule: the panel shows the pending swap).
 Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
-loaded completely, so a bad path or a broken file leaves the previous model serving.
+loaded completely, so a bad path or a broken file leaves the previous model serving. A reload keeps the
+chats' LoRA set when it fits the new model, and says it was dropped when it does not.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class LoadRequest:
         unknown = set(d) - {"path", "cache_tokens", "kv_quant", "weights", "draft_model", "use_ngram"}
         if unknown:
             raise ValueError(f"unknown model load options: {sorted(unknown)}")
+        d = {k: v for k, v in d.items() if not (k == "cache_tokens" and v is None)}  # None = the default size
         req = cls(**d)
         req.path = req.path or None  # "" from an empty path box means the default model, not "."
         req.draft_model = req.draft_model or None
@@ -71,8 +73,13 @@ class EngineService(QObject):
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
         self.model = self.tokenizer = self.cache = self.generator = None
+        self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
+        self._adapter_paths: dict[str, str] = {}  # loaded adapters' folders by name (a reload loads them again)
         self.info: dict | None = None
+        self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
         self.loading = False
+        self._idle: asyncio.Future | None = None  # resolved when the last running reply ends
+        self._closed = False  # after close() no load installs a generator (a waiting load may still finish)
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
         self._timer = QTimer(self)
@@ -81,16 +88,41 @@ class EngineService(QObject):
 
     # --- model ---------------------------------------------------------------------------------
 
-    async def load(self, request: LoadRequest | dict | None = None) -> bool:
-        """Load a model (None path = the embedded default); False (and load_failed) on any error."""
+    async def load(self, request: LoadRequest | dict | None = None, *, wait_for_replies: bool = False) -> bool:
+        """Load a model (None path = the embedded default); False (and load_failed) on any error.
+
+        The new model replaces the old one when it is ready, stopping replies still running then; with
+        wait_for_replies the load starts only once they have ended (replies sent meanwhile queue, as
+        during any load, and run on the new model)."""
         if self.loading:
             self.load_failed.emit("a model is already loading; wait for it to finish")
             return False
         self.loading = True
         self._load_done = asyncio.Event()
+        kept, kept_paths = self.chat_loras, dict(self._adapter_paths)
+        try:
+            if not await self._load(request, wait_for_replies):
+                return False
+        finally:  # replies queued in wait_loaded go on only now, with the new generator (or the old one) in place
+            self.loading = False
+            self._load_done.set()
+        self.loaded.emit(self.info)
+        self.loras_active.emit([])  # what the new generator runs until the set is re-applied
+        self.loras_loaded.emit([])
+        self._adapter_paths, self.chat_loras = {}, ()
+        for name, path in kept_paths.items():  # chats naming an adapter that does not fit fail with its name
+            await self.load_adapter(path, failed=f"LoRA {name} dropped: it does not fit {self.info['name']}")
+        if kept:
+            names = ", ".join(Path(p).name for p, _ in kept)
+            await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
+        return True
+
+    async def _load(self, request: LoadRequest | dict | None, wait_for_replies: bool) -> bool:
         loop = asyncio.get_running_loop()
         try:
             req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
+            if wait_for_replies:
+                await self._until_idle()
 
             def progress(fraction: float) -> None:
                 loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
@@ -104,23 +136,31 @@ class EngineService(QObject):
                 options.update(draft_model=draft[0], draft_cache=draft[1])
             if req.use_ngram:
                 options["use_ngram_draft"] = True
+            if self._closed:
+                raise RuntimeError("the app is shutting down")
             generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer, **options)
         except Exception as exc:  # noqa: BLE001 - any failure keeps the previous model
             log.warning("model load failed: %s", exc)
             kept = f" (still using {self.info['name']})" if self.info else ""
             self.load_failed.emit(f"Could not load model: {type(exc).__name__}: {exc}{kept}")
             return False
-        finally:
-            self.loading = False
-            self._load_done.set()
         await self._retire()
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
         self.info = self._info(req, time.perf_counter() - t0)
+        self.request = asdict(req)
         self._timer.start()
-        self.loaded.emit(self.info)
-        self.loras_active.emit([])
-        self.loras_loaded.emit([])
         return True
+
+    async def _until_idle(self) -> None:
+        while self._jobs:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def _forget_job(self, identifier: Any):
+        job = self._jobs.pop(identifier, None)
+        if not self._jobs and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        return job
 
     async def wait_loaded(self) -> None:
         """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
@@ -160,13 +200,13 @@ class EngineService(QObject):
     async def _retire(self) -> None:
         """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
         old, self.generator = self.generator, None
-        for job in list(self._jobs.values()):
-            await job.cancel()
-        self._jobs.clear()
+        for identifier in list(self._jobs):
+            await self._forget_job(identifier).cancel()
         if old is not None:
             await old.close()
 
     async def close(self) -> None:
+        self._closed = True
         self._timer.stop()
         await self._retire()
 
@@ -217,12 +257,12 @@ class EngineService(QObject):
         return job, ids.shape[-1]
 
     def job_ended(self, identifier: Any) -> None:
-        self._jobs.pop(identifier, None)
+        self._forget_job(identifier)
 
     async def cancel(self, identifier: Any) -> bool:
         """Cancel a chat's reply; when this returns its pages are back with the generator.
         False if that chat has no job (yet)."""
-        job = self._jobs.pop(identifier, None)
+        job = self._forget_job(identifier)
         if job is None:
             return False
         await job.cancel()
@@ -239,16 +279,19 @@ class EngineService(QObject):
 
     adapter_names = loaded_adapters  # Backend
 
-    async def load_adapter(self, path: str | Path) -> bool:
-        """Load a PEFT folder into the generator (read off the loop) under its folder name."""
+    async def load_adapter(self, path: str | Path, failed: str | None = None) -> bool:
+        """Load a PEFT folder into the generator (read off the loop) under its folder name; a reload loads
+        the same folders into the new model."""
         if self.generator is None:
             self.lora_failed.emit("load a model before loading LoRA adapters")
             return False
         try:
             await self.generator.load_lora(str(path))
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
-            self.lora_failed.emit(f"Could not load LoRA adapter {Path(path).name}: {type(exc).__name__}: {exc}")
+            what = failed or f"Could not load LoRA adapter {Path(path).name}"
+            self.lora_failed.emit(f"{what}: {type(exc).__name__}: {exc}")
             return False
+        self._adapter_paths[Path(path).name] = str(path)
         self.loras_loaded.emit(self.loaded_adapters())
         return True
 
@@ -261,21 +304,24 @@ class EngineService(QObject):
         except Exception as exc:  # noqa: BLE001 - e.g. it is in the default set
             self.lora_failed.emit(f"Could not unload LoRA adapter {name}: {exc}")
             return False
+        self._adapter_paths.pop(name, None)
         self.loras_loaded.emit(self.loaded_adapters())
         return True
 
-    async def apply_loras(self, pairs: list[tuple[str, float]]) -> bool:
+    async def apply_loras(self, pairs: list[tuple[str, float]], failed: str = "Could not apply LoRA set") -> bool:
         """Set the default set (folders or loaded names) for chats that name none: at once when idle, else
         pending until running jobs finish (new default-set replies defer meanwhile)."""
         if self.generator is None:
             self.lora_failed.emit("load a model before applying LoRA adapters")
             return False
         wanted = [(str(p), float(s)) for p, s in pairs]
+        previous, self.chat_loras = self.chat_loras, tuple(wanted)
         self.loras_pending.emit(True)
         try:
             await self.generator.set_loras([p for p, _ in wanted] or None, [s for _, s in wanted] or None)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
-            self.lora_failed.emit(f"Could not apply LoRA set: {type(exc).__name__}: {exc}")
+            self.chat_loras = previous
+            self.lora_failed.emit(f"{failed}: {type(exc).__name__}: {exc}")
             return False
         finally:
             self.loras_pending.emit(False)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QRect, Qt, Signal
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QSplitter, QStackedWidget, QTabWidget, QVBoxLayout,
-    QWidget,
+    QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox, QSizePolicy, QStackedWidget,
+    QTabWidget, QVBoxLayout, QWidget,
 )
 
 from app.chat_list import ChatList
@@ -31,22 +31,29 @@ from app.preferences import Preferences
 from app.preferences_dialog import PreferencesDialog
 from app.remote_mode import RemoteMode
 from app.server_panel import LocalServer, ServerPanel
+from app.state import STATE_FILE, AppState
 from app.store import Store
 from app.theme import Theme
-from engine.contract import DEFAULT_CACHE_TOKENS
+from app.window_layout import CENTRAL_MINIMUM, fit_window, grid, scrolled
+from engine.contract import DEFAULT_CACHE_TOKENS, model_path_problem
+
 
 class MainWindow(QMainWindow):
     closing = Signal()  # the user closed the window; the app then awaits shutdown()
 
     def __init__(self, store: Store | None = None, service: EngineService | None = None, *,
-                 data_dir: str | Path | None = None, load_request: dict | None = None):
+                 data_dir: str | Path | None = None, load_request: dict | None = None,
+                 state_path: str | Path | None = None):
         super().__init__()
         self.setWindowTitle("pagedeck")
-        self.resize(1400, 900)
+        self._fitted = False  # the first show fits the window to its screen
+        self._restored = False  # a geometry restored from the last session (app.state) is kept if it fits
         self.store = store if store is not None else Store.open(data_dir)
         self.service = service if service is not None else EngineService(self)
         self.backend = BackendSwitch(self.service)  # what the chats talk to: local or a remote server
-        self.load_request = load_request or {}
+        self.state = AppState(state_path if state_path is not None else self.store.path.parent / STATE_FILE)
+        self.load_request = self._first_request(load_request or {})
+        self.load_question: QMessageBox | None = None  # asks before a load stops running replies
         self.sessions: dict[int, ChatSession] = {}
         self.panes: dict[int, ChatPane] = {}
         self.open_ids: list[int] = []  # tab order
@@ -67,6 +74,10 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.stack.addWidget(self.tabs)
         self.stack.addWidget(self.tiles)
+        # Nothing in a pane (long titles, 4 tiles) may raise the window's minimum size past the screen:
+        # the chat area's minimum is fixed here instead of summed from its panes.
+        self.stack.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Ignored)
+        self.stack.setMinimumSize(CENTRAL_MINIMUM)
         self.setCentralWidget(self.stack)
         self._parking = QWidget()  # parent of panes that are not shown
         self._parking.hide()
@@ -80,7 +91,7 @@ class MainWindow(QMainWindow):
         self.chat_list.open_requested.connect(self.open_chat)
         self.chat_list.renamed.connect(self._renamed)
         self.chat_list.deleted.connect(self._deleting)
-        self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea, scroll=False)
 
         self.model_status = QLabel("no model")
         self.statusBar().addPermanentWidget(self.model_status)
@@ -93,15 +104,17 @@ class MainWindow(QMainWindow):
         s.loaded.connect(self._loaded)
         s.load_failed.connect(self._error)
         s.lora_failed.connect(self._error)
+        self._restore_layout()
         if s.info is not None:  # a service that loaded before this window existed
             s.loaded.emit(s.info)
 
     # --- docks ---------------------------------------------------------------------------------
 
-    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea, scroll: bool = True) -> QDockWidget:
+        """A dock whose panel scrolls when the screen is smaller than the panel would like."""
         dock = QDockWidget(title, self)
         dock.setObjectName(title)
-        dock.setWidget(widget)
+        dock.setWidget(scrolled(widget) if scroll else widget)
         self.addDockWidget(area, dock)
         return dock
 
@@ -121,26 +134,30 @@ class MainWindow(QMainWindow):
         p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
         p.load_requested.connect(lambda path: spawn(s.load_adapter(path), self._error))
         p.unload_requested.connect(lambda name: spawn(s.unload_adapter(name), self._error))
-        s.loras_active.connect(p.set_active)
+        s.loras_active.connect(self._loras_active)
         s.loras_loaded.connect(p.set_loaded)
         s.loras_pending.connect(p.set_pending)
         s.lora_failed.connect(p.show_error)
         s.lora_failed.connect(lambda _msg: p.set_loaded(s.loaded_adapters()))  # a failed load unchecks
         s.metrics.connect(lambda m: p.set_loaded(m["loras_loaded"]) if m["loras_loaded"] != p.loaded() else None)
-        lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea, scroll=False)  # after RemoteMode
+        self.tabifyDockWidget(self.dashboard, model_dock)  # one tabbed column: fits a 720-px screen
         self.tabifyDockWidget(model_dock, lora_dock)
         self._server_panels()
+        self.dashboard.raise_()
 
     def _server_panels(self) -> None:
         """The Server panel (serve this generator) and remote mode (chat through another server)."""
         self.local_server = LocalServer(self.service, self)
         self.server_panel = ServerPanel(self.local_server)
         server_dock = self._dock("Server", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
-        model_dock = next((d for d in self.findChildren(QDockWidget) if d.objectName() == "Model"), None)
-        if model_dock is not None:
-            self.tabifyDockWidget(model_dock, server_dock)
-            model_dock.raise_()
-        self.remote = RemoteMode(self)
+        self.tabifyDockWidget(self.dock("LoRA"), server_dock)
+        self.remote = RemoteMode(self)  # puts the LoRA dock's panel in a stack with the remote server's one
+        lora_dock = self.dock("LoRA")
+        lora_dock.setWidget(scrolled(lora_dock.widget()))
+
+    def dock(self, name: str) -> QDockWidget:
+        return next(d for d in self.findChildren(QDockWidget) if d.objectName() == name)
 
     def _menus(self) -> None:
         bar = self.menuBar()
@@ -314,9 +331,9 @@ class MainWindow(QMainWindow):
             self.stack.setCurrentWidget(self.tabs)
         else:
             shown = [i for i in self.open_ids if i in self.recent[: self.tile_count]]
-            grid = _grid([self.panes[i] for i in shown])
-            self.tiles.layout().addWidget(grid)
-            grid.show()  # a layout shows new children of a visible widget only later (queued)
+            tiles = grid([self.panes[i] for i in shown])
+            self.tiles.layout().addWidget(tiles)
+            tiles.show()  # a layout shows new children of a visible widget only later (queued)
             self.stack.setCurrentWidget(self.tiles)
         self.tabs.blockSignals(False)
         for pane in self.panes.values():
@@ -327,9 +344,40 @@ class MainWindow(QMainWindow):
 
     # --- engine --------------------------------------------------------------------------------
 
-    def load_model(self, request: dict | None = None) -> asyncio.Task:
-        self._load_task = spawn(self.service.load(request if request is not None else self.load_request), self._error)
+    def load_model(self, request: dict | None = None, when_busy: str | None = None) -> asyncio.Task | None:
+        """Load a model. While replies run, first ask (load_question): stop them and load now, load when they
+        have finished, or cancel; when_busy ("stop" or "wait") answers in advance. None while asking."""
+        request = request if request is not None else self.load_request
+        busy = len(self.service.running)
+        if busy and when_busy is None:
+            self._ask_before_load(request, busy)
+            return None
+        if when_busy not in (None, "stop", "wait"):
+            raise ValueError(f"when_busy must be 'stop' or 'wait', got {when_busy!r}")
+        wait = bool(busy) and when_busy == "wait"
+        if wait:
+            self.statusBar().showMessage(f"The model loads when {_replies(busy)} finished; new replies wait for it")
+        self._load_task = spawn(self.service.load(request, wait_for_replies=wait), self._error)
         return self._load_task
+
+    def _ask_before_load(self, request: dict, busy: int) -> None:
+        box = self.load_question = QMessageBox(QMessageBox.Icon.Question, "Load model",
+                                               f"{_replies(busy).capitalize()} still running.", parent=self)
+        box.setInformativeText("Loading another model now stops them (their text so far is kept).")
+        stop = box.addButton("Stop replies and load", QMessageBox.ButtonRole.DestructiveRole)
+        wait = box.addButton("Load when they finish", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton(QMessageBox.StandardButton.Cancel)
+        box.setDefaultButton(wait)
+
+        def answered(button) -> None:
+            self.load_question = None
+            if button is stop or button is wait:
+                self.load_model(request, "stop" if button is stop else "wait")
+            else:
+                self.model_panel.cancel_loading()
+
+        box.buttonClicked.connect(answered)
+        box.open()  # window-modal, and the event loop (replies streaming) keeps running
 
     async def ready(self) -> bool:
         """Wait for the first model load (started now if nobody started one); True if a model is up."""
@@ -340,19 +388,33 @@ class MainWindow(QMainWindow):
         return self.service.generator is not None
 
     def _loaded(self, info: dict) -> None:
+        self._show_model()
+        if self.service.request is not None:
+            self.state.save_last_model(self.service.request)
+            self.state.sync()
+        self.statusBar().showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
+
+    def _show_model(self) -> None:
+        """The permanent status label: the model running now (a failed load leaves it as it was)."""
+        info = self.service.info
+        if info is None:
+            self.model_status.setText("no model")
+            return
         size = info["memory_bytes"] / 2**20
         weights = " · 4-bit matmuls" if info.get("weights") == "q4" else ""
         self.model_status.setText(f"{info['name']} · {info['device']} {info['dtype']}{weights} · {size:.0f} MiB · "
                                   f"{info['pages']} pages")
-        self.statusBar().showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)
+
+    def _loras_active(self, names: list[str]) -> None:
+        """The LoRA panel shows (label and ticks) the set the engine runs for the chats, e.g. after a reload."""
+        self.lora_panel.set_active(names)
+        self.lora_panel.set_selection(dict(self.service.chat_loras))
+        self.state.save_loras(list(self.service.chat_loras))
 
     def _error(self, message: str) -> None:
         self.last_error = message
+        self._show_model()  # ends "loading… n%"; the message below stays the newest one shown
         self.statusBar().showMessage(message, 15000)
-        if self.service.info is not None:
-            self._loaded(self.service.info)
-        else:
-            self.model_status.setText("no model")
 
     def export_current(self, suffix: str) -> Path | None:
         pane = self.current_pane()
@@ -369,7 +431,71 @@ class MainWindow(QMainWindow):
             self._error(f"Export failed: {exc}")
             return None
 
+    def fit_to(self, available: QRect) -> None:
+        """Fit the window (a restored geometry too) to this screen area; see app.window_layout."""
+        fit_window(self, available, self._restored, [self.dock("Chats"), self.dashboard])
+
+    def showEvent(self, e) -> None:
+        if not self._fitted:
+            self._fitted = True
+            screen = self.screen() or QApplication.primaryScreen()
+            if screen is not None:
+                self.fit_to(screen.availableGeometry())
+        super().showEvent(e)
+
+    # --- state across restarts ------------------------------------------------------------------
+
+    def _first_request(self, asked: dict) -> dict:
+        """What to load first: the command line's model, else the last session's (if still on disk)."""
+        if asked.get("path"):
+            return asked
+        last = self.state.last_model() or {}
+        if last.get("path") and model_path_problem(last["path"]) is not None:
+            last = {}
+        return {**last, **{k: v for k, v in asked.items() if v is not None}}
+
+    def _restore_layout(self) -> None:
+        geometry, docks = self.state.geometry(), self.state.dock_state()
+        if geometry is not None:
+            self._restored = self.restoreGeometry(geometry)
+        if docks is not None:
+            self.restoreState(docks)
+        self.set_view(*self.state.view())
+        options = self.state.model_options()
+        if options:
+            self.model_panel.set_request(options)
+        for folder in self.state.lora_folders():
+            if Path(folder).is_dir():
+                self.lora_panel.add_folder(folder)
+
+    def save_state(self) -> None:
+        self.state.save_layout(self.saveGeometry(), self.saveState(), self.mode, self.tile_count)
+        current = self.current_pane()
+        self.state.save_chats(self.open_ids, current.session.chat_id if current is not None else None)
+        self.state.save_model_options(self.model_panel.request())
+        self.state.save_lora_folders(self.lora_panel.folders())
+        self.state.sync()
+
+    async def restore_session(self) -> None:
+        """Reopen the last session's chats, load its model (or the one asked for), re-apply its LoRA set."""
+        ids, current = self.state.chats()
+        loras = self.state.loras()  # read before the load below saves the new generator's (empty) set
+        known = {c.id for c in self.store.chats()}
+        for chat_id in (i for i in ids if i in known):
+            self.open_chat(chat_id)
+        if current in self.open_ids:
+            self.open_chat(current)
+        if not self.open_ids:
+            chats = self.store.chats()
+            if chats:
+                self.open_chat(chats[0].id)
+            else:
+                self.new_chat()
+        if await self.ready() and loras:
+            await self.service.apply_loras(loras, failed="the last session's LoRA set was not applied")
+
     def closeEvent(self, e) -> None:
+        self.save_state()
         self.closing.emit()
         super().closeEvent(e)
 
@@ -385,14 +511,5 @@ class MainWindow(QMainWindow):
         self.store.close()
 
 
-def _grid(panes: list[ChatPane]) -> QSplitter:
-    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable)."""
-    if len(panes) == 4:
-        outer = QSplitter(Qt.Orientation.Vertical)
-        for pair in (panes[:2], panes[2:]):
-            outer.addWidget(_grid(pair))
-        return outer
-    row = QSplitter(Qt.Orientation.Horizontal)
-    for p in panes:
-        row.addWidget(p)
-    return row
+def _replies(n: int) -> str:
+    return f"{n} repl{'y is' if n == 1 else 'ies are'}"

@@ -204,6 +204,24 @@ class ModelPanel(QWidget):
         return {"path": path, "cache_tokens": int(self.cache_spin.value()), "kv_quant": self.kv_combo.currentData(),
                 "weights": self.weights_combo.currentData(), "draft_model": draft, "use_ngram": self.ngram_check.isChecked()}
 
+    def set_request(self, request: Mapping[str, object]) -> None:
+        """Show these choices (a request() dict, e.g. the last session's); unknown values are left as they are."""
+        path, draft = request.get("path"), request.get("draft_model")
+        self.path_edit.setText(path if isinstance(path, str) else "")
+        self.draft_edit.setText(draft if isinstance(draft, str) else "")
+        tokens = request.get("cache_tokens")
+        if isinstance(tokens, int) and not isinstance(tokens, bool):
+            self.cache_spin.setValue(tokens)
+        for combo, key in ((self.kv_combo, "kv_quant"), (self.weights_combo, "weights")):
+            for index in range(combo.count()) if key in request else ():
+                if combo.itemData(index) == request[key]:
+                    combo.setCurrentIndex(index)
+        self.ngram_check.setChecked(request.get("use_ngram") is True)
+
+    def cancel_loading(self) -> None:
+        """The app decided not to load after all (the user said no): the Load button works again."""
+        self._finish_loading()
+
     def request_load(self) -> None:
         """Check the paths, then emit load_requested; the Load button stays off until the app answers."""
         if self._loading:

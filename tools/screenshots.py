@@ -1,6 +1,7 @@
-"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only]`.
+"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only] [--size WxH]`.
 
-The full run opens the real main window on a scratch history folder, starts four chats streaming (three
+The full run opens the real main window (sized to fill a WxH screen, e.g. under `xvfb-run -s
+"-screen 0 1366x768x24"`) on a scratch history folder, starts four chats streaming (three
 tiled side by side) through the one batched generator and grabs PNGs of the window and the dashboard
 while they stream. dashboard.png (always written, and all that `--dashboard-only` writes) is the dashboard
 fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
@@ -82,15 +83,15 @@ async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> Non
         await asyncio.sleep(0.1)
 
 
-async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int]) -> list[Path]:
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
 
     window = MainWindow(data_dir=data_dir)
-    window.resize(1900, 1050)
     window.show()
+    window.resize(*size)  # as if maximized on a WxH screen (Xvfb has no window manager to do it)
     try:
         if not await window.ready():  # the model loads off the UI thread
             raise SystemExit(f"model did not load: {window.last_error}")
@@ -105,7 +106,8 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> l
         for i, min_chars in enumerate((120, 400)):
             await _until_streamed(sessions, min_chars, seconds / 2)
             QApplication.processEvents()
-            shots = [(f"app-streaming-{i + 1}.png", window), (f"dashboard-live-{i + 1}.png", window.dashboard)]
+            tag = f"{size[0]}x{size[1]}-{i + 1}"
+            shots = [(f"app-streaming-{tag}.png", window), (f"dashboard-live-{tag}.png", window.dashboard)]
             for name, widget in shots:
                 path = outdir / name
                 if not widget.grab().save(str(path)):
@@ -167,20 +169,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the longest to let the chats stream before the screenshots are taken")
     parser.add_argument("--lora-only", action="store_true",
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
+    parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     args = parser.parse_args(argv)
+    try:
+        size = tuple(int(v) for v in args.size.lower().split("x"))
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--size must be WIDTHxHEIGHT, e.g. 1366x768; got {args.size!r}")
     args.outdir.mkdir(parents=True, exist_ok=True)
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
-        import qasync
+        from app.event_loop import QtEventLoop
 
-        loop = qasync.QEventLoop(app)
+        loop = QtEventLoop(app)
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
             if not args.lora_only:
-                saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds, Path(data_dir)))
+                saved += loop.run_until_complete(
+                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size))
             saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)

@@ -20,9 +20,9 @@ def tiny_model(tiny_llama_folder):
 
 @pytest.fixture
 def loop(qapp):
-    import qasync
+    from app.event_loop import QtEventLoop
 
-    lp = qasync.QEventLoop(qapp)
+    lp = QtEventLoop(qapp)
     asyncio.set_event_loop(lp)
     yield lp
     lp.close()

@@ -23,14 +23,14 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import asyncio, json, sys, time
 from PySide6.QtCore import QCoreApplication
-import qasync
+from app.event_loop import QtEventLoop
 from app.chat_session import ChatSession
 from app.engine_service import EngineService
 from app.store import ChatSettings, Store
 
 model, data_dir = sys.argv[1], sys.argv[2]
 app = QCoreApplication([])
-loop = qasync.QEventLoop(app)
+loop = QtEventLoop(app)
 asyncio.set_event_loop(loop)
 
 def say(**kw):

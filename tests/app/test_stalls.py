@@ -99,9 +99,9 @@ def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, caps
 
 
 def main() -> int:
-    import qasync
     from PySide6.QtWidgets import QApplication
 
+    from app.event_loop import QtEventLoop
     from app.main_window import MainWindow
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,7 +113,7 @@ def main() -> int:
     import tempfile
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    lp = qasync.QEventLoop(app)
+    lp = QtEventLoop(app)
     asyncio.set_event_loop(lp)
 
     async def body() -> dict:

@@ -1,0 +1,59 @@
+"""How the main window fits a screen: its size on the screen's available area, scrollable panels, the tiles.
+
+A 1280x720 screen must show the whole window (issue 12): panels scroll instead of raising the window's
+minimum size, the chat area has a fixed minimum instead of the sum of its panes', and a tile narrower than
+its pane squeezes the pane rather than collapsing it.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, QSize, Qt
+from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QSplitter, QWidget
+
+PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
+CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
+TILE_MINIMUM = QSize(200, 150)  # a tile squeezes its pane down to this (the pane's own minimum can be wider)
+
+
+def fit_window(window: QMainWindow, available: QRect, restored: bool, side_docks: list[QDockWidget]) -> None:
+    """Size the window to PREFERRED_SIZE or the available screen area, whichever is smaller (a restored
+    geometry too), frame included, and keep it on that area. A first start centres it and gives the side
+    docks (chat list, dashboard) a share of the width."""
+    frame = window.frameGeometry().size() - window.geometry().size()  # title bar and borders (none offscreen)
+    room = available.size() - frame
+    current = window.size() if restored else PREFERRED_SIZE
+    size = current.boundedTo(room).expandedTo(window.minimumSizeHint().boundedTo(room))
+    window.resize(size)
+    x = min(max(window.x(), available.left()), available.right() + 1 - size.width() - frame.width())
+    y = min(max(window.y(), available.top()), available.bottom() + 1 - size.height() - frame.height())
+    if not restored:
+        window.resizeDocks(side_docks, [size.width() * 15 // 100, size.width() * 26 // 100][: len(side_docks)],
+                         Qt.Orientation.Horizontal)
+        x = available.left() + (available.width() - size.width() - frame.width()) // 2
+        y = available.top() + (available.height() - size.height() - frame.height()) // 2
+    window.move(x, y)
+
+
+def scrolled(widget: QWidget) -> QScrollArea:
+    """The widget in a frameless scroll area: it can shrink below its minimum size without clipping."""
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidget(widget)
+    return area
+
+
+def grid(panes: list[QWidget]) -> QSplitter:
+    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable). A pane is squeezed
+    to fit its tile (its text wraps; its header may clip) and never collapses to nothing."""
+    if len(panes) == 4:
+        outer = QSplitter(Qt.Orientation.Vertical)
+        for pair in (panes[:2], panes[2:]):
+            outer.addWidget(grid(pair))
+        outer.setChildrenCollapsible(False)
+        return outer
+    row = QSplitter(Qt.Orientation.Horizontal)
+    for p in panes:
+        p.setMinimumSize(TILE_MINIMUM)  # an explicit minimum overrides the one the pane's contents ask for
+        row.addWidget(p)
+    row.setChildrenCollapsible(False)
+    return row

@@ -74,7 +74,6 @@ class EngineService(QObject):
         super().__init__(parent)
         self.model = self.tokenizer = self.cache = self.generator = None
         self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
-        self._adapter_paths: dict[str, str] = {}  # loaded adapters' folders by name (a reload loads them again)
         self.info: dict | None = None
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
         self.loading = False
@@ -99,7 +98,7 @@ class EngineService(QObject):
             return False
         self.loading = True
         self._load_done = asyncio.Event()
-        kept, kept_paths = self.chat_loras, dict(self._adapter_paths)
+        kept, kept_paths = self.chat_loras, self._adapter_folders()
         try:
             if not await self._load(request, wait_for_replies):
                 return False
@@ -107,11 +106,11 @@ class EngineService(QObject):
             self.loading = False
             self._load_done.set()
         self.loaded.emit(self.info)
+        self.chat_loras = ()
         self.loras_active.emit([])  # what the new generator runs until the set is re-applied
         self.loras_loaded.emit([])
-        self._adapter_paths, self.chat_loras = {}, ()
         for name, path in kept_paths.items():  # chats naming an adapter that does not fit fail with its name
-            await self.load_adapter(path, failed=f"LoRA {name} dropped: it does not fit {self.info['name']}")
+            await self.load_adapter(path, f"LoRA {name} dropped: it does not fit {self.info['name']}", name)
         if kept:
             names = ", ".join(Path(p).name for p, _ in kept)
             await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
@@ -279,19 +278,25 @@ class EngineService(QObject):
 
     adapter_names = loaded_adapters  # Backend
 
-    async def load_adapter(self, path: str | Path, failed: str | None = None) -> bool:
+    def _adapter_folders(self) -> dict[str, str]:
+        """name -> folder of every adapter loaded from disk (the panel's or an API client's): a reload loads
+        them into the new generator."""
+        if self.generator is None:
+            return {}
+        return {name: str(lora.path) for name, lora in self.generator.generator.loaded_loras.items() if lora.path}
+
+    async def load_adapter(self, path: str | Path, failed: str | None = None, name: str | None = None) -> bool:
         """Load a PEFT folder into the generator (read off the loop) under its folder name; a reload loads
         the same folders into the new model."""
         if self.generator is None:
             self.lora_failed.emit("load a model before loading LoRA adapters")
             return False
         try:
-            await self.generator.load_lora(str(path))
+            await self.generator.load_lora(str(path), name)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
             what = failed or f"Could not load LoRA adapter {Path(path).name}"
             self.lora_failed.emit(f"{what}: {type(exc).__name__}: {exc}")
             return False
-        self._adapter_paths[Path(path).name] = str(path)
         self.loras_loaded.emit(self.loaded_adapters())
         return True
 
@@ -304,7 +309,6 @@ class EngineService(QObject):
         except Exception as exc:  # noqa: BLE001 - e.g. it is in the default set
             self.lora_failed.emit(f"Could not unload LoRA adapter {name}: {exc}")
             return False
-        self._adapter_paths.pop(name, None)
         self.loras_loaded.emit(self.loaded_adapters())
         return True
 

@@ -207,6 +207,8 @@ class MainWindow(QMainWindow):
         return dlg
 
     def _theme_changed(self, _dark: bool) -> None:
+        if self.store.closed:  # a window whose history is closed (after shutdown) has nothing to rebuild
+            return
         for pane in self.panes.values():  # code colours are picked per theme when a transcript is built
             pane.rebuild()
 

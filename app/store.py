@@ -264,6 +264,9 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+        self.closed = True
+
+    closed = False  # after close(): views still on screen must not read it (e.g. a theme change's rebuild)
 
     def _script(self, script: str) -> None:
         """Create or migrate the schema in one transaction (executescript would commit early)."""

@@ -43,21 +43,21 @@ def test_reload_reapplies_the_lora_set_or_says_it_was_dropped(qtbot, loop, store
         panel.add_folder(adapters)
         panel.set_selection({"tiny-pirate": 0.5})
         panel.apply_button.click()
-        await wait_until(lambda: panel.active_label.text() == "Active LoRA: tiny-pirate", what="the swap")
-        assert ticked(panel) == ["tiny-pirate"] and service.router.ready_for(service.chat_loras)
+        await wait_until(lambda: panel.active_label.text() == "Default LoRA: tiny-pirate", what="the swap")
+        assert ticked(panel) == ["tiny-pirate"]
 
         # Reloading a model the adapter fits keeps the set, in the engine and in the panel.
         assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
         pirate = str(adapters / "tiny-pirate")
-        assert service.chat_loras == ((pirate, 0.5),) and service.router.ready_for(service.chat_loras)
+        assert service.chat_loras == ((pirate, 0.5),)
         assert service.snapshot()["loras"] == ["tiny-pirate"]  # what the new generator really runs
-        assert panel.active_label.text() == "Active LoRA: tiny-pirate" and ticked(panel) == ["tiny-pirate"]
+        assert panel.active_label.text() == "Default LoRA: tiny-pirate" and ticked(panel) == ["tiny-pirate"]
 
         # A model it does not fit (other widths) drops it, and the panel and the status bar say so.
         other = write_tiny_model(tmp_path / "wider", hidden_size=96, num_attention_heads=6, head_dim=16)
         assert await win.load_model({"path": str(other), "cache_tokens": TINY_CACHE_TOKENS})
         assert service.chat_loras == () and service.snapshot()["loras"] == []
-        assert panel.active_label.text() == "Active LoRA: none" and ticked(panel) == []
+        assert panel.active_label.text() == "Default LoRA: none" and ticked(panel) == []
         assert "LoRA tiny-pirate dropped" in panel.error_label.text() and "LoRA tiny-pirate dropped" in win.last_error
         await service.close()
 

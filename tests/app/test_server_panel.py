@@ -119,7 +119,8 @@ def test_server_panel_serves_the_generators_adapters_and_follows_model_reloads(q
         old = win.local_server.server.served.generator
         assert await win.service.load({"path": str(tiny_model), "cache_tokens": 2048})
         assert win.local_server.server.served.generator is win.service.generator is not old
-        assert await ids() == [base] and win.lora_panel.loaded() == []  # a new generator starts with none
+        # the new generator loads the same adapters again (the panel's and the API client's)
+        assert await ids() == [base, "ada", "bob"] and win.lora_panel.loaded() == ["ada", "bob"]
         assert 'pagedeck:pages_total{model_name="llama"} 8.0' in await asyncio.to_thread(read, url + "/metrics")
         await win.shutdown()
 

@@ -40,7 +40,7 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
         win.lora_panel.add_folder(adapters)
         win.lora_panel.set_selection({"tiny-pirate": 0.75})
         win.lora_panel.apply_button.click()
-        await wait_until(lambda: win.lora_panel.active_label.text() == "Active LoRA: tiny-pirate", what="the LoRA")
+        await wait_until(lambda: win.lora_panel.active_label.text() == "Default LoRA: tiny-pirate", what="the LoRA")
         ids = [win.new_chat(f"chat {i}").session.chat_id for i in range(4)]
         win.close_chat(ids[1])
         win.open_chat(ids[2])
@@ -73,7 +73,7 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
         assert win.service.request["use_ngram"] is True
         assert win.service.chat_loras == ((str(adapters / "tiny-pirate"), 0.75),)
         assert win.service.snapshot()["loras"] == ["tiny-pirate"]
-        assert win.lora_panel.active_label.text() == "Active LoRA: tiny-pirate"
+        assert win.lora_panel.active_label.text() == "Default LoRA: tiny-pirate"
         await win.service.close()
 
     run(loop, second_session())

@@ -15,7 +15,7 @@ from .kv_quant import (QuantizedPool, copy_page_prefix, copy_pages, gather_pages
 from .vocab import mask_padded_logits, pad_embedding, pad_vocab
 
 __all__ = [
-    "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
+    "rms_norm", "apply_rotary", "silu_mul", "gelu_tanh_mul", "write_kv", "paged_attention",
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
     "KV_QUANT_FORMATS",
     "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan",
@@ -48,11 +48,13 @@ def rms_norm(
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                 plan: "StepPlan | None" = None) -> None:
-    """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions."""
+                 plan: "StepPlan | None" = None, attention_factor: float = 1.0) -> None:
+    """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions; cos and
+    sin are multiplied by `attention_factor` (LongRoPE). q/k may be views of each head's first dims."""
     if use_triton(q):
-        return _triton().apply_rotary(q, k, positions, inv_freq)
-    return _ref.apply_rotary(q, k, positions, inv_freq, plan.rotary if plan is not None else None)
+        return _triton().apply_rotary(q, k, positions, inv_freq, attention_factor)
+    tables = plan.rotary_tables(inv_freq, attention_factor) if plan is not None else None
+    return _ref.apply_rotary(q, k, positions, inv_freq, tables, attention_factor)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -60,6 +62,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         return _triton().silu_mul(gate_up)
     return _ref.silu_mul(gate_up)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gate_up (T, 2I) = [gate | up] -> (T, I) (GeGLU, Gemma)."""
+    if use_triton(gate_up):
+        return _triton().gelu_tanh_mul(gate_up)
+    return _ref.gelu_tanh_mul(gate_up)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
@@ -71,28 +80,40 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: t
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
-    kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None,
+    kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table (decode, chunked prefill, verification).
 
     `plan` (from plan_step) carries the layer-independent indexing of the torch path; Triton derives it
-    on the device inside the kernel, so its plan holds nothing."""
+    on the device inside the kernel, so its plan holds nothing. `window`: a sliding-window layer sees only
+    the last `window` positions (itself included); `softcap`: scores become softcap * tanh(s / softcap)."""
     if use_triton(q):
-        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
-                                      plan.attention if plan is not None else None)
+                                      plan.attention if plan is not None else None, window, softcap)
 
 
 class StepPlan:
-    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path)."""
+    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path).
+
+    Rotary tables are made on first use per (inv_freq, attention_factor): models whose sliding-window
+    layers use another rope base (Gemma 3) get one table per base, still once per step."""
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
-        self.rotary = None
+        self.positions = positions
+        self._tables: dict = {}
         self.attention = None
         if not use_triton(positions):
-            self.rotary = _ref.rotary_tables(positions, inv_freq)
+            self.rotary_tables(inv_freq)
             self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
+
+    def rotary_tables(self, inv_freq: torch.Tensor, attention_factor: float = 1.0):
+        key = (inv_freq.data_ptr(), inv_freq.numel(), attention_factor)
+        if key not in self._tables:
+            self._tables[key] = _ref.rotary_tables(self.positions, inv_freq, attention_factor)
+        return self._tables[key]
 
 
 def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,

@@ -69,6 +69,7 @@ class DynamicGenerator:
         self.tokenizer = tokenizer
         self.page_size = cache.page_size
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
+        model.use_context_length(self.max_seq_len)
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
         self.max_chunk_size = max_chunk_size or (2048 if model.device.type == "cuda" else 256)
         if self.max_chunk_size < 1 or self.max_batch_size < 1:

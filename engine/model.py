@@ -1,7 +1,9 @@
-"""The Llama-family decoder (Llama, Llama 3, Mistral, Qwen2, Qwen3) running over the paged K/V cache.
+"""The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3) running over the paged K/V cache.
 
 Weights are kept fused where it saves kernel launches (q|k|v and gate|up); everything else is the plain
-transformer, so a reader can check it against the paper in one sitting.
+transformer, so a reader can check it against the paper in one sitting. Architectures differ only by
+ModelConfig features: extra norms around attention and MLP (Gemma 2/3), q/k norms, GeGLU, embedding
+scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary.
 """
 from __future__ import annotations
 
@@ -29,9 +31,17 @@ class Layer:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o: torch.Tensor
-    post_norm: torch.Tensor
+    attn_out_norm: torch.Tensor | None  # sandwich norm on the attention output (Gemma 2/3)
+    post_norm: torch.Tensor  # the MLP's input norm
     gate_up: torch.Tensor
     down: torch.Tensor
+    mlp_out_norm: torch.Tensor | None  # sandwich norm on the MLP output
+    window: int | None = None  # sliding window of this layer's attention
+    sliding_rope: bool = False  # rotate with the sliding layers' own rope base (Gemma 3)
+
+    def weights(self) -> list:
+        """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes."""
+        return [t for name, t in vars(self).items() if name not in ("window", "sliding_rope") and t is not None]
 
 
 WEIGHT_FORMATS = ("auto", "dense", "q4")  # Model.load(weights=...)
@@ -68,8 +78,8 @@ class Model:
                 return w[name]
             return w[name].to(device=device, dtype=dtype)
 
-        def fused(names: list[str]) -> "torch.Tensor | Q4Linear":
-            parts = [get(n) for n in names]
+        def fused(names: list[str], stored_fused: str) -> "torch.Tensor | Q4Linear":
+            parts = [get(stored_fused)] if c.fused_projections else [get(n) for n in names]
             if all(isinstance(p, Q4Linear) for p in parts):
                 return Q4Linear.cat(parts)
             return torch.cat([p.dequantize(dtype) if isinstance(p, Q4Linear) else p for p in parts])
@@ -83,25 +93,40 @@ class Model:
         self.lm_head = head
         self.norm = get("model.norm.weight")
         self.layers: list[Layer] = []
+        sandwich = c.sandwich_norm
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
             bias = None
             if c.attention_bias:
-                bias = torch.cat([get(a + f"{n}_proj.bias") for n in "qkv"])
+                bias = get(a + "qkv_proj.bias") if c.fused_projections else torch.cat(
+                    [get(a + f"{n}_proj.bias") for n in "qkv"])
             self.layers.append(Layer(
                 input_norm=get(p + "input_layernorm.weight"),
-                qkv=fused([a + f"{n}_proj.weight" for n in "qkv"]),
+                qkv=fused([a + f"{n}_proj.weight" for n in "qkv"], a + "qkv_proj.weight"),
                 qkv_bias=bias,
                 q_norm=get(a + "q_norm.weight") if c.qk_norm else None,
                 k_norm=get(a + "k_norm.weight") if c.qk_norm else None,
                 o=get(a + "o_proj.weight"),
-                post_norm=get(p + "post_attention_layernorm.weight"),
-                gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+                attn_out_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
+                post_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
+                gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "mlp.gate_up_proj.weight"),
                 down=get(p + "mlp.down_proj.weight"),
+                mlp_out_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
+                window=c.layer_window(i),
+                sliding_rope=c.layer_uses_sliding_rope(i),
             ))
         self.inv_freq = c.rope_inv_freq().to(device=device, dtype=torch.float32)
-        self.scale = c.head_dim ** -0.5
+        self.sliding_inv_freq = (c.sliding_rope_inv_freq().to(device=device, dtype=torch.float32)
+                                 if c.sliding_rope_theta is not None else None)
+        self.rope_factor = c.rope_attention_factor
+        self.rotary_dims = c.rotary_dims
+        self.long_rope = False
+        self.scale = c.attn_scale
+        self.act = kernels.gelu_tanh_mul if c.hidden_act == "gelu_tanh" else kernels.silu_mul
+        # HF multiplies by the scale as a tensor in the weights' dtype (so bf16 rounds it too)
+        self.embed_scale = (torch.tensor(c.embedding_scale, dtype=torch.float32).to(dtype).item()
+                            if c.embedding_scale else None)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.lora = None  # the active engine.lora.LoRASet; set only through DynamicGenerator.set_loras
@@ -127,17 +152,29 @@ class Model:
             weights = "q4" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
         config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, q4=weights == "q4")
         model = cls(config, state, dev, dt, resolved)
-        packed = any(isinstance(t, Q4Linear) for layer in model.layers for t in vars(layer).values())
+        packed = any(isinstance(t, Q4Linear) for layer in model.layers for t in layer.weights())
         model.weight_format = "q4" if packed else "dense"  # a GGUF without Q4 matrices loads dense
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
             progress(1.0)
         return model
 
+    def use_context_length(self, n: int) -> None:
+        """Pick the rope for sequences up to n tokens: LongRoPE (Phi-3) has a short-context factor set,
+        exact up to its original length, and a long one beyond. Decided per context (as llama.cpp does),
+        never per step, so cached keys and later queries always share one rotation."""
+        threshold = self.config.long_rope_threshold
+        self._set_long_rope(threshold is not None and n > threshold)
+
+    def _set_long_rope(self, long: bool) -> None:
+        if long != self.long_rope:
+            self.long_rope = long
+            self.inv_freq = self.config.rope_inv_freq(long=long).to(device=self.device, dtype=torch.float32)
+
     def num_parameters(self) -> int:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
+            tensors += layer.weights()
         return sum(t.numel() for t in tensors)
 
     def memory_bytes(self) -> int:
@@ -152,12 +189,11 @@ class Model:
         for t in [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head]):
             total += t.numel() * t.element_size()
         for layer in self.layers:
-            for t in vars(layer).values():
-                if t is not None:
-                    if isinstance(t, Q4Linear):
-                        total += t.nbytes() if decode else t.memory_bytes()
-                    else:
-                        total += t.numel() * t.element_size()
+            for t in layer.weights():
+                if isinstance(t, Q4Linear):
+                    total += t.nbytes() if decode else t.memory_bytes()
+                else:
+                    total += t.numel() * t.element_size()
         return total
 
     @torch.inference_mode()
@@ -167,6 +203,9 @@ class Model:
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
         x = F.embedding(batch.input_ids, self.embed)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        rot = self.rotary_dims
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size)
         rows = RowSplit(batch.prompt_rows, T) if self.weight_format == "q4" else None
@@ -184,25 +223,34 @@ class Model:
                 q = kernels.rms_norm(q, layer.q_norm, eps)[0]
                 k = kernels.rms_norm(k, layer.k_norm, eps)[0]
             q, k = q.contiguous(), k.contiguous()
-            kernels.apply_rotary(q, k, batch.positions, self.inv_freq, plan)
+            inv_freq = self.sliding_inv_freq if layer.sliding_rope else self.inv_freq
+            q_rot, k_rot = (q, k) if rot == c.head_dim else (q[..., :rot], k[..., :rot])
+            kernels.apply_rotary(q_rot, k_rot, batch.positions, inv_freq, plan, self.rope_factor)
             kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
             o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
-                                        batch.kv_lens, self.scale, plan)
+                                        batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap)
             o = o.reshape(T, self.q_size)
             x = linear(o, layer.o, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
+            if layer.attn_out_norm is not None:
+                x = kernels.rms_norm(x, layer.attn_out_norm, eps)[0]
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
             gu = linear(h, layer.gate_up, rows=rows)
             if lora is not None:
                 lora.add(i, "gate_up", h, gu)
-            a = kernels.silu_mul(gu)
+            a = self.act(gu)
             x = linear(a, layer.down, rows=rows)
             if lora is not None:
                 lora.add(i, "down", a, x)
+            if layer.mlp_out_norm is not None:
+                x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
-        return self._head(x).float()
+        logits = self._head(x).float()
+        if c.final_softcap is not None:
+            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
@@ -220,4 +268,9 @@ class Model:
         page = 16
         cache = PagedCache(self, max_tokens=max(page, -(-len(ids) // page) * page), page_size=page)
         batch = Batch.build([(ids, 0, list(range(cache.num_pages)))], page, [len(ids)], self.device, [True])
-        return self.forward(batch, cache)[:, : self.vocab_size]
+        long_before = self.long_rope
+        self.use_context_length(len(ids))  # one pass over n tokens: the rope transformers picks for n
+        try:
+            return self.forward(batch, cache)[:, : self.vocab_size]
+        finally:
+            self._set_long_rope(long_before)

@@ -45,19 +45,39 @@ def default_model_path() -> Path:
 def expected_tensor_names(config: ModelConfig) -> list[str]:
     """Every tensor name load_weights returns for this config, in model order."""
     names = ["model.embed_tokens.weight"]
+    fused = config.fused_projections
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [p + "self_attn.qkv_proj.weight"] if fused else [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+        names.append(p + "self_attn.o_proj.weight")
         if config.attention_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            names += [p + "self_attn.qkv_proj.bias"] if fused else [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += [p + "mlp.gate_up_proj.weight"] if fused else [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        names.append(p + "mlp.down_proj.weight")
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if config.sandwich_norm:
+            names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
     names.append("model.norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
+
+
+def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every weight of a config."""
+    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    by_suffix = {  # longest suffixes first: "qkv_proj.weight" also ends in "v_proj.weight"
+        "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
+        "qkv_proj.weight": (q + 2 * kv, h), "qkv_proj.bias": (q + 2 * kv,), "gate_up_proj.weight": (2 * i, h),
+        "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
+        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
+        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
+        "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
+        "layernorm.weight": (h,), "norm.weight": (h,),
+    }
+    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in expected_tensor_names(c)}
 
 
 def load_weights(
@@ -83,6 +103,28 @@ def load_weights(
 # ====================================================================== safetensors folders
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old checkpoints saved this buffer; it is recomputed
+# Multimodal checkpoints (Gemma 3 4B+): the text decoder under a prefix, the vision tower beside it.
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _text_name(name: str) -> str | None:
+    """The decoder's name for a checkpoint tensor name; None for vision-tower tensors."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, replacement in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name[len(prefix):]
+    return name
+
+
+def _stored_to_effective(name: str, t: torch.Tensor, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """HF Gemma stores RMSNorm scales as w and multiplies by (1 + w) in fp32: fold the 1 in here, in fp32
+    (exactly HF's sum), so the model runs one plain RMSNorm."""
+    if config.norm_weight_offset and name.endswith("norm.weight"):
+        return (t.float() + config.norm_weight_offset).to(dtype)
+    return t.to(dtype)
 
 
 def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress):
@@ -104,15 +146,16 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for stored in f.keys():
+                    name = _text_name(stored)
                     if name in wanted:
-                        state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                        state[name] = _stored_to_effective(name, f.get_tensor(stored).to(device), config, dtype)
                         if progress:
                             progress(len(state) / len(expected))
-                    elif name == "lm_head.weight" and config.tie_word_embeddings:
-                        continue  # tied: the embedding is the output projection
+                    elif name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
+                        continue  # vision tower; or tied: the embedding is the output projection
                     elif not name.endswith(_IGNORED_SUFFIXES):
-                        unexpected.append(name)
+                        unexpected.append(stored)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ValueError(f"Cannot read safetensors file {file}: {e}") from None
     _check_names(folder, expected, state, unexpected)
@@ -153,22 +196,9 @@ def _check_names(source: Path, expected: list[str], state: dict, unexpected: lis
 
 
 def _check_shapes(source: Path, c: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = {
-        "embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size, c.hidden_size),
-        "q_proj.weight": (q, c.hidden_size), "k_proj.weight": (kv, c.hidden_size),
-        "v_proj.weight": (kv, c.hidden_size), "o_proj.weight": (c.hidden_size, q),
-        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
-        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
-        "gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "down_proj.weight": (c.hidden_size, c.intermediate_size),
-        "layernorm.weight": (c.hidden_size,), "norm.weight": (c.hidden_size,),
-    }
-    for name, t in state.items():
-        key = next(k for k in shapes if name.endswith(k))
-        if tuple(t.shape) != shapes[key]:
-            raise ValueError(f"{source}: tensor {name} has shape {tuple(t.shape)}, expected {shapes[key]}")
+    for name, shape in tensor_shapes(c).items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
 
 
 # ====================================================================== GGUF files
@@ -384,26 +414,37 @@ def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int,
 
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+# Gemma 2/3 (sandwich norms): HF's post_attention_layernorm is the attention output's norm there.
+_GGUF_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                        "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_GGUF_IGNORED = {"rope_freqs.weight"}  # folded into config.rope_scaling
+# folded into config.rope_scaling
+_GGUF_IGNORED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF name of a GGUF tensor name, or None when it has no HF counterpart here."""
+def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
+    """HF name of a GGUF tensor name, or None when it has no HF counterpart here. The config decides the
+    names that depend on the layout: Gemma's sandwich norms, Phi-3's fused gate|up in ffn_up."""
     base, _, suffix = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         mapped = _GGUF_LAYER_NAMES.get(part)
+        if config is not None and config.sandwich_norm:
+            mapped = _GGUF_SANDWICH_NAMES.get(part, mapped)
+        if config is not None and config.fused_projections and part == "ffn_up":
+            mapped = "mlp.gate_up_proj"
         return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
     mapped = _GGUF_GLOBAL_NAMES.get(base)
     return f"{mapped}.{suffix}" if mapped else None
 
 
-_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
+                                          "gate_up_proj", "down_proj"))
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, q4: bool = False):
@@ -414,7 +455,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
     wanted = set(expected)
     todo, unexpected = [], []
     for t in gf.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, config)
         if name in wanted:
             todo.append((t, name))
         elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):

@@ -257,3 +257,76 @@ def hf_default_tokenizer():
 
     path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+# ---------------------------------------------------------------- a tiny SentencePiece GGUF vocabulary
+
+SPM_CORPUS = ("the quick brown fox jumps over the lazy dog . hello world , the weather in paris is sunny today "
+              "models people already have on their disks : gemma phi llama qwen . 1234 numbers 42 and more text "
+              "The Quick Brown Fox ! Hello World ? it's a test of the tokenizer with repeated words words words")
+SPM_SPECIALS = {"gemma2": ["<start_of_turn>", "<end_of_turn>"], "phi3": ["<|user|>", "<|assistant|>", "<|end|>"],
+                "llama": []}
+
+
+def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150) -> Path:
+    """A GGUF holding only a SentencePiece ("llama") vocabulary the way llama.cpp writes one: <unk> <s>
+    </s>, 256 byte-fallback tokens, single characters, then pieces learned by a few BPE merges over a
+    small corpus (scores falling with merge order), the arch's chat control tokens, and for Gemma
+    whitespace-run tokens stored with real spaces."""
+    import collections
+
+    import gguf
+
+    words = collections.Counter("\u2581" + w for w in SPM_CORPUS.split())
+    pieces = {w: list(w) for w in words}
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for ch in sorted({c for w in words for c in w} | {"\n"}):
+        tokens.append(ch)
+        types.append(1)
+        scores.append(-1000.0)
+    for step in range(merges):
+        pairs = collections.Counter()
+        for w, n in words.items():
+            for a, b in zip(pieces[w], pieces[w][1:]):
+                pairs[a, b] += n
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        for w in words:
+            p, out, i = pieces[w], [], 0
+            while i < len(p):
+                if i + 1 < len(p) and p[i] == a and p[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(p[i])
+                    i += 1
+            pieces[w] = out
+        tokens.append(a + b)
+        types.append(1)
+        scores.append(-float(step))
+    if arch.startswith("gemma"):
+        for n in (2, 3, 4):  # Gemma keeps runs of spaces as tokens, written with real spaces in its GGUFs
+            tokens.append(" " * n)
+            types.append(1)
+            scores.append(-float(merges + n))
+    for special in SPM_SPECIALS.get(arch, []):
+        tokens.append(special)
+        types.append(3)
+        scores.append(0.0)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -19,7 +19,8 @@ import kernels
 
 from .batch import Batch
 from .config import ModelConfig
-from .qlinear import Q4Linear, RowSplit, linear, q4_supported
+from .packed import Packed, stack
+from .qlinear import RowSplit, linear, q4_supported
 from .weights import load_weights
 
 
@@ -44,7 +45,7 @@ class Layer:
         return [t for name, t in vars(self).items() if name not in ("window", "sliding_rope") and t is not None]
 
 
-WEIGHT_FORMATS = ("auto", "dense", "q4")  # Model.load(weights=...)
+WEIGHT_FORMATS = ("auto", "dense", "packed", "q8")  # Model.load(weights=...); "q4" is an older name of "packed"
 
 
 def default_device() -> torch.device:
@@ -72,23 +73,24 @@ class Model:
         def get(name: str) -> torch.Tensor:
             if name not in w:
                 raise ValueError(f"weights are missing tensor {name!r}")
-            if isinstance(w[name], Q4Linear):
+            if isinstance(w[name], Packed):
                 if device.type != "cpu":
-                    raise ValueError("weights='q4' runs on the CPU only (torch's int4 CPU kernel)")
+                    raise ValueError("packed weights run on the CPU only (torch's int4/int8 CPU kernels); load "
+                                     "with weights='dense' on a GPU")
                 return w[name]
             return w[name].to(device=device, dtype=dtype)
 
-        def fused(names: list[str], stored_fused: str) -> "torch.Tensor | Q4Linear":
+        def fused(names: list[str], stored_fused: str):
             parts = [get(stored_fused)] if c.fused_projections else [get(n) for n in names]
-            if all(isinstance(p, Q4Linear) for p in parts):
-                return Q4Linear.cat(parts)
-            return torch.cat([p.dequantize(dtype) if isinstance(p, Q4Linear) else p for p in parts])
+            if all(isinstance(p, Packed) for p in parts):
+                return stack(parts)
+            return torch.cat([p.dequantize(dtype) if isinstance(p, Packed) else p for p in parts])
 
         self.embed = get("model.embed_tokens.weight")
         self.vocab_size = c.vocab_size
         self.padded_vocab = kernels.pad_vocab(c.vocab_size)
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else get("lm_head.weight")
-        if self.padded_vocab != head.shape[0]:
+        if self.padded_vocab != head.shape[0] and not isinstance(head, Packed):
             head = torch.cat([head, head.new_zeros(self.padded_vocab - head.shape[0], head.shape[1])])
         self.lm_head = head
         self.norm = get("model.norm.weight")
@@ -134,12 +136,15 @@ class Model:
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
              dtype: torch.dtype | None = None, progress: Callable[[float], None] | None = None,
-             weights: str = "dense") -> "Model":
+             weights: str = "dense", check_memory: bool = True) -> "Model":
         """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
 
-        weights="dense" dequantizes everything to `dtype` (exact, the default); "q4" keeps a GGUF's 4-bit
-        projection matrices packed for torch's int4 CPU kernel (several times fewer bytes per token,
-        bf16 rounding inside the matmuls; see engine/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
+        weights="dense" dequantizes everything to `dtype` (exact, the default); "packed" keeps a GGUF's
+        quantized matrices (Q4_0/1, Q4_K, Q5_K, Q6_K, Q8_0, ...) packed for torch's int4/int8 CPU kernels
+        (several times fewer bytes per token; see engine/packed.py); "q8" packs every matrix as Q8_0,
+        quantizing dense ones (HF folders) at load; "auto" is packed for a GGUF on a CPU, else dense.
+        `check_memory` raises engine.memory.ModelTooLarge before loading a model that will not fit."""
+        weights = "packed" if weights == "q4" else weights
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
         from .weights import default_model_path
@@ -148,12 +153,16 @@ class Model:
         resolved = Path(path) if path is not None else default_model_path()
         dev = torch.device(device) if device is not None else default_device()
         dt = dtype if dtype is not None else default_dtype(dev)
-        if weights == "auto":  # the fast path where it exists: 4-bit GGUF weights on a CPU
-            weights = "q4" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
-        config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, q4=weights == "q4")
+        if weights == "auto":  # the fast path where it exists: quantized GGUF weights on a CPU
+            weights = "packed" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
+        if check_memory and resolved.exists():
+            from .memory import check_fits
+
+            check_fits(resolved, cache_tokens=0, weights=weights, device=dev.type, dtype=str(dt).removeprefix("torch."))
+        config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, fmt=weights)
         model = cls(config, state, dev, dt, resolved)
-        packed = any(isinstance(t, Q4Linear) for layer in model.layers for t in layer.weights())
-        model.weight_format = "q4" if packed else "dense"  # a GGUF without Q4 matrices loads dense
+        packed = any(isinstance(t, Packed) for t in model._weights())
+        model.weight_format = weights if packed else "dense"  # a GGUF without quantized matrices loads dense
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
             progress(1.0)
@@ -171,30 +180,24 @@ class Model:
             self.long_rope = long
             self.inv_freq = self.config.rope_inv_freq(long=long).to(device=self.device, dtype=torch.float32)
 
-    def num_parameters(self) -> int:
+    def _weights(self) -> list:
         tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
         for layer in self.layers:
             tensors += layer.weights()
-        return sum(t.numel() for t in tensors)
+        return tensors
+
+    def num_parameters(self) -> int:
+        return sum(t.numel() for t in self._weights())
 
     def memory_bytes(self) -> int:
-        return self._bytes(decode=False)
+        """Bytes the weights hold (packed matrices count their packed bytes; there is no dense copy)."""
+        return sum(t.nbytes() if isinstance(t, Packed) else t.numel() * t.element_size() for t in self._weights())
 
     def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (4-bit matrices count their packed bytes, not the dense copy)."""
-        return self._bytes(decode=True)
-
-    def _bytes(self, decode: bool) -> int:
-        total = 0
-        for t in [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head]):
-            total += t.numel() * t.element_size()
-        for layer in self.layers:
-            for t in layer.weights():
-                if isinstance(t, Q4Linear):
-                    total += t.nbytes() if decode else t.memory_bytes()
-                else:
-                    total += t.numel() * t.element_size()
-        return total
+        """Weight bytes one decode step reads: all but the embedding table (one row of it)."""
+        embed = 0 if self.lm_head is self.embed else (
+            self.embed.nbytes() if isinstance(self.embed, Packed) else self.embed.numel() * self.embed.element_size())
+        return self.memory_bytes() - embed
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache) -> torch.Tensor:
@@ -202,13 +205,14 @@ class Model:
         c = self.config
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
-        x = F.embedding(batch.input_ids, self.embed)
+        x = self.embed.embedding(batch.input_ids) if isinstance(self.embed, Packed) else F.embedding(
+            batch.input_ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
         rot = self.rotary_dims
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size)
-        rows = RowSplit(batch.prompt_rows, T) if self.weight_format == "q4" else None
+        rows = RowSplit(batch.prompt_rows, T) if self.weight_format != "dense" else None
         residual = None
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
@@ -247,17 +251,21 @@ class Model:
                 x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
-        logits = self._head(x).float()
+        logits = self._head(x, rows.select(batch.logit_rows) if rows is not None else None).float()
         if c.final_softcap is not None:
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
         return logits
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
         """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
-        shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md)."""
-        rows = x.shape[0]
-        if x.device.type == "cpu" and 8 <= rows < 16:
-            return F.linear(F.pad(x, (0, 0, 0, 16 - rows)), self.lm_head)[:rows]
+        shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md). A packed
+        head gives vocab_size columns; the padding columns (masked later) are zeros."""
+        if isinstance(self.lm_head, Packed):
+            logits = linear(x, self.lm_head, rows=rows)
+            return F.pad(logits, (0, self.padded_vocab - logits.shape[1]))
+        n = x.shape[0]
+        if x.device.type == "cpu" and 8 <= n < 16:
+            return F.linear(F.pad(x, (0, 0, 0, 16 - n)), self.lm_head)[:n]
         return F.linear(x, self.lm_head)
 
     def forward_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ package still supplies the type tables and the fallback dequantizers.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import mmap
@@ -20,9 +21,9 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
+from engine import ggml_blocks
 from engine.config import ModelConfig
-from engine.qlinear import GROUP as Q4_GROUP
-from engine.qlinear import Q4Linear
+from engine import packed as packing
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None
@@ -82,21 +83,22 @@ def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def load_weights(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    progress: Progress = None, q4: bool = False,
+    progress: Progress = None, fmt: str = "dense",
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
-    q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.qlinear.Q4Linear instead of dequantizing."""
+    fmt="packed": a GGUF's quantized matrices stay quantized as engine.packed.PackedLinear; "q8": every
+    matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`."""
     path = default_model_path() if path is None else Path(path)
     if not path.exists():
         raise FileNotFoundError(f"Model path does not exist: {path}")
     if path.is_dir():
-        if q4:
-            raise ValueError(f"weights='q4' keeps a GGUF's 4-bit blocks; {path} is a safetensors folder "
-                             "(load it with weights='dense')")
-        return _load_hf_folder(path, dtype, torch.device(device), progress)
+        if fmt == "packed":
+            raise ValueError(f"weights='packed' keeps a GGUF's quantized blocks; {path} is a safetensors folder "
+                             "(load it with weights='dense', or 'q8' to quantize it at load)")
+        return _load_hf_folder(path, dtype, torch.device(device), progress, fmt)
     if path.suffix.lower() == ".gguf":
-        return _load_gguf(path, dtype, torch.device(device), progress, q4)
+        return _load_gguf(path, dtype, torch.device(device), progress, fmt)
     raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
 
 
@@ -127,7 +129,7 @@ def _stored_to_effective(name: str, t: torch.Tensor, config: ModelConfig, dtype:
     return t.to(dtype)
 
 
-def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress):
+def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
     from safetensors import SafetensorError, safe_open
 
     cfg_path = folder / "config.json"
@@ -149,7 +151,11 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
                 for stored in f.keys():
                     name = _text_name(stored)
                     if name in wanted:
-                        state[name] = _stored_to_effective(name, f.get_tensor(stored).to(device), config, dtype)
+                        t = f.get_tensor(stored)
+                        if packing.keeps_packed(name, "F32", t.dim(), fmt, "hf"):
+                            state[name] = packing.PackedLinear.from_dense(t)
+                        else:
+                            state[name] = _stored_to_effective(name, t.to(device), config, dtype)
                         if progress:
                             progress(len(state) / len(expected))
                     elif name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
@@ -215,11 +221,30 @@ class GGUFTensorInfo(NamedTuple):
     nbytes: int
 
 
-class GGUFFile:
-    """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped."""
+class SkippedArray:
+    """A long metadata array left undecoded (header-only reads): only its length is known."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"SkippedArray({self.count})"
+
+
+class GGUFFile:
+    """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped.
+
+    header_only=True leaves metadata arrays longer than 64 entries (the vocabulary, scores, merges)
+    undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file."""
+
+    _SKIP_OVER = 64
+
+    def __init__(self, path: str | Path, header_only: bool = False):
         self.path = Path(path)
+        self.header_only = header_only
         try:
             with open(self.path, "rb") as f:
                 # copy-on-write map: writable for torch.frombuffer, never writes to the file
@@ -289,6 +314,8 @@ class GGUFFile:
         if vtype == _ARRAY:
             etype, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
+            if self.header_only and count > self._SKIP_OVER and etype != _ARRAY:
+                return self._skip_array(etype, count)
             if etype == _STRING:
                 return [self._string() for _ in range(count)]
             if etype == _ARRAY:
@@ -305,6 +332,18 @@ class GGUFFile:
         self._pos += struct.calcsize(fmt)
         return value
 
+    def _skip_array(self, etype: int, count: int) -> SkippedArray:
+        if etype == _STRING:
+            unpack, pos = struct.unpack_from, self._pos
+            for _ in range(count):
+                pos += 8 + unpack("<Q", self._map, pos)[0]
+            self._pos = pos
+        else:
+            self._pos += struct.calcsize(_GGUF_VALUE[etype]) * count
+        if self._pos > len(self._map):
+            raise struct.error("array runs past the end of the file")
+        return SkippedArray(count)
+
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""
         t = self._by_name[name]
@@ -319,12 +358,14 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
-    def q4(self, name: str, row_perm_heads: int | None = None) -> Q4Linear | None:
-        """The tensor as a Q4Linear when it is a Q4_0/Q4_1 matrix, else None."""
+    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed"):
+        """The matrix as an engine.packed.PackedLinear, when `fmt` packs it (see packed.keeps_packed), else None."""
         t, raw = self._rows(name, row_perm_heads)
-        if t.tensor_type not in Q4_TYPES or len(t.shape) != 2:
+        if not packing.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt, "gguf"):
             return None
-        return Q4Linear(*q4_blocks(raw, t.tensor_type, t.shape))
+        if t.tensor_type.name in packing._DENSE:  # q8 of an F16/F32 matrix
+            return packing.PackedLinear.from_dense(dequantize(raw, t.tensor_type, t.shape))
+        return packing.PackedLinear.from_blocks(raw, t.tensor_type, t.shape)
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)
@@ -367,31 +408,26 @@ def _dq_q4_1(b: torch.Tensor, out: torch.Tensor) -> None:
     torch.addcmul(m, qs >> 4, d, out=out[:, 1])
 
 
-Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
-
-
-def q4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]):
-    """Q4_0/Q4_1 bytes as (codes (N, K) uint8, scale, zero (N, K/32)) with w = (code - 8) * scale + zero:
-    Q4_1's w = d * q + m is (q - 8) * d + (m + 8d), Q4_0's w = (q - 8) * d. Same nibble order as _dq_q4_*."""
-    if qtype not in Q4_TYPES:
-        raise ValueError(f"4-bit matmuls read Q4_0/Q4_1 blocks, not {qtype.name}")
-    N, K = shape
-    b = raw.reshape(N * K // Q4_GROUP, -1)
-    d = _half(b, 0)
-    if qtype == GGMLQuantizationType.Q4_1:
-        zero, qs = _half(b, 2) + 8 * d, b[:, 4:]
-    else:
-        zero, qs = torch.zeros_like(d), b[:, 2:]
-    codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15 of a block, high 16..31
-    return codes.reshape(N, K), d.reshape(N, K // Q4_GROUP), zero.reshape(N, K // Q4_GROUP)
-
-
 _FAST = {
     GGMLQuantizationType.Q8_0: _dq_q8_0, GGMLQuantizationType.Q4_0: _dq_q4_0, GGMLQuantizationType.Q4_1: _dq_q4_1,
+    GGMLQuantizationType.Q4_K: ggml_blocks.dequantize_q4_k, GGMLQuantizationType.Q5_K: ggml_blocks.dequantize_q5_k,
+    GGMLQuantizationType.Q6_K: ggml_blocks.dequantize_q6_k,
 }
 _PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
           GGMLQuantizationType.BF16: torch.bfloat16}
 _CHUNK_BLOCKS = 1 << 16  # keeps each step's temporaries in cache
+
+
+@functools.lru_cache(maxsize=None)
+def dequantizable(qtype: GGMLQuantizationType) -> bool:
+    """Whether dequantize() can read this ggml type (our fast paths, else gguf's numpy decoders)."""
+    if qtype in _PLAIN or qtype in _FAST:
+        return True
+    try:
+        gguf_dequantize(np.zeros(GGML_QUANT_SIZES[qtype][1], dtype=np.uint8), qtype)
+        return True
+    except (NotImplementedError, KeyError):
+        return False
 
 
 def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...],
@@ -443,11 +479,7 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
     return f"{mapped}.{suffix}" if mapped else None
 
 
-_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj",
-                                          "gate_up_proj", "down_proj"))
-
-
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, q4: bool = False):
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
     gf = GGUFFile(path)
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
@@ -469,8 +501,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        packed = gf.q4(t.name, heads) if q4 and name.endswith(_Q4_NAMES) else None
-        state[name] = packed if packed is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+        kept = gf.packed(t.name, heads, fmt)
+        state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
         done += t.nbytes
         if progress:
             progress(done / total)

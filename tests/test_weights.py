@@ -79,17 +79,36 @@ def test_progress_reaches_one_monotonically(tmp_path, tiny):
 
 # ---------------------------------------------------------------- dequantization
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16, Q.F32, Q.Q5_0, Q.Q5_1])
+def quantize(x: np.ndarray, qtype) -> np.ndarray:
+    """ggml bytes of x: gguf's quantizers, ours for the K-quants gguf cannot write (tested exact below)."""
+    from engine import ggml_blocks
+
+    writers = {Q.Q4_K: ggml_blocks.quantize_q4_k, Q.Q5_K: ggml_blocks.quantize_q5_k, Q.Q6_K: ggml_blocks.quantize_q6_k}
+    if qtype in writers:
+        return writers[qtype](torch.from_numpy(x)).numpy()
+    return gguf.quants.quantize(x, qtype)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16, Q.F32, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K,
+                                   Q.Q6_K])
 def test_dequantize_matches_gguf_reference(qtype):
+    """Bit-identical to gguf's numpy dequantizer, on random valid blocks (every code, scale and min)."""
     rng = np.random.default_rng(int(qtype))
-    x = (rng.standard_normal((24, 96)) * rng.uniform(0.01, 3, (24, 1))).astype(np.float32)
-    packed = gguf.quants.quantize(x, qtype)
+    x = (rng.standard_normal((24, 512)) * rng.uniform(0.01, 3, (24, 1))).astype(np.float32)
+    packed = quantize(x, qtype)
     expected = gguf.quants.dequantize(packed, qtype)
     raw = torch.from_numpy(np.ascontiguousarray(packed).view(np.uint8))
-    ours = dequantize(raw, qtype, (24, 96))
-    assert ours.dtype == torch.float32 and ours.shape == (24, 96)
-    torch.testing.assert_close(ours, torch.from_numpy(expected), rtol=0, atol=0)
-    half = dequantize(raw, qtype, (24, 96), torch.float16)
+    ours = dequantize(raw, qtype, (24, 512))
+    assert ours.dtype == torch.float32 and ours.shape == (24, 512)
+    torch.testing.assert_close(ours, torch.from_numpy(expected).reshape(24, 512), rtol=0, atol=0)
+    if qtype not in (Q.F32, Q.F16, Q.BF16):  # and a real quantization of x, not noise
+        assert 0 < np.linalg.norm(expected.reshape(24, 512) - x) < 0.15 * np.linalg.norm(x)
+    random_bytes = torch.from_numpy(np.random.default_rng(1).integers(0, 256, raw.shape, dtype=np.uint8))
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # any bytes are valid K-quant blocks: every bit pattern decodes alike
+        with np.errstate(all="ignore"):
+            want = torch.from_numpy(gguf.quants.dequantize(random_bytes.numpy(), qtype).copy()).reshape(24, 512)
+        torch.testing.assert_close(dequantize(random_bytes, qtype, (24, 512)), want, rtol=0, atol=0, equal_nan=True)
+    half = dequantize(raw, qtype, (24, 512), torch.float16)
     assert half.dtype == torch.float16
     torch.testing.assert_close(half, ours.half())
 

@@ -1,0 +1,284 @@
+"""Quantized matrices kept packed for the CPU (weights="packed", "q8"): GGUF blocks repacked into what
+torch's CPU kernels multiply, with prompt rows served by dense tiles instead of a whole dense copy.
+
+Formats, all through one interface (PackedLinear):
+  * Q4_0, Q4_1, Q4_K: one int4 "plane" for torch's int4 kernel (per-32 group scale and zero, bf16), an
+    exact re-expression of the block: w = (code - 8) * scale + zero with scale = d*sc, zero = 8*scale - dmin*m.
+  * Q5_K, Q8_0: two int4 planes whose sum is the weight (low four bits, and the rest scaled by 16): exact
+    but for the bf16 rounding of scales, at 1.25 bytes a weight.
+  * every other type (Q6_K, Q2_K, Q3_K, Q5_0/1, IQ*): its exact decode re-quantized to int8 per output row
+    for torch's int8 kernel (1 byte a weight; Q6_K's own 16-weight groups are finer than any torch kernel
+    takes, so this one is an approximation, ~0.2 % of a row's range).
+Rows are padded to a multiple of 64 (the int4 layout's block). The int4 kernel rounds activations to
+bf16; the int8 kernel stays in fp32.
+
+Prefill: a matmul over many rows would be compute bound in these kernels, so prompt rows go through
+fp32 tiles of TILE_ROWS output rows, dequantized from the planes on the fly (never the whole matrix).
+This unpacking relies on the CPU int4 layout ([N/64][K][32] bytes, rows n and n+32 of a block sharing
+a byte); `layout_ok()` checks it against the packing op itself, and the tests run that check.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+GROUP = 32
+BLOCK_N = 64  # rows per block of torch's CPU int4 layout
+TILE_ROWS = 1024  # output rows per dense prefill tile
+PACKED_FORMATS = ("packed", "q8")
+Q = GGMLQuantizationType
+PLANE_COUNT = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q4_K: 1, Q.Q5_K: 2, Q.Q8_0: 2}
+_DENSE = ("F32", "F16", "BF16", "F64")
+# matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
+_MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight", "o_proj.weight",
+             "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight", "lm_head.weight",
+             "embed_tokens.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight",
+             "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "output.weight",
+             "token_embd.weight")
+
+
+def supported() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
+
+
+def keeps_packed(name: str, dtype: str, ndim: int, fmt: str, kind: str) -> bool:
+    """Whether the loader packs this stored tensor under weight format `fmt` (the memory estimate's rule too)."""
+    if fmt not in PACKED_FORMATS or ndim != 2 or not name.endswith(_MATRICES):
+        return False
+    return fmt == "q8" or dtype not in _DENSE
+
+
+def packed_nbytes(dtype: str, shape: tuple[int, ...], fmt: str) -> int:
+    """Resident bytes of a packed (rows, K) matrix stored as ggml type `dtype`."""
+    n, k = int(shape[0]), int(shape[-1])
+    n_pad = -(-n // BLOCK_N) * BLOCK_N
+    qtype = Q.Q8_0 if dtype in _DENSE else Q[dtype]  # q8 re-quantizes dense tensors as Q8_0
+    planes = PLANE_COUNT.get(qtype)
+    if planes is None:
+        return n_pad * k + 4 * n_pad
+    return planes * (n_pad * k // 2 + (k // GROUP) * n_pad * 2 * 2)
+
+
+@functools.lru_cache(maxsize=1)
+def layout_ok() -> bool:
+    """The int4 CPU layout is what unpack_int4 assumes (a torch internal: checked, not trusted)."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (2 * BLOCK_N, 3 * GROUP), generator=g, dtype=torch.int32)
+    return torch.equal(unpack_int4(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), codes.shape[1]),
+                       codes.to(torch.uint8))
+
+
+def unpack_int4(packed: torch.Tensor, k: int, rows: slice | None = None) -> torch.Tensor:
+    """Codes (n, k) uint8 of the int4 layout's row blocks (`rows` a slice on 64-row boundaries)."""
+    q = packed.view(-1, k, BLOCK_N // 2)
+    if rows is not None:
+        q = q[rows.start // BLOCK_N: rows.stop // BLOCK_N]
+    return torch.cat([q & 0x0F, q >> 4], dim=2).transpose(1, 2).reshape(-1, k)
+
+
+class _Plane:
+    """One int4 matrix: codes packed for the kernel, bf16 (scale, zero) per 32 weights."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+
+    def dense(self, rows: slice, k: int) -> torch.Tensor:
+        codes = unpack_int4(self.packed, k, rows).float().view(-1, k // GROUP, GROUP)
+        sz = self.scales_zeros[:, rows].float()  # (K/32, rows, 2)
+        return ((codes - 8) * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view(-1, k)
+
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * 2
+
+
+class PackedLinear:
+    """An (N, K) weight packed for the CPU kernels (see the module docstring); use it through linear()."""
+
+    def __init__(self, shape: tuple[int, int], planes: list[_Plane] | None = None,
+                 int8: tuple[torch.Tensor, torch.Tensor] | None = None, qtype: str = ""):
+        self.shape = shape
+        self.planes = planes or []
+        self.int8 = int8  # (codes (N_pad, K) int8, scale (N_pad,) fp32)
+        self.qtype = qtype
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def from_blocks(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "PackedLinear":
+        """From ggml bytes (N rows of K/block blocks), converted TILE_ROWS rows at a time."""
+        n, k = shape
+        if k % GROUP:
+            raise ValueError(f"packed matrices need K % {GROUP} == 0, got {shape}")
+        _, block_bytes = GGML_QUANT_SIZES[qtype]
+        rows = raw.reshape(n, -1)
+        tiles = []
+        for r0 in range(0, n, TILE_ROWS):
+            tiles.append(_tile_affine(rows[r0:r0 + TILE_ROWS].reshape(-1, block_bytes), qtype, k))
+        out = cls._assemble(tiles, shape, qtype)
+        out.qtype = qtype.name
+        return out
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor) -> "PackedLinear":
+        """weights="q8": a dense matrix quantized as llama.cpp's Q8_0 (d = max|w|/127 per 32), then packed."""
+        n, k = w.shape
+        tiles = []
+        for r0 in range(0, n, TILE_ROWS):
+            x = w[r0:r0 + TILE_ROWS].float().view(-1, k // GROUP, GROUP)
+            d = (x.abs().amax(-1) / 127).to(torch.float16).float()
+            q = torch.where(d[..., None] > 0, x / d.clamp_min(1e-30)[..., None], 0.0).round().clamp(-127, 127)
+            tiles.append(_q8_planes(q.to(torch.int16).view(-1, k), d))
+        out = cls._assemble(tiles, (n, k), Q.Q8_0)
+        out.qtype = "Q8_0"
+        return out
+
+    @classmethod
+    def _assemble(cls, tiles: list, shape: tuple[int, int], qtype: GGMLQuantizationType) -> "PackedLinear":
+        n, k = shape
+        pad = -n % BLOCK_N
+        if tiles and isinstance(tiles[0], torch.Tensor):  # int8 per row
+            w = torch.cat(tiles)
+            if pad:
+                w = torch.cat([w, w.new_zeros(pad, k)])
+            scale = w.abs().amax(1) / 127
+            codes = torch.where(scale[:, None] > 0, w / scale.clamp_min(1e-30)[:, None], 0.0).round().to(torch.int8)
+            return cls(shape, int8=(codes, scale.float()))
+        planes = []
+        for p in range(len(tiles[0])):
+            codes = torch.cat([t[p][0] for t in tiles])
+            scale = torch.cat([t[p][1] for t in tiles])
+            zero = torch.cat([t[p][2] for t in tiles])
+            if pad:
+                codes = torch.cat([codes, codes.new_full((pad, k), 8)])
+                scale = torch.cat([scale, scale.new_zeros(pad, k // GROUP)])
+                zero = torch.cat([zero, zero.new_zeros(pad, k // GROUP)])
+            planes.append(_Plane(codes, scale, zero))
+        return cls(shape, planes=planes)
+
+    # ------------------------------------------------------------ using
+    @property
+    def padded_rows(self) -> int:
+        return -(-self.shape[0] // BLOCK_N) * BLOCK_N
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Decode-sized products through the packed kernels; every row independent of the others."""
+        n, k = self.shape
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, k)
+        if self.int8 is not None:
+            y = torch._weight_int8pack_mm(x2.float(), self.int8[0], self.int8[1])
+        else:
+            xb = x2.to(torch.bfloat16)
+            y = None
+            for p in self.planes:
+                part = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, GROUP, p.scales_zeros).float()
+                y = part if y is None else y.add_(part)
+        return y[:, :n].to(x.dtype).reshape(*lead, n)
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) as fp32 (start a multiple of 64): a prefill tile, or embedding rows."""
+        k = self.shape[1]
+        lo, hi = start // BLOCK_N * BLOCK_N, -(-stop // BLOCK_N) * BLOCK_N
+        if self.int8 is not None:
+            w = self.int8[0][lo:hi].float() * self.int8[1][lo:hi, None]
+        else:
+            w = sum(p.dense(slice(lo, hi), k) for p in self.planes)
+        return w[start - lo: stop - lo]
+
+    def linear_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T in fp32 through TILE_ROWS-row dense tiles: prompt rows, at dense sgemm speed."""
+        n = self.shape[0]
+        y = x.new_empty(x.shape[0], n)
+        for r0 in range(0, n, TILE_ROWS):
+            r1 = min(r0 + TILE_ROWS, n)
+            y[:, r0:r1] = F.linear(x, self.dense_rows(r0, r1).to(x.dtype))
+        return y
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the matrix for token ids (an embedding table kept packed)."""
+        uniq, inverse = torch.unique(ids, return_inverse=True)
+        rows = torch.stack([self.dense_rows(int(i), int(i) + 1)[0] for i in uniq.tolist()])
+        return rows[inverse]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.dense_rows(0, self.shape[0]).to(dtype)
+
+    def numel(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    def nbytes(self) -> int:
+        """Bytes resident and read by one decode-sized call."""
+        if self.int8 is not None:
+            return self.int8[0].numel() + self.int8[1].numel() * 4
+        return sum(p.nbytes() for p in self.planes)
+
+    memory_bytes = nbytes
+
+
+def _tile_affine(blocks: torch.Tensor, qtype: GGMLQuantizationType, k: int):
+    """One tile of blocks -> plane parts [(codes, scale, zero)] or, for the int8 path, its exact fp32 rows."""
+    from . import ggml_blocks
+    from .weights import _half, dequantize
+
+    g = k // GROUP
+    if qtype in (Q.Q4_0, Q.Q4_1):
+        d = _half(blocks, 0)
+        zero = _half(blocks, 2) + 8 * d if qtype == Q.Q4_1 else torch.zeros_like(d)
+        qs = blocks[:, 4:] if qtype == Q.Q4_1 else blocks[:, 2:]
+        codes = torch.cat([qs & 0x0F, qs >> 4], dim=1).view(-1, k)
+        return [(codes, d.view(-1, g), zero.view(-1, g))]
+    if qtype == Q.Q8_0:
+        return _q8_planes(blocks[:, 2:].contiguous().view(torch.int8).to(torch.int16).view(-1, k),
+                          _half(blocks, 0).view(-1, g))
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        q, s, m = (ggml_blocks.q4_k_affine if qtype == Q.Q4_K else ggml_blocks.q5_k_affine)(blocks)
+        s, zero = s.reshape(-1, g), (8 * s - m).reshape(-1, g)
+        q = q.reshape(-1, k)
+        if qtype == Q.Q4_K:
+            return [(q, s, zero)]
+        return [(q & 0x0F, s, zero), ((q >> 4) + 8, 16 * s, torch.zeros_like(s))]
+    _, block_bytes = GGML_QUANT_SIZES[qtype]
+    return dequantize(blocks, qtype, (blocks.shape[0] * GGML_QUANT_SIZES[qtype][0] // k, k))
+
+
+def _q8_planes(q: torch.Tensor, d: torch.Tensor):
+    """int8 codes (n, k) with per-32 scales d -> two int4 planes: q + 128 = low + 16 * high."""
+    u = (q + 128).to(torch.uint8)
+    return [(u & 0x0F, d, 8 * d), (u >> 4, 16 * d, torch.zeros_like(d))]
+
+
+class PackedGroup:
+    """Packed matrices stacked along the output dim (fused q|k|v, gate|up) whose formats may differ
+    (Q4_K_M files mix Q4_K and Q6_K inside one layer): one call each, outputs concatenated."""
+
+    def __init__(self, parts: list[PackedLinear]):
+        self.parts = parts
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def linear_tiled(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.linear_tiled(x) for p in self.parts], dim=-1)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.parts)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)
+
+    memory_bytes = nbytes
+
+
+Packed = (PackedLinear, PackedGroup)
+
+
+def stack(parts: list[PackedLinear]) -> PackedLinear | PackedGroup:
+    return parts[0] if len(parts) == 1 else PackedGroup(parts)

@@ -6,11 +6,10 @@ Formats, all through one interface (PackedLinear):
     exact re-expression of the block: w = (code - 8) * scale + zero with scale = d*sc, zero = 8*scale - dmin*m.
   * Q5_K, Q8_0: two int4 planes whose sum is the weight (low four bits, and the rest scaled by 16): exact
     but for the bf16 rounding of scales, at 1.25 bytes a weight.
-  * every other type (Q6_K, Q2_K, Q3_K, Q5_0/1, IQ*): its exact decode re-quantized to int8 per output row
-    for torch's int8 kernel (1 byte a weight; Q6_K's own 16-weight groups are finer than any torch kernel
-    takes, so this one is an approximation, ~0.2 % of a row's range).
-Rows are padded to a multiple of 64 (the int4 layout's block). The int4 kernel rounds activations to
-bf16; the int8 kernel stays in fp32.
+  * every other type (Q6_K, Q2_K, Q3_K, Q5_0/1, IQ*): its exact decode re-quantized as Q8_0 (int8 per 32
+    weights, two planes). Q6_K's own scales cover 16 weights, finer than any torch kernel's groups, so
+    this is an approximation, but a fine one: Q8_0's step is ~1/4 of Q6_K's.
+Rows are padded to a multiple of 64 (the int4 layout's block). The int4 kernel rounds activations to bf16.
 
 Prefill: a matmul over many rows would be compute bound in these kernels, so prompt rows go through
 fp32 tiles of TILE_ROWS output rows, dequantized from the planes on the fly (never the whole matrix).
@@ -42,7 +41,7 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
 
 
 def supported() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
 def keeps_packed(name: str, dtype: str, ndim: int, fmt: str, kind: str) -> bool:
@@ -56,10 +55,7 @@ def packed_nbytes(dtype: str, shape: tuple[int, ...], fmt: str) -> int:
     """Resident bytes of a packed (rows, K) matrix stored as ggml type `dtype`."""
     n, k = int(shape[0]), int(shape[-1])
     n_pad = -(-n // BLOCK_N) * BLOCK_N
-    qtype = Q.Q8_0 if dtype in _DENSE else Q[dtype]  # q8 re-quantizes dense tensors as Q8_0
-    planes = PLANE_COUNT.get(qtype)
-    if planes is None:
-        return n_pad * k + 4 * n_pad
+    planes = 2 if dtype in _DENSE else PLANE_COUNT.get(Q[dtype], 2)  # dense and other types: as Q8_0
     return planes * (n_pad * k // 2 + (k // GROUP) * n_pad * 2 * 2)
 
 
@@ -99,11 +95,9 @@ class _Plane:
 class PackedLinear:
     """An (N, K) weight packed for the CPU kernels (see the module docstring); use it through linear()."""
 
-    def __init__(self, shape: tuple[int, int], planes: list[_Plane] | None = None,
-                 int8: tuple[torch.Tensor, torch.Tensor] | None = None, qtype: str = ""):
+    def __init__(self, shape: tuple[int, int], planes: list[_Plane], qtype: str = ""):
         self.shape = shape
-        self.planes = planes or []
-        self.int8 = int8  # (codes (N_pad, K) int8, scale (N_pad,) fp32)
+        self.planes = planes
         self.qtype = qtype
 
     # ------------------------------------------------------------ building
@@ -118,7 +112,7 @@ class PackedLinear:
         tiles = []
         for r0 in range(0, n, TILE_ROWS):
             tiles.append(_tile_affine(rows[r0:r0 + TILE_ROWS].reshape(-1, block_bytes), qtype, k))
-        out = cls._assemble(tiles, shape, qtype)
+        out = cls._assemble(tiles, shape)
         out.qtype = qtype.name
         return out
 
@@ -126,27 +120,14 @@ class PackedLinear:
     def from_dense(cls, w: torch.Tensor) -> "PackedLinear":
         """weights="q8": a dense matrix quantized as llama.cpp's Q8_0 (d = max|w|/127 per 32), then packed."""
         n, k = w.shape
-        tiles = []
-        for r0 in range(0, n, TILE_ROWS):
-            x = w[r0:r0 + TILE_ROWS].float().view(-1, k // GROUP, GROUP)
-            d = (x.abs().amax(-1) / 127).to(torch.float16).float()
-            q = torch.where(d[..., None] > 0, x / d.clamp_min(1e-30)[..., None], 0.0).round().clamp(-127, 127)
-            tiles.append(_q8_planes(q.to(torch.int16).view(-1, k), d))
-        out = cls._assemble(tiles, (n, k), Q.Q8_0)
+        out = cls._assemble([_q8_from_dense(w[r0:r0 + TILE_ROWS]) for r0 in range(0, n, TILE_ROWS)], (n, k))
         out.qtype = "Q8_0"
         return out
 
     @classmethod
-    def _assemble(cls, tiles: list, shape: tuple[int, int], qtype: GGMLQuantizationType) -> "PackedLinear":
+    def _assemble(cls, tiles: list, shape: tuple[int, int]) -> "PackedLinear":
         n, k = shape
         pad = -n % BLOCK_N
-        if tiles and isinstance(tiles[0], torch.Tensor):  # int8 per row
-            w = torch.cat(tiles)
-            if pad:
-                w = torch.cat([w, w.new_zeros(pad, k)])
-            scale = w.abs().amax(1) / 127
-            codes = torch.where(scale[:, None] > 0, w / scale.clamp_min(1e-30)[:, None], 0.0).round().to(torch.int8)
-            return cls(shape, int8=(codes, scale.float()))
         planes = []
         for p in range(len(tiles[0])):
             codes = torch.cat([t[p][0] for t in tiles])
@@ -157,7 +138,7 @@ class PackedLinear:
                 scale = torch.cat([scale, scale.new_zeros(pad, k // GROUP)])
                 zero = torch.cat([zero, zero.new_zeros(pad, k // GROUP)])
             planes.append(_Plane(codes, scale, zero))
-        return cls(shape, planes=planes)
+        return cls(shape, planes)
 
     # ------------------------------------------------------------ using
     @property
@@ -168,25 +149,18 @@ class PackedLinear:
         """Decode-sized products through the packed kernels; every row independent of the others."""
         n, k = self.shape
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, k)
-        if self.int8 is not None:
-            y = torch._weight_int8pack_mm(x2.float(), self.int8[0], self.int8[1])
-        else:
-            xb = x2.to(torch.bfloat16)
-            y = None
-            for p in self.planes:
-                part = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, GROUP, p.scales_zeros).float()
-                y = part if y is None else y.add_(part)
+        xb = x.reshape(-1, k).to(torch.bfloat16)
+        y = None
+        for p in self.planes:
+            part = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, GROUP, p.scales_zeros).float()
+            y = part if y is None else y.add_(part)
         return y[:, :n].to(x.dtype).reshape(*lead, n)
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as fp32 (start a multiple of 64): a prefill tile, or embedding rows."""
         k = self.shape[1]
         lo, hi = start // BLOCK_N * BLOCK_N, -(-stop // BLOCK_N) * BLOCK_N
-        if self.int8 is not None:
-            w = self.int8[0][lo:hi].float() * self.int8[1][lo:hi, None]
-        else:
-            w = sum(p.dense(slice(lo, hi), k) for p in self.planes)
+        w = sum(p.dense(slice(lo, hi), k) for p in self.planes)
         return w[start - lo: stop - lo]
 
     def linear_tiled(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,15 +186,13 @@ class PackedLinear:
 
     def nbytes(self) -> int:
         """Bytes resident and read by one decode-sized call."""
-        if self.int8 is not None:
-            return self.int8[0].numel() + self.int8[1].numel() * 4
         return sum(p.nbytes() for p in self.planes)
 
     memory_bytes = nbytes
 
 
 def _tile_affine(blocks: torch.Tensor, qtype: GGMLQuantizationType, k: int):
-    """One tile of blocks -> plane parts [(codes, scale, zero)] or, for the int8 path, its exact fp32 rows."""
+    """One tile of blocks -> plane parts [(codes, scale, zero)]."""
     from . import ggml_blocks
     from .weights import _half, dequantize
 
@@ -241,8 +213,18 @@ def _tile_affine(blocks: torch.Tensor, qtype: GGMLQuantizationType, k: int):
         if qtype == Q.Q4_K:
             return [(q, s, zero)]
         return [(q & 0x0F, s, zero), ((q >> 4) + 8, 16 * s, torch.zeros_like(s))]
-    _, block_bytes = GGML_QUANT_SIZES[qtype]
-    return dequantize(blocks, qtype, (blocks.shape[0] * GGML_QUANT_SIZES[qtype][0] // k, k))
+    return _q8_from_dense(dequantize(blocks, qtype, (blocks.shape[0] * GGML_QUANT_SIZES[qtype][0] // k, k)))
+
+
+def _q8_from_dense(w: torch.Tensor):
+    """Q8_0 as gguf.quants writes it (codes from the fp32 scale, rounded half away from zero; the scale
+    stored as fp16), as two planes."""
+    k = w.shape[1]
+    x = w.float().view(-1, k // GROUP, GROUP)
+    d = x.abs().amax(-1) / 127
+    q = x * torch.where(d > 0, 1 / d, 0.0)[..., None]
+    q = (q.sign() * (q.abs() + 0.5).floor()).clamp(-127, 127)
+    return _q8_planes(q.to(torch.int16).view(-1, k), d.to(torch.float16).float())
 
 
 def _q8_planes(q: torch.Tensor, d: torch.Tensor):
@@ -281,4 +263,19 @@ Packed = (PackedLinear, PackedGroup)
 
 
 def stack(parts: list[PackedLinear]) -> PackedLinear | PackedGroup:
-    return parts[0] if len(parts) == 1 else PackedGroup(parts)
+    """Fuse matrices along the output dim: one kernel call when their layouts agree (same plane count,
+    no row padding between them), else a group of calls."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    if not all(p.shape[0] % BLOCK_N == 0 and len(p.planes) == len(first.planes) for p in parts):
+        return PackedGroup(parts)
+    shape = (sum(p.shape[0] for p in parts), first.shape[1])
+    kind = "+".join(dict.fromkeys(p.qtype for p in parts))
+    planes = []
+    for i in range(len(first.planes)):
+        plane = _Plane.__new__(_Plane)
+        plane.packed = torch.cat([p.planes[i].packed for p in parts])
+        plane.scales_zeros = torch.cat([p.planes[i].scales_zeros for p in parts], dim=1)
+        planes.append(plane)
+    return PackedLinear(shape, planes, qtype=kind)

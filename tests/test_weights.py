@@ -11,8 +11,8 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
 from engine.weights import GGUFFile, default_model_path, dequantize, expected_tensor_names, load_weights
-from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf,
-                                write_tiny_model)
+from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, quantize_ggml, tiny_config,
+                                write_tiny_gguf, write_tiny_model)
 
 Q = gguf.GGMLQuantizationType
 
@@ -79,23 +79,13 @@ def test_progress_reaches_one_monotonically(tmp_path, tiny):
 
 # ---------------------------------------------------------------- dequantization
 
-def quantize(x: np.ndarray, qtype) -> np.ndarray:
-    """ggml bytes of x: gguf's quantizers, ours for the K-quants gguf cannot write (tested exact below)."""
-    from engine import ggml_blocks
-
-    writers = {Q.Q4_K: ggml_blocks.quantize_q4_k, Q.Q5_K: ggml_blocks.quantize_q5_k, Q.Q6_K: ggml_blocks.quantize_q6_k}
-    if qtype in writers:
-        return writers[qtype](torch.from_numpy(x)).numpy()
-    return gguf.quants.quantize(x, qtype)
-
-
 @pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16, Q.F32, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K,
                                    Q.Q6_K])
 def test_dequantize_matches_gguf_reference(qtype):
     """Bit-identical to gguf's numpy dequantizer, on random valid blocks (every code, scale and min)."""
     rng = np.random.default_rng(int(qtype))
     x = (rng.standard_normal((24, 512)) * rng.uniform(0.01, 3, (24, 1))).astype(np.float32)
-    packed = quantize(x, qtype)
+    packed = quantize_ggml(torch.from_numpy(x), qtype)
     expected = gguf.quants.dequantize(packed, qtype)
     raw = torch.from_numpy(np.ascontiguousarray(packed).view(np.uint8))
     ours = dequantize(raw, qtype, (24, 512))

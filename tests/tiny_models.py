@@ -137,12 +137,12 @@ def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> torch.Ten
     return torch.tensor(out, dtype=torch.float32)
 
 
-def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", *, tokenizer: bool = True,
-                    quantize=None) -> Path:
+def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, tokenizer: bool = True) -> Path:
     """Convert a tiny HF folder to GGUF the way llama.cpp's convert_hf_to_gguf.py does: its tensor names,
     q/k rows permuted for llama, Gemma's norms stored as (1 + w), Phi-3's fused projections and LongRoPE
-    factor tensors, its metadata keys; 2-D weights in qtype. `quantize(array, qtype) -> bytes array`
-    replaces gguf.quants.quantize (for the K-quants the gguf package cannot write)."""
+    factor tensors, its metadata keys; 2-D weights in qtype (a type name, or a function of the GGUF tensor
+    name giving one, to mix types the way Q4_K_M does). K-quants are written by engine.ggml_blocks (the
+    gguf package cannot quantize to them)."""
     import json
     import math
 
@@ -199,7 +199,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", 
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if tokenizer:
         _copy_default_tokenizer_metadata(w)
-    quant = gguf.GGMLQuantizationType[qtype]
+    pick = qtype if callable(qtype) else (lambda _name: qtype)
     for name, t in state.items():
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
@@ -210,16 +210,40 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", 
             t = llama_cpp_permute(t, heads)
         elif arch == "llama" and "k_proj" in name:
             t = llama_cpp_permute(t, kv_heads)
+        target = gguf_name(name, arch, n_layers)
+        quant = gguf.GGMLQuantizationType[pick(target)]
         if t.dim() == 2 and quant != gguf.GGMLQuantizationType.F32:
-            data = (quantize or gguf.quants.quantize)(t.numpy(), quant)
-            w.add_tensor(gguf_name(name, arch, n_layers), data, raw_dtype=quant)
+            w.add_tensor(target, quantize_ggml(t, quant), raw_dtype=quant)
         else:
-            w.add_tensor(gguf_name(name, arch, n_layers), np.ascontiguousarray(t.numpy()))
+            w.add_tensor(target, np.ascontiguousarray(t.numpy()))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+def quantize_ggml(t: torch.Tensor, qtype):
+    """ggml bytes of a 2-D float tensor: engine.ggml_blocks for K-quants, gguf.quants for the rest."""
+    import gguf
+
+    from engine import ggml_blocks
+
+    writers = {gguf.GGMLQuantizationType.Q4_K: ggml_blocks.quantize_q4_k,
+               gguf.GGMLQuantizationType.Q5_K: ggml_blocks.quantize_q5_k,
+               gguf.GGMLQuantizationType.Q6_K: ggml_blocks.quantize_q6_k}
+    if qtype in writers:
+        return writers[qtype](t.float()).numpy()
+    return gguf.quants.quantize(t.float().numpy(), qtype)
+
+
+def q4_k_m(name: str) -> str:
+    """llama.cpp's Q4_K_M recipe in miniature: Q6_K for the output head, attn_v and ffn_down of every
+    other layer, Q4_K elsewhere; 1-D tensors stay F32."""
+    if name == "output.weight" or (name.startswith("blk.") and int(name.split(".")[1]) % 2 == 0
+                                   and name.endswith(("attn_v.weight", "ffn_down.weight"))):
+        return "Q6_K"
+    return "Q4_K"
 
 
 def _copy_default_tokenizer_metadata(w) -> None:

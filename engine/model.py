@@ -147,14 +147,14 @@ class Model:
         weights = "packed" if weights == "q4" else weights
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
-        from .weights import default_model_path
+        from .weights import default_model_path, is_gguf
 
         t0 = time.perf_counter()
         resolved = Path(path) if path is not None else default_model_path()
         dev = torch.device(device) if device is not None else default_device()
         dt = dtype if dtype is not None else default_dtype(dev)
         if weights == "auto":  # the fast path where it exists: quantized GGUF weights on a CPU
-            weights = "packed" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
+            weights = "packed" if dev.type == "cpu" and is_gguf(resolved) and q4_supported() else "dense"
         if check_memory and resolved.exists():
             from .memory import check_fits
 

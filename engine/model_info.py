@@ -60,7 +60,9 @@ def read_model_info(path: str | Path) -> ModelInfo:
     if path.is_dir():
         return _hf_info(path)
     info = ModelInfo(path, "gguf", path.stem)
-    if path.suffix.lower() != ".gguf":
+    from .weights import is_gguf
+
+    if not is_gguf(path):
         info.problem = "not a .gguf file or a Hugging Face model folder"
         return info
     return _gguf_info(path, info)

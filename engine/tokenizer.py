@@ -84,7 +84,9 @@ class Tokenizer:
             raise FileNotFoundError(f"Tokenizer path does not exist: {path}")
         if path.is_dir():
             return cls._from_hf(path)
-        if path.suffix.lower() == ".gguf":
+        from engine.weights import is_gguf
+
+        if is_gguf(path):
             return cls._from_gguf(path)
         raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
 

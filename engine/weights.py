@@ -43,6 +43,17 @@ def default_model_path() -> Path:
     )
 
 
+def is_gguf(path: Path) -> bool:
+    """A .gguf file, or any file starting with GGUF's magic (Ollama's blobs have no suffix)."""
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def expected_tensor_names(config: ModelConfig) -> list[str]:
     """Every tensor name load_weights returns for this config, in model order."""
     names = ["model.embed_tokens.weight"]
@@ -97,7 +108,7 @@ def load_weights(
             raise ValueError(f"weights='packed' keeps a GGUF's quantized blocks; {path} is a safetensors folder "
                              "(load it with weights='dense', or 'q8' to quantize it at load)")
         return _load_hf_folder(path, dtype, torch.device(device), progress, fmt)
-    if path.suffix.lower() == ".gguf":
+    if is_gguf(path):
         return _load_gguf(path, dtype, torch.device(device), progress, fmt)
     raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
 

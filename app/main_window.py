@@ -110,9 +110,11 @@ class MainWindow(QMainWindow):
             s.metrics.connect(self.dashboard.push)
         ModelPanel = _optional("app.model_panel", "ModelPanel")
         if ModelPanel is not None:
+            Browser = _optional("app.model_browser", "ModelBrowser")
             self.model_panel = p = ModelPanel(
                 self.store.path.parent / "recent_models.json",
-                cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
+                cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS,
+                browser=Browser(self.store.path.parent / "model_folders.json") if Browser is not None else None)
             p.load_requested.connect(self.load_model)
             s.load_progress.connect(p.set_progress)
             s.loaded.connect(p.set_loaded)
@@ -311,7 +313,7 @@ class MainWindow(QMainWindow):
 
     def _loaded(self, info: dict) -> None:
         size = info["memory_bytes"] / 2**20
-        weights = " · 4-bit matmuls" if info.get("weights") == "q4" else ""
+        weights = f" · {info['weights']} weights" if info.get("weights") in ("packed", "q8") else ""
         self.model_status.setText(f"{info['name']} · {info['device']} {info['dtype']}{weights} · {size:.0f} MiB · "
                                   f"{info['pages']} pages")
         self.statusBar().showMessage(f"Loaded {info['name']} in {info.get('load_seconds', 0):.1f} s", 5000)

@@ -20,8 +20,9 @@ from PySide6.QtWidgets import (
 )
 
 KV_CHOICES = (("none (model dtype)", None), ("Q8", "q8"), ("Q6", "q6"), ("Q4", "q4"))
-WEIGHT_CHOICES = (("auto (4-bit GGUF matmuls on CPU)", "auto"), ("dense (exact, dequantized)", "dense"),
-                  ("4-bit (GGUF Q4 blocks)", "q4"))
+WEIGHT_CHOICES = (("auto (a GGUF's quantized blocks kept packed on CPU)", "auto"),
+                  ("dense (exact, dequantized)", "dense"), ("packed (a GGUF's quantized blocks)", "packed"),
+                  ("q8 (quantize at load)", "q8"))
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
 
 
@@ -32,7 +33,10 @@ def model_path_problem(path: str) -> str | None:
         return f"model path does not exist: {p}"
     if p.is_dir():
         return None if (p / "config.json").is_file() else f"not a Hugging Face model folder (no config.json): {p}"
-    return None if p.suffix.lower() == ".gguf" else f"not a .gguf file or model folder: {p}"
+    if p.suffix.lower() == ".gguf":
+        return None
+    with open(p, "rb") as f:  # GGUF content without the suffix: Ollama's blobs
+        return None if f.read(4) == b"GGUF" else f"not a .gguf file or model folder: {p}"
 
 
 def human_bytes(n: float) -> str:
@@ -87,7 +91,7 @@ class ModelPanel(QWidget):
     load_requested = Signal(object)
 
     def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = 256,
-                 cache_tokens: int = 32768, max_recent: int = 10) -> None:
+                 cache_tokens: int = 32768, max_recent: int = 10, browser: QWidget | None = None) -> None:
         super().__init__(parent)
         if page_size < 1:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -147,6 +151,9 @@ class ModelPanel(QWidget):
 
         form = QFormLayout()
         form.addRow("Model", source)
+        self.browser = browser  # app.model_browser.ModelBrowser: the models found on this computer
+        if browser is not None:
+            form.addRow("Found", browser)
         form.addRow("Recent", self.recent_list)
         form.addRow("Cache size", cache)
         form.addRow("KV cache", self.kv_combo)
@@ -180,6 +187,12 @@ class ModelPanel(QWidget):
         layout.addStretch(1)
         self._update_pages(self.cache_spin.value())
         self._refresh_recent()
+        if browser is not None:
+            browser.chosen.connect(self.path_edit.setText)
+            for changed in (self.cache_spin.valueChanged, self.kv_combo.currentIndexChanged,
+                            self.weights_combo.currentIndexChanged):
+                changed.connect(self._sync_browser)
+            self._sync_browser()
         if self.recent.problem:
             self.show_error(self.recent.problem)
 
@@ -215,6 +228,10 @@ class ModelPanel(QWidget):
     def _update_pages(self, tokens: int) -> None:
         pages = math.ceil(tokens / self.page_size)
         self.pages_label.setText(f"= {pages} pages of {self.page_size} tokens")
+
+    def _sync_browser(self, *_args) -> None:
+        req = self.request()
+        self.browser.set_load_options(req["cache_tokens"], req["kv_quant"], req["weights"])
 
     # ----------------------------------------------------------------------------------- requests
     def request(self) -> dict:

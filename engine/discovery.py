@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,9 +115,13 @@ def _model_files(folder: Path):
             yield str(cfg.parent.relative_to(folder)) if cfg.parent != folder else folder.name, cfg.parent
 
 
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
 def _later_split_part(name: str) -> bool:
-    stem = name.removesuffix(".gguf")
-    return "-of-" in stem and stem.rsplit("-of-", 1)[0].rsplit("-", 1)[-1] not in ("00001", "1")
+    """llama.cpp's split files are NAME-0000k-of-0000n.gguf; the first part stands for the model."""
+    m = _SPLIT.search(name)
+    return m is not None and int(m.group(1)) > 1
 
 
 def _hf_cache(hub: Path):

@@ -92,7 +92,10 @@ def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
         info.problem = str(e)
         return info
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
-    if kind not in tokenizer_gguf.TOKENIZER_MODELS:
+    if int(meta.get("split.count", 1) or 1) > 1:
+        info.problem = (f"it is split across {meta['split.count']} files; merge them into one "
+                        "(llama.cpp's llama-gguf-split --merge)")
+    elif kind not in tokenizer_gguf.TOKENIZER_MODELS:
         info.problem = f"its tokenizer ({kind!r}) is not supported"
     elif kind == "gpt2" and pre not in tokenizer_gguf.PRE_SPLITS:
         info.problem = f"its pre-tokenizer ({pre!r}) is not supported"

@@ -89,10 +89,10 @@ def decode_weight_bytes(model: Model, dense: bool = False) -> int:
     """Bytes of weights one decode step reads: all of them, except an untied embedding (one row read).
 
     dense=True: as if every weight were in the model dtype (what a dequantizing peer reads)."""
-    total = model.num_parameters() * model.embed.element_size() if dense else model.decode_bytes()
-    if model.lm_head is not model.embed:
-        total -= model.embed.numel() * model.embed.element_size()
-    return total
+    if not dense:
+        return model.decode_bytes()
+    params = model.num_parameters() - (0 if model.lm_head is model.embed else model.embed.numel())
+    return params * torch.empty(0, dtype=model.dtype).element_size()
 
 
 def _sync(device: torch.device) -> None:
@@ -195,6 +195,31 @@ def bench_engine(model: Model, tokenizer: Tokenizer, w: Workload) -> dict:
     }
 
 
+def _process_memory() -> dict:
+    """This process's memory after loading: resident (anonymous = what the OS cannot page back to the
+    file), and the peak so far (ru_maxrss), Linux figures."""
+    import resource
+
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[{"VmRSS": "rss_bytes", "RssAnon": "rss_anon_bytes", "RssFile": "rss_file_bytes"}[key]] = (
+                        int(value.split()[0]) * 1024)
+    except OSError:
+        pass
+    return out
+
+
+def _model_files(path) -> list:
+    from pathlib import Path
+
+    path = Path(path)
+    return sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
@@ -224,6 +249,7 @@ def _bench(args: argparse.Namespace) -> int:
         model = Model.load(args.model, weights=args.weights)
         tokenizer = Tokenizer.load(args.model)
     load_s = time.perf_counter() - t
+    memory = _process_memory()
     log(f"pagedeck: loaded {model.name} on {model.device} ({model.dtype}, {model.weight_format} weights) "
         f"in {load_s:.2f} s")
     vocab = min(model.vocab_size, tokenizer.vocab_size)
@@ -243,6 +269,8 @@ def _bench(args: argparse.Namespace) -> int:
         "new_tokens": args.new_tokens, "shared_prefix": args.shared_prefix, "tail_tokens": args.tail_tokens,
         "page_size": PAGE_SIZE, "copy_bandwidth_gb_s": bandwidth / 1e9, "decode_weight_bytes": weight_bytes,
         "roofline_tok_s": roofline, "dense_roofline_tok_s": dense_roofline,
+        "weights_bytes": model.memory_bytes(), **memory,
+        "file_bytes": sum(f.stat().st_size for f in _model_files(model.path)) if model.path else 0,
     }
     device, dtype, synthetic = model.device, model.dtype, args.model in SYNTHETIC_MODELS
     del model
@@ -291,6 +319,9 @@ def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
         f"copy bandwidth {setup['copy_bandwidth_gb_s']:.1f} GB/s, decode weights "
         f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
         + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
+        f"memory after load: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "
+        f"(anonymous {setup.get('rss_anon_bytes', 0) / 1e6:.0f} MB), peak {setup['peak_rss_bytes'] / 1e6:.0f} MB; "
+        f"file {setup['file_bytes'] / 1e6:.0f} MB",
         "",
         f"{'':32s}{'pagedeck':>12s}" + (f"{'transformers':>14s}" if peer else ""),
     ]

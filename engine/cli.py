@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
-    g.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+    g.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="auto",
                    help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
     what = g.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
@@ -89,8 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, metavar="N",
                    help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
                         "much faster)")
-    b.add_argument("--weights", choices=WEIGHT_FORMATS, default="dense",
-                   help="dense: dequantized to the model dtype (default); q4: a GGUF's 4-bit blocks in the matmuls")
+    b.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="dense",
+                   help="dense: dequantized to the model dtype (default); packed: a GGUF's quantized blocks in the "
+                        "matmuls; q8: every matrix as Q8_0; auto: packed for a GGUF on a CPU")
     b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 

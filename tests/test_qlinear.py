@@ -12,7 +12,8 @@ from engine.cache import PagedCache
 from engine.packed import PackedGroup, PackedLinear
 from engine.qlinear import RowSplit, linear
 from engine.weights import dequantize
-from tests.tiny_models import q4_k_m, quantize_ggml, write_tiny_gguf
+from engine.synthetic_gguf import quantize_ggml
+from tests.tiny_models import q4_k_m, write_tiny_gguf
 
 PLANE_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q4_K, QT.Q5_K]
 INT8_TYPES = [QT.Q6_K, QT.Q5_0, QT.Q5_1]
@@ -189,7 +190,7 @@ def test_tiny_gguf_of_each_type_follows_its_dense_form(wide_llama_folder, tmp_pa
     assert q.weight_format == "packed"
     torch.testing.assert_close(q.layers[0].qkv.dequantize(), dense.layers[0].qkv, atol=0.02, rtol=0.01)  # HF row order
     if qtype == "Q4_K_M":
-        assert isinstance(q.layers[0].qkv, PackedGroup) and isinstance(q.lm_head, PackedLinear)
+        assert isinstance(q.layers[1].qkv, PackedGroup) and isinstance(q.lm_head, PackedLinear)  # v: Q6_K
     ids = torch.randint(10, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
     a, b = decode_logits(dense, ids), decode_logits(q, ids)
     # bf16 inputs through random (chaotic, ~15x amplifying) layers; Q6_K is re-quantized as Q8_0 on top

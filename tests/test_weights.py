@@ -11,8 +11,9 @@ from safetensors.torch import load_file, save_file
 
 from engine.config import ModelConfig
 from engine.weights import GGUFFile, default_model_path, dequantize, expected_tensor_names, load_weights
-from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, quantize_ggml, tiny_config,
-                                write_tiny_gguf, write_tiny_model)
+from engine.synthetic_gguf import quantize_ggml
+from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf,
+                                write_tiny_model)
 
 Q = gguf.GGMLQuantizationType
 

@@ -213,6 +213,8 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
         target = gguf_name(name, arch, n_layers)
         quant = gguf.GGMLQuantizationType[pick(target)]
         if t.dim() == 2 and quant != gguf.GGMLQuantizationType.F32:
+            from engine.synthetic_gguf import quantize_ggml
+
             w.add_tensor(target, quantize_ggml(t, quant), raw_dtype=quant)
         else:
             w.add_tensor(target, np.ascontiguousarray(t.numpy()))
@@ -223,27 +225,11 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     return out
 
 
-def quantize_ggml(t: torch.Tensor, qtype):
-    """ggml bytes of a 2-D float tensor: engine.ggml_blocks for K-quants, gguf.quants for the rest."""
-    import gguf
-
-    from engine import ggml_blocks
-
-    writers = {gguf.GGMLQuantizationType.Q4_K: ggml_blocks.quantize_q4_k,
-               gguf.GGMLQuantizationType.Q5_K: ggml_blocks.quantize_q5_k,
-               gguf.GGMLQuantizationType.Q6_K: ggml_blocks.quantize_q6_k}
-    if qtype in writers:
-        return writers[qtype](t.float()).numpy()
-    return gguf.quants.quantize(t.float().numpy(), qtype)
-
-
 def q4_k_m(name: str) -> str:
-    """llama.cpp's Q4_K_M recipe in miniature: Q6_K for the output head, attn_v and ffn_down of every
-    other layer, Q4_K elsewhere; 1-D tensors stay F32."""
-    if name == "output.weight" or (name.startswith("blk.") and int(name.split(".")[1]) % 2 == 0
-                                   and name.endswith(("attn_v.weight", "ffn_down.weight"))):
-        return "Q6_K"
-    return "Q4_K"
+    """llama.cpp's Q4_K_M recipe for a 2-layer model (engine.synthetic_gguf owns the rule)."""
+    from engine.synthetic_gguf import q4_k_m_type
+
+    return q4_k_m_type(name, 2)
 
 
 def _copy_default_tokenizer_metadata(w) -> None:

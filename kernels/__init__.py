@@ -18,7 +18,7 @@ __all__ = [
     "rms_norm", "apply_rotary", "silu_mul", "gelu_tanh_mul", "write_kv", "paged_attention",
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
     "KV_QUANT_FORMATS",
-    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan",
+    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan", "dequant_matmul",
 ]
 
 _triton_ops = None
@@ -92,6 +92,18 @@ def paged_attention(
         return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
                                       plan.attention if plan is not None else None, window, softcap)
+
+
+def dequant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """x (M, K) @ W.T for W (N, K) stored as GGUF blocks `raw` (N, bytes per row) of ggml type `qtype`:
+    the decode GEMV for a few rows, the tiled GEMM for prefill (Triton); the gguf reference elsewhere."""
+    if use_triton(x):
+        from . import triton_dequant
+
+        if x.shape[0] <= 16:
+            return triton_dequant.dequant_gemv(x, raw, qtype, shape)
+        return triton_dequant.dequant_gemm(x, raw, qtype, shape)
+    return _ref.dequant_matmul_reference(x, raw, qtype, shape)
 
 
 class StepPlan:

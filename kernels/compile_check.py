@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import triton_decode, triton_kv, triton_pointwise, triton_prefill
+from . import triton_decode, triton_dequant, triton_kv, triton_pointwise, triton_prefill
 
 DT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 POOL = {0: None, 8: ("*u8", "*u8", "*fp16"), 6: ("*u8", "*u8", "*fp16"), 4: ("*u8", "*u8", "*fp16")}
@@ -79,6 +79,18 @@ def pointwise_variants(dtype: str = "fp16", hidden: int = 4096):
     ]
 
 
+def dequant_variants(dtype: str = "fp16", qtypes=(12, 14)):
+    """The dequant-matmul GEMV and GEMM for ggml types (12 = Q4_K, 14 = Q6_K, 8 = Q8_0, ...)."""
+    t = {"x": DT[dtype], "raw": "*u8", "out": DT[dtype]}
+    out = []
+    for q in qtypes:
+        out.append((f"dequant_gemv[{dtype},type{q}]", triton_dequant._gemv_kernel, t,
+                    dict(QTYPE=q, BLOCK_N=32, BLOCK_K=64), 8))
+        out.append((f"dequant_gemm[{dtype},type{q}]", triton_dequant._gemm_kernel, t,
+                    dict(QTYPE=q, BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, IEEE=dtype == "fp32"), 4))
+    return out
+
+
 def resources(k) -> dict:
     """Registers / spill stack of a compiled kernel, read from its cubin with the bundled cuobjdump."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -108,6 +120,7 @@ def quick_set():
         + _pick(variants("fp16", 4, D=64, G=3), "decode_stage1")
         + _pick(variants("bf16", 0, D=256, G=2, softcap=True), "decode_stage1", "prefill")
         + pointwise_variants("bf16")
+        + dequant_variants("bf16", (12,))
     )
 
 
@@ -120,6 +133,7 @@ def full_set():
     todo += variants("fp32", 0, D=64, G=3)
     todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
     todo += variants("bf16", 0, D=256, G=2, softcap=True)
+    todo += dequant_variants("fp16", tuple(triton_dequant.FORMATS))
     return todo
 
 

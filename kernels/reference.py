@@ -113,3 +113,13 @@ def write_kv(
     idx = slot_mapping.to(torch.int64)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, idx, k.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v.to(v_cache.dtype))
+
+
+def dequant_matmul_reference(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """x @ W.T with W decoded from its GGUF blocks by the gguf package's numpy reference (what the
+    Triton dequant-matmul kernels are tested against)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = dequantize(raw.cpu().numpy(), GGMLQuantizationType(qtype)).reshape(shape)
+    return F.linear(x, torch.from_numpy(w.copy()).to(device=x.device, dtype=x.dtype))

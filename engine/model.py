@@ -251,17 +251,18 @@ class Model:
                 x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
-        logits = self._head(x, rows.select(batch.logit_rows) if rows is not None else None).float()
+        logits = self._head(x).float()
         if c.final_softcap is not None:
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
         return logits
 
-    def _head(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
         """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
         shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md). A packed
-        head gives vocab_size columns; the padding columns (masked later) are zeros."""
+        head always runs the packed kernel (its rows are few, and a dense tile pass would decode the whole
+        vocabulary for one prompt's last token); it gives vocab_size columns, the padding ones are zeros."""
         if isinstance(self.lm_head, Packed):
-            logits = linear(x, self.lm_head, rows=rows)
+            logits = self.lm_head(x)
             return F.pad(logits, (0, self.padded_vocab - logits.shape[1]))
         n = x.shape[0]
         if x.device.type == "cpu" and 8 <= n < 16:

@@ -28,23 +28,12 @@ class RowSplit:
 
     def __init__(self, prompt_rows: torch.Tensor | None, T: int):
         n = 0 if prompt_rows is None else prompt_rows.numel()
-        self.T = T
         self.all_prompt = n == T > 0
         self.prompt = prompt_rows if 0 < n < T else None
         if self.prompt is not None:
             keep = torch.ones(T, dtype=torch.bool, device=prompt_rows.device)
             keep[prompt_rows] = False
             self.generated = keep.nonzero().reshape(-1)
-
-    def select(self, rows: torch.Tensor) -> "RowSplit":
-        """The split of a subset of the rows (the output head sees only the rows that need logits)."""
-        if self.all_prompt:
-            return RowSplit(torch.arange(rows.numel(), device=rows.device), rows.numel())
-        if self.prompt is None:
-            return RowSplit(None, rows.numel())
-        is_prompt = torch.zeros(self.T, dtype=torch.bool, device=rows.device)
-        is_prompt[self.prompt] = True
-        return RowSplit(is_prompt[rows].nonzero().reshape(-1), rows.numel())
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, rows: RowSplit | None = None) -> torch.Tensor:

@@ -38,6 +38,21 @@ def quantize_ggml(t: torch.Tensor, qtype) -> np.ndarray:
     return gguf.quants.quantize(t.float().numpy(), qtype)
 
 
+def copy_default_tokenizer(w, meta: dict | None = None) -> None:
+    """Write the embedded SmolLM2 tokenizer (vocabulary, merges, special ids, chat template) into a GGUFWriter."""
+    from .weights import GGUFFile, default_model_path
+
+    meta = meta or GGUFFile(default_model_path()).metadata
+    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_token_merges(meta["tokenizer.ggml.merges"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.add_chat_template(meta["tokenizer.chat_template"])
+
+
 def q4_k_m_type(name: str, n_layers: int) -> str:
     """llama.cpp's Q4_K_M choice for a tensor: Q6_K for the output head and for attn_v / ffn_down of the
     layers its use_more_bits rule picks (the first and last eighth, every third in between), Q4_K else."""
@@ -79,14 +94,7 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     w.add_vocab_size(vocab)
     if quant == "Q4_K_M":
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    for key in ("model", "pre"):
-        getattr(w, f"add_tokenizer_{key}")(meta[f"tokenizer.ggml.{key}"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    w.add_chat_template(meta["tokenizer.chat_template"])
+    copy_default_tokenizer(w, meta)
     g = torch.Generator().manual_seed(seed)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output.weight": (vocab, h)}
     for i in range(layers):

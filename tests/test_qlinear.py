@@ -117,8 +117,6 @@ def test_rows_split_by_sequence_and_groups_of_mixed_types():
     got = linear(many, both, rows=mixed)
     torch.testing.assert_close(got[[0, 1, 2, 7]], F.linear(many[[0, 1, 2, 7]], dense))
     assert torch.equal(got[3:7], both(many[3:7])) and torch.equal(got[8:], both(many)[8:])
-    head = mixed.select(torch.tensor([2, 5, 39]))  # the output head sees only the logit rows
-    assert head.prompt.tolist() == [0] and head.generated.tolist() == [1, 2]
 
 
 def test_bad_formats_are_refused(tiny_llama_folder):

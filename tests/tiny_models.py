@@ -198,7 +198,9 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if tokenizer:
-        _copy_default_tokenizer_metadata(w)
+        from engine.synthetic_gguf import copy_default_tokenizer
+
+        copy_default_tokenizer(w)
     pick = qtype if callable(qtype) else (lambda _name: qtype)
     for name, t in state.items():
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
@@ -230,20 +232,6 @@ def q4_k_m(name: str) -> str:
     from engine.synthetic_gguf import q4_k_m_type
 
     return q4_k_m_type(name, 2)
-
-
-def _copy_default_tokenizer_metadata(w) -> None:
-    from engine.weights import GGUFFile, default_model_path
-
-    meta = GGUFFile(default_model_path()).metadata
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    w.add_chat_template(meta["tokenizer.chat_template"])
 
 
 # ---------------------------------------------------------------- transformers peers of the default model

@@ -63,7 +63,7 @@ def packed_nbytes(dtype: str, shape: tuple[int, ...], fmt: str) -> int:
 def layout_ok() -> bool:
     """The int4 CPU layout is what unpack_int4 assumes (a torch internal: checked, not trusted)."""
     g = torch.Generator().manual_seed(0)
-    codes = torch.randint(0, 16, (2 * BLOCK_N, 3 * GROUP), generator=g, dtype=torch.int32)
+    codes = torch.randint(0, 16, (2 * BLOCK_N, 3 * GROUP), generator=g, dtype=torch.int32)  # two row blocks
     return torch.equal(unpack_int4(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), codes.shape[1]),
                        codes.to(torch.uint8))
 
@@ -79,9 +79,24 @@ def unpack_int4(packed: torch.Tensor, k: int, rows: slice | None = None) -> torc
 class _Plane:
     """One int4 matrix: codes packed for the kernel, bf16 (scale, zero) per 32 weights."""
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
-        self.scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor):
+        self.packed = packed
+        self.scales_zeros = scales_zeros
+
+    @classmethod
+    def from_tiles(cls, tiles: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], pad: int) -> "_Plane":
+        """Pack tile by tile (each a multiple of 64 rows but the last, padded here): the layout's row blocks
+        are independent, so the packed tiles concatenate, and no whole-matrix int32 copy is ever made."""
+        packed, sz = [], []
+        for i, (codes, scale, zero) in enumerate(tiles):
+            if i == len(tiles) - 1 and pad:
+                k = codes.shape[1]
+                codes = torch.cat([codes, codes.new_full((pad, k), 8)])
+                scale = torch.cat([scale, scale.new_zeros(pad, k // GROUP)])
+                zero = torch.cat([zero, zero.new_zeros(pad, k // GROUP)])
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1))
+            sz.append(torch.stack([scale.t(), zero.t()], dim=-1).to(torch.bfloat16))
+        return cls(torch.cat(packed), torch.cat(sz, dim=1).contiguous())
 
     def dense(self, rows: slice, k: int) -> torch.Tensor:
         codes = unpack_int4(self.packed, k, rows).float().view(-1, k // GROUP, GROUP)
@@ -126,19 +141,8 @@ class PackedLinear:
 
     @classmethod
     def _assemble(cls, tiles: list, shape: tuple[int, int]) -> "PackedLinear":
-        n, k = shape
-        pad = -n % BLOCK_N
-        planes = []
-        for p in range(len(tiles[0])):
-            codes = torch.cat([t[p][0] for t in tiles])
-            scale = torch.cat([t[p][1] for t in tiles])
-            zero = torch.cat([t[p][2] for t in tiles])
-            if pad:
-                codes = torch.cat([codes, codes.new_full((pad, k), 8)])
-                scale = torch.cat([scale, scale.new_zeros(pad, k // GROUP)])
-                zero = torch.cat([zero, zero.new_zeros(pad, k // GROUP)])
-            planes.append(_Plane(codes, scale, zero))
-        return cls(shape, planes)
+        pad = -shape[0] % BLOCK_N
+        return cls(shape, [_Plane.from_tiles([t[p] for t in tiles], pad) for p in range(len(tiles[0]))])
 
     # ------------------------------------------------------------ using
     @property
@@ -272,10 +276,6 @@ def stack(parts: list[PackedLinear]) -> PackedLinear | PackedGroup:
         return PackedGroup(parts)
     shape = (sum(p.shape[0] for p in parts), first.shape[1])
     kind = "+".join(dict.fromkeys(p.qtype for p in parts))
-    planes = []
-    for i in range(len(first.planes)):
-        plane = _Plane.__new__(_Plane)
-        plane.packed = torch.cat([p.planes[i].packed for p in parts])
-        plane.scales_zeros = torch.cat([p.planes[i].scales_zeros for p in parts], dim=1)
-        planes.append(plane)
+    planes = [_Plane(torch.cat([p.planes[i].packed for p in parts]),
+                     torch.cat([p.planes[i].scales_zeros for p in parts], dim=1)) for i in range(len(first.planes))]
     return PackedLinear(shape, planes, qtype=kind)

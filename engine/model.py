@@ -61,6 +61,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 class Model:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
                  dtype: torch.dtype, path: Path | None = None):
+        """Build from an HF-named state dict; the q/k/v and gate/up entries are removed from `weights` once
+        fused (they would otherwise be held twice while loading)."""
         self.config = config
         self.device = device
         self.dtype = dtype
@@ -81,10 +83,14 @@ class Model:
             return w[name].to(device=device, dtype=dtype)
 
         def fused(names: list[str], stored_fused: str):
-            parts = [get(stored_fused)] if c.fused_projections else [get(n) for n in names]
-            if all(isinstance(p, Packed) for p in parts):
-                return stack(parts)
-            return torch.cat([p.dequantize(dtype) if isinstance(p, Packed) else p for p in parts])
+            if c.fused_projections:
+                return get(stored_fused)
+            parts = [get(n) for n in names]
+            out = stack(parts) if all(isinstance(p, Packed) for p in parts) else torch.cat(
+                [p.dequantize(dtype) if isinstance(p, Packed) else p for p in parts])
+            for n in names:  # the parts are copies now: drop them so loading never holds a model twice
+                w.pop(n)
+            return out
 
         self.embed = get("model.embed_tokens.weight")
         self.vocab_size = c.vocab_size

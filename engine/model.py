@@ -153,7 +153,7 @@ class Model:
         weights = "packed" if weights == "q4" else weights
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
-        from .weights import default_model_path, is_gguf
+        from .weights import default_model_path, is_gguf, release_freed_memory
 
         t0 = time.perf_counter()
         resolved = Path(path) if path is not None else default_model_path()
@@ -167,6 +167,8 @@ class Model:
             check_fits(resolved, cache_tokens=0, weights=weights, device=dev.type, dtype=str(dt).removeprefix("torch."))
         config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, fmt=weights)
         model = cls(config, state, dev, dt, resolved)
+        del state
+        release_freed_memory()
         packed = any(isinstance(t, Packed) for t in model._weights())
         model.weight_format = weights if packed else "dense"  # a GGUF without quantized matrices loads dense
         model.load_seconds = time.perf_counter() - t0

@@ -43,6 +43,27 @@ def default_model_path() -> Path:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+        return lib if lib is not None and hasattr(lib, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees many
+    medium-sized temporaries that glibc would otherwise keep: measured ~0.8 GB on a 0.8 GB Q4_K_M file."""
+    lib = _libc()
+    if lib is not None:
+        lib.malloc_trim(0)
+
+
 def is_gguf(path: Path) -> bool:
     """A .gguf file, or any file starting with GGUF's magic (Ollama's blobs have no suffix)."""
     if path.suffix.lower() == ".gguf":
@@ -514,6 +535,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_kv_heads
         kept = gf.packed(t.name, heads, fmt)
         state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+        if kept is not None:
+            release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
         done += t.nbytes
         if progress:
             progress(done / total)

@@ -135,7 +135,7 @@ def estimate(source: str | Path | ModelInfo, cache_tokens: int = 8192, kv_quant:
     weight_bytes = 0
     for t in info.tensors:
         if packed.keeps_packed(t.name, t.dtype, len(t.shape), fmt, info.kind):
-            weight_bytes += packed.packed_nbytes(t.dtype, t.shape, fmt)
+            weight_bytes += packed.packed_nbytes(t.dtype, t.shape, fmt, t.name)
         elif _used(t.name):
             weight_bytes += t.numel * elt
     cache = kv_cache_bytes(c, cache_tokens, kv_quant, elt)

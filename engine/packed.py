@@ -10,6 +10,9 @@ Formats, all through one interface (PackedLinear):
     weights, two planes). Q6_K's own scales cover 16 weights, finer than any torch kernel's groups, so
     this is an approximation, but a fine one: Q8_0's step is ~1/4 of Q6_K's.
 Rows are padded to a multiple of 64 (the int4 layout's block). The int4 kernel rounds activations to bf16.
+The token embedding and the output head are the exception: their exact decode is re-quantized to int8
+per row for torch's int8 kernel, which keeps fp32 activations. bf16 activations into the head flipped the
+default model's greedy answer (measured: "L'Étoile, ..." instead of "Paris"); int8 rows with fp32 keep it.
 
 Prefill: a matmul over many rows would be compute bound in these kernels, so prompt rows go through
 fp32 tiles of TILE_ROWS output rows, dequantized from the planes on the fly (never the whole matrix).
@@ -32,6 +35,7 @@ PACKED_FORMATS = ("packed", "q8")
 Q = GGMLQuantizationType
 PLANE_COUNT = {Q.Q4_0: 1, Q.Q4_1: 1, Q.Q4_K: 1, Q.Q5_K: 2, Q.Q8_0: 2}
 _DENSE = ("F32", "F16", "BF16", "F64")
+_ROWS = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")  # int8 rows, fp32 activations
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
 _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight", "o_proj.weight",
              "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight", "lm_head.weight",
@@ -41,7 +45,12 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
 
 
 def supported() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") and hasattr(torch, "_weight_int8pack_mm")
+
+
+def int8_rows(name: str) -> bool:
+    """The embedding table and the output head are kept as int8 rows (see the module docstring)."""
+    return name.endswith(_ROWS)
 
 
 def keeps_packed(name: str, dtype: str, ndim: int, fmt: str, kind: str) -> bool:
@@ -51,9 +60,11 @@ def keeps_packed(name: str, dtype: str, ndim: int, fmt: str, kind: str) -> bool:
     return fmt == "q8" or dtype not in _DENSE
 
 
-def packed_nbytes(dtype: str, shape: tuple[int, ...], fmt: str) -> int:
-    """Resident bytes of a packed (rows, K) matrix stored as ggml type `dtype`."""
+def packed_nbytes(dtype: str, shape: tuple[int, ...], fmt: str, name: str = "") -> int:
+    """Resident bytes of the packed (rows, K) matrix `name` stored as ggml type `dtype`."""
     n, k = int(shape[0]), int(shape[-1])
+    if int8_rows(name):
+        return n * k + 4 * n
     n_pad = -(-n // BLOCK_N) * BLOCK_N
     planes = 2 if dtype in _DENSE else PLANE_COUNT.get(Q[dtype], 2)  # dense and other types: as Q8_0
     return planes * (n_pad * k // 2 + (k // GROUP) * n_pad * 2 * 2)
@@ -110,20 +121,33 @@ class _Plane:
 class PackedLinear:
     """An (N, K) weight packed for the CPU kernels (see the module docstring); use it through linear()."""
 
-    def __init__(self, shape: tuple[int, int], planes: list[_Plane], qtype: str = ""):
+    def __init__(self, shape: tuple[int, int], planes: list[_Plane], qtype: str = "",
+                 int8: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.shape = shape
         self.planes = planes
         self.qtype = qtype
+        self.int8 = int8  # (codes (N, K) int8, scale (N,) fp32): the int8-rows form, instead of planes
+        self.source: tuple[torch.Tensor, GGMLQuantizationType] | None = None  # GGUF rows for exact lookups
 
     # ------------------------------------------------------------ building
     @classmethod
-    def from_blocks(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "PackedLinear":
-        """From ggml bytes (N rows of K/block blocks), converted TILE_ROWS rows at a time."""
+    def from_blocks(cls, raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int],
+                    rows_int8: bool = False) -> "PackedLinear":
+        """From ggml bytes (N rows of K/block blocks), converted TILE_ROWS rows at a time; rows_int8: the
+        embedding/head form (int8 per row of the exact decode)."""
+        from .weights import dequantize
+
         n, k = shape
         if k % GROUP:
             raise ValueError(f"packed matrices need K % {GROUP} == 0, got {shape}")
         _, block_bytes = GGML_QUANT_SIZES[qtype]
         rows = raw.reshape(n, -1)
+        if rows_int8:
+            out = cls.int8_from_tiles(dequantize(rows[r0:r0 + TILE_ROWS], qtype, (min(TILE_ROWS, n - r0), k))
+                                      for r0 in range(0, n, TILE_ROWS))
+            out.qtype = qtype.name
+            out.source = (rows, qtype)  # a view of the memory-mapped file: lookups decode the few rows they need
+            return out
         tiles = []
         for r0 in range(0, n, TILE_ROWS):
             tiles.append(_tile_affine(rows[r0:r0 + TILE_ROWS].reshape(-1, block_bytes), qtype, k))
@@ -132,9 +156,25 @@ class PackedLinear:
         return out
 
     @classmethod
-    def from_dense(cls, w: torch.Tensor) -> "PackedLinear":
-        """weights="q8": a dense matrix quantized as llama.cpp's Q8_0 (d = max|w|/127 per 32), then packed."""
+    def int8_from_tiles(cls, tiles) -> "PackedLinear":
+        """int8 per row (scale = row max / 127) from fp32 row tiles."""
+        codes, scales = [], []
+        for t in tiles:
+            scale = t.abs().amax(1) / 127
+            codes.append(torch.where(scale[:, None] > 0, t / scale.clamp_min(1e-30)[:, None], 0.0).round().to(torch.int8))
+            scales.append(scale.float())
+        codes_t = torch.cat(codes)
+        return cls(tuple(codes_t.shape), [], int8=(codes_t, torch.cat(scales)))
+
+    @classmethod
+    def from_dense(cls, w: torch.Tensor, rows_int8: bool = False) -> "PackedLinear":
+        """weights="q8": a dense matrix quantized as llama.cpp's Q8_0 (d = max|w|/127 per 32), then packed
+        (or, rows_int8, as int8 rows)."""
         n, k = w.shape
+        if rows_int8:
+            out = cls.int8_from_tiles(w[r0:r0 + TILE_ROWS].float() for r0 in range(0, n, TILE_ROWS))
+            out.qtype = "Q8_rows"
+            return out
         out = cls._assemble([_q8_from_dense(w[r0:r0 + TILE_ROWS]) for r0 in range(0, n, TILE_ROWS)], (n, k))
         out.qtype = "Q8_0"
         return out
@@ -153,6 +193,9 @@ class PackedLinear:
         """Decode-sized products through the packed kernels; every row independent of the others."""
         n, k = self.shape
         lead = x.shape[:-1]
+        if self.int8 is not None:
+            y = torch._weight_int8pack_mm(x.reshape(-1, k).float(), self.int8[0], self.int8[1])
+            return y.to(x.dtype).reshape(*lead, n)
         xb = x.reshape(-1, k).to(torch.bfloat16)
         y = None
         for p in self.planes:
@@ -163,6 +206,8 @@ class PackedLinear:
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as fp32 (start a multiple of 64): a prefill tile, or embedding rows."""
         k = self.shape[1]
+        if self.int8 is not None:
+            return self.int8[0][start:stop].float() * self.int8[1][start:stop, None]
         lo, hi = start // BLOCK_N * BLOCK_N, -(-stop // BLOCK_N) * BLOCK_N
         w = sum(p.dense(slice(lo, hi), k) for p in self.planes)
         return w[start - lo: stop - lo]
@@ -178,6 +223,14 @@ class PackedLinear:
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows of the matrix for token ids (an embedding table kept packed)."""
+        if self.source is not None:  # exact, as the dense model's table, from the file's own rows
+            from .weights import dequantize
+
+            raw, qtype = self.source
+            return dequantize(raw.index_select(0, ids.reshape(-1)), qtype, (ids.numel(), self.shape[1])).view(
+                *ids.shape, self.shape[1])
+        if self.int8 is not None:
+            return self.int8[0][ids].float() * self.int8[1][ids, None]
         uniq, inverse = torch.unique(ids, return_inverse=True)
         rows = torch.stack([self.dense_rows(int(i), int(i) + 1)[0] for i in uniq.tolist()])
         return rows[inverse]
@@ -190,6 +243,8 @@ class PackedLinear:
 
     def nbytes(self) -> int:
         """Bytes resident and read by one decode-sized call."""
+        if self.int8 is not None:
+            return self.int8[0].numel() + self.int8[1].numel() * 4
         return sum(p.nbytes() for p in self.planes)
 
     memory_bytes = nbytes
@@ -272,7 +327,7 @@ def stack(parts: list[PackedLinear]) -> PackedLinear | PackedGroup:
     if len(parts) == 1:
         return parts[0]
     first = parts[0]
-    if not all(p.shape[0] % BLOCK_N == 0 and len(p.planes) == len(first.planes) for p in parts):
+    if not all(p.int8 is None and p.shape[0] % BLOCK_N == 0 and len(p.planes) == len(first.planes) for p in parts):
         return PackedGroup(parts)
     shape = (sum(p.shape[0] for p in parts), first.shape[1])
     kind = "+".join(dict.fromkeys(p.qtype for p in parts))

@@ -185,7 +185,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
                     if name in wanted:
                         t = f.get_tensor(stored)
                         if packing.keeps_packed(name, "F32", t.dim(), fmt, "hf"):
-                            state[name] = packing.PackedLinear.from_dense(t)
+                            state[name] = packing.PackedLinear.from_dense(t, packing.int8_rows(name))
                         else:
                             state[name] = _stored_to_effective(name, t.to(device), config, dtype)
                         if progress:
@@ -395,9 +395,10 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         if not packing.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt, "gguf"):
             return None
+        rows = packing.int8_rows(name)
         if t.tensor_type.name in packing._DENSE:  # q8 of an F16/F32 matrix
-            return packing.PackedLinear.from_dense(dequantize(raw, t.tensor_type, t.shape))
-        return packing.PackedLinear.from_blocks(raw, t.tensor_type, t.shape)
+            return packing.PackedLinear.from_dense(dequantize(raw, t.tensor_type, t.shape), rows)
+        return packing.PackedLinear.from_blocks(raw, t.tensor_type, t.shape, rows)
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)

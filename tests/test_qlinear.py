@@ -77,6 +77,22 @@ def test_every_type_packs_close_and_multiplies_closely(qtype):
     assert w.nbytes() == packed.packed_nbytes(qtype.name, (rows, cols), "packed")
 
 
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_K, QT.Q6_K])
+def test_embedding_and_head_rows_keep_fp32_activations(qtype):
+    """The output head and embedding table: int8 per row of the exact decode, multiplied in fp32 (the
+    int4 kernel's bf16 activations flipped the default model's answer)."""
+    rows, cols = 100, 512
+    raw = torch.from_numpy(quantize_ggml(torch.randn(rows, cols), qtype))
+    exact = dequantize(raw, qtype, (rows, cols))
+    w = PackedLinear.from_blocks(raw, qtype, (rows, cols), rows_int8=True)
+    dq = w.dequantize()
+    assert w.int8 is not None and ((dq - exact).abs().amax(1) <= exact.abs().amax(1) / 254 + 1e-7).all()
+    x = torch.randn(3, cols)
+    torch.testing.assert_close(w(x), F.linear(x, dq), atol=1e-4, rtol=1e-4)  # fp32, not bf16
+    assert torch.equal(w.embedding(torch.tensor([5, 99, 5])), exact[[5, 99, 5]])  # lookups: the file's exact rows
+    assert w.nbytes() == packed.packed_nbytes(qtype.name, (rows, cols), "packed", "output.weight")
+
+
 def test_tiles_cover_matrices_taller_than_one_tile(monkeypatch):
     monkeypatch.setattr(packed, "TILE_ROWS", 128)
     raw = torch.from_numpy(quantize_ggml(torch.randn(300, 256), QT.Q4_K))

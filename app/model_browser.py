@@ -1,4 +1,4 @@
-"""The models already on this computer (engine.discovery), listed for the model panel.
+"""The models already on this computer (engine.find_models), listed for the model panel.
 
 A view only: scanning runs on a worker thread (headers only, but a slow disk should not freeze the window),
 rows show architecture, parameters, quantization, file size and whether the memory estimate fits for the
@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QFileDialog, QHBoxLayout, QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
-from app.model_panel import human_bytes, human_count
+from app.formatting import human_bytes, human_count
 
 COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quantization", "File size", "Fits")
 _GREY = QColor("#8a8a8a")
@@ -36,9 +36,9 @@ class ModelBrowser(QWidget):
     def __init__(self, folders_path: str | Path | None = None, finder: Callable | None = None,
                  parent: QWidget | None = None, autoscan: bool = True) -> None:
         super().__init__(parent)
-        from engine import discovery
+        import engine
 
-        self._finder = finder or discovery.find_models
+        self._finder = finder or engine.find_models
         self._folders_path = Path(folders_path) if folders_path else None
         self.added_folders: list[str] = self._read_folders()
         self.options = {"cache_tokens": 8192, "kv_quant": None, "weights": "auto"}
@@ -127,14 +127,14 @@ class ModelBrowser(QWidget):
     # ----------------------------------------------------------------------------------- choices
     def set_load_options(self, cache_tokens: int, kv_quant: str | None, weights: str) -> None:
         """The panel's cache and format choices: the estimates (and fits column) follow them."""
-        from engine.memory import estimate
+        from engine import estimate_memory
 
         self.options = {"cache_tokens": int(cache_tokens), "kv_quant": kv_quant, "weights": weights}
         for i in range(self.tree.topLevelItemCount()):
             item = self.tree.topLevelItem(i)
             m = self._model(item)
             if m is not None and m.info.config is not None:
-                m.estimate = estimate(m.info, **self.options)
+                m.estimate = estimate_memory(m.info, **self.options)
                 fits = "?" if m.fits is None else ("yes" if m.fits else "no")
                 item.setText(6, fits if m.supported else "—")
                 item.setForeground(6, _BAD if m.fits is False else self.palette().text().color())

@@ -41,7 +41,7 @@ def longrope_factors(n: int, seed: int = 0) -> dict:
 
 @lru_cache(maxsize=1)
 def default_tokenizer():
-    from engine.tokenizer import Tokenizer
+    from engine.model.tokenizer import Tokenizer
 
     return Tokenizer.load()
 
@@ -101,7 +101,7 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
 # ---------------------------------------------------------------- tiny GGUF files (llama.cpp conventions)
 
 def gguf_name(hf: str, arch: str, n_layers: int) -> str:
-    """llama.cpp's name for an HF tensor name, from the gguf package's own table (not engine.weights')."""
+    """llama.cpp's name for an HF tensor name, from the gguf package's own table (not engine.model.weights')."""
     import gguf
 
     arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
@@ -141,7 +141,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     """Convert a tiny HF folder to GGUF the way llama.cpp's convert_hf_to_gguf.py does: its tensor names,
     q/k rows permuted for llama, Gemma's norms stored as (1 + w), Phi-3's fused projections and LongRoPE
     factor tensors, its metadata keys; 2-D weights in qtype (a type name, or a function of the GGUF tensor
-    name giving one, to mix types the way Q4_K_M does). K-quants are written by engine.ggml_blocks (the
+    name giving one, to mix types the way Q4_K_M does). K-quants are written by engine.model.ggml_blocks (the
     gguf package cannot quantize to them)."""
     import json
     import math
@@ -198,7 +198,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if tokenizer:
-        from engine.synthetic_gguf import copy_default_tokenizer
+        from tools.synthetic_gguf import copy_default_tokenizer
 
         copy_default_tokenizer(w)
     pick = qtype if callable(qtype) else (lambda _name: qtype)
@@ -215,7 +215,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
         target = gguf_name(name, arch, n_layers)
         quant = gguf.GGMLQuantizationType[pick(target)]
         if t.dim() == 2 and quant != gguf.GGMLQuantizationType.F32:
-            from engine.synthetic_gguf import quantize_ggml
+            from engine.model.ggml_blocks import quantize as quantize_ggml
 
             w.add_tensor(target, quantize_ggml(t, quant), raw_dtype=quant)
         else:
@@ -228,8 +228,8 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
 
 
 def q4_k_m(name: str) -> str:
-    """llama.cpp's Q4_K_M recipe for a 2-layer model (engine.synthetic_gguf owns the rule)."""
-    from engine.synthetic_gguf import q4_k_m_type
+    """llama.cpp's Q4_K_M recipe for a 2-layer model (tools.synthetic_gguf owns the rule)."""
+    from tools.synthetic_gguf import q4_k_m_type
 
     return q4_k_m_type(name, 2)
 
@@ -241,7 +241,7 @@ def hf_default_model():
     """transformers' own GGUF loader on the default model (slow: ~40 s on 2 cores, so loaded once)."""
     from transformers import AutoModelForCausalLM
 
-    from engine.weights import default_model_path
+    from engine.model.weights import default_model_path
 
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
@@ -251,7 +251,7 @@ def hf_default_model():
 def hf_default_tokenizer():
     from transformers import AutoTokenizer
 
-    from engine.weights import default_model_path
+    from engine.model.weights import default_model_path
 
     path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

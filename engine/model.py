@@ -17,8 +17,8 @@ import kernels
 
 from .batch import Batch
 from .config import ModelConfig
-from .qlinear import Q4Linear, RowSplit, linear, q4_supported
-from .weights import load_weights
+from .qlinear import PackedLinear, Q8Linear, RowSplit, cat_packed, linear, q4_supported
+from .weights import PROJECTION_NAMES, load_weights
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Layer:
     down: torch.Tensor
 
 
-WEIGHT_FORMATS = ("auto", "dense", "q4")  # Model.load(weights=...)
+WEIGHT_FORMATS = ("auto", "dense", "q4", "q8")  # Model.load(weights=...)
 
 
 def default_device() -> torch.device:
@@ -62,17 +62,17 @@ class Model:
         def get(name: str) -> torch.Tensor:
             if name not in w:
                 raise ValueError(f"weights are missing tensor {name!r}")
-            if isinstance(w[name], Q4Linear):
+            if isinstance(w[name], PackedLinear):
                 if device.type != "cpu":
-                    raise ValueError("weights='q4' runs on the CPU only (torch's int4 CPU kernel)")
+                    raise ValueError(f"weights='{w[name].format}' runs on the CPU only (CPU kernels)")
                 return w[name]
             return w[name].to(device=device, dtype=dtype)
 
-        def fused(names: list[str]) -> "torch.Tensor | Q4Linear":
+        def fused(names: list[str]) -> "torch.Tensor | PackedLinear":
             parts = [get(n) for n in names]
-            if all(isinstance(p, Q4Linear) for p in parts):
-                return Q4Linear.cat(parts)
-            return torch.cat([p.dequantize(dtype) if isinstance(p, Q4Linear) else p for p in parts])
+            if all(isinstance(p, PackedLinear) for p in parts) and len({p.format for p in parts}) == 1:
+                return cat_packed(parts)
+            return torch.cat([p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
 
         self.embed = get("model.embed_tokens.weight")
         self.vocab_size = c.vocab_size
@@ -82,6 +82,11 @@ class Model:
             head = torch.cat([head, head.new_zeros(self.padded_vocab - head.shape[0], head.shape[1])])
         self.lm_head = head
         self.norm = get("model.norm.weight")
+        formats = {t.format for t in w.values() if isinstance(t, PackedLinear)}
+        self.weight_format = formats.pop() if len(formats) == 1 else "dense"  # one packed format per model
+        if self.weight_format != "dense" and not isinstance(head, PackedLinear):
+            # the output head is a decode step's largest matrix: 8-bit like the GGUF's Q8_0 embedding
+            self.lm_head = Q8Linear.quantize(head)
         self.layers: list[Layer] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
@@ -113,8 +118,10 @@ class Model:
         """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
 
         weights="dense" dequantizes everything to `dtype` (exact, the default); "q4" keeps a GGUF's 4-bit
-        projection matrices packed for torch's int4 CPU kernel (several times fewer bytes per token,
-        bf16 rounding inside the matmuls; see engine/qlinear.py); "auto" picks q4 for a GGUF on a CPU."""
+        projection matrices packed; "q8" quantizes the projection matrices of any checkpoint to int8 per
+        32 at load; both also pack the output head to 8 bits and run decode rows through pagedeck's CPU
+        kernels (several times fewer bytes per token, int8 activations; see engine/qlinear.py); "auto"
+        picks q4 for a GGUF on a CPU."""
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
         from .weights import default_model_path
@@ -126,16 +133,18 @@ class Model:
         if weights == "auto":  # the fast path where it exists: 4-bit GGUF weights on a CPU
             weights = "q4" if dev.type == "cpu" and resolved.suffix.lower() == ".gguf" and q4_supported() else "dense"
         config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, q4=weights == "q4")
-        model = cls(config, state, dev, dt, resolved)
-        packed = any(isinstance(t, Q4Linear) for layer in model.layers for t in vars(layer).values())
-        model.weight_format = "q4" if packed else "dense"  # a GGUF without Q4 matrices loads dense
+        if weights == "q8":
+            if dev.type != "cpu" or dt != torch.float32:
+                raise ValueError("weights='q8' runs on the CPU in float32 only (CPU kernels)")
+            state = {n: Q8Linear.quantize(t) if n.endswith(PROJECTION_NAMES) else t for n, t in state.items()}
+        model = cls(config, state, dev, dt, resolved)  # a GGUF without Q4 matrices loads dense
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
             progress(1.0)
         return model
 
     def num_parameters(self) -> int:
-        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        tensors = [self.embed, self.norm] + ([] if self._head_is_embed() else [self.lm_head])
         for layer in self.layers:
             tensors += [t for t in vars(layer).values() if t is not None]
         return sum(t.numel() for t in tensors)
@@ -149,16 +158,21 @@ class Model:
 
     def _bytes(self, decode: bool) -> int:
         total = 0
-        for t in [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head]):
-            total += t.numel() * t.element_size()
-        for layer in self.layers:
-            for t in vars(layer).values():
-                if t is not None:
-                    if isinstance(t, Q4Linear):
-                        total += t.nbytes() if decode else t.memory_bytes()
-                    else:
-                        total += t.numel() * t.element_size()
+        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in vars(layer).values() if t is not None]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        for t in tensors:
+            if t is self.lm_head and isinstance(t, PackedLinear) and t.dense is self.embed:
+                total += t.nbytes()  # its dense copy is the embedding, counted once
+            elif isinstance(t, PackedLinear):
+                total += t.nbytes() if decode else t.memory_bytes()
+            else:
+                total += t.numel() * t.element_size()
         return total
+
+    def _head_is_embed(self) -> bool:
+        h = self.lm_head
+        return h is self.embed or (isinstance(h, PackedLinear) and h.dense is self.embed)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache) -> torch.Tensor:
@@ -167,46 +181,64 @@ class Model:
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
         x = F.embedding(batch.input_ids, self.embed)
+        packed = self.weight_format != "dense"  # dense stays the reference path, op for op
+        fuse = packed and not c.qk_norm and cache.kv_quant is None  # rotary + K/V write + attention in one call
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
-                                 cache.page_size)
-        rows = RowSplit(batch.prompt_rows, T) if self.weight_format == "q4" else None
+                                 cache.page_size, fuse=fuse)
+        rows = RowSplit(batch.prompt_rows, T) if packed else None
         residual = None
+        lora = self.lora
         for i, layer in enumerate(self.layers):
             h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
-            lora = self.lora
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
-            q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q = kernels.rms_norm(q, layer.q_norm, eps)[0]
-                k = kernels.rms_norm(k, layer.k_norm, eps)[0]
-            q, k = q.contiguous(), k.contiguous()
-            kernels.apply_rotary(q, k, batch.positions, self.inv_freq, plan)
-            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
-            o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
-                                        batch.kv_lens, self.scale, plan)
-            o = o.reshape(T, self.q_size)
+            if plan.fused:
+                o = kernels.fused_attention(qkv, cache.k[i], cache.v[i], batch.slot_mapping, batch.block_table,
+                                            batch.cu_q, batch.kv_lens, c.num_heads, self.scale, plan)
+            else:
+                o = self._attention(i, layer, qkv, batch, cache, plan)
             x = linear(o, layer.o, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
-            gu = linear(h, layer.gate_up, rows=rows)
-            if lora is not None:
+            if lora is None:
+                a = linear(h, layer.gate_up, rows=rows, act="swiglu")
+            else:
+                gu = linear(h, layer.gate_up, rows=rows)
                 lora.add(i, "gate_up", h, gu)
-            a = kernels.silu_mul(gu)
+                a = kernels.silu_mul(gu)
             x = linear(a, layer.down, rows=rows)
             if lora is not None:
                 lora.add(i, "down", a, x)
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps)
-        return self._head(x).float()
+        head_rows = RowSplit.of_rows(batch.prompt_rows, T, batch.logit_rows) if packed else None
+        return self._head(x, head_rows).float()
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
-        shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md)."""
+    def _attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan) -> torch.Tensor:
+        """Split q|k|v, rotary, K/V into the cache, paged attention: the reference path, op by op."""
+        c = self.config
+        T = qkv.shape[0]
+        q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q = kernels.rms_norm(q, layer.q_norm, c.rms_norm_eps)[0]
+            k = kernels.rms_norm(k, layer.k_norm, c.rms_norm_eps)[0]
+        q, k = q.contiguous(), k.contiguous()
+        kernels.apply_rotary(q, k, batch.positions, self.inv_freq, plan)
+        kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
+        o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
+                                    batch.kv_lens, self.scale, plan)
+        return o.reshape(T, self.q_size)
+
+    def _head(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+        """The output projection (packed: prompt rows through the dense copy, like the layers). On CPU,
+        8-15 rows are padded to 16 for dense: MKL's sgemm for this wide, flat shape is ~1.5x slower at
+        those row counts than at 16 (measured, see kernels/PERF.md)."""
+        if isinstance(self.lm_head, PackedLinear):
+            return linear(x, self.lm_head, rows=rows)
         rows = x.shape[0]
         if x.device.type == "cpu" and 8 <= rows < 16:
             return F.linear(F.pad(x, (0, 0, 0, 16 - rows)), self.lm_head)[:rows]

@@ -341,17 +341,18 @@ Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 
 
 def q4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]):
-    """Q4_0/Q4_1 bytes as (codes (N, K) uint8, scale, zero (N, K/32)) with w = (code - 8) * scale + zero:
-    Q4_1's w = d * q + m is (q - 8) * d + (m + 8d), Q4_0's w = (q - 8) * d. Same nibble order as _dq_q4_*."""
+    """Q4_0/Q4_1 bytes as (codes (N, K) uint8, scale, minimum (N, K/32)) with w = code * scale + minimum:
+    Q4_1's w = d * q + m as stored, Q4_0's w = (q - 8) * d is m = -8d (exact in fp16). Same nibble order
+    as _dq_q4_*."""
     if qtype not in Q4_TYPES:
         raise ValueError(f"4-bit matmuls read Q4_0/Q4_1 blocks, not {qtype.name}")
     N, K = shape
     b = raw.reshape(N * K // Q4_GROUP, -1)
     d = _half(b, 0)
     if qtype == GGMLQuantizationType.Q4_1:
-        zero, qs = _half(b, 2) + 8 * d, b[:, 4:]
+        zero, qs = _half(b, 2), b[:, 4:]
     else:
-        zero, qs = torch.zeros_like(d), b[:, 2:]
+        zero, qs = -8 * d, b[:, 2:]
     codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15 of a block, high 16..31
     return codes.reshape(N, K), d.reshape(N, K // Q4_GROUP), zero.reshape(N, K // Q4_GROUP)
 
@@ -403,7 +404,7 @@ def hf_name(gguf_name: str) -> str | None:
     return f"{mapped}.{suffix}" if mapped else None
 
 
-_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+PROJECTION_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, q4: bool = False):
@@ -428,7 +429,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        packed = gf.q4(t.name, heads) if q4 and name.endswith(_Q4_NAMES) else None
+        packed = gf.q4(t.name, heads) if q4 and name.endswith(PROJECTION_NAMES) else None
         state[name] = packed if packed is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
         done += t.nbytes
         if progress:

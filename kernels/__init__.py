@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import attention as _attention
+from . import cpu_ext as _cpu_ext
 from . import reference as _ref
 from .kv_quant import FORMATS as KV_QUANT_FORMATS
 from .kv_quant import (QuantizedPool, copy_page_prefix, copy_pages, gather_pages, make_pool, permute_pages,
@@ -18,7 +19,7 @@ __all__ = [
     "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
     "KV_QUANT_FORMATS",
-    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan",
+    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan", "fused_attention",
 ]
 
 _triton_ops = None
@@ -84,18 +85,38 @@ def paged_attention(
 
 
 class StepPlan:
-    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path)."""
+    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path).
+
+    fused: this step runs fused_attention (CPU kernels built, fp32 pools, only short query chunks)."""
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
-                 cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+                 cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int, fuse: bool = False):
         self.rotary = None
         self.attention = None
+        self.fused = False
         if not use_triton(positions):
             self.rotary = _ref.rotary_tables(positions, inv_freq)
-            self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
+            if fuse and positions.dtype == torch.int64 and _cpu_ext.available():
+                cu = cu_q.tolist()
+                self.fused = max(b - a for a, b in zip(cu, cu[1:])) <= _attention.SHORT_Q
+            if not self.fused:
+                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
 
 
 def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,
-              kv_lens: torch.Tensor, page_size: int) -> StepPlan:
-    """Build once per forward, pass to apply_rotary and paged_attention of every layer."""
-    return StepPlan(positions, inv_freq, block_table, cu_q, kv_lens, page_size)
+              kv_lens: torch.Tensor, page_size: int, fuse: bool = False) -> StepPlan:
+    """Build once per forward, pass to apply_rotary and paged_attention of every layer; fuse=True asks
+    for fused_attention where this step allows it (plan.fused says whether it does)."""
+    return StepPlan(positions, inv_freq, block_table, cu_q, kv_lens, page_size, fuse)
+
+
+def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
+                    scale: float, plan: StepPlan) -> torch.Tensor:
+    """apply_rotary + write_kv + paged_attention of one layer in one CPU call (kernels/cpu/attention.cpp),
+    from the fused q|k|v rows (T, (Hq + 2 Hkv) D) to the attention output (T, Hq D); needs plan.fused."""
+    if not plan.fused:
+        raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
+    cos, sin = plan.rotary
+    return _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
+                                 num_heads, scale)

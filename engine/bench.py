@@ -93,8 +93,10 @@ def decode_weight_bytes(model: Model, dense: bool = False) -> int:
     """Bytes of weights one decode step reads: all of them, except an untied embedding (one row read).
 
     dense=True: as if every weight were in the model dtype (what a dequantizing peer reads)."""
-    total = model.num_parameters() * model.embed.element_size() if dense else model.decode_bytes()
-    if model.lm_head is not model.embed:
+    if not dense:
+        return model.decode_bytes()
+    total = model.num_parameters() * model.embed.element_size()
+    if not model.head_is_embedding():
         total -= model.embed.numel() * model.embed.element_size()
     return total
 

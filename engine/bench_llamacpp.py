@@ -99,9 +99,12 @@ class LlamaCpp:
             raise RuntimeError(f"llama_decode failed ({rc})")
         return [self._argmax(i) for i in out_rows]
 
+    def logits(self, row: int) -> np.ndarray:
+        """The logits of the row-th output of the last decode (a view of llama.cpp's buffer)."""
+        return np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
+
     def _argmax(self, row: int) -> int:
-        ptr = self.L.llama_get_logits_ith(self.ctx, row)
-        return int(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).argmax())
+        return int(self.logits(row).argmax())
 
 
 class LlamaCppPeer:

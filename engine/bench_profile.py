@@ -1,10 +1,11 @@
-"""Where a decode step's time goes, by op class: `python -m engine.bench_profile [--weights q4] [--batches 1,8]`.
+"""Where a decode step's time goes, by op class:
+`python -m engine.bench_profile [--weights q4] [--batches 1,8] [--threads 1] [--clock cpu|wall]`.
 
 B sequences with ~150-token prompts are prefilled (not measured), then decode steps of Model.forward run
-under torch.profiler. Every op's *self* time is put in a class (by op name and, for matmuls, by the width
-of their weight: the output head is told apart by its vocabulary rows); what the profiler does not see
-inside forward (Python, argument checks, dispatch) is `python/other`. The profiler itself adds ~1-2 us per
-op, so the table also gives the same steps' wall time without the profiler.
+with the model's kernels wrapped by timers (classes below); what no wrapper sees (embedding, the final norm,
+Python between the calls) is `other`. `--clock cpu` counts this thread's CPU time, which a busy shared
+machine disturbs far less than wall time; it sees only the calling thread, so use it with --threads 1.
+The wrappers cost ~1 us per call, included in the profiled step (the table also gives the unwrapped step).
 """
 from __future__ import annotations
 
@@ -13,53 +14,55 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 
+import kernels
+
+from . import model as model_module
 from .batch import Batch
 from .cache import PagedCache
 from .model import WEIGHT_FORMATS, Model
+from .qlinear import PackedLinear
 
 PROMPT = 150
 PAGE = 256
-
-# op name -> class; matched on the profiler's event name (first hit wins)
-CLASSES = [
-    ("pagedeck::qmatmul", "matmul (packed)"),
-    ("pagedeck::head", "output head"),
-    ("pagedeck::attention", "attention"),
-    ("pagedeck::", "fused small ops"),
-    ("_weight_int4pack_mm", "matmul (packed)"),
-    ("_weight_int8pack_mm", "matmul (packed)"),
-    ("scaled_dot_product", "attention"),
-    ("flash_attention", "attention"),
-    ("rms_norm", "norms"),
-    ("index_copy", "kv write"),
-    ("index_select", "gather/index"),
-    ("embedding", "gather/index"),
-    ("silu", "elementwise"),
-    ("mul", "elementwise"),
-    ("add", "elementwise"),
-    ("sub", "elementwise"),
-    ("cos", "elementwise"),
-    ("sin", "elementwise"),
-    ("_to_copy", "dtype casts/copies"),
-    ("copy_", "dtype casts/copies"),
-    ("clone", "dtype casts/copies"),
-    ("contiguous", "dtype casts/copies"),
-    ("cat", "dtype casts/copies"),
-]
-MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
-def classify(name: str, shapes) -> str:
-    if name in MATMULS:
-        wide = any(s and len(s) == 2 and max(s) >= 32000 for s in shapes or [])
-        return "output head" if wide else "matmul (dense)"
-    for key, cls in CLASSES:
-        if key in name:
-            return cls
-    return "other aten ops"
+@contextmanager
+def timed(model: Model, clock, into: dict[str, float]):
+    """Wrap the model's kernels so each call adds its time to `into[class]`; restores them on exit."""
+
+    def wrap(fn, name_of):
+        def inner(*args, **kwargs):
+            t = clock()
+            out = fn(*args, **kwargs)
+            into[name_of(*args, **kwargs)] += clock() - t
+            return out
+        return inner
+
+    def linear_class(x, w, *args, **kwargs) -> str:
+        if w is model.lm_head:
+            return "output head"
+        return f"matmul ({w.format})" if isinstance(w, PackedLinear) else "matmul (dense)"
+
+    saved = [(model_module, "linear"), (kernels, "rms_norm"), (kernels, "fused_attention"), (kernels, "silu_mul"),
+             (kernels, "plan_step")]
+    originals = [getattr(obj, name) for obj, name in saved]
+    classes = {"rms_norm": "norms", "fused_attention": "attention (fused: rotary, K/V write, attention)",
+               "silu_mul": "elementwise (silu * up)", "plan_step": "step plan (rotary tables, attention plan)"}
+    model_module.linear = wrap(originals[0], linear_class)
+    for (obj, name), fn in zip(saved[1:], originals[1:]):
+        setattr(obj, name, wrap(fn, lambda *a, _c=classes[name], **k: _c))
+    model._attention = wrap(model._attention, lambda *a, **k: "attention (reference: split, rotary, write, SDPA)")
+    try:
+        yield
+    finally:
+        for (obj, name), fn in zip(saved, originals):
+            setattr(obj, name, fn)
+        del model._attention
 
 
 def decode_setup(model: Model, batch: int) -> tuple[PagedCache, list[list[int]]]:
@@ -82,41 +85,37 @@ def step_batch(model: Model, seqs: list[list[int]], step: int) -> Batch:
     return Batch.build(entries, PAGE, [1] * len(seqs), model.device, [False] * len(seqs))
 
 
-def profile(model: Model, batch: int, steps: int) -> dict:
+def profile(model: Model, batch: int, steps: int, clock_name: str) -> dict:
+    clock = CLOCKS[clock_name]
     cache, seqs = decode_setup(model, batch)
     batches = [step_batch(model, seqs, s + 1) for s in range(2 * steps + 4)]
     for b in batches[:4]:  # warm-up
         model.forward(b, cache)
-    wall = []
+    plain = []
     for b in batches[4 : 4 + steps]:
-        t = time.perf_counter()
+        t = clock()
         model.forward(b, cache)
-        wall.append(time.perf_counter() - t)
-    acts = torch.profiler.ProfilerActivity.CPU
-    with torch.profiler.profile(activities=[acts], record_shapes=True) as prof:
-        t = time.perf_counter()
-        for b in batches[4 + steps :]:
-            model.forward(b, cache)
-        prof_wall = (time.perf_counter() - t) / steps
+        plain.append(clock() - t)
     per_class: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
-    for e in prof.events():
-        cls = classify(e.name, e.input_shapes)
-        per_class[cls] += e.self_cpu_time_total / 1e3 / steps  # ms per step
-        counts[cls] += 1
-    seen = sum(per_class.values())
-    per_class["python/other (not in an op)"] = max(0.0, prof_wall * 1e3 - seen)
-    return {"batch": batch, "step_ms": statistics.median(wall) * 1e3, "profiled_step_ms": prof_wall * 1e3,
-            "ops_per_step": sum(counts.values()) / steps,
-            "classes_ms": dict(sorted(per_class.items(), key=lambda kv: -kv[1]))}
+    profiled = []
+    with timed(model, clock, per_class):
+        for b in batches[4 + steps :]:
+            t = clock()
+            model.forward(b, cache)
+            profiled.append(clock() - t)
+    total = sum(profiled)
+    classes = {k: 1e3 * v / steps for k, v in per_class.items()}
+    classes["other (embedding, final norm, Python between calls)"] = 1e3 * (total - sum(per_class.values())) / steps
+    return {"batch": batch, "clock": clock_name, "step_ms": statistics.median(plain) * 1e3,
+            "profiled_step_ms": 1e3 * total / steps,
+            "classes_ms": dict(sorted(classes.items(), key=lambda kv: -kv[1]))}
 
 
 def format_profile(r: dict) -> str:
-    lines = [f"batch {r['batch']}: step {r['step_ms']:.1f} ms ({r['profiled_step_ms']:.1f} ms under the profiler, "
-             f"{r['ops_per_step']:.0f} ops a step)", "| op class | ms / step | share |", "| --- | --- | --- |"]
-    total = r["profiled_step_ms"]
+    lines = [f"batch {r['batch']}: step {r['step_ms']:.1f} ms {r['clock']} time ({r['profiled_step_ms']:.1f} ms with "
+             "the timers)", "| op class | ms / step | share |", "| --- | --- | --- |"]
     for cls, ms in r["classes_ms"].items():
-        lines.append(f"| {cls} | {ms:.2f} | {100 * ms / total:.0f} % |")
+        lines.append(f"| {cls} | {ms:.2f} | {100 * ms / r['profiled_step_ms']:.0f} % |")
     return "\n".join(lines)
 
 
@@ -126,15 +125,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="q4")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.clock == "cpu" and args.threads != 1:
+        ap.error("--clock cpu sees the calling thread only: use it with --threads 1")
     torch.set_num_threads(args.threads)
     model = Model.load(args.model, weights=args.weights)
     out = []
     with torch.inference_mode():
         for b in (int(x) for x in args.batches.split(",")):
-            r = profile(model, b, args.steps)
+            r = profile(model, b, args.steps, args.clock)
             out.append(r)
             print(format_profile(r), flush=True)
     if args.json:

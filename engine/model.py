@@ -144,7 +144,7 @@ class Model:
         return model
 
     def num_parameters(self) -> int:
-        tensors = [self.embed, self.norm] + ([] if self._head_is_embed() else [self.lm_head])
+        tensors = [self.embed, self.norm] + ([] if self.head_is_embedding() else [self.lm_head])
         for layer in self.layers:
             tensors += [t for t in vars(layer).values() if t is not None]
         return sum(t.numel() for t in tensors)
@@ -153,14 +153,17 @@ class Model:
         return self._bytes(decode=False)
 
     def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads (4-bit matrices count their packed bytes, not the dense copy)."""
+        """Weight bytes one decode step reads (packed matrices count their packed bytes, not the dense copy;
+        an embedding that is not also the output head counts as not read)."""
         return self._bytes(decode=True)
 
     def _bytes(self, decode: bool) -> int:
         total = 0
-        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in vars(layer).values() if t is not None]
+        tensors = [self.norm] + [t for layer in self.layers for t in vars(layer).values() if t is not None]
         if self.lm_head is not self.embed:
             tensors.append(self.lm_head)
+        if not decode or self.lm_head is self.embed:  # else a step reads one embedding row per token
+            tensors.append(self.embed)
         for t in tensors:
             if t is self.lm_head and isinstance(t, PackedLinear) and t.dense is self.embed:
                 total += t.nbytes()  # its dense copy is the embedding, counted once
@@ -170,7 +173,8 @@ class Model:
                 total += t.numel() * t.element_size()
         return total
 
-    def _head_is_embed(self) -> bool:
+    def head_is_embedding(self) -> bool:
+        """Whether the output head is the embedding (tied), possibly packed (then its dense copy is the embedding)."""
         h = self.lm_head
         return h is self.embed or (isinstance(h, PackedLinear) and h.dense is self.embed)
 
@@ -182,14 +186,15 @@ class Model:
         eps = c.rms_norm_eps
         x = F.embedding(batch.input_ids, self.embed)
         packed = self.weight_format != "dense"  # dense stays the reference path, op for op
-        fuse = packed and not c.qk_norm and cache.kv_quant is None  # rotary + K/V write + attention in one call
+        # rotary + K/V write + attention in one call (fp32 pools)
+        fuse = packed and self.dtype == torch.float32 and not c.qk_norm and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
         rows = RowSplit(batch.prompt_rows, T) if packed else None
         residual = None
         lora = self.lora
         for i, layer in enumerate(self.layers):
-            h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
+            h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual, packed)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
@@ -201,7 +206,7 @@ class Model:
             x = linear(o, layer.o, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
-            h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
+            h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual, packed)
             if lora is None:
                 a = linear(h, layer.gate_up, rows=rows, act="swiglu")
             else:
@@ -212,7 +217,7 @@ class Model:
             if lora is not None:
                 lora.add(i, "down", a, x)
         x = (x + residual).index_select(0, batch.logit_rows)
-        x, _ = kernels.rms_norm(x, self.norm, eps)
+        x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
         head_rows = RowSplit.of_rows(batch.prompt_rows, T, batch.logit_rows) if packed else None
         return self._head(x, head_rows).float()
 

@@ -25,6 +25,14 @@ from kernels import cpu_ext
 
 GROUP = 32  # GGUF block size = the kernels' group size
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
+SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
+
+
+def _scales(t: torch.Tensor) -> torch.Tensor:
+    """fp16 copy of (N, K/32) scales in a buffer SCALE_PAD values longer (zeros)."""
+    buf = torch.zeros(t.numel() + SCALE_PAD, dtype=torch.float16)
+    buf[: t.numel()] = t.reshape(-1)
+    return buf[: t.numel()].view(t.shape)
 
 
 def q4_supported() -> bool:
@@ -66,9 +74,11 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         """x (..., K) -> (..., N), or (..., N/2) with act="swiglu"; every row independent of the others."""
+        ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+        if ops is not None and x.dim() == 2:  # the decode path: keep it lean, it runs ~120 times a step
+            return ops.qmatmul(x.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.shape[1])
-        ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         if ops is not None:
             y = ops.qmatmul(x2.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
         else:
@@ -100,8 +110,8 @@ class Q4Linear(PackedLinear):
                                "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
         c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
         self.qs = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2).contiguous()  # GGUF nibble order
-        self.scale = scale.to(torch.float16).contiguous()
-        self.minimum = minimum.to(torch.float16).contiguous()
+        self.scale = _scales(scale)
+        self.minimum = _scales(minimum)
         self._int4 = None  # torch's packing, built only if the fallback runs
         super().__init__((N, K), None)
         self.dense = self.dequantize()
@@ -140,7 +150,8 @@ class Q4Linear(PackedLinear):
 
 
 class Q8Linear(PackedLinear):
-    """int8 codes with an fp16 scale per 32: w = code * scale (GGUF Q8_0, or quantize() of a dense weight)."""
+    """int8 codes with an fp16 scale per 32: w = code * scale (GGUF Q8_0, or quantize() of a dense weight);
+    kept as u8 code + 128 for the kernel."""
 
     format = "q8"
 
@@ -149,8 +160,8 @@ class Q8Linear(PackedLinear):
         _check_blocks(N, K, scale)
         if codes.dtype != torch.int8:
             raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
-        self.qs = codes.contiguous()
-        self.scale = scale.to(torch.float16).contiguous()
+        self.qs = (codes.to(torch.int16) + 128).to(torch.uint8)  # the kernel multiplies u8 by s8
+        self.scale = _scales(scale)
         super().__init__((N, K), None)
         self.dense = dense if dense is not None else self.dequantize()
 
@@ -168,12 +179,15 @@ class Q8Linear(PackedLinear):
 
     @classmethod
     def cat(cls, parts: list["Q8Linear"]) -> "Q8Linear":
-        return cls(torch.cat([p.qs for p in parts]), torch.cat([p.scale for p in parts]),
+        return cls(torch.cat([p.codes() for p in parts]), torch.cat([p.scale for p in parts]),
                    torch.cat([p.dense for p in parts]) if all(p.dense is not None for p in parts) else None)
+
+    def codes(self) -> torch.Tensor:
+        return (self.qs.to(torch.int16) - 128).to(torch.int8)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         N, K = self.shape
-        w = self.qs.float().view(N, K // GROUP, GROUP) * self.scale.float()[..., None]
+        w = self.codes().float().view(N, K // GROUP, GROUP) * self.scale.float()[..., None]
         return w.view(N, K).to(dtype)
 
     def _packed(self) -> list[torch.Tensor]:

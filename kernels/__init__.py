@@ -40,11 +40,17 @@ def _triton():
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, fast: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual); without residual, (norm(x), x)."""
+    """(norm(x + residual), x + residual); without residual, (norm(x), x).
+
+    fast=True on a CPU: pagedeck's fused kernel where it is built (not bit-identical to the reference)."""
     if use_triton(x):
         return _triton().rms_norm(x, weight, eps, residual)
+    if fast and x.dtype == torch.float32 and x.is_contiguous():
+        ops = _cpu_ext.ops()
+        if ops is not None:
+            return ops.rms_norm(x, weight, eps, residual)
     return _ref.rms_norm(x, weight, eps, residual)
 
 
@@ -87,7 +93,8 @@ def paged_attention(
 class StepPlan:
     """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path).
 
-    fused: this step runs fused_attention (CPU kernels built, fp32 pools, only short query chunks)."""
+    fused: this step runs fused_attention (CPU kernels built, fp32 pools); its attention plan then covers the
+    long prefill chunks only."""
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int, fuse: bool = False):
@@ -96,11 +103,10 @@ class StepPlan:
         self.fused = False
         if not use_triton(positions):
             self.rotary = _ref.rotary_tables(positions, inv_freq)
-            if fuse and positions.dtype == torch.int64 and _cpu_ext.available():
-                cu = cu_q.tolist()
-                self.fused = max(b - a for a, b in zip(cu, cu[1:])) <= _attention.SHORT_Q
-            if not self.fused:
-                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
+            self.fused = fuse and positions.dtype == torch.int64 and _cpu_ext.available()
+            cu = cu_q.tolist()
+            if not self.fused or max(b - a for a, b in zip(cu, cu[1:])) > _attention.SHORT_Q:
+                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size, long_only=self.fused)
 
 
 def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,
@@ -113,10 +119,15 @@ def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torc
 def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                     block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
                     scale: float, plan: StepPlan) -> torch.Tensor:
-    """apply_rotary + write_kv + paged_attention of one layer in one CPU call (kernels/cpu/attention.cpp),
-    from the fused q|k|v rows (T, (Hq + 2 Hkv) D) to the attention output (T, Hq D); needs plan.fused."""
+    """apply_rotary + write_kv + paged_attention of one layer, from the fused q|k|v rows (T, (Hq + 2 Hkv) D)
+    to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for everything but the
+    attention of long prefill chunks, which stays torch's SDPA (the plan's long-only attention plan).
+    Needs plan.fused."""
     if not plan.fused:
         raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
     cos, sin = plan.rotary
-    return _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
-                                 num_heads, scale)
+    out, q = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
+                                   num_heads, scale, _attention.SHORT_Q)
+    if plan.attention is not None:
+        _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape))
+    return out

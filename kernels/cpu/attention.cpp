@@ -2,14 +2,17 @@
 // causal attention of each sequence's few query rows over its pages (fp32 pools).
 //
 // Token i of sequence b sits at position kv_lens[b] - q_len_b + i and attends to positions 0..that one
-// (decode, speculative verification; long prefill chunks go through torch's SDPA instead). Work is split
-// into (sequence, kv head, context slice) tasks with an online softmax each, merged by log-sum-exp, so a
-// long context also spreads over the threads. GQA: the G query heads of a KV head share its K/V reads.
+// (decode, speculative verification). Sequences with more than max_q query rows (prefill chunks) are only
+// rotated and written: the caller runs torch's SDPA for them on the returned rotated q. Work is split into
+// (sequence, kv head, context slice) tasks with an online softmax each, merged by log-sum-exp, so a long
+// context also spreads over the threads. Slices depend on the sequence's own length only, so a sequence's
+// result never depends on what else is in the batch. GQA: a KV head's G query heads run in one task.
 #include "common.h"
 
 #include <torch/library.h>
 
 #include <algorithm>
+#include <tuple>
 #include <limits>
 #include <vector>
 
@@ -17,7 +20,7 @@ namespace pagedeck {
 namespace {
 
 constexpr int64_t kChunk = 64;     // positions scored at once
-constexpr int64_t kMinSlice = 256;  // a context slice is never shorter than this
+constexpr int64_t kSlice = 512;     // context positions per task
 
 inline void rotate(const float* x, const float* c, const float* s, int64_t half, float* out) {
   int64_t i = 0;
@@ -81,9 +84,10 @@ struct Partial {  // online-softmax state of one query row over one context slic
   float max, sum;
 };
 
-at::Tensor attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool, const at::Tensor& cos,
-                  const at::Tensor& sin, const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                  const at::Tensor& cu_q, const at::Tensor& kv_lens, int64_t Hq, double scale) {
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
+                                          const at::Tensor& block_table, const at::Tensor& cu_q,
+                                          const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q) {
   check_cpu_f32(qkv, "qkv");
   check_cpu_f32(k_pool, "k_pool");
   check_cpu_f32(v_pool, "v_pool");
@@ -114,7 +118,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Ten
     for (int64_t p = 0; p < (lens[b] + ps - 1) / ps; ++p) {
       TORCH_CHECK(table[b * W + p] >= 0 && table[b * W + p] < P, "block_table holds a page outside the pool");
     }
-    qmax = std::max(qmax, ql);
+    if (ql <= max_q) qmax = std::max(qmax, ql);
   }
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < P * ps, "slot_mapping outside the pool");
 
@@ -136,12 +140,10 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Ten
     }
   }
 
-  // tasks: (sequence, kv head, slice); slices only when there are too few tasks to keep threads busy
-  const int64_t threads = at::get_num_threads();
+  // tasks: (sequence, kv head, slice of kSlice positions); none for sequences left to the caller
   std::vector<int64_t> first_task(B + 1, 0), slices(B);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t want = std::max<int64_t>(1, (4 * threads + B * Hkv - 1) / (B * Hkv));
-    slices[b] = std::max<int64_t>(1, std::min<int64_t>(want, lens[b] / kMinSlice));
+    slices[b] = cu[b + 1] - cu[b] <= max_q ? (lens[b] + kSlice - 1) / kSlice : 0;
     first_task[b + 1] = first_task[b] + Hkv * slices[b];
   }
   const int64_t tasks = first_task[B], nq = qmax * G;
@@ -199,6 +201,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Ten
   float* o = out.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t ql = cu[b + 1] - cu[b];
+    if (slices[b] == 0) continue;
     for (int64_t h = 0; h < Hkv; ++h) {
       const int64_t base = first_task[b] + h * slices[b];
       for (int64_t j = 0; j < ql * G; ++j) {
@@ -219,14 +222,14 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Ten
       }
     }
   }
-  return out;
+  return {out, qrot};
 }
 
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("attend(Tensor qkv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor cos, Tensor sin, Tensor slot_mapping, "
-          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale) -> Tensor",
+          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q) -> (Tensor, Tensor)",
           &attend);
 }
 

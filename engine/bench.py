@@ -229,6 +229,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
+        if getattr(args, "paste", None):
+            from .bench_paste import run_paste_bench
+
+            return run_paste_bench(args)
         return _bench(args)
     finally:
         torch.set_num_threads(threads)  # the setting is process-wide; leave callers as they were

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "needs pagedeck[peers])")
     b.add_argument("--repeats", type=_positive_int, default=3, metavar="R",
                    help="measurement sets per side, alternating engine and peer; figures are medians (default 3)")
+    b.add_argument("--paste", type=_positive_int, metavar="N",
+                   help="instead: the other chats' decode rate while one chat prefills an N-token paste "
+                        "(engine.bench_paste)")
+    b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
+                   help="chats decoding during --paste (default 3)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
     # Listed for --help only: main() hands its arguments to engine.bench_spec, which parses them itself.

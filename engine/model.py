@@ -190,7 +190,24 @@ class Model:
         fuse = packed and self.dtype == torch.float32 and not c.qk_norm and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
-        rows = RowSplit(batch.prompt_rows, T) if packed else None
+        rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed else None
+        stack = self._packed_stack() if plan.fused and plan.attention is None and self.lora is None else None
+        if stack is not None and (rows.prompt_rows is None or rows.prompt_rows.numel() == 0):
+            # every row packed, every chunk short: all layers in one call, the same kernels as _layers
+            x, residual = kernels.decode_layers(x, stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
+                                                batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)
+        else:
+            x, residual = self._layers(x, batch, cache, plan, rows)
+        x = (x + residual).index_select(0, batch.logit_rows)
+        x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
+        head_rows = RowSplit.of_rows(rows.prompt_rows, T, batch.logit_rows) if packed else None
+        return self._head(x, head_rows).float()
+
+    def _layers(self, x: torch.Tensor, batch: Batch, cache, plan, rows: RowSplit | None):
+        """The decoder layers op by op (returns the last output and the residual stream)."""
+        c = self.config
+        eps = c.rms_norm_eps
+        packed = rows is not None
         residual = None
         lora = self.lora
         for i, layer in enumerate(self.layers):
@@ -216,10 +233,24 @@ class Model:
             x = linear(a, layer.down, rows=rows)
             if lora is not None:
                 lora.add(i, "down", a, x)
-        x = (x + residual).index_select(0, batch.logit_rows)
-        x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
-        head_rows = RowSplit.of_rows(batch.prompt_rows, T, batch.logit_rows) if packed else None
-        return self._head(x, head_rows).float()
+        return x, residual
+
+    def _packed_stack(self) -> list[torch.Tensor] | None:
+        """kernels.decode_layers' weight list (built once), or None where a layer has what it doesn't do
+        (a dense or biased projection, q/k norms)."""
+        if not hasattr(self, "_stack"):
+            self._stack = []
+            for layer in self.layers:
+                weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
+                if layer.qkv_bias is not None or layer.q_norm is not None or not all(
+                        isinstance(w, PackedLinear) for w in weights):
+                    self._stack = None
+                    break
+                self._stack += [layer.input_norm, layer.post_norm]
+                for w in weights:
+                    codes, scales, minimums = w._kernel_args()
+                    self._stack += [codes, scales, minimums if minimums is not None else scales.new_empty(0)]
+        return self._stack
 
     def _attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan) -> torch.Tensor:
         """Split q|k|v, rotary, K/V into the cache, paged attention: the reference path, op by op."""

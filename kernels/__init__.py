@@ -20,6 +20,7 @@ __all__ = [
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
     "KV_QUANT_FORMATS",
     "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan", "fused_attention",
+    "decode_layers",
 ]
 
 _triton_ops = None
@@ -131,3 +132,18 @@ def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if plan.attention is not None:
         _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape))
     return out
+
+
+def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], k_caches: list[torch.Tensor],
+                  v_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                  cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int, scale: float, eps: float,
+                  plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
+    the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
+    layer input_norm, post_norm, then (codes, scales, minimums or an empty tensor) of qkv, o, gate_up, down.
+    Returns the last layer's output and the residual stream (their sum is the hidden state)."""
+    if not plan.fused or plan.attention is not None:
+        raise ValueError("decode_layers needs a fused plan without long prefill chunks")
+    cos, sin = plan.rotary
+    return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, block_table, cu_q,
+                                        kv_lens, num_heads, scale, eps, _attention.SHORT_Q)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp")]
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp")]
 _lock = threading.Lock()
 _state: dict = {}
 log = logging.getLogger(__name__)

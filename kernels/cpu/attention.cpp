@@ -8,6 +8,7 @@
 // context also spreads over the threads. Slices depend on the sequence's own length only, so a sequence's
 // result never depends on what else is in the batch. GQA: a KV head's G query heads run in one task.
 #include "common.h"
+#include "ops.h"
 
 #include <torch/library.h>
 
@@ -83,6 +84,8 @@ inline float exp_sum(float* x, int64_t n, float mx) {  // x = exp(x - mx), retur
 struct Partial {  // online-softmax state of one query row over one context slice
   float max, sum;
 };
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
@@ -224,8 +227,6 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   }
   return {out, qrot};
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("attend(Tensor qkv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor cos, Tensor sin, Tensor slot_mapping, "

@@ -12,6 +12,7 @@
 // computed by the same sequence of operations whatever the number of rows or threads, so results never
 // depend on the batch.
 #include "common.h"
+#include "ops.h"
 
 #include <torch/library.h>
 
@@ -311,6 +312,8 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
   }
 }
 
+}  // namespace
+
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
                    int64_t act) {
   check_cpu_f32(x, "x");
@@ -347,8 +350,6 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   });
   return y;
 }
-
-}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int act) -> Tensor", &qmatmul);

@@ -85,6 +85,107 @@ struct Partial {  // online-softmax state of one query row over one context slic
   float max, sum;
 };
 
+// Softmax bookkeeping of one head for a chunk of n scores: rescale the running sum and output to the new
+// maximum, turn the scores into weights exp(s - max) and add them to the sum.
+inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) mx = std::max(mx, s[p]);
+  const float m_new = std::max(st.max, mx);
+  if (st.max != m_new && st.sum > 0.0f) {
+    const float alpha = std::exp(st.max - m_new);
+    for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+    st.sum *= alpha;
+  }
+  st.max = m_new;
+  st.sum += exp_sum(s, n, m_new);
+}
+
+// One query row's G heads (q: G x D) over n positions of K/V rows `stride` apart; st and A (G x D) carry
+// each head's online softmax; scores has room for G x kChunk.
+void chunk_generic(const float* q, int64_t G, const float* K, const float* V, int64_t stride, int64_t n, int64_t D,
+                   float sc, Partial* st, float* A, float* scores) {
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t p = 0; p < n; ++p) scores[p] = sc * dot(q + g * D, K + p * stride, D);
+    online_softmax(scores, n, st[g], A + g * D, D);
+    for (int64_t p = 0; p < n; ++p) axpy(scores[p], V + p * stride, A + g * D, D);
+  }
+}
+
+#ifdef PD_AVX2
+// The same for D % 64 == 0 with the G heads in registers: each K row load serves all G heads (4 positions
+// at a time, their dot products reduced together), each V row load likewise.
+template <int G>
+void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, int64_t n, int64_t D, float sc,
+                Partial* st, float* A, float* scores) {
+  const __m256 scale = _mm256_set1_ps(sc);
+  int64_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    __m256 acc[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
+    const float* k = K + p * stride;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + stride + d),
+                   k2 = _mm256_loadu_ps(k + 2 * stride + d), k3 = _mm256_loadu_ps(k + 3 * stride + d);
+      for (int g = 0; g < G; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * D + d);
+        acc[g][0] = _mm256_fmadd_ps(qv, k0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(qv, k1, acc[g][1]);
+        acc[g][2] = _mm256_fmadd_ps(qv, k2, acc[g][2]);
+        acc[g][3] = _mm256_fmadd_ps(qv, k3, acc[g][3]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {  // lanes -> [dot p, dot p+1, dot p+2, dot p+3]
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][0], acc[g][1]), _mm256_hadd_ps(acc[g][2], acc[g][3]));
+      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(scores + g * kChunk + p, _mm_mul_ps(r, _mm256_castps256_ps128(scale)));
+    }
+  }
+  for (; p < n; ++p)
+    for (int g = 0; g < G; ++g) scores[g * kChunk + p] = sc * dot(q + g * D, K + p * stride, D);
+  for (int g = 0; g < G; ++g) online_softmax(scores + g * kChunk, n, st[g], A + g * D, D);
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m256 acc[G][8];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 8; ++j) acc[g][j] = _mm256_loadu_ps(A + g * D + d0 + 8 * j);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* v = V + t * stride + d0;
+      for (int j = 0; j < 8; ++j) {
+        const __m256 vj = _mm256_loadu_ps(v + 8 * j);
+        for (int g = 0; g < G; ++g)
+          acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scores + g * kChunk + t), vj, acc[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(A + g * D + d0 + 8 * j, acc[g][j]);
+  }
+}
+#endif
+
+using ChunkFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, Partial*, float*,
+                         float*);
+
+ChunkFn fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
+#ifdef PD_AVX2
+  if (D % 64 == 0) {
+    switch (G) {
+      case 1: return chunk_fast<1>;
+      case 2: return chunk_fast<2>;
+      case 3: return chunk_fast<3>;
+      case 4: return chunk_fast<4>;
+      case 5: return chunk_fast<5>;
+      case 6: return chunk_fast<6>;
+      case 7: return chunk_fast<7>;
+      case 8: return chunk_fast<8>;
+      default: break;
+    }
+  }
+#endif
+  (void)G;
+  (void)D;
+  return nullptr;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
@@ -153,8 +254,9 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   std::vector<float> acc(tasks * nq * D);
   std::vector<Partial> part(tasks * nq);
   const float sc = (float)scale;
+  const ChunkFn fast = fast_chunk(G, D);
   at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(kChunk);
+    std::vector<float> scores(G * kChunk);
     for (int64_t task = t0; task < t1; ++task) {
       const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
       const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
@@ -174,24 +276,11 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
         for (int64_t i = 0; i < ql; ++i) {
           const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
           if (n <= 0) continue;
-          for (int64_t g = 0; g < G; ++g) {
-            const float* qv = q + ((cu[b] + i) * Hq + h * G + g) * D;
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t p = 0; p < n; ++p) {
-              scores[p] = sc * dot(qv, K + p * stride, D);
-              mx = std::max(mx, scores[p]);
-            }
-            Partial& ps_ = st[i * G + g];
-            float* a = A + (i * G + g) * D;
-            const float m_new = std::max(ps_.max, mx);
-            if (ps_.max != m_new && ps_.sum > 0.0f) {
-              const float alpha = std::exp(ps_.max - m_new);
-              for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
-              ps_.sum *= alpha;
-            }
-            ps_.max = m_new;
-            ps_.sum += exp_sum(scores.data(), n, m_new);
-            for (int64_t p = 0; p < n; ++p) axpy(scores[p], V + p * stride, a, D);
+          const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
+          if (fast) {
+            fast(qv, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+          } else {
+            chunk_generic(qv, G, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
           }
         }
         c0 = c1;

@@ -1,5 +1,5 @@
 """Where a decode step's time goes, by op class:
-`python -m engine.bench_profile [--weights q4] [--batches 1,8] [--threads 1] [--clock cpu|wall]`.
+`python -m engine.bench_profile [--weights q4] [--batches 1,8] [--threads 1] [--clock cpu|wall] [--per-op]`.
 
 B sequences with ~150-token prompts are prefilled (not measured), then decode steps of Model.forward run
 with the model's kernels wrapped by timers (classes below); what no wrapper sees (embedding, the final norm,
@@ -33,14 +33,21 @@ CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 @contextmanager
 def timed(model: Model, clock, into: dict[str, float]):
-    """Wrap the model's kernels so each call adds its time to `into[class]`; restores them on exit."""
+    """Wrap the model's kernels so each call adds its time to `into[class]`; restores them on exit. A call
+    made inside another wrapped call counts only in the outer one."""
+    depth = [0]
 
     def wrap(fn, name_of):
         def inner(*args, **kwargs):
+            if depth[0]:
+                return fn(*args, **kwargs)
+            depth[0] += 1
             t = clock()
-            out = fn(*args, **kwargs)
-            into[name_of(*args, **kwargs)] += clock() - t
-            return out
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                into[name_of(*args, **kwargs)] += clock() - t
+                depth[0] -= 1
         return inner
 
     def linear_class(x, w, *args, **kwargs) -> str:
@@ -48,21 +55,26 @@ def timed(model: Model, clock, into: dict[str, float]):
             return "output head"
         return f"matmul ({w.format})" if isinstance(w, PackedLinear) else "matmul (dense)"
 
-    saved = [(model_module, "linear"), (kernels, "rms_norm"), (kernels, "fused_attention"), (kernels, "silu_mul"),
-             (kernels, "plan_step")]
-    originals = [getattr(obj, name) for obj, name in saved]
     classes = {"rms_norm": "norms", "fused_attention": "attention (fused: rotary, K/V write, attention)",
-               "silu_mul": "elementwise (silu * up)", "plan_step": "step plan (rotary tables, attention plan)"}
+               "silu_mul": "elementwise (silu * up)", "plan_step": "step plan (rotary tables, attention plan)",
+               "decode_layers": "all layers in one call (kernels.decode_layers)",
+               "apply_rotary": "rotary", "write_kv": "K/V write", "paged_attention": "attention (SDPA)"}
+    saved = [(model_module, "linear")] + [(kernels, name) for name in classes if hasattr(kernels, name)]
+    originals = [getattr(obj, name) for obj, name in saved]
     model_module.linear = wrap(originals[0], linear_class)
     for (obj, name), fn in zip(saved[1:], originals[1:]):
         setattr(obj, name, wrap(fn, lambda *a, _c=classes[name], **k: _c))
-    model._attention = wrap(model._attention, lambda *a, **k: "attention (reference: split, rotary, write, SDPA)")
+    methods = {"_head": "output head", "_attention": "attention (reference: split, rotary, write, SDPA)"}
+    for name, cls in methods.items():
+        if hasattr(model, name):
+            setattr(model, name, wrap(getattr(model, name), lambda *a, _c=cls, **k: _c))
     try:
         yield
     finally:
         for (obj, name), fn in zip(saved, originals):
             setattr(obj, name, fn)
-        del model._attention
+        for name in methods:
+            model.__dict__.pop(name, None)
 
 
 def decode_setup(model: Model, batch: int) -> tuple[PagedCache, list[list[int]]]:
@@ -127,12 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    ap.add_argument("--per-op", action="store_true",
+                    help="run packed decode steps layer by layer, kernel by kernel (the same kernels and bits as "
+                         "kernels.decode_layers' one call) to see each kernel's share")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
         ap.error("--clock cpu sees the calling thread only: use it with --threads 1")
     torch.set_num_threads(args.threads)
     model = Model.load(args.model, weights=args.weights)
+    if args.per_op:
+        model._stack = None  # no one-call stack: Model.forward takes its per-layer path
     out = []
     with torch.inference_mode():
         for b in (int(x) for x in args.batches.split(",")):

@@ -262,9 +262,32 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
 }
 #endif
 
+// Weight rows are read in small interleaved pieces (tiles of rows, groups of blocks, three arrays), which the
+// hardware prefetchers don't follow: from DRAM the kernel ran at 5 GB/s where a plain sum streams 32 GB/s
+// (measured). So each tile asks for the rows kPrefetchRows ahead itself. (Prefetches never fault.)
+constexpr int64_t kPrefetchRows = 16;
+
+inline void prefetch_rows(const Weights& w, int64_t n, int64_t cnt) {
+#ifdef PD_AVX2
+  const int64_t row = w.nb * (w.q4 ? 16 : 32);
+  const char* qs = (const char*)w.qs + n * row;
+  for (int64_t o = 0; o < cnt * row; o += 64) _mm_prefetch(qs + o, _MM_HINT_T0);
+  for (const uint16_t* sc : {w.d, w.m}) {
+    if (sc == nullptr) continue;
+    const char* p = (const char*)(sc + n * w.nb);
+    for (int64_t o = 0; o < cnt * w.nb * 2; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+  }
+#else
+  (void)w;
+  (void)n;
+  (void)cnt;
+#endif
+}
+
 // buf[m * 4 + c] = row n + c of W . activation row m, for all M rows and c < cnt <= 4
 template <bool Q4>
 void four_rows(const Weights& w, const QuantAct& a, int64_t M, int64_t n, int64_t cnt, float* buf) {
+  prefetch_rows(w, n + kPrefetchRows, 4);
   int64_t m = 0;
   if (cnt == 4) {
     for (; m + 4 <= M; m += 4) {  // 4 x 2 tiles: unpacked weights serve 4 rows

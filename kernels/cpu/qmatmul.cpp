@@ -262,76 +262,43 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
 }
 #endif
 
-// Weight rows are read in small interleaved pieces (tiles of rows, groups of blocks, three arrays), which the
-// hardware prefetchers don't follow: from DRAM the kernel ran at 5 GB/s where a plain sum streams 32 GB/s
-// (measured). So each tile asks for the rows kPrefetchRows ahead itself. (Prefetches never fault.)
-constexpr int64_t kPrefetchRows = 16;
-
-inline void prefetch_rows(const Weights& w, int64_t n, int64_t cnt) {
-#ifdef PD_AVX2
-  const int64_t row = w.nb * (w.q4 ? 16 : 32);
-  const char* qs = (const char*)w.qs + n * row;
-  for (int64_t o = 0; o < cnt * row; o += 64) _mm_prefetch(qs + o, _MM_HINT_T0);
-  for (const uint16_t* sc : {w.d, w.m}) {
-    if (sc == nullptr) continue;
-    const char* p = (const char*)(sc + n * w.nb);
-    for (int64_t o = 0; o < cnt * w.nb * 2; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-  }
-#else
-  (void)w;
-  (void)n;
-  (void)cnt;
-#endif
-}
-
-// buf[m * 4 + c] = row n + c of W . activation row m, for all M rows and c < cnt <= 4
+// out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
+// Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
+// DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
+// prefetching did not win that back.
 template <bool Q4>
-void four_rows(const Weights& w, const QuantAct& a, int64_t M, int64_t n, int64_t cnt, float* buf) {
-  prefetch_rows(w, n + kPrefetchRows, 4);
+void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   int64_t m = 0;
-  if (cnt == 4) {
-    for (; m + 4 <= M; m += 4) {  // 4 x 2 tiles: unpacked weights serve 4 rows
-      dot_tile<4, 2, Q4>(w, n, a, m, buf + m * 4, 4);
-      dot_tile<4, 2, Q4>(w, n + 2, a, m, buf + m * 4 + 2, 4);
-    }
-    for (; m < M; ++m) dot_tile<1, 4, Q4>(w, n, a, m, buf + m * 4, 4);  // 4 independent chains
-    return;
-  }
-  for (; m < M; ++m)
-    for (int64_t c = 0; c < cnt; ++c) dot_tile<1, 1, Q4>(w, n + c, a, m, buf + m * 4 + c, 4);
+  for (; m + 4 <= M; m += 4) dot_tile<4, 1, Q4>(w, n, a, m, out + m, 1);
+  for (; m < M; ++m) dot_tile<1, 1, Q4>(w, n, a, m, out + m, 1);
 }
 
 // y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
 template <bool Q4>
 void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1, float* y) {
   thread_local std::vector<float> buf, gate, up;
-  buf.resize(8 * M);
+  buf.resize(M);
   const int64_t len = n1 - n0;
-  if (act == kSwiGLU) {
-    gate.resize(M * len);
-    up.resize(M * len);
+  if (act == kNone) {
+    for (int64_t n = n0; n < n1; ++n) {
+      weight_row<Q4>(w, a, M, n, buf.data());
+      for (int64_t m = 0; m < M; ++m) y[m * Nout + n] = buf[m];
+    }
+    return;
   }
-  for (int64_t n = n0; n < n1; n += 4) {
-    const int64_t cnt = std::min<int64_t>(4, n1 - n);
-    four_rows<Q4>(w, a, M, n, cnt, buf.data());
-    if (act == kNone) {
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t c = 0; c < cnt; ++c) y[m * Nout + n + c] = buf[m * 4 + c];
-      continue;
-    }
-    four_rows<Q4>(w, a, M, n + Nout, cnt, buf.data() + 4 * M);
-    for (int64_t m = 0; m < M; ++m) {
-      for (int64_t c = 0; c < cnt; ++c) {
-        gate[m * len + n - n0 + c] = buf[m * 4 + c];
-        up[m * len + n - n0 + c] = buf[4 * M + m * 4 + c];
-      }
-    }
+  gate.resize(M * len);
+  up.resize(M * len);
+  for (int64_t n = n0; n < n1; ++n) {  // gate rows, then up rows: each pass streams its own half of W
+    weight_row<Q4>(w, a, M, n, buf.data());
+    for (int64_t m = 0; m < M; ++m) gate[m * len + n - n0] = buf[m];
   }
-  if (act == kSwiGLU) {
-    for (int64_t m = 0; m < M; ++m) {
-      silu_mul(gate.data() + m * len, up.data() + m * len, len);
-      std::memcpy(y + m * Nout + n0, gate.data() + m * len, len * sizeof(float));
-    }
+  for (int64_t n = n0; n < n1; ++n) {
+    weight_row<Q4>(w, a, M, n + Nout, buf.data());
+    for (int64_t m = 0; m < M; ++m) up[m * len + n - n0] = buf[m];
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    silu_mul(gate.data() + m * len, up.data() + m * len, len);
+    std::memcpy(y + m * Nout + n0, gate.data() + m * len, len * sizeof(float));
   }
 }
 

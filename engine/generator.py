@@ -72,7 +72,10 @@ class DynamicGenerator:
         self.page_size = cache.page_size
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
-        self.max_chunk_size = max_chunk_size or (2048 if model.device.type == "cuda" else 256)
+        # With the step budget in time, a step prefills big chunks only while nobody decodes; without it, a CPU
+        # step of 256 prompt tokens already stalls every decoding chat for ~1 s.
+        big = prefill_slowdown is not None or model.device.type == "cuda"
+        self.max_chunk_size = max_chunk_size or (2048 if big else 256)
         if self.max_chunk_size < 1 or self.max_batch_size < 1:
             raise ValueError("max_chunk_size and max_batch_size must be positive")
         self.max_q_size = max_q_size

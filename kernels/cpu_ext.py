@@ -45,6 +45,7 @@ def _load():
     try:
         from torch.utils.cpp_extension import load
 
+        log.info("loading pagedeck's CPU kernels (compiled once per machine and source change, ~1 min)")
         load(name="pagedeck_cpu", sources=[str(s) for s in SOURCES], is_python_module=False,
              extra_cflags=["-O3", "-march=native", "-fno-math-errno"],
              extra_include_paths=[str(SOURCES[0].parent)], verbose=False)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup bench bench-peers clean
+.PHONY: run test test-vllm setup bench bench-peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,12 @@ run: $(STAMP)
 	$(BIN)/python -m app
 
 test: $(STAMP)
+	$(BIN)/lint-imports --no-logo
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# A real vLLM (CPU build) in .vllm/ (built once, ~3.5 GB), serving the default model for tests/integration.
+test-vllm: $(STAMP)
+	$(BIN)/python -m tools.vllm_server
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --peer transformers
@@ -37,4 +42,4 @@ bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --paste 2000 --weights q4 --threads 2 --repeats 3
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .vllm build *.egg-info

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from app.engine_service import DEFAULT_CACHE_TOKENS, PAGE_SIZE
+from engine.contract import DEFAULT_CACHE_TOKENS
+from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from engine.contract import model_path_problem
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -19,8 +21,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS,
                    help=f"K/V cache size in tokens, shared by all chats (multiple of {PAGE_SIZE})")
     args = p.parse_args(argv)
-    if args.model is not None and not args.model.exists():
-        p.error(f"--model: no such file or folder: {args.model}")
+    problem = model_path_problem(args.model) if args.model is not None else None
+    if problem is not None:
+        p.error(f"--model: {problem}")
     if args.cache_tokens < PAGE_SIZE:
         p.error(f"--cache-tokens must be at least one page ({PAGE_SIZE}), got {args.cache_tokens}")
     return args

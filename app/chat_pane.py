@@ -16,7 +16,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat_session import ChatSession, spawn
-from app.markdown import Transcript, stats_text
+from app.formatting import stats_text
+from app.transcript import Transcript
 from app.settings_dialog import SettingsDialog
 
 MAX_RENDER_HZ = 20

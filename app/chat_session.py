@@ -11,11 +11,14 @@ import asyncio
 import logging
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from PySide6.QtCore import QObject, Signal
 
 from app.store import ChatSettings, Message, ReplyStats, Store
+
+if TYPE_CHECKING:
+    from app.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,7 @@ class ReplyTracker:
             s.progress = r["curr_progress"] / max(1, r["max_progress"])
         elif stage == "streaming":
             self.text += r.get("text", "")
-            n = len(r.get("token_ids") or ())
+            n = r.get("num_tokens", len(r.get("token_ids") or ()))  # remote streams count, not list, tokens
             if n:
                 if self._first_at is None:
                     self._first_at, self._first_n = now, n
@@ -95,7 +98,7 @@ class ChatSession(QObject):
     reply_changed = Signal(int)  # message id of the reply whose text/stats changed
     reply_finished = Signal(int)
 
-    def __init__(self, store: Store, chat_id: int, engine, parent: QObject | None = None,
+    def __init__(self, store: Store, chat_id: int, engine: "Backend", parent: QObject | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         super().__init__(parent)
         self.store = store

@@ -3,28 +3,27 @@
 The app pushes a snapshot about ten times a second while chats stream, so a push must stay cheap and
 must not allocate ever-growing history: every series lives in one preallocated ring buffer that is
 updated in place, and rates are derived here from the engine's raw monotonic counters.
+
+A remote server's snapshot (app.remote_metrics) has the same keys, with None for what that server does
+not report: such a chart says "no source" instead of drawing zeros, and without page-level data the
+page map gives way to a KV-usage bar.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import time
 from typing import Mapping, Sequence
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QDockWidget, QGraphicsItem, QLabel, QSizePolicy, QSplitter, QVBoxLayout, QWidget
-
-from app.pagemap import PageMapWidget
-
-REQUIRED_KEYS = (
-    "pages_total", "pages_referenced", "pages_cached", "pages_free", "page_states", "page_shared",
-    "page_owner_identifiers", "active_jobs", "pending_jobs", "deferred_jobs", "batch_size",
-    "prefill_tokens_step", "decode_tokens_step", "tokens_generated_total", "steps_total",
-    "drafted_tokens_total", "accepted_tokens_total", "accepted_per_position", "sampling_threads_busy",
-    "sampling_threads_max", "prefix_hit_tokens_total", "loras", "snapshot_time",
+from PySide6.QtWidgets import (
+    QDockWidget, QGraphicsItem, QLabel, QProgressBar, QSizePolicy, QSplitter, QVBoxLayout, QWidget,
 )
+
+from app.formatting import human_count
+from app.pagemap import PageMapWidget
+from engine.contract import METRICS_KEYS
+
 SERIES_FIELDS = (
     "time", "referenced_pct", "cached_pct", "active", "pending", "deferred", "tokens_per_s",
     "acceptance_pct", "sampling_busy", "sampling_max", "tokens_total", "drafted_total", "accepted_total",
@@ -92,6 +91,8 @@ class _Monotonic:
         self.last_raw: float | None = None
 
     def __call__(self, raw: float) -> float:
+        if math.isnan(raw):  # not reported (a remote server without this counter)
+            return raw
         if self.last_raw is not None and raw < self.last_raw:
             self.offset += self.last_raw
         self.last_raw = raw
@@ -191,6 +192,13 @@ class DashboardDock(QDockWidget):
         self.na_text = pg.TextItem("n/a — nothing drafted", color=(170, 170, 170), anchor=(0.5, 0.5))
         self.plots["acceptance"].addItem(self.na_text)
         self.na_text.setPos(-self.window_s / 2, 50)
+        self.no_source: dict[str, pg.TextItem] = {}
+        for key, plot in self.plots.items():
+            item = pg.TextItem("no source: this server doesn't report it", color=(200, 160, 90), anchor=(0.5, 0.5))
+            item.setPos(-self.window_s / 2, 50 if key in ("occupancy", "acceptance") else 0.5)
+            item.setVisible(False)
+            plot.addItem(item)
+            self.no_source[key] = item
 
         self.pages_label, self.jobs_label, self.tokens_label = QLabel(), QLabel(), QLabel()
         self.acceptance_label, self.sampling_label, self.cache_label = QLabel(), QLabel(), QLabel()
@@ -209,8 +217,17 @@ class DashboardDock(QDockWidget):
         lower_layout.setContentsMargins(0, 0, 0, 0)
         lower_layout.addLayout(stats)
         lower_layout.addWidget(self.charts, 1)
+        self.kv_bar = QProgressBar()  # stands in for the page map when a server reports no pages
+        self.kv_bar.setRange(0, 1000)
+        self.kv_bar.setFormat("KV cache: %p % in use (this server reports no page-level data)")
+        self.kv_bar.hide()
+        upper = QWidget()
+        upper_layout = QVBoxLayout(upper)
+        upper_layout.setContentsMargins(0, 0, 0, 0)
+        upper_layout.addWidget(self.page_map, 1)
+        upper_layout.addWidget(self.kv_bar)
         splitter = QSplitter(Qt.Vertical)
-        splitter.addWidget(self.page_map)
+        splitter.addWidget(upper)
         splitter.addWidget(lower)
         splitter.setStretchFactor(0, 2)
         splitter.setStretchFactor(1, 3)
@@ -232,29 +249,41 @@ class DashboardDock(QDockWidget):
 
     def push(self, snapshot: Mapping[str, object]) -> None:
         """Take one generator.metrics() snapshot: redraw the page map, extend the series, refresh labels."""
-        missing = [k for k in REQUIRED_KEYS if k not in snapshot]
+        missing = [k for k in METRICS_KEYS if k not in snapshot]
         if missing:
             raise ValueError(f"dashboard snapshot lacks metrics() keys: {', '.join(missing)}")
         s = snapshot
-        total = int(s["pages_total"])
-        if total < 0:
+        total = s["pages_total"]
+        if total is not None and int(total) < 0:
             raise ValueError(f"pages_total must be >= 0, got {total}")
-        self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"])
+        kv_usage = s.get("kv_usage")
+        bar = not s["page_states"] and kv_usage is not None
+        if bar:
+            self.kv_bar.setValue(round(min(max(float(kv_usage), 0.0), 1.0) * 1000))
+        else:
+            self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"])
+        if bar != self.kv_bar.isVisible():
+            self.kv_bar.setVisible(bar)
+            self.page_map.setVisible(not bar)
         self.snapshot = dict(s)
         t = float(s["snapshot_time"])
-        tokens = self._counters["tokens"](float(s["tokens_generated_total"]))
-        drafted = self._counters["drafted"](float(s["drafted_tokens_total"]))
-        accepted = self._counters["accepted"](float(s["accepted_tokens_total"]))
+        tokens = self._counters["tokens"](_num(s["tokens_generated_total"]))
+        drafted = self._counters["drafted"](_num(s["drafted_tokens_total"]))
+        accepted = self._counters["accepted"](_num(s["accepted_tokens_total"]))
         if self._last_time is None or t > self._last_time:
             self._last_time = t
-            pct = 100.0 / total if total else 0.0
+            if total:
+                referenced, cached = 100.0 * int(s["pages_referenced"]) / total, 100.0 * int(s["pages_cached"]) / total
+            else:
+                referenced, cached = 100.0 * _num(kv_usage), math.nan
             self.series.append({
-                "time": t, "referenced_pct": int(s["pages_referenced"]) * pct,
-                "cached_pct": int(s["pages_cached"]) * pct, "active": s["active_jobs"],
-                "pending": s["pending_jobs"], "deferred": s["deferred_jobs"],
-                "sampling_busy": s["sampling_threads_busy"], "sampling_max": s["sampling_threads_max"],
+                "time": t, "referenced_pct": referenced, "cached_pct": cached, "active": _num(s["active_jobs"]),
+                "pending": _num(s["pending_jobs"]), "deferred": _num(s["deferred_jobs"]),
+                "sampling_busy": _num(s["sampling_threads_busy"]), "sampling_max": _num(s["sampling_threads_max"]),
                 "tokens_total": tokens, "drafted_total": drafted, "accepted_total": accepted,
             })
+            if s.get("acceptance_gauge") is not None:  # SGLang reports a rate, not counters
+                self.series.set_last("acceptance_pct", 100.0 * float(s["acceptance_gauge"]))
             self._derive_rates(t)
             self._redraw_series()
         self._refresh_labels(s)
@@ -288,7 +317,18 @@ class DashboardDock(QDockWidget):
         self._fit_y("jobs", ("active", "pending", "deferred"), visible, 1.0)
         self._fit_y("tokens", ("tokens_per_s",), visible, 10.0)
         self._fit_y("sampling", ("sampling_busy", "sampling_max"), visible, 1.0)
-        self.na_text.setVisible(self.acceptance_rate is None)
+        s = self.snapshot or {}
+        sourced = {
+            "occupancy": bool(s.get("pages_total")) or s.get("kv_usage") is not None,
+            "jobs": s.get("active_jobs") is not None,
+            "tokens": s.get("tokens_generated_total") is not None,
+            "acceptance": s.get("drafted_tokens_total") is not None or s.get("acceptance_gauge") is not None,
+            "sampling": s.get("sampling_threads_busy") is not None,
+        }
+        for key, item in self.no_source.items():
+            item.setVisible(not sourced[key])
+        self.na_text.setVisible(self.acceptance_rate is None and sourced["acceptance"]
+                                and s.get("acceptance_gauge") is None)
 
     def _fit_y(self, plot: str, fields: Sequence[str], visible: np.ndarray, floor: float) -> None:
         """Y range from 0 to the visible maximum; grows at once, shrinks only when far too tall (no jitter)."""
@@ -305,31 +345,58 @@ class DashboardDock(QDockWidget):
             self.plots[plot].getAxis("left").setTickSpacing(major=step, minor=step)
 
     def _refresh_labels(self, s: Mapping[str, object]) -> None:
-        total = int(s["pages_total"]) or 1
-        ref, cached, free = int(s["pages_referenced"]), int(s["pages_cached"]), int(s["pages_free"])
-        warn = 100.0 * ref / total >= WARN_OCCUPANCY_PCT
+        total = s["pages_total"]
+        if total is None:  # a remote without page data: KV usage is all there is
+            kv = s.get("kv_usage")
+            _set_text(self.pages_label, "pages: n/a (no page-level data) · KV usage "
+                                        + ("n/a" if kv is None else f"{100 * float(kv):.1f} %"))
+            warn = False
+        else:
+            total = int(total) or 1
+            ref, cached, free = int(s["pages_referenced"]), int(s["pages_cached"]), int(s["pages_free"])
+            warn = 100.0 * ref / total >= WARN_OCCUPANCY_PCT
+            _set_text(self.pages_label, f"pages: {ref} in use · {cached} cached · {free} free / {s['pages_total']}"
+                                        + ("  (nearly full)" if warn else ""))
         if warn != self.pages_label.property("warn"):
             self.pages_label.setProperty("warn", warn)
             self.pages_label.setStyleSheet("color: #e0442a; font-weight: bold;" if warn else "")
-        _set_text(self.pages_label, f"pages: {ref} in use · {cached} cached · {free} free / {s['pages_total']}"
-                                    + ("  (nearly full)" if warn else ""))
-        _set_text(self.jobs_label, f"jobs: {s['active_jobs']} active (step batch {s['batch_size']}) · "
-                                   f"{s['pending_jobs']} pending · {s['deferred_jobs']} deferred")
-        tps = "–" if self.tokens_per_second is None else f"{self.tokens_per_second:,.1f}"
-        _set_text(self.tokens_label, f"tokens/s: {tps} · last step: {s['prefill_tokens_step']} prefill, "
-                                     f"{s['decode_tokens_step']} decode tokens")
-        if self.acceptance_rate is None:
+        _set_text(self.jobs_label, f"jobs: {_na(s['active_jobs'])} active (step batch {_na(s['batch_size'])}) · "
+                                   f"{_na(s['pending_jobs'])} pending · {_na(s['deferred_jobs'])} deferred")
+        tps = "–" if self.tokens_per_second is None or not math.isfinite(self.tokens_per_second) \
+            else f"{self.tokens_per_second:,.1f}"
+        _set_text(self.tokens_label, f"tokens/s: {tps} · last step: {_na(s['prefill_tokens_step'])} prefill, "
+                                     f"{_na(s['decode_tokens_step'])} decode tokens")
+        if s.get("acceptance_gauge") is not None:
+            _set_text(self.acceptance_label, f"speculative acceptance: {100 * float(s['acceptance_gauge']):.1f} % "
+                                             "(server's rate)")
+        elif s["drafted_tokens_total"] is None:
+            _set_text(self.acceptance_label, "speculative acceptance: no source (not reported)")
+        elif self.acceptance_rate is None:
             _set_text(self.acceptance_label, "speculative acceptance: n/a (nothing drafted)")
         else:
-            per_pos = " · ".join(_si(float(v)) for v in list(s["accepted_per_position"])[:8])
+            per_pos = " · ".join(human_count(float(v)) for v in list(s["accepted_per_position"])[:8])
             _set_text(self.acceptance_label, f"speculative acceptance: {100 * self.acceptance_rate:.1f} % "
                                              f"(last {self.window_s:.0f} s) · accepted by draft position: {per_pos}")
         _set_text(self.sampling_label,
-                  f"sampling threads: {s['sampling_threads_busy']} / {s['sampling_threads_max']} busy")
-        _set_text(self.cache_label, f"prefix-cache hits: {_si(float(s['prefix_hit_tokens_total']))} tokens · "
-                                    f"steps: {_si(float(s['steps_total']))}")
-        loras = list(s["loras"])
-        _set_text(self.lora_label, "LoRA: " + (", ".join(str(x) for x in loras) if loras else "none"))
+                  f"sampling threads: {_na(s['sampling_threads_busy'])} / {_na(s['sampling_threads_max'])} busy")
+        hits = s["prefix_hit_tokens_total"]
+        if hits is None and s.get("prefix_hit_rate_gauge") is not None:
+            hit_text = f"prefix-cache hit rate: {100 * float(s['prefix_hit_rate_gauge']):.1f} %"
+        else:
+            hit_text = f"prefix-cache hits: {'n/a' if hits is None else human_count(float(hits)) + ' tokens'}"
+        steps = s["steps_total"]
+        _set_text(self.cache_label, f"{hit_text} · steps: {'n/a' if steps is None else human_count(float(steps))}")
+        loras = s["loras"]
+        _set_text(self.lora_label, "LoRA: " + ("n/a" if loras is None else ", ".join(str(x) for x in loras) or "none"))
+
+
+def _num(value: object) -> float:
+    """A snapshot value as a float; None (not reported by a remote) is NaN, a gap in the chart."""
+    return math.nan if value is None else float(value)
+
+
+def _na(value: object) -> str:
+    return "n/a" if value is None else str(value)
 
 
 def _set_text(label: QLabel, text: str) -> None:
@@ -342,58 +409,3 @@ def _nice_step(raw: float) -> float:
     """Smallest 1/2/5 x 10^k step >= raw."""
     exp = 10.0 ** math.floor(math.log10(max(raw, 1e-9)))
     return next(m * exp for m in (1, 2, 5, 10) if m * exp >= raw)
-
-
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value:.0f}"
-
-
-def bench(pages: Sequence[int] = (1024, 16384), snapshots: int = 200) -> dict[int, dict[str, float]]:
-    """Cost per snapshot of push() and of the repaint it causes (the processEvents() that paints it).
-
-    CPU time of this thread (time.process_time), so other processes on a shared machine don't count.
-    """
-    from PySide6.QtWidgets import QApplication
-
-    from app.screenshots import SimulatedWorkload
-
-    app = QApplication.instance() or QApplication([])
-    results = {}
-    for n in pages:
-        dock = DashboardDock()
-        dock.resize(520, 900)
-        dock.show()
-        work = SimulatedWorkload(pages_total=n, seed=1)
-        snaps = [work.step(0.1) for _ in range(snapshots)]
-        push, paint = [], []
-        for snap in snaps:
-            t0 = time.process_time()
-            dock.push(snap)
-            t1 = time.process_time()
-            app.processEvents()
-            push.append(t1 - t0)
-            paint.append(time.process_time() - t1)
-        push_ms, paint_ms = np.array(push[10:]) * 1e3, np.array(paint[10:]) * 1e3
-        total = push_ms + paint_ms
-        results[n] = {"push_ms": float(push_ms.mean()), "paint_ms": float(paint_ms.mean()),
-                      "total_ms": float(total.mean()), "p99_ms": float(np.percentile(total, 99))}
-        dock.close()
-        dock.deleteLater()
-    return results
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Measure the dashboard's cost per metrics snapshot.")
-    parser.add_argument("--pages", type=int, nargs="+", default=[1024, 16384])
-    parser.add_argument("--snapshots", type=int, default=200)
-    args = parser.parse_args(argv)
-    for n, r in bench(args.pages, args.snapshots).items():
-        print(f"{n:>6} pages: push {r['push_ms']:.2f} ms + paint {r['paint_ms']:.2f} ms = {r['total_ms']:.2f} ms "
-              f"per snapshot (p99 {r['p99_ms']:.2f} ms)")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,9 @@
 """The app's one engine: loads models off the UI thread, owns the generator, starts chat jobs, feeds metrics.
 
-Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so all chats batch together.
+Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so all chats batch together
+(and with API requests when the Server panel serves it). The LoRA panel's set applies to the chats: a
+chat reply first asks the engine's AdapterRouter for that set (an API request may have swapped another
+in), so no reply ever runs on an adapter it did not ask for.
 Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
 loaded completely, so a bad path or a broken file leaves the previous model serving.
 """
@@ -16,11 +19,11 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.store import ChatSettings
+from engine.contract import DEFAULT_CACHE_TOKENS
+from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from engine.contract import model_path_problem
 
 log = logging.getLogger(__name__)
-
-DEFAULT_CACHE_TOKENS = 8192
-PAGE_SIZE = 256
 
 
 @dataclass
@@ -44,10 +47,10 @@ class LoadRequest:
         req.draft_model = req.draft_model or None
         if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
             raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
-        if req.path is not None and not Path(req.path).exists():
-            raise FileNotFoundError(f"model path does not exist: {req.path}")
-        if req.draft_model is not None and not Path(req.draft_model).exists():
-            raise FileNotFoundError(f"draft model path does not exist: {req.draft_model}")
+        for prefix, path in (("", req.path), ("draft model: ", req.draft_model)):
+            problem = model_path_problem(path) if path is not None else None
+            if problem is not None:
+                raise FileNotFoundError(prefix + problem)
         return req
 
 
@@ -64,7 +67,8 @@ class EngineService(QObject):
 
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
-        self.model = self.tokenizer = self.cache = self.generator = None
+        self.model = self.tokenizer = self.cache = self.generator = self.router = None
+        self.chat_loras: tuple = ()  # the LoRA panel's applied set: [(adapter path, scale)]
         self.info: dict | None = None
         self.loading = False
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
@@ -108,7 +112,10 @@ class EngineService(QObject):
             self.loading = False
             self._load_done.set()
         await self._retire()
+        from engine import AdapterRouter
+
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
+        self.router, self.chat_loras = AdapterRouter(generator), ()
         self.info = self._info(req, time.perf_counter() - t0)
         self._timer.start()
         self.loaded.emit(self.info)
@@ -180,18 +187,18 @@ class EngineService(QObject):
             raise RuntimeError(f"chat {identifier} already has a reply running")
         import engine
 
-        settings.validate()
         ids = self.prompt_ids(history, settings)
-        sampler = engine.SamplerSettings(
-            temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            min_p=settings.min_p, token_repetition_penalty=settings.repetition_penalty,
-        )
-        sampler.validate()
         stops = sorted(self.tokenizer.stop_token_ids) + list(settings.stop_strings)
-        job = engine.DynamicJobAsync(
-            self.generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=sampler,
-            seed=settings.seed, stop_conditions=stops, identifier=identifier,
-        )
+        generator = self.generator
+        gen_settings = settings.sampler_settings()
+
+        def make_job():
+            return engine.DynamicJobAsync(
+                generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
+                seed=settings.seed, stop_conditions=stops, identifier=identifier,
+            )
+
+        job = PinnedJob(self.router, self.chat_loras, make_job, identifier)
         self._jobs[identifier] = job
         return job, ids.shape[-1]
 
@@ -218,23 +225,28 @@ class EngineService(QObject):
         if self.generator is None:
             self.lora_failed.emit("load a model before applying LoRA adapters")
             return False
-        paths = [str(p) for p, _ in pairs]
-        scales = [float(s) for _, s in pairs]
+        wanted = tuple((str(p), float(s)) for p, s in pairs)
+        previous, self.chat_loras = self.chat_loras, wanted
         self.loras_pending.emit(True)
         try:
-            await self.generator.set_loras(paths or None, scales or None)
+            await self.router.swap(wanted)
         except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
+            self.chat_loras = previous
             self.lora_failed.emit(f"Could not apply LoRA set: {type(exc).__name__}: {exc}")
             return False
         finally:
             self.loras_pending.emit(False)
-        self.loras_active.emit([Path(p).name for p in paths])
+        self.loras_active.emit([Path(p).name for p, _ in wanted])
         return True
 
     # --- metrics -------------------------------------------------------------------------------
 
     def snapshot(self) -> dict | None:
-        return self.generator.metrics() if self.generator is not None else None
+        if self.generator is None:
+            return None
+        m = self.generator.metrics()
+        m["deferred_jobs"] += self.router.waiting  # replies waiting for their LoRA set
+        return m
 
     def _push_metrics(self) -> None:
         try:
@@ -244,3 +256,51 @@ class EngineService(QObject):
             return
         if snap is not None:
             self.metrics.emit(snap)
+
+
+class PinnedJob:
+    """A chat reply that first waits until the generator runs the chat's LoRA set, then streams its job.
+
+    While it waits it reports "deferred" (as a job held back for a swap does); cancel() works in both
+    phases, so Stop never waits for somebody else's swap.
+    """
+
+    def __init__(self, router, wanted: tuple, make_job, identifier: Any):
+        self.router, self.wanted, self.make_job, self.identifier = router, wanted, make_job, identifier
+        self.job = None
+        self._cancelled: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._said_deferred = False
+        self._ended = False
+
+    def __aiter__(self) -> "PinnedJob":
+        return self
+
+    async def __anext__(self) -> dict:
+        if self._ended:
+            raise StopAsyncIteration
+        if self.job is None:
+            if self._cancelled.done():
+                return self._cancelled_result()
+            if not self.router.ready_for(self.wanted) and not self._said_deferred:
+                self._said_deferred = True
+                return {"stage": "deferred", "identifier": self.identifier, "eos": False}
+            while not self.router.ready_for(self.wanted):  # re-checked after each wait: no await before make_job
+                acquire = asyncio.ensure_future(self.router.acquire(self.wanted))
+                await asyncio.wait([acquire, self._cancelled], return_when=asyncio.FIRST_COMPLETED)
+                if self._cancelled.done():
+                    acquire.cancel()
+                    return self._cancelled_result()
+                acquire.result()  # a failed swap fails this reply (shown under it), never the wrong adapter
+            self.job = self.make_job()  # no await since acquire: it runs with the chat's set
+        return await self.job.__anext__()
+
+    def _cancelled_result(self) -> dict:
+        self._ended = True
+        return {"stage": "streaming", "identifier": self.identifier, "text": "", "token_ids": [], "eos": True,
+                "eos_reason": "cancelled"}
+
+    async def cancel(self) -> None:
+        if not self._cancelled.done():
+            self._cancelled.set_result(None)
+        if self.job is not None:
+            await self.job.cancel()

@@ -6,6 +6,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+from app.formatting import stats_text
 from app.store import Chat, Message, Store
 
 FORMAT_VERSION = 1
@@ -15,23 +16,6 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
 
 
-def _stats_line(m: Message) -> str:
-    s = m.stats
-    parts = [s.state]
-    if s.prompt_tokens is not None:
-        parts.append(f"prompt {s.prompt_tokens} tok")
-    if s.cached_tokens is not None:
-        parts.append(f"cached {s.cached_tokens} tok")
-    parts.append(f"{s.new_tokens} new tok")
-    if s.ttft_s is not None:
-        parts.append(f"TTFT {s.ttft_s * 1000:.0f} ms")
-    if s.tokens_per_s is not None:
-        parts.append(f"{s.tokens_per_s:.1f} tok/s")
-    if s.error:
-        parts.append(f"error: {s.error}")
-    return " · ".join(parts)
-
-
 def to_markdown(chat: Chat, messages: list[Message]) -> str:
     lines = [f"# {chat.title}", "", f"*Exported {_iso(chat.updated)}*", ""]
     if chat.settings.system_prompt:
@@ -39,7 +23,7 @@ def to_markdown(chat: Chat, messages: list[Message]) -> str:
     for m in messages:
         lines += [f"## {'User' if m.role == 'user' else 'Assistant'}", "", m.content, ""]
         if m.stats is not None:
-            lines += [f"<sub>{_stats_line(m)}</sub>", ""]
+            lines += [f"<sub>{stats_text(m.stats)}</sub>", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -16,8 +16,9 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
-WEIGHT_FILES = ("adapter_model.safetensors", "adapter_model.bin")
-DEFAULT_LORA_DIR = Path(__file__).resolve().parent.parent / "resources" / "loras"
+from engine.contract import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHT_FILES, demo_adapters_folder, find_adapters
+
+DEFAULT_LORA_DIR = demo_adapters_folder()
 
 
 @dataclass(frozen=True)
@@ -45,27 +46,24 @@ class AdapterInfo:
         return ", ".join(parts)
 
 
-def is_adapter_dir(path: Path) -> bool:
-    """A PEFT adapter folder: adapter_config.json plus adapter weights."""
-    return (path / "adapter_config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
-
-
 def inspect_adapter(path: Path) -> AdapterInfo:
     """Read an adapter's config (and safetensors header) without loading weights; never raises."""
     path = Path(path)
     name = path.name
     try:
-        config = json.loads((path / "adapter_config.json").read_text(encoding="utf-8"))
+        config = json.loads((path / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
         if not isinstance(config, dict):
-            raise ValueError("adapter_config.json is not a JSON object")
+            raise ValueError(f"{ADAPTER_CONFIG_FILE} is not a JSON object")
     except (OSError, ValueError) as exc:
-        return AdapterInfo(name, path, problem=f"bad adapter_config.json ({exc})")
+        return AdapterInfo(name, path, problem=f"bad {ADAPTER_CONFIG_FILE} ({exc})")
     targets = config.get("target_modules") or ()
     if isinstance(targets, str):
         targets = (targets,)
     info = dict(rank=config.get("r"), alpha=config.get("lora_alpha"),
                 targets=tuple(str(t) for t in targets), base_model=config.get("base_model_name_or_path"))
-    weights = path / WEIGHT_FILES[0]
+    if not any((path / f).is_file() for f in ADAPTER_WEIGHT_FILES):
+        return AdapterInfo(name, path, problem=f"no adapter weights ({' or '.join(ADAPTER_WEIGHT_FILES)})", **info)
+    weights = path / ADAPTER_WEIGHT_FILES[0]
     if weights.is_file():
         try:
             from safetensors import safe_open
@@ -79,11 +77,8 @@ def inspect_adapter(path: Path) -> AdapterInfo:
 
 
 def scan_folder(folder: Path) -> list[AdapterInfo]:
-    """Adapters in `folder`: the folder itself if it is one, else its immediate sub-folders."""
-    folder = Path(folder)
-    if is_adapter_dir(folder):
-        return [inspect_adapter(folder)]
-    return [inspect_adapter(p) for p in sorted(folder.iterdir()) if p.is_dir() and is_adapter_dir(p)]
+    """Adapters in `folder` (the engine's rule, engine.contract.find_adapters), each inspected."""
+    return [inspect_adapter(p) for p in find_adapters(folder)]
 
 
 class LoraPanel(QWidget):
@@ -177,7 +172,7 @@ class LoraPanel(QWidget):
             return
         try:
             if self.add_folder(path) == 0:
-                self.show_error(f"No new adapters in {path} (looked for adapter_config.json + adapter weights).")
+                self.show_error(f"No new adapters in {path} (looked for folders with adapter_config.json).")
             else:
                 self.error_label.hide()
         except OSError as exc:

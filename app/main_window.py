@@ -2,13 +2,13 @@
 
 Every open chat has its own ChatSession; all of them send jobs to the one EngineService generator,
 so any number of chats stream at once. The dashboard, model and LoRA panels are separate widgets
-talking to EngineService through signals (imported if present, so the window runs without them).
+talking to EngineService through signals. Chats hold a BackendSwitch: the Model panel's "Remote server"
+(app.remote_mode) points it at a remote server, and the Server panel (app.server_panel) serves the local
+generator to other programs.
 """
 from __future__ import annotations
 
 import asyncio
-import importlib
-import logging
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -20,22 +20,17 @@ from PySide6.QtWidgets import (
 
 from app.chat_list import ChatList
 from app.chat_pane import ChatPane, RenderScheduler
+from app.backend import BackendSwitch
 from app.chat_session import ChatSession, spawn
-from app.engine_service import DEFAULT_CACHE_TOKENS, EngineService
+from app.dashboard import DashboardDock
+from app.engine_service import EngineService
 from app.export import export_chat
+from app.lora_panel import LoraPanel
+from app.model_panel import ModelPanel
+from app.remote_mode import RemoteMode
+from app.server_panel import LocalServer, ServerPanel
 from app.store import Store
-
-log = logging.getLogger(__name__)
-
-
-def _optional(module: str, name: str):
-    """A panel class written elsewhere, or None while it does not exist (the window still works)."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        log.warning("%s.%s unavailable: %s", module, name, exc)
-        return None
-
+from engine.contract import DEFAULT_CACHE_TOKENS
 
 class MainWindow(QMainWindow):
     closing = Signal()  # the user closed the window; the app then awaits shutdown()
@@ -47,6 +42,7 @@ class MainWindow(QMainWindow):
         self.resize(1400, 900)
         self.store = store if store is not None else Store.open(data_dir)
         self.service = service if service is not None else EngineService(self)
+        self.backend = BackendSwitch(self.service)  # what the chats talk to: local or a remote server
         self.load_request = load_request or {}
         self.sessions: dict[int, ChatSession] = {}
         self.panes: dict[int, ChatPane] = {}
@@ -80,7 +76,7 @@ class MainWindow(QMainWindow):
 
         self.model_status = QLabel("no model")
         self.statusBar().addPermanentWidget(self.model_status)
-        self.dashboard = self.model_panel = self.lora_panel = None
+        self.local_server = self.remote = None
         self._panels()
         self._menus()
         QApplication.instance().focusChanged.connect(self._focus_changed)
@@ -103,31 +99,37 @@ class MainWindow(QMainWindow):
 
     def _panels(self) -> None:
         s = self.service
-        Dashboard = _optional("app.dashboard", "DashboardDock")
-        if Dashboard is not None:
-            self.dashboard = Dashboard(self)
-            self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
-            s.metrics.connect(self.dashboard.push)
-        ModelPanel = _optional("app.model_panel", "ModelPanel")
-        if ModelPanel is not None:
-            self.model_panel = p = ModelPanel(
-                self.store.path.parent / "recent_models.json",
-                cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
-            p.load_requested.connect(self.load_model)
-            s.load_progress.connect(p.set_progress)
-            s.loaded.connect(p.set_loaded)
-            s.load_failed.connect(p.show_error)
-            model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
-        LoraPanel = _optional("app.lora_panel", "LoraPanel")
-        if LoraPanel is not None:
-            self.lora_panel = p = LoraPanel()
-            p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
-            s.loras_active.connect(p.set_active)
-            s.loras_pending.connect(p.set_pending)
-            s.lora_failed.connect(p.show_error)
-            lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
-            if self.model_panel is not None:
-                self.tabifyDockWidget(model_dock, lora_dock)
+        self.dashboard = DashboardDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
+        s.metrics.connect(self.dashboard.push)
+        self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
+                                          cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
+        p.load_requested.connect(self.load_model)
+        s.load_progress.connect(p.set_progress)
+        s.loaded.connect(p.set_loaded)
+        s.load_failed.connect(p.show_error)
+        model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.lora_panel = p = LoraPanel()
+        p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), self._error))
+        s.loras_active.connect(p.set_active)
+        s.loras_pending.connect(p.set_pending)
+        s.lora_failed.connect(p.show_error)
+        lora_dock = self._dock("LoRA", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(model_dock, lora_dock)
+        self._server_panels()
+
+    def _server_panels(self) -> None:
+        """The Server panel (serve this generator) and remote mode (chat through another server)."""
+        lora = self.lora_panel
+        self.local_server = LocalServer(
+            self.service, lambda: {a.name: a.path for a in lora.adapters() if not a.problem}, self)
+        self.server_panel = ServerPanel(self.local_server)
+        server_dock = self._dock("Server", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        model_dock = next((d for d in self.findChildren(QDockWidget) if d.objectName() == "Model"), None)
+        if model_dock is not None:
+            self.tabifyDockWidget(model_dock, server_dock)
+            model_dock.raise_()
+        self.remote = RemoteMode(self)
 
     def _menus(self) -> None:
         bar = self.menuBar()
@@ -177,7 +179,7 @@ class MainWindow(QMainWindow):
 
     def pane(self, chat_id: int) -> ChatPane:
         if chat_id not in self.panes:
-            session = ChatSession(self.store, chat_id, self.service, self)
+            session = ChatSession(self.store, chat_id, self.backend, self)
             session.renamed.connect(lambda _t: self._renamed(chat_id, session.chat.title))
             session.history_changed.connect(self.chat_list.refresh)
             pane = ChatPane(session, self.scheduler, self._parking)
@@ -347,6 +349,10 @@ class MainWindow(QMainWindow):
         """Stop every reply (their partial text is saved), close the generator and the store."""
         for session in list(self.sessions.values()):
             await session.stop()
+        if self.remote is not None:
+            await self.remote.disconnect()
+        if self.local_server is not None:
+            await self.local_server.stop()
         await self.service.close()
         self.store.close()
 

@@ -19,35 +19,15 @@ from PySide6.QtWidgets import (
     QListWidgetItem, QProgressBar, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-KV_CHOICES = (("none (model dtype)", None), ("Q8", "q8"), ("Q6", "q6"), ("Q4", "q4"))
-WEIGHT_CHOICES = (("auto (4-bit GGUF matmuls on CPU)", "auto"), ("dense (exact, dequantized)", "dense"),
-                  ("4-bit (GGUF Q4 blocks)", "q4"))
+from app.formatting import human_bytes, human_count
+from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, model_path_problem
+
+# The engine owns which formats exist; the panel only labels them (a format without a label fails here).
+_WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (exact, dequantized)",
+                  "q4": "4-bit (GGUF Q4 blocks)", "q8": "8-bit (any checkpoint, quantized at load)"}
+KV_CHOICES = tuple(("none (model dtype)" if f is None else f.upper(), f) for f in KV_QUANT_FORMATS)
+WEIGHT_CHOICES = tuple((_WEIGHT_LABELS[f], f) for f in WEIGHT_FORMATS)
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
-
-
-def model_path_problem(path: str) -> str | None:
-    """Why `path` can't be a model (None when it looks loadable): a .gguf file or an HF folder."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        return f"model path does not exist: {p}"
-    if p.is_dir():
-        return None if (p / "config.json").is_file() else f"not a Hugging Face model folder (no config.json): {p}"
-    return None if p.suffix.lower() == ".gguf" else f"not a .gguf file or model folder: {p}"
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def human_count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f}"
 
 
 class RecentModels:
@@ -86,7 +66,7 @@ class ModelPanel(QWidget):
 
     load_requested = Signal(object)
 
-    def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = 256,
+    def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = DEFAULT_PAGE_SIZE,
                  cache_tokens: int = 32768, max_recent: int = 10) -> None:
         super().__init__(parent)
         if page_size < 1:

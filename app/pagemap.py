@@ -16,8 +16,8 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
-FREE_STATE = -2
-CACHED_STATE = -1
+from engine.contract import CACHED as CACHED_STATE
+from engine.contract import FREE as FREE_STATE
 
 BACKGROUND = (18, 19, 23, 255)
 FREE_COLOUR = (52, 55, 62, 255)

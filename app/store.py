@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 import platformdirs
+
+from engine.contract import SamplerSettings
 
 SCHEMA_VERSION = 1
 
@@ -25,43 +26,42 @@ RUNNING_STATES = ("queued", "deferred", "prefill", "streaming")
 FINAL_STATES = ("done", "stopped", "error", "interrupted")
 REPLY_STATES = RUNNING_STATES + FINAL_STATES
 ROLES = ("user", "assistant")
+_ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
 
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """Per-chat system prompt and sampler settings (ExLlamaV2 sampler defaults)."""
+    """Per-chat system prompt and sampler settings (the engine's sampler defaults)."""
 
     system_prompt: str = "You are a helpful assistant."
-    temperature: float = 0.8
-    top_k: int = 50
-    top_p: float = 0.8
-    min_p: float = 0.0
-    repetition_penalty: float = 1.025
+    temperature: float = _ENGINE.temperature
+    top_k: int = _ENGINE.top_k
+    top_p: float = _ENGINE.top_p
+    min_p: float = _ENGINE.min_p
+    repetition_penalty: float = _ENGINE.token_repetition_penalty
     max_new_tokens: int = 1024
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
 
+    def sampler_settings(self) -> SamplerSettings:
+        """The engine's SamplerSettings for these chat settings."""
+        return SamplerSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                               token_repetition_penalty=self.repetition_penalty)
+
     def validate(self) -> "ChatSettings":
-        """Raise ValueError naming the first bad field; return self so calls can chain."""
+        """Raise ValueError naming the first bad field; return self so calls can chain.
+
+        Sampler fields follow the engine's one rule set (SamplerSettings.validate), so a chat can never hold
+        a setting the engine would refuse, or refuse one the engine takes."""
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"chat setting {name}={getattr(self, name)!r}: {why}")
 
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise bad(name, "must be a finite number")
+        try:
+            self.sampler_settings().validate()
+        except ValueError as exc:
+            raise ValueError(f"chat setting {exc}") from None
         if not isinstance(self.system_prompt, str):
             raise bad("system_prompt", "must be a string")
-        if self.temperature < 0:
-            raise bad("temperature", "must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "must be in (0, 1]")
-        if not 0.0 <= self.min_p < 1.0:
-            raise bad("min_p", "must be in [0, 1)")
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", "must be > 0")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise bad("top_k", "must be an int >= 0 (0 disables it)")
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise bad("max_new_tokens", "must be an int >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):

@@ -1,29 +1,48 @@
 """pagedeck's inference engine: a paged, continuously batched generator in the ExLlamaV2 dynamic style.
 
-Public names follow ExLlamaV2's so its users feel at home. Nothing here imports Qt.
+Public names follow ExLlamaV2's so its users feel at home. Nothing here imports Qt. The names load on
+first use (PEP 562), so `import engine.contract` (what the app shares with the engine) never loads torch.
 """
-from .cache import PagedCache
-from .config import ModelConfig
-from .filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
-from .generator import DynamicGenerator
-from .job import DynamicJob
-from .lora import LoRA, LoRASet
-from .model import Model
-from .pagetable import PageTable
-from .sampling import SamplerSettings
-from .tokenizer import Tokenizer
+from __future__ import annotations
 
-__all__ = [
-    "ChoiceFilter", "DynamicGenerator", "DynamicGeneratorAsync", "DynamicJob", "DynamicJobAsync", "Filter",
-    "GrammarFilter", "JSONSchemaFilter", "LoRA", "LoRASet", "Model", "ModelConfig", "PagedCache", "PageTable", "RegexFilter",
-    "SamplerSettings", "Tokenizer",
-]
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {  # public name -> module that defines it
+    "AdapterRouter": ".generator.adapter_router",
+    "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
+    "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
+    "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
+    "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
+    "LoRA": ".model.lora", "LoRASet": ".model.lora",
+    "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
+    "PageTable": ".cache.pagetable", "SamplerSettings": ".contract", "Tokenizer": ".model.tokenizer",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (exclude_type_checking_imports)
+    from .generator.adapter_router import AdapterRouter
+    from .cache.paged_cache import PagedCache
+    from .cache.pagetable import PageTable
+    from .contract import SamplerSettings
+    from .generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
+    from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
+    from .generator.generator import DynamicGenerator
+    from .generator.job import DynamicJob
+    from .model.config import ModelConfig
+    from .model.lora import LoRA, LoRASet
+    from .model.model import Model
+    from .model.tokenizer import Tokenizer
 
 
 def __getattr__(name: str):
-    # The async API is imported lazily so the sync engine loads without asyncio machinery.
-    if name in ("DynamicGeneratorAsync", "DynamicJobAsync"):
-        from . import async_api
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return getattr(async_api, name)
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

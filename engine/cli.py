@@ -1,5 +1,6 @@
-"""`python -m engine generate|bench|bench-spec`: talk to a model from a terminal, or measure the engine
-(engine.bench; bench-spec is engine.bench_spec's own parser, dispatched from here).
+"""`python -m engine generate|serve|bench|bench-spec`: talk to a model from a terminal, serve it over an
+OpenAI-compatible API (engine.server), or measure the engine (engine.bench.serving; bench-spec is
+engine.bench.speculative's own parser, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
 `error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
@@ -10,10 +11,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
-from .model import WEIGHT_FORMATS
+from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS, check_model_path
 
 # What a user can cause: reported as one line, never as a traceback.
 USER_ERRORS = (OSError, ValueError, NotImplementedError, ImportError, MemoryError)
@@ -53,7 +53,7 @@ def _non_negative_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,bench,bench-spec}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,bench,bench-spec}")
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--repetition-penalty", type=float, metavar="R")
     g.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
+
+    from .server.main import add_serve_parser
+
+    add_serve_parser(sub, WEIGHT_FORMATS)
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
@@ -99,12 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measurement sets per side, alternating engine and peer; figures are medians (default 3)")
     b.add_argument("--paste", type=_positive_int, metavar="N",
                    help="instead: the other chats' decode rate while one chat prefills an N-token paste "
-                        "(engine.bench_paste)")
+                        "(engine.bench.paste)")
     b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
                    help="chats decoding during --paste (default 3)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
-    # Listed for --help only: main() hands its arguments to engine.bench_spec, which parses them itself.
+    # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.
     sub.add_parser("bench-spec", add_help=False,
                    help="speculative decoding (n-gram) speed-up by batch size; see `bench-spec --help`")
     return parser
@@ -113,15 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench-spec"]:
-        from .bench_spec import main as bench_spec_main
+        from .bench.speculative import main as bench_spec_main
 
         return _guarded(lambda: bench_spec_main(argv[1:]))
     args = build_parser().parse_args(argv)
-    return _guarded(lambda: run_generate(args) if args.command == "generate" else _run_bench(args))
+    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench}
+    return _guarded(lambda: commands[args.command](args))
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .server.main import run_serve
+
+    check_model_path(args.model)
+    return run_serve(args)
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from .bench.serving import run_bench
 
     return run_bench(args)
 
@@ -138,15 +150,10 @@ def _guarded(command) -> int:
         return 130
 
 
-def check_model_path(path: str | None) -> None:
-    if path is not None and not Path(path).exists():
-        raise CLIError(f"model path does not exist: {path}")
-
-
 # ---- generate ---------------------------------------------------------------------------------------
 def sampler_from_args(args: argparse.Namespace):
     """SamplerSettings from the flags, validated before any model is loaded (fail fast on typos)."""
-    from .sampling import SamplerSettings
+    from .contract import SamplerSettings
 
     given = {field: getattr(args, flag) for flag, field in SAMPLER_FLAGS.items() if getattr(args, flag) is not None}
     if args.greedy:
@@ -163,16 +170,17 @@ def sampler_from_args(args: argparse.Namespace):
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from .cache import PagedCache
-    from .generator import DynamicGenerator
-    from .job import DynamicJob
-    from .model import Model
-    from .tokenizer import Tokenizer
+    from .cache.paged_cache import PagedCache
+    from .generator.generator import DynamicGenerator
+    from .generator.job import DynamicJob
+    from .model.model import Model
+    from .model.tokenizer import Tokenizer
 
     if args.system is not None and args.chat is None:
         raise CLIError("--system needs --chat (a raw --prompt has no system role)")
     settings = sampler_from_args(args)
-    check_model_path(args.model)
+    if args.model is not None:
+        check_model_path(args.model)
     model = Model.load(args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
     if args.chat is not None:
@@ -191,7 +199,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if total > limit:
         raise CLIError(f"prompt ({ids.shape[1]} tokens) + --max-new-tokens ({args.max_new_tokens}) = {total} "
                        f"exceeds the model's context of {limit} tokens")
-    page_size = 256
+    page_size = DEFAULT_PAGE_SIZE
     cache = PagedCache(model, max_tokens=-(-total // page_size) * page_size, page_size=page_size)
     gen = DynamicGenerator(model, cache, tokenizer)
     job = DynamicJob(ids, args.max_new_tokens, gen_settings=settings, seed=args.seed, stop_conditions=stops)

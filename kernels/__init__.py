@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import torch
 
-from . import attention as _attention
 from . import cpu_ext as _cpu_ext
+from . import reference_attention as _attention
 from . import reference as _ref
 from .kv_quant import FORMATS as KV_QUANT_FORMATS
-from .kv_quant import (QuantizedPool, copy_page_prefix, copy_pages, gather_pages, make_pool, permute_pages,
-                       pool_nbytes)
-from .vocab import mask_padded_logits, pad_embedding, pad_vocab
+from .kv_quant import QuantizedPool, copy_page_prefix, copy_pages, make_pool, permute_pages, pool_nbytes
+from .vocab import pad_embedding, pad_vocab
 
 __all__ = [
     "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
-    "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes", "gather_pages",
+    "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes",
     "KV_QUANT_FORMATS",
-    "pad_vocab", "pad_embedding", "mask_padded_logits", "use_triton", "plan_step", "StepPlan", "fused_attention",
-    "decode_layers",
+    "pad_vocab", "pad_embedding", "use_triton", "plan_step", "StepPlan", "fused_attention", "decode_layers",
 ]
 
 _triton_ops = None

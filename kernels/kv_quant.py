@@ -193,13 +193,6 @@ def make_pool(
     return QuantizedPool.empty(kv_quant, num_pages, page_size, num_heads, head_dim, device=device, rotate=rotate)
 
 
-def gather_pages(cache, pages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Pages of either pool kind as floats: (*pages.shape, page_size, H, D)."""
-    if isinstance(cache, QuantizedPool):
-        return cache.gather(pages, dtype)
-    return cache[pages].to(dtype)
-
-
 def copy_pages(cache, src: torch.Tensor, dst: torch.Tensor) -> None:
     """Whole-page copy for either pool kind."""
     if isinstance(cache, QuantizedPool):

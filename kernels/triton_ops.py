@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import check_attention_args
+from .reference_attention import check_attention_args
 from .kv_quant import QuantizedPool
 from .triton_decode import decode_attention
 from .triton_kv import write_kv

@@ -1,5 +1,5 @@
 """Vocabulary padding: the output projection runs on a row count that is a multiple of 32 (aligned
-tiles on the GPU); the padded logits must never be sampled, so they are masked to -inf."""
+tiles on the GPU); the padded logits are never sampled (the sampler reads only the first vocab_size)."""
 
 from __future__ import annotations
 
@@ -22,12 +22,3 @@ def pad_embedding(weight: torch.Tensor) -> torch.Tensor:
     if extra == 0:
         return weight
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])], dim=0)
-
-
-def mask_padded_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Padded columns set to -inf in place so no sampler can pick a token that does not exist."""
-    if logits.shape[-1] < vocab_size:
-        raise ValueError(f"logits have {logits.shape[-1]} columns, fewer than the vocabulary ({vocab_size})")
-    if logits.shape[-1] > vocab_size:
-        logits[..., vocab_size:] = float("-inf")
-    return logits

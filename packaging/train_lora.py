@@ -7,7 +7,7 @@ Why it is cheap: the adapters only touch the top `--layers` decoder layers, so t
 them is computed once per example (no grad) and training runs forward/backward through those layers only.
 The data is built here: the model's own greedy replies to templated questions, restyled per adapter
 (pirate speech, or a bulleted list). Loss is on the answer tokens only, under the model's own chat template,
-so the effect shows from the first token of a chat reply. Output is PEFT's format, read by engine.lora.
+so the effect shows from the first token of a chat reply. Output is PEFT's format, read by engine.model.lora.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine import Model, Tokenizer  # noqa: E402
-from engine.lora import LoRA, LoRASet  # noqa: E402
+from engine.model.lora import LoRA, LoRASet  # noqa: E402
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -271,16 +271,12 @@ def train(model: Model, tok: Tokenizer, name: str, data: list[tuple[str, str, bo
 
 
 def check_against_engine(model: Model, tok: Tokenizer, result: dict) -> float:
-    """The saved adapter, read back by engine.lora, must give the logits this script trained."""
+    """The saved adapter, read back by engine.model.lora, must give the logits this script trained."""
     ids = torch.tensor([encode(tok, *result["sample"])[0]])
     with torch.no_grad():
         ours = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers),
                                            result["adapter"]))[0]
-    model.lora = LoRASet.build(model, LoRA.load(result["folder"], model))
-    try:
-        engine = model.forward_tokens(ids)
-    finally:
-        model.lora = None
+    engine = model.forward_tokens(ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
     return (ours - engine).abs().max().item() / ours.abs().max().item()
 
 
@@ -331,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         result = train(model, tok, name, data, args)
         err = check_against_engine(model, tok, result)
         if err > 1e-3:
-            raise SystemExit(f"{name}: engine.lora reads the saved adapter differently (rel. error {err:.2e})")
+            raise SystemExit(f"{name}: engine.model.lora reads the saved adapter differently (rel. error {err:.2e})")
         size = (result["folder"] / "adapter_model.safetensors").stat().st_size
         log = {"steps": args.steps, "batch": args.batch, "layers": args.layers, "rank": args.rank,
                "alpha": args.alpha, "lr": args.lr, "reply_tokens": args.reply_tokens, "seed": args.seed,

@@ -19,7 +19,7 @@ WEIGHT_STD = 0.25
 
 @lru_cache(maxsize=1)
 def default_tokenizer():
-    from engine.tokenizer import Tokenizer
+    from engine.model.tokenizer import Tokenizer
 
     return Tokenizer.load()
 
@@ -77,7 +77,7 @@ _GGUF_NAMES = {
 
 
 def gguf_name(hf: str) -> str:
-    """llama.cpp's name for an HF tensor name (written independently of engine.weights' mapping)."""
+    """llama.cpp's name for an HF tensor name (written independently of engine.model.weights' mapping)."""
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "model.norm.weight":
@@ -168,7 +168,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", 
 
 
 def _copy_default_tokenizer_metadata(w) -> None:
-    from engine.weights import GGUFFile, default_model_path
+    from engine.model.weights import GGUFFile, default_model_path
 
     meta = GGUFFile(default_model_path()).metadata
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
@@ -188,7 +188,7 @@ def hf_default_model():
     """transformers' own GGUF loader on the default model (slow: ~40 s on 2 cores, so loaded once)."""
     from transformers import AutoModelForCausalLM
 
-    from engine.weights import default_model_path
+    from engine.model.weights import default_model_path
 
     path = default_model_path()
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
@@ -198,7 +198,7 @@ def hf_default_model():
 def hf_default_tokenizer():
     from transformers import AutoTokenizer
 
-    from engine.weights import default_model_path
+    from engine.model.weights import default_model_path
 
     path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

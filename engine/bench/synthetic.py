@@ -1,0 +1,79 @@
+"""Random-weight models built in memory for benchmarks (issue 3: a Llama-3-8B-shaped model, no download).
+
+Decode speed depends on shapes, not on weight values, so random weights measure the real thing.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model.config import ModelConfig
+from ..model.model import Model, default_device, default_dtype
+from ..model.weights import expected_tensor_names
+
+# HF config.json fields of each synthetic model (shared by our ModelConfig and the transformers peer).
+SYNTHETIC_MODELS: dict[str, dict] = {
+    "llama3-8b-random": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+    },
+}
+
+
+def _config(name: str) -> dict:
+    if name not in SYNTHETIC_MODELS:
+        raise ValueError(f"unknown synthetic model {name!r}; known: {', '.join(SYNTHETIC_MODELS)}")
+    return SYNTHETIC_MODELS[name]
+
+
+def hf_config(name: str):
+    """The transformers config of a synthetic model (for the peer)."""
+    from transformers import AutoConfig
+
+    cfg = dict(_config(name))
+    return AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
+
+
+def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every weight of a config."""
+    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    by_suffix = {
+        "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
+        "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
+        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
+        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
+        "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
+        "layernorm.weight": (h,), "norm.weight": (h,),
+    }
+    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in expected_tensor_names(c)}
+
+
+def random_model(config: ModelConfig, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 seed: int = 0) -> Model:
+    """A Model with N(0, 0.02) weights and unit norms, generated directly on the device."""
+    dev = torch.device(device) if device is not None else default_device()
+    dt = dtype if dtype is not None else default_dtype(dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    weights = {}
+    for name, shape in tensor_shapes(config).items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape, dtype=dt, device=dev)
+        else:
+            weights[name] = torch.empty(shape, dtype=dt, device=dev).normal_(0.0, 0.02, generator=g)
+    model = Model(config, weights, dev, dt)
+    return model
+
+
+def synthetic_model(name: str, device: torch.device | str | None = None) -> Model:
+    """One of SYNTHETIC_MODELS; refuses (clearly) where it can't run usefully: only CUDA has the memory."""
+    config = ModelConfig.from_hf(_config(name))
+    dev = torch.device(device) if device is not None else default_device()
+    dt = default_dtype(dev)
+    params = sum(torch.Size(s).numel() for s in tensor_shapes(config).values())
+    if dev.type != "cuda":
+        raise ValueError(f"{name} ({params / 1e9:.1f}B parameters, {params * 4 / 1e9:.0f} GB in fp32) is a GPU "
+                         "benchmark: it needs a CUDA device and none is available here")
+    model = random_model(config, dev, dt)
+    model.name = name
+    return model

@@ -1,0 +1,63 @@
+"""The paged K/V pools: per layer, (num_pages, page_size, n_kv_heads, head_dim) for keys and for values.
+
+With kv_quant ("q8", "q6", "q4") each pool stores per-token groups of small integers plus scales
+(kernels.kv_quant), so the same page table addresses two to four times as many tokens.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels.kv_quant import QuantizedPool, copy_page_prefix, make_pool, permute_pages, pool_nbytes
+
+from ..contract import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, check_page_size
+
+if TYPE_CHECKING:
+    from ..model.model import Model
+
+
+class PagedCache:
+    """K/V storage shaped by pages; the page table (engine.cache.pagetable) decides what lives where."""
+
+    def __init__(self, model: "Model", max_tokens: int = DEFAULT_CACHE_TOKENS, page_size: int = DEFAULT_PAGE_SIZE,
+                 kv_quant: str | None = None):
+        if kv_quant not in KV_QUANT_FORMATS:
+            raise ValueError(f"kv_quant must be one of {KV_QUANT_FORMATS}, got {kv_quant!r}")
+        check_page_size(page_size)
+        if max_tokens < page_size:
+            raise ValueError(f"max_tokens ({max_tokens}) must hold at least one page of {page_size} tokens")
+        cfg = model.config
+        self.model = model
+        self.page_size = page_size
+        self.num_pages = max_tokens // page_size
+        self.max_tokens = self.num_pages * page_size
+        self.kv_quant = kv_quant
+        def pool():
+            if kv_quant is None:
+                return make_pool(None, self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                 model.dtype, model.device)
+            # Scale groups of 32 values, or the whole head when head_dim is smaller (tiny test models).
+            return QuantizedPool.empty(kv_quant, self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
+                                       device=model.device, group_size=math.gcd(32, cfg.head_dim))
+
+        self.k = [pool() for _ in range(cfg.num_layers)]
+        self.v = [pool() for _ in range(cfg.num_layers)]
+        # Set by the one DynamicGenerator whose page table decides what these pages hold: two tables over one
+        # pool would overwrite each other's K/V.
+        self.claimed = False
+
+    def copy_page(self, src: int, dst: int, n: int) -> None:
+        """Copy the first n slots of page src into page dst in every layer (partial-page prefix reuse)."""
+        for pool in (*self.k, *self.v):
+            copy_page_prefix(pool, src, dst, n)
+
+    def permute(self, new_order: list[int]) -> None:
+        """Move pages so that slot k holds what page new_order[k] held (defragmentation)."""
+        idx = torch.tensor(new_order, device=self.model.device)
+        for pool in (*self.k, *self.v):
+            permute_pages(pool, idx)
+
+    def memory_bytes(self) -> int:
+        return sum(pool_nbytes(pool) for pool in (*self.k, *self.v))

@@ -1,0 +1,23 @@
+"""What the engine and its users (app, CLI, benchmarks) share, importable without torch.
+
+One owner per fact: sampler settings and their rules, the result and metrics dicts, page-state codes,
+weight and KV formats, defaults, what a model or adapter folder is. `import engine.contract` loads neither torch nor numpy, so the app's
+model layer (settings, store, dashboard) depends on these facts without loading the engine.
+"""
+from .formats import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, check_page_size
+from .paths import (
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHT_FILES, check_model_path, demo_adapters_folder, find_adapters, is_adapter_dir,
+    model_path_problem,
+)
+from .results import (
+    CACHED, EOS_REASONS, FREE, METRICS_KEYS, STAGES, DeferredResult, EosReason, Metrics, PrefillResult, Result,
+    Stage, StartedResult, StreamingResult,
+)
+from .settings import GREEDY_TEMPERATURE, SamplerSettings
+
+__all__ = [
+    "ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
+    "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_FORMATS", "DeferredResult", "EosReason", "Metrics",
+    "PrefillResult", "Result", "SamplerSettings", "Stage", "StartedResult", "StreamingResult", "check_model_path",
+    "check_page_size", "demo_adapters_folder", "find_adapters", "is_adapter_dir", "model_path_problem",
+]

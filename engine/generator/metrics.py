@@ -1,0 +1,44 @@
+"""Raw, monotonic generator counters and the snapshot the dashboard polls (~10 Hz, from any thread).
+
+The snapshot reads plain attributes without taking the generator's lock, so it never waits for a forward
+pass; a snapshot may straddle two steps, which a chart can't tell apart.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GeneratorMetrics:
+    steps_total: int = 0
+    tokens_generated_total: int = 0
+    prefill_tokens_total: int = 0
+    prefix_hit_tokens_total: int = 0
+    prompt_tokens_total: int = 0  # prompt tokens of admitted jobs (cached or not): prefix-cache queries
+    drafts_total: int = 0  # draft proposals (one per job per drafting step), vLLM's num_drafts
+    drafted_tokens_total: int = 0
+    accepted_tokens_total: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    time_total_s: float = 0.0  # time spent inside iterate()
+    batch_size: int = 0  # sequences in the last step
+    batch_size_peak: int = 0  # largest batch_size so far (a scrape every few seconds misses short peaks)
+    prefill_tokens_step: int = 0
+    decode_tokens_step: int = 0
+    sampling_threads_busy: int = 0
+    step_host_overhead_s: float = 0.0  # last step's time outside model.forward
+
+    def record_step(self, batch_size: int, prefill: int, decode: int, seconds: float, overhead: float) -> None:
+        self.steps_total += 1
+        self.batch_size = batch_size
+        self.batch_size_peak = max(self.batch_size_peak, batch_size)
+        self.prefill_tokens_step = prefill
+        self.decode_tokens_step = decode
+        self.prefill_tokens_total += prefill
+        self.time_total_s += seconds
+        self.step_host_overhead_s = overhead
+
+    def snapshot(self) -> dict:
+        d = {k: (list(v) if isinstance(v, list) else v) for k, v in vars(self).items()}
+        d["snapshot_time"] = time.monotonic()
+        return d

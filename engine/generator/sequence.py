@@ -1,0 +1,87 @@
+"""`Sequence`: one row a job feeds the model (its tokens, pages and K/V progress), and `ScheduledSeq`,
+the share of one step the scheduler gives it.
+
+Sequence methods are the only writers of tokens, kv_len and draft_kv_len, so the rules about them (a
+rewind drops the K/V of removed tokens; the draft model's cache never claims tokens the main cache lost)
+live in one place instead of in the generator, the job and the drafter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..cache.pagetable import CachePage
+    from .job import DynamicJob
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Tokens (prompt + generated) and the pages holding their K/V. Read the fields; change them only
+    through the methods."""
+
+    tokens: list[int]
+    prompt_len: int
+    pages: list[CachePage] = field(default_factory=list)
+    _kv_len: int = 0
+    _draft_kv_len: int = 0
+
+    @property
+    def kv_len(self) -> int:
+        """Tokens whose K/V is in the cache."""
+        return self._kv_len
+
+    @property
+    def draft_kv_len(self) -> int:
+        """Tokens whose K/V the draft model's cache holds (speculative decoding with a draft model)."""
+        return self._draft_kv_len
+
+    def attach(self, pages: list[CachePage], cached_tokens: int, draft_tokens: int = 0) -> None:
+        """Take the pages allocated for this sequence; the first cached_tokens already hold K/V, and the first
+        draft_tokens the draft model's K/V too (the draft cache mirrors the main one's pages, but cached pages
+        written without the draft model lack its K/V)."""
+        self.pages = pages
+        self._kv_len = cached_tokens
+        self._draft_kv_len = min(draft_tokens, cached_tokens)
+
+    def pop_prompt_token(self) -> int:
+        """Remove the prompt's last token (token healing regenerates it), before any K/V exists."""
+        self.prompt_len -= 1
+        return self.tokens.pop()
+
+    def append(self, token: int) -> None:
+        self.tokens.append(token)
+
+    def wrote_kv(self, kv_len: int) -> None:
+        """After a forward: the cache holds valid K/V for tokens[:kv_len] (rejected drafts excluded)."""
+        self._kv_len = kv_len
+
+    def wrote_draft_kv(self, kv_len: int) -> None:
+        """The draft model's cache holds valid K/V for tokens[:kv_len]."""
+        self._draft_kv_len = kv_len
+
+    def rewind(self, n: int) -> None:
+        """Drop the last n tokens; K/V past the new end (and the last token's, fed again) no longer counts."""
+        del self.tokens[len(self.tokens) - n :]
+        self._kv_len = min(self._kv_len, len(self.tokens) - 1)
+        self._draft_kv_len = min(self._draft_kv_len, self._kv_len)
+
+
+@dataclass(frozen=True, eq=False)
+class ScheduledSeq:
+    """One sequence's share of a step: `tokens` fed from position `start`; logits wanted for the last `rows`
+    of them (several when they verify `drafts`). Batch.build keeps the plan's order, so the i-th record's
+    logits start at batch.logit_offsets[i]."""
+
+    job: DynamicJob
+    seq: Sequence
+    tokens: list[int]
+    start: int
+    rows: int
+    drafts: tuple[int, ...] = ()
+    prefill: bool = False
+
+    @property
+    def end(self) -> int:
+        """Sequence length once this step's tokens are in."""
+        return self.start + len(self.tokens)

@@ -1,0 +1,105 @@
+"""Draft token proposers for speculative decoding: an n-gram index per job, or a small draft model.
+
+The main model verifies a job's k drafts in one forward; a draft is accepted while the token the job's
+sampler draws equals it, so greedy output is unchanged and sampled output keeps the job's distribution.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..model.batch import Batch
+
+if TYPE_CHECKING:
+    from ..cache.paged_cache import PagedCache
+    from ..cache.pagetable import PageTable
+    from ..model.model import Model
+    from .sequence import Sequence
+
+
+class NgramIndex:
+    """For every n-gram (n <= max_ngram) of a job's tokens, where it last occurred; proposes what followed."""
+
+    def __init__(self, max_ngram: int):
+        self.max_ngram = max_ngram
+        self.next_pos: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # tokens[:indexed] are in the index
+
+    def update(self, tokens: list[int]) -> None:
+        for p in range(max(self.indexed, 1), len(tokens)):
+            for n in range(1, min(self.max_ngram, p) + 1):
+                self.next_pos[tuple(tokens[p - n : p])] = p
+        self.indexed = max(self.indexed, len(tokens))
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Continue the longest suffix of tokens seen before with what followed it (up to k tokens)."""
+        self.update(tokens)
+        # Look up the suffix as it stood before the last token was indexed as a key's follower.
+        for n in range(min(self.max_ngram, len(tokens)), 0, -1):
+            p = self.next_pos.get(tuple(tokens[-n:]))
+            if p is not None and p < len(tokens):
+                return tokens[p : p + k]
+        return []
+
+
+class ModelDrafter:
+    """Greedy drafts from a small model whose cache shares the main page table's layout."""
+
+    def __init__(self, model: "Model", cache: "PagedCache", pagetable: "PageTable"):
+        self.model = model
+        self.cache = cache
+        self.pagetable = pagetable
+
+    def prefill(self, entries: list[tuple["Sequence", list[int], int]]) -> None:
+        """Write the draft model's K/V for prompt chunks the main model processes this step, from wherever the
+        draft cache stops (cached pages written without the draft model lack its K/V)."""
+        if not entries:
+            return
+        seqs = []
+        for seq, toks, start in entries:
+            begin, end = min(seq.draft_kv_len, start), start + len(toks)
+            seqs.append((seq.tokens[begin:end], begin, self._pages(seq, end)))
+        batch = Batch.build(seqs, self.pagetable.page_size, [0] * len(entries), self.model.device)
+        self.model.forward(batch, self.cache)
+        for seq, toks, start in entries:
+            seq.wrote_draft_kv(start + len(toks))
+
+    def draft(self, wants: list[tuple["Sequence", int]]) -> list[list[int]]:
+        """k greedy draft tokens for each (sequence, k), batched over sequences, one draft forward per position."""
+        drafts: list[list[int]] = [[] for _ in wants]
+        for step in range(max((k for _, k in wants), default=0)):
+            rows = [(i, seq) for i, (seq, k) in enumerate(wants) if k > step]
+            seqs = []
+            for i, seq in rows:
+                tokens = seq.tokens
+                if step == 0:  # catch up on real tokens the draft cache hasn't seen (1 or 2 usually)
+                    start = min(seq.draft_kv_len, len(tokens) - 1)
+                    toks = tokens[start:]
+                else:
+                    start = len(tokens) - 1 + step
+                    toks = drafts[i][-1:]
+                seqs.append((toks, start, self._pages(seq, start + len(toks))))
+            batch = Batch.build(seqs, self.pagetable.page_size, None, self.model.device)
+            logits = self.model.forward(batch, self.cache)[:, : self.model.vocab_size]
+            best = logits.argmax(dim=-1).tolist()
+            for (i, seq), tok in zip(rows, best):
+                drafts[i].append(tok)
+                if step == 0:
+                    seq.wrote_draft_kv(len(seq.tokens))
+        return drafts
+
+    def _pages(self, seq: "Sequence", length: int) -> list[int]:
+        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
+
+
+def check_draft_model(model: "Model", cache: "PagedCache", draft_model: "Model", draft_cache: "PagedCache") -> None:
+    """The draft must speak the main model's vocabulary and mirror its cache's page layout."""
+    if draft_cache is None:
+        raise ValueError("draft_model needs a draft_cache (PagedCache(draft_model, same max_tokens, same page_size))")
+    if draft_cache.model is not draft_model:
+        raise ValueError("draft_cache was built for a different model than draft_model")
+    if draft_model.vocab_size != model.vocab_size:
+        raise ValueError(f"draft model vocabulary ({draft_model.vocab_size}) differs from the main model's "
+                         f"({model.vocab_size})")
+    if (draft_cache.num_pages, draft_cache.page_size) != (cache.num_pages, cache.page_size):
+        raise ValueError("draft_cache must have the same number of pages and page size as the main cache")
+

@@ -1,0 +1,301 @@
+"""Tokenizer: the `tokenizers` library behind an ExLlamaV2-like API, plus the model's chat template.
+
+Sources: an HF folder (tokenizer.json), or a GGUF's vocabulary, rebuilt as a byte-level BPE the way
+llama.cpp splits text for that vocabulary's pre-tokenizer type.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+# Names of end-of-turn tokens that stop generation when the vocabulary has them.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>",
+                      "<end_of_turn>", "</s>")
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# llama.cpp pre-tokenizer types (tokenizer.ggml.pre) -> how text is split before BPE.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_SPLITS = {
+    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT],
+    "smollm": [r"\p{N}", _GPT2_SPLIT],  # digits one by one, then GPT-2
+    "llama3": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT],
+    "smaug-bpe": [_LLAMA3_SPLIT], "dbrx": [_LLAMA3_SPLIT], "falcon3": [_LLAMA3_SPLIT],
+    "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT], "megrez": [_QWEN2_SPLIT],
+}
+_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _byte_alphabet() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (byte-level BPE's alphabet)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _byte_alphabet().items()}
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+class Tokenizer:
+    """Text <-> token ids, special tokens, stop tokens and chat formatting for one model."""
+
+    def __init__(self, tokenizer: HFTokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
+                 chat_template: str | None = None, add_bos: bool = False, eos_token_ids: Iterable[int] = (),
+                 source: str = ""):
+        self._tok = tokenizer
+        # A second instance that treats special-token text as plain text (tokenizers' flag is per instance,
+        # and flipping it on a shared one would race between threads).
+        self._tok_plain = HFTokenizer.from_str(tokenizer.to_str())
+        self._tok_plain.encode_special_tokens = True
+        self.source = source
+        self.add_bos = add_bos
+        self.vocab_size: int = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        self.bos_token_id = tokenizer.token_to_id(bos_token) if bos_token else None
+        self.eos_token_id = tokenizer.token_to_id(eos_token) if eos_token else None
+        stops = {i for i in eos_token_ids if i is not None}
+        if self.eos_token_id is not None:
+            stops.add(self.eos_token_id)
+        stops.update(i for t in END_OF_TURN_TOKENS if (i := tokenizer.token_to_id(t)) is not None)
+        self.stop_token_ids: set[int] = stops
+        self._chat_template = chat_template
+        self._template = None
+        self._byte_level = _is_byte_level(tokenizer)
+        self.special_token_ids: set[int] = {
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> Tokenizer:
+        """From an HF folder, a .gguf file, or (None) the embedded default model."""
+        if path is None:
+            from engine.model.weights import default_model_path
+
+            path = default_model_path()
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"Tokenizer path does not exist: {path}")
+        if path.is_dir():
+            return cls._from_hf(path)
+        if path.suffix.lower() == ".gguf":
+            return cls._from_gguf(path)
+        raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
+
+    @classmethod
+    def _from_hf(cls, folder: Path) -> Tokenizer:
+        tj = folder / "tokenizer.json"
+        if not tj.is_file():
+            raise FileNotFoundError(f"{folder} has no tokenizer.json (only fast tokenizers are supported)")
+        try:
+            tok = HFTokenizer.from_file(str(tj))
+        except Exception as e:  # tokenizers raises a bare Exception on bad JSON
+            raise ValueError(f"Cannot read {tj}: {e}") from None
+        tcfg = _read_json(folder / "tokenizer_config.json")
+        template = tcfg.get("chat_template")
+        if (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text()
+        elif (folder / "chat_template.json").is_file():
+            template = _read_json(folder / "chat_template.json").get("chat_template")
+        if isinstance(template, list):  # named templates: the "default" one is for chat
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default") or next(iter(named.values()), None)
+        eos_ids: list[int] = []
+        for name in ("generation_config.json", "config.json"):
+            eos = _read_json(folder / name).get("eos_token_id")
+            eos_ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
+        return cls(tok, bos_token=_token_text(tcfg.get("bos_token")), eos_token=_token_text(tcfg.get("eos_token")),
+                   chat_template=template, add_bos=bool(tcfg.get("add_bos_token", False)),
+                   eos_token_ids=eos_ids, source=str(folder))
+
+    @classmethod
+    def _from_gguf(cls, path: Path) -> Tokenizer:
+        from engine.model.weights import GGUFFile
+
+        meta = GGUFFile(path).metadata
+        kind = meta.get("tokenizer.ggml.model")
+        if kind != "gpt2":
+            raise NotImplementedError(
+                f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
+                "load the model's Hugging Face folder with tokenizer.json instead")
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if pre not in _PRE_SPLITS:
+            raise NotImplementedError(
+                f"{path}: GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(_PRE_SPLITS))}")
+        try:
+            tokens: list[str] = meta["tokenizer.ggml.tokens"]
+            merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        except KeyError as e:
+            raise ValueError(f"{path}: GGUF tokenizer metadata is missing {e.args[0]}") from None
+        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+        tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
+                                     ignore_merges=pre in _IGNORE_MERGES))
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, k in zip(tokens, types) if k == _GGUF_CONTROL])
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, k in zip(tokens, types) if k == _GGUF_USER_DEFINED])
+
+        def text(key: str) -> str | None:
+            i = meta.get(f"tokenizer.ggml.{key}")
+            return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+        return cls(tok, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
+                   chat_template=meta.get("tokenizer.chat_template"),
+                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)), source=str(path))
+
+    def save(self, folder: str | Path) -> None:
+        """Write tokenizer.json + tokenizer_config.json (readable by Tokenizer.load and transformers)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tok.save(str(folder / "tokenizer.json"))
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_token,
+               "eos_token": self.eos_token, "add_bos_token": self.add_bos, "clean_up_tokenization_spaces": False}
+        if self.chat_template is not None:
+            cfg["chat_template"] = self.chat_template
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str, add_bos: bool = False, encode_special_tokens: bool = False) -> torch.Tensor:
+        """(1, n) int64 ids. Special-token text in `text` stays plain text unless encode_special_tokens."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}")
+        tok = self._tok if encode_special_tokens else self._tok_plain
+        ids = tok.encode(text, add_special_tokens=False).ids
+        if add_bos:
+            if self.bos_token_id is None:
+                raise ValueError("add_bos=True but this tokenizer has no BOS token")
+            ids = [self.bos_token_id] + ids
+        return torch.tensor([ids], dtype=torch.long)
+
+    def decode(self, ids: Any, decode_special_tokens: bool = False) -> str:
+        """Text of a list / 1-D tensor / (1, n) tensor of ids; special tokens dropped unless asked for."""
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() == 2:
+                if ids.shape[0] != 1:
+                    raise ValueError(f"decode() takes one sequence, got a batch of shape {tuple(ids.shape)}")
+                ids = ids[0]
+            ids = ids.tolist()
+        elif isinstance(ids, int):
+            ids = [ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token ids out of range [0, {self.vocab_size}): {bad[:5]}")
+        return self._tok.decode(list(ids), skip_special_tokens=not decode_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token contributes to decoded text (partial UTF-8 included)."""
+        return self._all_bytes[token_id]
+
+    @cached_property
+    def _all_bytes(self) -> list[bytes]:
+        added = {i: t.content for i, t in self._tok.get_added_tokens_decoder().items()}
+        out = []
+        for i in range(self.vocab_size):
+            if i in added:
+                out.append(added[i].encode())
+                continue
+            piece = self._tok.id_to_token(i) or ""
+            if self._byte_level and all(c in _BYTE_OF_CHAR for c in piece):
+                out.append(bytes(_BYTE_OF_CHAR[c] for c in piece))
+            elif m := _BYTE_FALLBACK.match(piece):
+                out.append(bytes([int(m.group(1), 16)]))
+            else:  # SentencePiece-style BPE: "▁" is a space (decode() would strip it at the start)
+                out.append(piece.replace("\u2581", " ").encode())
+        return out
+
+    @cached_property
+    def pieces(self) -> list[str]:
+        """Each token's text on its own (invalid UTF-8 replaced), for n-gram and banned-string matching."""
+        return [b.decode("utf-8", errors="replace") for b in self._all_bytes]
+
+    # ------------------------------------------------------------------ chat
+    @property
+    def chat_template(self) -> str | None:
+        """The model's jinja2 chat template (None: ChatML is used). Settable, e.g. to override a bad one."""
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        self._chat_template, self._template = template, None
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render messages with the model's template (ChatML when it has none) in a sandboxed jinja2."""
+        if self._template is None:
+            self._template = _compile_template(self.chat_template or CHATML_TEMPLATE)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, source={self.source!r})"
+
+
+def _compile_template(source: str):
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(source)
+    except TemplateError as e:
+        raise ValueError(f"invalid chat template: {e}") from None
+
+
+def _is_byte_level(tok: HFTokenizer) -> bool:
+    return tok.decoder is not None and "ByteLevel" in repr(tok.decoder)
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):  # AddedToken serialised by transformers
+        return value.get("content")
+    return value
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None

@@ -1,0 +1,298 @@
+"""OpenAIServer: an OpenAI-compatible HTTP API over one DynamicGeneratorAsync (aiohttp on the running loop).
+
+aiohttp's AppRunner/TCPSite run on whatever asyncio loop is current, so the desktop app serves from its
+qasync loop next to the chats (uvicorn would install its own loop and signal handlers and fight qasync),
+and `python -m engine serve` runs the same object headless. Every request becomes one DynamicJobAsync
+on the served generator, so API requests batch with each other and with the app's chats, and show on
+the page map under their request id. A client that disconnects cancels its job (handler cancellation is
+on), so its pages return at once.
+
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /metrics
+(Prometheus), GET /pagedeck/pages (the page map as JSON, for pagedeck clients), POST
+/v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API). With an api_key every
+/v1 and /pagedeck route needs `Authorization: Bearer <key>`; /health and /metrics stay open, as in vLLM.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..generator.async_api import DynamicJobAsync
+from .errors import ApiError, bad_request
+from .prometheus import build_registry
+from .requests import GenerationRequest, parse_request
+from .responses import ResponseBuilder, request_id
+from .served import ServedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_TOKENS = 1024
+OPEN_PATHS = ("/health", "/metrics")
+
+
+class OpenAIServer:
+    """Serve `served` (settable at any time; None answers 503) on host:port until stop()."""
+
+    def __init__(self, served: ServedModel | None = None, *, api_key: str | None = None,
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+        self.served = served
+        self.api_key = api_key or None
+        self.default_max_tokens = default_max_tokens
+        self.requests_total = 0
+        self.requests_running = 0
+        self.listeners: list[Callable[[], None]] = []  # called when the request counts change
+        self.url: str | None = None
+        self._runner: web.AppRunner | None = None
+        self.registry, self._ttft = build_registry(self._metrics_source)
+        self.app = web.Application(middlewares=[self._errors, self._auth], client_max_size=16 * 2**20)
+        r = self.app.router
+        r.add_get("/health", self._health)
+        r.add_get("/v1/models", self._models)
+        r.add_post("/v1/chat/completions", self._chat)
+        r.add_post("/v1/completions", self._completion)
+        r.add_post("/v1/load_lora_adapter", self._load_lora)
+        r.add_post("/v1/unload_lora_adapter", self._unload_lora)
+        r.add_get("/metrics", self._metrics)
+        r.add_get("/pagedeck/pages", self._pages)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self, host: str = "127.0.0.1", port: int = 8399) -> str:
+        """Listen on host:port (0: any free port); returns the base URL, e.g. http://127.0.0.1:8399."""
+        if self._runner is not None:
+            raise RuntimeError(f"the server is already running at {self.url}")
+        # Stopping cancels requests in flight after a short grace (their jobs are cancelled, pages freed).
+        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        bound = runner.addresses[0]
+        self.url = f"http://{host if ':' not in host else f'[{host}]'}:{bound[1]}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop listening; requests in flight are cancelled (their jobs too)."""
+        runner, self._runner = self._runner, None
+        self.url = None
+        if runner is not None:
+            await runner.cleanup()
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    def _changed(self) -> None:
+        for fn in list(self.listeners):
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a listener's bug must not fail the request
+                log.exception("server listener failed")
+
+    # ---- middleware ------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = {404: f"no route {request.method} {request.path}",
+                       405: f"method {request.method} not allowed on {request.path}"}.get(exc.status, exc.reason)
+            return web.json_response(ApiError(exc.status, message).body(), status=exc.status)
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
+        if self.api_key is not None and request.path not in OPEN_PATHS:
+            header = request.headers.get("Authorization", "")
+            token = header[7:] if header.startswith("Bearer ") else None
+            if token is None or not hmac.compare_digest(token.encode(), self.api_key.encode()):
+                raise ApiError(401, "Incorrect API key provided" if token is not None else
+                               "Missing API key: send it as 'Authorization: Bearer <key>'", code="invalid_api_key")
+        return await handler(request)
+
+    # ---- simple routes ---------------------------------------------------------------------------
+    def _served(self) -> ServedModel:
+        if self.served is None:
+            raise ApiError(503, "no model is loaded yet", code="model_not_loaded")
+        return self.served
+
+    async def _health(self, request: web.Request) -> web.Response:
+        self._served()
+        return web.Response(text="")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": self._served().model_entries()})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _metrics_source(self):
+        served = self.served
+        if served is None:
+            return None
+        server = {"running": self.requests_running, "total": self.requests_total,
+                  "adapter_waiting": served.router.waiting}
+        return served.generator.metrics(), served.name, server
+
+    async def _pages(self, request: web.Request) -> web.Response:
+        m = self._served().generator.metrics()
+        return web.json_response({k: m[k] for k in ("page_size", "pages_total", "page_states", "page_shared",
+                                                    "page_owner_identifiers", "loras")})
+
+    # ---- LoRA adapters (vLLM's runtime API) ---------------------------------------------------------
+    async def _load_lora(self, request: web.Request) -> web.Response:
+        served = self._served()
+        body = await _json_body(request)
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
+            raise bad_request("load_lora_adapter needs lora_name and lora_path (non-empty strings)")
+        if name == served.name or name in served.adapters:
+            raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        if not Path(path).is_dir():
+            raise ApiError(404, f"LoRA adapter folder {path!r} does not exist", "lora_path")
+        from ..model.lora import LoRA
+
+        try:  # load now, so a broken adapter fails here rather than in a later request
+            lora = await asyncio.to_thread(LoRA.load, path, served.generator.generator.model, name)
+        except (OSError, ValueError) as exc:
+            raise bad_request(f"cannot load LoRA adapter '{name}': {exc}", "lora_path") from None
+        served.adapters[name] = lora
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def _unload_lora(self, request: web.Request) -> web.Response:
+        served = self._served()
+        body = await _json_body(request)
+        name = body.get("lora_name")
+        if name not in served.adapters:
+            raise ApiError(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+        del served.adapters[name]  # running requests keep it; new ones can't name it
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    # ---- generation ------------------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        served = self._served()
+        req = parse_request(kind, await _json_body(request), served, self.default_max_tokens)
+        builder = ResponseBuilder(req, request_id(kind), served.tokenizer)
+        self.requests_total += 1
+        self.requests_running += 1
+        self._changed()
+        job = None
+        try:
+            try:
+                await served.router.acquire(served.adapter_set(req.adapter))
+            except (OSError, ValueError, RuntimeError) as exc:
+                raise bad_request(f"adapter {req.adapter!r} could not be applied: {exc}", "model") from None
+            job = _start_job(served, req, builder.id)  # no await since acquire: runs with that adapter set
+            if req.stream:
+                return await self._stream(request, req, job, builder, t0, served.name)
+            return await self._complete(job, builder, t0, served.name)
+        finally:
+            if job is not None:
+                await job.cancel()  # no-op once finished; on disconnect it frees the pages now
+            self.requests_running -= 1
+            self._changed()
+
+    def _observe_ttft(self, builder: ResponseBuilder, r: dict, t0: float, name: str) -> None:
+        if builder.completion_tokens == 0 and r.get("token_ids"):
+            self._ttft.labels(name).observe(time.perf_counter() - t0)
+
+    async def _complete(self, job: DynamicJobAsync, builder: ResponseBuilder, t0: float, name: str) -> web.Response:
+        async for r in _results(job):
+            if r["stage"] != "streaming":
+                continue
+            self._observe_ttft(builder, r, t0, name)
+            builder.feed(r)
+            if r.get("eos") and r.get("eos_reason") == "cancelled":
+                raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
+        return web.json_response(builder.final())
+
+    async def _stream(self, request: web.Request, req: GenerationRequest, job: DynamicJobAsync,
+                      builder: ResponseBuilder, t0: float, name: str) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           "X-Request-Id": builder.id})
+        await resp.prepare(request)
+
+        async def send(obj: dict | str) -> None:
+            data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        offset = 0
+        try:
+            if req.kind == "chat":
+                await send(builder.chunk(first=True))
+            elif req.echo:
+                await send(builder.chunk(text=req.prompt))
+                offset = len(req.prompt)
+            async for r in _results(job):
+                if r["stage"] != "streaming":
+                    continue
+                self._observe_ttft(builder, r, t0, name)
+                text, logprobs = builder.feed(r)
+                if r.get("eos") and r.get("eos_reason") == "cancelled":
+                    raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
+                if text or logprobs:
+                    await send(builder.chunk(text=text, logprobs=logprobs, text_offset=offset))
+                    offset += len(text)
+                if r.get("eos"):
+                    await send(builder.chunk(finish=True))
+                    if req.include_usage:
+                        await send(builder.usage_chunk())
+        except ApiError as exc:  # headers are gone: the error travels as an event, as vLLM sends it
+            await send(exc.body())
+        except ConnectionResetError:  # the client went away mid-stream: the finally cancels the job
+            return resp
+        await send("[DONE]")
+        await resp.write_eof()
+        return resp
+
+
+def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> DynamicJobAsync:
+    try:
+        return DynamicJobAsync(served.generator, input_ids=req.input_ids, max_new_tokens=req.max_tokens,
+                               min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.seed,
+                               stop_conditions=req.stops, filters=req.filters, identifier=rid,
+                               return_logits=req.logprobs is not None)
+    except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
+        raise bad_request(str(exc), "max_tokens") from None
+    except RuntimeError as exc:  # the generator closed: the app is loading another model
+        raise ApiError(503, f"the model is being replaced: {exc}", code="model_not_loaded") from None
+
+
+async def _results(job: DynamicJobAsync):
+    """The job's results; an engine failure becomes a 500-class API error instead of a traceback."""
+    try:
+        async for r in job:
+            yield r
+    except (ValueError, RuntimeError) as exc:
+        raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+
+
+async def _json_body(request: web.Request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    return body

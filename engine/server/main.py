@@ -1,0 +1,101 @@
+"""`python -m engine serve`: load a model, build one generator and serve it until Ctrl-C / SIGTERM."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+DEFAULT_PORT = 8399
+DEFAULT_CACHE_TOKENS = 32768  # 128 pages: 16 requests of ~1k tokens each fit at once (budgets are reserved)
+PAGE_SIZE = 256
+
+
+def add_serve_parser(sub, weight_formats) -> None:
+    s = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    s.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
+    s.add_argument("--api-key", metavar="KEY", default=os.environ.get("PAGEDECK_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PAGEDECK_API_KEY, else none)")
+    s.add_argument("--weights", choices=weight_formats, default="auto",
+                   help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
+    s.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS, metavar="N",
+                   help=f"K/V cache size in tokens, shared by all requests (default {DEFAULT_CACHE_TOKENS})")
+    s.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file name)")
+    s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="a PEFT adapter served as model NAME (repeatable)")
+    s.add_argument("--threads", type=int, metavar="N",
+                   help="torch CPU threads (default: torch's choice; on a busy machine 1 can be faster)")
+    s.add_argument("--default-max-tokens", type=int, default=1024, metavar="N",
+                   help="max_tokens of a chat request that gives none (default 1024, capped by the context)")
+
+
+def model_id(model) -> str:
+    name = str(model.name)
+    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+
+
+def parse_loras(specs: list[str]) -> dict[str, Path]:
+    out = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--lora takes NAME=PATH, got {spec!r}")
+        out[name] = Path(path)
+    return out
+
+
+async def serve(args: argparse.Namespace, ready=None) -> None:
+    """Build everything, serve until a stop signal (or `ready`'s caller cancels); `ready(url)` once listening."""
+    from ..generator.adapter_router import AdapterRouter
+    from ..generator.async_api import DynamicGeneratorAsync
+    from ..cache.paged_cache import PagedCache
+    from ..model.lora import LoRA
+    from ..model.model import Model
+    from ..model.tokenizer import Tokenizer
+    from .app import OpenAIServer
+    from .served import ServedModel
+
+    if args.cache_tokens < PAGE_SIZE:
+        raise ValueError(f"--cache-tokens must be at least one page ({PAGE_SIZE})")
+    loras = parse_loras(args.lora)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
+    tokenizer = Tokenizer.load(args.model)
+    adapters = {name: LoRA.load(path, model, name) for name, path in loras.items()}
+    cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)
+    generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
+    try:
+        await generator.run_on_worker(lambda g: g.warmup())
+        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model),
+                             AdapterRouter(generator), adapters)
+        server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+        url = await server.start(args.host, args.port)
+        print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"
+              + (" · API key required" if args.api_key else ""), file=sys.stderr, flush=True)
+        if ready is not None:
+            ready(url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError):  # not the main thread / not supported here
+                pass
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
+    finally:
+        await generator.close()
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    asyncio.run(serve(args))
+    return 0

@@ -1,0 +1,315 @@
+"""OpenAI request bodies -> GenerationRequest: the job's prompt ids, sampler, stops, filters and options.
+
+Every field is checked before anything reaches the engine, and a bad one is a 400 naming it. Unknown
+fields are refused too (a silently ignored `tools` would answer a different question than the one
+asked); the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
+repetition_penalty, min_tokens, ignore_eos), so a client written for them works here unchanged.
+Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLlamaV2's chat defaults.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..generator.filters import JSONSchemaFilter
+from ..contract import SamplerSettings
+from .errors import ApiError, bad_request
+from .served import ServedModel
+
+MAX_TOP_LOGPROBS = 20
+COMMON_FIELDS = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
+    "response_format", "min_tokens", "ignore_eos",
+}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass
+class GenerationRequest:
+    kind: str  # "chat" | "completion"
+    model: str  # the id the client named (echoed in the response)
+    adapter: str | None
+    input_ids: torch.Tensor
+    prompt: str  # the prompt text (completions' echo)
+    max_tokens: int
+    min_tokens: int
+    sampler: SamplerSettings
+    seed: int | None
+    stops: list = field(default_factory=list)  # token ids and strings, as DynamicJob's stop_conditions
+    filters: list = field(default_factory=list)
+    logprobs: int | None = None  # None: off; else how many alternatives per token (0..20)
+    echo: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+
+
+def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int) -> GenerationRequest:
+    """Check an OpenAI chat (kind "chat") or completions ("completion") body; ApiError(400/404) if bad."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    allowed = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"unsupported parameter(s): {', '.join(unknown)}", unknown[0], "unsupported_parameter")
+    adapter = served.resolve(body.get("model"))
+    model = body.get("model") or served.name
+    tok = served.tokenizer
+    if kind == "chat":
+        prompt = tok_template(tok, _messages(body.get("messages")))
+        ids = tok.encode(prompt, encode_special_tokens=True)
+        stop_tokens = sorted(tok.stop_token_ids)
+    else:
+        prompt, ids = _prompt(body.get("prompt"), tok)
+        stop_tokens = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        _optional_is(body, "suffix", None, "suffix is not supported (no fill-in-the-middle)")
+        if body.get("best_of") not in (None, 1):
+            raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
+    n = body.get("n")
+    if n is not None and (_not_int(n) or n != 1):
+        raise bad_request(f"n must be 1 (this server returns one choice per request), got {n!r}", "n")
+    if ids.shape[1] == 0:
+        raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
+    max_tokens = _max_tokens(body, kind, ids.shape[1], served.max_seq_len, default_max_tokens)
+    min_tokens = _int_field(body, "min_tokens", 0, low=0)
+    if min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
+    if _bool_field(body, "ignore_eos", False):
+        stop_tokens = []
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
+        raise bad_request("stop must be a non-empty string or a list of non-empty strings", "stop")
+    stream = _bool_field(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None:
+        if not stream:
+            raise bad_request("stream_options is only allowed when stream is true", "stream_options")
+        if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+            raise bad_request("stream_options takes include_usage and continuous_usage_stats (booleans)",
+                              "stream_options")
+    options = options or {}
+    return GenerationRequest(
+        kind=kind, model=model, adapter=adapter, input_ids=ids, prompt=prompt, max_tokens=max_tokens,
+        min_tokens=min_tokens, sampler=_sampler(body, tok.vocab_size), seed=_seed(body.get("seed")),
+        stops=stop_tokens + list(stop or []), filters=_response_format(body.get("response_format")),
+        logprobs=_logprobs(body, kind), echo=_bool_field(body, "echo", False), stream=stream,
+        include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
+        continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
+    )
+
+
+# ---- prompt ------------------------------------------------------------------------------------------
+def _messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_request(f"{where} must be an object with role and content", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_request(f"{where}.role {role!r} is not supported (use system, developer, user or assistant)",
+                              f"{where}.role")
+        extra = set(m) - {"role", "content", "name"}
+        if extra:
+            raise bad_request(f"{where} has unsupported fields: {', '.join(sorted(extra))}", where)
+        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or a list of {"type": "text", "text": ...} parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{where}.content[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
+                                  "this model reads text only", f"{where}.content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
+
+
+def tok_template(tok: Any, messages: list[dict]) -> str:
+    try:
+        return tok.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - jinja2 raise_exception(), bad role order, ...
+        raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages") from None
+
+
+def _prompt(prompt: Any, tok: Any) -> tuple[str, torch.Tensor]:
+    """A completions prompt: a string, or one string / one token-id list in a list (n prompts: 400)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if min(prompt) < 0 or max(prompt) >= tok.vocab_size:
+            raise bad_request(f"prompt token ids must be in [0, {tok.vocab_size})", "prompt")
+        return tok.decode(prompt, decode_special_tokens=True), torch.tensor([prompt], dtype=torch.long)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return _prompt(prompt[0], tok)
+    if isinstance(prompt, list):
+        raise bad_request("prompt must be one string or one list of token ids (several prompts: send several "
+                          "requests)", "prompt")
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string", "prompt")
+    return prompt, tok.encode(prompt, add_bos=tok.add_bos)
+
+
+def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int) -> int:
+    field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    room = max_seq_len - prompt_len
+    if room < 1:
+        raise bad_request(f"This model's maximum context length is {max_seq_len} tokens. However, your prompt has "
+                          f"{prompt_len} tokens, leaving no room for a completion.",
+                          "messages" if kind == "chat" else "prompt", "context_length_exceeded")
+    value = body.get(field_name)
+    if value is None:
+        return min(room, default)
+    if _not_int(value) or value < 1:
+        raise bad_request(f"{field_name} must be an integer >= 1, got {value!r}", field_name)
+    if value > room:
+        raise bad_request(f"This model's maximum context length is {max_seq_len} tokens. However, you requested "
+                          f"{prompt_len + value} tokens ({prompt_len} in the prompt, {value} in the completion). "
+                          f"Please reduce the length of the prompt or the completion.", field_name,
+                          "context_length_exceeded")
+    return value
+
+
+# ---- sampling ----------------------------------------------------------------------------------------
+def _sampler(body: dict, vocab_size: int) -> SamplerSettings:
+    temperature = _num_field(body, "temperature", 1.0, 0.0, 2.0)
+    top_k = body.get("top_k")
+    if top_k is not None and (_not_int(top_k) or top_k < -1):
+        raise bad_request(f"top_k must be an integer >= 1, or 0 / -1 for off, got {top_k!r}", "top_k")
+    settings = SamplerSettings(
+        temperature=temperature, top_k=max(0, top_k or 0), top_p=_num_field(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        min_p=_num_field(body, "min_p", 0.0, 0.0, 1.0),
+        token_repetition_penalty=_num_field(body, "repetition_penalty", 1.0, 0.0, math.inf, open_low=True),
+        token_presence_penalty=_num_field(body, "presence_penalty", 0.0, -2.0, 2.0),
+        token_frequency_penalty=_num_field(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        token_bias=_logit_bias(body.get("logit_bias"), vocab_size),
+    )
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    return settings
+
+
+def _logit_bias(bias: Any, vocab_size: int) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise bad_request("logit_bias must be an object mapping token ids to a bias in [-100, 100]", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+        if not 0 <= tok < vocab_size:
+            raise bad_request(f"logit_bias token id {tok} is outside the vocabulary [0, {vocab_size})", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad_request(f"logit_bias[{key}] must be a number in [-100, 100], got {value!r}", "logit_bias")
+        out[tok] = float(value)
+    return out
+
+
+def _seed(seed: Any) -> int | None:
+    if seed is None:
+        return None
+    if _not_int(seed) or not 0 <= seed < 2**63:
+        raise bad_request(f"seed must be an integer in [0, 2^63), got {seed!r}", "seed")
+    return seed
+
+
+def _response_format(fmt: Any) -> list:
+    if fmt is None:
+        return []
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return []
+    if kind == "json_object":
+        return [JSONSchemaFilter({"type": "object"})]
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise bad_request("response_format json_schema needs json_schema.schema (a JSON schema object)",
+                              "response_format")
+        try:
+            return [JSONSchemaFilter(schema)]
+        except ValueError as exc:
+            raise bad_request(str(exc), "response_format") from None
+    raise bad_request(f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                      "response_format")
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    if kind == "completion":
+        value = body.get("logprobs")
+        if value is None:
+            return None
+        if _not_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}", "logprobs")
+        if body.get("echo"):
+            raise bad_request("echo with logprobs is not supported (no prompt logprobs)", "echo")
+        return value
+    on = _bool_field(body, "logprobs", False)
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if on else None
+    if _not_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}", "top_logprobs")
+    if not on:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return top
+
+
+# ---- field helpers -----------------------------------------------------------------------------------
+def _not_int(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _int_field(body: dict, name: str, default: int, low: int) -> int:
+    value = body.get(name)
+    if value is None:
+        return default
+    if _not_int(value) or value < low:
+        raise bad_request(f"{name} must be an integer >= {low}, got {value!r}", name)
+    return value
+
+
+def _num_field(body: dict, name: str, default: float, low: float, high: float, open_low: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise bad_request(f"{name} must be a number, got {value!r}", name)
+    if value > high or value < low or (open_low and value == low):
+        bounds = f"({low:g}, {high:g}]" if open_low else f"[{low:g}, {high:g}]"
+        raise bad_request(f"{name}={value!r} is out of range: must be in {bounds}", name)
+    return float(value)
+
+
+def _bool_field(body: dict, name: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{param or name} must be true or false, got {value!r}", param or name)
+    return value
+
+
+def _optional_is(body: dict, name: str, allowed: Any, message: str) -> None:
+    if body.get(name, allowed) != allowed:
+        raise ApiError(400, message, name)

@@ -1,0 +1,136 @@
+"""OpenAI response objects from job results: completions, stream chunks, usage and logprobs.
+
+Logprobs are the model's own distribution (log-softmax of the raw logits the job returns), as vLLM
+reports them by default, not the sampler's truncated one: after top-k or greedy truncation almost every
+alternative would be -inf, which JSON can't even carry.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import torch
+
+from .requests import GenerationRequest
+
+FINISH_REASONS = {"stop_token": "stop", "stop_string": "stop", "end_filter": "stop", "max_new_tokens": "length"}
+
+
+def request_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+class ResponseBuilder:
+    """Accumulates one job's results and renders them as OpenAI objects (whole or as stream chunks)."""
+
+    def __init__(self, req: GenerationRequest, rid: str, tokenizer: Any):
+        self.req = req
+        self.id = rid
+        self.created = int(time.time())
+        self.tok = tokenizer
+        self.text = ""
+        self.logprobs: list[dict] = []  # one entry per generated token
+        self.finish_reason: str | None = None
+        self.prompt_tokens = int(req.input_ids.shape[1])
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+
+    # ---- feeding ---------------------------------------------------------------------------------
+    def feed(self, r: dict) -> tuple[str, list[dict]]:
+        """Take one streaming result; returns (new text, new logprob entries)."""
+        text = r.get("text", "")
+        ids = r.get("token_ids") or []
+        self.completion_tokens += len(ids)
+        new_lp = self._token_logprobs(ids, r.get("logits")) if self.req.logprobs is not None and ids else []
+        self.text += text
+        self.logprobs += new_lp
+        if r.get("eos"):
+            reason = r.get("eos_reason")
+            self.finish_reason = FINISH_REASONS.get(reason, reason)
+            self.completion_tokens = int(r.get("new_tokens", self.completion_tokens))
+            self.cached_tokens = int(r.get("cached_tokens") or 0)
+        return text, new_lp
+
+    def _token_logprobs(self, ids: list[int], logits: torch.Tensor | None) -> list[dict]:
+        if logits is None or logits.shape[0] != len(ids):
+            raise RuntimeError("the job returned no logits for its tokens (return_logits was not set)")
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        k = self.req.logprobs
+        out = []
+        for row, tok in zip(lp, ids):
+            top = torch.topk(row, k) if k else None
+            out.append({"id": int(tok), "logprob": float(row[tok]),
+                        "top": [(int(i), float(v)) for v, i in zip(top.values, top.indices)] if top else []})
+        return out
+
+    # ---- rendering -------------------------------------------------------------------------------
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+    def _piece(self, tok: int) -> dict:
+        raw = self.tok.token_bytes(tok)
+        return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw)}
+
+    def chat_logprobs(self, entries: list[dict]) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+        return {"content": [{**self._piece(e["id"]), "logprob": e["logprob"],
+                             "top_logprobs": [{**self._piece(t), "logprob": v} for t, v in e["top"]]}
+                            for e in entries]}
+
+    def completion_logprobs(self, entries: list[dict], offset: int) -> dict | None:
+        if self.req.logprobs is None:
+            return None
+        tokens, offsets = [], []
+        for e in entries:
+            tokens.append(self._piece(e["id"])["token"])
+            offsets.append(offset)
+            offset += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{self._piece(t)["token"]: v for t, v in e["top"]} for e in entries],
+                "text_offset": offsets}
+
+    def final(self) -> dict:
+        """The whole (non-streamed) response."""
+        if self.req.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
+                      "logprobs": self.chat_logprobs(self.logprobs), "finish_reason": self.finish_reason}
+            obj = "chat.completion"
+        else:
+            text = (self.req.prompt + self.text) if self.req.echo else self.text
+            start = len(self.req.prompt) if self.req.echo else 0
+            choice = {"index": 0, "text": text, "logprobs": self.completion_logprobs(self.logprobs, start),
+                      "finish_reason": self.finish_reason}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model,
+                "choices": [choice], "usage": self.usage()}
+
+    def chunk(self, text: str | None = None, logprobs: list[dict] | None = None, finish: bool = False,
+              first: bool = False, text_offset: int = 0) -> dict:
+        """One stream chunk: the role chunk (first), a text delta, or the finish chunk."""
+        finish_reason = self.finish_reason if finish else None
+        if self.req.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta,
+                      "logprobs": self.chat_logprobs(logprobs) if logprobs else None, "finish_reason": finish_reason}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "",
+                      "logprobs": self.completion_logprobs(logprobs, text_offset) if logprobs else None,
+                      "finish_reason": finish_reason}
+            obj = "text_completion"
+        out = {"id": self.id, "object": obj, "created": self.created, "model": self.req.model, "choices": [choice]}
+        if self.req.include_usage:
+            out["usage"] = self.usage() if self.req.continuous_usage else None
+        return out
+
+    def usage_chunk(self) -> dict:
+        """The last chunk of a stream with include_usage: no choices, the request's usage."""
+        obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model, "choices": [],
+                "usage": self.usage()}

@@ -1,0 +1,1 @@
+"""Tests of engine/: each module is named after the engine module it checks."""

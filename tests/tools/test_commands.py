@@ -1,0 +1,30 @@
+"""Every command README and kernels/PERF.md document starts: `python -m tools.NAME --help` and the engine's
+benchmark commands answer with their usage (the full runs are smoke-tested by hand: they take minutes)."""
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tools
+
+ROOT = Path(__file__).resolve().parents[2]
+HELPERS = {"simulated_workload", "processes"}  # modules the tools import, not commands
+TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name not in HELPERS)
+# `make test-vllm`: its arguments go to pytest, and any run builds a ~3.5 GB venv first, so no --help here.
+NO_HELP = {"vllm_server"}
+
+
+def test_every_tool_is_listed_here():
+    assert TOOLS == ["compile_check", "dashboard_bench", "kernel_bench", "kv_quant_error", "lora_bench",
+                     "sampling_bench", "screenshots", "server_bench", "step_profile", "vllm_server", "weight_quality"]
+
+
+@pytest.mark.parametrize("command", [["tools." + name] for name in TOOLS if name not in NO_HELP]
+                         + [["engine", "bench"], ["engine", "bench-spec"], ["engine", "generate"], ["engine", "serve"]])
+def test_command_starts(command):
+    proc = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "usage:" in proc.stdout

@@ -1,0 +1,145 @@
+"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only]`.
+
+The full run opens the real main window on a scratch history folder, starts four chats streaming (three
+tiled side by side) through the one batched generator and grabs PNGs of the window and the dashboard
+while they stream. dashboard.png (always written, and all that `--dashboard-only` writes) is the dashboard
+fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
+benchmark): it needs no model and is deterministic.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from tools.simulated_workload import CHATS, SimulatedWorkload
+
+PROMPTS = (
+    "Explain, with a short code example, why Rust's borrow checker rejects two mutable references.",
+    "Plan a relaxed three-day trip to Lisbon with food recommendations for each day.",
+    "Show how SQL window functions compute a running total, then a rank per group.",
+    "Write a short poem about autumn leaves in the style of a haiku sequence.",
+)
+
+
+def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: int = 512,
+                              size: tuple[int, int] = (560, 980)) -> Path:
+    """Feed the dashboard a simulated run and save it as PNG (needs a QApplication)."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.dashboard import DashboardDock
+
+    app = QApplication.instance() or QApplication([])
+    dock = DashboardDock()
+    dock.set_identifier_labels(dict(CHATS))
+    dock.resize(*size)
+    dock.show()
+    work = SimulatedWorkload(pages_total=pages_total, seed=7)
+    for _ in range(int(seconds / 0.1)):
+        dock.push(work.step(0.1))
+    for _ in range(300):  # end on a busy moment: a screenshot of an idle cache shows little
+        if dock.snapshot["active_jobs"] >= 6:
+            break
+        dock.push(work.step(0.1))
+    shared = [i for i, s in enumerate(dock.snapshot["page_shared"]) if s]
+    if shared:  # what hovering a shared page shows
+        dock.page_map.show_page_info(shared[-1])
+    app.processEvents()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not dock.grab().save(str(path)):
+        raise OSError(f"could not write screenshot {path}")
+    dock.close()
+    return path
+
+
+def _reply_state(session) -> tuple[str, str | None]:
+    """(text so far, error) of a chat's newest reply, live while it streams."""
+    reply = session.messages[-1]
+    live = session.live(reply.id)
+    if live is not None:
+        return live[0], live[1].error
+    return reply.content, reply.stats.error if reply.stats is not None else None
+
+
+async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> None:
+    """Wait until every reply shows `min_chars` of text (or one ends, or time runs out); fail on errors.
+
+    Waiting on text rather than a fixed delay keeps the shots mid-stream on a fast GPU and a slow CPU alike.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        states = [_reply_state(s) for s in sessions]
+        errors = [e for _, e in states if e]
+        if errors:
+            raise SystemExit(f"a chat failed while streaming, no screenshot taken: {errors[0]}")
+        if any(not s.running for s in sessions) or all(len(t) >= min_chars for t, _ in states):
+            return
+        await asyncio.sleep(0.1)
+
+
+async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+
+    window = MainWindow(data_dir=data_dir)
+    window.resize(1900, 1050)
+    window.show()
+    try:
+        if not await window.ready():  # the model loads off the UI thread
+            raise SystemExit(f"model did not load: {window.last_error}")
+        panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
+        window.show_side_by_side(panes[:3])
+        window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
+        for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
+            pane.prompt.setPlainText(prompt)
+            pane.submit()
+        sessions = [p.session for p in panes]
+        saved = []
+        for i, min_chars in enumerate((120, 400)):
+            await _until_streamed(sessions, min_chars, seconds / 2)
+            QApplication.processEvents()
+            shots = [(f"app-streaming-{i + 1}.png", window), (f"dashboard-live-{i + 1}.png", window.dashboard)]
+            for name, widget in shots:
+                path = outdir / name
+                if not widget.grab().save(str(path)):
+                    raise OSError(f"could not write screenshot {path}")
+                saved.append(path)
+    finally:  # stop the generator's worker thread even when a shot failed
+        await window.shutdown()
+        window.close()
+    return saved
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--dashboard-only", action="store_true",
+                        help="only the dashboard, fed by a simulated workload (no model needed)")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="the longest to let the chats stream before the screenshots are taken")
+    args = parser.parse_args(argv)
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    saved = [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    if not args.dashboard_only:
+        import qasync
+
+        loop = qasync.QEventLoop(app)
+        asyncio.set_event_loop(loop)
+        with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
+            saved += loop.run_until_complete(_stream_main_window(args.outdir, args.seconds, Path(data_dir)))
+    for path in saved:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

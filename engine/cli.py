@@ -94,9 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
                         "much faster)")
     b.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="dense",
-                   help="dense: dequantized to the model dtype (default); packed: a GGUF's quantized blocks in the "
-                        "matmuls; q8: every matrix as Q8_0; auto: packed for a GGUF on a CPU")
-    b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
+                   help="dense: dequantized to the model dtype (default); packed (or q4): a GGUF's quantized blocks "
+                        "in the matmuls; q8: every matrix as Q8_0; auto: packed for a GGUF on a CPU")
+    b.add_argument("--peer", choices=["transformers", "llama.cpp"],
+                   help="also measure this implementation on the same model and token ids (llama.cpp: a .gguf; "
+                        "needs pagedeck[peers])")
+    b.add_argument("--repeats", type=_positive_int, default=3, metavar="R",
+                   help="measurement sets per side, alternating engine and peer; figures are medians (default 3)")
+    b.add_argument("--paste", type=_positive_int, metavar="N",
+                   help="instead: the other chats' decode rate while one chat prefills an N-token paste "
+                        "(engine.bench.paste)")
+    b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
+                   help="chats decoding during --paste (default 3)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
     # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.

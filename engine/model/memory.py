@@ -1,8 +1,8 @@
 """Will it fit? Weights + KV cache + activations estimated from a model's headers, before anything is
 allocated, so an oversized model gets a clear message (numbers and what to change) instead of an OOM kill.
 
-The weight term follows the loader's own rules per tensor (engine.model.packed says what a packed matrix
-costs), the cache term is the pools' exact size, activations are a bound for one prefill chunk. The
+The weight term follows the loader's own rules per tensor (engine.model.repack: which matrices are packed,
+in which kernel format, and whether a dense copy is kept), the cache term is the pools' exact size, activations are a bound for one prefill chunk. The
 numbers are what this process will hold; the OS, the app and other programs need the rest.
 """
 
@@ -102,7 +102,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
                     chunk_tokens: int | None = None) -> MemoryEstimate:
     """Estimate from headers only (see the module docstring); `source` may be a path, a ModelInfo or None
     (the default model)."""
-    from . import packed
+    from . import qlinear, repack
 
     if source is None:
         source = default_model_path()
@@ -113,10 +113,18 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     elt = _DTYPE_BYTES[dtype]
     fmt = resolve_weights(weights, info.kind, device)
+    packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
+    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt)
+    dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
     weight_bytes = 0
+    stored = {t.name: t for t in info.tensors}
+    head = next((stored[n] for n in ("output.weight", "lm_head.weight", "token_embd.weight",
+                                     "model.embed_tokens.weight") if n in stored), None)
+    if packed and head is not None and head.name not in packed:  # Model adds a q8 copy of a dense head
+        weight_bytes += repack.packed_nbytes("q8", head.shape)
     for t in info.tensors:
-        if packed.keeps_packed(t.name, t.dtype, len(t.shape), fmt, info.kind):
-            weight_bytes += packed.packed_nbytes(t.dtype, t.shape, fmt, t.name)
+        if t.name in packed:
+            weight_bytes += repack.packed_nbytes(kernels_of[t.name], t.shape) + (4 * t.numel if dense_copy else 0)
         elif _used(t.name):
             weight_bytes += t.numel * elt
     cache = kv_cache_bytes(c, cache_tokens, kv_quant, elt)
@@ -126,7 +134,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
     context = min(cache_tokens, c.max_seq_len)
     scores = chunk * context * (c.num_heads if c.attn_softcap else 1) * 4  # masks; explicit scores when soft-capped
     logits = 64 * c.vocab_size * 4
-    tile = packed.TILE_ROWS * max(c.hidden_size, c.intermediate_size) * 4 if fmt != "dense" else 0
+    tile = qlinear.TILE_ROWS * max(c.hidden_size, c.intermediate_size) * 4 if fmt != "dense" else 0
     runtime = RUNTIME_BYTES if not device.startswith("cuda") else 700 << 20
     return MemoryEstimate(weight_bytes, cache, layer + scores + logits + tile, runtime, available_bytes(device), device,
                           fmt, cache_tokens, kv_quant, info.file_bytes, info.kind)

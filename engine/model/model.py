@@ -20,8 +20,7 @@ import kernels
 from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS
 from .batch import Batch
 from .config import ModelConfig
-from .packed import Packed, stack
-from .qlinear import RowSplit, linear, q4_supported
+from .qlinear import PackedLinear, Q8Linear, RowSplit, cat_packed, linear, q4_supported
 from .weights import load_weights
 
 if TYPE_CHECKING:
@@ -80,9 +79,9 @@ class Model:
         def get(name: str) -> torch.Tensor:
             if name not in w:
                 raise ValueError(f"weights are missing tensor {name!r}")
-            if isinstance(w[name], Packed):
+            if isinstance(w[name], PackedLinear):
                 if device.type != "cpu":
-                    raise ValueError("packed weights run on the CPU only (torch's int4/int8 CPU kernels); load "
+                    raise ValueError(f"packed weights ({w[name].format}) run on the CPU only (CPU kernels); load "
                                      "with weights='dense' on a GPU")
                 return w[name]
             return w[name].to(device=device, dtype=dtype)
@@ -91,8 +90,8 @@ class Model:
             if c.fused_projections:
                 return get(stored_fused)
             parts = [get(n) for n in names]
-            out = stack(parts) if all(isinstance(p, Packed) for p in parts) else torch.cat(
-                [p.dequantize(dtype) if isinstance(p, Packed) else p for p in parts])
+            out = cat_packed(parts) if all(isinstance(p, PackedLinear) for p in parts) else torch.cat(
+                [p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
             for n in names:  # the parts are copies now: drop them so loading never holds a model twice
                 w.pop(n)
             return out
@@ -101,8 +100,13 @@ class Model:
         self.vocab_size = c.vocab_size
         self.padded_vocab = kernels.pad_vocab(c.vocab_size)
         head = self.embed if c.tie_word_embeddings or "lm_head.weight" not in w else get("lm_head.weight")
-        self.lm_head = head if isinstance(head, Packed) else kernels.pad_embedding(head)
+        self.lm_head = head if isinstance(head, PackedLinear) else kernels.pad_embedding(head)
         self.norm = get("model.norm.weight")
+        formats = {t.format for t in w.values() if isinstance(t, PackedLinear)}
+        self.weight_format = formats.pop() if len(formats) == 1 else "dense"  # one packed format per model
+        if self.weight_format != "dense" and not isinstance(head, PackedLinear):
+            # the output head is a decode step's largest matrix: 8-bit like the GGUF's Q8_0 embedding
+            self.lm_head = Q8Linear.quantize(head)
         self.layers: list[Layer] = []
         sandwich = c.sandwich_norm
         for i in range(c.num_layers):
@@ -138,6 +142,15 @@ class Model:
         # HF multiplies by the scale as a tensor in the weights' dtype (so bf16 rounds it too)
         self.embed_scale = (torch.tensor(c.embedding_scale, dtype=torch.float32).to(dtype).item()
                             if c.embedding_scale else None)
+        packed_layers = any(isinstance(t, PackedLinear) for layer in self.layers for t in layer.weights())
+        if packed_layers and not isinstance(head, PackedLinear):
+            # packed layers but a dense head (an F16 output in a quantized GGUF): the head, a decode step's largest
+            # matrix, gets a q8 copy whose prompt-row weights are the dense head itself
+            self.lm_head = Q8Linear.quantize(head)
+        # the CPU kernels' fused attention and all-layers decode do the plain architecture only
+        self.fusable = not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
+                            or self.sliding_inv_freq is not None or self.rope_factor != 1.0
+                            or self.rotary_dims != c.head_dim or any(layer.window for layer in self.layers))
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
 
@@ -157,10 +170,10 @@ class Model:
         """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
 
         weights="dense" dequantizes everything to `dtype` (exact, the default); "packed" keeps a GGUF's
-        quantized matrices (Q4_0/1, Q4_K, Q5_K, Q6_K, Q8_0, ...) packed for torch's int4/int8 CPU kernels
-        (several times fewer bytes per token; see engine/model/packed.py); "q8" packs every matrix as Q8_0,
-        quantizing dense ones (HF folders) at load; "auto" is packed for a GGUF on a CPU, else dense.
-        `check_memory` raises engine.ModelTooLarge before loading a model that will not fit."""
+        quantized matrices packed for pagedeck's CPU kernels (q4 or q8 per type, engine/model/repack.py;
+        several times fewer bytes per token, int8 activations); "q8" packs every matrix as Q8_0, quantizing
+        dense ones (HF folders) at load; "auto" is packed for a GGUF on a CPU, else dense. "q4" is the older
+        name of "packed". `check_memory` raises engine.ModelTooLarge before loading a model that will not fit."""
         weights = WEIGHT_ALIASES.get(weights, weights)
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
@@ -177,11 +190,13 @@ class Model:
             from .memory import check_fits
 
             check_fits(resolved, cache_tokens=0, weights=weights, device=dev.type, dtype=str(dt).removeprefix("torch."))
+        if weights in ("packed", "q8") and (dev.type != "cpu" or dt != torch.float32):
+            raise ValueError(f"weights={weights!r} runs on the CPU in float32 only (CPU kernels)")
         config, state = load_weights(resolved, dtype=dt, device="cpu", progress=progress, fmt=weights)
         model = cls(config, state, dev, dt, resolved)
         del state
         release_freed_memory()
-        packed = any(isinstance(t, Packed) for t in model._weights())
+        packed = any(isinstance(t, PackedLinear) for t in model._weights())
         model.weight_format = weights if packed else "dense"  # a GGUF without quantized matrices loads dense
         model.load_seconds = time.perf_counter() - t0
         if progress is not None:
@@ -201,23 +216,32 @@ class Model:
             self.inv_freq = self.config.rope_inv_freq(long=long).to(device=self.device, dtype=torch.float32)
 
     def _weights(self) -> list:
-        tensors = [self.embed, self.norm] + ([] if self.lm_head is self.embed else [self.lm_head])
-        for layer in self.layers:
-            tensors += layer.weights()
-        return tensors
+        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in layer.weights()]
+        return tensors + ([] if self.lm_head is self.embed else [self.lm_head])
 
     def num_parameters(self) -> int:
-        return sum(t.numel() for t in self._weights())
+        return sum(t.numel() for t in self._weights() if not (t is self.lm_head and self.head_is_embedding()))
 
     def memory_bytes(self) -> int:
-        """Bytes the weights hold (packed matrices count their packed bytes; there is no dense copy)."""
-        return sum(t.nbytes() if isinstance(t, Packed) else t.numel() * t.element_size() for t in self._weights())
+        """Bytes the weights hold (packed matrices: their blocks, plus a dense copy where one is kept)."""
+        total = 0
+        for t in self._weights():
+            if isinstance(t, PackedLinear):
+                total += t.nbytes() if t.dense is self.embed else t.memory_bytes()  # a q8 head over the embedding
+            else:
+                total += t.numel() * t.element_size()
+        return total
 
     def decode_bytes(self) -> int:
-        """Weight bytes one decode step reads: all but the embedding table (one row of it)."""
-        embed = 0 if self.lm_head is self.embed else (
-            self.embed.nbytes() if isinstance(self.embed, Packed) else self.embed.numel() * self.embed.element_size())
-        return self.memory_bytes() - embed
+        """Weight bytes one decode step reads: all but an untied embedding table (one row of it), packed
+        matrices counting their blocks (not a dense copy)."""
+        tensors = [self.norm, self.lm_head] + [t for layer in self.layers for t in layer.weights()]
+        return sum(t.nbytes() if isinstance(t, PackedLinear) else t.numel() * t.element_size() for t in tensors)
+
+    def head_is_embedding(self) -> bool:
+        """Whether the output head is the embedding table (tied), or a packed copy over it."""
+        h = self.lm_head
+        return h is self.embed or (isinstance(h, PackedLinear) and h.dense is self.embed)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache, lora: "LoRAApply | None" = None) -> torch.Tensor:
@@ -229,63 +253,114 @@ class Model:
         c = self.config
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
-        x = self.embed.embedding(batch.input_ids) if isinstance(self.embed, Packed) else F.embedding(
+        x = self.embed.embedding(batch.input_ids) if isinstance(self.embed, PackedLinear) else F.embedding(
             batch.input_ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
-        rot = self.rotary_dims
+        packed = self.weight_format != "dense"  # dense stays the reference path, op for op
+        # rotary + K/V write + attention in one call (fp32 pools) where the architecture is the plain one
+        fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
-                                 cache.page_size)
-        rows = RowSplit(batch.prompt_rows, T) if self.weight_format != "dense" else None
+                                 cache.page_size, fuse=fuse)
+        rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed else None
+        stack = self._packed_stack() if plan.fused and plan.attention is None and lora is None else None
+        if stack is not None and (rows.prompt_rows is None or rows.prompt_rows.numel() == 0):
+            # every row packed, every chunk short: all layers in one call, the same kernels as _layers
+            x, residual = kernels.decode_layers(x, stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
+                                                batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)
+        else:
+            x, residual = self._layers(x, batch, cache, plan, rows, lora)
+        x = (x + residual).index_select(0, batch.logit_rows)
+        x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
+        head_rows = RowSplit.of_rows(rows.prompt_rows, T, batch.logit_rows) if packed else None
+        logits = self._head(x, head_rows).float()
+        if c.final_softcap is not None:
+            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits
+
+    def _layers(self, x: torch.Tensor, batch: Batch, cache, plan, rows: RowSplit | None,
+                lora: "LoRAApply | None"):
+        """The decoder layers op by op (returns the last output and the residual stream)."""
+        c = self.config
+        eps = c.rms_norm_eps
+        packed = rows is not None
+        swiglu = c.hidden_act == "silu" and lora is None  # the packed kernel's fused epilogue
         residual = None
         for i, layer in enumerate(self.layers):
-            h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual)
+            h, residual = kernels.rms_norm(x, layer.input_norm, eps, residual, packed)
             qkv = linear(h, layer.qkv, layer.qkv_bias, rows)
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
-            q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
-            k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
-            v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q = kernels.rms_norm(q, layer.q_norm, eps)[0]
-                k = kernels.rms_norm(k, layer.k_norm, eps)[0]
-            q, k = q.contiguous(), k.contiguous()
-            inv_freq = self.sliding_inv_freq if layer.sliding_rope else self.inv_freq
-            q_rot, k_rot = (q, k) if rot == c.head_dim else (q[..., :rot], k[..., :rot])
-            kernels.apply_rotary(q_rot, k_rot, batch.positions, inv_freq, plan, self.rope_factor)
-            kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
-            o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
-                                        batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap)
-            o = o.reshape(T, self.q_size)
+            if plan.fused:
+                o = kernels.fused_attention(qkv, cache.k[i], cache.v[i], batch.slot_mapping, batch.block_table,
+                                            batch.cu_q, batch.kv_lens, c.num_heads, self.scale, plan)
+            else:
+                o = self._attention(i, layer, qkv, batch, cache, plan)
             x = linear(o, layer.o, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
             if layer.attn_out_norm is not None:
                 x = kernels.rms_norm(x, layer.attn_out_norm, eps)[0]
-            h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual)
-            gu = linear(h, layer.gate_up, rows=rows)
-            if lora is not None:
-                lora.add(i, "gate_up", h, gu)
-            a = self.act(gu)
+            h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual, packed)
+            if swiglu:
+                a = linear(h, layer.gate_up, rows=rows, act="swiglu")
+            else:
+                gu = linear(h, layer.gate_up, rows=rows)
+                if lora is not None:
+                    lora.add(i, "gate_up", h, gu)
+                a = self.act(gu)
             x = linear(a, layer.down, rows=rows)
             if lora is not None:
                 lora.add(i, "down", a, x)
             if layer.mlp_out_norm is not None:
                 x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
-        x = (x + residual).index_select(0, batch.logit_rows)
-        x, _ = kernels.rms_norm(x, self.norm, eps)
-        logits = self._head(x).float()
-        if c.final_softcap is not None:
-            logits = torch.tanh(logits / c.final_softcap) * c.final_softcap
-        return logits
+        return x, residual
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """The output projection. On CPU, 8-15 rows are padded to 16: MKL's sgemm for this wide, flat
-        shape is ~1.5x slower at those row counts than at 16 (measured, see kernels/PERF.md). A packed
-        head always runs the packed kernel (its rows are few, and a dense tile pass would decode the whole
-        vocabulary for one prompt's last token); it gives vocab_size columns, the padding ones are zeros."""
-        if isinstance(self.lm_head, Packed):
-            logits = self.lm_head(x)
+    def _packed_stack(self) -> list[torch.Tensor] | None:
+        """kernels.decode_layers' weight list (built once), or None where a layer has what it doesn't do
+        (a dense or biased projection, q/k norms)."""
+        if not hasattr(self, "_stack"):
+            self._stack = []
+            for layer in self.layers:
+                weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
+                if layer.qkv_bias is not None or layer.q_norm is not None or not all(
+                        isinstance(w, PackedLinear) for w in weights):
+                    self._stack = None
+                    break
+                self._stack += [layer.input_norm, layer.post_norm]
+                for w in weights:
+                    codes, scales, minimums = w._kernel_args()
+                    self._stack += [codes, scales, minimums if minimums is not None else scales.new_empty(0)]
+        return self._stack
+
+    def _attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan) -> torch.Tensor:
+        """Split q|k|v, q/k norms, rotary (the layer's base, partial dims), K/V into the cache, paged
+        attention (the layer's window, soft-capped scores): the reference path, op by op."""
+        c = self.config
+        T = qkv.shape[0]
+        q = qkv[:, : self.q_size].reshape(T, c.num_heads, c.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].reshape(T, c.num_kv_heads, c.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(T, c.num_kv_heads, c.head_dim)
+        if layer.q_norm is not None:
+            q = kernels.rms_norm(q, layer.q_norm, c.rms_norm_eps)[0]
+            k = kernels.rms_norm(k, layer.k_norm, c.rms_norm_eps)[0]
+        q, k = q.contiguous(), k.contiguous()
+        rot = self.rotary_dims
+        inv_freq = self.sliding_inv_freq if layer.sliding_rope else self.inv_freq
+        q_rot, k_rot = (q, k) if rot == c.head_dim else (q[..., :rot], k[..., :rot])
+        kernels.apply_rotary(q_rot, k_rot, batch.positions, inv_freq, plan, self.rope_factor)
+        kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
+        o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
+                                    batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap)
+        return o.reshape(T, self.q_size)
+
+    def _head(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+        """The output projection. A packed head with a dense copy sends prompt rows through it (like the
+        layers); without one, every row takes the packed kernel (a dense tile pass would decode the whole
+        vocabulary for one prompt's last token). On CPU, 8-15 rows of a dense head are padded to 16: MKL's
+        sgemm for this wide, flat shape is ~1.5x slower at those row counts than at 16 (kernels/PERF.md)."""
+        if isinstance(self.lm_head, PackedLinear):
+            logits = linear(x, self.lm_head, rows=rows if self.lm_head.dense is not None else None)
             return F.pad(logits, (0, self.padded_vocab - logits.shape[1]))
         n = x.shape[0]
         if x.device.type == "cpu" and 8 <= n < 16:

@@ -22,7 +22,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.contract import check_model_path, is_gguf
 from engine.model.ggml_blocks import dequantizable, dequantize
-from engine.model import packed as packing
+from engine.model import repack
+from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -108,7 +109,7 @@ def load_weights(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
-    fmt="packed": a GGUF's quantized matrices stay quantized as engine.model.packed.PackedLinear; "q8": every
+    fmt="packed": a GGUF's quantized matrices stay packed for the CPU kernels (engine.model.repack); "q8": every
     matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`."""
     path = default_model_path() if path is None else check_model_path(path)
     if path.is_dir():
@@ -156,6 +157,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
         raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
 
     files = _safetensors_files(folder)
+    keep_dense = _keeps_dense_copy(config, fmt, lambda name: "F32")
     expected = expected_tensor_names(config)
     wanted = set(expected)
     state: dict[str, torch.Tensor] = {}
@@ -167,8 +169,8 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
                     name = _text_name(stored)
                     if name in wanted:
                         t = f.get_tensor(stored)
-                        if packing.keeps_packed(name, "F32", t.dim(), fmt, "hf"):
-                            state[name] = packing.PackedLinear.from_dense(t, packing.int8_rows(name))
+                        if repack.keeps_packed(name, "F32", t.dim(), fmt):
+                            state[name] = Q8Linear.quantize(t, keep_dense)
                         else:
                             state[name] = _stored_to_effective(name, t.to(device), config, dtype)
                         if progress:
@@ -182,6 +184,13 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
     _check_names(folder, expected, state, unexpected)
     _check_shapes(folder, config, state)
     return config, state
+
+
+def _keeps_dense_copy(config: ModelConfig, fmt: str, stored_type) -> bool:
+    """repack's dense-copy rule over the matrices this format packs (stored_type: HF name -> ggml type)."""
+    packed = sum(torch.Size(shape).numel() for name, shape in tensor_shapes(config).items()
+                 if repack.keeps_packed(name, stored_type(name) or "F32", len(shape), fmt))
+    return repack.keeps_dense_copy(packed)
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -373,15 +382,16 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
-    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed"):
-        """The matrix as an engine.packed.PackedLinear, when `fmt` packs it (see packed.keeps_packed), else None."""
+    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True):
+        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it, else None. The
+        token embedding also remembers its rows in the file, for exact lookups."""
         t, raw = self._rows(name, row_perm_heads)
-        if not packing.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt, "gguf"):
+        if not repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt):
             return None
-        rows = packing.int8_rows(name)
-        if t.tensor_type.name in packing._DENSE:  # q8 of an F16/F32 matrix
-            return packing.PackedLinear.from_dense(dequantize(raw, t.tensor_type, t.shape), rows)
-        return packing.PackedLinear.from_blocks(raw, t.tensor_type, t.shape, rows)
+        out = repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
+        if name == "token_embd.weight" and t.tensor_type.name not in ("F64", "BF16"):
+            out.source = (raw, t.tensor_type)
+        return out
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)
@@ -446,6 +456,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
         elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):
             unexpected.append(t.name)
     total = sum(t.nbytes for t, _ in todo) or 1
+    types = {name: t.tensor_type.name for t, name in todo}
+    keep_dense = _keeps_dense_copy(config, fmt, types.get)
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -454,7 +466,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        kept = gf.packed(t.name, heads, fmt)
+        kept = gf.packed(t.name, heads, fmt, keep_dense)
         state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
         if kept is not None:
             release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor

@@ -9,7 +9,7 @@ import pytest
 from engine.model.tokenizer import Tokenizer
 from tests.tiny_models import default_tokenizer
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parents[1] / "data" / "chat_templates"
 NAMES = sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
 
 TOOLS = [{"type": "function", "function": {

@@ -46,7 +46,23 @@ def q4_supported() -> bool:
 
 
 class PackedLinear:
-    """An (N, K) weight in a packed format; use it through linear(). Subclasses own the layout."""
+    """An (N, K) weight in a packed format; use it through linear(). Subclasses own the layout.
+
+    The contract a new format (e.g. a GGUF K-quant) fills in:
+    - `format`: its name (Model.weight_format, the bench's JSON); `shape`; `dense`: an fp32 (N, K) copy for
+      prompt rows, or None (then every row takes the packed path).
+    - `dequantize(dtype)` -> (N, K): the exact weight the blocks encode (tests compare kernels against it).
+    - `_packed()`: the tensors a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
+    - `_kernel_args()` -> (qs, d, m) for torch.ops.pagedeck.qmatmul(x, qs, d, m, act), kernels/cpu/qmatmul.cpp:
+      per 32 weights along K an fp16 scale d (and for q4 an fp16 minimum m), both (N, K/32) made by
+      _scales() (SCALE_PAD values of storage after them); qs uint8 rows: q4 = (N, K/2) GGUF nibble order
+      (w = d * code + m), q8 = (N, K) code + 128 with m None (w = d * code). A format the kernel cannot
+      read either repacks to one of these at load (exact when its blocks are finer, e.g. K-quant
+      sub-blocks of 32 whose scales are products: d = super_scale * sub_scale rounded to fp16 is not exact,
+      so check dequantize() against the GGUF) or overrides __call__.
+    - `_fallback(x)`: the product without the extension (default: the dense copy).
+    - `cat(parts)` (classmethod): stacked along N, for the fused qkv and gate|up weights (cat_packed).
+    Rows are independent: a row's output never depends on the other rows of the call (batch invariance)."""
 
     format = ""
 
@@ -62,6 +78,7 @@ class PackedLinear:
         raise NotImplementedError
 
     def _kernel_args(self) -> tuple:
+        """(qs, d, m) for torch.ops.pagedeck.qmatmul: see the class docstring."""
         raise NotImplementedError
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:

@@ -215,7 +215,7 @@ class Q8Linear(PackedLinear):
         _check_blocks(N, K, scale)
         if codes.dtype != torch.int8:
             raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
-        self.qs = (codes.to(torch.int16) + 128).to(torch.uint8)  # the kernel multiplies u8 by s8
+        self.qs = codes.contiguous().view(torch.uint8) ^ 0x80  # code + 128: the kernel multiplies u8 by s8
         self.scale = _scales(scale)
         super().__init__((N, K), None)
         if keep_dense:
@@ -238,12 +238,12 @@ class Q8Linear(PackedLinear):
                    torch.cat([p.dense for p in parts]) if keep else None, keep)
 
     def codes(self) -> torch.Tensor:
-        return (self.qs.to(torch.int16) - 128).to(torch.int8)
+        return (self.qs ^ 0x80).view(torch.int8)
 
     @staticmethod
     def _decode(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         n, k = qs.shape
-        w = (qs.to(torch.int16) - 128).float().view(n, k // GROUP, GROUP) * scale.float()[..., None]
+        w = (qs ^ 0x80).view(torch.int8).float().view(n, k // GROUP, GROUP) * scale.float()[..., None]
         return w.view(n, k)
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:

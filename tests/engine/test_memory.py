@@ -19,7 +19,13 @@ def test_weight_estimate_is_what_loading_allocates(weights):
     assert est.weights == weights and est.file_bytes == default_model_path().stat().st_size
 
 
-def test_weight_estimate_matches_a_q4_k_m_gguf_and_a_q8_folder(tmp_path):
+@pytest.mark.parametrize("dense_copy", [True, False])
+def test_weight_estimate_matches_a_q4_k_m_gguf_and_a_q8_folder(tmp_path, monkeypatch, dense_copy):
+    """Byte for byte, with the dense copy for prompt rows (small models) and without it (big ones)."""
+    from engine.model import repack
+
+    if not dense_copy:
+        monkeypatch.setattr(repack, "DENSE_COPY_MAX_BYTES", 0)
     folder = write_tiny_model(tmp_path / "w", "llama", tie=False, hidden_size=256, intermediate_size=512, head_dim=64)
     path = write_tiny_gguf(folder, tmp_path / "m.gguf", q4_k_m, tokenizer=False)
     assert memory.estimate_memory(path, weights="auto").weights_bytes == Model.load(path, weights="auto").memory_bytes()

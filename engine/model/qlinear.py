@@ -282,8 +282,8 @@ def cat_packed(parts: list[PackedLinear]) -> PackedLinear:
     if len(kinds) == 1:
         return kinds.pop().cat(parts)
     keep = all(p.dense is not None for p in parts)
-    as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear(*q8_blocks(p.dequantize()), keep_dense=keep) for p in parts]
-    return Q8Linear.cat(as_q8)
+    as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear(*q8_blocks(p.dequantize()), p.dense, keep) for p in parts]
+    return Q8Linear.cat(as_q8)  # a kept dense copy stays each part's exact weights
 
 
 class RowSplit:

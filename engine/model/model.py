@@ -220,7 +220,8 @@ class Model:
         return tensors + ([] if self.lm_head is self.embed else [self.lm_head])
 
     def num_parameters(self) -> int:
-        return sum(t.numel() for t in self._weights() if not (t is self.lm_head and self.head_is_embedding()))
+        head_copy = self.lm_head is not self.embed and self.head_is_embedding()  # a q8 head over the embedding
+        return sum(t.numel() for t in self._weights() if not (head_copy and t is self.lm_head))
 
     def memory_bytes(self) -> int:
         """Bytes the weights hold (packed matrices: their blocks, plus a dense copy where one is kept)."""

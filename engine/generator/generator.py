@@ -1,9 +1,9 @@
 """DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
 
 One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
-gives every prefilling job one page-aligned chunk (within a shared per-step budget in time, engine.generator.step_budget,
-so a long prompt never stalls the other chats' decoding for long), and decodes one token for every decoding
-job, all in one varlen forward pass. Jobs join and leave at any step.
+gives every prefilling job one page-aligned chunk (within a shared per-step budget in time, see
+step_budget.py, so a long prompt never stalls the other chats' decoding for long), and decodes one token for
+every decoding job, all in one varlen forward pass. Jobs join and leave at any step.
 """
 from __future__ import annotations
 

@@ -96,6 +96,9 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
             codes = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])[:, 2:].contiguous().view(torch.int8).reshape(n, k)
             return Q8Linear(codes, half(rows.reshape(-1, 34), 0).to(torch.float16).view(n, k // GROUP),
                             keep_dense=keep_dense)
+        if keep_dense:  # the dense copy (prompt rows) is the file's exact weights, not the re-quantized ones
+            exact = dequantize(rows, qtype, (n, k))
+            return Q8Linear(*q8_blocks(exact), exact, True)
         codes, scale = torch.empty(n, k, dtype=torch.int8), torch.empty(n, k // GROUP, dtype=torch.float16)
         for r0 in range(0, n, TILE_ROWS):
             r1 = min(r0 + TILE_ROWS, n)
@@ -106,7 +109,10 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     for r0 in range(0, n, TILE_ROWS):
         r1 = min(r0 + TILE_ROWS, n)
         codes[r0:r1], scale[r0:r1], minimum[r0:r1] = q4_parts(rows[r0:r1], qtype, k)
-    return Q4Linear(codes, scale, minimum, keep_dense)
+    out = Q4Linear(codes, scale, minimum, keep_dense=False)
+    if keep_dense:  # exact, also for Q4_K (whose packed scales are fp16-rounded)
+        out.dense = dequantize(rows, qtype, (n, k))
+    return out
 
 
 def q4_parts(rows: torch.Tensor, qtype: GGMLQuantizationType, k: int):

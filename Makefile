@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-vllm setup system-deps desktop wheel bench clean
+.PHONY: run test test-vllm setup system-deps desktop wheel bench bench-peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,6 +54,15 @@ test-vllm: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --peer transformers
+
+# Speed against llama.cpp on the same GGUF (not part of `make test`): batch 1, 8 streams, prefill, the paste test.
+$(VENV)/.peers: $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,peers]"
+	touch $(VENV)/.peers
+
+bench-peers: $(VENV)/.peers
+	$(BIN)/python -m engine bench --weights q4 --threads 2 --peer llama.cpp --repeats 3
+	$(BIN)/python -m engine bench --paste 2000 --weights q4 --threads 2 --repeats 3
 
 clean:
 	rm -rf $(VENV) .vllm build dist *.egg-info

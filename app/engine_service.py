@@ -170,7 +170,9 @@ class EngineService(QObject):
     def _build(req: LoadRequest, progress) -> tuple:
         """Runs on a worker thread: everything slow (reading weights, allocating the cache)."""
         import engine
-
+        # the whole load (weights, cache, activations) against free memory, from headers, before allocating
+        engine.check_fits(req.path, cache_tokens=req.cache_tokens, kv_quant=req.kv_quant,
+                   weights=req.weights)
         model = engine.Model.load(req.path, progress=progress, weights=req.weights)
         tokenizer = engine.Tokenizer.load(req.path)
         cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)

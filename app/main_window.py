@@ -26,6 +26,7 @@ from app.dashboard import DashboardDock
 from app.engine_service import EngineService
 from app.export import export_chat
 from app.lora_panel import LoraPanel
+from app.model_browser import ModelBrowser
 from app.model_panel import ModelPanel
 from app.preferences import Preferences
 from app.preferences_dialog import PreferencesDialog
@@ -124,7 +125,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
         s.metrics.connect(self.dashboard.push)
         self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
-                                          cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS)
+                                          cache_tokens=self.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS,
+                                          browser=ModelBrowser(self.store.path.parent / "model_folders.json"))
         p.load_requested.connect(self.load_model)
         s.load_progress.connect(p.set_progress)
         s.loaded.connect(p.set_loaded)
@@ -403,7 +405,7 @@ class MainWindow(QMainWindow):
             self.model_status.setText("no model")
             return
         size = info["memory_bytes"] / 2**20
-        weights = " · 4-bit matmuls" if info.get("weights") == "q4" else ""
+        weights = f" · {info['weights']} weights" if info.get("weights") in ("packed", "q8") else ""
         self.model_status.setText(f"{info['name']} · {info['device']} {info['dtype']}{weights} · {size:.0f} MiB · "
                                   f"{info['pages']} pages")
 

@@ -23,8 +23,9 @@ from app.formatting import human_bytes, human_count
 from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, model_path_problem
 
 # The engine owns which formats exist; the panel only labels them (a format without a label fails here).
-_WEIGHT_LABELS = {"auto": "auto (4-bit GGUF matmuls on CPU)", "dense": "dense (exact, dequantized)",
-                  "q4": "4-bit (GGUF Q4 blocks)"}
+_WEIGHT_LABELS = {"auto": "auto (a GGUF's quantized blocks kept packed on CPU)",
+                  "dense": "dense (exact, dequantized)", "packed": "packed (a GGUF's quantized blocks)",
+                  "q8": "q8 (quantize at load)"}
 KV_CHOICES = tuple(("none (model dtype)" if f is None else f.upper(), f) for f in KV_QUANT_FORMATS)
 WEIGHT_CHOICES = tuple((_WEIGHT_LABELS[f], f) for f in WEIGHT_FORMATS)
 LOADED_KEYS = ("name", "path", "params", "memory_bytes", "device", "dtype", "cache_tokens", "pages")
@@ -67,7 +68,7 @@ class ModelPanel(QWidget):
     load_requested = Signal(object)
 
     def __init__(self, recent_path: str | Path, parent: QWidget | None = None, page_size: int = DEFAULT_PAGE_SIZE,
-                 cache_tokens: int = 32768, max_recent: int = 10) -> None:
+                 cache_tokens: int = 32768, max_recent: int = 10, browser: QWidget | None = None) -> None:
         super().__init__(parent)
         if page_size < 1:
             raise ValueError(f"page_size must be positive, got {page_size}")
@@ -127,6 +128,9 @@ class ModelPanel(QWidget):
 
         form = QFormLayout()
         form.addRow("Model", source)
+        self.browser = browser  # app.model_browser.ModelBrowser: the models found on this computer
+        if browser is not None:
+            form.addRow("Found", browser)
         form.addRow("Recent", self.recent_list)
         form.addRow("Cache size", cache)
         form.addRow("KV cache", self.kv_combo)
@@ -160,6 +164,12 @@ class ModelPanel(QWidget):
         layout.addStretch(1)
         self._update_pages(self.cache_spin.value())
         self._refresh_recent()
+        if browser is not None:
+            browser.chosen.connect(self.path_edit.setText)
+            for changed in (self.cache_spin.valueChanged, self.kv_combo.currentIndexChanged,
+                            self.weights_combo.currentIndexChanged):
+                changed.connect(self._sync_browser)
+            self._sync_browser()
         if self.recent.problem:
             self.show_error(self.recent.problem)
 
@@ -195,6 +205,10 @@ class ModelPanel(QWidget):
     def _update_pages(self, tokens: int) -> None:
         pages = math.ceil(tokens / self.page_size)
         self.pages_label.setText(f"= {pages} pages of {self.page_size} tokens")
+
+    def _sync_browser(self, *_args) -> None:
+        req = self.request()
+        self.browser.set_load_options(req["cache_tokens"], req["kv_quant"], req["weights"])
 
     # ----------------------------------------------------------------------------------- requests
     def request(self) -> dict:

@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {  # public name -> module that defines it
+    "ModelTooLarge": ".model.memory", "check_fits": ".model.memory", "estimate_memory": ".model.memory",
+    "find_models": ".model.discovery",
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
@@ -28,7 +30,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (ex
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
     from .model.config import ModelConfig
+    from .model.discovery import find_models
     from .model.lora import LoRA, LoRASet
+    from .model.memory import ModelTooLarge, check_fits, estimate_memory
     from .model.model import Model
     from .model.tokenizer import Tokenizer
 

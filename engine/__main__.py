@@ -1,4 +1,4 @@
-"""`python -m engine generate|bench|bench-spec` (see engine.cli)."""
+"""`python -m engine generate|serve|bench|bench-spec|bench-load` (see engine.cli)."""
 import sys
 
 from .cli import main

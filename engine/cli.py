@@ -1,6 +1,6 @@
-"""`python -m engine generate|serve|bench|bench-spec`: talk to a model from a terminal, serve it over an
+"""`python -m engine generate|serve|bench|bench-spec|bench-load`: talk to a model from a terminal, serve it over an
 OpenAI-compatible API (engine.server), or measure the engine (engine.bench.serving; bench-spec is
-engine.bench.speculative's own parser, dispatched from here).
+engine.bench.speculative's own parser and bench-load engine.bench.load's, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
 `error: ...` line on stderr and exit 1; argparse usage errors exit 2. A traceback means a bug.
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
-    g.add_argument("--weights", choices=WEIGHT_FORMATS, default="auto",
+    g.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="auto",
                    help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
     what = g.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
@@ -93,14 +93,27 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, metavar="N",
                    help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
                         "much faster)")
-    b.add_argument("--weights", choices=WEIGHT_FORMATS, default="dense",
-                   help="dense: dequantized to the model dtype (default); q4: a GGUF's 4-bit blocks in the matmuls")
-    b.add_argument("--peer", choices=["transformers"], help="also measure this implementation on the same model")
+    b.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="dense",
+                   help="dense: dequantized to the model dtype (default); packed (or q4): a GGUF's quantized blocks "
+                        "in the matmuls; q8: every matrix as Q8_0; auto: packed for a GGUF on a CPU")
+    b.add_argument("--peer", choices=["transformers", "llama.cpp"],
+                   help="also measure this implementation on the same model and token ids (llama.cpp: a .gguf; "
+                        "needs pagedeck[peers])")
+    b.add_argument("--repeats", type=_positive_int, default=3, metavar="R",
+                   help="measurement sets per side, alternating engine and peer; figures are medians (default 3)")
+    b.add_argument("--paste", type=_positive_int, metavar="N",
+                   help="instead: the other chats' decode rate while one chat prefills an N-token paste "
+                        "(engine.bench.paste)")
+    b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
+                   help="chats decoding during --paste (default 3)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
     # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.
     sub.add_parser("bench-spec", add_help=False,
                    help="speculative decoding (n-gram) speed-up by batch size; see `bench-spec --help`")
+    sub.add_parser("bench-load", add_help=False,
+                   help="load memory (peak, after) vs the file size and batch-1 decode vs the roofline, for big "
+                        "files; see `bench-load --help`")
     return parser
 
 
@@ -110,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench.speculative import main as bench_spec_main
 
         return _guarded(lambda: bench_spec_main(argv[1:]))
+    if argv[:1] == ["bench-load"]:
+        from .bench.load import main as bench_load_main
+
+        return _guarded(lambda: bench_load_main(argv[1:]))
     args = build_parser().parse_args(argv)
     commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench}
     return _guarded(lambda: commands[args.command](args))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cpu_ext as _cpu_ext
 from . import reference_attention as _attention
 from . import reference as _ref
 from . import reference_lora as _lora
@@ -16,11 +17,11 @@ from .reference_lora import LoRAPlan, lora_plan
 from .vocab import pad_embedding, pad_vocab
 
 __all__ = [
-    "rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention",
+    "rms_norm", "apply_rotary", "silu_mul", "gelu_tanh_mul", "write_kv", "paged_attention",
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes",
     "KV_QUANT_FORMATS",
-    "pad_vocab", "pad_embedding", "use_triton", "plan_step", "StepPlan",
-    "lora_plan", "LoRAPlan", "lora_shrink", "lora_expand",
+    "pad_vocab", "pad_embedding", "use_triton", "plan_step", "StepPlan", "fused_attention", "decode_layers",
+    "dequant_matmul", "lora_plan", "LoRAPlan", "lora_shrink", "lora_expand",
 ]
 
 _triton_ops = None
@@ -41,20 +42,28 @@ def _triton():
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, fast: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual), x + residual); without residual, (norm(x), x)."""
+    """(norm(x + residual), x + residual); without residual, (norm(x), x).
+
+    fast=True on a CPU: pagedeck's fused kernel where it is built (not bit-identical to the reference)."""
     if use_triton(x):
         return _triton().rms_norm(x, weight, eps, residual)
+    if fast and x.dtype == torch.float32 and x.is_contiguous():
+        ops = _cpu_ext.ops()
+        if ops is not None:
+            return ops.rms_norm(x, weight, eps, residual)
     return _ref.rms_norm(x, weight, eps, residual)
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                 plan: "StepPlan | None" = None) -> None:
-    """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions."""
+                 plan: "StepPlan | None" = None, attention_factor: float = 1.0) -> None:
+    """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions; cos and
+    sin are multiplied by `attention_factor` (LongRoPE). q/k may be views of each head's first dims."""
     if use_triton(q):
-        return _triton().apply_rotary(q, k, positions, inv_freq)
-    return _ref.apply_rotary(q, k, positions, inv_freq, plan.rotary if plan is not None else None)
+        return _triton().apply_rotary(q, k, positions, inv_freq, attention_factor)
+    tables = plan.rotary_tables(inv_freq, attention_factor) if plan is not None else None
+    return _ref.apply_rotary(q, k, positions, inv_freq, tables, attention_factor)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -62,6 +71,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if use_triton(gate_up):
         return _triton().silu_mul(gate_up)
     return _ref.silu_mul(gate_up)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up for gate_up (T, 2I) = [gate | up] -> (T, I) (GeGLU, Gemma)."""
+    if use_triton(gate_up):
+        return _triton().gelu_tanh_mul(gate_up)
+    return _ref.gelu_tanh_mul(gate_up)
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
@@ -73,16 +89,30 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: t
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
-    kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None,
+    kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table (decode, chunked prefill, verification).
 
     `plan` (from plan_step) carries the layer-independent indexing of the torch path; Triton derives it
-    on the device inside the kernel, so its plan holds nothing."""
+    on the device inside the kernel, so its plan holds nothing. `window`: a sliding-window layer sees only
+    the last `window` positions (itself included); `softcap`: scores become softcap * tanh(s / softcap)."""
     if use_triton(q):
-        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
-                                      plan.attention if plan is not None else None)
+                                      plan.attention if plan is not None else None, window, softcap)
+
+
+def dequant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """x (M, K) @ W.T for W (N, K) stored as GGUF blocks `raw` (N, bytes per row) of ggml type `qtype`:
+    the decode GEMV for a few rows, the tiled GEMM for prefill (Triton); the gguf reference elsewhere."""
+    if use_triton(x):
+        from . import triton_dequant
+
+        if x.shape[0] <= 16:
+            return triton_dequant.dequant_gemv(x, raw, qtype, shape)
+        return triton_dequant.dequant_gemm(x, raw, qtype, shape)
+    return _ref.dequant_matmul_reference(x, raw, qtype, shape)
 
 
 def lora_shrink(x: torch.Tensor, a: torch.Tensor, plan: LoRAPlan) -> torch.Tensor:
@@ -103,18 +133,68 @@ def lora_expand(s: torch.Tensor, b: torch.Tensor, y: torch.Tensor, plan: LoRAPla
 
 
 class StepPlan:
-    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path)."""
+    """Per-forward precomputation shared by all layers: rotary tables and the attention plan (torch path).
+
+    Rotary tables are made on first use per (inv_freq, attention_factor): models whose sliding-window
+    layers use another rope base (Gemma 3) get one table per base, still once per step. fused: this step
+    runs fused_attention (CPU kernels built, fp32 pools); its attention plan then covers the long prefill
+    chunks only."""
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
-                 cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+                 cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int, fuse: bool = False):
+        self.positions = positions
+        self._tables: dict = {}
         self.rotary = None
         self.attention = None
+        self.fused = False
         if not use_triton(positions):
-            self.rotary = _ref.rotary_tables(positions, inv_freq)
-            self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
+            self.rotary = self.rotary_tables(inv_freq)
+            self.fused = fuse and positions.dtype == torch.int64 and _cpu_ext.available()
+            cu = cu_q.tolist()
+            if not self.fused or max(b - a for a, b in zip(cu, cu[1:])) > _attention.SHORT_Q:
+                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size, long_only=self.fused)
+
+    def rotary_tables(self, inv_freq: torch.Tensor, attention_factor: float = 1.0):
+        key = (inv_freq.data_ptr(), inv_freq.numel(), attention_factor)
+        if key not in self._tables:
+            self._tables[key] = _ref.rotary_tables(self.positions, inv_freq, attention_factor)
+        return self._tables[key]
 
 
 def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor, cu_q: torch.Tensor,
-              kv_lens: torch.Tensor, page_size: int) -> StepPlan:
-    """Build once per forward, pass to apply_rotary and paged_attention of every layer."""
-    return StepPlan(positions, inv_freq, block_table, cu_q, kv_lens, page_size)
+              kv_lens: torch.Tensor, page_size: int, fuse: bool = False) -> StepPlan:
+    """Build once per forward, pass to apply_rotary and paged_attention of every layer; fuse=True asks
+    for fused_attention where this step allows it (plan.fused says whether it does)."""
+    return StepPlan(positions, inv_freq, block_table, cu_q, kv_lens, page_size, fuse)
+
+
+def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                    block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
+                    scale: float, plan: StepPlan) -> torch.Tensor:
+    """apply_rotary + write_kv + paged_attention of one layer, from the fused q|k|v rows (T, (Hq + 2 Hkv) D)
+    to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for everything but the
+    attention of long prefill chunks, which stays torch's SDPA (the plan's long-only attention plan).
+    Needs plan.fused."""
+    if not plan.fused:
+        raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
+    cos, sin = plan.rotary
+    out, q = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
+                                   num_heads, scale, _attention.SHORT_Q)
+    if plan.attention is not None:
+        _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape))
+    return out
+
+
+def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], k_caches: list[torch.Tensor],
+                  v_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_table: torch.Tensor,
+                  cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int, scale: float, eps: float,
+                  plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
+    the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
+    layer input_norm, post_norm, then (codes, scales, minimums or an empty tensor) of qkv, o, gate_up, down.
+    Returns the last layer's output and the residual stream (their sum is the hidden state)."""
+    if not plan.fused or plan.attention is not None:
+        raise ValueError("decode_layers needs a fused plan without long prefill chunks")
+    cos, sin = plan.rotary
+    return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, block_table, cu_q,
+                                        kv_lens, num_heads, scale, eps, _attention.SHORT_Q)

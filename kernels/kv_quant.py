@@ -108,10 +108,10 @@ class QuantizedPool:
         """A zeroed pool (all values decode to 0.0)."""
         _check_format(fmt, head_dim, group_size)
         lead = (num_pages, page_size, num_heads)
-        data_cols = head_dim if fmt == "q8" else head_dim // 2
+        data_cols, high_cols, scale_cols = _columns(fmt, head_dim, group_size)
         data = torch.zeros(*lead, data_cols, dtype=torch.uint8, device=device)
-        high = torch.zeros(*lead, head_dim // 4, dtype=torch.uint8, device=device) if fmt == "q6" else None
-        scales = torch.zeros(*lead, head_dim // group_size, dtype=torch.float16, device=device)
+        high = torch.zeros(*lead, high_cols, dtype=torch.uint8, device=device) if high_cols else None
+        scales = torch.zeros(*lead, scale_cols, dtype=torch.float16, device=device)
         rot = rotation_matrix(head_dim).to(device) if rotate else None
         return cls(fmt, data, high, scales, group_size, head_dim, rot)
 
@@ -215,6 +215,19 @@ def permute_pages(cache, idx: torch.Tensor) -> None:
         cache.permute(idx)
     else:
         cache.copy_(cache.index_select(0, idx))
+
+
+def _columns(fmt: str, head_dim: int, group_size: int) -> tuple[int, int, int]:
+    """(code bytes, high-bit bytes, fp16 scales) per head and slot of a quantized format."""
+    return (head_dim if fmt == "q8" else head_dim // 2), (head_dim // 4 if fmt == "q6" else 0), head_dim // group_size
+
+
+def slot_nbytes(fmt: str | None, num_heads: int, head_dim: int, element_bytes: int, group_size: int = DEFAULT_GROUP) -> int:
+    """Bytes one token's K (or V) takes in a pool of this format, all heads: for sizing before allocating."""
+    if fmt is None:
+        return num_heads * head_dim * element_bytes
+    data, high, scales = _columns(fmt, head_dim, group_size)
+    return num_heads * (data + high + 2 * scales)
 
 
 def pool_nbytes(cache) -> int:

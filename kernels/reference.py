@@ -29,10 +29,14 @@ def rms_norm(
     return weight * normed.to(x.dtype), x
 
 
-def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin (T, D/2) in fp32 for absolute positions; computed in fp32 like HF's rotary module."""
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
+                  attention_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (T, D/2) in fp32 for absolute positions; computed in fp32 like HF's rotary module, which
+    also multiplies both by the rope's attention factor (LongRoPE's mscale; 1 for plain RoPE)."""
     freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
-    return freqs.cos(), freqs.sin()
+    if attention_factor == 1.0:
+        return freqs.cos(), freqs.sin()
+    return freqs.cos() * attention_factor, freqs.sin() * attention_factor
 
 
 def _check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
@@ -48,12 +52,13 @@ def _check_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv
 
 
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
-                 tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 tables: tuple[torch.Tensor, torch.Tensor] | None = None, attention_factor: float = 1.0) -> None:
     """In-place rotary embedding, rotate_half convention (first half pairs with second half).
 
-    `tables` are rotary_tables(positions, inv_freq), computed once per forward instead of per layer."""
+    `tables` are rotary_tables(positions, inv_freq, attention_factor), computed once per forward instead
+    of per layer. q/k may be views of the first rotary dims of each head (partial rotary)."""
     _check_rotary(q, k, positions, inv_freq)
-    cos, sin = tables if tables is not None else rotary_tables(positions, inv_freq)
+    cos, sin = tables if tables is not None else rotary_tables(positions, inv_freq, attention_factor)
     c = cos[:, None, :]
     s = sin[:, None, :]
     for x in (q, k):
@@ -72,6 +77,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"silu_mul wants an even last dim ([gate | up]), got {gate_up.shape[-1]}")
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU activation (Gemma): gelu(gate, tanh approximation) * up for gate_up = [gate | up]."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gelu_tanh_mul wants an even last dim ([gate | up]), got {gate_up.shape[-1]}")
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def check_kv_write(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: torch.Tensor) -> None:
@@ -100,3 +113,13 @@ def write_kv(
     idx = slot_mapping.to(torch.int64)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, idx, k.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, idx, v.to(v_cache.dtype))
+
+
+def dequant_matmul_reference(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
+    """x @ W.T with W decoded from its GGUF blocks by the gguf package's numpy reference (what the
+    Triton dequant-matmul kernels are tested against)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    w = dequantize(raw.cpu().numpy(), GGMLQuantizationType(qtype)).reshape(shape)
+    return F.linear(x, torch.from_numpy(w.copy()).to(device=x.device, dtype=x.dtype))

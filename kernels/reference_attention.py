@@ -5,7 +5,11 @@ One call serves decode, chunked prefill against cached pages and speculative ver
 sequence b sits at position kv_lens[b] - q_len_b + i and attends to kv positions [0, that position].
 Sequences with short query chunks (decode, verification) run together in one padded SDPA call; long
 prefill chunks run one sequence per call so a 2048-token chunk never pads the others. GQA is folded
-into the query-row dimension (queries of one KV head stacked), which avoids repeating K/V."""
+into the query-row dimension (queries of one KV head stacked), which avoids repeating K/V.
+
+Per-layer options (Gemma 2/3, Mistral, Phi-3): `window` W keeps only keys with position > p - W (HF's
+sliding-window mask); `softcap` c replaces each score s by c * tanh(s / c) before the mask and softmax
+(SDPA has no soft-capping, so those layers take an explicit matmul-softmax-matmul path)."""
 
 from __future__ import annotations
 
@@ -38,6 +42,14 @@ def check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens) -> Non
     for name, t in (("block_table", block_table), ("cu_q", cu_q), ("kv_lens", kv_lens)):
         if t.dtype.is_floating_point:
             raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+
+
+def check_layer_options(window: int | None, softcap: float | None) -> None:
+    """A window below 1 would hide a token from itself; a cap <= 0 flips or zeroes every score."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"sliding window must be a positive int or None, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"attention softcap must be positive or None, got {softcap!r}")
 
 
 def check_lengths(cu: list[int], lens: list[int], T: int, max_kv: int) -> None:
@@ -107,6 +119,7 @@ class _Group:
         i = torch.minimum(torch.arange(qmax, device=dev)[None, :], q_len_t[:, None] - 1)  # padding repeats the last row
         tok = (start_t[:, None] + i).reshape(-1)
         pos = kv_t[:, None] - q_len_t[:, None] + i
+        self.pos, self.Lk = pos, Lk
         self.mask = torch.arange(Lk, device=dev)[None, None, :] <= pos[:, :, None]  # (Bg, qmax, Lk)
         if Bg == 1 and qmax == 1:
             self.mask = None  # a single decode token sees its whole (sliced) context
@@ -119,25 +132,38 @@ class _Group:
         identity = not padded and Bg * qmax == T and cu[seqs[0]] == 0 and seqs == list(range(seqs[0], seqs[0] + Bg))
         self.tok = None if identity else tok  # q rows gathered into the padded layout (None: q already is it)
         self.dest = tok if self.src is None else tok.index_select(0, self.src)
-        self._folded: dict[int, torch.Tensor | None] = {}
+        self._masks: dict[int | None, torch.Tensor | None] = {None: self.mask}
+        self._folded: dict[tuple[int, int | None], torch.Tensor | None] = {}
 
-    def folded_mask(self, G: int) -> torch.Tensor | None:
-        """The mask with each KV head's G query heads folded into rows (cached per G: same for every layer)."""
-        if G not in self._folded:
+    def mask_for(self, window: int | None) -> torch.Tensor | None:
+        """The causal mask, narrowed to the last `window` positions of each query (cached per window)."""
+        if window not in self._masks:
             m = self.mask
+            if m is not None:
+                m = m & (torch.arange(self.Lk, device=m.device)[None, None, :] > self.pos[:, :, None] - window)
+            self._masks[window] = m
+        return self._masks[window]
+
+    def folded_mask(self, G: int, window: int | None = None) -> torch.Tensor | None:
+        """The mask with each KV head's G query heads folded into rows (cached: the same for every layer)."""
+        key = (G, window)
+        if key not in self._folded:
+            m = self.mask_for(window)
             if m is not None:
                 Bg, qmax, Lk = m.shape
                 m = m[:, None, :, None, :].expand(Bg, 1, qmax, G, Lk).reshape(Bg, 1, qmax * G, Lk)
-            self._folded[G] = m
-        return self._folded[G]
+            self._folded[key] = m
+        return self._folded[key]
 
 
 class AttentionPlan:
     """Everything about one step's attention that does not depend on the layer, built once per forward.
 
-    Short query chunks (decode, verification) share one group; each long prefill chunk gets its own."""
+    Short query chunks (decode, verification) share one group; each long prefill chunk gets its own.
+    long_only: no group for the short chunks (a fused kernel attends those, see attend_long)."""
 
-    def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
+    def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int,
+                 long_only: bool = False):
         cu = cu_q.tolist()
         lens = kv_lens.tolist()
         self.T = T = cu[-1]
@@ -146,7 +172,7 @@ class AttentionPlan:
         self.shape = (tuple(block_table.shape), len(cu))
         q_lens = [cu[b + 1] - cu[b] for b in range(len(lens))]
         short = [b for b, n in enumerate(q_lens) if n <= SHORT_Q]
-        groups = [short] if short else []
+        groups = [short] if short and not long_only else []
         groups += [[b] for b, n in enumerate(q_lens) if n > SHORT_Q]
         self.groups = [_Group(g, block_table, cu, q_lens, lens, page_size, T) for g in groups]
 
@@ -155,7 +181,26 @@ class AttentionPlan:
             raise ValueError("this AttentionPlan was built for a different batch or page size")
 
 
-def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch.Tensor:
+def _sdpa(Q, K, V, mask, scale: float, softcap: float | None, gqa: bool = False) -> torch.Tensor:
+    """SDPA, or (soft-capped scores) the same attention written out the way HF's eager path does it."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    if gqa and K.shape[1] != Q.shape[1]:
+        K = K.repeat_interleave(Q.shape[1] // K.shape[1], dim=1)
+        V = V.repeat_interleave(Q.shape[1] // V.shape[1], dim=1)
+    s = torch.tanh(torch.matmul(Q, K.transpose(-1, -2)) * scale / softcap) * softcap
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(s.softmax(-1, dtype=torch.float32).to(Q.dtype), V)
+
+
+def _first_kept(length: int, window: int | None) -> int:
+    """First kv position a decode token at position length - 1 sees."""
+    return 0 if window is None else max(0, length - window)
+
+
+def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float, window: int | None = None,
+            softcap: float | None = None) -> torch.Tensor:
     """One group's attention, padded to its longest query and kv length; returns (Bg * qmax, Hq, D)."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
@@ -166,9 +211,10 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch
         Q = q.view(Bg, Hkv, G, D) if g.tok is None else q.index_select(0, g.tok).view(Bg, Hkv, G, D)
         outs = []
         for j, (first, n, length) in enumerate(g.spans):
-            K = k_cache[first : first + n].view(1, -1, Hkv, D)[:, :length].transpose(1, 2)
-            V = v_cache[first : first + n].view(1, -1, Hkv, D)[:, :length].transpose(1, 2)
-            outs.append(F.scaled_dot_product_attention(Q[j : j + 1], K, V, scale=scale))
+            lo = _first_kept(length, window)
+            K = k_cache[first : first + n].view(1, -1, Hkv, D)[:, lo:length].transpose(1, 2)
+            V = v_cache[first : first + n].view(1, -1, Hkv, D)[:, lo:length].transpose(1, 2)
+            outs.append(_sdpa(Q[j : j + 1], K, V, None, scale, softcap))
         return torch.cat(outs).reshape(Bg, Hq, D)
     if views:
         first, n, _ = g.spans[0]
@@ -178,7 +224,8 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch
         K = _gather(k_cache, g.pages, q.dtype, 0)
         V = _gather(v_cache, g.pages, q.dtype, 1)
     if Bg == 1:
-        K, V = K[:, : g.L], V[:, : g.L]
+        lo = _first_kept(g.L, window) if g.mask is None else 0  # a lone decode token: slice, no mask
+        K, V = K[:, lo : g.L], V[:, lo : g.L]
     elif g.beyond is not None:
         K, V = K.contiguous(), V.contiguous()
         K.view(-1, Hkv * D).index_fill_(0, g.beyond, 0)
@@ -189,24 +236,24 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float) -> torch
             Q = Q.view(Bg, Hkv, G, D)
         else:
             Q = Q.view(Bg, qmax, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(Bg, Hkv, qmax * G, D)
-        res = F.scaled_dot_product_attention(Q, K.transpose(1, 2), V.transpose(1, 2), attn_mask=g.folded_mask(G),
-                                             scale=scale)
+        mask = g.folded_mask(G, window if g.mask is not None else None)
+        res = _sdpa(Q, K.transpose(1, 2), V.transpose(1, 2), mask, scale, softcap)
         if qmax == 1:
             return res.reshape(Bg, Hq, D)
         return res.view(Bg, Hkv, qmax, G, D).permute(0, 2, 1, 3, 4).reshape(Bg * qmax, Hq, D)
     # long prefill chunk: folding would multiply the (q, kv) mask by G
-    res = F.scaled_dot_product_attention(
-        Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), attn_mask=g.mask[:, None], scale=scale,
-        enable_gqa=True,
-    ).transpose(1, 2)
+    res = _sdpa(Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), g.mask_for(window)[:, None], scale,
+                softcap, gqa=True).transpose(1, 2)
     return res.reshape(Bg * qmax, Hq, D)
 
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
-    kv_lens: torch.Tensor, scale: float, plan: AttentionPlan | None = None,
+    kv_lens: torch.Tensor, scale: float, plan: AttentionPlan | None = None, window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table; see the module docstring. Returns (T, Hq, D)."""
+    check_layer_options(window, softcap)
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
     if q.shape[0] == 0:
         return torch.empty_like(q)
@@ -216,16 +263,25 @@ def paged_attention(
     if q.shape[0] != plan.T:
         raise ValueError(f"q has {q.shape[0]} tokens but cu_q ends at {plan.T}")
     if isinstance(k_cache, QuantizedPool):  # pools hold rotated vectors (kv_quant): rotate q, un-rotate out
-        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale)
+        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale, window, softcap)
         return v_cache.unrotate(out).to(q.dtype)
-    return _paged(q, k_cache, v_cache, plan, scale)
+    return _paged(q, k_cache, v_cache, plan, scale, window, softcap)
 
 
-def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float) -> torch.Tensor:
-    if len(plan.groups) == 1 and plan.groups[0].tok is None:  # decode-only step: the result is the output
-        return _attend(q, k_cache, v_cache, plan.groups[0], scale)
-    out = torch.empty_like(q)
+def attend_long(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
+                out: torch.Tensor) -> None:
+    """Attention of the long prefill chunks of a long_only plan, into their rows of out (T, Hq, D); q is
+    already rotated and the chunks' K/V already written."""
     for g in plan.groups:
         res = _attend(q, k_cache, v_cache, g, scale)
+        out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
+
+
+def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float, window, softcap) -> torch.Tensor:
+    if len(plan.groups) == 1 and plan.groups[0].tok is None:  # decode-only step: the result is the output
+        return _attend(q, k_cache, v_cache, plan.groups[0], scale, window, softcap)
+    out = torch.empty_like(q)
+    for g in plan.groups:
+        res = _attend(q, k_cache, v_cache, g, scale, window, softcap)
         out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
     return out

@@ -5,7 +5,10 @@ tile (padded to >= 16 so tl.dot is legal) and read each K/V tile once; each spli
 range of the sequence and writes its normalized partial output plus log-sum-exp (base 2) to fp32
 scratch. Stage 2, grid (batch, query head), merges the splits by LSE. With one split, stage 1 writes the
 output directly. The split count needs no device sync: it comes from the block table's width (an upper
-bound on the context) and the SM count, and each program sizes its range from its own kv length."""
+bound on the context) and the SM count, and each program sizes its range from its own kv length.
+
+Sliding-window layers (WINDOW > 0) start each sequence's range at kv_len - WINDOW, so pages before the
+window are never read; soft-capped layers (SOFTCAP) map each score s to softcap * tanh(s / softcap)."""
 
 from __future__ import annotations
 
@@ -16,23 +19,33 @@ import triton
 import triton.language as tl
 
 from .triton_kv import load_kv_tile, pool_args
+from .triton_pointwise import tanh
 
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256  # below this a split's fixed cost outweighs the parallelism it adds
 
 
 @triton.jit
+def scores(qk, qk_scale, sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """Raw q.k products -> base-2 softmax logits, soft-capped first where the layer asks for it."""
+    if SOFTCAP:
+        return softcap * tanh(qk * sm_scale / softcap) * 1.4426950408889634  # LOG2E
+    return qk * qk_scale
+
+
+@triton.jit
 def _decode_stage1(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
-                   bt, s_bt, kv_lens, out, s_ot, s_oh, mid_o, mid_lse, qk_scale, S,
+                   bt, s_bt, kv_lens, out, s_ot, s_oh, mid_o, mid_lse, qk_scale, sm_scale, softcap, window, S,
                    G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DIRECT: tl.constexpr, IEEE: tl.constexpr):
+                   DIRECT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
     kv_len = tl.load(kv_lens + b)
-    chunk = tl.cdiv(tl.cdiv(kv_len, S), BLOCK_N) * BLOCK_N
-    start = s * chunk
+    lo = tl.where(window > 0, tl.maximum(kv_len - window, 0), 0)
+    chunk = tl.cdiv(tl.cdiv(kv_len - lo, S), BLOCK_N) * BLOCK_N
+    start = lo + s * chunk
     end = tl.minimum(start + chunk, kv_len)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -55,7 +68,7 @@ def _decode_stage1(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd
             qk = tl.dot(qt, tl.trans(k), input_precision="ieee")
         else:
             qk = tl.dot(qt, tl.trans(k))
-        qk = tl.where(ok[None, :], qk * qk_scale, float("-inf"))
+        qk = tl.where(ok[None, :], scores(qk, qk_scale, sm_scale, softcap, SOFTCAP), float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.exp2(qk - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -125,9 +138,11 @@ def choose_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) ->
     return max(1, min(want, triton.cdiv(max_context, MIN_SPLIT_TOKENS), 64))
 
 
-def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_splits=None, block_n=None, out=None):
+def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_splits=None, block_n=None, out=None,
+                     window=None, softcap=None):
     """q (B, Hq, D): one token per sequence. num_splits/block_n override the heuristics (tests); `out`
-    is an optional preallocated (B, Hq, D) result (static buffers for CUDA graphs)."""
+    is an optional preallocated (B, Hq, D) result (static buffers for CUDA graphs); window/softcap as in
+    kernels.paged_attention."""
     B, Hq, D = q.shape
     _, PS, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -135,7 +150,7 @@ def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_split
         q = q.contiguous()
     if num_splits is None:
         sms = _sm_count(q.device.index or 0) if q.is_cuda else 8
-        num_splits = choose_splits(B, Hkv, block_table.shape[1] * PS, sms)
+        num_splits = choose_splits(B, Hkv, min(block_table.shape[1] * PS, window or 1 << 62), sms)
     if out is None:
         out = torch.empty(B, Hq, D, dtype=q.dtype, device=q.device)
     kd, kh, ks, s_kd, s_kh, s_ks, fmt, gs = pool_args(k_cache)
@@ -149,9 +164,10 @@ def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_split
     _decode_stage1[(B, Hkv, num_splits)](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), kv_lens, out, out.stride(0), out.stride(1), mid_o, mid_lse,
-        scale * LOG2E, num_splits,
+        scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), num_splits,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D, DIRECT=direct, IEEE=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        BLOCK_D=BLOCK_D, DIRECT=direct, IEEE=q.dtype == torch.float32, SOFTCAP=softcap is not None,
+        num_warps=cfg["num_warps"],
     )
     if not direct:
         _decode_stage2[(B, Hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), num_splits, D=D, BLOCK_D=BLOCK_D)

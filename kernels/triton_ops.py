@@ -4,31 +4,34 @@ from __future__ import annotations
 
 import torch
 
-from .reference_attention import check_attention_args
+from .reference_attention import check_attention_args, check_layer_options
 from .kv_quant import QuantizedPool
 from .triton_decode import decode_attention
 from .triton_kv import write_kv
 from .triton_lora import lora_expand, lora_shrink
-from .triton_pointwise import apply_rotary, rms_norm, silu_mul
+from .triton_pointwise import apply_rotary, gelu_tanh_mul, rms_norm, silu_mul
 from .triton_prefill import prefill_attention
 
-__all__ = ["rms_norm", "apply_rotary", "silu_mul", "write_kv", "paged_attention", "lora_shrink", "lora_expand"]
+__all__ = ["rms_norm", "apply_rotary", "silu_mul", "gelu_tanh_mul", "write_kv", "paged_attention", "lora_shrink",
+           "lora_expand"]
 
 
-def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=None, softcap=None) -> torch.Tensor:
     """T == B means every sequence has one query token (q_len >= 1 each), so the split-KV decode kernel
     applies; anything else (prefill chunks, verification, mixed) goes to the varlen kernel. Deciding by
     shapes keeps the call free of device syncs, so it can be captured in a CUDA graph."""
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
+    check_layer_options(window, softcap)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     if isinstance(k_cache, QuantizedPool):  # the pools hold rotated vectors (see kv_quant)
-        out = _attend(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        out = _attend(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale, window,
+                      softcap)
         return v_cache.unrotate(out).to(q.dtype)
-    return _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+    return _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
 
 
-def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale) -> torch.Tensor:
+def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap) -> torch.Tensor:
     if q.shape[0] == kv_lens.shape[0]:
-        return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale)
-    return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale)
+        return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, window=window, softcap=softcap)
+    return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=window, softcap=softcap)

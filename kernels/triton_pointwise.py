@@ -1,5 +1,6 @@
 """Triton kernels for the per-token ops: RMSNorm (+ fused residual add), rotary from per-token
-positions, SiLU-and-multiply. Numerics follow kernels/reference.py (fp32 math, cast at the end)."""
+positions, SiLU- and GeLU(tanh)-and-multiply. Numerics follow kernels/reference.py (fp32 math, cast at
+the end)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,14 @@ import triton
 import triton.language as tl
 
 from .reference import _check_rotary
+
+
+@triton.jit
+def tanh(x):
+    """tanh from exp of a non-positive argument (no overflow; Triton's core has no tanh)."""
+    t = tl.exp(-2.0 * tl.abs(x))
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(x >= 0, r, -r)
 
 
 @triton.jit
@@ -57,7 +66,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 @triton.jit
-def _rotary_kernel(q, s_qt, s_qh, k, s_kt, s_kh, pos, inv_freq, HQ,
+def _rotary_kernel(q, s_qt, s_qh, k, s_kt, s_kh, pos, inv_freq, HQ, factor,
                    HALF: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -65,8 +74,8 @@ def _rotary_kernel(q, s_qt, s_qh, k, s_kt, s_kh, pos, inv_freq, HQ,
     m = j < HALF
     p = tl.load(pos + t).to(tl.float32)
     f = p * tl.load(inv_freq + j, mask=m, other=0.0).to(tl.float32)
-    c = tl.cos(f)
-    s = tl.sin(f)
+    c = tl.cos(f) * factor
+    s = tl.sin(f) * factor
     if h < HQ:
         ptr = q + t * s_qt + h * s_qh
     else:
@@ -79,8 +88,10 @@ def _rotary_kernel(q, s_qt, s_qh, k, s_kt, s_kh, pos, inv_freq, HQ,
     tl.store(ptr + HALF + j, (b * c + a * s).to(x1.dtype), mask=m)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> None:
-    """In place; q/k may be strided views (e.g. slices of a fused qkv projection) with a contiguous last dim."""
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
+                 attention_factor: float = 1.0) -> None:
+    """In place; q/k may be strided views (e.g. slices of a fused qkv projection, or each head's first
+    rotary dims) with a contiguous last dim."""
     _check_rotary(q, k, positions, inv_freq)
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("apply_rotary needs q and k with a contiguous last dim (it works in place)")
@@ -88,29 +99,41 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_
     if T == 0:
         return
     _rotary_kernel[(T, Hq + k.shape[1])](
-        q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), positions, inv_freq, Hq,
+        q, q.stride(0), q.stride(1), k, k.stride(0), k.stride(1), positions, inv_freq, Hq, float(attention_factor),
         HALF=D // 2, BLOCK=triton.next_power_of_2(D // 2),
     )
 
 
 @triton.jit
-def _silu_mul_kernel(gu, s_gu, out, s_out, I, BLOCK: tl.constexpr):
+def _act_mul_kernel(gu, s_gu, out, s_out, I, GELU: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
     g = tl.load(gu + t * s_gu + c, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu + t * s_gu + I + c, mask=m, other=0.0).to(tl.float32)
-    tl.store(out + t * s_out + c, (g / (1.0 + tl.exp(-g)) * u).to(out.dtype.element_ty), mask=m)
+    if GELU:  # tanh approximation, as torch's gelu(approximate="tanh")
+        a = 0.5 * g * (1.0 + tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+    else:
+        a = g / (1.0 + tl.exp(-g))
+    tl.store(out + t * s_out + c, (a * u).to(out.dtype.element_ty), mask=m)
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return _act_mul(gate_up, gelu=False)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    return _act_mul(gate_up, gelu=True)
+
+
+def _act_mul(gate_up: torch.Tensor, gelu: bool) -> torch.Tensor:
     if gate_up.shape[-1] % 2:
-        raise ValueError(f"silu_mul wants an even last dim ([gate | up]), got {gate_up.shape[-1]}")
+        raise ValueError(f"the gated activation wants an even last dim ([gate | up]), got {gate_up.shape[-1]}")
     I = gate_up.shape[-1] // 2
     gu = _rows(gate_up)
     out = torch.empty(*gate_up.shape[:-1], I, dtype=gate_up.dtype, device=gate_up.device)
     if gu.shape[0] == 0:
         return out
     BLOCK = min(1024, triton.next_power_of_2(I))
-    _silu_mul_kernel[(gu.shape[0], triton.cdiv(I, BLOCK))](gu, gu.stride(0), out, I, I, BLOCK=BLOCK)
+    _act_mul_kernel[(gu.shape[0], triton.cdiv(I, BLOCK))](gu, gu.stride(0), out, I, I, GELU=gelu, BLOCK=BLOCK)
     return out

@@ -6,7 +6,8 @@ at cu_q[b] // BLOCK_M + b (monotonic, and never fewer slots than the sequence ne
 T // BLOCK_M + B and each program finds its sequence by binary search over cu_q; spare programs exit.
 Each program packs BLOCK_M tokens x the G query heads of one KV head into the rows of a tile, so every
 K/V tile is loaded once per KV head. A chunk's causal limit is kv_len - q_len + i: a reused (cached)
-prefix is just earlier pages."""
+prefix is just earlier pages. Sliding-window layers skip the kv tiles before the block's window and
+mask per row; soft-capped layers cap the scores (see triton_decode.scores)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import LOG2E
+from .triton_decode import LOG2E, scores
 from .triton_kv import load_kv_tile, pool_args
 
 
@@ -33,10 +34,10 @@ def _find_seq(cu_q, pid, B, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
-                    bt, s_bt, cu_q, kv_lens, out, s_ot, s_oh, qk_scale, B,
+                    bt, s_bt, cu_q, kv_lens, out, s_ot, s_oh, qk_scale, sm_scale, softcap, window, B,
                     G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    IEEE: tl.constexpr):
+                    IEEE: tl.constexpr, SOFTCAP: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     b = _find_seq(cu_q, pid, B, BLOCK_M)
@@ -61,7 +62,10 @@ def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_v
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
         l_i = tl.zeros([ROWS], tl.float32)
         acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-        for n0 in range(0, kv_end, BLOCK_N):
+        kv_start = 0
+        if window > 0:  # the block's first row sees from pos - window + 1 on; later rows see less
+            kv_start = tl.maximum(kv_len - q_len + m0 - window + 1, 0) // BLOCK_N * BLOCK_N
+        for n0 in range(kv_start, kv_end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
             ok = n < kv_end
             page = tl.load(bt + b64 * s_bt + n // PS, mask=ok, other=0).to(tl.int64)
@@ -75,17 +79,21 @@ def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_v
             else:
                 qk = tl.dot(qt, tl.trans(k))
             visible = ok[None, :] & (n[None, :] <= pos[:, None])
-            qk = tl.where(visible, qk * qk_scale, float("-inf"))
+            if window > 0:
+                visible = visible & (n[None, :] > pos[:, None] - window)
+            qk = tl.where(visible, scores(qk, qk_scale, sm_scale, softcap, SOFTCAP), float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-            p = tl.exp2(qk - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
+            # a row can see nothing in a tile before its window starts: keep exp2 away from -inf - -inf
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
-        o = acc / l_i[:, None]
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may have seen nothing
         tl.store(out + tok_off[:, None] * s_ot + heads[:, None] * s_oh + d[None, :], o.to(out.dtype.element_ty),
                  mask=qmask)
 
@@ -100,9 +108,10 @@ def prefill_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
     return {"ROWS": 128, "BLOCK_N": 32 if quantized else 64, "num_warps": 8}
 
 
-def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, block_rows=None, block_n=None, out=None):
+def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, block_rows=None, block_n=None, out=None,
+                      window=None, softcap=None):
     """q (T, Hq, D) flat over B sequences (cu_q offsets). block_rows/block_n override tile sizes (tests);
-    `out` is an optional preallocated (T, Hq, D) result."""
+    `out` is an optional preallocated (T, Hq, D) result; window/softcap as in kernels.paged_attention."""
     T, Hq, D = q.shape
     _, PS, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -122,8 +131,8 @@ def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, bl
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), cu_q, kv_lens, out, out.stride(0), out.stride(1),
-        scale * LOG2E, B,
+        scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), B,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_M=BLOCK_M, BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        IEEE=q.dtype == torch.float32, num_warps=cfg["num_warps"],
+        IEEE=q.dtype == torch.float32, SOFTCAP=softcap is not None, num_warps=cfg["num_warps"],
     )
     return out

@@ -8,6 +8,15 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 import pytest  # noqa: E402
 
 
+def pytest_sessionstart(session):
+    """Build pagedeck's CPU kernels (kernels.cpu_ext) once, up front, into torch's extension cache (outside the
+    tree): ~40 s of compiler time on a fresh machine, paid here rather than inside a test or a server
+    subprocess with its own start-up timeout. Afterwards it only loads (~1 s)."""
+    from kernels import cpu_ext
+
+    cpu_ext.ops()
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 

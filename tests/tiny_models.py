@@ -11,10 +11,32 @@ from pathlib import Path
 
 import torch
 
-ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64}  # small, so all three frequency bands occur
 WEIGHT_STD = 0.25
+WINDOW = 16  # sliding windows shorter than the test prompts, so they matter
+GEMMAS = ("gemma", "gemma2", "gemma3")
+# Per-arch shapes and features of the tiny models (query_pre_attn_scalar = head_dim, as llama.cpp assumes
+# for every Gemma but the 27B ones, so the GGUF form computes the same thing).
+_TINY = {
+    "mistral": dict(sliding_window=WINDOW),
+    "gemma2": dict(sliding_window=WINDOW, query_pre_attn_scalar=16, attn_logit_softcapping=50.0,
+                   final_logit_softcapping=30.0),
+    # six layers: layer 5 is the first global one (five sliding, one global, as in the real models)
+    "gemma3": dict(num_hidden_layers=6, sliding_window=WINDOW, query_pre_attn_scalar=16,
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}),
+    # Phi-3.5/4-mini-like: LongRoPE past 64 tokens, half the head dims rotated, a sliding window
+    "phi3-long": dict(max_position_embeddings=512, original_max_position_embeddings=64, partial_rotary_factor=0.5,
+                      sliding_window=24),
+}
+
+
+def longrope_factors(n: int, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"rope_type": "longrope", "short_factor": (1 + torch.rand(n, generator=g)).tolist(),
+            "long_factor": (1 + 8 * torch.rand(n, generator=g)).tolist()}
 
 
 @lru_cache(maxsize=1)
@@ -25,19 +47,26 @@ def default_tokenizer():
 
 
 def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: bool = True, **overrides):
-    """The transformers config object of a tiny model of `arch`."""
+    """The transformers config object of a tiny model of `arch` (built by transformers' own config class)."""
     import transformers
 
-    if arch == "llama3":
-        arch, rope_scaling = "llama", rope_scaling or LLAMA3_ROPE
-    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
-    if arch not in classes:
-        raise ValueError(f"unknown tiny model arch {arch!r}; choose from {ARCHS}")
     kwargs = dict(vocab_size=default_tokenizer().vocab_size, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=tie,
                   bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    kwargs.update(_TINY.get(arch, {}))
+    if arch == "llama3":
+        arch, rope_scaling = "llama", rope_scaling or LLAMA3_ROPE
+    if arch == "phi3-long":
+        arch, rope_scaling = "phi3", rope_scaling or longrope_factors(4)  # rotary dims 8: 4 frequencies
+    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+               "gemma": transformers.GemmaConfig, "gemma2": transformers.Gemma2Config,
+               "gemma3": transformers.Gemma3TextConfig, "phi3": transformers.Phi3Config}
+    if arch not in classes:
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose from {ARCHS}")
+    if arch == "phi3":
+        kwargs.pop("head_dim")  # Phi-3 has no head_dim field: hidden / heads = 16 anyway
     if rope_scaling is not None:
         kwargs["rope_scaling"] = dict(rope_scaling)
     kwargs.update(overrides)
@@ -53,10 +82,13 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
     config = tiny_config(arch, rope_scaling=rope_scaling, tie=tie, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gemma = config.model_type.startswith("gemma")
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
+            if "norm" in name:  # Gemma's norms scale by (1 + w): keep the effective scale near 1 too
+                p.uniform_(-0.5, 0.5) if gemma else p.uniform_(0.5, 1.5)
+            elif gemma and "embed_tokens" in name:  # Gemma multiplies embeddings by sqrt(hidden) = 8
+                p.normal_(0.0, WEIGHT_STD / 4)
             else:
                 p.normal_(0.0, WEIGHT_STD if p.dim() > 1 else 0.5)
     if tie:
@@ -68,25 +100,15 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
 
 # ---------------------------------------------------------------- tiny GGUF files (llama.cpp conventions)
 
-_GGUF_NAMES = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-}
+def gguf_name(hf: str, arch: str, n_layers: int) -> str:
+    """llama.cpp's name for an HF tensor name, from the gguf package's own table (not engine.model.weights')."""
+    import gguf
 
-
-def gguf_name(hf: str) -> str:
-    """llama.cpp's name for an HF tensor name (written independently of engine.model.weights' mapping)."""
-    if hf == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf == "model.norm.weight":
-        return "output_norm.weight"
-    if hf == "lm_head.weight":
-        return "output.weight"
-    _, _, layer, rest = hf.split(".", 3)
-    module, _, suffix = rest.rpartition(".")
-    return f"blk.{layer}.{_GGUF_NAMES[module]}.{suffix}"
+    arch_id = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    name = gguf.get_tensor_name_map(arch_id, n_layers).get_name(hf, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        raise KeyError(f"gguf has no {arch} name for {hf}")
+    return name
 
 
 def llama_cpp_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -115,9 +137,14 @@ def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> torch.Ten
     return torch.tensor(out, dtype=torch.float32)
 
 
-def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", *, tokenizer: bool = True) -> Path:
-    """Convert a tiny HF folder to GGUF the way llama.cpp does (q/k permuted for llama; 2-D weights in qtype)."""
+def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, tokenizer: bool = True) -> Path:
+    """Convert a tiny HF folder to GGUF the way llama.cpp's convert_hf_to_gguf.py does: its tensor names,
+    q/k rows permuted for llama, Gemma's norms stored as (1 + w), Phi-3's fused projections and LongRoPE
+    factor tensors, its metadata keys; 2-D weights in qtype (a type name, or a function of the GGUF tensor
+    name giving one, to mix types the way Q4_K_M does). K-quants are written by engine.model.ggml_blocks (the
+    gguf package cannot quantize to them)."""
     import json
+    import math
 
     import gguf
     import numpy as np
@@ -127,39 +154,72 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", 
     cfg = json.loads((hf_folder / "config.json").read_text())
     files = sorted(hf_folder.glob("*.safetensors"))
     state = {k: v for f in files for k, v in load_file(f).items()}
-    arch = {"mistral": "llama"}.get(cfg["model_type"], cfg["model_type"])
+    arch = {"mistral": "llama", "gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    n_layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or hidden // heads
     rope = cfg.get("rope_parameters") or {}
+    if arch == "gemma3":
+        rope = rope["full_attention"]  # the global layers'; llama.cpp fixes the local base at 10000
     w = gguf.GGUFWriter(out, arch)
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(n_layers)
     w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
+    w.add_embedding_length(hidden)
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_key_length(cfg["head_dim"])
-    w.add_value_length(cfg["head_dim"])
-    w.add_rope_dimension_count(cfg["head_dim"])
+    rot = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    if arch != "phi3":
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_rope_dimension_count(rot)
     w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     if rope.get("rope_type") == "llama3":
-        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg["head_dim"], rope["rope_theta"], rope).numpy())
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, rope["rope_theta"], rope).numpy())
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "gemma3" and cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch in ("gemma2", "gemma3"):
+        w.add_sliding_window(cfg["sliding_window"])
+    if arch == "phi3":
+        original = cfg.get("original_max_position_embeddings") or rope.get("original_max_position_embeddings")
+        w.add_rope_scaling_orig_ctx_len(original)
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        if rope.get("rope_type") == "longrope":
+            scale = cfg["max_position_embeddings"] / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
     if tokenizer:
-        _copy_default_tokenizer_metadata(w)
-    quant = gguf.GGMLQuantizationType[qtype]
+        from tools.synthetic_gguf import copy_default_tokenizer
+
+        copy_default_tokenizer(w)
+    pick = qtype if callable(qtype) else (lambda _name: qtype)
     for name, t in state.items():
         if name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
         t = t.float()
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1
         if arch == "llama" and "q_proj" in name:
             t = llama_cpp_permute(t, heads)
         elif arch == "llama" and "k_proj" in name:
             t = llama_cpp_permute(t, kv_heads)
+        target = gguf_name(name, arch, n_layers)
+        quant = gguf.GGMLQuantizationType[pick(target)]
         if t.dim() == 2 and quant != gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(t.numpy(), quant), raw_dtype=quant)
+            from engine.model.ggml_blocks import quantize as quantize_ggml
+
+            w.add_tensor(target, quantize_ggml(t, quant), raw_dtype=quant)
         else:
-            w.add_tensor(gguf_name(name), np.ascontiguousarray(t.numpy()))
+            w.add_tensor(target, np.ascontiguousarray(t.numpy()))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -167,18 +227,11 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype: str = "F32", 
     return out
 
 
-def _copy_default_tokenizer_metadata(w) -> None:
-    from engine.model.weights import GGUFFile, default_model_path
+def q4_k_m(name: str) -> str:
+    """llama.cpp's Q4_K_M recipe for a 2-layer model (tools.synthetic_gguf owns the rule)."""
+    from tools.synthetic_gguf import q4_k_m_type
 
-    meta = GGUFFile(default_model_path()).metadata
-    w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
-    w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    w.add_chat_template(meta["tokenizer.chat_template"])
+    return q4_k_m_type(name, 2)
 
 
 # ---------------------------------------------------------------- transformers peers of the default model
@@ -202,3 +255,76 @@ def hf_default_tokenizer():
 
     path = default_model_path()
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+# ---------------------------------------------------------------- a tiny SentencePiece GGUF vocabulary
+
+SPM_CORPUS = ("the quick brown fox jumps over the lazy dog . hello world , the weather in paris is sunny today "
+              "models people already have on their disks : gemma phi llama qwen . 1234 numbers 42 and more text "
+              "The Quick Brown Fox ! Hello World ? it's a test of the tokenizer with repeated words words words")
+SPM_SPECIALS = {"gemma2": ["<start_of_turn>", "<end_of_turn>"], "phi3": ["<|user|>", "<|assistant|>", "<|end|>"],
+                "llama": []}
+
+
+def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150) -> Path:
+    """A GGUF holding only a SentencePiece ("llama") vocabulary the way llama.cpp writes one: <unk> <s>
+    </s>, 256 byte-fallback tokens, single characters, then pieces learned by a few BPE merges over a
+    small corpus (scores falling with merge order), the arch's chat control tokens, and for Gemma
+    whitespace-run tokens stored with real spaces."""
+    import collections
+
+    import gguf
+
+    words = collections.Counter("\u2581" + w for w in SPM_CORPUS.split())
+    pieces = {w: list(w) for w in words}
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [2, 3, 3] + [6] * 256
+    scores = [0.0] * len(tokens)
+    for ch in sorted({c for w in words for c in w} | {"\n"}):
+        tokens.append(ch)
+        types.append(1)
+        scores.append(-1000.0)
+    for step in range(merges):
+        pairs = collections.Counter()
+        for w, n in words.items():
+            for a, b in zip(pieces[w], pieces[w][1:]):
+                pairs[a, b] += n
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        for w in words:
+            p, out, i = pieces[w], [], 0
+            while i < len(p):
+                if i + 1 < len(p) and p[i] == a and p[i + 1] == b:
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(p[i])
+                    i += 1
+            pieces[w] = out
+        tokens.append(a + b)
+        types.append(1)
+        scores.append(-float(step))
+    if arch.startswith("gemma"):
+        for n in (2, 3, 4):  # Gemma keeps runs of spaces as tokens, written with real spaces in its GGUFs
+            tokens.append(" " * n)
+            types.append(1)
+            scores.append(-float(merges + n))
+    for special in SPM_SPECIALS.get(arch, []):
+        tokens.append(special)
+        types.append(3)
+        scores.append(0.0)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -16,7 +16,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import triton_decode, triton_kv, triton_lora, triton_pointwise, triton_prefill
+from kernels import triton_decode, triton_dequant, triton_kv, triton_lora, triton_pointwise, triton_prefill
 
 DT = {"fp16": "*fp16", "bf16": "*bf16", "fp32": "*fp32"}
 POOL = {0: None, 8: ("*u8", "*u8", "*fp16"), 6: ("*u8", "*u8", "*fp16"), 4: ("*u8", "*u8", "*fp16")}
@@ -33,25 +33,25 @@ def _compile(fn, types: dict, constexprs: dict, arch: int, num_warps: int = 4, n
 
 def _attn_types(dtype: str, fmt: int) -> dict:
     t = {"q": DT[dtype], "out": DT[dtype], "bt": "*i32", "kv_lens": "*i32", "cu_q": "*i32",
-         "mid_o": "*fp32", "mid_lse": "*fp32", "qk_scale": "fp32"}
+         "mid_o": "*fp32", "mid_lse": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "softcap": "fp32"}
     pool = POOL[fmt] or (DT[dtype],) * 3
     for prefix in ("k", "v"):
         t[prefix + "d"], t[prefix + "h"], t[prefix + "s"] = pool
     return t
 
 
-def variants(dtype: str = "fp16", fmt: int = 0, D: int = 128, G: int = 4, PS: int = 16):
+def variants(dtype: str = "fp16", fmt: int = 0, D: int = 128, G: int = 4, PS: int = 16, softcap: bool = False):
     """(name, kernel, types, constexprs, num_warps) for one model shape, with the launchers' own tile
-    choices (decode_config / prefill_config)."""
+    choices (decode_config / prefill_config); softcap=True: the soft-capped variants (Gemma 2)."""
     BD = triton.next_power_of_2(D)
     BG = triton.next_power_of_2(G)
     gs = 32 if fmt else D
     t = _attn_types(dtype, fmt)
     fp32 = dtype == "fp32"
-    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=fp32)
+    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=fp32, SOFTCAP=softcap)
     dc = triton_decode.decode_config(D, fmt != 0, fp32)
     pc = triton_prefill.prefill_config(D, fmt != 0, fp32)
-    tag = f"{dtype},fmt{fmt},D{D}"
+    tag = f"{dtype},fmt{fmt},D{D}" + (",softcap" if softcap else "")
     out = []
     for direct in (True, False):
         out.append((f"decode_stage1[{tag},direct={direct}]", triton_decode._decode_stage1, t,
@@ -73,8 +73,9 @@ def pointwise_variants(dtype: str = "fp16", hidden: int = 4096):
          {"x": p, "res": p, "w": p, "out": p, "res_out": p, "eps": "fp32"},
          dict(HAS_RES=True, BLOCK=triton.next_power_of_2(hidden)), 4),
         (f"rotary[{dtype}]", triton_pointwise._rotary_kernel,
-         {"q": p, "k": p, "pos": "*i64", "inv_freq": "*fp32"}, dict(HALF=64, BLOCK=64), 4),
-        (f"silu_mul[{dtype}]", triton_pointwise._silu_mul_kernel, {"gu": p, "out": p}, dict(BLOCK=1024), 4),
+         {"q": p, "k": p, "pos": "*i64", "inv_freq": "*fp32", "factor": "fp32"}, dict(HALF=64, BLOCK=64), 4),
+        (f"silu_mul[{dtype}]", triton_pointwise._act_mul_kernel, {"gu": p, "out": p}, dict(GELU=False, BLOCK=1024), 4),
+        (f"gelu_mul[{dtype}]", triton_pointwise._act_mul_kernel, {"gu": p, "out": p}, dict(GELU=True, BLOCK=1024), 4),
     ]
 
 
@@ -85,6 +86,18 @@ def lora_variants(dtype: str = "fp16"):
     common = dict(HAS_SEGS=True, BLOCK_M=triton_lora.BLOCK_M, BLOCK_N=64, IEEE=dtype == "fp32")
     return [(f"lora_shrink[{dtype}]", triton_lora._shrink_kernel, t, dict(common, BLOCK_K=64), 4),
             (f"lora_expand[{dtype}]", triton_lora._expand_kernel, t, dict(common, BLOCK_K=32), 4)]
+
+
+def dequant_variants(dtype: str = "fp16", qtypes=(12, 14)):
+    """The dequant-matmul GEMV and GEMM for ggml types (12 = Q4_K, 14 = Q6_K, 8 = Q8_0, ...)."""
+    t = {"x": DT[dtype], "raw": "*u8", "out": DT[dtype]}
+    out = []
+    for q in qtypes:
+        out.append((f"dequant_gemv[{dtype},type{q}]", triton_dequant._gemv_kernel, t,
+                    dict(QTYPE=q, BLOCK_N=32, BLOCK_K=64), 8))
+        out.append((f"dequant_gemm[{dtype},type{q}]", triton_dequant._gemm_kernel, t,
+                    dict(QTYPE=q, BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, IEEE=dtype == "fp32"), 4))
+    return out
 
 
 def resources(k) -> dict:
@@ -114,8 +127,10 @@ def quick_set():
         _pick(variants("fp16", 0), "decode_stage1", "decode_stage2", "prefill")
         + _pick(variants("bf16", 6), "decode_stage1", "prefill", "write_kv")
         + _pick(variants("fp16", 4, D=64, G=3), "decode_stage1")
+        + _pick(variants("bf16", 0, D=256, G=2, softcap=True), "decode_stage1", "prefill")
         + pointwise_variants("bf16")
         + lora_variants("bf16")
+        + dequant_variants("bf16", (12,))
     )
 
 
@@ -127,6 +142,8 @@ def full_set():
         todo += pointwise_variants(dtype) + lora_variants(dtype)
     todo += variants("fp32", 0, D=64, G=3)
     todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
+    todo += variants("bf16", 0, D=256, G=2, softcap=True)
+    todo += dequant_variants("fp16", tuple(triton_dequant.FORMATS))
     return todo
 
 

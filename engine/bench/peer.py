@@ -60,58 +60,68 @@ class _Stamps:
         pass
 
 
-def bench_transformers(model_arg: str | None, w: "Workload", device: torch.device, dtype: torch.dtype,
-                       synthetic: bool = False, log: Callable[[str], None] = print) -> dict:
-    t = time.perf_counter()
-    model = load_peer(model_arg, device, dtype, synthetic)
-    load_s = time.perf_counter() - t
-    log(f"transformers: loaded in {load_s:.2f} s")
-    pad = int(model.config.eos_token_id[0] if isinstance(model.config.eos_token_id, list)
-              else model.config.eos_token_id or 0)
+class TransformersPeer:
+    """transformers' model loaded once; run() is one measurement set (engine.bench alternates them)."""
 
-    def generate(prompts: list[list[int]], n: int, streamer=None) -> float:
+    name = "transformers"
+
+    def __init__(self, model_arg: str | None, w: "Workload", device: torch.device, dtype: torch.dtype,
+                 synthetic: bool = False, log: Callable[[str], None] = print):
+        t = time.perf_counter()
+        self.model = load_peer(model_arg, device, dtype, synthetic)
+        self.load_s = time.perf_counter() - t
+        self.w, self.device, self.log = w, device, log
+        log(f"transformers: loaded in {self.load_s:.2f} s")
+        eos = self.model.config.eos_token_id
+        self.pad = int(eos[0] if isinstance(eos, list) else eos or 0)
+        log("transformers: warm-up")
+        self.generate([w.single[:16]], 8)
+        self.generate([w.ttft_first[:256]], 2)
+
+    def generate(self, prompts: list[list[int]], n: int, streamer=None) -> float:
         """Seconds for one generate() of exactly n greedy tokens per prompt (left-padded batch)."""
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):
             ids[row, width - len(p):] = torch.tensor(p)
             mask[row, width - len(p):] = 1
-        ids, mask = ids.to(device), mask.to(device)
-        sync(device)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, pad_token_id=pad, streamer=streamer)
-        sync(device)
+            out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, pad_token_id=self.pad, streamer=streamer)
+        sync(self.device)
         elapsed = time.perf_counter() - t0
         if out.shape[1] - width != n:
             raise RuntimeError(f"transformers generated {out.shape[1] - width} tokens, expected {n}")
         return elapsed
 
-    log("transformers: warm-up")
-    generate([w.single[:16]], 8)
-    generate([w.ttft_first[:256]], 2)
+    def run(self) -> dict:
+        w, log = self.w, self.log
+        log(f"transformers: batch-1 decode ({len(w.single)}-token prompt, {w.new_tokens} new tokens)")
+        stamps = _Stamps()
+        self.generate([w.single], w.new_tokens, streamer=stamps)
+        gen_times = stamps.times[1:]  # the first put is the prompt itself
+        b1 = (len(gen_times) - 1) / (gen_times[-1] - gen_times[0]) if len(gen_times) > 1 else 0.0
 
-    log(f"transformers: batch-1 decode ({len(w.single)}-token prompt, {w.new_tokens} new tokens)")
-    stamps = _Stamps()
-    generate([w.single], w.new_tokens, streamer=stamps)
-    gen_times = stamps.times[1:]  # the first put is the prompt itself
-    b1 = (len(gen_times) - 1) / (gen_times[-1] - gen_times[0]) if len(gen_times) > 1 else 0.0
+        log(f"transformers: static batch of {len(w.streams)}")
+        streams_s = self.generate(w.streams, w.new_tokens)
 
-    log(f"transformers: static batch of {len(w.streams)}")
-    streams_s = generate(w.streams, w.new_tokens)
+        log("transformers: TTFT (no prefix cache: the shared prefix is recomputed)")
+        uncached = [self.generate([w.ttft_first], 1) for _ in range(3)]
+        second = [self.generate([w.ttft_second], 1) for _ in range(3)]
+        return {
+            "batch1_tok_s": b1,
+            "streams_tok_s": len(w.streams) * w.new_tokens / streams_s,
+            "prefill_tok_s": len(w.ttft_first) / statistics.median(uncached),
+            "ttft_uncached_ms": statistics.median(uncached) * 1000,
+            "ttft_cached_ms": statistics.median(second) * 1000,
+        }
 
-    log("transformers: TTFT (no prefix cache: the shared prefix is recomputed)")
-    uncached = [generate([w.ttft_first], 1) for _ in range(3)]
-    second = [generate([w.ttft_second], 1) for _ in range(3)]
-    del model
-    return {
-        "load_s": load_s,
-        "batch1_tok_s": b1,
-        "streams_tok_s": len(w.streams) * w.new_tokens / streams_s,
-        "ttft_uncached_ms": statistics.median(uncached) * 1000,
-        "ttft_cached_ms": statistics.median(second) * 1000,
-        "prefix_cache": False,
-        "note": "transformers has no prefix cache: its 'cached' TTFT recomputes the shared prefix",
-    }
+    def close(self) -> None:
+        del self.model
+
+    note = "transformers has no prefix cache: its 'cached' TTFT recomputes the shared prefix"
+

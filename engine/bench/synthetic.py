@@ -8,7 +8,7 @@ import torch
 
 from ..model.config import ModelConfig
 from ..model.model import Model, default_device, default_dtype
-from ..model.weights import expected_tensor_names
+from ..model.weights import tensor_shapes
 
 # HF config.json fields of each synthetic model (shared by our ModelConfig and the transformers peer).
 SYNTHETIC_MODELS: dict[str, dict] = {
@@ -33,20 +33,6 @@ def hf_config(name: str):
 
     cfg = dict(_config(name))
     return AutoConfig.for_model(cfg.pop("model_type"), **{k: v for k, v in cfg.items() if k != "architectures"})
-
-
-def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape for every weight of a config."""
-    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
-    by_suffix = {
-        "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
-        "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
-        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
-        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
-        "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
-        "layernorm.weight": (h,), "norm.weight": (h,),
-    }
-    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in expected_tensor_names(c)}
 
 
 def random_model(config: ModelConfig, device: torch.device | str | None = None, dtype: torch.dtype | None = None,

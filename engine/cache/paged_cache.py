@@ -13,6 +13,7 @@ import torch
 from kernels.kv_quant import QuantizedPool, copy_page_prefix, make_pool, permute_pages, pool_nbytes
 
 from ..contract import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, check_page_size
+from .budget import HEADROOM, available_bytes, kv_cache_bytes
 
 if TYPE_CHECKING:
     from ..model.model import Model
@@ -34,6 +35,8 @@ class PagedCache:
         self.num_pages = max_tokens // page_size
         self.max_tokens = self.num_pages * page_size
         self.kv_quant = kv_quant
+        _check_memory(cfg, self.max_tokens, kv_quant, model, page_size)
+
         def pool():
             if kv_quant is None:
                 return make_pool(None, self.num_pages, page_size, cfg.num_kv_heads, cfg.head_dim,
@@ -61,3 +64,13 @@ class PagedCache:
 
     def memory_bytes(self) -> int:
         return sum(pool_nbytes(pool) for pool in (*self.k, *self.v))
+
+
+def _check_memory(config, tokens: int, kv_quant: str | None, model, page_size: int) -> None:
+    """Refuse a cache that cannot be allocated with a clear message, rather than an OOM kill mid-way."""
+    need = kv_cache_bytes(config, tokens, kv_quant, torch.empty(0, dtype=model.dtype).element_size(), page_size)
+    free = available_bytes(model.device.type)
+    if free is not None and need > free * HEADROOM:
+        raise MemoryError(f"A KV cache of {tokens:,} tokens ({kv_quant or 'unquantized'}) needs {need / 2**30:.1f} GiB "
+                          f"but only {free / 2**30:.1f} GiB is free: use a smaller cache or a quantized KV cache "
+                          "(q8 halves it, q4 quarters it).")

@@ -4,10 +4,13 @@ One owner per fact: sampler settings and their rules, the result and metrics dic
 weight and KV formats, defaults, what a model or adapter folder is. `import engine.contract` loads neither torch nor numpy, so the app's
 model layer (settings, store, dashboard) depends on these facts without loading the engine.
 """
-from .formats import DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, check_page_size
+from .formats import (
+    DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_ALIASES, WEIGHT_FORMATS,
+    check_page_size,
+)
 from .paths import (
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHT_FILES, check_model_path, demo_adapters_folder, find_adapters, is_adapter_dir,
-    model_path_problem,
+    is_gguf, model_path_problem,
 )
 from .results import (
     CACHED, EOS_REASONS, FREE, METRICS_KEYS, STAGES, DeferredResult, EosReason, Metrics, PrefillResult, Result,
@@ -17,7 +20,7 @@ from .settings import GREEDY_TEMPERATURE, SamplerSettings
 
 __all__ = [
     "ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
-    "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_FORMATS", "DeferredResult", "EosReason", "Metrics",
+    "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_ALIASES", "WEIGHT_FORMATS", "DeferredResult", "EosReason", "Metrics",
     "PrefillResult", "Result", "SamplerSettings", "Stage", "StartedResult", "StreamingResult", "check_model_path",
-    "check_page_size", "demo_adapters_folder", "find_adapters", "is_adapter_dir", "model_path_problem",
+    "check_page_size", "demo_adapters_folder", "find_adapters", "is_adapter_dir", "is_gguf", "model_path_problem",
 ]

@@ -11,7 +11,19 @@ def model_path_problem(path: str | Path) -> str | None:
         return f"model path does not exist: {path}"
     if p.is_dir():
         return None if (p / "config.json").is_file() else f"not a Hugging Face model folder (no config.json): {p}"
-    return None if p.suffix.lower() == ".gguf" else f"{p} is neither a Hugging Face model folder nor a .gguf file"
+    return None if is_gguf(p) else f"{p} is neither a Hugging Face model folder nor a .gguf file"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """A .gguf file, or any file starting with GGUF's magic (Ollama's blobs have no suffix)."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def check_model_path(path: str | Path) -> Path:

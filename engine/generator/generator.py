@@ -1,9 +1,10 @@
 """DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
 
 One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
-gives every prefilling job one page-aligned chunk (within a shared per-step budget, so a long prompt never
-stalls the other chats' decoding for long), and decodes one token for every decoding job, all in one
-varlen forward pass. Jobs join and leave at any step, each with its own LoRA adapters (adapters.py).
+gives every prefilling job one page-aligned chunk (within a shared per-step budget in time, see
+step_budget.py, so a long prompt never stalls the other chats' decoding for long), and decodes one token for
+every decoding job, all in one varlen forward pass. Jobs join and leave at any step, each with its own LoRA
+adapters (adapters.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
+from .step_budget import StepBudget
 
 if TYPE_CHECKING:
     from ..model.tokenizer import Tokenizer
@@ -51,6 +53,7 @@ class DynamicGenerator:
         min_sampling_threads: int = 3,
         filter_background_eval: bool = True,
         max_draft_batch_size: int = 16,  # drafting still paid at 16 (n-gram, 85 % acceptance): README
+        prefill_slowdown: float | None = 1.6,  # while others decode, a prefill step takes <= this x a decode step
     ):
         if draft_model is None and draft_cache is not None:
             raise ValueError("draft_cache was given without a draft_model")
@@ -75,11 +78,17 @@ class DynamicGenerator:
         self.tokenizer = tokenizer
         self.page_size = cache.page_size
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
+        model.use_context_length(self.max_seq_len)
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
-        self.max_chunk_size = max_chunk_size or (2048 if model.device.type == "cuda" else 256)
+        # With the step budget in time, a step prefills big chunks only while nobody decodes; without it, a CPU
+        # step of 256 prompt tokens already stalls every decoding chat for ~1 s.
+        big = prefill_slowdown is not None or model.device.type == "cuda"
+        self.max_chunk_size = max_chunk_size or (2048 if big else 256)
         if self.max_chunk_size < 1 or self.max_batch_size < 1:
             raise ValueError("max_chunk_size and max_batch_size must be positive")
         self.max_q_size = max_q_size
+        # None: every step may prefill max_chunk_size tokens whatever it costs the decoding jobs
+        self.step_budget = StepBudget(self.max_chunk_size, prefill_slowdown) if prefill_slowdown is not None else None
         self.num_draft_tokens = num_draft_tokens
         self.max_ngram = max_ngram
         self.filter_background_eval = filter_background_eval
@@ -161,6 +170,8 @@ class DynamicGenerator:
         self.counters.sampling_threads_busy = self.sampling_pool.busy_last
         elapsed = time.perf_counter() - t0
         self.counters.record_step(len(plan), n_prefill, n_tokens - n_prefill, elapsed, elapsed - t_forward)
+        if self.step_budget is not None:
+            self.step_budget.record(n_prefill, n_tokens - n_prefill, elapsed)
         if not self.active and not self.pending:
             self.defrag_cache()
         return results
@@ -250,7 +261,8 @@ class DynamicGenerator:
     def _plan(self) -> list[ScheduledSeq]:
         """What each active sequence feeds this step: a prefill chunk, or its last token (plus drafts)."""
         plan: list[ScheduledSeq] = []
-        budget = self.max_chunk_size
+        n_decoding = sum(not job.prefilling for job in self.active)
+        budget = self.step_budget.tokens(n_decoding) if self.step_budget is not None else self.max_chunk_size
         ps = self.page_size
         decoding = []
         for job in self.active:

@@ -1,7 +1,8 @@
 """ModelConfig: the architecture facts the engine needs, read from HF config.json or GGUF metadata.
 
-One flat dataclass for the whole Llama family, so the model code branches on features
-(attention_bias, qk_norm) rather than on architecture names.
+One flat dataclass for every supported decoder, so the model code branches on features (attention_bias,
+qk_norm, sandwich_norm, softcaps, sliding windows, ...) rather than on architecture names. Only the two
+readers here know which architecture implies which feature.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
+from . import rope
+
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+SUPPORTED_ROPE_TYPES = rope.SUPPORTED_ROPE_TYPES
+ACTIVATIONS = ("silu", "gelu_tanh")  # gated MLP: SwiGLU, GeGLU
+SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types values
 
 # HF `model_type` / `architectures[0]` -> our arch name.
 _HF_ARCHS = {
@@ -21,15 +26,27 @@ _HF_ARCHS = {
     "mistral": "mistral", "MistralForCausalLM": "mistral",
     "qwen2": "qwen2", "Qwen2ForCausalLM": "qwen2",
     "qwen3": "qwen3", "Qwen3ForCausalLM": "qwen3",
+    "gemma": "gemma", "GemmaForCausalLM": "gemma",
+    "gemma2": "gemma2", "Gemma2ForCausalLM": "gemma2",
+    "gemma3_text": "gemma3", "Gemma3ForCausalLM": "gemma3",
+    "phi3": "phi3", "Phi3ForCausalLM": "phi3",
 }
 # GGUF `general.architecture` -> our arch name (llama.cpp writes Mistral as "llama").
-_GGUF_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")}
+_GEMMAS = ("gemma", "gemma2", "gemma3")
+_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 def _unsupported(name: Any, source: str) -> ValueError:
     return ValueError(
         f"Unsupported model architecture {name!r} in {source}; supported architectures: {', '.join(SUPPORTED_ARCHS)}."
     )
+
+
+def _moe(name: Any, experts: Any) -> NotImplementedError:
+    return NotImplementedError(
+        f"{name} is a mixture-of-experts model ({experts} experts); MoE models are not supported yet. "
+        f"Dense models of the supported families ({', '.join(SUPPORTED_ARCHS)}) are.")
 
 
 @dataclass
@@ -51,9 +68,20 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
-    # Mistral v0.1-style sliding-window attention; None = full attention. Exact as long as sequences
-    # stay within the window, so the engine must cap sequence length at it (see max_seq_len).
+    # Sliding-window attention: layers named SLIDING in layer_types (all layers when layer_types is None)
+    # see only the last `sliding_window` positions.
     sliding_window: int | None = None
+    layer_types: list[str] | None = None
+    hidden_act: str = "silu"  # gated MLP activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma)
+    norm_weight_offset: float = 0.0  # stored RMSNorm weights are (scale - offset): HF Gemma's (1 + w)
+    sandwich_norm: bool = False  # RMSNorms on the attention and MLP outputs too (Gemma 2/3)
+    embedding_scale: float | None = None  # token embeddings are multiplied by it (Gemma: sqrt(hidden))
+    query_pre_attn_scalar: float | None = None  # attention scale = its ** -0.5 (Gemma); None: head_dim
+    attn_softcap: float | None = None  # scores -> c * tanh(s / c) (Gemma 2)
+    final_softcap: float | None = None  # logits -> c * tanh(l / c) (Gemma 2)
+    sliding_rope_theta: float | None = None  # sliding layers' own rope base, unscaled (Gemma 3)
+    rotary_dim: int | None = None  # rotate only each head's first dims (partial rotary); None: all
+    fused_projections: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -65,70 +93,87 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        rot = self.rotary_dims
+        if rot % 2 or not 0 < rot <= self.head_dim:
+            raise ValueError(f"rotary dims must be even and within head_dim {self.head_dim}, got {rot}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise NotImplementedError(f"hidden activation {self.hidden_act!r} is not supported; supported: "
+                                      f"{', '.join(ACTIVATIONS)}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_layers or set(self.layer_types) - {SLIDING, FULL}:
+                raise ValueError(f"layer_types must name {self.num_layers} layers as {SLIDING!r} or {FULL!r}")
+            if SLIDING in self.layer_types and not self.sliding_window:
+                raise ValueError("layer_types has sliding-window layers but sliding_window is not set")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type")
             if kind not in SUPPORTED_ROPE_TYPES:
-                raise NotImplementedError(
-                    f"RoPE scaling type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-                )
+                raise rope.unsupported_rope(kind)
             if kind == "default":
                 self.rope_scaling = None
 
+    # ---------------------------------------------------------------- derived facts
     @property
     def max_seq_len(self) -> int:
-        """Longest sequence this model computes exactly (sliding window attention is not implemented)."""
-        if self.sliding_window:
-            return min(self.max_position_embeddings, self.sliding_window)
+        """Longest sequence this model computes exactly (sliding windows are implemented, so no cap)."""
         return self.max_position_embeddings
+
+    @property
+    def rotary_dims(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, i: int) -> int | None:
+        """The sliding window of layer i, or None where it attends to everything."""
+        if not self.sliding_window:
+            return None
+        if self.layer_types is None or self.layer_types[i] == SLIDING:
+            return self.sliding_window
+        return None
+
+    def layer_uses_sliding_rope(self, i: int) -> bool:
+        return self.sliding_rope_theta is not None and self.layer_window(i) is not None
+
+    # ---------------------------------------------------------------- rotary
+    def rope_inv_freq(self, long: bool = False) -> torch.Tensor:
+        """Inverse rotary frequencies (float32, rotary_dims // 2), scaled exactly as transformers does;
+        long=True picks LongRoPE's long-context factors."""
+        return rope.inv_freq(self.rotary_dims, self.rope_theta, self.rope_scaling, long)
+
+    def sliding_rope_inv_freq(self) -> torch.Tensor:
+        return rope.inv_freq(self.rotary_dims, self.sliding_rope_theta, None)
+
+    @property
+    def rope_attention_factor(self) -> float:
+        return rope.attention_factor(self.rope_scaling)
+
+    @property
+    def long_rope_threshold(self) -> int | None:
+        """Contexts longer than this use LongRoPE's long factors (None: the rope has one set)."""
+        s = self.rope_scaling
+        return int(s["original_max_position_embeddings"]) if s and s["rope_type"] == "longrope" else None
 
     # ---------------------------------------------------------------- HF config.json
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:
         """Build from a parsed Hugging Face config.json (transformers v4 or v5 layout)."""
+        if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
+            # Gemma 3 4B+ checkpoints are multimodal: the text decoder is described by text_config
+            cfg = {**{k: v for k, v in cfg.items() if k in ("tie_word_embeddings", "eos_token_id", "bos_token_id")},
+                   **cfg["text_config"], "model_type": "gemma3_text"}
         name = cfg.get("model_type") or (cfg.get("architectures") or [None])[0]
+        experts = next((cfg[k] for k in _MOE_KEYS if cfg.get(k)), None)
+        if experts or "moe" in str(name).lower():
+            raise _moe(name, experts or "several")
         arch = _HF_ARCHS.get(name)
         if arch is None and cfg.get("architectures"):
             arch = _HF_ARCHS.get(cfg["architectures"][0])
         if arch is None:
             raise _unsupported(name, "config.json (model_type)")
         try:
-            hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-            head_dim = cfg.get("head_dim") or hidden // heads
-            theta, scaling = _hf_rope(cfg)
-            sliding = None
-            if arch == "mistral" or cfg.get("use_sliding_window"):
-                sliding = cfg.get("sliding_window")
-            if arch == "qwen2":
-                attention_bias = True  # Qwen2 always has q/k/v biases; its config has no flag
-            else:
-                attention_bias = bool(cfg.get("attention_bias", False))
-            if cfg.get("mlp_bias"):
-                raise NotImplementedError("mlp_bias=True (MLP biases) is not supported")
-            if cfg.get("hidden_act", "silu") != "silu":
-                raise NotImplementedError(f"hidden_act {cfg.get('hidden_act')!r} is not supported (only silu)")
-            eos = cfg.get("eos_token_id")
-            return cls(
-                arch=arch,
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
-                num_heads=heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-                head_dim=int(head_dim),
-                rope_theta=theta,
-                rope_scaling=scaling,
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=attention_bias,
-                qk_norm=arch == "qwen3",
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=_as_id_list(eos),
-                sliding_window=int(sliding) if sliding else None,
-            )
+            return cls(**_hf_fields(arch, cfg))
         except KeyError as e:
             raise ValueError(f"config.json is missing required key {e.args[0]!r}") from None
 
@@ -138,74 +183,164 @@ class ModelConfig:
         """Build from GGUF metadata: an engine.model.weights.GGUFFile or a gguf.GGUFReader."""
         meta = _gguf_metadata(reader)
         name = meta.get("general.architecture")
+        experts = meta.get(f"{name}.expert_count")
+        if experts or "moe" in str(name).lower():
+            raise _moe(name, experts or "several")
         arch = _GGUF_ARCHS.get(name)
         if arch is None:
             raise _unsupported(name, "GGUF metadata (general.architecture)")
+        return cls(**_gguf_fields(arch, name, meta, reader))
 
-        def get(key: str, default: Any = KeyError) -> Any:
-            value = meta.get(f"{name}.{key}", default)
-            if value is KeyError:
-                raise ValueError(f"GGUF metadata is missing {name}.{key}")
-            return value
 
-        hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-        kv_heads = get("attention.head_count_kv", heads)
-        if isinstance(kv_heads, list):
-            raise NotImplementedError("per-layer KV head counts in GGUF are not supported")
-        head_dim = int(get("attention.key_length", 0) or hidden // heads)
-        rope_dim = get("rope.dimension_count", head_dim)
-        if rope_dim != head_dim:
-            raise NotImplementedError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim})")
-        tensors = _gguf_tensor_names(reader)
-        vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens", ())) or _gguf_embedding_rows(reader)
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        return cls(
-            arch=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
-            num_heads=heads,
-            num_kv_heads=int(kv_heads),
-            head_dim=head_dim,
-            rope_theta=float(get("rope.freq_base", 10000.0)),
-            rope_scaling=_gguf_rope(meta, name, reader),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            tie_word_embeddings="output.weight" not in tensors,
-            attention_bias="blk.0.attn_q.bias" in tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in tensors,
-            max_position_embeddings=int(get("context_length", 4096)),
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=_as_id_list(eos),
-            sliding_window=get("attention.sliding_window", None) or None,
-        )
+def _hf_fields(arch: str, cfg: dict) -> dict:
+    hidden, heads, n_layers = int(cfg["hidden_size"]), int(cfg["num_attention_heads"]), int(cfg["num_hidden_layers"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    params = cfg.get("rope_parameters") or {}
+    sliding_rope = None
+    if SLIDING in params or FULL in params:  # v5 per-layer-type rope (Gemma 3)
+        theta, scaling = rope.hf_rope(params.get(FULL) or {}, cfg)
+        sliding_theta, sliding_scaling = rope.hf_rope(params.get(SLIDING) or {}, cfg)
+        if sliding_scaling is not None:
+            raise NotImplementedError("scaled rope on sliding-window layers is not supported")
+        sliding_rope = sliding_theta
+    else:
+        theta, scaling = rope.hf_rope({**(cfg.get("rope_scaling") or {}), **params}, cfg)
+        if arch == "gemma3":  # v4 layout: a plain local base beside the (scaled) global one
+            sliding_rope = float(cfg.get("rope_local_base_freq", 10000.0))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor")) or 1.0
+    if cfg.get("mlp_bias"):
+        raise NotImplementedError("mlp_bias=True (MLP biases) is not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
+    act = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}.get(act, act)
+    if arch in _GEMMAS and act == "gelu":
+        act = "gelu_tanh"  # Gemma 1 configs say "gelu"; transformers runs (and trained) the tanh form
+    sliding = cfg.get("sliding_window") if arch not in ("qwen2", "qwen3") or cfg.get("use_sliding_window") else None
+    gemma = arch in _GEMMAS
+    return dict(
+        arch=arch,
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        intermediate_size=int(cfg["intermediate_size"]),
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
+        # Qwen2 always has q/k/v biases; its config has no flag
+        attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+        qk_norm=arch in ("qwen3", "gemma3"),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=_as_id_list(cfg.get("eos_token_id")),
+        sliding_window=int(sliding) if sliding else None,
+        layer_types=_hf_layer_types(arch, cfg, n_layers) if sliding else None,
+        hidden_act=act,
+        norm_weight_offset=1.0 if gemma else 0.0,
+        sandwich_norm=arch in ("gemma2", "gemma3"),
+        embedding_scale=math.sqrt(hidden) if gemma else None,
+        query_pre_attn_scalar=float(cfg["query_pre_attn_scalar"]) if gemma and cfg.get("query_pre_attn_scalar") else None,
+        # Gemma 3 configs may carry attn_logit_softcapping, but transformers never applies it there
+        attn_softcap=_positive(cfg.get("attn_logit_softcapping")) if arch == "gemma2" else None,
+        final_softcap=_positive(cfg.get("final_logit_softcapping")) if gemma else None,
+        sliding_rope_theta=sliding_rope,
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
+        fused_projections=arch == "phi3",
+    )
 
-    # ---------------------------------------------------------------- rotary
-    def rope_inv_freq(self) -> torch.Tensor:
-        """Inverse rotary frequencies (float32, head_dim // 2), scaled exactly as transformers does."""
-        dim = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        s = self.rope_scaling
-        if s is None:
-            return inv_freq
-        kind = s["rope_type"]
-        if kind == "linear":
-            return inv_freq / float(s["factor"])
-        if kind == "freq_factors":  # llama.cpp's rope_freqs tensor: per-frequency divisors
-            factors = torch.tensor(s["factors"], dtype=torch.float32)
-            if factors.numel() != inv_freq.numel():
-                raise ValueError(f"rope freq factors have {factors.numel()} entries, expected {inv_freq.numel()}")
-            return inv_freq / factors
-        # llama3: long wavelengths divided by factor, short kept, a smooth blend in between.
-        factor, low, high = float(s["factor"]), float(s["low_freq_factor"]), float(s["high_freq_factor"])
-        old_ctx = float(s["original_max_position_embeddings"])
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-        return torch.where(medium, smoothed, scaled)
+
+def _hf_layer_types(arch: str, cfg: dict, n: int) -> list[str] | None:
+    """HF's per-layer attention kinds, from the config or rebuilt the way transformers builds them."""
+    if cfg.get("layer_types"):
+        return list(cfg["layer_types"])
+    if arch == "gemma2":
+        return [SLIDING if (i + 1) % 2 else FULL for i in range(n)]
+    if arch == "gemma3":
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        return [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
+    if arch in ("qwen2", "qwen3"):
+        first = int(cfg.get("max_window_layers", n))
+        return [SLIDING if i >= first else FULL for i in range(n)]
+    return None  # every layer
+
+
+def _gguf_fields(arch: str, name: str, meta: dict, reader: Any) -> dict:
+    def get(key: str, default: Any = KeyError) -> Any:
+        value = meta.get(f"{name}.{key}", default)
+        if value is KeyError:
+            raise ValueError(f"GGUF metadata is missing {name}.{key}")
+        return value
+
+    hidden, heads, n_layers = int(get("embedding_length")), int(get("attention.head_count")), int(get("block_count"))
+    kv_heads = get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        raise NotImplementedError("per-layer KV head counts in GGUF are not supported")
+    head_dim = int(get("attention.key_length", 0) or hidden // heads)
+    rope_dim = int(get("rope.dimension_count", head_dim))
+    tensors = _gguf_tensor_names(reader)
+    vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens", ())) or _gguf_embedding_rows(reader)
+    gemma = arch in _GEMMAS
+    sliding = get("attention.sliding_window", None) or None
+    scaling = rope.gguf_rope(meta, name, lambda n: _gguf_small_tensor(reader, n))
+    return dict(
+        arch=arch,
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=int(kv_heads),
+        head_dim=head_dim,
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        max_position_embeddings=int(get("context_length", 4096)),
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=_as_id_list(meta.get("tokenizer.ggml.eos_token_id")),
+        sliding_window=int(sliding) if sliding else None,
+        layer_types=_gguf_layer_types(arch, get("attention.sliding_window_pattern", None), n_layers) if sliding else None,
+        hidden_act="gelu_tanh" if gemma else "silu",
+        norm_weight_offset=0.0,  # llama.cpp's converter already stored Gemma's (1 + w)
+        sandwich_norm="blk.0.post_attention_norm.weight" in tensors,
+        embedding_scale=math.sqrt(hidden) if gemma else None,
+        query_pre_attn_scalar=_gguf_query_scalar(arch, get("attention.scale", None), hidden, heads, head_dim, n_layers),
+        attn_softcap=_positive(get("attn_logit_softcapping", None)),
+        final_softcap=_positive(get("final_logit_softcapping", None)),
+        # llama.cpp hard-codes Gemma 3's local base when the file does not name one
+        sliding_rope_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
+        rotary_dim=rope_dim if rope_dim != head_dim else None,
+        fused_projections="blk.0.attn_qkv.weight" in tensors,
+    )
+
+
+def _gguf_layer_types(arch: str, pattern: Any, n: int) -> list[str] | None:
+    """llama.cpp's sliding-window layout: a per-layer bool array if the file has one, else its per-arch
+    period (Gemma 2: every other layer, Gemma 3: five of every six); other archs window every layer."""
+    if isinstance(pattern, list):
+        return [SLIDING if p else FULL for p in pattern]
+    period = int(pattern) if isinstance(pattern, int) and pattern > 0 else {"gemma2": 2, "gemma3": 6}.get(arch)
+    if period is None:
+        return None
+    return [SLIDING if i % period < period - 1 else FULL for i in range(n)]
+
+
+def _gguf_query_scalar(arch: str, scale: Any, hidden: int, heads: int, head_dim: int, n_layers: int) -> float | None:
+    """GGUF has no query_pre_attn_scalar: llama.cpp uses 1/sqrt(hidden / heads) for the 27B Gemmas (46 or
+    62 layers) and 1/sqrt(head_dim) otherwise; a file's attention.scale, where present, wins."""
+    if scale:
+        return float(scale) ** -2
+    if arch in ("gemma2", "gemma3") and n_layers in (46, 62):
+        return float(hidden // heads)
+    return None
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if value else None
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -214,43 +349,6 @@ def _as_id_list(value: Any) -> list[int]:
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
     return [int(value)]
-
-
-def _hf_rope(cfg: dict) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) from either transformers v5 `rope_parameters` or v4 `rope_scaling`."""
-    params = dict(cfg.get("rope_parameters") or {})
-    legacy = cfg.get("rope_scaling") or {}
-    params = {**legacy, **params}
-    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-    kind = params.pop("rope_type", None) or params.pop("type", None) or "default"
-    params.pop("type", None)
-    if kind == "default":
-        return theta, None
-    if kind not in SUPPORTED_ROPE_TYPES:
-        raise NotImplementedError(
-            f"RoPE scaling type {kind!r} is not supported; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
-        )
-    if kind == "llama3":
-        params.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-        missing = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} - {
-            k for k, v in params.items() if v is not None}
-        if missing:
-            raise ValueError(f"llama3 rope scaling is missing {sorted(missing)}")
-    if kind == "linear" and "factor" not in params:
-        raise ValueError("linear rope scaling is missing 'factor'")
-    return theta, {"rope_type": kind, **params}
-
-
-def _gguf_rope(meta: dict, name: str, reader: Any) -> dict | None:
-    kind = meta.get(f"{name}.rope.scaling.type", "none")
-    factors = _gguf_rope_freqs(reader)
-    if factors is not None:
-        return {"rope_type": "freq_factors", "factors": factors}
-    if kind in ("none", None):
-        return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": float(meta[f"{name}.rope.scaling.factor"])}
-    raise NotImplementedError(f"GGUF rope scaling type {kind!r} is not supported (only none, linear, rope_freqs)")
 
 
 def _gguf_metadata(reader: Any) -> dict:
@@ -277,9 +375,9 @@ def _gguf_embedding_rows(reader: Any) -> int:
     raise ValueError("GGUF file has no vocab_size, token list or token_embd.weight to size the vocabulary")
 
 
-def _gguf_rope_freqs(reader: Any) -> list[float] | None:
+def _gguf_small_tensor(reader: Any, name: str) -> list[float] | None:
     for t in reader.tensors:
-        if t.name == "rope_freqs.weight":
+        if t.name == name:
             if hasattr(reader, "tensor"):
                 return reader.tensor(t.name, torch.float32).tolist()
             return [float(x) for x in t.data]

@@ -1,84 +1,296 @@
-"""4-bit weights kept as the GGUF stores them, multiplied by torch's int4 CPU kernel.
+"""Packed (quantized) linear weights: one interface, one kernel per format.
 
-Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 weights are 540 MB a
-token, their 4-bit blocks ~70 MB. Q4_0/Q4_1 blocks (32 weights, fp16 scale d and, for Q4_1, minimum m)
-map exactly onto the kernel's per-group form w = (q - 8) * scale + zero with scale = d, zero = m + 8d.
-The kernel is fast only with bf16 activations, so inputs, scales and zeros are rounded to bf16 (relative
-error ~2e-3 per matmul) and the result comes back in the caller's dtype. Opt-in (weights="q4").
+Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
+token, their 4-bit blocks ~70 MB. Formats, all in blocks of 32 weights along K with fp16 scales:
+- "q4": w = d * q + m, q in 0..15 (GGUF Q4_1; Q4_0 is m = -8d; Q4_K's sub-blocks, engine.model.repack).
+- "q8": w = d * q, q int8 (GGUF Q8_0), or any other weight quantized to it at load (symmetric,
+  d = max|w| / 127 per block).
+The kernel (kernels.cpu_ext, built at first use) quantizes each activation row to int8 per block and
+multiplies with integer dot products, as llama.cpp does; every output element is computed the same way
+whatever the row count, so a row's result never depends on the batch. Without that extension q4 falls back
+to torch's int4 kernel (bf16 activations) and q8 to dense rows.
 
-For many rows at once (prefill chunks) the kernel is slower than fp32 sgemm (~1.7x at 256 rows, measured),
-and there the matmul is compute bound anyway, so prompt rows go through a dense copy: decode reads the
-4-bit bytes, prefill runs at dense speed, memory holds both. Which path a row takes is decided per
-sequence (prompt tokens vs generated ones, RowSplit), never by the size of the batch (a size rule made
-2 of 8 greedy chats differ alone vs batched, measured). Even so q4 output is not bitwise batch-invariant:
-fp32 sgemm results differ in the last bits with the row count, and the bf16 rounding of the 4-bit
-kernel's inputs can amplify that (1 of 4 greedy chats still diverged within 24 tokens in one test);
-dense fp32 is the mode with that guarantee.
+Prompt rows of prefill chunks (>= DENSE_MIN_ROWS tokens of one sequence) take dense fp32 weights instead
+(RowSplit): there the matmul is compute bound and fp32 sgemm is faster than the integer kernels (~2x at 256
+rows, measured), and such a prompt's logits stay the dense model's. Those dense weights are a kept copy
+(`dense`) where the loader's rule allows the memory (engine.model.repack.keeps_dense_copy: small models,
+like the default one), else tiles of TILE_ROWS rows decoded from the blocks on the fly (the same values,
+never the whole matrix: a 7B model stays near its file size). Tiny chunks (a prompt prefilled a few tokens a
+step beside decoding chats, engine.generator.step_budget) stay packed. Which path a row takes is decided per
+sequence, never by the size of the batch.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-GROUP = 32  # GGUF Q4 block size = the kernel's group size
+import kernels
+from kernels import cpu_ext
+
+GROUP = 32  # GGUF block size = the kernels' group size
+ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
+# A sequence's prompt chunk this long or longer takes the dense weights: whole chat prompts stay exact (packed
+# prefill of a 37-token chat prompt flipped the default model's first answer token, measured), while the few
+# tokens a step prefills beside decoding chats (engine.generator.step_budget) stay packed.
+DENSE_MIN_ROWS = 16
+SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
+TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
+
+
+def _scales(t: torch.Tensor) -> torch.Tensor:
+    """fp16 copy of (N, K/32) scales in a buffer SCALE_PAD values longer (zeros)."""
+    buf = torch.zeros(t.numel() + SCALE_PAD, dtype=torch.float16)
+    buf[: t.numel()] = t.reshape(-1)
+    return buf[: t.numel()].view(t.shape)
 
 
 def q4_supported() -> bool:
-    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+    """Whether a q4 matmul exists here: pagedeck's kernel, or torch's int4 CPU kernel as the fallback."""
+    return cpu_ext.available() or hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
 
 
-class Q4Linear:
-    """An (N, K) weight as 4-bit codes with per-32 scales and zeros, w = (code - 8) * scale + zero
-    (engine.model.weights.q4_blocks reads them from GGUF blocks); use it through linear()."""
+class PackedLinear:
+    """An (N, K) weight in a packed format; use it through linear(). Subclasses own the layout.
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-        N, K = codes.shape
-        if K % GROUP or scale.shape != (N, K // GROUP) or zero.shape != scale.shape:
-            raise ValueError(f"Q4Linear wants codes (N, K) with K % {GROUP} == 0 and (N, K/{GROUP}) scales")
-        if not q4_supported():
-            raise RuntimeError("this torch build has no int4 CPU matmul (_weight_int4pack_mm_for_cpu); "
-                               "load the model with weights='dense'")
-        self.shape = (N, K)
-        self.codes = codes.to(torch.uint8)  # kept for dequantize() and cat()
-        self.scale = scale.float()
-        self.zero = zero.float()
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes.to(torch.int32), 1)
-        self.scales_zeros = torch.stack([self.scale.t(), self.zero.t()], dim=-1).to(torch.bfloat16).contiguous()
-        self.dense = self.dequantize()  # for prefill-sized calls (see the module docstring)
+    - `format`: its name; `shape`; `dense`: an fp32 (N, K) copy for prompt rows, or None (then prompt rows
+      take dense tiles decoded by `dense_rows`).
+    - `dense_rows(start, stop)` / `dequantize(dtype)`: the exact weights the blocks encode.
+    - `_packed()`: the tensors a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
+    - `_kernel_args()` -> (qs, d, m) for torch.ops.pagedeck.qmatmul(x, qs, d, m, act), kernels/cpu/qmatmul.cpp:
+      per 32 weights along K an fp16 scale d (and for q4 an fp16 minimum m), both (N, K/32) made by
+      _scales() (SCALE_PAD values of storage after them); qs uint8 rows: q4 = (N, K/2) GGUF nibble order
+      (w = d * code + m), q8 = (N, K) code + 128 with m None (w = d * code).
+    - `source`: optionally the GGUF's own rows of this matrix (a view of the mapped file) and their type:
+      embedding lookups then decode exactly the file's rows (engine.model.repack sets it).
+    Rows are independent: a row's output never depends on the other rows of the call (batch invariance)."""
 
-    @classmethod
-    def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":
-        """Stack along the output dim (fused q|k|v and gate|up)."""
-        return cls(torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts]),
-                   torch.cat([p.zero for p in parts]))
+    format = ""
+
+    def __init__(self, shape: tuple[int, int], dense: torch.Tensor | None):
+        self.shape = shape
+        self.dense = dense  # fp32 copy for prompt rows (see the module docstring)
+        self.source = None  # (raw GGUF rows, GGMLQuantizationType) for exact embedding lookups
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) as fp32."""
+        raise NotImplementedError
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        N, K = self.shape
-        w = (self.codes.float() - 8).view(N, K // GROUP, GROUP) * self.scale[..., None] + self.zero[..., None]
-        return w.view(N, K).to(dtype)
+        return self.dense_rows(0, self.shape[0]).to(dtype)
+
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of token ids (an embedding table kept packed): from the dense copy, else the file's own
+        rows, else decoded from the blocks."""
+        if self.dense is not None:
+            return F.embedding(ids, self.dense)
+        flat = ids.reshape(-1)
+        if self.source is not None:
+            from .ggml_blocks import dequantize
+
+            raw, qtype = self.source
+            rows = dequantize(raw.index_select(0, flat), qtype, (flat.numel(), self.shape[1]))
+        else:
+            rows = self._gather(flat)
+        return rows.view(*ids.shape, self.shape[1])
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _packed(self) -> list[torch.Tensor]:
+        """The tensors a decode-sized call reads."""
+        raise NotImplementedError
+
+    def _kernel_args(self) -> tuple:
+        """(qs, d, m) for torch.ops.pagedeck.qmatmul: see the class docstring."""
+        raise NotImplementedError
+
+    def _fallback(self, x: torch.Tensor) -> torch.Tensor:
+        return dense_product(x, self)
 
     def numel(self) -> int:
         return self.shape[0] * self.shape[1]
 
     def nbytes(self) -> int:
-        """Bytes one decode-sized call reads (the 4-bit codes and their scales)."""
-        return self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * 2
+        """Bytes one decode-sized call reads (the packed blocks and their scales)."""
+        return sum(t.numel() * t.element_size() for t in self._packed())
 
     def memory_bytes(self) -> int:
-        return self.nbytes() + self.dense.numel() * self.dense.element_size()
+        return self.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Through the 4-bit kernel (every row independent of the others)."""
+    def __call__(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        """x (..., K) -> (..., N), or (..., N/2) with act="swiglu"; every row independent of the others."""
+        ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+        if ops is not None and x.dim() == 2:  # the decode path: keep it lean, it runs ~120 times a step
+            return ops.qmatmul(x.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
         lead = x.shape[:-1]
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.shape[1]).to(torch.bfloat16), self.packed,
-                                                       GROUP, self.scales_zeros)
-        return y.to(x.dtype).view(*lead, self.shape[0])
+        x2 = x.reshape(-1, self.shape[1])
+        if ops is not None:
+            y = ops.qmatmul(x2.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
+        else:
+            y = self._fallback(x2)
+            if act == "swiglu":
+                y = kernels.silu_mul(y)
+        return y.view(*lead, y.shape[-1])
+
+
+def _check_blocks(N: int, K: int, scale: torch.Tensor) -> None:
+    if K % GROUP or scale.shape != (N, K // GROUP):
+        raise ValueError(f"packed weights want (N, K) with K % {GROUP} == 0 and (N, K/{GROUP}) scales, "
+                         f"got ({N}, {K}) and {tuple(scale.shape)}")
+
+
+class Q4Linear(PackedLinear):
+    """4-bit codes with fp16 scale and minimum per 32: w = code * scale + minimum (engine.model.repack reads
+    them from GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
+
+    format = "q4"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
+        N, K = codes.shape
+        _check_blocks(N, K, scale)
+        if minimum.shape != scale.shape:
+            raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
+        if not q4_supported():
+            raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
+                               "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
+        c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
+        self.qs = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2).contiguous()  # GGUF nibble order
+        self.scale = _scales(scale)
+        self.minimum = _scales(minimum)
+        self._int4 = None  # torch's packing, built only if the fallback runs
+        super().__init__((N, K), None)
+        if keep_dense:
+            self.dense = self.dequantize()
+
+    @staticmethod
+    def _decode(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+        n, k = qs.shape[0], qs.shape[1] * 2
+        b = qs.view(n, k // GROUP, 1, 16)
+        codes = torch.cat([b & 0xF, b >> 4], dim=2).view(n, k // GROUP, GROUP).float()
+        return (codes * scale.float()[..., None] + minimum.float()[..., None]).view(n, k)
+
+    def codes(self) -> torch.Tensor:
+        N, K = self.shape
+        b = self.qs.view(N, K // GROUP, 1, 16)
+        return torch.cat([b & 0xF, b >> 4], dim=2).reshape(N, K)
+
+    @classmethod
+    def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":
+        """Stack along the output dim (fused q|k|v and gate|up)."""
+        return cls(torch.cat([p.codes() for p in parts]), torch.cat([p.scale for p in parts]),
+                   torch.cat([p.minimum for p in parts]), keep_dense=all(p.dense is not None for p in parts))
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
+
+    def _packed(self) -> list[torch.Tensor]:
+        return [self.qs, self.scale, self.minimum]
+
+    def _kernel_args(self) -> tuple:
+        return self.qs, self.scale, self.minimum
+
+    def _fallback(self, x: torch.Tensor) -> torch.Tensor:
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or x.device.type != "cpu":
+            return super()._fallback(x)
+        if self._int4 is None:  # torch's form: w = (code - 8) * scale + zero, bf16 scales and zeros
+            zero = self.minimum.float() + 8 * self.scale.float()
+            self._int4 = (torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().to(torch.int32), 1),
+                          torch.stack([self.scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous())
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self._int4[0], GROUP, self._int4[1])
+        return y.to(x.dtype)
+
+
+class Q8Linear(PackedLinear):
+    """int8 codes with an fp16 scale per 32: w = code * scale (GGUF Q8_0, or quantize() of any weight);
+    kept as u8 code + 128 for the kernel."""
+
+    format = "q8"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
+                 keep_dense: bool = True):
+        N, K = codes.shape
+        _check_blocks(N, K, scale)
+        if codes.dtype != torch.int8:
+            raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
+        self.qs = codes.contiguous().view(torch.uint8) ^ 0x80  # code + 128: the kernel multiplies u8 by s8
+        self.scale = _scales(scale)
+        super().__init__((N, K), None)
+        if keep_dense:
+            self.dense = dense if dense is not None else self.dequantize()
+
+    @classmethod
+    def quantize(cls, w: torch.Tensor, keep_dense: bool = True) -> "Q8Linear":
+        """Symmetric per-32 int8 (GGUF Q8_0's rule); a Q8_0 weight dequantized to fp32 comes back unchanged.
+        The dense copy kept is `w` itself (prompt rows stay the checkpoint's own weights)."""
+        N, K = w.shape
+        if K % GROUP:
+            raise ValueError(f"q8 packing needs K % {GROUP} == 0, got {tuple(w.shape)}")
+        codes, scale = q8_blocks(w)
+        return cls(codes, scale, w.float() if keep_dense else None, keep_dense)
+
+    @classmethod
+    def cat(cls, parts: list["Q8Linear"]) -> "Q8Linear":
+        keep = all(p.dense is not None for p in parts)
+        return cls(torch.cat([p.codes() for p in parts]), torch.cat([p.scale for p in parts]),
+                   torch.cat([p.dense for p in parts]) if keep else None, keep)
+
+    def codes(self) -> torch.Tensor:
+        return (self.qs ^ 0x80).view(torch.int8)
+
+    @staticmethod
+    def _decode(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        n, k = qs.shape
+        w = (qs ^ 0x80).view(torch.int8).float().view(n, k // GROUP, GROUP) * scale.float()[..., None]
+        return w.view(n, k)
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return self._decode(self.qs[start:stop], self.scale[start:stop])
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._decode(self.qs[ids], self.scale[ids])
+
+    def _packed(self) -> list[torch.Tensor]:
+        return [self.qs, self.scale]
+
+    def _kernel_args(self) -> tuple:
+        return self.qs, self.scale, None
+
+
+def q8_blocks(w: torch.Tensor, rows: int = TILE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (N, K) int8, scale (N, K/32) fp16) exactly as gguf.quants writes Q8_0, TILE_ROWS rows at a
+    time (no whole-matrix fp32 temporaries)."""
+    N, K = w.shape
+    codes = torch.empty(N, K, dtype=torch.int8)
+    scale = torch.empty(N, K // GROUP, dtype=torch.float16)
+    for r0 in range(0, N, rows):
+        blocks = w[r0:r0 + rows].detach().float().reshape(-1, K // GROUP, GROUP)
+        d = blocks.abs().amax(-1) / 127
+        q = blocks * torch.where(d > 0, 1 / d, torch.zeros(()))[..., None]  # gguf: codes from the fp32 scale,
+        q = q.sign() * (q.abs() + 0.5).floor()  # rounded half away from zero, the scale then stored as fp16
+        codes[r0:r0 + rows] = q.clamp(-127, 127).to(torch.int8).reshape(-1, K)
+        scale[r0:r0 + rows] = d.to(torch.float16)
+    return codes, scale
+
+
+def cat_packed(parts: list[PackedLinear]) -> PackedLinear:
+    """Stack packed weights along the output dim: one format as is; mixed formats (a Q4_K_M file's Q4_K q/k
+    beside a Q6_K v) all become q8, the q4 parts re-quantized from their exact weights."""
+    kinds = {type(p) for p in parts}
+    if len(kinds) == 1:
+        return kinds.pop().cat(parts)
+    keep = all(p.dense is not None for p in parts)
+    as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear(*q8_blocks(p.dequantize()), p.dense, keep) for p in parts]
+    return Q8Linear.cat(as_q8)  # a kept dense copy stays each part's exact weights
 
 
 class RowSplit:
-    """Which rows of a step are prompt tokens (dense copy) and which generated ones (4-bit kernel)."""
+    """Which rows of a step take dense weights (`prompt_rows`: prompt tokens) and which the packed kernel."""
 
     def __init__(self, prompt_rows: torch.Tensor | None, T: int):
+        self.prompt_rows = prompt_rows
         n = 0 if prompt_rows is None else prompt_rows.numel()
         self.all_prompt = n == T > 0
         self.prompt = prompt_rows if 0 < n < T else None
@@ -87,18 +299,58 @@ class RowSplit:
             keep[prompt_rows] = False
             self.generated = keep.nonzero().reshape(-1)
 
+    @classmethod
+    def of_batch(cls, prompt_rows: torch.Tensor | None, cu_q: torch.Tensor, min_rows: int = DENSE_MIN_ROWS) -> "RowSplit":
+        """The prompt rows of sequences that feed at least min_rows tokens in this step (cu_q: (B+1,) offsets)."""
+        T = int(cu_q[-1])
+        if prompt_rows is None or prompt_rows.numel() == 0:
+            return cls(None, T)
+        lengths = cu_q[1:] - cu_q[:-1]
+        seq = torch.searchsorted(cu_q[1:].to(prompt_rows.dtype), prompt_rows, right=True)
+        return cls(prompt_rows[lengths[seq] >= min_rows], T)
 
-def linear(x: torch.Tensor, w: "torch.Tensor | Q4Linear", bias: torch.Tensor | None = None,
-           rows: RowSplit | None = None) -> torch.Tensor:
-    """F.linear for dense or Q4 weights; for Q4, `rows` sends prompt rows through the dense copy."""
-    if not isinstance(w, Q4Linear):
-        return F.linear(x, w, bias)
+    @classmethod
+    def of_rows(cls, prompt_rows: torch.Tensor | None, T: int, rows: torch.Tensor) -> "RowSplit":
+        """The split of x[rows] (e.g. the logit rows) given the prompt rows of x."""
+        if prompt_rows is None or prompt_rows.numel() == 0:
+            return cls(None, rows.numel())
+        is_prompt = torch.zeros(T, dtype=torch.bool, device=rows.device)
+        is_prompt[prompt_rows] = True
+        return cls(is_prompt[rows].nonzero().reshape(-1), rows.numel())
+
+
+def _act(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    return kernels.silu_mul(y) if act == "swiglu" else y
+
+
+def dense_product(x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T with W's dense weights: the kept copy, else TILE_ROWS-row tiles decoded on the fly."""
+    if w.dense is not None:
+        return F.linear(x, w.dense.to(x.dtype), bias)
+    N = w.shape[0]
+    y = x.new_empty(x.shape[0], N)
+    for r0 in range(0, N, TILE_ROWS):
+        r1 = min(r0 + TILE_ROWS, N)
+        y[:, r0:r1] = F.linear(x, w.dense_rows(r0, r1).to(x.dtype), None if bias is None else bias[r0:r1])
+    return y
+
+
+def linear(x: torch.Tensor, w: "torch.Tensor | PackedLinear", bias: torch.Tensor | None = None,
+           rows: RowSplit | None = None, act: str | None = None) -> torch.Tensor:
+    """F.linear for dense or packed weights (act="swiglu": silu(gate) * up of a [gate | up] weight); for
+    packed weights, `rows` sends prompt rows through dense weights. A generated row takes the same path
+    whatever else is in the step."""
+    if not isinstance(w, PackedLinear):
+        return _act(F.linear(x, w, bias), act)
+
+    def packed(v: torch.Tensor) -> torch.Tensor:  # the kernel's epilogue only applies without a bias
+        return w(v, act) if bias is None else _act(w(v) + bias, act)
+
     if rows is None or not (rows.all_prompt or rows.prompt is not None):
-        y = w(x)
-    elif rows.all_prompt:
-        y = F.linear(x, w.dense.to(x.dtype))
-    else:
-        y = x.new_empty(x.shape[0], w.shape[0])
-        y.index_copy_(0, rows.prompt, F.linear(x.index_select(0, rows.prompt), w.dense.to(x.dtype)))
-        y.index_copy_(0, rows.generated, w(x.index_select(0, rows.generated)))
-    return y if bias is None else y + bias
+        return packed(x)
+    if rows.all_prompt:
+        return _act(dense_product(x, w, bias), act)
+    y = x.new_empty(x.shape[0], w.shape[0] // 2 if act == "swiglu" else w.shape[0])
+    y.index_copy_(0, rows.prompt, _act(dense_product(x.index_select(0, rows.prompt), w, bias), act))
+    y.index_copy_(0, rows.generated, packed(x.index_select(0, rows.generated)))
+    return y

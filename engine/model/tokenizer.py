@@ -1,7 +1,7 @@
 """Tokenizer: the `tokenizers` library behind an ExLlamaV2-like API, plus the model's chat template.
 
-Sources: an HF folder (tokenizer.json), or a GGUF's vocabulary, rebuilt as a byte-level BPE the way
-llama.cpp splits text for that vocabulary's pre-tokenizer type.
+Sources: an HF folder (tokenizer.json), or a GGUF's vocabulary (rebuilt by engine.tokenizer_gguf as
+byte-level BPE or SentencePiece).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 # Names of end-of-turn tokens that stop generation when the vocabulary has them.
@@ -25,23 +24,6 @@ CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-
-# llama.cpp pre-tokenizer types (tokenizer.ggml.pre) -> how text is split before BPE.
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_PRE_SPLITS = {
-    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT],
-    "smollm": [r"\p{N}", _GPT2_SPLIT],  # digits one by one, then GPT-2
-    "llama3": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT],
-    "smaug-bpe": [_LLAMA3_SPLIT], "dbrx": [_LLAMA3_SPLIT], "falcon3": [_LLAMA3_SPLIT],
-    "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT], "megrez": [_QWEN2_SPLIT],
-}
-_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
-_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
-
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's printable stand-in character for each byte (byte-level BPE's alphabet)."""
@@ -102,7 +84,9 @@ class Tokenizer:
             raise FileNotFoundError(f"Tokenizer path does not exist: {path}")
         if path.is_dir():
             return cls._from_hf(path)
-        if path.suffix.lower() == ".gguf":
+        from engine.contract import is_gguf
+
+        if is_gguf(path):
             return cls._from_gguf(path)
         raise ValueError(f"{path} is neither a Hugging Face model folder nor a .gguf file")
 
@@ -134,42 +118,21 @@ class Tokenizer:
 
     @classmethod
     def _from_gguf(cls, path: Path) -> Tokenizer:
+        from engine.model import tokenizer_gguf
         from engine.model.weights import GGUFFile
 
         meta = GGUFFile(path).metadata
-        kind = meta.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise NotImplementedError(
-                f"{path}: GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2'); "
-                "load the model's Hugging Face folder with tokenizer.json instead")
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in _PRE_SPLITS:
-            raise NotImplementedError(
-                f"{path}: GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(_PRE_SPLITS))}")
-        try:
-            tokens: list[str] = meta["tokenizer.ggml.tokens"]
-            merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
-        except KeyError as e:
-            raise ValueError(f"{path}: GGUF tokenizer metadata is missing {e.args[0]}") from None
-        types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges,
-                                     ignore_merges=pre in _IGNORE_MERGES))
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE_SPLITS[pre]]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        tok.decoder = decoders.ByteLevel()
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, k in zip(tokens, types) if k == _GGUF_CONTROL])
-        tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, k in zip(tokens, types) if k == _GGUF_USER_DEFINED])
+        tok = tokenizer_gguf.from_gguf(meta, str(path))
+        tokens = meta["tokenizer.ggml.tokens"]
 
         def text(key: str) -> str | None:
             i = meta.get(f"tokenizer.ggml.{key}")
             return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
         return cls(tok, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
-                   chat_template=meta.get("tokenizer.chat_template"),
-                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)), source=str(path))
+                   chat_template=meta.get("tokenizer.chat_template"), add_bos=tokenizer_gguf.default_add_bos(meta),
+                   eos_token_ids=[meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else (),
+                   source=str(path))
 
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json + tokenizer_config.json (readable by Tokenizer.load and transformers)."""

@@ -7,6 +7,7 @@ package still supplies the type tables and the fallback dequantizers.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import mmap
@@ -18,12 +19,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
-from engine.contract import check_model_path
+from engine.contract import check_model_path, is_gguf
+from engine.model.ggml_blocks import dequantizable, dequantize
+from engine.model import repack
+from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
-from engine.model.qlinear import GROUP as Q4_GROUP
-from engine.model.qlinear import Q4Linear
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None
@@ -43,46 +44,110 @@ def default_model_path() -> Path:
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        lib = ctypes.CDLL(name) if name else None
+        return lib if lib is not None and hasattr(lib, "malloc_trim") else None
+    except OSError:
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return freed heap memory to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees many
+    medium-sized temporaries that glibc would otherwise keep: measured ~0.8 GB on a 0.8 GB Q4_K_M file."""
+    lib = _libc()
+    if lib is not None:
+        lib.malloc_trim(0)
+
+
 def expected_tensor_names(config: ModelConfig) -> list[str]:
     """Every tensor name load_weights returns for this config, in model order."""
     names = ["model.embed_tokens.weight"]
+    fused = config.fused_projections
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [p + "self_attn.qkv_proj.weight"] if fused else [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
+        names.append(p + "self_attn.o_proj.weight")
         if config.attention_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+            names += [p + "self_attn.qkv_proj.bias"] if fused else [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += [p + "mlp.gate_up_proj.weight"] if fused else [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        names.append(p + "mlp.down_proj.weight")
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if config.sandwich_norm:
+            names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
     names.append("model.norm.weight")
     if not config.tie_word_embeddings:
         names.append("lm_head.weight")
     return names
 
 
+def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every weight of a config."""
+    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
+    by_suffix = {  # longest suffixes first: "qkv_proj.weight" also ends in "v_proj.weight"
+        "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
+        "qkv_proj.weight": (q + 2 * kv, h), "qkv_proj.bias": (q + 2 * kv,), "gate_up_proj.weight": (2 * i, h),
+        "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
+        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
+        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
+        "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
+        "layernorm.weight": (h,), "norm.weight": (h,),
+    }
+    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in expected_tensor_names(c)}
+
+
 def load_weights(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    progress: Progress = None, q4: bool = False,
+    progress: Progress = None, fmt: str = "dense",
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
-    q4: keep a GGUF's Q4_0/Q4_1 projection matrices as engine.model.qlinear.Q4Linear instead of dequantizing."""
+    fmt="packed": a GGUF's quantized matrices stay packed for the CPU kernels (engine.model.repack); "q8": every
+    matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`."""
     path = default_model_path() if path is None else check_model_path(path)
     if path.is_dir():
-        if q4:
-            raise ValueError(f"weights='q4' keeps a GGUF's 4-bit blocks; {path} is a safetensors folder "
-                             "(load it with weights='dense')")
-        return _load_hf_folder(path, dtype, torch.device(device), progress)
-    return _load_gguf(path, dtype, torch.device(device), progress, q4)
+        if fmt == "packed":
+            raise ValueError(f"weights='packed' keeps a GGUF's quantized blocks; {path} is a safetensors folder "
+                             "(load it with weights='dense', or 'q8' to quantize it at load)")
+        return _load_hf_folder(path, dtype, torch.device(device), progress, fmt)
+    return _load_gguf(path, dtype, torch.device(device), progress, fmt)
 
 
 # ====================================================================== safetensors folders
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old checkpoints saved this buffer; it is recomputed
+# Multimodal checkpoints (Gemma 3 4B+): the text decoder under a prefix, the vision tower beside it.
+_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
 
-def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress):
+def _text_name(name: str) -> str | None:
+    """The decoder's name for a checkpoint tensor name; None for vision-tower tensors."""
+    if name.startswith(_VISION_PREFIXES):
+        return None
+    for prefix, replacement in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return replacement + name[len(prefix):]
+    return name
+
+
+def _stored_to_effective(name: str, t: torch.Tensor, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """HF Gemma stores RMSNorm scales as w and multiplies by (1 + w) in fp32: fold the 1 in here, in fp32
+    (exactly HF's sum), so the model runs one plain RMSNorm."""
+    if config.norm_weight_offset and name.endswith("norm.weight"):
+        return (t.float() + config.norm_weight_offset).to(dtype)
+    return t.to(dtype)
+
+
+def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
     from safetensors import SafetensorError, safe_open
 
     cfg_path = folder / "config.json"  # there: load_weights checked the path
@@ -92,6 +157,7 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
         raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
 
     files = _safetensors_files(folder)
+    keep_dense = _keeps_dense_copy(config, fmt, lambda name: "F32")
     expected = expected_tensor_names(config)
     wanted = set(expected)
     state: dict[str, torch.Tensor] = {}
@@ -99,20 +165,32 @@ def _load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, prog
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():
+                for stored in f.keys():
+                    name = _text_name(stored)
                     if name in wanted:
-                        state[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                        t = f.get_tensor(stored)
+                        if repack.keeps_packed(name, "F32", t.dim(), fmt):
+                            state[name] = Q8Linear.quantize(t, keep_dense)
+                        else:
+                            state[name] = _stored_to_effective(name, t.to(device), config, dtype)
                         if progress:
                             progress(len(state) / len(expected))
-                    elif name == "lm_head.weight" and config.tie_word_embeddings:
-                        continue  # tied: the embedding is the output projection
+                    elif name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
+                        continue  # vision tower; or tied: the embedding is the output projection
                     elif not name.endswith(_IGNORED_SUFFIXES):
-                        unexpected.append(name)
+                        unexpected.append(stored)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise ValueError(f"Cannot read safetensors file {file}: {e}") from None
     _check_names(folder, expected, state, unexpected)
     _check_shapes(folder, config, state)
     return config, state
+
+
+def _keeps_dense_copy(config: ModelConfig, fmt: str, stored_type) -> bool:
+    """repack's dense-copy rule over the matrices this format packs (stored_type: HF name -> ggml type)."""
+    packed = sum(torch.Size(shape).numel() for name, shape in tensor_shapes(config).items()
+                 if repack.keeps_packed(name, stored_type(name) or "F32", len(shape), fmt))
+    return repack.keeps_dense_copy(packed)
 
 
 def _safetensors_files(folder: Path) -> list[Path]:
@@ -148,22 +226,9 @@ def _check_names(source: Path, expected: list[str], state: dict, unexpected: lis
 
 
 def _check_shapes(source: Path, c: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes = {
-        "embed_tokens.weight": (c.vocab_size, c.hidden_size), "lm_head.weight": (c.vocab_size, c.hidden_size),
-        "q_proj.weight": (q, c.hidden_size), "k_proj.weight": (kv, c.hidden_size),
-        "v_proj.weight": (kv, c.hidden_size), "o_proj.weight": (c.hidden_size, q),
-        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
-        "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
-        "gate_proj.weight": (c.intermediate_size, c.hidden_size),
-        "up_proj.weight": (c.intermediate_size, c.hidden_size),
-        "down_proj.weight": (c.hidden_size, c.intermediate_size),
-        "layernorm.weight": (c.hidden_size,), "norm.weight": (c.hidden_size,),
-    }
-    for name, t in state.items():
-        key = next(k for k in shapes if name.endswith(k))
-        if tuple(t.shape) != shapes[key]:
-            raise ValueError(f"{source}: tensor {name} has shape {tuple(t.shape)}, expected {shapes[key]}")
+    for name, shape in tensor_shapes(c).items():
+        if tuple(state[name].shape) != shape:
+            raise ValueError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")
 
 
 # ====================================================================== GGUF files
@@ -180,11 +245,30 @@ class GGUFTensorInfo(NamedTuple):
     nbytes: int
 
 
-class GGUFFile:
-    """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped."""
+class SkippedArray:
+    """A long metadata array left undecoded (header-only reads): only its length is known."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, count: int):
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"SkippedArray({self.count})"
+
+
+class GGUFFile:
+    """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped.
+
+    header_only=True leaves metadata arrays longer than 64 entries (the vocabulary, scores, merges)
+    undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file."""
+
+    _SKIP_OVER = 64
+
+    def __init__(self, path: str | Path, header_only: bool = False):
         self.path = Path(path)
+        self.header_only = header_only
         try:
             with open(self.path, "rb") as f:
                 # copy-on-write map: writable for torch.frombuffer, never writes to the file
@@ -254,6 +338,8 @@ class GGUFFile:
         if vtype == _ARRAY:
             etype, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
+            if self.header_only and count > self._SKIP_OVER and etype != _ARRAY:
+                return self._skip_array(etype, count)
             if etype == _STRING:
                 return [self._string() for _ in range(count)]
             if etype == _ARRAY:
@@ -270,6 +356,18 @@ class GGUFFile:
         self._pos += struct.calcsize(fmt)
         return value
 
+    def _skip_array(self, etype: int, count: int) -> SkippedArray:
+        if etype == _STRING:
+            unpack, pos = struct.unpack_from, self._pos
+            for _ in range(count):
+                pos += 8 + unpack("<Q", self._map, pos)[0]
+            self._pos = pos
+        else:
+            self._pos += struct.calcsize(_GGUF_VALUE[etype]) * count
+        if self._pos > len(self._map):
+            raise struct.error("array runs past the end of the file")
+        return SkippedArray(count)
+
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""
         t = self._by_name[name]
@@ -284,12 +382,16 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
-    def q4(self, name: str, row_perm_heads: int | None = None) -> Q4Linear | None:
-        """The tensor as a Q4Linear when it is a Q4_0/Q4_1 matrix, else None."""
+    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True):
+        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it, else None. The
+        token embedding also remembers its rows in the file, for exact lookups."""
         t, raw = self._rows(name, row_perm_heads)
-        if t.tensor_type not in Q4_TYPES or len(t.shape) != 2:
+        if not repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt):
             return None
-        return Q4Linear(*q4_blocks(raw, t.tensor_type, t.shape))
+        out = repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
+        if name == "token_embd.weight" and t.tensor_type.name not in ("F64", "BF16"):
+            out.source = (raw, t.tensor_type)
+        return out
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)
@@ -307,101 +409,40 @@ def _unpermute_rows(raw: torch.Tensor, n_head: int) -> torch.Tensor:
     return raw.reshape(n_head, rows // n_head // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
 
 
-# ---------------------------------------------------------------- dequantization (vectorized torch)
-
-def _half(b: torch.Tensor, lo: int) -> torch.Tensor:
-    return b[:, lo:lo + 2].contiguous().view(torch.float16).float()
-
-
-def _dq_q8_0(b: torch.Tensor, out: torch.Tensor) -> None:
-    torch.mul(b[:, 2:].contiguous().view(torch.int8), _half(b, 0), out=out)
-
-
-def _dq_q4_0(b: torch.Tensor, out: torch.Tensor) -> None:
-    d, qs = _half(b, 0), b[:, 2:]
-    out = out.view(-1, 2, 16)
-    out[:, 0] = qs & 0xF
-    out[:, 1] = qs >> 4
-    out.sub_(8).mul_(d[:, :, None])
-
-
-def _dq_q4_1(b: torch.Tensor, out: torch.Tensor) -> None:
-    d, m, qs = _half(b, 0), _half(b, 2), b[:, 4:]
-    out = out.view(-1, 2, 16)
-    torch.addcmul(m, qs & 0xF, d, out=out[:, 0])
-    torch.addcmul(m, qs >> 4, d, out=out[:, 1])
-
-
-Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
-
-
-def q4_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]):
-    """Q4_0/Q4_1 bytes as (codes (N, K) uint8, scale, zero (N, K/32)) with w = (code - 8) * scale + zero:
-    Q4_1's w = d * q + m is (q - 8) * d + (m + 8d), Q4_0's w = (q - 8) * d. Same nibble order as _dq_q4_*."""
-    if qtype not in Q4_TYPES:
-        raise ValueError(f"4-bit matmuls read Q4_0/Q4_1 blocks, not {qtype.name}")
-    N, K = shape
-    b = raw.reshape(N * K // Q4_GROUP, -1)
-    d = _half(b, 0)
-    if qtype == GGMLQuantizationType.Q4_1:
-        zero, qs = _half(b, 2) + 8 * d, b[:, 4:]
-    else:
-        zero, qs = torch.zeros_like(d), b[:, 2:]
-    codes = torch.cat([qs & 0xF, qs >> 4], dim=1)  # low nibbles are weights 0..15 of a block, high 16..31
-    return codes.reshape(N, K), d.reshape(N, K // Q4_GROUP), zero.reshape(N, K // Q4_GROUP)
-
-
-_FAST = {
-    GGMLQuantizationType.Q8_0: _dq_q8_0, GGMLQuantizationType.Q4_0: _dq_q4_0, GGMLQuantizationType.Q4_1: _dq_q4_1,
-}
-_PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
-          GGMLQuantizationType.BF16: torch.bfloat16}
-_CHUNK_BLOCKS = 1 << 16  # keeps each step's temporaries in cache
-
-
-def dequantize(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...],
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dequantize ggml-format bytes (any leading shape, uint8) into a new tensor of `shape` and `dtype`."""
-    if qtype in _PLAIN:
-        return raw.reshape(-1).view(_PLAIN[qtype]).reshape(shape).to(dtype, copy=True)
-    if qtype in _FAST:
-        block, block_bytes = GGML_QUANT_SIZES[qtype]
-        blocks = raw.reshape(-1, block_bytes)
-        out = torch.empty(blocks.shape[0], block, dtype=torch.float32, device=raw.device)
-        for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
-            _FAST[qtype](blocks[i:i + _CHUNK_BLOCKS], out[i:i + _CHUNK_BLOCKS])
-        return out.view(shape).to(dtype)
-    values = gguf_dequantize(raw.cpu().numpy(), qtype)  # k-quants, i-quants...: gguf's numpy reference
-    return torch.from_numpy(np.ascontiguousarray(values)).reshape(shape).to(device=raw.device, dtype=dtype)
-
-
 # ---------------------------------------------------------------- GGUF -> HF names
 
 _GGUF_LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+# Gemma 2/3 (sandwich norms): HF's post_attention_layernorm is the attention output's norm there.
+_GGUF_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                        "post_ffw_norm": "post_feedforward_layernorm"}
 _GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_GGUF_IGNORED = {"rope_freqs.weight"}  # folded into config.rope_scaling
+# folded into config.rope_scaling
+_GGUF_IGNORED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF name of a GGUF tensor name, or None when it has no HF counterpart here."""
+def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
+    """HF name of a GGUF tensor name, or None when it has no HF counterpart here. The config decides the
+    names that depend on the layout: Gemma's sandwich norms, Phi-3's fused gate|up in ffn_up."""
     base, _, suffix = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
         mapped = _GGUF_LAYER_NAMES.get(part)
+        if config is not None and config.sandwich_norm:
+            mapped = _GGUF_SANDWICH_NAMES.get(part, mapped)
+        if config is not None and config.fused_projections and part == "ffn_up":
+            mapped = "mlp.gate_up_proj"
         return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
     mapped = _GGUF_GLOBAL_NAMES.get(base)
     return f"{mapped}.{suffix}" if mapped else None
 
 
-_Q4_NAMES = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-
-
-def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, q4: bool = False):
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
     gf = GGUFFile(path)
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
@@ -409,12 +450,14 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
     wanted = set(expected)
     todo, unexpected = [], []
     for t in gf.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, config)
         if name in wanted:
             todo.append((t, name))
         elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):
             unexpected.append(t.name)
     total = sum(t.nbytes for t, _ in todo) or 1
+    types = {name: t.tensor_type.name for t, name in todo}
+    keep_dense = _keeps_dense_copy(config, fmt, types.get)
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -423,8 +466,10 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        packed = gf.q4(t.name, heads) if q4 and name.endswith(_Q4_NAMES) else None
-        state[name] = packed if packed is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+        kept = gf.packed(t.name, heads, fmt, keep_dense)
+        state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+        if kept is not None:
+            release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
         done += t.nbytes
         if progress:
             progress(done / total)

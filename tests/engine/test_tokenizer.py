@@ -244,8 +244,8 @@ def _write_tokenizer_gguf(path, model, pre="smollm"):
 
 
 def test_unsupported_gguf_tokenizers_say_so(tmp_path):
-    with pytest.raises(NotImplementedError, match=r"'llama'.*tokenizer.json"):
-        Tokenizer.load(_write_tokenizer_gguf(tmp_path / "spm.gguf", "llama"))
+    with pytest.raises(NotImplementedError, match=r"'rwkv'.*tokenizer.json"):
+        Tokenizer.load(_write_tokenizer_gguf(tmp_path / "rwkv.gguf", "rwkv"))
     with pytest.raises(NotImplementedError, match="'mystery-pre'"):
         Tokenizer.load(_write_tokenizer_gguf(tmp_path / "pre.gguf", "gpt2", pre="mystery-pre"))
     small = Tokenizer.load(_write_tokenizer_gguf(tmp_path / "ok.gguf", "gpt2"))
@@ -276,3 +276,32 @@ def test_sentencepiece_style_folder_pieces_keep_spaces_and_bytes(tmp_path):
     assert b"".join(tok.token_bytes(i) for i in ids) == " hello world é".encode()  # Metaspace's leading space
     assert tok.pieces[vocab["▁hello"]] == " hello" and tok.token_bytes(vocab["<0xC3>"]) == b"\xc3"
     assert tok.stop_token_ids == {1} and tok.encode("x", add_bos=True)[0, 0].item() == 0
+
+
+# ---------------------------------------------------------------- SentencePiece GGUF vocabularies
+
+SPM_TEXTS = ["Hello world", "hello world, the weather in paris is sunny today.", "  leading spaces", "a  b   c",
+             "multiple lines\nsecond line\n\nthird", "unicode é ü 日本 🙂", "numbers 1234 and 42!", "",
+             "The Quick Brown Fox jumps over the lazy dog."]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "phi3"])
+def test_sentencepiece_gguf_encodes_like_transformers(tmp_path, arch):
+    """Llama-2/Mistral-, Gemma- and Phi-3-style SentencePiece vocabularies in a GGUF (no merges stored):
+    ids, decoding and control tokens as transformers' own GGUF tokenizer loader gives them."""
+    from transformers import AutoTokenizer
+
+    from tests.tiny_models import SPM_SPECIALS, write_tiny_spm_gguf
+
+    path = write_tiny_spm_gguf(tmp_path / f"{arch}.gguf", arch)
+    ours = Tokenizer.load(path)
+    hf = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    chat = "".join(SPM_SPECIALS[arch][:1]) + "user\nHi there" + "".join(SPM_SPECIALS[arch][-1:])
+    for text in SPM_TEXTS + [chat]:
+        expected = hf(text, add_special_tokens=False)["input_ids"]
+        got = ours.encode(text, encode_special_tokens=True)[0].tolist()
+        assert got == expected, text
+        assert ours.decode(got, decode_special_tokens=True) == hf.decode(expected, skip_special_tokens=False), text
+        assert ours.decode(got) == hf.decode(expected, skip_special_tokens=True), text
+    assert ours.add_bos and ours.bos_token == "<s>" and 2 in ours.stop_token_ids
+    assert len(ours.encode("hello world")[0]) < len("hello world") / 2  # merges recovered, not bytes

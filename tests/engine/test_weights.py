@@ -10,8 +10,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.model.config import ModelConfig
-from engine.model.weights import GGUFFile, default_model_path, dequantize, expected_tensor_names, load_weights
-from tests.tiny_models import ARCHS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf, write_tiny_model
+from engine.model.ggml_blocks import dequantize
+from engine.model.ggml_blocks import quantize as quantize_ggml
+from engine.model.weights import GGUFFile, default_model_path, expected_tensor_names, load_weights
+from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf,
+                                write_tiny_model)
 
 Q = gguf.GGMLQuantizationType
 
@@ -78,17 +81,26 @@ def test_progress_reaches_one_monotonically(tmp_path, tiny):
 
 # ---------------------------------------------------------------- dequantization
 
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16, Q.F32, Q.Q5_0, Q.Q5_1])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16, Q.BF16, Q.F32, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K,
+                                   Q.Q6_K])
 def test_dequantize_matches_gguf_reference(qtype):
+    """Bit-identical to gguf's numpy dequantizer, on random valid blocks (every code, scale and min)."""
     rng = np.random.default_rng(int(qtype))
-    x = (rng.standard_normal((24, 96)) * rng.uniform(0.01, 3, (24, 1))).astype(np.float32)
-    packed = gguf.quants.quantize(x, qtype)
+    x = (rng.standard_normal((24, 512)) * rng.uniform(0.01, 3, (24, 1))).astype(np.float32)
+    packed = quantize_ggml(torch.from_numpy(x), qtype)
     expected = gguf.quants.dequantize(packed, qtype)
     raw = torch.from_numpy(np.ascontiguousarray(packed).view(np.uint8))
-    ours = dequantize(raw, qtype, (24, 96))
-    assert ours.dtype == torch.float32 and ours.shape == (24, 96)
-    torch.testing.assert_close(ours, torch.from_numpy(expected), rtol=0, atol=0)
-    half = dequantize(raw, qtype, (24, 96), torch.float16)
+    ours = dequantize(raw, qtype, (24, 512))
+    assert ours.dtype == torch.float32 and ours.shape == (24, 512)
+    torch.testing.assert_close(ours, torch.from_numpy(expected).reshape(24, 512), rtol=0, atol=0)
+    if qtype not in (Q.F32, Q.F16, Q.BF16):  # and a real quantization of x, not noise
+        assert 0 < np.linalg.norm(expected.reshape(24, 512) - x) < 0.15 * np.linalg.norm(x)
+    random_bytes = torch.from_numpy(np.random.default_rng(1).integers(0, 256, raw.shape, dtype=np.uint8))
+    if qtype in (Q.Q4_K, Q.Q5_K, Q.Q6_K):  # any bytes are valid K-quant blocks: every bit pattern decodes alike
+        with np.errstate(all="ignore"):
+            want = torch.from_numpy(gguf.quants.dequantize(random_bytes.numpy(), qtype).copy()).reshape(24, 512)
+        torch.testing.assert_close(dequantize(random_bytes, qtype, (24, 512)), want, rtol=0, atol=0, equal_nan=True)
+    half = dequantize(raw, qtype, (24, 512), torch.float16)
     assert half.dtype == torch.float16
     torch.testing.assert_close(half, ours.half())
 
@@ -102,6 +114,11 @@ def test_dequantize_large_tensor_crosses_chunks():
 
 # ---------------------------------------------------------------- tiny safetensors folders
 
+def effective(name: str, t: torch.Tensor, arch: str) -> torch.Tensor:
+    """What a stored HF tensor means: Gemma's RMSNorms scale by (1 + w), computed in fp32 as HF does."""
+    return t.float() + 1 if arch in GEMMAS and name.endswith("norm.weight") else t
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tie", [True, False])
 def test_tiny_hf_folder_round_trips_exactly(tmp_path, arch, tie):
@@ -110,10 +127,12 @@ def test_tiny_hf_folder_round_trips_exactly(tmp_path, arch, tie):
     saved = hf_state(folder)
     assert set(ours) == set(saved) - ({"lm_head.weight"} if tie else set())
     for name, t in ours.items():
-        assert torch.equal(t, saved[name]), name
+        assert torch.equal(t, effective(name, saved[name], arch)), name
     assert config.tie_word_embeddings == tie
-    assert config.attention_bias == (arch == "qwen2") and config.qk_norm == (arch == "qwen3")
-    assert (config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim) == (2, 4, 2, 16)
+    assert config.attention_bias == (arch == "qwen2") and config.qk_norm == (arch in ("qwen3", "gemma3"))
+    assert config.sandwich_norm == (arch in ("gemma2", "gemma3")) and config.fused_projections == arch.startswith("phi3")
+    assert (config.num_heads, config.num_kv_heads, config.head_dim) == (4, 2, 16)
+    assert config.num_layers == (6 if arch == "gemma3" else 2)
 
 
 def test_sharded_folder_reads_every_shard(tmp_path):
@@ -138,19 +157,25 @@ def test_qwen3_head_dim_differs_from_hidden_over_heads(tmp_path):
 
 # ---------------------------------------------------------------- tiny GGUF files (llama.cpp layout)
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi3-long"])
 def test_tiny_gguf_f32_equals_hf_weights_after_unpermuting(tmp_path, arch):
-    folder = write_tiny_model(tmp_path / arch, arch, tie=False)
+    tie = arch in ("gemma", "gemma2")  # llama.cpp has no output tensor for these two
+    folder = write_tiny_model(tmp_path / arch, arch, tie=tie)
     path = write_tiny_gguf(folder, tmp_path / f"{arch}.gguf", "F32", tokenizer=False)
     config, ours = load_weights(path)
     saved = hf_state(folder)
-    assert set(ours) == set(saved)
+    assert set(ours) == set(saved) - ({"lm_head.weight"} if tie else set())
     for name, t in ours.items():
-        assert torch.equal(t, saved[name]), name
+        assert torch.equal(t, effective(name, saved[name], arch)), name
     hf_config = ModelConfig.from_hf(json.loads((folder / "config.json").read_text()))
     for field in ("arch", "num_layers", "num_heads", "num_kv_heads", "head_dim", "attention_bias", "qk_norm",
-                  "tie_word_embeddings", "rope_theta"):
-        assert getattr(config, field) == getattr(hf_config, field), field
+                  "tie_word_embeddings", "rope_theta", "sliding_window", "layer_types", "hidden_act", "sandwich_norm",
+                  "embedding_scale", "attn_softcap", "final_softcap", "sliding_rope_theta", "rotary_dims",
+                  "fused_projections", "attn_scale", "rope_attention_factor", "long_rope_threshold"):
+        assert getattr(config, field) == pytest.approx(getattr(hf_config, field)), field
+    assert config.norm_weight_offset == 0 and hf_config.norm_weight_offset == (1.0 if arch in GEMMAS else 0.0)
+    for long in (False, True):
+        torch.testing.assert_close(config.rope_inv_freq(long), hf_config.rope_inv_freq(long), rtol=1e-6, atol=0)
 
 
 def test_tiny_gguf_q8_0_weights_are_the_dequantized_file(tmp_path):
@@ -200,9 +225,74 @@ def test_from_hf_reads_transformers_v4_rope_layout():
     assert config.rope_theta == 500000.0 and config.rope_scaling["rope_type"] == "llama3"
 
 
+def test_rope_inv_freq_matches_transformers_for_longrope_and_gemma3_layers():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = tiny_config("phi3-long")
+    ours = ModelConfig.from_hf(hf.to_dict())
+    short, factor = ROPE_INIT_FUNCTIONS["longrope"](hf, "cpu")
+    long, _ = ROPE_INIT_FUNCTIONS["longrope"](hf, "cpu", seq_len=65)
+    torch.testing.assert_close(ours.rope_inv_freq(), short, rtol=0, atol=0)
+    torch.testing.assert_close(ours.rope_inv_freq(long=True), long, rtol=0, atol=0)
+    assert ours.rope_attention_factor == pytest.approx(factor) and factor > 1.1 and ours.rotary_dims == 8
+    g3 = tiny_config("gemma3")
+    ours = ModelConfig.from_hf(g3.to_dict())
+    for kind, inv in (("full_attention", ours.rope_inv_freq()), ("sliding_attention", ours.sliding_rope_inv_freq())):
+        p = g3.rope_parameters[kind]
+        fn = ROPE_INIT_FUNCTIONS[p["rope_type"]] if p["rope_type"] != "default" else None
+        expected = fn(g3, "cpu", layer_type=kind)[0] if fn else 1.0 / (p["rope_theta"] ** (torch.arange(0, 16, 2).float() / 16))
+        torch.testing.assert_close(inv, expected, rtol=0, atol=0, msg=kind)
+    assert [ours.layer_window(i) for i in range(6)] == [16] * 5 + [None]
+    assert [ours.layer_uses_sliding_rope(i) for i in range(6)] == [True] * 5 + [False]
+
+
+def test_from_hf_reads_v4_layouts_of_gemma3_and_phi3():
+    """Hub configs written by transformers 4: rope_local_base_freq / sliding_window_pattern (Gemma 3),
+    rope_scaling type "su" with top-level original_max_position_embeddings (Phi-3.5)."""
+    g3 = {"model_type": "gemma3_text", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+          "num_hidden_layers": 12, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+          "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+          "sliding_window": 512, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+          "hidden_activation": "gelu_pytorch_tanh"}
+    c = ModelConfig.from_hf(g3)
+    assert c.rope_scaling == {"rope_type": "linear", "factor": 8.0} and c.sliding_rope_theta == 1e4
+    assert [c.layer_window(i) for i in range(12)] == ([512] * 5 + [None]) * 2
+    assert c.attn_scale == 256 ** -0.5 and c.hidden_act == "gelu_tanh" and c.tie_word_embeddings
+    phi = {"model_type": "phi3", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 131072,
+           "original_max_position_embeddings": 4096, "sliding_window": 262144,
+           "rope_scaling": {"type": "su", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}}
+    c = ModelConfig.from_hf(phi)
+    assert c.rope_scaling["rope_type"] == "longrope" and c.long_rope_threshold == 4096
+    assert c.rope_attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert c.fused_projections and c.layer_window(1) == 262144
+
+
+def test_from_hf_refuses_mixture_of_experts_clearly():
+    import transformers
+
+    for cfg in (transformers.Qwen3MoeConfig(), transformers.MixtralConfig(), transformers.Qwen2MoeConfig()):
+        with pytest.raises(NotImplementedError, match="mixture-of-experts.*not supported yet"):
+            ModelConfig.from_hf(cfg.to_dict())
+
+
+def test_from_gguf_refuses_mixture_of_experts_clearly(tmp_path):
+    for arch, extra in (("qwen3moe", {}), ("llama", {"llama.expert_count": 8})):
+        w = gguf.GGUFWriter(tmp_path / f"{arch}.gguf", arch)
+        w.add_block_count(1)
+        for key, value in extra.items():
+            w.add_uint32(key, value)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with pytest.raises(NotImplementedError, match="mixture-of-experts"):
+            load_weights(tmp_path / f"{arch}.gguf")
+
+
 def test_from_hf_rejects_unsupported_arch_and_rope():
-    with pytest.raises(ValueError, match=r"'gemma'.*llama, mistral, qwen2, qwen3"):
-        ModelConfig.from_hf({**tiny_config("llama").to_dict(), "model_type": "gemma", "architectures": ["Gemma"]})
+    with pytest.raises(ValueError, match=r"'falcon'.*llama, mistral, qwen2, qwen3, gemma"):
+        ModelConfig.from_hf({**tiny_config("llama").to_dict(), "model_type": "falcon", "architectures": ["Falcon"]})
     with pytest.raises(NotImplementedError, match="yarn"):
         ModelConfig.from_hf({**tiny_config("llama").to_dict(), "rope_parameters": {"rope_type": "yarn", "factor": 2}})
     with pytest.raises(ValueError, match="hidden_size"):
@@ -285,11 +375,11 @@ def test_corrupt_and_truncated_gguf(tmp_path, tiny):
 
 
 def test_gguf_with_unsupported_architecture(tmp_path):
-    w = gguf.GGUFWriter(tmp_path / "x.gguf", "gemma2")
+    w = gguf.GGUFWriter(tmp_path / "x.gguf", "falcon")
     w.add_block_count(1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(ValueError, match=r"'gemma2'.*llama, mistral, qwen2, qwen3"):
+    with pytest.raises(ValueError, match=r"'falcon'.*llama, mistral, qwen2, qwen3, gemma"):
         load_weights(tmp_path / "x.gguf")

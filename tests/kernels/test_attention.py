@@ -80,6 +80,35 @@ def test_dispatch_picks_decode_or_varlen_by_shape():
     torch.testing.assert_close(triton_ops.paged_attention(*ver.args()), ver.expected(), **TOL[F32])
 
 
+@pytest.mark.parametrize("window,softcap", [(1, None), (40, None), (300, 20.0), (None, 5.0)])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_decode_sliding_window_and_softcap(window, softcap, dtype):
+    """Splits start at kv_len - window, so pages before the window (NaN here when unwritten) are never read."""
+    case = PagedCase(_decode_lens(16) + [(1, 600)], 6, 2, 32, 16, dtype=dtype, seed=9)
+    case.q *= 4  # large scores: capping changes the result
+    for splits in (1, 3):
+        out = _poisoned(case)
+        decode_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.kv, case.scale,
+                         num_splits=splits, out=out, window=window, softcap=softcap)
+        assert not out.isnan().any()
+        torch.testing.assert_close(out.float(), case.expected(window, softcap), **TOL[dtype])
+
+
+@pytest.mark.parametrize("window,softcap", [(1, None), (23, None), (70, 20.0), (None, 5.0)])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_prefill_sliding_window_and_softcap(window, softcap, dtype):
+    """Small tiles, so rows of one query block see different kv tiles: a row whose window starts after
+    the block's first kv tile must not turn the running max into NaN."""
+    case = PagedCase(_mixed(16), 6, 2, 32, 16, dtype=dtype, seed=13)
+    case.q *= 4
+    out = _poisoned(case)
+    prefill_attention(*case.args(), block_rows=16, block_n=16, out=out, window=window, softcap=softcap)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), case.expected(window, softcap), **TOL[dtype])
+    disp = triton_ops.paged_attention(*case.args(), window=window, softcap=softcap)
+    torch.testing.assert_close(disp.float(), case.expected(window, softcap), **TOL[dtype])
+
+
 def test_split_heuristic():
     assert choose_splits(64, 8, 32768, 132) == 1  # batch x heads already fills the GPU
     assert choose_splits(1, 8, 32768, 132) == 33

@@ -14,8 +14,9 @@ from kernels import reference as ref
 from kernels.kv_quant import QuantizedPool
 
 
-def oracle_attention(q, seq_k, seq_v, q_lens, scale):
-    """Per sequence: repeat_interleave KV heads, fp32 softmax, triu causal mask offset by kv_len - q_len."""
+def oracle_attention(q, seq_k, seq_v, q_lens, scale, window=None, softcap=None):
+    """Per sequence: repeat_interleave KV heads, fp32 softmax, triu causal mask offset by kv_len - q_len;
+    a sliding window also hides keys window or more positions back (tril), softcap caps the scores."""
     outs, start = [], 0
     for K, V, ql in zip(seq_k, seq_v, q_lens):
         L, Hq = K.shape[0], q.shape[1]
@@ -24,7 +25,11 @@ def oracle_attention(q, seq_k, seq_v, q_lens, scale):
         V = V.float().repeat_interleave(G, dim=1)
         Q = q[start:start + ql].float()
         s = torch.einsum("qhd,khd->hqk", Q, K) * scale
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(torch.ones(ql, L).triu(L - ql + 1).bool(), float("-inf"))
+        if window is not None:
+            s = s.masked_fill(torch.ones(ql, L).tril(L - ql - window).bool(), float("-inf"))
         outs.append(torch.einsum("hqk,khd->qhd", s.softmax(-1), V))
         start += ql
     return torch.cat(outs)
@@ -91,8 +96,8 @@ class PagedCase:
     def args(self):
         return self.q, self.k_cache, self.v_cache, self.block_table, self.cu_q, self.kv, self.scale
 
-    def expected(self):
-        return oracle_attention(self.q.cpu(), self.seq_k, self.seq_v, self.q_lens, self.scale)
+    def expected(self, window=None, softcap=None):
+        return oracle_attention(self.q.cpu(), self.seq_k, self.seq_v, self.q_lens, self.scale, window, softcap)
 
 
 MIXED = [(1, 37), (5, 300), (40, 40), (1, 1), (19, 533), (3, 16)]  # decode, verify, fresh prefill, chunk
@@ -133,6 +138,42 @@ def test_reference_attention_on_consecutive_pages_reads_pool_views(seqs):
 def test_reference_attention_reads_quantized_pools(fmt):
     case = PagedCase(MIXED, 6, 2, 64, 16, quant=fmt, seed=3)
     torch.testing.assert_close(kernels.paged_attention(*case.args()), case.expected(), atol=2e-5, rtol=1e-5)
+
+
+WINDOWED = [  # every path of the reference: lone decode, batched decode, verification, short and long prefill
+    [(1, 700)], [(1, 700), (1, 3), (1, 256), (1, 17)], [(4, 90), (4, 4)], [(300, 300)], [(40, 200)], MIXED,
+]
+
+
+@pytest.mark.parametrize("consecutive", [False, True], ids=["gathered", "pool-views"])
+@pytest.mark.parametrize("seqs", WINDOWED, ids=["decode1", "decode4", "verify", "prefill", "chunk", "mixed"])
+def test_reference_attention_sliding_window_and_softcap(seqs, consecutive):
+    """Windows shorter than, equal to and longer than the sequences, with and without soft-capping; the
+    large-score case (q scaled up) makes capping change the result, so a dropped cap fails."""
+    case = PagedCase(seqs, 6, 2, 16, 16, seed=5, consecutive=consecutive)
+    case.q *= 4
+    plan = kernels.plan_step(torch.zeros(case.q.shape[0], dtype=torch.long), torch.ones(8), case.block_table,
+                             case.cu_q, case.kv, 16)
+    for window, softcap in ((1, None), (37, None), (256, 20.0), (5000, 5.0), (None, 5.0)):
+        want = case.expected(window, softcap)
+        got = kernels.paged_attention(*case.args(), plan=plan, window=window, softcap=softcap)
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5, msg=f"window={window} softcap={softcap}")
+    assert not torch.allclose(case.expected(37), case.expected()) and not torch.allclose(
+        case.expected(None, 5.0), case.expected())
+
+
+def test_reference_attention_window_on_quantized_pool():
+    case = PagedCase(MIXED, 6, 2, 64, 16, quant="q8", seed=3)
+    torch.testing.assert_close(kernels.paged_attention(*case.args(), window=50, softcap=30.0),
+                               case.expected(50, 30.0), atol=2e-5, rtol=1e-5)
+
+
+def test_reference_attention_rejects_bad_layer_options():
+    case = PagedCase([(3, 20)], 4, 2, 16, 16)
+    with pytest.raises(ValueError, match="sliding window"):
+        kernels.paged_attention(*case.args(), window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        kernels.paged_attention(*case.args(), softcap=-1.0)
 
 
 def test_reference_attention_rejects_bad_lengths():
@@ -181,6 +222,31 @@ def test_rms_norm_and_rotary_match_transformers():
 def test_silu_mul():
     gu = torch.randn(3, 10)
     torch.testing.assert_close(kernels.silu_mul(gu), torch.nn.functional.silu(gu[:, :5]) * gu[:, 5:])
+
+
+def test_gelu_tanh_mul_matches_transformers_gelu_pytorch_tanh():
+    from transformers.activations import ACT2FN
+
+    gu = torch.randn(3, 10) * 3
+    torch.testing.assert_close(kernels.gelu_tanh_mul(gu), ACT2FN["gelu_pytorch_tanh"](gu[:, :5]) * gu[:, 5:])
+
+
+def test_rotary_attention_factor_and_partial_rotary_match_transformers():
+    """Phi-3's LongRoPE multiplies cos/sin by an attention factor; Phi-4-mini rotates only the first
+    rotary_dim dims of each head: a view of those dims goes through the same op."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    D, R, pos = 32, 24, torch.tensor([0, 5, 4000, 9])
+    q, k = torch.randn(4, 6, D), torch.randn(4, 2, D)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, R, 2).float() / R))
+    emb = torch.cat([pos[:, None].float() * inv_freq] * 2, dim=-1)
+    cos, sin = emb.cos() * 1.19, emb.sin() * 1.19
+    q_hf, k_hf = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos[None], sin[None])
+    plan = kernels.plan_step(pos, inv_freq, torch.zeros(4, 1, dtype=torch.int32), torch.arange(5, dtype=torch.int32),
+                             torch.ones(4, dtype=torch.int32), 16)
+    kernels.apply_rotary(q[..., :R], k[..., :R], pos, inv_freq, plan, attention_factor=1.19)
+    torch.testing.assert_close(q, q_hf[0].transpose(0, 1))
+    torch.testing.assert_close(k, k_hf[0].transpose(0, 1))
 
 
 def test_pad_vocab_and_embedding():

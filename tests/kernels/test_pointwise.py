@@ -57,6 +57,26 @@ def test_silu_mul(dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])
+def test_gelu_tanh_mul(dtype):
+    gu = (torch.randn(4, 2 * 1100) * 4).to(dtype)
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == F32 else {"atol": 1e-2, "rtol": 2e-3}
+    torch.testing.assert_close(triton_pointwise.gelu_tanh_mul(gu), ref.gelu_tanh_mul(gu), **tol)
+
+
+def test_rotary_attention_factor_on_partial_rotary_views():
+    """LongRoPE's attention factor scales cos/sin; partial rotary passes each head's first dims as views."""
+    T, H, D, R = 5, 3, 32, 16
+    q, k = torch.randn(T, H, D), torch.randn(T, 1, D)
+    q_ref, k_ref = q.clone(), k.clone()
+    pos = torch.tensor([0, 1, 17, 4095, 3])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, R, 2).float() / R))
+    triton_pointwise.apply_rotary(q[..., :R], k[..., :R], pos, inv_freq, 1.19)
+    ref.apply_rotary(q_ref[..., :R], k_ref[..., :R], pos, inv_freq, attention_factor=1.19)
+    torch.testing.assert_close(q, q_ref, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(k, k_ref, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
 def test_write_kv_plain(dtype):
     shape = (64, 16, 2, 32)
     k_cache = torch.full(shape, float("nan"), dtype=dtype)

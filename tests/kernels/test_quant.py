@@ -96,7 +96,7 @@ def test_rotated_pools_through_triton_entry_point():
 
 def test_rotation_spreads_outlier_channels():
     """Keys with one huge channel: rotation before quantizing cuts the q4 error several-fold."""
-    x = torch.randn(64, 4, 64)
+    x = torch.randn(64, 4, 64, generator=torch.Generator().manual_seed(0))  # seeded: not the suite's RNG state
     x[..., 5] *= 40
     err = {}
     for rotate in (False, True):

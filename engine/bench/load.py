@@ -1,0 +1,79 @@
+"""`python -m engine bench-load MODEL [--weights auto] [--threads 2]`: what loading a model costs and how fast
+it decodes: anonymous memory before, at the peak of and after loading (sampled every 20 ms), against the
+file size; batch-1 decode step time against the weight-bandwidth roofline. One process, one model.
+
+For big files where `python -m engine bench`'s TTFT runs take too long on a CPU (e.g. tools.synthetic_gguf's
+7B-shaped Q4_K_M layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from ..cache.paged_cache import PagedCache
+from ..model.batch import Batch
+from ..model.model import Model
+from .measure import copy_bandwidth
+from .serving import decode_weight_bytes
+
+
+def _anon_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m engine bench-load", description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--weights", default="auto")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=24)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = peak = _anon_bytes()
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _anon_bytes())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    model = Model.load(args.model, weights=args.weights)
+    load_s = time.perf_counter() - t0
+    done.set()
+    sampler.join()
+    after = _anon_bytes()
+    cache = PagedCache(model, max_tokens=512, page_size=256)
+    prompt = list(range(100, 116))
+    model.forward(Batch.build([(prompt, 0, [0, 1])], 256, [len(prompt)]), cache)
+    steps = []
+    for i in range(args.steps):
+        batch = Batch.build([([7 + i], len(prompt) + i, [0, 1])], 256, [1])
+        t = time.perf_counter()
+        model.forward(batch, cache)
+        steps.append(time.perf_counter() - t)
+    step = statistics.median(steps[len(steps) // 4:])
+    bandwidth, weight_bytes = copy_bandwidth(model.device), decode_weight_bytes(model)
+    file_bytes = Path(args.model).stat().st_size if Path(args.model).is_file() else sum(
+        f.stat().st_size for f in Path(args.model).glob("*.safetensors"))
+    roofline = bandwidth / weight_bytes
+    print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, loaded in {load_s:.1f} s, "
+          f"{torch.get_num_threads()} threads")
+    print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
+          f"{bandwidth / 1e9:.1f} GB/s copy bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
+    print(f"anonymous memory: +{(peak - base) / 1e6:.0f} MB at the peak of loading ({(peak - base) / file_bytes:.2f}x "
+          f"the {file_bytes / 1e6:.0f} MB file), +{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
+          f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x)")
+    return 0
+

@@ -1,0 +1,154 @@
+"""Will it fit? Weights + KV cache + activations estimated from a model's headers, before anything is
+allocated, so an oversized model gets a clear message (numbers and what to change) instead of an OOM kill.
+
+The weight term follows the loader's own rules per tensor (engine.model.repack: which matrices are packed,
+in which kernel format, and whether a dense copy is kept), the cache term is the pools' exact size, activations are a bound for one prefill chunk. The
+numbers are what this process will hold; the OS, the app and other programs need the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cache.budget import HEADROOM, available_bytes, kv_cache_bytes
+from ..contract import DEFAULT_CACHE_TOKENS, WEIGHT_ALIASES
+from .info import ModelInfo, read_model_info
+from .weights import default_model_path
+
+GiB = 1 << 30
+RUNTIME_BYTES = 600 << 20  # torch, Python and the app themselves (measured RSS before any model: ~0.5 GB)
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class ModelTooLarge(MemoryError):
+    """Raised before loading when the estimate exceeds the memory available; str() says why and what to do."""
+
+    def __init__(self, estimate: "MemoryEstimate"):
+        super().__init__(estimate.message())
+        self.estimate = estimate
+
+
+@dataclass
+class MemoryEstimate:
+    weights_bytes: int
+    cache_bytes: int
+    activation_bytes: int
+    runtime_bytes: int
+    available_bytes: int | None  # free RAM (CPU) or free GPU memory; None when unknown
+    device: str
+    weights: str  # the weight format the estimate assumed
+    cache_tokens: int
+    kv_quant: str | None
+    file_bytes: int
+    kind: str  # "gguf" | "hf"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.cache_bytes + self.activation_bytes + self.runtime_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        if self.available_bytes is None:
+            return None
+        return self.total_bytes <= self.available_bytes * HEADROOM
+
+    def summary(self) -> str:
+        """One line: the parts and the total (and what is free)."""
+        free = "" if self.available_bytes is None else f" of {_gib(self.available_bytes)} free"
+        return (f"needs ~{_gib(self.total_bytes)}{free} on {self.device}: weights {_gib(self.weights_bytes)} "
+                f"({self.weights}), KV cache {_gib(self.cache_bytes)} ({self.cache_tokens:,} tokens, "
+                f"{self.kv_quant or 'unquantized'}), activations {_gib(self.activation_bytes)}, "
+                f"runtime {_gib(self.runtime_bytes)}")
+
+    def suggestion(self) -> str:
+        """What would make it fit, biggest lever first."""
+        tips = []
+        if self.weights_bytes > 1.5 * self.file_bytes and self.kind == "gguf":
+            tips.append("keep the GGUF's weights quantized (weights='auto')")
+        elif self.kind == "hf" and self.weights != "q8":
+            tips.append("quantize the weights at load (weights='q8'), or use a Q4_K_M GGUF of this model")
+        if self.available_bytes is not None:
+            over = self.total_bytes - self.available_bytes * HEADROOM
+            if self.cache_bytes > 0 and over < self.cache_bytes:
+                per_token = self.cache_bytes / max(self.cache_tokens, 1)
+                fit_tokens = int((self.cache_bytes - over) / per_token) // 256 * 256
+                if fit_tokens >= 256:
+                    tips.append(f"a smaller cache ({fit_tokens:,} tokens or fewer)")
+        if self.kv_quant is None and self.cache_bytes > GiB // 4:
+            tips.append("a quantized KV cache (q8 halves it, q4 quarters it)")
+        if self.kind == "gguf":
+            tips.append("a smaller quantization of this model (e.g. Q4_K_M or Q3_K_M)")
+        tips.append("a smaller model")
+        return "Try " + "; or ".join(tips) + "."
+
+    def message(self) -> str:
+        return f"This model will not fit: it {self.summary()}. {self.suggestion()}"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / (1 << 20):.0f} MiB"
+
+
+def resolve_weights(weights: str, kind: str, device: str = "cpu") -> str:
+    """The format Model.load will actually use: auto keeps a GGUF's quantized matrices packed on a CPU."""
+    if weights == "auto":
+        return "packed" if kind == "gguf" and device == "cpu" else "dense"
+    return WEIGHT_ALIASES.get(weights, weights)
+
+
+def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = DEFAULT_CACHE_TOKENS,
+                    kv_quant: str | None = None, weights: str = "auto", device: str = "cpu", dtype: str | None = None,
+                    chunk_tokens: int | None = None) -> MemoryEstimate:
+    """Estimate from headers only (see the module docstring); `source` may be a path, a ModelInfo or None
+    (the default model)."""
+    from . import qlinear, repack
+
+    if source is None:
+        source = default_model_path()
+    info = source if isinstance(source, ModelInfo) else read_model_info(source)
+    if info.config is None:
+        raise ValueError(f"{info.path}: {info.problem or 'not a model this engine reads'}")
+    c = info.config
+    dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    elt = _DTYPE_BYTES[dtype]
+    fmt = resolve_weights(weights, info.kind, device)
+    packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
+    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt)
+    dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
+    weight_bytes = 0
+    stored = {t.name: t for t in info.tensors}
+    head = next((stored[n] for n in ("output.weight", "lm_head.weight", "token_embd.weight",
+                                     "model.embed_tokens.weight") if n in stored), None)
+    if packed and head is not None and head.name not in packed:  # Model adds a q8 copy of a dense head
+        weight_bytes += repack.packed_nbytes("q8", head.shape)
+    for t in info.tensors:
+        if t.name in packed:
+            weight_bytes += repack.packed_nbytes(kernels_of[t.name], t.shape) + (4 * t.numel if dense_copy else 0)
+        elif _used(t.name):
+            weight_bytes += t.numel * elt
+    cache = kv_cache_bytes(c, cache_tokens, kv_quant, elt)
+    chunk = chunk_tokens or (2048 if device.startswith("cuda") else 256)
+    qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    layer = chunk * (6 * c.hidden_size + 2 * qkv + 3 * c.intermediate_size) * 4  # one layer's fp32 temporaries
+    context = min(cache_tokens, c.max_seq_len)
+    scores = chunk * context * (c.num_heads if c.attn_softcap else 1) * 4  # masks; explicit scores when soft-capped
+    logits = 64 * c.vocab_size * 4
+    tile = qlinear.TILE_ROWS * max(c.hidden_size, c.intermediate_size) * 4 if fmt != "dense" else 0
+    runtime = RUNTIME_BYTES if not device.startswith("cuda") else 700 << 20
+    return MemoryEstimate(weight_bytes, cache, layer + scores + logits + tile, runtime, available_bytes(device), device,
+                          fmt, cache_tokens, kv_quant, info.file_bytes, info.kind)
+
+
+def check_fits(source: str | Path | ModelInfo | None, **kwargs) -> MemoryEstimate:
+    """estimate_memory(), raising ModelTooLarge when it will not fit (unknown free memory passes)."""
+    est = estimate_memory(source, **kwargs)
+    if est.fits is False:
+        raise ModelTooLarge(est)
+    return est
+
+
+def _used(name: str) -> bool:
+    """Tensors the model keeps (rope factor tables are folded into the config; vision towers are dropped)."""
+    return not name.startswith(("rope_", "vision_tower", "multi_modal_projector", "model.vision_tower",
+                                "model.multi_modal_projector"))

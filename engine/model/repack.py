@@ -1,0 +1,129 @@
+"""Stored matrices into the CPU kernels' two formats (engine.model.qlinear's q4 and q8): which tensors a
+weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
+
+weights="packed" (auto for a GGUF on a CPU), per ggml type:
+  * Q4_0, Q4_1 -> q4, exact (Q4_0's w = d(q - 8) is minimum -8d).
+  * Q4_K -> q4 with one (scale, minimum) per 32-weight sub-block: scale = d*sc and minimum = -dmin*m, the
+    products rounded to fp16 (the kernel's scale type), so exact but for that rounding (relative 2^-11 of
+    each product at most; tests/engine/test_repack.py measures the weights' error against gguf's decoder).
+  * Q8_0 -> q8, exact.
+  * Q5_K, Q6_K and every other type (Q2_K, Q3_K, Q5_0/1, IQ*): the exact decode re-quantized as Q8_0, per 32
+    weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
+    bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
+  * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head gets a q8 copy
+    too (a decode step's largest matrix; Model does it, over the dense weights as its prompt-row copy).
+  Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) are
+  all q8 (qlinear.cat_packed).
+weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
+
+Dense copy: prompt rows multiply fp32 weights. A model whose packed matrices take at most
+DENSE_COPY_MAX_BYTES as fp32 keeps that copy (the default 135M model: ~0.5 GB, so its prompts run at full
+sgemm speed and give the dense model's logits); a bigger one decodes TILE_ROWS-row tiles per call instead, so
+resident memory stays near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
+on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
+"""
+from __future__ import annotations
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .ggml_blocks import dequantize, half, q4_k_affine
+from .qlinear import GROUP, TILE_ROWS, PackedLinear, Q4Linear, Q8Linear, q8_blocks
+
+PACKED_FORMATS = ("packed", "q8")
+DENSE_COPY_MAX_BYTES = 1 << 30
+Q = GGMLQuantizationType
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; every other type becomes q8
+_DENSE = ("F32", "F16", "BF16", "F64")
+_EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
+# matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
+_MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight", "o_proj.weight",
+             "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
+             "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
+             "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
+# parts fused into one matrix by the model (HF and llama.cpp names), so they share one kernel format
+_FUSED = (("q_proj.weight", "k_proj.weight", "v_proj.weight"), ("gate_proj.weight", "up_proj.weight"),
+          ("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weight", "ffn_up.weight"))
+
+
+def keeps_packed(name: str, dtype: str, ndim: int, fmt: str) -> bool:
+    """Whether the loader packs this stored tensor under weight format `fmt` (the memory estimate's rule too)."""
+    if fmt not in PACKED_FORMATS or ndim != 2 or not name.endswith(_MATRICES):
+        return False
+    return fmt == "q8" or dtype not in _DENSE
+
+
+def kernel_format(dtype: str, fmt: str) -> str:
+    """"q4" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
+    return "q4" if fmt == "packed" and dtype in Q4_TYPES else "q8"
+
+
+def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
+    """{name: kernel format} for the packed ones of {stored name: ggml type}, fused parts made to agree."""
+    out = {n: kernel_format(d, fmt) for n, d in tensors.items()}
+    for n in list(out):
+        for group in _FUSED:
+            if n.endswith(group[0]):
+                names = [n[: -len(group[0])] + part for part in group]
+                if len({out.get(m) for m in names if m in out}) > 1:
+                    out.update({m: "q8" for m in names if m in out})
+    return out
+
+
+def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
+    """Bytes of an (N, K) matrix in kernel format "q4" or "q8" (codes, fp16 scales, q4's fp16 minimums)."""
+    n, k = int(shape[0]), int(shape[-1])
+    groups = n * k // GROUP
+    return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
+
+
+def keeps_dense_copy(packed_params: int) -> bool:
+    """The dense-copy rule (module docstring) for a model with this many packed weights."""
+    return packed_params * 4 <= DENSE_COPY_MAX_BYTES
+
+
+def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",
+                keep_dense: bool = True) -> PackedLinear:
+    """A GGUF matrix (N rows of ggml bytes) in its kernel format, converted TILE_ROWS rows at a time."""
+    n, k = shape
+    if k % GROUP:
+        raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
+    rows = raw.reshape(n, -1)
+    if qtype.name in _DENSE:
+        return Q8Linear.quantize(dequantize(rows, qtype, (n, k)), keep_dense)
+    if kernel_format(qtype.name, fmt) == "q8":
+        if qtype == Q.Q8_0:
+            codes = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])[:, 2:].contiguous().view(torch.int8).reshape(n, k)
+            return Q8Linear(codes, half(rows.reshape(-1, 34), 0).to(torch.float16).view(n, k // GROUP),
+                            keep_dense=keep_dense)
+        if keep_dense:  # the dense copy (prompt rows) is the file's exact weights, not the re-quantized ones
+            exact = dequantize(rows, qtype, (n, k))
+            return Q8Linear(*q8_blocks(exact), exact, True)
+        codes, scale = torch.empty(n, k, dtype=torch.int8), torch.empty(n, k // GROUP, dtype=torch.float16)
+        for r0 in range(0, n, TILE_ROWS):
+            r1 = min(r0 + TILE_ROWS, n)
+            codes[r0:r1], scale[r0:r1] = q8_blocks(dequantize(rows[r0:r1], qtype, (r1 - r0, k)))
+        return Q8Linear(codes, scale, keep_dense=keep_dense)
+    codes = torch.empty(n, k, dtype=torch.uint8)
+    scale, minimum = torch.empty(n, k // GROUP), torch.empty(n, k // GROUP)
+    for r0 in range(0, n, TILE_ROWS):
+        r1 = min(r0 + TILE_ROWS, n)
+        codes[r0:r1], scale[r0:r1], minimum[r0:r1] = q4_parts(rows[r0:r1], qtype, k)
+    out = Q4Linear(codes, scale, minimum, keep_dense=False)
+    if keep_dense:  # exact, also for Q4_K (whose packed scales are fp16-rounded)
+        out.dense = dequantize(rows, qtype, (n, k))
+    return out
+
+
+def q4_parts(rows: torch.Tensor, qtype: GGMLQuantizationType, k: int):
+    """(codes (n, k) uint8, scale, minimum (n, k/32) fp32) of Q4_0/Q4_1/Q4_K rows: w = code*scale + minimum."""
+    n, g = rows.shape[0], k // GROUP
+    blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    if qtype == Q.Q4_K:
+        q, s, m = q4_k_affine(blocks)  # w = s*q - m per sub-block of 32
+        return q.reshape(n, k), s.reshape(n, g), -m.reshape(n, g)
+    d = half(blocks, 0)
+    minimum = half(blocks, 2) if qtype == Q.Q4_1 else -8 * d
+    qs = blocks[:, 4:] if qtype == Q.Q4_1 else blocks[:, 2:]
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # low nibbles are weights 0..15 of a block, high 16..31
+    return codes.reshape(n, k), d.reshape(n, g), minimum.reshape(n, g)

@@ -1,0 +1,123 @@
+"""A GGUF's vocabulary as a `tokenizers` pipeline: byte-level BPE ("gpt2") or SentencePiece ("llama").
+
+A GGUF carries no tokenizer.json, only llama.cpp's metadata: tokens, token types, scores and (for BPE)
+merges. Byte-level BPE splits text with the regex of the file's pre-tokenizer type; SentencePiece
+files (Llama 2, Mistral v0.1, Gemma, Phi-3) list no merges, so they are recovered from the vocabulary,
+best-scoring first (Gemma: file order, its scores do not follow its merge order). Each family gets the
+normalizer/decoder its original tokenizer.json has, the way transformers' GGUF loader rebuilds them.
+"""
+
+from __future__ import annotations
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+SPIECE = "\u2581"  # SentencePiece's visible space
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+# llama.cpp pre-tokenizer types (tokenizer.ggml.pre) -> how text is split before BPE.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O_SPLIT = (  # Phi-4-mini
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_SPLITS = {
+    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT],
+    "smollm": [r"\p{N}", _GPT2_SPLIT],  # digits one by one, then GPT-2
+    "llama3": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT],
+    "smaug-bpe": [_LLAMA3_SPLIT], "dbrx": [_LLAMA3_SPLIT], "falcon3": [_LLAMA3_SPLIT],
+    "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT], "megrez": [_QWEN2_SPLIT],
+    "gpt-4o": [_GPT4O_SPLIT], "llama4": [_GPT4O_SPLIT],
+}
+_IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
+TOKENIZER_MODELS = ("gpt2", "llama")
+
+
+def from_gguf(meta: dict, source: str) -> HFTokenizer:
+    """The tokenizer a GGUF's metadata describes; a clear error for kinds we do not build."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind not in TOKENIZER_MODELS:
+        raise NotImplementedError(
+            f"{source}: GGUF tokenizer model {kind!r} is not supported (supported: {', '.join(TOKENIZER_MODELS)}); "
+            "load the model's Hugging Face folder with tokenizer.json instead")
+    try:
+        tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    except KeyError:
+        raise ValueError(f"{source}: GGUF tokenizer metadata is missing tokenizer.ggml.tokens") from None
+    types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "gpt2":
+        tok = _byte_level(meta, tokens, source)
+    else:
+        tok = _sentencepiece(meta, tokens, meta.get("general.architecture", ""))
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, k in zip(tokens, types) if k == _GGUF_CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t, k in zip(tokens, types) if k == _GGUF_USER_DEFINED])
+    return tok
+
+
+def default_add_bos(meta: dict) -> bool:
+    """llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise."""
+    flag = meta.get("tokenizer.ggml.add_bos_token")
+    return bool(flag) if flag is not None else meta.get("tokenizer.ggml.model") == "llama"
+
+
+def _byte_level(meta: dict, tokens: list[str], source: str) -> HFTokenizer:
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_SPLITS:
+        raise NotImplementedError(
+            f"{source}: GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(PRE_SPLITS))}")
+    if "tokenizer.ggml.merges" not in meta:
+        raise ValueError(f"{source}: GGUF tokenizer metadata is missing tokenizer.ggml.merges")
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    tok = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges, ignore_merges=pre in _IGNORE_MERGES))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[pre]]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _sentencepiece(meta: dict, tokens: list[str], arch: str) -> HFTokenizer:
+    gemma = arch.startswith("gemma")
+    if gemma:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space
+        tokens = [SPIECE * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if "tokenizer.ggml.merges" in meta:
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    else:
+        scores = ({t: -i for i, t in enumerate(tokens)} if gemma
+                  else dict(zip(tokens, meta.get("tokenizer.ggml.scores") or [0.0] * len(tokens))))
+        merges = merges_from_scores(vocab, scores)
+    unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    tok = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    steps = [decoders.Replace(SPIECE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if gemma:  # no prefix space
+        tok.normalizer = normalizers.Replace(" ", SPIECE)
+    elif arch == "phi3":  # the prefix space comes from a normalizer, so leading spaces are not doubled
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPIECE), normalizers.Replace(" ", SPIECE)])
+        steps.append(decoders.Strip(content=" ", left=1))
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE, prepend_scheme="first", split=False)
+        steps.append(decoders.Strip(content=" ", left=1))
+    tok.decoder = decoders.Sequence(steps)
+    return tok
+
+
+def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """SentencePiece BPE merges implied by a scored vocabulary: every split of a token into two known
+    pieces, the token's score ranking the merge (ties: shorter left piece first), as SentencePiece's
+    own conversion to tokenizer.json does."""
+    found = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                 if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found += local
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in found]

@@ -1,0 +1,326 @@
+// One call per layer for decode-sized steps: rotary on q and k, K/V written into the paged pools, and
+// causal attention of each sequence's few query rows over its pages (fp32 pools).
+//
+// Token i of sequence b sits at position kv_lens[b] - q_len_b + i and attends to positions 0..that one
+// (decode, speculative verification). Sequences with more than max_q query rows (prefill chunks) are only
+// rotated and written: the caller runs torch's SDPA for them on the returned rotated q. Work is split into
+// (sequence, kv head, context slice) tasks with an online softmax each, merged by log-sum-exp, so a long
+// context also spreads over the threads. Slices depend on the sequence's own length only, so a sequence's
+// result never depends on what else is in the batch. GQA: a KV head's G query heads run in one task.
+#include "common.h"
+#include "ops.h"
+
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <limits>
+#include <vector>
+
+namespace pagedeck {
+namespace {
+
+constexpr int64_t kChunk = 64;     // positions scored at once
+constexpr int64_t kSlice = 512;     // context positions per task
+
+inline void rotate(const float* x, const float* c, const float* s, int64_t half, float* out) {
+  int64_t i = 0;
+#ifdef PD_AVX2
+  for (; i + 8 <= half; i += 8) {
+    const __m256 x1 = _mm256_loadu_ps(x + i), x2 = _mm256_loadu_ps(x + half + i);
+    const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+    _mm256_storeu_ps(out + i, _mm256_fmsub_ps(x1, cv, _mm256_mul_ps(x2, sv)));
+    _mm256_storeu_ps(out + half + i, _mm256_fmadd_ps(x2, cv, _mm256_mul_ps(x1, sv)));
+  }
+#endif
+  for (; i < half; ++i) {
+    const float a = x[i], b = x[half + i];
+    out[i] = a * c[i] - b * s[i];
+    out[half + i] = b * c[i] + a * s[i];
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t D) {
+  int64_t i = 0;
+  float r = 0.0f;
+#ifdef PD_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  r = hsum(acc);
+#endif
+  for (; i < D; ++i) r += a[i] * b[i];
+  return r;
+}
+
+inline void axpy(float p, const float* v, float* acc, int64_t D) {
+  int64_t i = 0;
+#ifdef PD_AVX2
+  const __m256 pv = _mm256_set1_ps(p);
+  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+#endif
+  for (; i < D; ++i) acc[i] += p * v[i];
+}
+
+inline float exp_sum(float* x, int64_t n, float mx) {  // x = exp(x - mx), returns the sum
+  int64_t i = 0;
+  float total = 0.0f;
+#ifdef PD_AVX2
+  const __m256 m = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp_neg(_mm256_sub_ps(_mm256_loadu_ps(x + i), m));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  total = hsum(acc);
+#endif
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    total += x[i];
+  }
+  return total;
+}
+
+struct Partial {  // online-softmax state of one query row over one context slice
+  float max, sum;
+};
+
+// Softmax bookkeeping of one head for a chunk of n scores: rescale the running sum and output to the new
+// maximum, turn the scores into weights exp(s - max) and add them to the sum.
+inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t p = 0; p < n; ++p) mx = std::max(mx, s[p]);
+  const float m_new = std::max(st.max, mx);
+  if (st.max != m_new && st.sum > 0.0f) {
+    const float alpha = std::exp(st.max - m_new);
+    for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+    st.sum *= alpha;
+  }
+  st.max = m_new;
+  st.sum += exp_sum(s, n, m_new);
+}
+
+// One query row's G heads (q: G x D) over n positions of K/V rows `stride` apart; st and A (G x D) carry
+// each head's online softmax; scores has room for G x kChunk.
+void chunk_generic(const float* q, int64_t G, const float* K, const float* V, int64_t stride, int64_t n, int64_t D,
+                   float sc, Partial* st, float* A, float* scores) {
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t p = 0; p < n; ++p) scores[p] = sc * dot(q + g * D, K + p * stride, D);
+    online_softmax(scores, n, st[g], A + g * D, D);
+    for (int64_t p = 0; p < n; ++p) axpy(scores[p], V + p * stride, A + g * D, D);
+  }
+}
+
+#ifdef PD_AVX2
+// The same for D % 64 == 0 with the G heads in registers: each K row load serves all G heads (4 positions
+// at a time, their dot products reduced together), each V row load likewise.
+template <int G>
+void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, int64_t n, int64_t D, float sc,
+                Partial* st, float* A, float* scores) {
+  const __m256 scale = _mm256_set1_ps(sc);
+  int64_t p = 0;
+  for (; p + 4 <= n; p += 4) {
+    __m256 acc[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
+    const float* k = K + p * stride;
+    for (int64_t d = 0; d < D; d += 8) {
+      const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + stride + d),
+                   k2 = _mm256_loadu_ps(k + 2 * stride + d), k3 = _mm256_loadu_ps(k + 3 * stride + d);
+      for (int g = 0; g < G; ++g) {
+        const __m256 qv = _mm256_loadu_ps(q + g * D + d);
+        acc[g][0] = _mm256_fmadd_ps(qv, k0, acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(qv, k1, acc[g][1]);
+        acc[g][2] = _mm256_fmadd_ps(qv, k2, acc[g][2]);
+        acc[g][3] = _mm256_fmadd_ps(qv, k3, acc[g][3]);
+      }
+    }
+    for (int g = 0; g < G; ++g) {  // lanes -> [dot p, dot p+1, dot p+2, dot p+3]
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[g][0], acc[g][1]), _mm256_hadd_ps(acc[g][2], acc[g][3]));
+      const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+      _mm_storeu_ps(scores + g * kChunk + p, _mm_mul_ps(r, _mm256_castps256_ps128(scale)));
+    }
+  }
+  for (; p < n; ++p)
+    for (int g = 0; g < G; ++g) scores[g * kChunk + p] = sc * dot(q + g * D, K + p * stride, D);
+  for (int g = 0; g < G; ++g) online_softmax(scores + g * kChunk, n, st[g], A + g * D, D);
+  for (int64_t d0 = 0; d0 < D; d0 += 64) {
+    __m256 acc[G][8];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 8; ++j) acc[g][j] = _mm256_loadu_ps(A + g * D + d0 + 8 * j);
+    for (int64_t t = 0; t < n; ++t) {
+      const float* v = V + t * stride + d0;
+      for (int j = 0; j < 8; ++j) {
+        const __m256 vj = _mm256_loadu_ps(v + 8 * j);
+        for (int g = 0; g < G; ++g)
+          acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scores + g * kChunk + t), vj, acc[g][j]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(A + g * D + d0 + 8 * j, acc[g][j]);
+  }
+}
+#endif
+
+using ChunkFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, Partial*, float*,
+                         float*);
+
+ChunkFn fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
+#ifdef PD_AVX2
+  if (D % 64 == 0) {
+    switch (G) {
+      case 1: return chunk_fast<1>;
+      case 2: return chunk_fast<2>;
+      case 3: return chunk_fast<3>;
+      case 4: return chunk_fast<4>;
+      case 5: return chunk_fast<5>;
+      case 6: return chunk_fast<6>;
+      case 7: return chunk_fast<7>;
+      case 8: return chunk_fast<8>;
+      default: break;
+    }
+  }
+#endif
+  (void)G;
+  (void)D;
+  return nullptr;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
+                                          const at::Tensor& block_table, const at::Tensor& cu_q,
+                                          const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q) {
+  check_cpu_f32(qkv, "qkv");
+  check_cpu_f32(k_pool, "k_pool");
+  check_cpu_f32(v_pool, "v_pool");
+  check_cpu_f32(cos, "cos");
+  check_cpu_f32(sin, "sin");
+  TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes(), "pools must be (pages, page_size, Hkv, D)");
+  const int64_t P = k_pool.size(0), ps = k_pool.size(1), Hkv = k_pool.size(2), D = k_pool.size(3);
+  const int64_t T = qkv.size(0), half = D / 2, G = Hq / Hkv;
+  TORCH_CHECK(Hq % Hkv == 0 && D % 2 == 0 && qkv.dim() == 2 && qkv.size(1) == (Hq + 2 * Hkv) * D,
+              "qkv does not match the pools' heads");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == T && cos.size(1) == half, "bad rotary tables");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == T, "slot_mapping must be (T,) int64");
+  TORCH_CHECK(block_table.scalar_type() == at::kInt && cu_q.scalar_type() == at::kInt &&
+                  kv_lens.scalar_type() == at::kInt && block_table.is_contiguous() && cu_q.is_contiguous() &&
+                  kv_lens.is_contiguous() && slot_mapping.is_contiguous(),
+              "block_table, cu_q and kv_lens must be contiguous int32");
+  const int64_t B = kv_lens.numel(), W = block_table.size(1);
+  TORCH_CHECK(cu_q.numel() == B + 1 && block_table.size(0) == B, "cu_q / block_table do not match kv_lens");
+  const int32_t* cu = cu_q.data_ptr<int32_t>();
+  const int32_t* lens = kv_lens.data_ptr<int32_t>();
+  const int32_t* table = block_table.data_ptr<int32_t>();
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  TORCH_CHECK(cu[0] == 0 && cu[B] == T, "cu_q must run from 0 to T");
+  int64_t qmax = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = cu[b + 1] - cu[b];
+    TORCH_CHECK(ql >= 1 && ql <= lens[b] && lens[b] <= W * ps, "sequence ", b, ": bad q_len or kv_len");
+    for (int64_t p = 0; p < (lens[b] + ps - 1) / ps; ++p) {
+      TORCH_CHECK(table[b * W + p] >= 0 && table[b * W + p] < P, "block_table holds a page outside the pool");
+    }
+    if (ql <= max_q) qmax = std::max(qmax, ql);
+  }
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < P * ps, "slot_mapping outside the pool");
+
+  // rotary on q (into a buffer) and k, k and v into their slots
+  const float* x = qkv.data_ptr<float>();
+  const float* cs = cos.data_ptr<float>();
+  const float* sn = sin.data_ptr<float>();
+  float* kp = k_pool.data_ptr<float>();
+  float* vp = v_pool.data_ptr<float>();
+  at::Tensor qrot = at::empty({T, Hq, D}, qkv.options());
+  float* q = qrot.data_ptr<float>();
+  const int64_t row = (Hq + 2 * Hkv) * D;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* r = x + t * row;
+    for (int64_t h = 0; h < Hq; ++h) rotate(r + h * D, cs + t * half, sn + t * half, half, q + (t * Hq + h) * D);
+    for (int64_t h = 0; h < Hkv; ++h) {
+      rotate(r + (Hq + h) * D, cs + t * half, sn + t * half, half, kp + (slots[t] * Hkv + h) * D);
+      std::memcpy(vp + (slots[t] * Hkv + h) * D, r + (Hq + Hkv + h) * D, D * sizeof(float));
+    }
+  }
+
+  // tasks: (sequence, kv head, slice of kSlice positions); none for sequences left to the caller
+  std::vector<int64_t> first_task(B + 1, 0), slices(B);
+  for (int64_t b = 0; b < B; ++b) {
+    slices[b] = cu[b + 1] - cu[b] <= max_q ? (lens[b] + kSlice - 1) / kSlice : 0;
+    first_task[b + 1] = first_task[b] + Hkv * slices[b];
+  }
+  const int64_t tasks = first_task[B], nq = qmax * G;
+  std::vector<float> acc(tasks * nq * D);
+  std::vector<Partial> part(tasks * nq);
+  const float sc = (float)scale;
+  const ChunkFn fast = fast_chunk(G, D);
+  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(G * kChunk);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+      const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
+      const int64_t len = lens[b], ql = cu[b + 1] - cu[b];
+      const int64_t per = (len + slices[b] - 1) / slices[b];
+      const int64_t lo = s * per, hi = std::min(len, lo + per);
+      float* A = acc.data() + task * nq * D;
+      Partial* st = part.data() + task * nq;
+      std::fill(A, A + ql * G * D, 0.0f);
+      for (int64_t j = 0; j < ql * G; ++j) st[j] = {-std::numeric_limits<float>::infinity(), 0.0f};
+      for (int64_t c0 = lo; c0 < hi;) {  // chunks never cross a page
+        const int64_t page = table[b * W + c0 / ps];
+        const int64_t c1 = std::min({hi, c0 + kChunk, (c0 / ps + 1) * ps});
+        const float* K = kp + ((page * ps + c0 % ps) * Hkv + h) * D;
+        const float* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
+        const int64_t stride = Hkv * D;
+        for (int64_t i = 0; i < ql; ++i) {
+          const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
+          if (n <= 0) continue;
+          const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
+          if (fast) {
+            fast(qv, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+          } else {
+            chunk_generic(qv, G, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+          }
+        }
+        c0 = c1;
+      }
+    }
+  });
+
+  // merge slices: o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s
+  at::Tensor out = at::empty({T, Hq * D}, qkv.options());
+  float* o = out.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t ql = cu[b + 1] - cu[b];
+    if (slices[b] == 0) continue;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t base = first_task[b] + h * slices[b];
+      for (int64_t j = 0; j < ql * G; ++j) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < slices[b]; ++s) M = std::max(M, part[(base + s) * nq + j].max);
+        float* dst = o + (cu[b] + j / G) * Hq * D + (h * G + j % G) * D;
+        std::fill(dst, dst + D, 0.0f);
+        float total = 0.0f;
+        for (int64_t s = 0; s < slices[b]; ++s) {
+          const Partial& p = part[(base + s) * nq + j];
+          if (p.sum == 0.0f) continue;
+          const float w = slices[b] == 1 ? 1.0f : std::exp(p.max - M);
+          total += w * p.sum;
+          axpy(w, acc.data() + ((base + s) * nq + j) * D, dst, D);
+        }
+        const float inv = 1.0f / total;
+        for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+      }
+    }
+  }
+  return {out, qrot};
+}
+
+TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("attend(Tensor qkv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor cos, Tensor sin, Tensor slot_mapping, "
+          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q) -> (Tensor, Tensor)",
+          &attend);
+}
+
+}  // namespace pagedeck

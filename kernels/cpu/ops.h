@@ -1,0 +1,24 @@
+// The CPU kernels' entry points, for one another (decode.cpp chains them without going back to Python).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <tuple>
+
+namespace pagedeck {
+
+// y = x @ W^T for a packed W (qmatmul.cpp); m: q4's minimums, absent for q8; act: 0 none, 1 SwiGLU
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                   int64_t act);
+
+// rotary + K/V write + attention of the short query chunks (attention.cpp); returns (out, rotated q)
+std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
+                                          const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
+                                          const at::Tensor& block_table, const at::Tensor& cu_q,
+                                          const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q);
+
+// (norm(x + residual) * weight, x + residual) (norm.cpp)
+std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
+                                            const c10::optional<at::Tensor>& residual);
+
+}  // namespace pagedeck

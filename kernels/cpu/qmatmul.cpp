@@ -1,0 +1,348 @@
+// Packed-weight matmuls for decode-sized row counts: y = x @ W^T with W in 32-weight blocks.
+//
+// Formats (one kernel per format, one entry point):
+//   q4: w = d * q + m, q in 0..15 (16 bytes of nibbles a block: low nibbles are weights 0..15, high 16..31,
+//       GGUF's Q4_0/Q4_1 order), d and m fp16 per block.
+//   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
+// Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
+// products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
+// computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
+// activation rounding error then meets only d (q - 8), not the block offset (Q4_1 blocks often have |m| ~ 8d,
+// and charging the error to d q + m instead was 5x worse on the default model). Every output element is
+// computed by the same sequence of operations whatever the number of rows or threads, so results never
+// depend on the batch.
+#include "common.h"
+#include "ops.h"
+
+#include <torch/library.h>
+
+#include <vector>
+
+namespace pagedeck {
+namespace {
+
+enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
+constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
+
+// q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
+// exact sum s, c = 8 d sum(q)
+struct QuantAct {
+  std::vector<int8_t> q;
+  std::vector<float> d, s, c;
+  int64_t nbp = 0;
+};
+
+QuantAct& scratch() {
+  thread_local QuantAct a;
+  return a;
+}
+
+// pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
+// so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
+// (an odd last block stays as it is).
+void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs) {
+  const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
+  a.nbp = nbp;
+  a.q.resize(M * K);
+  a.d.assign(M * nbp, 0.0f);
+  a.s.assign(M * nbp, 0.0f);
+  a.c.assign(M * nbp, 0.0f);
+  for (int64_t blk = 0; blk < M * nb; ++blk) {
+    const int64_t r = blk / nb * nbp + blk % nb;
+    const float* v = x + blk * kBlock;
+    int8_t* q = a.q.data() + blk * kBlock;
+#ifdef PD_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
+           x3 = _mm256_loadu_ps(v + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
+    const float amax = hmax(mx);
+    a.s[r] = hsum(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)));
+    const float d = amax / 127.0f;
+    a.d[r] = d;
+    const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, inv)),
+            i2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, inv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
+    _mm256_storeu_si256((__m256i*)q, p);
+    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
+    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    a.c[r] = 8.0f * d * (float)_mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+#else
+    float amax = 0.0f, sum = 0.0f;
+    for (int i = 0; i < kBlock; ++i) {
+      amax = std::max(amax, std::fabs(v[i]));
+      sum += v[i];
+    }
+    const float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
+    a.d[r] = d;
+    a.s[r] = sum;
+    int32_t isum = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      q[i] = (int8_t)std::nearbyint(v[i] * inv);
+      isum += q[i];
+    }
+    a.c[r] = 8.0f * d * (float)isum;
+#endif
+  }
+#ifdef PD_AVX2
+  if (!pairs) return;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j + 1 < nb; j += 2) {
+      __m256i* p = (__m256i*)(a.q.data() + (m * nb + j) * kBlock);
+      const __m256i b0 = _mm256_loadu_si256(p), b1 = _mm256_loadu_si256(p + 1);
+      _mm256_storeu_si256(p, _mm256_permute2x128_si256(b0, b1, 0x20));
+      _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(b0, b1, 0x31));
+    }
+  }
+#else
+  (void)pairs;
+#endif
+}
+
+struct Weights {
+  const uint8_t* qs;
+  const uint16_t* d;
+  const uint16_t* m;  // q4 only
+  int64_t K, nb;
+  bool q4;
+};
+
+#ifdef PD_AVX2
+inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x s8 products
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// 8 fp16 scales from p on; lanes past the row's end read the next row's (finite) scales or the tensor's
+// padding (kScalePad), and meet zero sums and zero activation scales there.
+inline __m256 load_halfs(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
+// Two consecutive blocks (j, j+1) of one weight row, unpacked once and met by every activation row of a tile.
+// q4: one 32-byte load of both blocks' nibbles; the low nibbles meet x[0:16] of both blocks, the high ones
+// x[16:32] (quantize_rows' pair layout); an odd last block of a row is unpacked alone.
+// q8: codes stored as u8 = q + 128 (dpbusd multiplies u8 by s8); the +128 is taken out through c.
+struct Pair {
+  __m256i a, b;
+  int blocks;  // 2, 1 (odd last block), 0 (past the row's end)
+};
+
+template <bool Q4>
+inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
+  const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
+  if (left <= 0) return {zero, zero, 0};
+  if (Q4) {
+    if (left >= 2) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(w.qs + (n * w.nb + j) * 16));
+      return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 2};
+    }
+    const __m128i raw = _mm_loadu_si128((const __m128i*)(w.qs + (n * w.nb + j) * 16));
+    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low), zero, 1};
+  }
+  const __m256i* p = (const __m256i*)(w.qs + (n * w.nb + j) * 32);
+  return {_mm256_loadu_si256(p), left >= 2 ? _mm256_loadu_si256(p + 1) : zero, left >= 2 ? 2 : 1};
+}
+
+// int32 partial sums of the pair against activation blocks at x: lanes 0-3 block j, lanes 4-7 block j+1
+template <bool Q4>
+inline __m256i dot_pair(const Pair& w, const int8_t* x) {
+  const __m256i zero = _mm256_setzero_si256();
+  if (w.blocks == 0) return zero;
+  const __m256i x0 = _mm256_loadu_si256((const __m256i*)x);
+  const __m256i x1 = w.blocks == 2 ? _mm256_loadu_si256((const __m256i*)(x + kBlock)) : zero;
+  if (Q4 && w.blocks == 2) return _mm256_add_epi32(dot_u8s8(w.a, x0), dot_u8s8(w.b, x1));
+  if (Q4) {
+    const __m256i p = dot_u8s8(w.a, x0);
+    return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+  }
+  // hadd: [p0 01, p0 23, p1 01, p1 23 | p0 45, p0 67, p1 45, p1 67] -> lanes 0-3 block j, 4-7 block j+1
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot_u8s8(w.a, x0), dot_u8s8(w.b, x1)), 0xd8);
+}
+
+// out[r * ldo + c] = row n0 + c of W . activation row m0 + r, for r < MT, c < NT.
+// Blocks go in groups of 8: each block's int32 dot product is reduced exactly (hadd tree) to one lane of a
+// vector, then one fma per group scales the 8 blocks by d_w * d_x. Every (r, c) pair has its own chain
+// of the same operations in the same order, so the tile shape (MT, NT) never changes a result.
+template <int MT, int NT, bool Q4>
+inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
+  __m256 acc[MT][NT], mins[MT][NT];
+  for (int r = 0; r < MT; ++r)
+    for (int c = 0; c < NT; ++c) acc[r][c] = mins[r][c] = _mm256_setzero_ps();
+  const int64_t nb = w.nb;
+  for (int64_t j0 = 0; j0 < nb; j0 += 8) {
+    const int64_t len = std::min<int64_t>(8, nb - j0);
+    __m256i half[MT][NT], sums[MT][NT];
+    for (int k = 0; k < 4; ++k) {
+      const int64_t j = j0 + 2 * k;
+      Pair p[NT];
+      for (int c = 0; c < NT; ++c) p[c] = load_pair<Q4>(w, n0 + c, j, len - 2 * k);
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* x = a.q.data() + ((m0 + r) * nb + j) * kBlock;
+        for (int c = 0; c < NT; ++c) {
+          const __m256i q = dot_pair<Q4>(p[c], x);
+          if (k % 2 == 0) {
+            sums[r][c] = q;
+          } else if (k == 1) {
+            half[r][c] = _mm256_hadd_epi32(sums[r][c], q);
+          } else {  // [b0 b2 b4 b6 | b1 b3 b5 b7]
+            sums[r][c] = _mm256_hadd_epi32(half[r][c], _mm256_hadd_epi32(sums[r][c], q));
+          }
+        }
+      }
+    }
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int c = 0; c < NT; ++c) {
+      const __m256 dw = load_halfs(w.d + (n0 + c) * nb + j0);
+      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(8.0f), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
+      const __m256 cw = Q4 ? dw : _mm256_mul_ps(_mm256_set1_ps(16.0f), dw);  // q8: the +128 offset, 16 c = 128 d sum(q)
+      for (int r = 0; r < MT; ++r) {
+        const int64_t at = (m0 + r) * a.nbp + j0;
+        const __m256 blocks = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(sums[r][c], order));
+        acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
+        if (Q4) mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
+        mins[r][c] = _mm256_fnmadd_ps(cw, _mm256_loadu_ps(a.c.data() + at), mins[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < MT; ++r)
+    for (int c = 0; c < NT; ++c) out[r * ldo + c] = hsum(acc[r][c]) + hsum(mins[r][c]);
+}
+
+inline void silu_mul(float* g, const float* u, int64_t n) {  // g = silu(g) * u
+  int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
+    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#else
+template <int MT, int NT, bool Q4>
+inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
+  for (int r = 0; r < MT; ++r) {
+    for (int c = 0; c < NT; ++c) {
+      const int64_t n = n0 + c;
+      float acc = 0.0f, mins = 0.0f;
+      for (int64_t j = 0; j < w.nb; ++j) {
+        const int64_t blk = (m0 + r) * a.nbp + j;
+        const int8_t* xq = a.q.data() + ((m0 + r) * w.nb + j) * kBlock;
+        int32_t s = 0;
+        for (int i = 0; i < kBlock; ++i) {
+          int wq;
+          if (Q4) {
+            const uint8_t b = w.qs[(n * w.nb + j) * 16 + (i & 15)];
+            wq = i < 16 ? (b & 15) : (b >> 4);
+          } else {
+            wq = (int)w.qs[(n * w.nb + j) * 32 + i] - 128;  // u8 = q + 128
+          }
+          s += wq * xq[i];
+        }
+        const float dw = half_to_float(w.d[n * w.nb + j]);
+        acc += (float)s * (dw * a.d[blk]);
+        if (Q4) mins += (half_to_float(w.m[n * w.nb + j]) + 8.0f * dw) * a.s[blk] - dw * a.c[blk];
+      }
+      out[r * ldo + c] = acc + mins;
+    }
+  }
+}
+
+inline void silu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+// out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
+// Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
+// DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
+// prefetching did not win that back.
+template <bool Q4>
+void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) dot_tile<4, 1, Q4>(w, n, a, m, out + m, 1);
+  for (; m < M; ++m) dot_tile<1, 1, Q4>(w, n, a, m, out + m, 1);
+}
+
+// y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
+template <bool Q4>
+void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1, float* y) {
+  thread_local std::vector<float> buf, gate, up;
+  buf.resize(M);
+  const int64_t len = n1 - n0;
+  if (act == kNone) {
+    for (int64_t n = n0; n < n1; ++n) {
+      weight_row<Q4>(w, a, M, n, buf.data());
+      for (int64_t m = 0; m < M; ++m) y[m * Nout + n] = buf[m];
+    }
+    return;
+  }
+  gate.resize(M * len);
+  up.resize(M * len);
+  for (int64_t n = n0; n < n1; ++n) {  // gate rows, then up rows: each pass streams its own half of W
+    weight_row<Q4>(w, a, M, n, buf.data());
+    for (int64_t m = 0; m < M; ++m) gate[m * len + n - n0] = buf[m];
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    weight_row<Q4>(w, a, M, n + Nout, buf.data());
+    for (int64_t m = 0; m < M; ++m) up[m * len + n - n0] = buf[m];
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    silu_mul(gate.data() + m * len, up.data() + m * len, len);
+    std::memcpy(y + m * Nout + n0, gate.data() + m * len, len * sizeof(float));
+  }
+}
+
+}  // namespace
+
+at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
+                   int64_t act) {
+  check_cpu_f32(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be (M, K)");
+  const bool q4 = m.has_value();
+  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), nb = K / kBlock;
+  TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && qs.size(1) == (q4 ? K / 2 : K) &&
+                  qs.scalar_type() == at::kByte,
+              "packed weights do not match x's K or the format");
+  auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
+    return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
+           (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
+  };
+  TORCH_CHECK(padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % 2 == 0), "bad activation");
+  const int64_t Nout = act == kSwiGLU ? N / 2 : N;
+  at::Tensor y = at::empty({M, Nout}, x.options());
+  if (M == 0) return y;
+  QuantAct& a = scratch();
+  quantize_rows(x.data_ptr<float>(), M, K, a, q4);
+  Weights w{(const uint8_t*)qs.data_ptr(), (const uint16_t*)d.data_ptr(),
+            q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
+  float* out = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(16, Nout / (4 * at::get_num_threads()));
+  const Act ac = (Act)act;
+  at::parallel_for(0, Nout, grain, [&](int64_t n0, int64_t n1) {
+    if (q4) {
+      compute<true>(w, a, M, Nout, ac, n0, n1, out);
+    } else {
+      compute<false>(w, a, M, Nout, ac, n0, n1, out);
+    }
+  });
+  return y;
+}
+
+TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int act) -> Tensor", &qmatmul);
+}
+
+}  // namespace pagedeck

@@ -1,0 +1,72 @@
+"""pagedeck's own CPU kernels (kernels/cpu/*.cpp), compiled for this machine at first use.
+
+torch has no fast CPU matmul for 4/8-bit weights at decode-sized row counts (its int4 kernel wants bf16
+activations and runs ~3x below memory bandwidth here, kernels/PERF.md), and a decode step of a small model
+is ~40 tiny eager ops per layer. These kernels do integer dot products on packed blocks (as llama.cpp
+does) and fuse rotary + K/V write + decode attention into one call per layer.
+
+The extension is built once per source version with torch.utils.cpp_extension (gcc, -march=native; ~40 s
+of compiler time) into torch's extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR, never the
+tree) and loaded as torch.ops.pagedeck.*. Without a compiler, or with PAGEDECK_CPU_KERNELS=0,
+`ops()` returns None and callers use their torch paths.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp")]
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+_lock = threading.Lock()
+_state: dict = {}
+log = logging.getLogger(__name__)
+
+
+def enabled() -> bool:
+    return os.environ.get("PAGEDECK_CPU_KERNELS", "1") != "0"
+
+
+def ops():
+    """torch.ops.pagedeck after building/loading the extension, or None when it is disabled or can't build.
+    (Called on every packed matmul: the answer is cached per PAGEDECK_CPU_KERNELS value.)"""
+    key = os.environ.get("PAGEDECK_CPU_KERNELS", "1")
+    hit = _state.get(key)
+    if hit is not None:
+        return hit[0]
+    with _lock:
+        if key not in _state:
+            _state[key] = (_load() if key != "0" else None,)
+    return _state[key][0]
+
+
+def build_name() -> str:
+    """The extension's name in torch's cache, keyed by the sources, headers and flags: torch rebuilds a name
+    whose sources changed (and ignores headers), so two checkouts sharing one cache would rebuild each other's
+    build on every start; a name per content lets each version build once."""
+    h = hashlib.sha256(" ".join(CFLAGS).encode())
+    for path in sorted(SOURCES[0].parent.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            h.update(path.name.encode() + path.read_bytes())
+    return "pagedeck_cpu_" + h.hexdigest()[:12]
+
+
+def _load():
+    try:
+        from torch.utils.cpp_extension import load
+
+        log.info("loading pagedeck's CPU kernels (compiled once per machine and source change, ~1 min)")
+        load(name=build_name(), sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=CFLAGS,
+             extra_include_paths=[str(SOURCES[0].parent)], verbose=False)
+        return torch.ops.pagedeck
+    except Exception as e:  # no compiler, unsupported platform: the torch paths still work
+        log.warning("pagedeck CPU kernels unavailable (%s); using torch's kernels", e)
+        return None
+
+
+def available() -> bool:
+    return ops() is not None

@@ -1,0 +1,208 @@
+"""pagedeck's CPU kernels (kernels/cpu_ext.py) against exact statements of what they compute: the packed
+matmuls against a float64 re-statement of their integer arithmetic, fused rotary + K/V write + attention
+against the torch reference ops on shuffled pages with NaN in every unwritten slot, the fused RMSNorm
+against the reference; and the torch fallbacks when the extension is switched off."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels
+from engine.model.qlinear import Q4Linear, Q8Linear
+from kernels import cpu_ext
+from kernels import reference as ref
+from kernels.reference_attention import paged_attention
+from tests.kernels.test_oracle import PagedCase
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+
+def random_q4(N: int, K: int, seed: int = 0) -> Q4Linear:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
+    scale = (torch.rand(N, K // 32, generator=g) * 0.02 + 0.001).half()
+    minimum = (-8 * scale.float() + torch.randn(N, K // 32, generator=g) * 0.01).half()  # Q4_1-like offsets
+    return Q4Linear(codes, scale, minimum)
+
+
+def quantized_activations(x: torch.Tensor):
+    """The kernels' activation rounding: per row and block of 32, d = max|x| / 127, q = round-half-even(x * 127 / max|x|)."""
+    M, K = x.shape
+    b = x.view(M, K // 32, 32)
+    amax = b.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros(()))
+    q = (b * inv[..., None]).round()
+    return q.double(), (amax / 127).double(), b.double().sum(-1)
+
+
+def reference_matmul(x: torch.Tensor, w) -> torch.Tensor:
+    """What the kernel computes, in float64. q4: sum_j d_w d_x sum((q - 8) q_x) + (m + 8 d_w) sum(x);
+    q8: sum_j d_w d_x sum(q q_x)."""
+    q, d, s = quantized_activations(x)
+    N, K = w.shape
+    codes = w.codes().double().view(N, K // 32, 32)
+    dw = w.scale.double()
+    if isinstance(w, Q4Linear):
+        dots = torch.einsum("mjk,njk->mnj", q, codes - 8)
+        zero = w.minimum.double() + 8 * dw
+        return (dots * dw[None] * d[:, None, :]).sum(-1) + (zero[None] * s[:, None, :]).sum(-1)
+    dots = torch.einsum("mjk,njk->mnj", q, codes)
+    return (dots * dw[None] * d[:, None, :]).sum(-1)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("N,K", [(96, 576), (36, 544), (72, 1536), (5, 32)])  # K/32 = 18, 17 (odd), 48, 1
+def test_packed_matmul_computes_its_stated_arithmetic(fmt, N, K):
+    w = random_q4(N, K, N + K) if fmt == "q4" else Q8Linear.quantize(torch.randn(N, K) * 0.05)
+    x = torch.randn(17, K, generator=torch.Generator().manual_seed(K)) * 3
+    x[3, 5] = 40.0  # an outlier channel, as real hidden states have
+    x[4] = 0.0  # an all-zero row (zero block scales)
+    y = w(x)
+    expected = reference_matmul(x, w)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    dense = F.linear(x, w.dequantize())  # and it is the dense product up to int8 activations
+    assert ((y - dense).norm() / dense.norm()).item() < 2e-2
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_a_rows_result_never_depends_on_the_other_rows(fmt):
+    """Row tiles (4x2, 1x4, 1x1) and thread splits must not change a row's bits: batch invariance."""
+    w = random_q4(70, 576) if fmt == "q4" else Q8Linear.quantize(torch.randn(70, 576))
+    x = torch.randn(13, 576)
+    together = w(x)
+    for i in range(13):
+        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(w(x[2:9]), together[2:9])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(w(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_swiglu_epilogue_is_silu_of_gate_times_up(fmt):
+    w = random_q4(192, 576, 3) if fmt == "q4" else Q8Linear.quantize(torch.randn(192, 576) * 0.05)
+    x = torch.randn(9, 576)
+    gate, up = w(x).chunk(2, dim=-1)
+    torch.testing.assert_close(w(x, "swiglu"), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+    assert torch.equal(w(x[4:5], "swiglu"), w(x, "swiglu")[4:5])
+
+
+def test_q8_quantize_round_trips_a_q8_0_tensor():
+    """The GGUF's Q8_0 embedding, dequantized, packs back to exactly its own codes and scales."""
+    from engine.model.weights import GGUFFile, default_model_path
+
+    gf = GGUFFile(default_model_path())
+    blocks = gf.raw("token_embd.weight")[:4096].reshape(-1, 34)  # fp16 scale, 32 int8 codes
+    scale = blocks[:, :2].contiguous().view(torch.float16).reshape(4096, -1)
+    codes = blocks[:, 2:].contiguous().view(torch.int8).reshape(4096, -1)
+    dense = gf.tensor("token_embd.weight")[:4096]
+    packed = Q8Linear.quantize(dense)
+    assert torch.equal(packed.codes(), codes) and torch.equal(packed.scale, scale)
+    assert torch.equal(packed.dequantize(), dense)
+
+
+def test_fallbacks_without_the_extension(monkeypatch):
+    w4, w8 = random_q4(64, 576), Q8Linear.quantize(torch.randn(64, 576))
+    x = torch.randn(3, 576)
+    monkeypatch.setenv("PAGEDECK_CPU_KERNELS", "0")
+    assert cpu_ext.ops() is None
+    torch.testing.assert_close(w8(x), F.linear(x, w8.dense))  # the dense copy
+    dense = F.linear(x, w4.dequantize())
+    if hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):  # torch's int4 kernel, bf16 activations
+        assert ((w4(x) - dense).norm() / dense.norm()).item() < 1e-2
+    torch.testing.assert_close(w4(x, "swiglu"), kernels.silu_mul(w4(x)))
+    monkeypatch.delenv("PAGEDECK_CPU_KERNELS")
+    assert cpu_ext.ops() is not None
+
+
+def test_fused_rms_norm_matches_the_reference():
+    x, r, w = torch.randn(5, 576), torch.randn(5, 576), torch.randn(576)
+    h, s = kernels.rms_norm(x, w, 1e-5, r, fast=True)
+    h_ref, s_ref = ref.rms_norm(x, w, 1e-5, r)
+    assert torch.equal(s, s_ref)
+    torch.testing.assert_close(h, h_ref, rtol=1e-6, atol=1e-6)
+    h, s = kernels.rms_norm(x, w, 1e-5, fast=True)
+    assert s is x
+    torch.testing.assert_close(h, ref.rms_norm(x, w, 1e-5)[0], rtol=1e-6, atol=1e-6)
+
+
+def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed):
+    """Run fused_attention and the reference ops on the same case; returns both outputs and both pools."""
+    case = PagedCase(seqs, Hq, Hkv, D, ps, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    T = sum(ql for ql, _ in seqs)
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g)
+    positions = torch.cat([torch.arange(kv - ql, kv) for ql, kv in seqs])
+    slots = torch.cat([case.slots(b, kv - ql, kv, ps) for b, (ql, kv) in enumerate(seqs)])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    scale = D ** -0.5
+
+    plan = kernels.plan_step(positions, inv_freq, case.block_table, case.cu_q, case.kv, ps, fuse=True)
+    k_fused, v_fused = case.k_cache.clone(), case.v_cache.clone()
+    out = kernels.fused_attention(qkv, k_fused, v_fused, slots, case.block_table, case.cu_q, case.kv, Hq, scale, plan)
+
+    q = qkv[:, : Hq * D].reshape(T, Hq, D).contiguous()
+    k = qkv[:, Hq * D : (Hq + Hkv) * D].reshape(T, Hkv, D).contiguous()
+    v = qkv[:, (Hq + Hkv) * D :].reshape(T, Hkv, D)
+    ref.apply_rotary(q, k, positions, inv_freq)
+    k_ref, v_ref = case.k_cache.clone(), case.v_cache.clone()
+    ref.write_kv(k, v, k_ref, v_ref, slots)
+    expected = paged_attention(q, k_ref, v_ref, case.block_table, case.cu_q, case.kv, scale).reshape(T, Hq * D)
+    return out, expected, (k_fused, v_fused), (k_ref, v_ref), plan
+
+
+@pytest.mark.parametrize("seqs,Hq,Hkv,D,ps", [
+    ([(1, 1), (1, 37), (1, 300), (1, 1200)], 9, 3, 64, 16),  # decode, long contexts split into slices
+    ([(1, 150)], 9, 3, 64, 256),  # the default model's batch-1 shape
+    ([(5, 40), (1, 17), (3, 290), (16, 16)], 8, 2, 32, 16),  # verification rows, a whole-prompt short chunk
+    ([(1, 33), (40, 600), (1, 70), (100, 100)], 6, 2, 32, 16),  # mixed: long prefill chunks go to SDPA
+])
+def test_fused_attention_matches_rotary_write_and_paged_attention(seqs, Hq, Hkv, D, ps):
+    out, expected, fused_pools, ref_pools, plan = fused_vs_reference(seqs, Hq, Hkv, D, ps, seed=len(seqs) + Hq)
+    assert plan.fused and (plan.attention is not None) == any(ql > 16 for ql, _ in seqs)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for a, b in zip(fused_pools, ref_pools):  # same slots written, NaN everywhere else
+        assert torch.equal(a.isnan(), b.isnan())
+        torch.testing.assert_close(a.nan_to_num(), b.nan_to_num(), rtol=1e-6, atol=1e-6)
+
+
+def test_fused_attention_of_a_sequence_does_not_depend_on_the_batch():
+    """Sequence 0 alone and beside two others (one long, so the thread split differs): the same bits."""
+    seqs, Hq, Hkv, D, ps = [(1, 700), (1, 37), (2, 1500)], 9, 3, 64, 16
+    case = PagedCase(seqs, Hq, Hkv, D, ps, seed=5)
+    qkv = torch.randn(4, (Hq + 2 * Hkv) * D)
+    positions = torch.tensor([699, 36, 1498, 1499])
+    slots = torch.cat([case.slots(b, kv - ql, kv, ps) for b, (ql, kv) in enumerate(seqs)])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+
+    def run(n_seqs: int, rows: int) -> torch.Tensor:
+        table, cu, kv = case.block_table[:n_seqs], case.cu_q[: n_seqs + 1], case.kv[:n_seqs]
+        plan = kernels.plan_step(positions[:rows], inv_freq, table, cu, kv, ps, fuse=True)
+        return kernels.fused_attention(qkv[:rows], case.k_cache.clone(), case.v_cache.clone(), slots[:rows], table,
+                                       cu, kv, Hq, D ** -0.5, plan)
+
+    assert torch.equal(run(3, 4)[:1], run(1, 1))
+
+
+def test_fused_attention_refuses_bad_input():
+    case = PagedCase([(1, 20)], 4, 2, 32, 16, seed=0)
+    qkv = torch.randn(1, 8 * 32)
+    pos = torch.tensor([19])
+    inv_freq = torch.ones(16)
+    plan = kernels.plan_step(pos, inv_freq, case.block_table, case.cu_q, case.kv, 16, fuse=True)
+    bad_table = case.block_table.clone()
+    bad_table[0, 0] = 10**6
+    with pytest.raises(RuntimeError, match="page outside the pool"):
+        kernels.fused_attention(qkv, case.k_cache, case.v_cache, case.slots(0, 19, 20, 16), bad_table, case.cu_q,
+                                case.kv, 4, 0.1, plan)
+    with pytest.raises(RuntimeError, match="slot_mapping outside"):
+        kernels.fused_attention(qkv, case.k_cache, case.v_cache, torch.tensor([-1]), case.block_table, case.cu_q,
+                                case.kv, 4, 0.1, plan)
+    with pytest.raises(RuntimeError, match="heads"):
+        kernels.fused_attention(qkv, case.k_cache, case.v_cache, case.slots(0, 19, 20, 16), case.block_table,
+                                case.cu_q, case.kv, 6, 0.1, plan)

@@ -10,14 +10,16 @@ multiplies with integer dot products, as llama.cpp does; every output element is
 whatever the row count, so a row's result never depends on the batch. Without that extension q4 falls back
 to torch's int4 kernel (bf16 activations) and q8 to dense rows.
 
-Prompt rows of prefill chunks (>= DENSE_MIN_ROWS tokens of one sequence) take dense fp32 weights instead
-(RowSplit): there the matmul is compute bound and fp32 sgemm is faster than the integer kernels (~2x at 256
-rows, measured), and such a prompt's logits stay the dense model's. Those dense weights are a kept copy
-(`dense`) where the loader's rule allows the memory (engine.model.repack.keeps_dense_copy: small models,
-like the default one), else tiles of TILE_ROWS rows decoded from the blocks on the fly (the same values,
-never the whole matrix: a 7B model stays near its file size). Tiny chunks (a prompt prefilled a few tokens a
-step beside decoding chats, engine.generator.step_budget) stay packed. Which path a row takes is decided per
-sequence, never by the size of the batch.
+Prompt rows take dense fp32 weights instead (RowSplit), every one of them, whatever the chunk size: a
+prompt token's K/V and logits are then the dense model's, so they never depend on how the prompt was
+chunked (engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the
+prefix cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the
+default model after 25 tokens, measured). Where the matmul is compute bound fp32 sgemm is also faster
+than the integer kernels (~2x at 256 rows, measured). Those dense weights are a kept copy (`dense`) where
+the loader's rule allows the memory (engine.model.repack.keeps_dense_copy: small models, like the default
+one), else tiles of TILE_ROWS rows decoded from the blocks on the fly (the same values, never the whole
+matrix: a 7B model stays near its file size). Generated tokens go through the packed kernel. Which path a
+row takes depends on the row alone, never on the batch.
 """
 from __future__ import annotations
 
@@ -29,10 +31,6 @@ from kernels import cpu_ext
 
 GROUP = 32  # GGUF block size = the kernels' group size
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
-# A sequence's prompt chunk this long or longer takes the dense weights: whole chat prompts stay exact (packed
-# prefill of a 37-token chat prompt flipped the default model's first answer token, measured), while the few
-# tokens a step prefills beside decoding chats (engine.generator.step_budget) stay packed.
-DENSE_MIN_ROWS = 16
 SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 
@@ -300,14 +298,12 @@ class RowSplit:
             self.generated = keep.nonzero().reshape(-1)
 
     @classmethod
-    def of_batch(cls, prompt_rows: torch.Tensor | None, cu_q: torch.Tensor, min_rows: int = DENSE_MIN_ROWS) -> "RowSplit":
-        """The prompt rows of sequences that feed at least min_rows tokens in this step (cu_q: (B+1,) offsets)."""
+    def of_batch(cls, prompt_rows: torch.Tensor | None, cu_q: torch.Tensor) -> "RowSplit":
+        """The step's prompt rows take dense weights (cu_q: (B+1,) offsets; its last is the row count)."""
         T = int(cu_q[-1])
         if prompt_rows is None or prompt_rows.numel() == 0:
             return cls(None, T)
-        lengths = cu_q[1:] - cu_q[:-1]
-        seq = torch.searchsorted(cu_q[1:].to(prompt_rows.dtype), prompt_rows, right=True)
-        return cls(prompt_rows[lengths[seq] >= min_rows], T)
+        return cls(prompt_rows, T)
 
     @classmethod
     def of_rows(cls, prompt_rows: torch.Tensor | None, T: int, rows: torch.Tensor) -> "RowSplit":

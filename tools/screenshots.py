@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -83,13 +84,15 @@ async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> Non
         await asyncio.sleep(0.1)
 
 
-async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int]) -> list[Path]:
+async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int],
+                              theme: str = "light") -> list[Path]:
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
 
     window = MainWindow(data_dir=data_dir)
+    window.theme.set_mode(theme)  # written to the scratch preferences file (PAGEDECK_SETTINGS, set in main)
     window.show()
     window.resize(*size)  # as if maximized on a WxH screen (Xvfb has no window manager to do it)
     try:
@@ -106,7 +109,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
         for i, min_chars in enumerate((120, 400)):
             await _until_streamed(sessions, min_chars, seconds / 2)
             QApplication.processEvents()
-            tag = f"{size[0]}x{size[1]}-{i + 1}"
+            tag = f"{size[0]}x{size[1]}{'-dark' if theme == 'dark' else ''}-{i + 1}"
             shots = [(f"app-streaming-{tag}.png", window), (f"dashboard-live-{tag}.png", window.dashboard)]
             for name, widget in shots:
                 path = outdir / name
@@ -170,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--lora-only", action="store_true",
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
+    parser.add_argument("--theme", choices=("light", "dark"), default="light",
+                        help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
     args = parser.parse_args(argv)
     try:
         size = tuple(int(v) for v in args.size.lower().split("x"))
@@ -188,9 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         loop = QtEventLoop(app)
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
+            os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
             if not args.lora_only:
                 saved += loop.run_until_complete(
-                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size))
+                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme))
             saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)

@@ -26,7 +26,7 @@ def test_kernels_compile_for_sm90_without_spills_on_hot_paths():
     lines = {ln.split()[0]: ln for ln in proc.stdout.splitlines() if "spill_stack=" in ln}
     kinds = {name.split("[")[0] for name in lines}
     assert kinds == {"decode_stage1", "decode_stage2", "prefill", "write_kv", "rms_norm", "rotary", "silu_mul", "gelu_mul",
-                     "dequant_gemv", "dequant_gemm"}
+                     "dequant_gemv", "dequant_gemm", "lora_shrink", "lora_expand"}
     for name, line in lines.items():
         if name.startswith(("decode_stage1[fp16,fmt0", "prefill[fp16,fmt0")):
             assert re.search(r"spill_stack=0B", line), line

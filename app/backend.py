@@ -24,6 +24,12 @@ class Backend(Protocol):
     def job_ended(self, identifier: Any) -> None:
         """The chat consumed its reply's last result."""
 
+    # Optional (app.context uses them to fit a chat into the context; a backend without them is sent as is):
+    # context_limit() -> int | None: the most tokens one sequence may hold (prompt + reply), None if unknown.
+    # count_tokens(history, settings) -> int: prompt tokens of that history (a trailing assistant message
+    # is continued, not closed). continues_replies: True where a trailing assistant message is continued
+    # (a remote chat API would answer it with a new turn, so Continue is off there).
+
 
 class BackendSwitch:
     """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
@@ -52,3 +58,14 @@ class BackendSwitch:
     def job_ended(self, identifier: Any) -> None:
         backend = self._owner.pop(identifier, self.current)
         backend.job_ended(identifier)
+
+    @property
+    def continues_replies(self) -> bool:
+        return getattr(self.current, "continues_replies", False)
+
+    def context_limit(self) -> int | None:
+        limit = getattr(self.current, "context_limit", None)
+        return limit() if limit is not None else None
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
+        return self.current.count_tokens(history, settings)

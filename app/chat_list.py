@@ -1,13 +1,22 @@
-"""The chat list: search, create, rename (in place), delete; activating a chat opens its pane."""
+"""The chat list: search, create, rename (in place), delete; activating a chat opens its pane.
+
+Chats whose reply is under way (generating, queued or deferred; open or not) carry a mark: an icon in
+their colour with a dot, and the state in the tooltip.
+"""
 from __future__ import annotations
 
+from typing import Callable
+
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout,
     QWidget,
 )
 
-from app.store import Store
+from app.chat_colours import CHAT_COLOURS
+from app.pane_widgets import ACTIVITY, activity_icon
+from app.store import ChatSettings, Store
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 
@@ -21,6 +30,8 @@ class ChatList(QWidget):
     def __init__(self, store: Store, parent: QWidget | None = None):
         super().__init__(parent)
         self.store = store
+        self._activity: dict[int, str] = {}  # chat id -> its running reply's state
+        self.new_chat_settings: Callable[[], ChatSettings] = ChatSettings  # the window gives Preferences'
         self.search = QLineEdit()
         self.search.setPlaceholderText("Search chats…")
         self.search.setClearButtonEnabled(True)
@@ -57,9 +68,35 @@ class ChatList(QWidget):
             item = QListWidgetItem(chat.title)
             item.setData(ID_ROLE, chat.id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            self._mark(item)
             self.list.addItem(item)
             item.setSelected(chat.id in selected)
         self.list.blockSignals(False)
+
+    def track(self, session) -> None:
+        """Mark this chat session's item while it replies (ChatSession.activity_changed)."""
+        chat_id = session.chat_id
+        session.activity_changed.connect(lambda state: self.set_activity(chat_id, state))
+
+    def set_activity(self, chat_id: int, state: str) -> None:
+        if state:
+            self._activity[chat_id] = state
+        else:
+            self._activity.pop(chat_id, None)
+        for i in range(self.list.count()):
+            if self.list.item(i).data(ID_ROLE) == chat_id:
+                self.list.blockSignals(True)  # an icon change is not a rename
+                self._mark(self.list.item(i))
+                self.list.blockSignals(False)
+
+    def activity(self, chat_id: int) -> str:
+        return self._activity.get(chat_id, "")
+
+    def _mark(self, item: QListWidgetItem) -> None:
+        chat_id = item.data(ID_ROLE)
+        state = self._activity.get(chat_id, "")
+        item.setIcon(activity_icon(state, CHAT_COLOURS.colour(chat_id)) if state else QIcon())
+        item.setToolTip(f"{item.text()} — {ACTIVITY[state][1]}" if state else item.text())
 
     def ids(self) -> list[int]:
         return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())]
@@ -78,7 +115,7 @@ class ChatList(QWidget):
                 self.list.setCurrentItem(item)
 
     def new_chat(self, title: str = "New chat") -> int:
-        chat = self.store.create_chat(title)
+        chat = self.store.create_chat(title, self.new_chat_settings())
         self.search.clear()
         self.refresh()
         self.select(chat.id)

@@ -4,19 +4,26 @@ Repaints are paced by one RenderScheduler for all panes: a streaming pane re-ren
 MAX_RENDER_HZ (less often if its renders get slow), hidden panes not at all (they catch up when shown),
 and a tick stops rendering once it has spent its time budget, so eight streaming panes never stall the
 UI thread in one go.
+
+The transcript follows a streaming reply to its end (its stats line included) until the user scrolls
+up, and again once they scroll back to the bottom. Nothing in a pane can change its minimum size: every
+text that varies (title, state, context meter, banner, error) is an ElidedLabel.
 """
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QObject, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextBrowser, QVBoxLayout, QWidget,
+    QDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.chat_colours import CHAT_COLOURS
 from app.chat_session import ChatSession, spawn
+from app.code_blocks import COPY_VERB
 from app.formatting import stats_text
+from app.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
 from app.transcript import Transcript
 from app.settings_dialog import SettingsDialog
 
@@ -81,6 +88,7 @@ class PromptEdit(QPlainTextEdit):
 
 class ChatPane(QWidget):
     focused = Signal(object)  # self, when the user interacts with it (tile view tracks the latest)
+    branched = Signal(int)  # id of a new chat made by "branch" on one of this chat's messages
 
     def __init__(self, session: ChatSession, scheduler: RenderScheduler, parent: QWidget | None = None):
         super().__init__(parent)
@@ -88,21 +96,33 @@ class ChatPane(QWidget):
         self.scheduler = scheduler
         self.editing: int | None = None  # id of the user message being edited
 
-        self.title = QLabel()
+        chat_id = session.chat_id
+        self.swatch = ColourSwatch(CHAT_COLOURS.acquire(chat_id))
+        self.destroyed.connect(lambda _o=None: CHAT_COLOURS.release(chat_id))
+        self.title = ElidedLabel()
         self.title.setStyleSheet("font-weight: bold")
-        self.state = QLabel()
+        self.state = ElidedLabel()
         self.state.setStyleSheet("color: gray")
-        self.settings_btn = QPushButton("Settings…")
-        self.regen_btn = QPushButton("Regenerate")
-        self.stop_btn = QPushButton("Stop")
+        self.meter = ElidedLabel()
+        self.meter.setStyleSheet("color: gray")
+        self.settings_btn = QToolButton(text="Settings…")
+        self.regen_btn = QToolButton(text="Regenerate")
+        self.stop_btn = QToolButton(text="Stop")
         self.stop_btn.setToolTip("Stop the reply (Esc)")
-        self.copy_btn = QPushButton("Copy")
-        self.copy_btn.setToolTip("Copy the last reply")
+        self.more_btn = QToolButton(text="⋯")  # the rarer actions, so the header stays narrow
+        self.more_btn.setToolTip("More actions")
+        self.more_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        more = QMenu(self.more_btn)
+        self.continue_action = more.addAction("Continue the last reply", self.continue_reply)
+        more.addAction("Copy the last reply", self.copy_last)
+        more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
+                       if self.session.messages else None)
+        self.more_btn.setMenu(more)
         head = QHBoxLayout()
+        head.setSpacing(2)
+        head.addWidget(self.swatch)
         head.addWidget(self.title, 1)
-        head.addWidget(self.state)
-        for b in (self.settings_btn, self.regen_btn, self.stop_btn, self.copy_btn):
-            b.setAutoDefault(False)
+        for b in (self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn):
             head.addWidget(b)
 
         self.view = QTextBrowser()
@@ -110,13 +130,23 @@ class ChatPane(QWidget):
         self.view.anchorClicked.connect(self._anchor)
         self.transcript = Transcript(self.view.document())
 
-        self.banner = QLabel()
-        self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 3px")
+        self._follow = True  # keep the end in view; off while the user has scrolled up
+        self._scrolling = False
+        bar = self.view.verticalScrollBar()
+        bar.rangeChanged.connect(self._range_changed)
+        bar.valueChanged.connect(self._scrolled)
+
+        # One status line, always there (so showing a banner or an error never changes the pane's size):
+        # reply state, the editing banner, the last error (whole text in its tooltip), the context meter.
+        self.banner = ElidedLabel()
+        self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 0 3px")
         self.banner.hide()
-        self.error = QLabel()
+        self.error = ElidedLabel()
         self.error.setStyleSheet("color: #c0392b")
-        self.error.setWordWrap(True)
         self.error.hide()
+        status = QHBoxLayout()
+        for label, stretch in ((self.state, 1), (self.banner, 3), (self.error, 3), (self.meter, 1)):
+            status.addWidget(label, stretch)
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.prompt.setMaximumHeight(90)
@@ -129,23 +159,23 @@ class ChatPane(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addLayout(head)
         layout.addWidget(self.view, 1)
-        layout.addWidget(self.banner)
-        layout.addWidget(self.error)
+        layout.addLayout(status)
         layout.addLayout(row)
 
         self.prompt.submitted.connect(self.submit)
         self.send_btn.clicked.connect(self.submit)
         self.stop_btn.clicked.connect(self.stop)
         self.regen_btn.clicked.connect(self.regenerate)
-        self.copy_btn.clicked.connect(self.copy_last)
         self.settings_btn.clicked.connect(self.open_settings)
         esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
         esc.activated.connect(self.escape)
 
         session.history_changed.connect(self.rebuild)
-        session.reply_changed.connect(lambda _id: self.scheduler.mark(self))
+        session.reply_changed.connect(self._reply_changed)
         session.reply_finished.connect(self._finished)
         session.renamed.connect(lambda _t: self.update_header())
+        session.settings_changed.connect(self.update_meter)
+        session.activity_changed.connect(self._activity)
         self.rebuild()
 
     # --- user actions --------------------------------------------------------------------------
@@ -191,6 +221,26 @@ class ChatPane(QWidget):
         self._show_error("")
         spawn(self.session.regenerate(), self._show_error)
 
+    def continue_reply(self) -> None:
+        self._show_error("")
+        spawn(self.session.continue_reply(), self._show_error)
+
+    def branch(self, message_id: int) -> int | None:
+        """Make a new chat sharing this one's history up to `message_id` (the window opens it)."""
+        try:
+            chat_id = self.session.branch(message_id)
+        except (ValueError, KeyError) as exc:
+            self._show_error(str(exc))
+            return None
+        self.branched.emit(chat_id)
+        return chat_id
+
+    def show_alternative(self, message_id: int, step: int) -> None:
+        try:
+            self.session.select_alternative(message_id, step)
+        except RuntimeError as exc:
+            self._show_error(str(exc))
+
     def copy_last(self) -> None:
         replies = [m for m in self.session.messages if m.role == "assistant"]
         if replies:
@@ -208,7 +258,8 @@ class ChatPane(QWidget):
         self.editing = message_id
         self.prompt.setPlainText(msg.content)
         self.prompt.setFocus()
-        self.banner.setText("Editing a message: sending replaces it and drops everything after it (Esc cancels).")
+        self.banner.setText("Editing a message: sending makes a new version of it; the old one stays as an "
+                            "alternative (Esc cancels).")
         self.banner.show()
 
     # --- rendering -----------------------------------------------------------------------------
@@ -226,6 +277,8 @@ class ChatPane(QWidget):
             else:
                 self.transcript.append(m, self._actions(m, last_reply), m.stats)
         self.update_header()
+        self.update_meter()
+        self._follow = True
         self._scroll_to_end()
 
     def render_stream(self) -> None:
@@ -234,22 +287,28 @@ class ChatPane(QWidget):
         live = self.session.live(sid) if sid is not None else None
         if live is None:
             return
-        bar = self.view.verticalScrollBar()
-        at_end = bar.value() >= bar.maximum() - 4
         self.transcript.update_stream(*live)
         self.update_header(live[1])
-        if at_end:
+        if self._follow:
             self._scroll_to_end()
+
+    def _reply_changed(self, _message_id: int) -> None:
+        if self.session.running:
+            self.scheduler.mark(self)
+        else:  # a stop has been recorded: the Stop button goes
+            self.update_header()
 
     def _finished(self, message_id: int) -> None:
         self.scheduler.forget(self)
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is not None and self.transcript.streaming_id == message_id:
             self.transcript.end_stream(msg, self._actions(msg, message_id), msg.stats)
-            self._scroll_to_end()
+            if self._follow:
+                self._scroll_to_end()
         else:
             self.rebuild()
         self.update_header()
+        self.update_meter()
 
     def showEvent(self, e) -> None:
         super().showEvent(e)
@@ -257,9 +316,19 @@ class ChatPane(QWidget):
             self.scheduler.mark(self)
 
     def _actions(self, m, last_reply: int | None) -> list[tuple[str, str]]:
+        """Links in a message's header; ("", text) is plain text (the ‹1/3› version counter)."""
+        versions = self.session.alternatives(m.id)
+        nav = []
+        if len(versions) > 1:
+            i = versions.index(m.id)
+            nav = [("prev", "‹") if i > 0 else ("", "‹"), ("", f"{i + 1}/{len(versions)}"),
+                   ("next", "›") if i < len(versions) - 1 else ("", "›")]
         if m.role == "user":
-            return [("edit", "edit"), ("copy", "copy")]
-        return [("copy", "copy")] + ([("regen", "regenerate")] if m.id == last_reply else [])
+            return nav + [("edit", "edit"), ("copy", "copy"), ("branch", "branch from here")]
+        last = m.id == last_reply and m is self.session.messages[-1]
+        return nav + [("copy", "copy"), ("branch", "branch from here")] + (
+            [("regen", "regenerate")] if last else []) + (
+            [("continue", "continue")] if last and self.session.can_continue() else [])
 
     def update_header(self, stats=None) -> None:
         self.title.setText(self.session.chat.title)
@@ -271,10 +340,68 @@ class ChatPane(QWidget):
         self.state.setText(stats_text(stats).split(" · ")[0] if stats is not None else "")
         self.stop_btn.setEnabled(running)
         self.regen_btn.setEnabled(any(m.role == "user" for m in self.session.messages))
+        self.continue_action.setEnabled(self.session.can_continue())
+        CHAT_COLOURS.set_label(self.session.chat_id, self.session.chat.title)
+        if running and stats is not None and stats.prompt_tokens is not None:
+            self._set_meter(stats.prompt_tokens + stats.new_tokens, stats.dropped_messages)
+
+    def update_meter(self) -> None:
+        """Context meter: tokens this chat's next prompt holds (or the last reply's prompt + reply) / the limit."""
+        replies = [m for m in self.session.messages if m.role == "assistant" and m.stats is not None]
+        last = replies[-1].stats if replies else None
+        if last is not None and last.prompt_tokens is not None and self.session.messages[-1].role == "assistant":
+            self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
+            return
+        engine = self.session.engine
+        try:
+            history = [{"role": m.role, "content": m.content} for m in self.session.messages]
+            used = engine.count_tokens(history, self.session.settings)
+        except Exception:  # noqa: BLE001 - no model yet, or a backend that can't count: no figure
+            used = None
+        self._set_meter(used, 0)
+
+    def _set_meter(self, used: int | None, dropped: int) -> None:
+        limit_of = getattr(self.session.engine, "context_limit", None)
+        limit = limit_of() if limit_of is not None else None
+        if limit is None:
+            self.meter.setText("")
+            return
+        text = f"context {used if used is not None else '?'} / {limit} tok"
+        if dropped:
+            text += f" · {dropped} oldest messages left out"
+        self.meter.setText(text)
+
+    def _activity(self, state: str) -> None:
+        self.update_header()
+        self._mark_tab()
+
+    def _mark_tab(self) -> None:
+        """Mark this chat's tab (if it is in one) with its colour and a dot while a reply is under way."""
+        tabs = self.parentWidget().parentWidget() if self.parentWidget() is not None else None
+        if isinstance(tabs, QTabWidget) and (i := tabs.indexOf(self)) >= 0:
+            state = self.session.activity
+            tabs.setTabIcon(i, activity_icon(state, self.swatch.colour()))
+            tabs.setTabToolTip(i, ACTIVITY[state][1] if state else self.session.chat.title)
+
+    def event(self, e) -> bool:
+        if e.type() == QEvent.Type.ParentChange:  # put into (or out of) the tab widget: mark it once added
+            QTimer.singleShot(0, self, self._mark_tab)  # (self as context: dropped if the pane goes first)
+        return super().event(e)
 
     def _scroll_to_end(self) -> None:
         bar = self.view.verticalScrollBar()
+        self._scrolling = True
         bar.setValue(bar.maximum())
+        self._scrolling = False
+
+    def _range_changed(self, _lo: int, _hi: int) -> None:
+        """The document grew (its layout runs after the update, so this is when the new end is known)."""
+        if self._follow:
+            self._scroll_to_end()
+
+    def _scrolled(self, value: int) -> None:
+        if not self._scrolling:  # the user moved it: follow only while they are at the end
+            self._follow = value >= self.view.verticalScrollBar().maximum() - 4
 
     def _anchor(self, url: QUrl) -> None:
         self.focused.emit(self)
@@ -284,10 +411,18 @@ class ChatPane(QWidget):
         message_id = int(ident)
         if verb == "copy":
             self._copy(message_id)
+        elif verb == COPY_VERB:  # a code block's Copy link: its exact text
+            QGuiApplication.clipboard().setText(self.transcript.code_blocks.text(message_id))
         elif verb == "edit":
             self.start_edit(message_id)
         elif verb == "regen":
             self.regenerate()
+        elif verb == "continue":
+            self.continue_reply()
+        elif verb == "branch":
+            self.branch(message_id)
+        elif verb in ("prev", "next"):
+            self.show_alternative(message_id, -1 if verb == "prev" else 1)
 
     def _copy(self, message_id: int) -> None:
         live = self.session.live(message_id)

@@ -172,12 +172,25 @@ class EngineService(QObject):
     # --- jobs ----------------------------------------------------------------------------------
 
     def prompt_ids(self, history: list[dict], settings: ChatSettings):
-        """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job)."""
+        """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job).
+        A trailing assistant message is continued: its text follows the generation prompt, unclosed."""
         if self.tokenizer is None:
             raise RuntimeError("no model is loaded yet")
+        partial = history[-1]["content"] if history and history[-1]["role"] == "assistant" else None
+        if partial is not None:
+            history = history[:-1]
         messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + history
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + (partial or "")
         return self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
+
+    continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
+        return self.prompt_ids(history, settings).shape[-1]
+
+    def context_limit(self) -> int | None:
+        """The most tokens one reply's sequence may hold (prompt + reply); None before a model is loaded."""
+        return self.generator.generator.max_seq_len if self.generator is not None else None
 
     def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
         """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
@@ -193,9 +206,11 @@ class EngineService(QObject):
         gen_settings = settings.sampler_settings()
 
         def make_job():
+            # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
+            filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
             return engine.DynamicJobAsync(
                 generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
-                seed=settings.seed, stop_conditions=stops, identifier=identifier,
+                seed=settings.seed, stop_conditions=stops, identifier=identifier, filters=filters,
             )
 
         job = PinnedJob(self.router, self.chat_loras, make_job, identifier)

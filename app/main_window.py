@@ -27,9 +27,12 @@ from app.engine_service import EngineService
 from app.export import export_chat
 from app.lora_panel import LoraPanel
 from app.model_panel import ModelPanel
+from app.preferences import Preferences
+from app.preferences_dialog import PreferencesDialog
 from app.remote_mode import RemoteMode
 from app.server_panel import LocalServer, ServerPanel
 from app.store import Store
+from app.theme import Theme
 from engine.contract import DEFAULT_CACHE_TOKENS
 
 class MainWindow(QMainWindow):
@@ -68,7 +71,12 @@ class MainWindow(QMainWindow):
         self._parking = QWidget()  # parent of panes that are not shown
         self._parking.hide()
 
+        self.prefs = Preferences()
+        self.theme = Theme(self.prefs, self)
+        self.theme.changed.connect(self._theme_changed)
+        self.theme.apply()
         self.chat_list = ChatList(self.store)
+        self.chat_list.new_chat_settings = self.prefs.new_chat_settings
         self.chat_list.open_requested.connect(self.open_chat)
         self.chat_list.renamed.connect(self._renamed)
         self.chat_list.deleted.connect(self._deleting)
@@ -138,6 +146,8 @@ class MainWindow(QMainWindow):
         self._action(file, "Export chat as &Markdown…", None, lambda: self.export_current(".md"))
         self._action(file, "Export chat as &JSON…", None, lambda: self.export_current(".json"))
         file.addSeparator()
+        self._action(file, "&Preferences…", QKeySequence.StandardKey.Preferences, self.open_preferences)
+        file.addSeparator()
         self._action(file, "&Quit", QKeySequence.StandardKey.Quit, self.close)
         view = bar.addMenu("&View")
         group = QActionGroup(self)
@@ -171,6 +181,15 @@ class MainWindow(QMainWindow):
         menu.addAction(act)
         return act
 
+    def open_preferences(self) -> PreferencesDialog:
+        dlg = PreferencesDialog(self.theme, self)
+        dlg.open()
+        return dlg
+
+    def _theme_changed(self, _dark: bool) -> None:
+        for pane in self.panes.values():  # code colours are picked per theme when a transcript is built
+            pane.rebuild()
+
     # --- chats ---------------------------------------------------------------------------------
 
     def new_chat(self, title: str = "New chat") -> ChatPane:
@@ -184,6 +203,8 @@ class MainWindow(QMainWindow):
             session.history_changed.connect(self.chat_list.refresh)
             pane = ChatPane(session, self.scheduler, self._parking)
             pane.focused.connect(lambda p: self._touch(p.session.chat_id))
+            pane.branched.connect(self._branched)
+            self.chat_list.track(session)
             self.sessions[chat_id], self.panes[chat_id] = session, pane
         return self.panes[chat_id]
 
@@ -197,6 +218,10 @@ class MainWindow(QMainWindow):
             self.tabs.setCurrentWidget(pane)
         pane.prompt.setFocus()
         return pane
+
+    def _branched(self, chat_id: int) -> None:
+        self.chat_list.refresh()
+        self.open_chat(chat_id)
 
     def close_chat(self, chat_id: int) -> None:
         """Close its pane; a running reply keeps streaming (and saving) in the background."""

@@ -3,7 +3,8 @@
 Thousands of pages must repaint ten times a second without slowing generation, so the map is one
 numpy buffer blitted through one pyqtgraph ImageItem (never one graphics item per page). Each page is
 a `cell` x `cell` pixel square (the last row/column is the gap between cells); shared prefix pages get
-a diagonal white hatch over their owner's colour.
+a diagonal white hatch over their owner's colour. A job's colour is its identifier's (a chat's) in
+app.chat_colours, the swatch its chat pane shows; a job without an identifier is coloured by serial.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QCursor
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
+from app.chat_colours import CHAT_COLOURS, PALETTE
 from engine.contract import CACHED as CACHED_STATE
 from engine.contract import FREE as FREE_STATE
 
@@ -23,13 +25,7 @@ BACKGROUND = (18, 19, 23, 255)
 FREE_COLOUR = (52, 55, 62, 255)
 CACHED_COLOUR = (128, 134, 150, 255)
 HATCH_COLOUR = (255, 255, 255, 255)
-# Distinct, saturated hues for jobs; none is grey so they never read as "cached" or "free".
-JOB_PALETTE = (
-    (31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189),
-    (227, 119, 194), (188, 189, 34), (23, 190, 207), (255, 187, 120), (152, 223, 138),
-    (255, 152, 150), (197, 176, 213), (174, 199, 232), (219, 219, 141), (158, 218, 229),
-    (240, 200, 40),
-)
+JOB_PALETTE = PALETTE
 
 
 def job_colour(serial: int) -> tuple[int, int, int, int]:
@@ -71,6 +67,16 @@ class PageImage:
         self._dirty = True
         self._index = np.zeros(0, np.int64)
         self._colours = np.zeros((0, 4), np.uint8)
+        self._slots: dict[int, int] = {}  # job serial -> palette slot (its identifier's); others: serial % n
+
+    def set_slots(self, slots: dict[int, int]) -> None:
+        """Palette slots of the jobs whose identifier has a colour; a change repaints the next load()."""
+        if slots != self._slots:
+            self._slots = dict(slots)
+            self._dirty = True
+
+    def slot_of(self, serial: int) -> int:
+        return self._slots.get(serial, serial % len(JOB_PALETTE))
 
     def layout(self, pages: int, cols: int) -> bool:
         """Size the buffers for `pages` in `cols` columns; returns True when they were reallocated."""
@@ -133,6 +139,8 @@ class PageImage:
         index[n:] = -1  # padding cells after the last page
         states = self._states
         np.remainder(states, len(JOB_PALETTE), out=index[:n])
+        for serial, slot in self._slots.items():
+            index[:n][states == serial] = slot
         index[:n] += 2
         idle = states < 0
         index[:n][idle] = states[idle] + 2  # -2 free -> 0, -1 cached -> 1
@@ -178,6 +186,7 @@ class PageMapWidget(QWidget):
         self.pages = PageImage()
         self._aspect = aspect
         self._owners: dict[int, object] = {}
+        self._held: set = set()  # identifiers this map holds a colour for (released when they leave)
         self._labels: dict[object, str] = {}
         self._hovered: int | None = None
         self.view = pg.GraphicsLayoutWidget()
@@ -207,14 +216,32 @@ class PageMapWidget(QWidget):
                      owners: Mapping[object, object] | None = None) -> None:
         """Show one snapshot's page table."""
         resized = self.pages.layout(len(states), columns_for(len(states), self._aspect))
-        changed = self.pages.load(states, shared)
         self._owners = {int(k): v for k, v in (owners or {}).items()}
+        self._hold(set(self._owners.values()))
+        self.pages.set_slots({serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()})
+        changed = self.pages.load(states, shared)
         if changed:
             self._show(resized)
             if self._hovered is not None and self._hovered < self.pages.pages:  # keep the hover line true
                 text = self.describe_page(self._hovered)
                 if text != self.hover_label.text():
                     self.hover_label.setText(text)
+
+    def _hold(self, identifiers: set) -> None:
+        for ident in identifiers - self._held:
+            CHAT_COLOURS.acquire(ident)
+        for ident in self._held - identifiers:
+            CHAT_COLOURS.release(ident)
+        self._held = identifiers
+
+    def job_rgba(self, serial: int) -> tuple[int, int, int, int]:
+        """The colour the map paints a job's pages (its chat's colour when the job has an identifier)."""
+        r, g, b = JOB_PALETTE[self.pages.slot_of(serial)]
+        return (r, g, b, 255)
+
+    def closeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        self._hold(set())
+        super().closeEvent(event)
 
     def _show(self, resized: bool) -> None:
         image = self.pages.render()
@@ -248,7 +275,7 @@ class PageMapWidget(QWidget):
         ident = self._owners.get(state)
         who = f"job {state}"
         if ident is not None:
-            title = self._labels.get(ident, self._labels.get(str(ident)))
+            title = self._labels.get(ident, self._labels.get(str(ident))) or CHAT_COLOURS.label(ident)
             who += f" — {title}" if title else f" — {ident}"
         shared = " · shared prefix page" if self.pages.shared[page] else ""
         return f"page {page}: in use by {who}{shared}"
@@ -272,8 +299,9 @@ class PageMapWidget(QWidget):
 
 
 def _legend_html() -> str:
-    def swatch(rgba: tuple[int, ...]) -> str:
-        return f"<span style='color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
+    def swatch(rgba: tuple[int, ...]) -> str:  # on the map's own background, so it reads alike in any theme
+        bg = "rgb({},{},{})".format(*BACKGROUND[:3])
+        return f"<span style='background-color: {bg}; color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
 
     jobs = "".join(swatch(job_colour(i)) for i in range(4))
     return (f"{swatch(FREE_COLOUR)} free &nbsp; {swatch(CACHED_COLOUR)} cached &nbsp; {jobs} in use (one colour per job)"

@@ -34,6 +34,13 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
         body["seed"] = settings.seed
     if settings.stop_strings:
         body["stop"] = list(settings.stop_strings)
+    if settings.json_mode:
+        body["response_format"] = {"type": "json_object"}  # OpenAI's JSON mode (vLLM, llama-server, pagedeck)
+    unsent = [label for label, on in (("DRY", settings.dry_multiplier > 0), ("mirostat", settings.mirostat),
+                                      ("XTC", settings.xtc_probability > 0)) if on]
+    if unsent:  # OpenAI-compatible servers have no common name for these: refuse rather than drop them
+        raise ValueError(f"{', '.join(unsent)} sampling is not available with a remote server; "
+                         "turn it off in the chat settings or use the local model")
     return body
 
 

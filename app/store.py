@@ -1,5 +1,10 @@
 """Chat history in SQLite (WAL): chats, messages, per-chat settings and per-reply stats.
 
+Messages form a tree (each has a parent id): a regenerated reply or an edited message is a sibling of the
+one it replaces, so earlier versions stay as alternatives, and a chat shows the path from its root to its
+head (`chats.head_id`). "Branch from here" copies the path up to a message into a new chat that records
+where it came from (`chats.branch_of`), so either chat can be deleted or exported on its own.
+
 WAL with synchronous=NORMAL makes every commit survive a killed process, so a reply's partial text
 saved while it streams (see ChatSession) is on disk within the save interval; only an OS crash can
 lose more. The store is used from one thread (the Qt/asyncio thread) per process.
@@ -12,13 +17,14 @@ import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from types import EllipsisType
 from typing import Iterator
 
 import platformdirs
 
 from engine.contract import SamplerSettings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 1: a flat list of messages per chat (migrated on open)
 
 # Reply states; the first four mean "still running" and become "interrupted" when a store is reopened
 # after the process that ran them died.
@@ -27,6 +33,8 @@ FINAL_STATES = ("done", "stopped", "error", "interrupted")
 REPLY_STATES = RUNNING_STATES + FINAL_STATES
 ROLES = ("user", "assistant")
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
+ADVANCED_SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "mirostat", "mirostat_tau",
+                           "mirostat_eta", "xtc_probability", "xtc_threshold")
 
 
 @dataclass(frozen=True)
@@ -42,11 +50,23 @@ class ChatSettings:
     max_new_tokens: int = 1024
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
+    truncate: bool = True  # when the history outgrows the context: drop the oldest turns (system prompt kept)
+    # The engine's advanced samplers (neutral by default), passed to SamplerSettings under the same names.
+    dry_multiplier: float = _ENGINE.dry_multiplier
+    dry_base: float = _ENGINE.dry_base
+    dry_allowed_length: int = _ENGINE.dry_allowed_length
+    mirostat: bool = _ENGINE.mirostat
+    mirostat_tau: float = _ENGINE.mirostat_tau
+    mirostat_eta: float = _ENGINE.mirostat_eta
+    xtc_probability: float = _ENGINE.xtc_probability
+    xtc_threshold: float = _ENGINE.xtc_threshold
+    json_mode: bool = False  # the reply is one JSON object (the engine's JSONSchemaFilter)
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
         return SamplerSettings(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                               token_repetition_penalty=self.repetition_penalty)
+                               token_repetition_penalty=self.repetition_penalty,
+                               **{name: getattr(self, name) for name in ADVANCED_SAMPLER_FIELDS})
 
     def validate(self) -> "ChatSettings":
         """Raise ValueError naming the first bad field; return self so calls can chain.
@@ -68,6 +88,10 @@ class ChatSettings:
             raise bad("seed", "must be None (random) or an int >= 0")
         if not all(isinstance(s, str) and s for s in self.stop_strings):
             raise bad("stop_strings", "must be non-empty strings")
+        if not isinstance(self.truncate, bool):
+            raise bad("truncate", "must be True or False")
+        if not isinstance(self.json_mode, bool):
+            raise bad("json_mode", "must be a bool")
         return self
 
     def to_json(self) -> str:
@@ -97,6 +121,7 @@ class ReplyStats:
     tokens_per_s: float | None = None  # from token event timestamps
     eos_reason: str | None = None
     error: str | None = None
+    dropped_messages: int = 0  # oldest messages left out of the prompt so it fits the context
 
     def __post_init__(self) -> None:
         if self.state not in REPLY_STATES:
@@ -110,6 +135,7 @@ class Chat:
     created: float
     updated: float
     settings: ChatSettings = field(default_factory=ChatSettings)
+    branch_of: int | None = None  # the message (of another chat) this chat was branched from
 
 
 @dataclass
@@ -120,6 +146,7 @@ class Message:
     content: str
     created: float
     stats: ReplyStats | None = None  # assistant messages only
+    parent_id: int | None = None  # the message this one answers or follows; None for a chat's first
 
 
 _SCHEMA = """
@@ -128,16 +155,20 @@ CREATE TABLE IF NOT EXISTS chats (
     title TEXT NOT NULL,
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    settings TEXT NOT NULL
+    settings TEXT NOT NULL,
+    head_id INTEGER,  -- last message of the path the chat shows (NULL: no messages)
+    branch_of INTEGER  -- message id (in another chat) this chat was branched from
 );
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids stay unique across deletes
     chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
     content TEXT NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE
 );
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id);
 CREATE TABLE IF NOT EXISTS reply_stats (
     message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
     state TEXT NOT NULL,
@@ -148,10 +179,32 @@ CREATE TABLE IF NOT EXISTS reply_stats (
     ttft_s REAL,
     tokens_per_s REAL,
     eos_reason TEXT,
-    error TEXT
+    error TEXT,
+    dropped_messages INTEGER NOT NULL DEFAULT 0
 );
 """
+# Schema 1 -> 2: the message tree. Each old message's parent is the one before it in its chat, and each
+# chat's head is its last message, so every old chat shows exactly what it showed before.
+_MIGRATE_1_TO_2 = """
+ALTER TABLE chats ADD COLUMN head_id INTEGER;
+ALTER TABLE chats ADD COLUMN branch_of INTEGER;
+ALTER TABLE messages ADD COLUMN parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE;
+UPDATE messages SET parent_id = (SELECT max(p.id) FROM messages p WHERE p.chat_id = messages.chat_id AND p.id < messages.id);
+UPDATE chats SET head_id = (SELECT max(m.id) FROM messages m WHERE m.chat_id = chats.id);
+CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id);
+ALTER TABLE reply_stats ADD COLUMN dropped_messages INTEGER NOT NULL DEFAULT 0
+"""
 _STATS_COLS = [f.name for f in fields(ReplyStats)]
+# The path from a chat's head back to its root (ids only); ancestors always have smaller ids.
+_PATH = """
+WITH RECURSIVE path(id) AS (
+    SELECT head_id FROM chats WHERE id = ?1 AND head_id IS NOT NULL
+    UNION ALL SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id WHERE m.parent_id IS NOT NULL
+)"""
+_SUBTREE = """
+WITH RECURSIVE sub(id) AS (
+    SELECT ?1 UNION ALL SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
+)"""
 
 
 def default_data_dir() -> Path:
@@ -174,10 +227,9 @@ class Store:
         if version > SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: schema version {version} is newer than this app ({SCHEMA_VERSION})")
         if version == 0:
-            with self._tx():  # executescript would commit early, so one statement at a time
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._script(_SCHEMA)
+        elif version == 1:
+            self._script(_MIGRATE_1_TO_2)
         self.recovered = self._recover()
 
     @classmethod
@@ -188,6 +240,13 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    def _script(self, script: str) -> None:
+        """Create or migrate the schema in one transaction (executescript would commit early)."""
+        with self._tx():
+            for statement in filter(str.strip, script.split(";")):
+                self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
@@ -252,7 +311,9 @@ class Store:
 
     # --- messages ------------------------------------------------------------------------------
 
-    def add_message(self, chat_id: int, role: str, content: str, stats: ReplyStats | None = None) -> Message:
+    def add_message(self, chat_id: int, role: str, content: str, stats: ReplyStats | None = None,
+                    parent_id: int | None | EllipsisType = ...) -> Message:
+        """Append a message under `parent_id` (default: the chat's head) and make it the chat's head."""
         if role not in ROLES:
             raise ValueError(f"unknown message role {role!r}; expected one of {ROLES}")
         if stats is not None and role != "assistant":
@@ -261,24 +322,71 @@ class Store:
             stats = ReplyStats()
         now = time.time()
         with self._tx():
+            if parent_id is ...:
+                row = self._db.execute("SELECT head_id FROM chats WHERE id=?", (chat_id,)).fetchone()
+                parent_id = row[0] if row is not None else None
+            elif parent_id is not None:
+                self._check_in_chat(chat_id, parent_id)
             cur = self._db.execute(
-                "INSERT INTO messages (chat_id, role, content, created) VALUES (?, ?, ?, ?)", (chat_id, role, content, now)
+                "INSERT INTO messages (chat_id, role, content, created, parent_id) VALUES (?, ?, ?, ?, ?)",
+                (chat_id, role, content, now, parent_id),
             )
             if stats is not None:
                 self._write_stats(cur.lastrowid, stats)
-            self._db.execute("UPDATE chats SET updated=? WHERE id=?", (now, chat_id))
-        return Message(cur.lastrowid, chat_id, role, content, now, stats)
+            self._db.execute("UPDATE chats SET updated=?, head_id=? WHERE id=?", (now, cur.lastrowid, chat_id))
+        return Message(cur.lastrowid, chat_id, role, content, now, stats, parent_id)
 
     def messages(self, chat_id: int) -> list[Message]:
+        """The path the chat shows: its first message to its head."""
         rows = self._db.execute(
-            "SELECT m.*, s.* FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id WHERE m.chat_id=? ORDER BY m.id",
+            f"{_PATH} SELECT m.*, s.* FROM path JOIN messages m ON m.id = path.id"
+            " LEFT JOIN reply_stats s ON s.message_id = m.id ORDER BY m.id",
             (chat_id,),
         )
-        out = []
-        for r in rows:
-            stats = ReplyStats(**{k: r[k] for k in _STATS_COLS}) if r["state"] is not None else None
-            out.append(Message(r["id"], r["chat_id"], r["role"], r["content"], r["created"], stats))
-        return out
+        return [self._message(r) for r in rows]
+
+    def message(self, message_id: int) -> Message:
+        row = self._db.execute("SELECT m.*, s.* FROM messages m LEFT JOIN reply_stats s ON s.message_id = m.id"
+                               " WHERE m.id=?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no message with id {message_id}")
+        return self._message(row)
+
+    def alternatives(self, message_id: int) -> list[int]:
+        """Ids of the versions of a message (itself and its siblings: same chat, parent and role), oldest first."""
+        m = self.message(message_id)
+        rows = self._db.execute(
+            "SELECT id FROM messages WHERE chat_id=? AND role=? AND parent_id IS ? ORDER BY id",
+            (m.chat_id, m.role, m.parent_id))
+        return [r[0] for r in rows]
+
+    def select(self, chat_id: int, message_id: int) -> None:
+        """Show the path through `message_id`: the head becomes its latest descendant (newest child each step)."""
+        self._check_in_chat(chat_id, message_id)
+        head = message_id
+        while (row := self._db.execute("SELECT max(id) FROM messages WHERE parent_id=?", (head,)).fetchone())[0]:
+            head = row[0]
+        self._db.execute("UPDATE chats SET head_id=? WHERE id=?", (head, chat_id))
+
+    def branch(self, chat_id: int, message_id: int, title: str | None = None) -> Chat:
+        """A new chat holding a copy of the path up to (and including) `message_id`, with the same settings."""
+        self._check_in_chat(chat_id, message_id)
+        source = self.chat(chat_id)
+        path = [m for m in self._path_to(message_id)]
+        now = time.time()
+        with self._tx():
+            cur = self._db.execute(
+                "INSERT INTO chats (title, created, updated, settings, branch_of) VALUES (?, ?, ?, ?, ?)",
+                (self._title(title or f"{source.title} (branch)"), now, now, source.settings.to_json(), message_id))
+            new_id, parent = cur.lastrowid, None
+            for m in path:
+                parent = self._db.execute(
+                    "INSERT INTO messages (chat_id, role, content, created, parent_id) VALUES (?, ?, ?, ?, ?)",
+                    (new_id, m.role, m.content, m.created, parent)).lastrowid
+                if m.stats is not None:
+                    self._write_stats(parent, m.stats)
+            self._db.execute("UPDATE chats SET head_id=? WHERE id=?", (parent, new_id))
+        return self.chat(new_id)
 
     def update_reply(self, message_id: int, content: str, stats: ReplyStats) -> None:
         """Save a reply's text and stats in one commit (called while streaming and when it ends)."""
@@ -291,10 +399,15 @@ class Store:
                 self._write_stats(message_id, stats)
 
     def delete_from(self, chat_id: int, message_id: int) -> int:
-        """Delete a message and every later one in its chat (edit / regenerate); returns how many went."""
+        """Delete a message and everything that follows it (its subtree); returns how many went.
+        The chat then shows the path to the deleted message's parent."""
+        self._check_in_chat(chat_id, message_id)
+        parent = self.message(message_id).parent_id
         with self._tx():
-            cur = self._db.execute("DELETE FROM messages WHERE chat_id=? AND id>=?", (chat_id, message_id))
-        return cur.rowcount
+            ids = [r[0] for r in self._db.execute(f"{_SUBTREE} SELECT id FROM sub", (message_id,))]
+            self._db.execute(f"DELETE FROM messages WHERE id IN ({','.join('?' * len(ids))})", ids)
+            self._db.execute("UPDATE chats SET head_id=? WHERE id=?", (parent, chat_id))
+        return len(ids)
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -314,9 +427,26 @@ class Store:
             raise ValueError("chat title must not be empty")
         return title[:200]
 
+    def _path_to(self, message_id: int) -> list[Message]:
+        path = [self.message(message_id)]
+        while path[-1].parent_id is not None:
+            path.append(self.message(path[-1].parent_id))
+        return path[::-1]
+
+    def _check_in_chat(self, chat_id: int, message_id: int) -> None:
+        row = self._db.execute("SELECT chat_id FROM messages WHERE id=?", (message_id,)).fetchone()
+        if row is None or row[0] != chat_id:
+            raise KeyError(f"no message with id {message_id} in chat {chat_id}")
+
+    @staticmethod
+    def _message(r: sqlite3.Row) -> Message:
+        stats = ReplyStats(**{k: r[k] for k in _STATS_COLS}) if r["state"] is not None else None
+        return Message(r["id"], r["chat_id"], r["role"], r["content"], r["created"], stats, r["parent_id"])
+
     @staticmethod
     def _chat(row: sqlite3.Row) -> Chat:
-        return Chat(row["id"], row["title"], row["created"], row["updated"], ChatSettings.from_json(row["settings"]))
+        return Chat(row["id"], row["title"], row["created"], row["updated"], ChatSettings.from_json(row["settings"]),
+                    row["branch_of"])
 
     @staticmethod
     def _must_change(cur: sqlite3.Cursor, key: int, what: str = "chat") -> None:

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
 
+from app.code_blocks import CodeBlocks
 from app.formatting import stats_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_BACKGROUND = QColor(128, 128, 128, 40)
+_FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
 
 
@@ -80,6 +82,7 @@ class Transcript:
         self._code_char = QTextCharFormat()
         self._code_char.setFontFamilies([mono.family(), "monospace"])
         self._code_char.setFontFixedPitch(True)
+        self.code_blocks = CodeBlocks(document, self._code_block, self._code_char)
 
     @property
     def streaming_id(self) -> int | None:
@@ -185,14 +188,28 @@ class Transcript:
         fmt.setTopMargin(10)
         c.setBlockFormat(fmt)
         who = "You" if message.role == "user" else "Assistant"
-        links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' for verb, label in actions)
+        links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' if verb else html.escape(label)
+                         for verb, label in actions)
         c.insertHtml(f"<b>{who}</b>&nbsp;&nbsp;<small>{links}</small>")
 
     def _markdown(self, text: str) -> None:
         c = self._cursor()
         start = c.block().position()
         c.insertMarkdown(text)
+        self._restore_first_block(start, text)
         self._style_code(start, c.position())
+        self.code_blocks.decorate(text, start)  # closed fences: highlighted, with a Copy link
+
+    def _restore_first_block(self, start: int, text: str) -> None:
+        """Qt merges the first imported block into the cursor's block and drops its format, so text that
+        opens with a code fence or a heading would lose it: re-read that first block alone and restore it."""
+        if not _FIRST_BLOCK_MARKUP.match(text):
+            return
+        ref = QTextDocument()
+        ref.setMarkdown(text.split("\n\n", 1)[0])
+        fmt = ref.firstBlock().blockFormat()
+        if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.headingLevel():
+            QTextCursor(self.doc.findBlock(start)).setBlockFormat(fmt)
 
     def _append_plain(self, s: _Stream, tail: str, stats) -> bool:
         """Most tokens are plain words inside a plain paragraph: insert them as text, no re-import.

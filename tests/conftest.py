@@ -34,3 +34,9 @@ def tiny_llama_folder(tmp_path_factory):
     from tests.tiny_models import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")
+
+
+@pytest.fixture(autouse=True)
+def _private_preferences(tmp_path_factory, monkeypatch):
+    """Every test gets its own preferences file (app.preferences): none reads or writes the user's."""
+    monkeypatch.setenv("PAGEDECK_SETTINGS", str(tmp_path_factory.mktemp("prefs") / "pagedeck.ini"))

@@ -60,20 +60,21 @@ def test_page_map_colours_each_cell_by_state(dock):
         assert cell_pixel(dock, page, 1, 2) == FREE_COLOUR
     for page in (4, 5):
         assert cell_pixel(dock, page, 1, 2) == CACHED_COLOUR
+    a, b = dock.page_map.job_rgba(3), dock.page_map.job_rgba(7)  # the colours of chat-a and chat-b
     for page in (7, 8):
-        assert cell_pixel(dock, page, 1, 2) == job_colour(3)
+        assert cell_pixel(dock, page, 1, 2) == a
     for page in (9, 10):
-        assert cell_pixel(dock, page, 1, 2) == job_colour(7)
-    assert job_colour(3) != job_colour(7)
+        assert cell_pixel(dock, page, 1, 2) == b
+    assert a != b
     # the gap row/column around every cell is background
     assert cell_pixel(dock, 7, cell - 1, 0) == BACKGROUND
     assert cell_pixel(dock, 7, 0, cell - 1) == BACKGROUND
     # shared page 6: hatch on the diagonals, owner colour in between; unshared page 7 has no hatch
     assert cell_pixel(dock, 6, 0, 0) == HATCH_COLOUR
     assert cell_pixel(dock, 6, 1, 2) == HATCH_COLOUR  # (1 + 2) % 3 == 0
-    assert cell_pixel(dock, 6, 0, 1) == job_colour(3)
-    assert cell_pixel(dock, 7, 0, 0) == job_colour(3)
-    # the next snapshot moves page 0 to job 3 and frees page 9
+    assert cell_pixel(dock, 6, 0, 1) == a
+    assert cell_pixel(dock, 7, 0, 0) == a
+    # the next snapshot (no identifiers: colours by serial) moves page 0 to job 3 and frees page 9
     states = list(STATES)
     states[0], states[9] = 3, -2
     dock.push(snapshot(states, 1.1, SHARED))

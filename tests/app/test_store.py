@@ -1,5 +1,6 @@
 """Store and export: real SQLite files on disk, reopened by a second connection."""
 import json
+from datetime import datetime
 import sqlite3
 
 import pytest
@@ -138,7 +139,8 @@ def test_export_markdown(store, tmp_path):
     assert "## System\n\nSYS" in text
     assert text.index("## User\n\nWhat is `x`?") < text.index("## Assistant\n\n```python\nx = 1\n```")
     assert "prompt 9 tok" in text and "cached 4 tok" in text and "20.0 tok/s" in text and "TTFT 100 ms" in text
-    assert text == to_markdown(store.chat(chat.id), store.messages(chat.id))
+    stamp = datetime.fromisoformat(text.split("*Exported ", 1)[1].split(" ", 1)[0]).timestamp()
+    assert text == to_markdown(store.chat(chat.id), store.messages(chat.id), exported_at=stamp)
 
 
 def test_export_json(store, tmp_path):
@@ -149,7 +151,8 @@ def test_export_json(store, tmp_path):
     assert [(m["role"], m["content"]) for m in doc["messages"]] == [("user", "What is `x`?"), ("assistant", "```python\nx = 1\n```")]
     assert "stats" not in doc["messages"][0]
     assert doc["messages"][1]["stats"]["cached_tokens"] == 4
-    assert json.loads(to_json(store.chat(chat.id), store.messages(chat.id))) == doc
+    stamp = datetime.fromisoformat(doc["exported"]).timestamp()
+    assert json.loads(to_json(store.chat(chat.id), store.messages(chat.id), exported_at=stamp)) == doc
 
 
 def test_export_rejects_unknown_suffix(store, tmp_path):

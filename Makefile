@@ -61,8 +61,8 @@ $(VENV)/.peers: $(STAMP)
 	touch $(VENV)/.peers
 
 bench-peers: $(VENV)/.peers
-	$(BIN)/python -m engine bench --weights q4 --threads 2 --peer llama.cpp --repeats 3
-	$(BIN)/python -m engine bench --paste 2000 --weights q4 --threads 2 --repeats 3
+	$(BIN)/python -m engine bench --weights packed --threads 2 --peer llama.cpp --repeats 3
+	$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3
 
 clean:
 	rm -rf $(VENV) .vllm build dist *.egg-info

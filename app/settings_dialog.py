@@ -9,6 +9,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.adapter_picker import AdapterPicker
+from app.context import TOGGLE_NAME
 from app.preferences import Preferences
 from app.presets import PRESET_FIELDS, apply_preset, matching_preset, preset_of
 from app.store import ChatSettings
@@ -60,7 +61,7 @@ class SettingsDialog(QDialog):
         self.stop_strings.setPlaceholderText("one per line; write a newline as \\n")
         self.stop_strings.setMaximumHeight(70)
         self.json_mode = QCheckBox("JSON mode: the reply is one JSON object")
-        self.truncate = QCheckBox("Drop the oldest turns when the chat outgrows the context (system prompt kept)")
+        self.truncate = QCheckBox(f"{TOGGLE_NAME} when the chat outgrows the context (system prompt kept)")
         self.dry_multiplier = self._double(0.0, 10.0, 0.1, special="off")
         self.dry_base = self._double(1.0, 10.0, 0.05)
         self.dry_allowed_length = self._int(1, 1000)

@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Sequence
 
-from .contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS, check_model_path
+from .contract import DEFAULT_PAGE_SIZE, WEIGHT_NAMES, check_model_path
 
 # What a user can cause: reported as one line, never as a traceback.
 USER_ERRORS = (OSError, ValueError, NotImplementedError, ImportError, MemoryError)
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
-    g.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="auto",
+    g.add_argument("--weights", choices=WEIGHT_NAMES, default="auto",
                    help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
     what = g.add_mutually_exclusive_group(required=True)
     what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .server.main import add_serve_parser
 
-    add_serve_parser(sub, WEIGHT_FORMATS)
+    add_serve_parser(sub, WEIGHT_NAMES)
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=_positive_int, metavar="N",
                    help="torch CPU threads for both sides (default: torch's choice; on a shared machine 1 can be "
                         "much faster)")
-    b.add_argument("--weights", choices=WEIGHT_FORMATS + ("q4",), default="dense",
+    b.add_argument("--weights", choices=WEIGHT_NAMES, default="dense",
                    help="dense: dequantized to the model dtype (default); packed (or q4): a GGUF's quantized blocks "
                         "in the matmuls; q8: every matrix as Q8_0; auto: packed for a GGUF on a CPU")
     b.add_argument("--peer", choices=["transformers", "llama.cpp"],

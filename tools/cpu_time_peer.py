@@ -21,7 +21,7 @@ import torch
 
 from engine.bench.llamacpp import LlamaCpp
 from engine.cache.paged_cache import PagedCache
-from engine.contract import WEIGHT_FORMATS, SamplerSettings
+from engine.contract import WEIGHT_NAMES, SamplerSettings
 from engine.generator.generator import DynamicGenerator
 from engine.generator.job import DynamicJob
 from engine.model.model import Model
@@ -86,7 +86,7 @@ def peer_streams(runner: LlamaCpp, prompts: list[list[int]], new: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.cpu_time_peer", description=__doc__.splitlines()[0])
-    ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="packed")
+    ap.add_argument("--weights", choices=WEIGHT_NAMES, default="packed")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)

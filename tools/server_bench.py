@@ -27,6 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
+from engine.contract import WEIGHT_NAMES
+
 from tools.processes import free_port, stop, wait_healthy
 
 TOPICS = ("the sea", "a mountain", "bread", "a violin", "rain", "a library", "trains", "bees", "winter", "a market",
@@ -82,12 +84,16 @@ def _pct(values: list[float], p: float) -> float:
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+DEFAULT_WEIGHTS = ("dense", "packed")  # one pagedeck server each; `engine serve --weights` must take them
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per server (medians reported)")
-    ap.add_argument("--weights", nargs="+", default=["dense", "q4"], help="pagedeck weight formats to serve")
+    ap.add_argument("--weights", nargs="+", choices=WEIGHT_NAMES, default=list(DEFAULT_WEIGHTS),
+                    help="pagedeck weight formats to serve, one server each (default: dense packed)")
     ap.add_argument("--threads", type=int, help="torch threads of the pagedeck servers (vLLM-CPU binds one core "
                                                "to its engine by itself)")
     ap.add_argument("--vllm-url", help="a running vLLM serving the same model")

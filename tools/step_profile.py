@@ -21,7 +21,7 @@ import torch
 import kernels
 
 from engine.cache.paged_cache import PagedCache
-from engine.contract import WEIGHT_FORMATS
+from engine.contract import WEIGHT_NAMES
 from engine.model import model as model_module
 from engine.model.batch import Batch
 from engine.model.model import Model
@@ -135,7 +135,7 @@ def format_profile(r: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.step_profile", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="packed")
+    ap.add_argument("--weights", choices=WEIGHT_NAMES, default="packed")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)

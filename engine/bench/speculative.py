@@ -11,7 +11,7 @@ import json
 import time
 
 from ..cache.paged_cache import PagedCache
-from ..contract import DEFAULT_PAGE_SIZE, WEIGHT_FORMATS, SamplerSettings
+from ..contract import DEFAULT_PAGE_SIZE, WEIGHT_NAMES, SamplerSettings
 from ..generator.generator import DynamicGenerator
 from ..generator.job import DynamicJob
 from ..model.model import Model
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,2,4,8")
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--draft-tokens", type=int, default=4)
-    ap.add_argument("--weights", choices=WEIGHT_FORMATS, default="dense")
+    ap.add_argument("--weights", choices=WEIGHT_NAMES, default="dense")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     model, tok = Model.load(args.model, weights=args.weights), Tokenizer.load(args.model)

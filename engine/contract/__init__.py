@@ -6,6 +6,7 @@ model layer (settings, store, dashboard) depends on these facts without loading 
 """
 from .formats import (
     DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_ALIASES, WEIGHT_FORMATS,
+    WEIGHT_NAMES,
     check_page_size,
 )
 from .paths import (
@@ -20,7 +21,7 @@ from .settings import GREEDY_TEMPERATURE, SamplerSettings
 
 __all__ = [
     "ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
-    "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_ALIASES", "WEIGHT_FORMATS", "DeferredResult", "EosReason", "Metrics",
+    "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_ALIASES", "WEIGHT_FORMATS", "WEIGHT_NAMES", "DeferredResult", "EosReason", "Metrics",
     "PrefillResult", "Result", "SamplerSettings", "Stage", "StartedResult", "StreamingResult", "check_model_path",
     "check_page_size", "demo_adapters_folder", "find_adapters", "is_adapter_dir", "is_gguf", "model_path_problem",
 ]

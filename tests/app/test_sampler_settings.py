@@ -64,6 +64,7 @@ def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
     assert (got.dry_multiplier, got.mirostat, got.json_mode) == (0.0, False, False)
     assert got.xtc_probability == 0.4 and got.system_prompt == ADVANCED.system_prompt
     assert got.truncate  # the chat's context policy is shown and kept
+    assert dlg.truncate.text().startswith("Drop oldest turns")  # the name the overflow error tells users to find
     dlg.truncate.setChecked(False)
     assert dlg.settings().truncate is False
     assert dlg.sizeHint().height() <= 700 and dlg.sizeHint().width() <= 1024  # fits a 1366x768 screen

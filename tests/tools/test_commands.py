@@ -30,3 +30,14 @@ def test_command_starts(command):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "usage:" in proc.stdout
+
+
+@pytest.mark.parametrize("weights", ["auto", "dense", "packed", "q8", "q4"])
+def test_every_weights_name_is_accepted_by_every_command(weights):
+    """server_bench once defaulted to a name `engine serve` had stopped accepting: its servers exited at start."""
+    from engine.cli import build_parser
+    from tools.server_bench import DEFAULT_WEIGHTS
+
+    assert set(DEFAULT_WEIGHTS) <= {"auto", "dense", "packed", "q8", "q4"}
+    for command in (["serve"], ["bench"], ["generate", "--prompt", "hi"]):
+        assert build_parser().parse_args([*command, "--weights", weights]).weights == weights

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from engine import Model, PagedCache
-from engine.contract import demo_adapters_folder, find_adapters
+from engine.contract import WEIGHT_NAMES, demo_adapters_folder, find_adapters
 from engine.generator.adapters import Adapters
 from engine.model.batch import Batch
 from engine.model.lora import MODULES, Geometry, LoRA, LoRASet
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=3, help="decode steps per timing")
-    p.add_argument("--weights", default="dense", choices=["dense", "q4", "auto"])
+    p.add_argument("--weights", default="dense", choices=WEIGHT_NAMES)
     p.add_argument("--per-job", action="store_true", help="each chat its own adapter (issue 13's table)")
     p.add_argument("--chats", type=int, default=8)
     p.add_argument("--distinct", type=int, nargs="+", default=[0, 1, 2, 4])

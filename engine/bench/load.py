@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..cache.paged_cache import PagedCache
+from ..contract import WEIGHT_NAMES
 from ..model.batch import Batch
 from ..model.model import Model
 from .measure import copy_bandwidth
@@ -31,7 +32,7 @@ def _anon_bytes() -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine bench-load", description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("--weights", default="auto")
+    ap.add_argument("--weights", default="auto", choices=WEIGHT_NAMES)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args(argv)

@@ -135,7 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from .server.main import run_serve
 
-    check_model_path(args.model)
+    if args.model is not None:  # None: the embedded default model
+        check_model_path(args.model)
     return run_serve(args)
 
 

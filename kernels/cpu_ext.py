@@ -8,7 +8,8 @@ does) and fuse rotary + K/V write + decode attention into one call per layer.
 The extension is built once per source version with torch.utils.cpp_extension (gcc, -march=native; ~40 s
 of compiler time) into torch's extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR, never the
 tree) and loaded as torch.ops.pagedeck.*. Without a compiler, or with PAGEDECK_CPU_KERNELS=0,
-`ops()` returns None and callers use their torch paths.
+`ops()` returns None and callers use their torch paths. PAGEDECK_CPU_ISA=avx2 builds without AVX-512 and
+VNNI even where the CPU has them (the tests run both integer-dot paths on any machine).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import torch
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # PAGEDECK_CPU_ISA=avx2
 _lock = threading.Lock()
 _state: dict = {}
 log = logging.getLogger(__name__)
@@ -34,21 +36,35 @@ def enabled() -> bool:
 def ops():
     """torch.ops.pagedeck after building/loading the extension, or None when it is disabled or can't build.
     (Called on every packed matmul: the answer is cached per PAGEDECK_CPU_KERNELS value.)"""
-    key = os.environ.get("PAGEDECK_CPU_KERNELS", "1")
+    key = os.environ.get("PAGEDECK_CPU_KERNELS", "1") + os.environ.get("PAGEDECK_CPU_ISA", "")
     hit = _state.get(key)
     if hit is not None:
         return hit[0]
     with _lock:
         if key not in _state:
-            _state[key] = (_load() if key != "0" else None,)
+            _state[key] = (_load() if enabled() else None,)
     return _state[key][0]
 
 
+def cflags() -> list[str]:
+    return CFLAGS + (AVX2_ONLY if os.environ.get("PAGEDECK_CPU_ISA") == "avx2" else [])
+
+
+def _cpu_flags() -> bytes:
+    """What -march=native resolves to: a cache shared by machines with different CPUs must not hand one
+    machine another's binary (illegal instructions, or a slower path)."""
+    try:
+        with open("/proc/cpuinfo", "rb") as f:
+            return b"".join(line for line in f if line.startswith((b"flags", b"model name")))
+    except OSError:
+        return b""
+
+
 def build_name() -> str:
-    """The extension's name in torch's cache, keyed by the sources, headers and flags: torch rebuilds a name
-    whose sources changed (and ignores headers), so two checkouts sharing one cache would rebuild each other's
-    build on every start; a name per content lets each version build once."""
-    h = hashlib.sha256(" ".join(CFLAGS).encode())
+    """The extension's name in torch's cache, keyed by the sources, headers, flags and CPU: torch rebuilds a
+    name whose sources changed (and ignores headers), so two checkouts sharing one cache would rebuild each
+    other's build on every start; a name per content lets each version build once."""
+    h = hashlib.sha256(" ".join(cflags()).encode() + _cpu_flags())
     for path in sorted(SOURCES[0].parent.iterdir()):
         if path.suffix in (".cpp", ".h"):
             h.update(path.name.encode() + path.read_bytes())
@@ -60,7 +76,7 @@ def _load():
         from torch.utils.cpp_extension import load
 
         log.info("loading pagedeck's CPU kernels (compiled once per machine and source change, ~1 min)")
-        load(name=build_name(), sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=CFLAGS,
+        load(name=build_name(), sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=cflags(),
              extra_include_paths=[str(SOURCES[0].parent)], verbose=False)
         return torch.ops.pagedeck
     except Exception as e:  # no compiler, unsupported platform: the torch paths still work

@@ -21,7 +21,7 @@ from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS
 from .batch import Batch
 from .config import ModelConfig
 from .qlinear import PackedLinear, Q8Linear, RowSplit, cat_packed, linear, q4_supported
-from .weights import load_weights
+from .weights import default_model_path, load_weights, release_freed_memory
 
 if TYPE_CHECKING:
     from .lora import LoRAApply
@@ -94,6 +94,8 @@ class Model:
                 [p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
             for n in names:  # the parts are copies now: drop them so loading never holds a model twice
                 w.pop(n)
+            parts.clear()
+            release_freed_memory()  # and give their pages back before the next layer's fusion allocates
             return out
 
         self.embed = get("model.embed_tokens.weight")
@@ -178,7 +180,6 @@ class Model:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
         from ..contract import is_gguf
-        from .weights import default_model_path, release_freed_memory
 
         t0 = time.perf_counter()
         resolved = Path(path) if path is not None else default_model_path()

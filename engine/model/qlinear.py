@@ -35,11 +35,23 @@ SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carr
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 
 
+def padded_scales(n: int, groups: int) -> torch.Tensor:
+    """Zero fp16 (n, groups) scales in a buffer SCALE_PAD values longer, to be filled in place (tile by tile)."""
+    return torch.zeros(n * groups + SCALE_PAD, dtype=torch.float16)[: n * groups].view(n, groups)
+
+
 def _scales(t: torch.Tensor) -> torch.Tensor:
     """fp16 copy of (N, K/32) scales in a buffer SCALE_PAD values longer (zeros)."""
-    buf = torch.zeros(t.numel() + SCALE_PAD, dtype=torch.float16)
-    buf[: t.numel()] = t.reshape(-1)
-    return buf[: t.numel()].view(t.shape)
+    buf = padded_scales(*t.shape)
+    buf.copy_(t)
+    return buf
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes 0..15 -> (N, K/2) bytes in GGUF nibble order (low nibbles weights 0..15 of a block)."""
+    N, K = codes.shape
+    c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2)
 
 
 def q4_supported() -> bool:
@@ -151,12 +163,21 @@ class Q4Linear(PackedLinear):
         if not q4_supported():
             raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
                                "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
-        c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
-        self.qs = (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2).contiguous()  # GGUF nibble order
-        self.scale = _scales(scale)
-        self.minimum = _scales(minimum)
+        self._set(pack_nibbles(codes).contiguous(), _scales(scale), _scales(minimum), keep_dense)
+
+    @classmethod
+    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
+                    keep_dense: bool = False) -> "Q4Linear":
+        """Adopt ready parts without copies: qs (N, K/2) uint8 in GGUF nibble order, scale and minimum from
+        padded_scales() (the loader fills them tile by tile, so no (N, K) code temporaries exist)."""
+        out = cls.__new__(cls)
+        out._set(qs, scale, minimum, keep_dense)
+        return out
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
+        self.qs, self.scale, self.minimum = qs, scale, minimum
         self._int4 = None  # torch's packing, built only if the fallback runs
-        super().__init__((N, K), None)
+        super().__init__((qs.shape[0], qs.shape[1] * 2), None)
         if keep_dense:
             self.dense = self.dequantize()
 
@@ -174,9 +195,12 @@ class Q4Linear(PackedLinear):
 
     @classmethod
     def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":
-        """Stack along the output dim (fused q|k|v and gate|up)."""
-        return cls(torch.cat([p.codes() for p in parts]), torch.cat([p.scale for p in parts]),
-                   torch.cat([p.minimum for p in parts]), keep_dense=all(p.dense is not None for p in parts))
+        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are."""
+        out = cls.from_packed(torch.cat([p.qs for p in parts]), _scales(torch.cat([p.scale for p in parts])),
+                              _scales(torch.cat([p.minimum for p in parts])))
+        if all(p.dense is not None for p in parts):
+            out.dense = torch.cat([p.dense for p in parts])
+        return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
@@ -213,9 +237,29 @@ class Q8Linear(PackedLinear):
         _check_blocks(N, K, scale)
         if codes.dtype != torch.int8:
             raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
-        self.qs = codes.contiguous().view(torch.uint8) ^ 0x80  # code + 128: the kernel multiplies u8 by s8
-        self.scale = _scales(scale)
-        super().__init__((N, K), None)
+        self._set(codes.contiguous().view(torch.uint8) ^ 0x80, _scales(scale), dense, keep_dense)
+
+    @classmethod
+    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
+                    keep_dense: bool = False) -> "Q8Linear":
+        """Adopt ready parts without copies: qs (N, K) uint8 = code + 128, scale from padded_scales()."""
+        out = cls.__new__(cls)
+        out._set(qs, scale, dense, keep_dense)
+        return out
+
+    @classmethod
+    def requantize(cls, p: PackedLinear, rows: int = TILE_ROWS) -> "Q8Linear":
+        """Any packed matrix as q8 of its exact weights, a tile of rows at a time (its dense copy kept as is)."""
+        N, K = p.shape
+        qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
+        for r0 in range(0, N, rows):
+            codes, scale[r0:r0 + rows] = q8_blocks(p.dense_rows(r0, min(r0 + rows, N)))
+            qs[r0:r0 + rows] = codes.view(torch.uint8) ^ 0x80
+        return cls.from_packed(qs, scale, p.dense, p.dense is not None)
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None, keep_dense: bool) -> None:
+        self.qs, self.scale = qs, scale  # qs = code + 128: the kernel multiplies u8 by s8
+        super().__init__((qs.shape[0], qs.shape[1]), None)
         if keep_dense:
             self.dense = dense if dense is not None else self.dequantize()
 
@@ -231,9 +275,10 @@ class Q8Linear(PackedLinear):
 
     @classmethod
     def cat(cls, parts: list["Q8Linear"]) -> "Q8Linear":
+        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are."""
         keep = all(p.dense is not None for p in parts)
-        return cls(torch.cat([p.codes() for p in parts]), torch.cat([p.scale for p in parts]),
-                   torch.cat([p.dense for p in parts]) if keep else None, keep)
+        return cls.from_packed(torch.cat([p.qs for p in parts]), _scales(torch.cat([p.scale for p in parts])),
+                               torch.cat([p.dense for p in parts]) if keep else None, keep)
 
     def codes(self) -> torch.Tensor:
         return (self.qs ^ 0x80).view(torch.int8)
@@ -279,8 +324,7 @@ def cat_packed(parts: list[PackedLinear]) -> PackedLinear:
     kinds = {type(p) for p in parts}
     if len(kinds) == 1:
         return kinds.pop().cat(parts)
-    keep = all(p.dense is not None for p in parts)
-    as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear(*q8_blocks(p.dequantize()), p.dense, keep) for p in parts]
+    as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear.requantize(p) for p in parts]
     return Q8Linear.cat(as_q8)  # a kept dense copy stays each part's exact weights
 
 

@@ -28,10 +28,11 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import GROUP, TILE_ROWS, PackedLinear, Q4Linear, Q8Linear, q8_blocks
+from .qlinear import GROUP, PackedLinear, Q4Linear, Q8Linear, pack_nibbles, padded_scales, q8_blocks
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
+TILE_WEIGHTS = 1 << 20  # weights per conversion tile (from_blocks)
 Q = GGMLQuantizationType
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; every other type becomes q8
 _DENSE = ("F32", "F16", "BF16", "F64")
@@ -82,36 +83,41 @@ def keeps_dense_copy(packed_params: int) -> bool:
     return packed_params * 4 <= DENSE_COPY_MAX_BYTES
 
 
+def tile_rows(k: int) -> int:
+    """Rows per conversion tile: TILE_WEIGHTS weights (4 MB as fp32) whatever K, so a wide matrix (a 7B's
+    14336-wide down projection) never decodes more at once than a narrow one."""
+    return max(1, TILE_WEIGHTS // k)
+
+
 def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",
                 keep_dense: bool = True) -> PackedLinear:
-    """A GGUF matrix (N rows of ggml bytes) in its kernel format, converted TILE_ROWS rows at a time."""
+    """A GGUF matrix (N rows of ggml bytes) in its kernel format, written tile by tile into the final packed
+    tensors: loading holds the packed result and one tile's temporaries, never (N, K) codes or fp32."""
     n, k = shape
     if k % GROUP:
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
-    rows = raw.reshape(n, -1)
+    rows, step = raw.reshape(n, -1), tile_rows(k)
     if qtype.name in _DENSE:
         return Q8Linear.quantize(dequantize(rows, qtype, (n, k)), keep_dense)
+    exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
+    scale = padded_scales(n, k // GROUP)
     if kernel_format(qtype.name, fmt) == "q8":
-        if qtype == Q.Q8_0:
-            codes = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])[:, 2:].contiguous().view(torch.int8).reshape(n, k)
-            return Q8Linear(codes, half(rows.reshape(-1, 34), 0).to(torch.float16).view(n, k // GROUP),
-                            keep_dense=keep_dense)
-        if keep_dense:  # the dense copy (prompt rows) is the file's exact weights, not the re-quantized ones
-            exact = dequantize(rows, qtype, (n, k))
-            return Q8Linear(*q8_blocks(exact), exact, True)
-        codes, scale = torch.empty(n, k, dtype=torch.int8), torch.empty(n, k // GROUP, dtype=torch.float16)
-        for r0 in range(0, n, TILE_ROWS):
-            r1 = min(r0 + TILE_ROWS, n)
-            codes[r0:r1], scale[r0:r1] = q8_blocks(dequantize(rows[r0:r1], qtype, (r1 - r0, k)))
-        return Q8Linear(codes, scale, keep_dense=keep_dense)
-    codes = torch.empty(n, k, dtype=torch.uint8)
-    scale, minimum = torch.empty(n, k // GROUP), torch.empty(n, k // GROUP)
-    for r0 in range(0, n, TILE_ROWS):
-        r1 = min(r0 + TILE_ROWS, n)
-        codes[r0:r1], scale[r0:r1], minimum[r0:r1] = q4_parts(rows[r0:r1], qtype, k)
-    out = Q4Linear(codes, scale, minimum, keep_dense=False)
-    if keep_dense:  # exact, also for Q4_K (whose packed scales are fp16-rounded)
-        out.dense = dequantize(rows, qtype, (n, k))
+        qs = torch.empty(n, k, dtype=torch.uint8)
+        for r0 in range(0, n, step):
+            tile = rows[r0:r0 + step]
+            if qtype == Q.Q8_0:  # exact: the file's codes and scales
+                blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+                codes, scale[r0:r0 + step] = blocks[:, 2:].reshape(tile.shape[0], k), half(blocks, 0).view(-1, k // GROUP)
+            else:
+                codes, scale[r0:r0 + step] = q8_blocks(dequantize(tile, qtype, (tile.shape[0], k)))
+            qs[r0:r0 + step] = codes.view(torch.uint8) ^ 0x80  # code + 128 (the kernel's u8 x s8 form)
+        return Q8Linear.from_packed(qs, scale, exact, keep_dense)
+    qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // GROUP)
+    for r0 in range(0, n, step):
+        codes, scale[r0:r0 + step], minimum[r0:r0 + step] = q4_parts(rows[r0:r0 + step], qtype, k)
+        qs[r0:r0 + step] = pack_nibbles(codes)
+    out = Q4Linear.from_packed(qs, scale, minimum)
+    out.dense = exact  # exact, also for Q4_K (whose packed scales are fp16-rounded)
     return out
 
 

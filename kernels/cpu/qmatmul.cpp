@@ -113,11 +113,31 @@ struct Weights {
 };
 
 #ifdef PD_AVX2
-inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x s8 products
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define PD_VNNI 1
+#endif
+
+inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x s8 products, u8 < 128 only here
+#ifdef PD_VNNI
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// 8 exact int32 partial sums of q8 codes q (stored as u8 = q + 128) times s8 activations x, i.e. of q x. AVX2's
+// maddubs saturates at int16 (255 * 127 * 2 > 32767: silently wrong sums on CPUs without VNNI), so there the
+// codes go back to s8 and multiply as |q| * sign(x, q) (at most 128 * 127 * 2), as llama.cpp does; VNNI's
+// dpbusd sums in int32 and the +128 comes out exactly as 128 * sum(x).
+inline __m256i dot_q8(__m256i u, __m256i x) {
+  const __m256i offset = _mm256_set1_epi8((char)0x80);
+#ifdef PD_VNNI
+  const __m256i zero = _mm256_setzero_si256();
+  return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, u, x), _mm256_dpbusd_epi32(zero, offset, x));
+#else
+  const __m256i q = _mm256_xor_si256(u, offset);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)),
+                           _mm256_set1_epi16(1));
 #endif
 }
 
@@ -163,7 +183,7 @@ inline __m256i dot_pair(const Pair& w, const int8_t* x) {
     return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
   }
   // hadd: [p0 01, p0 23, p1 01, p1 23 | p0 45, p0 67, p1 45, p1 67] -> lanes 0-3 block j, 4-7 block j+1
-  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot_u8s8(w.a, x0), dot_u8s8(w.b, x1)), 0xd8);
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot_q8(w.a, x0), dot_q8(w.b, x1)), 0xd8);
 }
 
 // out[r * ldo + c] = row n0 + c of W . activation row m0 + r, for r < MT, c < NT.
@@ -201,13 +221,14 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     for (int c = 0; c < NT; ++c) {
       const __m256 dw = load_halfs(w.d + (n0 + c) * nb + j0);
       const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(8.0f), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
-      const __m256 cw = Q4 ? dw : _mm256_mul_ps(_mm256_set1_ps(16.0f), dw);  // q8: the +128 offset, 16 c = 128 d sum(q)
       for (int r = 0; r < MT; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j0;
         const __m256 blocks = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(sums[r][c], order));
         acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
-        if (Q4) mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
-        mins[r][c] = _mm256_fnmadd_ps(cw, _mm256_loadu_ps(a.c.data() + at), mins[r][c]);
+        if (Q4) {  // w = d (q - 8) + z: the block offset z meets the exact sum of x, the -8 d the int8 sum
+          mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
+          mins[r][c] = _mm256_fnmadd_ps(dw, _mm256_loadu_ps(a.c.data() + at), mins[r][c]);
+        }
       }
     }
   }

@@ -91,6 +91,49 @@ def test_swiglu_epilogue_is_silu_of_gate_times_up(fmt):
     assert torch.equal(w(x[4:5], "swiglu"), w(x, "swiglu")[4:5])
 
 
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_extreme_codes_and_activations_sum_exactly(fmt):
+    """Full-scale codes meet full-scale activations of the same sign: q8's stored 255 x 127, twice, overflows
+    the int16 pairs of AVX2's maddubs (on a CPU without VNNI every such pair came out as 32767: the default
+    model's Q8_0 output head answered wrong there). The sums must be exact on every instruction set."""
+    N, K = 8, 256
+    signs = torch.ones(N, K)
+    signs[1::2, ::2] = -1  # odd rows alternate signs within each pair of weights
+    signs[2] = -1
+    w = random_q4(N, K, 5) if fmt == "q4" else Q8Linear.quantize(signs * 0.5)
+    if fmt == "q4":
+        w = Q4Linear(torch.where(signs > 0, 15, 0).to(torch.uint8), w.scale.float(), w.minimum.float())
+    else:
+        assert w.codes().abs().min().item() == 127
+    x = torch.cat([signs[:4], -signs[:2], torch.full((1, K), 3.0)]) * 2.5
+    torch.testing.assert_close(w(x).double(), reference_matmul(x, w), rtol=1e-6, atol=1e-6)
+
+
+def _has_vnni() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
+def test_the_avx2_build_computes_the_same_arithmetic():
+    """On a VNNI machine the default build takes dpbusd; the AVX2-only build (PAGEDECK_CPU_ISA=avx2, what a
+    CPU without VNNI compiles) must compute the same, so both paths run wherever the suite runs."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
+    tests = "tests/kernels/test_cpu_kernels.py"
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-k",
+                          "stated_arithmetic or extreme_codes or never_depends"], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
 def test_q8_quantize_round_trips_a_q8_0_tensor():
     """The GGUF's Q8_0 embedding, dequantized, packs back to exactly its own codes and scales."""
     from engine.model.weights import GGUFFile, default_model_path

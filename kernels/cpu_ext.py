@@ -22,7 +22,11 @@ from pathlib import Path
 import torch
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp")]
-CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+# -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every kernel ran on one thread
+# whatever torch.set_num_threads said (the pragmas compile to nothing). The extension then links libgomp.so.1,
+# the soname torch already loaded from torch/lib, so the process keeps one OpenMP runtime.
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # PAGEDECK_CPU_ISA=avx2
 _lock = threading.Lock()
 _state: dict = {}
@@ -77,7 +81,7 @@ def _load():
 
         log.info("loading pagedeck's CPU kernels (compiled once per machine and source change, ~1 min)")
         load(name=build_name(), sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=cflags(),
-             extra_include_paths=[str(SOURCES[0].parent)], verbose=False)
+             extra_ldflags=LDFLAGS, extra_include_paths=[str(SOURCES[0].parent)], verbose=False)
         return torch.ops.pagedeck
     except Exception as e:  # no compiler, unsupported platform: the torch paths still work
         log.warning("pagedeck CPU kernels unavailable (%s); using torch's kernels", e)

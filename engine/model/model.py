@@ -90,12 +90,14 @@ class Model:
             if c.fused_projections:
                 return get(stored_fused)
             parts = [get(n) for n in names]
-            out = cat_packed(parts) if all(isinstance(p, PackedLinear) for p in parts) else torch.cat(
-                [p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
-            for n in names:  # the parts are copies now: drop them so loading never holds a model twice
+            for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice
                 w.pop(n)
+            if all(isinstance(p, PackedLinear) for p in parts):
+                out = cat_packed(parts, consume=True)
+            else:
+                out = torch.cat([p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
             parts.clear()
-            release_freed_memory()  # and give their pages back before the next layer's fusion allocates
+            release_freed_memory()  # give their pages back before the next layer's fusion allocates
             return out
 
         self.embed = get("model.embed_tokens.weight")

@@ -33,6 +33,13 @@ GROUP = 32  # GGUF block size = the kernels' group size
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
 SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
+TILE_WEIGHTS = 1 << 20  # weights per conversion tile while loading (tile_rows)
+
+
+def tile_rows(k: int) -> int:
+    """Rows per conversion tile (repacking, re-quantizing): TILE_WEIGHTS weights (4 MB as fp32) whatever K, so
+    a wide matrix (a 7B's 14336-wide down projection) never decodes more at once than a narrow one."""
+    return max(1, TILE_WEIGHTS // k)
 
 
 def padded_scales(n: int, groups: int) -> torch.Tensor:
@@ -194,12 +201,12 @@ class Q4Linear(PackedLinear):
         return torch.cat([b & 0xF, b >> 4], dim=2).reshape(N, K)
 
     @classmethod
-    def cat(cls, parts: list["Q4Linear"]) -> "Q4Linear":
-        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are."""
-        out = cls.from_packed(torch.cat([p.qs for p in parts]), _scales(torch.cat([p.scale for p in parts])),
-                              _scales(torch.cat([p.minimum for p in parts])))
-        if all(p.dense is not None for p in parts):
-            out.dense = torch.cat([p.dense for p in parts])
+    def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
+        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
+        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+        out = cls.from_packed(_stack(parts, "qs", consume), _scales(_stack(parts, "scale", consume)),
+                              _scales(_stack(parts, "minimum", consume)))
+        out.dense = dense
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
@@ -248,9 +255,10 @@ class Q8Linear(PackedLinear):
         return out
 
     @classmethod
-    def requantize(cls, p: PackedLinear, rows: int = TILE_ROWS) -> "Q8Linear":
+    def requantize(cls, p: PackedLinear) -> "Q8Linear":
         """Any packed matrix as q8 of its exact weights, a tile of rows at a time (its dense copy kept as is)."""
         N, K = p.shape
+        rows = tile_rows(K)
         qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
         for r0 in range(0, N, rows):
             codes, scale[r0:r0 + rows] = q8_blocks(p.dense_rows(r0, min(r0 + rows, N)))
@@ -274,11 +282,11 @@ class Q8Linear(PackedLinear):
         return cls(codes, scale, w.float() if keep_dense else None, keep_dense)
 
     @classmethod
-    def cat(cls, parts: list["Q8Linear"]) -> "Q8Linear":
-        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are."""
-        keep = all(p.dense is not None for p in parts)
-        return cls.from_packed(torch.cat([p.qs for p in parts]), _scales(torch.cat([p.scale for p in parts])),
-                               torch.cat([p.dense for p in parts]) if keep else None, keep)
+    def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
+        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
+        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+        return cls.from_packed(_stack(parts, "qs", consume), _scales(_stack(parts, "scale", consume)), dense,
+                               dense is not None)
 
     def codes(self) -> torch.Tensor:
         return (self.qs ^ 0x80).view(torch.int8)
@@ -318,14 +326,32 @@ def q8_blocks(w: torch.Tensor, rows: int = TILE_ROWS) -> tuple[torch.Tensor, tor
     return codes, scale
 
 
-def cat_packed(parts: list[PackedLinear]) -> PackedLinear:
+def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
+    """torch.cat of the parts' `attr` tensors along rows. With `consume` (the loader, which gives the parts up)
+    each part's tensor is dropped as soon as it is copied; the result's pages are touched only as they fill,
+    so fusing a 7B's gate|up holds one part twice at most, not the whole fused matrix."""
+    if not consume:
+        return torch.cat([getattr(p, attr) for p in parts])
+    first = getattr(parts[0], attr)
+    out = torch.empty(sum(getattr(p, attr).shape[0] for p in parts), *first.shape[1:], dtype=first.dtype)
+    row = 0
+    for p in parts:
+        t = getattr(p, attr)
+        out[row:row + t.shape[0]] = t
+        row += t.shape[0]
+        setattr(p, attr, None)
+    return out
+
+
+def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear:
     """Stack packed weights along the output dim: one format as is; mixed formats (a Q4_K_M file's Q4_K q/k
-    beside a Q6_K v) all become q8, the q4 parts re-quantized from their exact weights."""
+    beside a Q6_K v) all become q8, the q4 parts re-quantized from their exact weights. `consume`: the parts
+    are given up and emptied while they are copied (loading; see _stack)."""
     kinds = {type(p) for p in parts}
     if len(kinds) == 1:
-        return kinds.pop().cat(parts)
+        return kinds.pop().cat(parts, consume)
     as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear.requantize(p) for p in parts]
-    return Q8Linear.cat(as_q8)  # a kept dense copy stays each part's exact weights
+    return Q8Linear.cat(as_q8, consume)  # a kept dense copy stays each part's exact weights
 
 
 class RowSplit:

@@ -28,11 +28,10 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import GROUP, PackedLinear, Q4Linear, Q8Linear, pack_nibbles, padded_scales, q8_blocks
+from .qlinear import GROUP, PackedLinear, Q4Linear, Q8Linear, pack_nibbles, padded_scales, q8_blocks, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
-TILE_WEIGHTS = 1 << 20  # weights per conversion tile (from_blocks)
 Q = GGMLQuantizationType
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; every other type becomes q8
 _DENSE = ("F32", "F16", "BF16", "F64")
@@ -81,12 +80,6 @@ def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
 def keeps_dense_copy(packed_params: int) -> bool:
     """The dense-copy rule (module docstring) for a model with this many packed weights."""
     return packed_params * 4 <= DENSE_COPY_MAX_BYTES
-
-
-def tile_rows(k: int) -> int:
-    """Rows per conversion tile: TILE_WEIGHTS weights (4 MB as fp32) whatever K, so a wide matrix (a 7B's
-    14336-wide down projection) never decodes more at once than a narrow one."""
-    return max(1, TILE_WEIGHTS // k)
 
 
 def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 namespace pagedeck {
 namespace {
@@ -46,9 +47,20 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
   return {x, *residual};
 }
 
+// How many threads the kernels' parallel loops really run on (at::parallel_for is OpenMP inlined from torch's
+// headers: a build without -fopenmp runs every loop on one thread whatever torch.set_num_threads says).
+int64_t parallel_threads() {
+  std::vector<int> seen(at::get_num_threads(), 0);
+  at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) { seen[at::get_thread_num()] = 1; });
+  int64_t n = 0;
+  for (int v : seen) n += v;
+  return n;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("parallel_threads() -> int", &parallel_threads);
   lib.def("decode_layers(Tensor x, Tensor[] weights, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor cos, "
           "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, "
           "float eps, int max_q) -> (Tensor, Tensor)",

@@ -79,16 +79,24 @@ def test_q8_quantizes_like_gguf_and_keeps_the_checkpoint_for_prompts():
 
 
 def test_fused_parts_concatenate_and_mixed_formats_become_q8():
-    a = repack.from_blocks(quantized(QT.Q4_K, 64, 256, 1)[0], QT.Q4_K, (64, 256))
-    b = repack.from_blocks(quantized(QT.Q4_1, 32, 256, 2)[0], QT.Q4_1, (32, 256))
+    def part(qtype, rows, seed):
+        return repack.from_blocks(quantized(qtype, rows, 256, seed)[0], qtype, (rows, 256))
+
+    a, b = part(QT.Q4_K, 64, 1), part(QT.Q4_1, 32, 2)
     both = cat_packed([a, b])
     assert isinstance(both, Q4Linear) and both.shape == (96, 256)
     torch.testing.assert_close(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]), atol=0, rtol=0)
-    v = repack.from_blocks(quantized(QT.Q6_K, 32, 256, 3)[0], QT.Q6_K, (32, 256))  # a Q4_K_M layer's q|k|v
+    v = part(QT.Q6_K, 32, 3)  # a Q4_K_M layer's q|k|v
     mixed = cat_packed([a, v])
     assert isinstance(mixed, Q8Linear) and mixed.shape == (96, 256)
     exact = torch.cat([a.dequantize(), v.dequantize()])
     assert ((mixed.dequantize() - exact).abs().amax(1) <= exact.abs().amax(1) / 127).all()
+    for second, expected in ((part(QT.Q4_1, 32, 2), both), (part(QT.Q6_K, 32, 3), mixed)):
+        given_up = [part(QT.Q4_K, 64, 1), second]  # loading gives its parts up: emptied as they are copied
+        fused = cat_packed(given_up, consume=True)
+        assert type(fused) is type(expected) and torch.equal(fused.qs, expected.qs)
+        assert torch.equal(fused.scale, expected.scale) and torch.equal(fused.dense, expected.dense)
+        assert all(p.qs is None and p.dense is None for p in given_up if type(p) is type(fused))
     formats = repack.kernel_formats({"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
                                      "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_up.weight": "Q4_K",
                                      "blk.0.ffn_gate.weight": "Q4_K"}, "packed")

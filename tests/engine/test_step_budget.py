@@ -10,26 +10,52 @@ from tests.engine.test_generator import tiny  # noqa: F401  (the tiny-model fixt
 GREEDY = SamplerSettings.greedy()
 
 
-def test_budget_follows_the_measured_costs():
-    b = StepBudget(max_tokens=256, slowdown=1.5, first_tokens=16)
+def test_budget_pays_prefill_from_the_decoders_credit():
+    b = StepBudget(max_tokens=256, slowdown=1.5, min_tokens=8, first_tokens=16, save_steps=4)
     assert b.tokens(0) == 256  # nobody decodes: throughput only
     assert b.tokens(3) == 16  # nothing measured yet: a small first chunk
     b.record(0, 3, 0.010)  # a decode-only step: 10 ms
-    b.record(10, 3, 0.030)  # 10 prefill tokens beside the decoders added 20 ms: 2 ms a token
-    assert b.decode_s == pytest.approx(0.010) and b.token_s == pytest.approx(0.002)
-    assert b.tokens(3) == 2  # 0.5 x 10 ms of spare time / 2 ms
-    b.record(0, 3, 0.050)  # slower decode steps (a longer context) leave room for more
-    assert b.decode_s == pytest.approx(0.010 + 0.25 * 0.040)
-    assert b.tokens(3) == int(0.5 * b.decode_s / b.token_s)
-    b.record(256, 0, 0.256)  # a prefill-only step: the whole step is prefill
-    assert b.token_s == pytest.approx(0.002 + 0.25 * (0.001 - 0.002))
+    b.record(16, 3, 0.030)  # 16 prefill tokens beside the decoders added 20 ms: 1.25 ms a token
+    assert b.decode_s == pytest.approx(0.010) and b.token_s == pytest.approx(0.020 / 16)
+    assert b.credit == pytest.approx(0.005 - 0.020)  # earned half a decode step, spent 20 ms: an overrun
+    assert b.tokens(3) == 0  # repaid first
+    for _ in range(3):
+        b.record(0, 3, 0.010)
+    assert b.credit == pytest.approx(0.0) and b.tokens(3) == 0
+    b.record(0, 3, 0.010)
+    assert b.tokens(3) == 0  # 5 ms buys 4 tokens: below min_tokens, saved for a chunk worth its fixed cost
+    b.record(0, 3, 0.010)
+    assert b.tokens(3) == 8
+    for _ in range(20):
+        b.record(0, 3, 0.010)
+    assert b.credit == pytest.approx(4 * 0.005)  # saving is capped at save_steps steps' credit
+    assert b.tokens(3) == 16
+    b.token_s = 1.0
+    assert b.tokens(3) == 1  # saved all it may, can't afford min_tokens: still progress
     b.token_s = 1e-9
-    assert b.tokens(1) == 256  # never above the token budget
-    b.token_s = 10.0
-    assert b.tokens(1) == 1  # and always some progress
+    assert b.tokens(3) == 256  # never above the token budget
 
 
-@pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(max_tokens=8, slowdown=1.0), dict(max_tokens=8, min_tokens=0)])
+def test_others_keep_their_share_whatever_a_prefill_step_costs():
+    """A simulated machine where a step with any prefill pays a fixed cost (leaving the fused decode call) plus
+    a cost per token: over a 2000-token paste the decoders keep ~1/slowdown of their rate, and the paste
+    still goes in."""
+    for fixed, per_token in ((0.008, 0.002), (0.030, 0.0005), (0.001, 0.010)):
+        b = StepBudget(max_tokens=2048, slowdown=1.6)
+        decode, left, steps, elapsed = 0.010, 2000, 0, 0.0
+        b.record(0, 3, decode)
+        while left > 0:
+            n = min(left, b.tokens(3))
+            seconds = decode + (fixed + n * per_token if n else 0.0)
+            b.record(n, 3, seconds)
+            left, steps, elapsed = left - n, steps + 1, elapsed + seconds
+            assert steps < 10_000
+        kept = steps * decode / elapsed
+        assert kept >= 0.9 / 1.6, (fixed, per_token, kept)
+
+
+@pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(max_tokens=8, slowdown=1.0), dict(max_tokens=8, min_tokens=0),
+                                    dict(max_tokens=8, save_steps=0)])
 def test_bad_budgets_are_refused(kwargs):
     with pytest.raises(ValueError):
         StepBudget(**kwargs)
@@ -38,7 +64,8 @@ def test_bad_budgets_are_refused(kwargs):
 def test_generator_prefills_within_the_budget_while_others_decode(tiny):
     model, tok = tiny
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=1024, page_size=16), tok, max_chunk_size=64)
-    chat = DynamicJob(torch.randint(10, 400, (1, 8)), 40, gen_settings=GREEDY)
+    gen.step_budget.min_tokens = 1  # spend credit as it comes: the loop below must end long before the chat
+    chat = DynamicJob(torch.randint(10, 400, (1, 8)), 480, gen_settings=GREEDY)  # decodes all along
     gen.enqueue(chat)
     while chat in gen.pending or chat.prefilling:
         gen.iterate()

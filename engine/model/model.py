@@ -155,6 +155,8 @@ class Model:
         self.fusable = not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
                             or self.sliding_inv_freq is not None or self.rope_factor != 1.0
                             or self.rotary_dims != c.head_dim or any(layer.window for layer in self.layers))
+        packed_weights = [t for layer in self.layers for t in layer.weights() if isinstance(t, PackedLinear)]
+        self.prompt_dense = bool(packed_weights) and all(t.dense is not None for t in packed_weights)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
 
@@ -266,9 +268,13 @@ class Model:
         fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, self.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
-        rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed else None
+        # Prompt rows take the dense copy where the model keeps one (exact, sgemm-fast). A model too big for
+        # one sends every row through the packed kernels: dense tiles decoded every weight for each chunk (a
+        # 32-token follow-up took 2.7 s on 4 layers of a 7B-shaped file, measured), the kernels are 4-90x
+        # faster below ~300 rows, and a row still takes one path whatever its chunk.
+        rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed and self.prompt_dense else None
         stack = self._packed_stack() if plan.fused and plan.attention is None and lora is None else None
-        if stack is not None and (rows.prompt_rows is None or rows.prompt_rows.numel() == 0):
+        if stack is not None and (rows is None or rows.prompt_rows is None or rows.prompt_rows.numel() == 0):
             # every row packed, every chunk short: all layers in one call, the same kernels as _layers
             x, residual = kernels.decode_layers(x, stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
                                                 batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)
@@ -276,7 +282,7 @@ class Model:
             x, residual = self._layers(x, batch, cache, plan, rows, lora)
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
-        head_rows = RowSplit.of_rows(rows.prompt_rows, T, batch.logit_rows) if packed else None
+        head_rows = RowSplit.of_rows(rows.prompt_rows, T, batch.logit_rows) if rows is not None else None
         logits = self._head(x, head_rows).float()
         if c.final_softcap is not None:
             logits = torch.tanh(logits / c.final_softcap) * c.final_softcap

@@ -10,16 +10,16 @@ multiplies with integer dot products, as llama.cpp does; every output element is
 whatever the row count, so a row's result never depends on the batch. Without that extension q4 falls back
 to torch's int4 kernel (bf16 activations) and q8 to dense rows.
 
-Prompt rows take dense fp32 weights instead (RowSplit), every one of them, whatever the chunk size: a
-prompt token's K/V and logits are then the dense model's, so they never depend on how the prompt was
-chunked (engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the
-prefix cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the
-default model after 25 tokens, measured). Where the matmul is compute bound fp32 sgemm is also faster
-than the integer kernels (~2x at 256 rows, measured). Those dense weights are a kept copy (`dense`) where
-the loader's rule allows the memory (engine.model.repack.keeps_dense_copy: small models, like the default
-one), else tiles of TILE_ROWS rows decoded from the blocks on the fly (the same values, never the whole
-matrix: a 7B model stays near its file size). Generated tokens go through the packed kernel. Which path a
-row takes depends on the row alone, never on the batch.
+In a model that keeps a dense fp32 copy (`dense`; engine.model.repack.keeps_dense_copy: small models, like
+the default one) prompt rows take it (RowSplit), every one of them, whatever the chunk size: a prompt
+token's K/V and logits are then the dense model's, so they never depend on how the prompt was chunked
+(engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the prefix
+cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the default
+model after 25 tokens, measured); there fp32 sgemm is also faster than the integer kernels (~2x at 256
+rows). A model too big for a copy sends prompt rows through the packed kernel too (engine.model.model):
+decoding dense tiles of every weight for each chunk cost seconds per short follow-up on a 7B. linear() can
+still multiply prompt rows by TILE_ROWS-row dense tiles decoded from the blocks (dense_product; the same
+values, never the whole matrix). Which path a row takes depends on the row alone, never on the batch.
 """
 from __future__ import annotations
 

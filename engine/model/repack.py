@@ -16,10 +16,10 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   all q8 (qlinear.cat_packed).
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
-Dense copy: prompt rows multiply fp32 weights. A model whose packed matrices take at most
-DENSE_COPY_MAX_BYTES as fp32 keeps that copy (the default 135M model: ~0.5 GB, so its prompts run at full
-sgemm speed and give the dense model's logits); a bigger one decodes TILE_ROWS-row tiles per call instead, so
-resident memory stays near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
+Dense copy: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 keeps that copy for
+prompt rows (the default 135M model: ~0.5 GB, so its prompts run at full sgemm speed and give the dense
+model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory stays
+near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
 on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
 """
 from __future__ import annotations

@@ -206,7 +206,7 @@ def wide_llama_folder(tmp_path_factory):
 def test_tiny_gguf_of_each_type_follows_its_dense_form(wide_llama_folder, tmp_path, qtype, monkeypatch):
     """A GGUF written like llama.cpp (q/k rows permuted) loads packed and decodes close to its dense form;
     Q4_K_M mixes Q4_K and Q6_K inside fused projections and packs the output head too. Loaded as a big
-    model would be (no dense copy): prompt rows through tiles, the embedding from the file's rows."""
+    model would be (no dense copy): prompt rows through the packed kernels, the embedding from the file's rows."""
     monkeypatch.setattr(repack, "DENSE_COPY_MAX_BYTES", 0)
     path = write_tiny_gguf(wide_llama_folder, tmp_path / f"tiny-{qtype}.gguf", q4_k_m if qtype == "Q4_K_M" else qtype)
     dense, q = Model.load(path, weights="dense"), Model.load(path, weights="auto")
@@ -221,9 +221,12 @@ def test_tiny_gguf_of_each_type_follows_its_dense_form(wide_llama_folder, tmp_pa
     assert ((a - b).norm() / a.norm()).item() < (0.15 if qtype in ("Q6_K", "Q4_K_M", "Q5_K") else 0.1)
     # random tiny models have many near-ties among 49k logits, so top-1 agreement is a loose check here
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.7
-    # prompt rows: dense tiles of the packed weights, so a one-pass forward is the packed weights' dense model
+    # prompt rows: no dense copy, so the packed kernels like generated rows (dense tiles decoded every weight
+    # per chunk): a one-pass forward gives the token-by-token logits, up to the attention path's rounding
+    # amplified by the random layers (dense prompt rows were 0.05-0.15 away from them)
     p, d = q.forward_tokens(ids), dense.forward_tokens(ids)
-    assert ((p - d).norm() / d.norm()).item() < (0.1 if qtype in ("Q4_0", "Q4_1", "Q8_0") else 0.15)
+    assert ((p - b).norm() / b.norm()).item() < 0.01
+    assert ((p - d).norm() / d.norm()).item() < (0.15 if qtype in ("Q6_K", "Q4_K_M", "Q5_K") else 0.1)
 
 
 def test_gguf_without_quantized_matrices_loads_dense(tiny_llama_folder, tmp_path):

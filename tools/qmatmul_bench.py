@@ -1,0 +1,73 @@
+"""How the packed matmul kernel scales with threads on the default model's shapes:
+`python -m tools.qmatmul_bench [--rows 1,8] [--threads 1,2] [--rounds 5]`.
+
+Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
+(SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
+medians. Per weight row: (call - an 8-row call's time) / (rows - 8), i.e. without the fixed cost of a call,
+so it shows whether the kernel's work itself halves on two threads.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from engine.model.model import Model
+from engine.model.qlinear import ACTIVATIONS, Q4Linear, Q8Linear
+from kernels import cpu_ext
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.qmatmul_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="1,8", help="activation rows per call")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+    ops = cpu_ext.ops()
+    if ops is None:
+        raise SystemExit("pagedeck's CPU kernels are not available here")
+    model = Model.load(weights="packed")
+    layer = model.layers[0]
+    shapes = {"qkv": (layer.qkv, None), "o": (layer.o, None), "gate_up": (layer.gate_up, "swiglu"),
+              "down": (layer.down, None), "head": (model.lm_head, None)}
+    stub = {}  # the first 8 rows of each matrix: the fixed cost of a call
+    for name, (w, _) in shapes.items():
+        qs, d, m = w._kernel_args()
+        stub[name] = (Q4Linear.from_packed(qs[:8], d[:8], m[:8]) if isinstance(w, Q4Linear)
+                      else Q8Linear.from_packed(qs[:8], d[:8]))
+    threads = [int(t) for t in args.threads.split(",")]
+    times: dict = {}
+    for _ in range(args.rounds):
+        for t in threads:
+            torch.set_num_threads(t)
+            for rows in (int(r) for r in args.rows.split(",")):
+                for name, (w, act) in shapes.items():
+                    x = torch.randn(rows, w.shape[1])
+                    reps = 20 if name == "head" else 400
+                    full = _time(lambda: ops.qmatmul(x, *w._kernel_args(), ACTIVATIONS[act]), reps)
+                    fixed = _time(lambda: ops.qmatmul(x, *stub[name]._kernel_args(), ACTIVATIONS[act]), reps)
+                    times.setdefault((rows, name, t), []).append((full, fixed))
+    print(f"{model.name}, packed weights; medians of {args.rounds} alternating rounds")
+    print("| rows | matrix | shape | threads | us a call | ns a weight row | GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (rows, name, t), runs in times.items():
+        w = shapes[name][0]
+        full = statistics.median(r[0] for r in runs)
+        per_row = statistics.median((r[0] - r[1]) / (w.shape[0] - 8) for r in runs)
+        print(f"| {rows} | {name} | {w.shape[0]}x{w.shape[1]} {w.format} | {t} | {full * 1e6:.1f} | "
+              f"{per_row * 1e9:.1f} | {w.nbytes() / full / 1e9:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

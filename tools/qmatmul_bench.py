@@ -4,7 +4,8 @@
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
 medians. Per weight row: (call - an 8-row call's time) / (rows - 8), i.e. without the fixed cost of a call,
-so it shows whether the kernel's work itself halves on two threads.
+so it shows whether the kernel's work itself halves on two threads. Last, the cost of one parallel region
+with an empty body (the `parallel_threads()` op) per thread count: what each matmul's fork/join adds.
 """
 from __future__ import annotations
 
@@ -47,9 +48,11 @@ def main(argv: list[str] | None = None) -> int:
                       else Q8Linear.from_packed(qs[:8], d[:8]))
     threads = [int(t) for t in args.threads.split(",")]
     times: dict = {}
+    region: dict = {}
     for _ in range(args.rounds):
         for t in threads:
             torch.set_num_threads(t)
+            region.setdefault(t, []).append(_time(ops.parallel_threads, 2000))
             for rows in (int(r) for r in args.rows.split(",")):
                 for name, (w, act) in shapes.items():
                     x = torch.randn(rows, w.shape[1])
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         per_row = statistics.median((r[0] - r[1]) / (w.shape[0] - 8) for r in runs)
         print(f"| {rows} | {name} | {w.shape[0]}x{w.shape[1]} {w.format} | {t} | {full * 1e6:.1f} | "
               f"{per_row * 1e9:.1f} | {w.nbytes() / full / 1e9:.1f} |")
+    print("an empty parallel region (parallel_threads(), with the op call): " +
+          ", ".join(f"{statistics.median(v) * 1e6:.1f} us on {t} thread{'s' if t > 1 else ''}"
+                    for t, v in region.items()))
     return 0
 
 

@@ -3,9 +3,10 @@
 
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
-medians. Per weight row: (call - an 8-row call's time) / (rows - 8), i.e. without the fixed cost of a call,
-so it shows whether the kernel's work itself halves on two threads. Last, the cost of one parallel region
-with an empty body (the `parallel_threads()` op) per thread count: what each matmul's fork/join adds.
+medians. Per weight row: (the call - the same call on the matrix's first 8 weight rows) / (weight rows - 8),
+i.e. without the fixed cost of a call, so it shows whether the kernel's work itself halves on two threads.
+Last, the cost of one parallel region with an empty body (the `parallel_threads()` op) per thread count:
+what each matmul's fork/join adds.
 """
 from __future__ import annotations
 

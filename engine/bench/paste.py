@@ -12,6 +12,7 @@ TTFT, with the step budget in time (engine.step_budget, the default) and with th
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -99,7 +100,9 @@ def run_paste_bench(args: argparse.Namespace) -> int:
         f"a {args.paste}-token paste")
     warm = DynamicGenerator(model, PagedCache(model, max_tokens=4 * PAGE, page_size=PAGE), tok)
     warm.warmup()
-    modes = {"time budget (prefill_slowdown=1.6, the default)": 1.6, "token budget (old: 256 tokens a step)": None}
+    default = inspect.signature(DynamicGenerator).parameters["prefill_slowdown"].default
+    modes = {f"time budget (prefill_slowdown={default}, the default)": default,
+             "token budget (old: 256 tokens a step)": None}
     runs = {name: [] for name in modes}
     for r in range(args.repeats):  # alternate the two budgets
         for name, slowdown in modes.items():

@@ -274,7 +274,7 @@ class Model:
         # faster below ~300 rows, and a row still takes one path whatever its chunk.
         rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed and self.prompt_dense else None
         stack = self._packed_stack() if plan.fused and plan.attention is None and lora is None else None
-        if stack is not None and (rows is None or rows.prompt_rows is None or rows.prompt_rows.numel() == 0):
+        if stack is not None and (rows is None or rows.prompt_rows is None):  # of_batch: no prompt rows -> None
             # every row packed, every chunk short: all layers in one call, the same kernels as _layers
             x, residual = kernels.decode_layers(x, stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
                                                 batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)

@@ -232,7 +232,7 @@ class EngineService(QObject):
 
     def context_limit(self) -> int | None:
         """The most tokens one reply's sequence may hold (prompt + reply); None before a model is loaded."""
-        return self.generator.generator.max_seq_len if self.generator is not None else None
+        return self.generator.max_seq_len if self.generator is not None else None
 
     def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
         """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
@@ -276,7 +276,7 @@ class EngineService(QObject):
     # --- LoRA ----------------------------------------------------------------------------------
 
     def loaded_adapters(self) -> list[str]:
-        return [] if self.generator is None else list(self.generator.generator.loaded_loras)
+        return [] if self.generator is None else list(self.generator.adapters().folders)
 
     adapter_names = loaded_adapters  # Backend
 
@@ -285,7 +285,7 @@ class EngineService(QObject):
         them into the new generator."""
         if self.generator is None:
             return {}
-        return {name: str(lora.path) for name, lora in self.generator.generator.loaded_loras.items() if lora.path}
+        return {name: folder for name, folder in self.generator.adapters().folders.items() if folder}
 
     async def load_adapter(self, path: str | Path, failed: str | None = None, name: str | None = None) -> bool:
         """Load a PEFT folder into the generator (read off the loop) under its folder name; a reload loads
@@ -331,7 +331,7 @@ class EngineService(QObject):
             return False
         finally:
             self.loras_pending.emit(False)
-        self.loras_active.emit([lora.name for lora in self.generator.generator.loras])
+        self.loras_active.emit([name for name, _ in self.generator.adapters().default])
         self.loras_loaded.emit(self.loaded_adapters())
         return True
 

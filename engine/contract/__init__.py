@@ -4,6 +4,7 @@ One owner per fact: sampler settings and their rules, the result and metrics dic
 weight and KV formats, defaults, what a model or adapter folder is. `import engine.contract` loads neither torch nor numpy, so the app's
 model layer (settings, store, dashboard) depends on these facts without loading the engine.
 """
+from .adapters import AdapterSnapshot
 from .formats import (
     DEFAULT_CACHE_TOKENS, DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_ALIASES, WEIGHT_FORMATS,
     WEIGHT_NAMES,
@@ -20,7 +21,7 @@ from .results import (
 from .settings import GREEDY_TEMPERATURE, SamplerSettings
 
 __all__ = [
-    "ADAPTER_CONFIG_FILE", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
+    "ADAPTER_CONFIG_FILE", "AdapterSnapshot", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
     "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_ALIASES", "WEIGHT_FORMATS", "WEIGHT_NAMES", "DeferredResult", "EosReason", "Metrics",
     "PrefillResult", "Result", "SamplerSettings", "Stage", "StartedResult", "StreamingResult", "check_model_path",
     "check_page_size", "demo_adapters_folder", "find_adapters", "is_adapter_dir", "is_gguf", "model_path_problem",

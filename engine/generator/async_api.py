@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from types import MappingProxyType
 from typing import Any, Callable
 
+from ..contract.adapters import AdapterSnapshot
 from ..model.lora import LoRA
 from .generator import DynamicGenerator
 from .job import DynamicJob
@@ -48,10 +50,12 @@ def _resolve(fut: asyncio.Future, result: Any = None, exc: BaseException | None 
 
 
 class DynamicGeneratorAsync:
-    """Async front of DynamicGenerator; `.generator` is the sync generator the worker thread owns."""
+    """Async front of DynamicGenerator. The sync generator is private to the worker thread: callers use
+    this class's members, or `run_on_worker` to run a function on it between steps."""
 
     def __init__(self, model: Any = None, cache: Any = None, tokenizer: Any = None, **options: Any):
-        self.generator = DynamicGenerator(model, cache, tokenizer, **options)
+        self._generator = DynamicGenerator(model, cache, tokenizer, **options)
+        self._adapters = AdapterSnapshot()  # replaced (never changed) by the worker after each registry change
         self._wake = threading.Condition()  # guards the fields below; never held around a step
         self._commands: deque[Callable[[], None]] = deque()
         self._deferred: list[DynamicJobAsync] = []
@@ -81,9 +85,23 @@ class DynamicGeneratorAsync:
     def worker_thread(self) -> threading.Thread:
         return self._worker
 
+    @property
+    def max_seq_len(self) -> int:
+        """The most tokens one job's sequence may hold (prompt + reply); fixed for the generator's life."""
+        return self._generator.max_seq_len
+
+    @property
+    def model(self) -> Any:
+        """The Model the generator runs (shared, read-only; adapters are read against it)."""
+        return self._generator.model
+
+    def adapters(self) -> AdapterSnapshot:
+        """The loaded adapters and the default set, as the worker last published them (any thread)."""
+        return self._adapters
+
     def metrics(self) -> dict:
         """generator.metrics() (thread-safe) plus the jobs this layer holds back for a LoRA swap."""
-        m = self.generator.metrics()
+        m = self._generator.metrics()
         m["deferred_jobs"] = self.num_deferred
         return m
 
@@ -108,7 +126,7 @@ class DynamicGeneratorAsync:
         """DynamicGenerator.load_lora without blocking the loop or the generator: the files are read in the
         loop's default executor, then registered between two steps. Returns the loaded LoRA."""
         if not isinstance(lora, LoRA):
-            model = self.generator.model
+            model = self._generator.model
             lora = await asyncio.get_running_loop().run_in_executor(None, lambda: LoRA.load(lora, model, name=name))
         return await self.run_on_worker(lambda g: g.load_lora(lora, name))
 
@@ -121,10 +139,11 @@ class DynamicGeneratorAsync:
 
         def command() -> None:
             try:
-                gone = self.generator.unload_lora(lora)
+                gone = self._generator.unload_lora(lora)
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
                 _post(loop, _resolve, fut, None, exc)
                 return
+            self._publish_adapters()
             if gone:
                 _post(loop, _resolve, fut)
             else:
@@ -140,10 +159,12 @@ class DynamicGeneratorAsync:
 
         def command() -> None:
             try:
-                out = fn(self.generator)
+                out = fn(self._generator)
             except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller
+                self._publish_adapters()
                 _post(loop, _resolve, fut, None, exc)
             else:
+                self._publish_adapters()  # before the caller wakes: it may read adapters() next
                 _post(loop, _resolve, fut, out)
 
         self._submit(command)
@@ -198,6 +219,17 @@ class DynamicGeneratorAsync:
 
     # -- worker thread -----------------------------------------------------------------------
 
+    def _publish_adapters(self) -> None:
+        """Replace the adapter snapshot if the registry changed (worker thread; before waking a caller)."""
+        registry = self._generator.adapters
+        snap = AdapterSnapshot(
+            MappingProxyType({name: (str(lora.path) if lora.path else None) for name, lora in registry.loaded.items()}),
+            frozenset(registry.unloading),
+            tuple((lora.name, float(scale)) for lora, scale in registry.default),
+        )
+        if snap != self._adapters:
+            self._adapters = snap
+
     def _run(self) -> None:
         try:
             self._serve()
@@ -210,7 +242,7 @@ class DynamicGeneratorAsync:
 
     def _serve(self) -> None:
         while True:
-            busy = not self._stalled and self.generator.num_remaining_jobs() > 0
+            busy = not self._stalled and self._generator.num_remaining_jobs() > 0
             with self._wake:
                 while not (self._commands or self._closed or busy):
                     self._wake.wait()
@@ -224,8 +256,9 @@ class DynamicGeneratorAsync:
             if closed:
                 self._shutdown()
                 return
-            if not self._stalled and self.generator.num_remaining_jobs() > 0:
+            if not self._stalled and self._generator.num_remaining_jobs() > 0:
                 self._step()
+                self._publish_adapters()  # a step may drop adapters whose last user ended
             self._maybe_swap()
             self._finish_unloads()
 
@@ -242,7 +275,7 @@ class DynamicGeneratorAsync:
         if job._cancel_requested:
             return
         try:
-            job.serial = self.generator.enqueue(job.job)
+            job.serial = self._generator.enqueue(job.job)
         except Exception as exc:  # noqa: BLE001 - a bad job fails alone, raised by its consumer
             job._post_failure(exc)
             return
@@ -250,11 +283,11 @@ class DynamicGeneratorAsync:
 
     def _cancel(self, job: "DynamicJobAsync") -> None:
         if self._active.pop(id(job.job), None) is not None:
-            self.generator.cancel(job.job)
+            self._generator.cancel(job.job)
 
     def _step(self) -> None:
         try:
-            results = self.generator.iterate()
+            results = self._generator.iterate()
         except Exception as exc:  # noqa: BLE001 - engine failure: every waiting job hears of it
             self._fail_active(exc)
             return
@@ -275,15 +308,15 @@ class DynamicGeneratorAsync:
         self._active.clear()
         for job in victims:
             try:
-                self.generator.cancel(job.job)
+                self._generator.cancel(job.job)
             except Exception:  # noqa: BLE001 - the generator is already in trouble
                 pass
             job._post_failure(exc)
         # Jobs the generator could not drop would fail every step: wait for the next command then.
         try:
-            if self.generator.num_remaining_jobs() > 0:
-                self.generator.clear_queue()
-            self._stalled = self.generator.num_remaining_jobs() > 0
+            if self._generator.num_remaining_jobs() > 0:
+                self._generator.clear_queue()
+            self._stalled = self._generator.num_remaining_jobs() > 0
         except Exception:  # noqa: BLE001
             self._stalled = True
 
@@ -291,7 +324,8 @@ class DynamicGeneratorAsync:
         """Wake unload_lora callers whose adapter is gone (or all of them with `error`)."""
         if not self._unload_waiters:
             return
-        loaded = self.generator.adapters.loaded
+        self._publish_adapters()
+        loaded = self._generator.adapters.loaded
         waiting = []
         for lora, loop, fut in self._unload_waiters:
             name = lora if isinstance(lora, str) else lora.name
@@ -303,16 +337,17 @@ class DynamicGeneratorAsync:
 
     def _maybe_swap(self) -> None:
         with self._wake:
-            if self._swap is None or self.generator.num_remaining_jobs() > 0:
+            if self._swap is None or self._generator.num_remaining_jobs() > 0:
                 return
             loras, scales = self._swap
             waiters = self._swap_waiters
             self._swap, self._swap_waiters = None, []
         error: BaseException | None = None
         try:
-            self.generator.set_loras(loras, scales)
+            self._generator.set_loras(loras, scales)
         except Exception as exc:  # noqa: BLE001 - handed to every awaiting set_loras caller
             error = exc
+        self._publish_adapters()
         with self._wake:
             if self._swap is None:  # no newer swap asked for meanwhile: release the deferred jobs
                 deferred, self._deferred = self._deferred, []
@@ -360,7 +395,7 @@ class DynamicJobAsync:
     def __init__(self, generator: DynamicGeneratorAsync, *args: Any, **kwargs: Any):
         self.generator = generator
         self.job = DynamicJob(*args, **kwargs)
-        generator.generator.check_job(self.job)
+        generator._generator.check_job(self.job)
         self.identifier = getattr(self.job, "identifier", kwargs.get("identifier"))
         self.serial: int | None = None
         self._loop = asyncio.get_running_loop()

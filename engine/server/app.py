@@ -161,7 +161,7 @@ class OpenAIServer:
         name, path = body.get("lora_name"), body.get("lora_path")
         if not isinstance(name, str) or not name or not isinstance(path, str) or not path:
             raise bad_request("load_lora_adapter needs lora_name and lora_path (non-empty strings)")
-        if name == served.name or name in served.generator.generator.loaded_loras:
+        if name == served.name or name in served.generator.adapters().folders:
             raise bad_request(f"The lora adapter '{name}' has already been loaded.", "lora_name")
         if not Path(path).is_dir():
             raise ApiError(404, f"LoRA adapter folder {path!r} does not exist", "lora_path")

@@ -26,13 +26,12 @@ class ServedModel:
 
     @property
     def max_seq_len(self) -> int:
-        return self.generator.generator.max_seq_len
+        return self.generator.max_seq_len
 
     @property
-    def adapters(self) -> dict[str, Any]:
-        """name -> LoRA of every adapter a request may name (loaded and not being unloaded)."""
-        registry = self.generator.generator.adapters
-        return {name: lora for name, lora in list(registry.loaded.items()) if name not in registry.unloading}
+    def adapters(self) -> dict[str, str | None]:
+        """name -> folder of every adapter a request may name (loaded and not being unloaded)."""
+        return self.generator.adapters().available
 
     def resolve(self, model: Any) -> str | None:
         """The adapter a request's `model` names (None: the base model); 404 for an unknown id."""
@@ -57,7 +56,7 @@ class ServedModel:
         base = {"id": self.name, "object": "model", "created": self.created, "owned_by": "pagedeck",
                 "root": self.name, "parent": None, "max_model_len": self.max_seq_len}
         out = [base]
-        for name, lora in self.adapters.items():
+        for name, folder in self.adapters.items():
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "pagedeck",
-                        "root": str(lora.path or name), "parent": self.name, "max_model_len": self.max_seq_len})
+                        "root": folder or name, "parent": self.name, "max_model_len": self.max_seq_len})
         return out

@@ -73,7 +73,8 @@ def test_stop_frees_the_job_and_its_pages(qtbot, loop, store, tiny_model):
         assert reply.stats.state == "stopped" and 3 <= reply.stats.new_tokens < 400
         assert window.store.messages(pane.session.chat_id)[-1].stats.state == "stopped"
         assert service.running == []
-        assert service.generator.generator.num_remaining_jobs() == 0
+        m = service.generator.metrics()
+        assert m["active_jobs"] + m["pending_jobs"] == 0
         m = service.snapshot()
         assert m["active_jobs"] == 0 and m["pages_referenced"] == 0
         assert m["pages_free"] + m["pages_cached"] == m["pages_total"]

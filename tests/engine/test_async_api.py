@@ -147,13 +147,13 @@ def test_iterate_runs_on_one_worker_thread_and_the_loop_stays_free(tiny, monkeyp
     async def main():
         agen = make_async(tiny)
         threads = set()
-        inner = agen.generator.iterate
+        inner = agen._generator.iterate
 
         def iterate():
             threads.add(threading.get_ident())
             return inner()
 
-        agen.generator.iterate = iterate
+        agen._generator.iterate = iterate
         try:
             gate.close()
             job = DynamicJobAsync(agen, input_ids=prompt(8), max_new_tokens=4, gen_settings=GREEDY)
@@ -281,10 +281,10 @@ def test_set_loras_while_busy_defers_new_jobs_until_the_running_ones_finish(tiny
     async def main():
         agen = make_async(tiny)
         worker_log: list = []  # written on the worker thread only, so its order is the true order
-        inner_swap, inner_iterate = agen.generator.set_loras, agen.generator.iterate
+        inner_swap, inner_iterate = agen._generator.set_loras, agen._generator.iterate
 
         def set_loras(loras, scales=None):
-            worker_log.append(("swap", agen.generator.num_remaining_jobs()))
+            worker_log.append(("swap", agen._generator.num_remaining_jobs()))
             inner_swap(loras, scales)
 
         def iterate():
@@ -292,7 +292,7 @@ def test_set_loras_while_busy_defers_new_jobs_until_the_running_ones_finish(tiny
             worker_log.extend((r["identifier"], r["stage"], r.get("eos", False)) for r in results)
             return results
 
-        agen.generator.set_loras, agen.generator.iterate = set_loras, iterate
+        agen._generator.set_loras, agen._generator.iterate = set_loras, iterate
         try:
             running = DynamicJobAsync(agen, input_ids=prompt(6, seed=1), max_new_tokens=25, gen_settings=GREEDY,
                                       identifier="running")

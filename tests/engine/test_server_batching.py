@@ -138,7 +138,7 @@ def test_adapters_are_models_batched_together_and_never_mixed_up(tiny_llama_fold
         status, text = post(server.url + "/v1/load_lora_adapter", {"lora_name": "bob", "lora_path": str(adapters["bob"])})
         assert status == 200 and "bob" in text
         assert {m.id for m in server.client().models.list().data} == {server.model_name, "ada", "bob"}
-        assert set(server.generator.generator.loaded_loras) == {"ada", "bob"}  # one registry: the generator's
+        assert set(server.generator.adapters().folders) == {"ada", "bob"}  # one registry: the generator's
         client = server.client()
         order = [server.model_name, "ada", "bob", server.model_name, "bob", "ada", "ada", server.model_name]
 
@@ -158,7 +158,7 @@ def test_adapters_are_models_batched_together_and_never_mixed_up(tiny_llama_fold
         assert post(server.url + "/v1/unload_lora_adapter", {"lora_name": "bob"})[0] == 200
         with pytest.raises(openai.NotFoundError, match="`bob` does not exist"):
             ask("bob")
-        assert "bob" not in server.generator.generator.loaded_loras
+        assert "bob" not in server.generator.adapters().folders
         assert post(server.url + "/v1/unload_lora_adapter", {"lora_name": "bob"})[0] == 404
         status, body = post(server.url + "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/no/such/dir"})
         assert status == 404 and "does not exist" in body["error"]["message"]
@@ -191,4 +191,4 @@ def test_unloading_an_adapter_lets_its_running_request_finish(tiny_llama_folder,
             assert running.result() == want  # ran with its adapter to the end
         with pytest.raises(openai.NotFoundError, match="`ada` does not exist"):
             client.chat.completions.create(model="ada", messages=q, max_tokens=4)
-        wait_for(lambda: not server.generator.generator.loaded_loras, "the adapter to be dropped")
+        wait_for(lambda: not server.generator.adapters().folders, "the adapter to be dropped")

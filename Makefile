@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-vllm setup system-deps desktop wheel bench bench-peers clean
+.PHONY: run test test-vllm setup system-deps desktop wheel bench bench-peers peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -59,6 +59,9 @@ bench: $(STAMP)
 $(VENV)/.peers: $(STAMP)
 	$(BIN)/python -m pip install -q -e ".[test,peers]"
 	touch $(VENV)/.peers
+
+# The peers extra alone: with it, `make test` also runs the llama.cpp fidelity tests (CI installs it).
+peers: $(VENV)/.peers
 
 bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --weights packed --threads 2 --peer llama.cpp --repeats 3

@@ -33,7 +33,7 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
     """Feed the dashboard a simulated run and save it as PNG (needs a QApplication)."""
     from PySide6.QtWidgets import QApplication
 
-    from app.dashboard import DashboardDock
+    from app.panels.dashboard import DashboardDock
 
     app = QApplication.instance() or QApplication([])
     dock = DashboardDock()
@@ -89,7 +89,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     window = MainWindow(data_dir=data_dir)
     window.theme.set_mode(theme)  # written to the scratch preferences file (PAGEDECK_SETTINGS, set in main)
@@ -128,7 +128,7 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
 
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
     from engine.contract import demo_adapters_folder
 
     window = MainWindow(data_dir=data_dir)
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
-        from app.event_loop import QtEventLoop
+        from app.window.event_loop import QtEventLoop
 
         loop = QtEventLoop(app)
         asyncio.set_event_loop(loop)

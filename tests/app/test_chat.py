@@ -5,7 +5,7 @@ import pytest
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
@@ -177,7 +177,7 @@ def test_system_prompt_and_chat_template_reach_the_prompt(loop, tiny_model):
 
 
 def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
-    from app.settings_dialog import SettingsDialog
+    from app.panels.settings_dialog import SettingsDialog
 
     async def body():
         window = make_window(qtbot, store)
@@ -219,7 +219,7 @@ def test_stop_while_waiting_for_the_model_is_immediate(qtbot, loop, store, tiny_
 
 
 def test_reply_tracker_times_token_events():
-    from app.chat_session import ReplyTracker
+    from app.chat.chat_session import ReplyTracker
 
     t = ReplyTracker(sent_at=10.0, prompt_tokens=50)
     t.feed({"stage": "deferred"}, 10.1)

@@ -9,7 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QApplication, QSplitter
 
-from app.store import ChatSettings, ReplyStats
+from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,10 +29,10 @@ def _grid(panes):
 
 def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     """4 tiles, 48-char titles, banners, errors and stats: the grid's minimum size never moves."""
-    from app.backend import BackendSwitch
-    from app.chat_pane import ChatPane, RenderScheduler
-    from app.chat_session import ChatSession
-    from app.engine_service import EngineService
+    from app.core.backend import BackendSwitch
+    from app.chat.chat_pane import ChatPane, RenderScheduler
+    from app.chat.chat_session import ChatSession
+    from app.local.engine_service import EngineService
 
     service = EngineService()
     scheduler = RenderScheduler()
@@ -98,7 +98,7 @@ def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, 
 def test_defect5_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbot, store):
     """11 open chats: 11 different colours, the same on each pane's swatch and on the page map, even when
     their job serials collide modulo the palette (the old map coloured by serial), and hover names the chat."""
-    from app.chat_colours import CHAT_COLOURS
+    from app.core.chat_colours import CHAT_COLOURS
 
     win = make_window(qtbot, store)
     panes = [win.new_chat(f"chat number {i}") for i in range(11)]
@@ -237,7 +237,7 @@ def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, 
 
 
 def test_defect11_export_header_says_when_it_was_exported(store, tmp_path):
-    from app.export import export_chat, to_json, to_markdown
+    from app.core.export import export_chat, to_json, to_markdown
 
     chat = store.create_chat("Old chat")
     store.add_message(chat.id, "user", "hi")

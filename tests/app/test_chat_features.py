@@ -3,7 +3,7 @@ activity marks, Continue, regenerate keeping alternatives (‹1/3›), and branc
 import pytest
 from PySide6.QtCore import QUrl
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)

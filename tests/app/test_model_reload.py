@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
                                tiny_model, wait_until)
 from tests.engine.test_async_api import write_adapter

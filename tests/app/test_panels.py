@@ -7,8 +7,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 from safetensors.numpy import save_file
 
-from app.lora_panel import LoraPanel, inspect_adapter
-from app.model_panel import ModelPanel
+from app.panels.lora_panel import LoraPanel, inspect_adapter
+from app.panels.model_panel import ModelPanel
 
 # ------------------------------------------------------------------------------------------- LoRA
 

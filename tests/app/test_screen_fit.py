@@ -19,14 +19,14 @@ CHILD = r"""
 import json, sys, tempfile
 from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QApplication, QDockWidget
-from app.main_window import MainWindow
-from app.store import Store
+from app.window.main_window import MainWindow
+from app.core.store import Store
 
 app = QApplication([])
 data = tempfile.mkdtemp()
 win = MainWindow(Store.open(data), state_path=data + "/state.ini")
 win.show()
-win.new_chat()  # as the app's first start does (app.main_window.MainWindow.restore_session)
+win.new_chat()  # as the app's first start does (app.window.main_window.MainWindow.restore_session)
 app.processEvents()
 
 def rect(r):

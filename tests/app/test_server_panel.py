@@ -15,7 +15,7 @@ import openai
 import pytest
 from PySide6.QtCore import Qt
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.server_support import ServerThread
 from tests.app.test_chat import _type_and_enter as send
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401

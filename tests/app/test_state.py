@@ -1,12 +1,12 @@
 """Layout and state restored across restarts (issue 12): window geometry and docks, view mode, open chats,
-the active LoRA set, the model panel's options and the last model, kept by app.state in an INI file whose
+the active LoRA set, the model panel's options and the last model, kept by app.core.state in an INI file whose
 location the test chooses (state_path)."""
 import asyncio
 
 import pytest
 from PySide6.QtCore import Qt
 
-from app.main_window import MainWindow
+from app.window.main_window import MainWindow
 from tests.app.support import TINY_CACHE_TOKENS, loop, run, store, tiny_model, wait_until  # noqa: F401
 from tests.engine.test_async_api import write_adapter
 

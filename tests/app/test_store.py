@@ -5,8 +5,8 @@ import sqlite3
 
 import pytest
 
-from app.export import export_chat, to_json, to_markdown
-from app.store import ChatSettings, ReplyStats, Store
+from app.core.export import export_chat, to_json, to_markdown
+from app.core.store import ChatSettings, ReplyStats, Store
 
 
 @pytest.fixture

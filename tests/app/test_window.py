@@ -5,7 +5,7 @@ import json
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from app.store import ChatSettings, ReplyStats
+from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
                                     tiny_model, wait_until)
 

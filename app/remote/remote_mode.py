@@ -1,0 +1,214 @@
+"""Remote mode: while connected to a server, new chat replies stream from it, the dashboard follows its
+/metrics and the LoRA dock shows its adapters; disconnecting returns everything to the local model.
+
+Installed onto a MainWindow by one call (RemoteMode(window)); the window's chats hold a BackendSwitch,
+so switching is one assignment and replies already running finish where they started.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtWidgets import QDockWidget, QStackedWidget
+
+from app.core.tasks import spawn
+from app.core.remote_backend import RemoteBackend
+from app.core.remote_client import RemoteClient, RemoteError
+from app.core.remote_metrics import snapshot_from_metrics
+from app.remote.remote_panel import RemoteLoraPanel, RemoteServerBox
+
+log = logging.getLogger(__name__)
+
+POLL_MS = 500
+
+
+class RemoteMetricsPoller(QObject):
+    """Polls a server's /metrics (and a pagedeck server's page map) into dashboard snapshots."""
+
+    metrics = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, client: RemoteClient, interval_ms: int = POLL_MS, parent: QObject | None = None):
+        super().__init__(parent)
+        self.client = client
+        self._task: asyncio.Task | None = None
+        self._timer = QTimer(self)
+        self._timer.setInterval(interval_ms)
+        self._timer.timeout.connect(self._tick)
+        self.last: dict | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._timer.start()
+        self._tick()
+
+    def stop(self) -> None:
+        self._timer.stop()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _tick(self) -> None:
+        if self._task is None or self._task.done():  # a slow server never piles up requests
+            self._task = asyncio.ensure_future(self.poll())
+
+    async def poll(self) -> dict | None:
+        try:
+            text = await self.client.metrics_text()
+            pages = await self.client.pages() if "pagedeck:pages_total" in text else None
+            snap = snapshot_from_metrics(text, pages)
+        except (RemoteError, ValueError) as exc:
+            self.error = f"metrics: {exc}"
+            self.failed.emit(self.error)
+            return None
+        self.last, self.error = snap, None
+        self.metrics.emit(snap)
+        return snap
+
+
+class RemoteMode(QObject):
+    changed = Signal(object)  # connection info dict, or None when back on the local model
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.window = window
+        self.backend: RemoteBackend | None = None
+        self.poller: RemoteMetricsPoller | None = None
+        self.box = RemoteServerBox()
+        self.lora_panel = RemoteLoraPanel()
+        if window.model_panel is not None:
+            window.model_panel.layout().insertWidget(2, self.box)
+        self._lora_stack = self._wrap_lora_dock()
+        self.box.connect_requested.connect(lambda url, key: spawn(self.connect(url, key), self.box.show_error))
+        self.box.disconnect_requested.connect(lambda: spawn(self.disconnect(), self.box.show_error))
+        p = self.lora_panel
+        p.use_requested.connect(self.use_model)
+        p.load_requested.connect(lambda name, path: spawn(self.load_adapter(name, path), p.show_error))
+        p.unload_requested.connect(lambda name: spawn(self.unload_adapter(name), p.show_error))
+        p.refresh_requested.connect(lambda: spawn(self.refresh(), p.show_error))
+
+    def _wrap_lora_dock(self) -> QStackedWidget | None:
+        dock = next((d for d in self.window.findChildren(QDockWidget) if d.objectName() == "LoRA"), None)
+        if dock is None:
+            return None
+        stack = QStackedWidget()
+        stack.addWidget(dock.widget())
+        stack.addWidget(self.lora_panel)
+        dock.setWidget(stack)
+        return stack
+
+    @property
+    def connected(self) -> bool:
+        return self.backend is not None
+
+    # ---- connection --------------------------------------------------------------------------------
+    async def connect(self, url: str, key: str = "") -> bool:
+        """Route new replies to the server at `url`; False (and a message in the box) if it can't be used."""
+        try:
+            backend = RemoteBackend(url, key or None)
+        except ValueError as exc:
+            self.box.show_error(str(exc))
+            return False
+        try:
+            info = await backend.connect()
+        except RemoteError as exc:
+            await backend.close()
+            self.box.show_error(f"Could not connect: {exc}")
+            return False
+        if self.backend is not None:
+            await self._release()
+        self.backend = backend
+        self.window.backend.use(backend)
+        self.box.set_connected(info)
+        self.lora_panel.set_models(backend.entries, backend.model)
+        if self._lora_stack is not None:
+            self._lora_stack.setCurrentWidget(self.lora_panel)
+        self._follow_remote_metrics(backend)
+        self.window.model_status.setText(f"remote · {info['model']} @ {backend.url}")
+        self.changed.emit(info)
+        return True
+
+    async def disconnect(self) -> None:
+        """Back to the local model (replies still streaming from the server finish there)."""
+        if self.backend is None:
+            return
+        await self._release()
+        self.window.backend.use(self.window.service)
+        self.box.set_connected(None)
+        if self._lora_stack is not None:
+            self._lora_stack.setCurrentIndex(0)
+        info = self.window.service.info
+        if info is not None:
+            self.window._loaded(info)
+        else:
+            self.window.model_status.setText("no model")
+        self.changed.emit(None)
+
+    async def _release(self) -> None:
+        backend, self.backend = self.backend, None
+        dash = self.window.dashboard
+        if self.poller is not None:
+            self.poller.stop()
+            if dash is not None:
+                self.poller.metrics.disconnect(dash.push)
+            await self.poller.client.close()
+            self.poller = None
+        if dash is not None:
+            dash.reset()
+            dash.setWindowTitle("Cache dashboard")
+            self.window.service.metrics.connect(dash.push)
+        await backend.close()
+
+    def _follow_remote_metrics(self, backend: RemoteBackend) -> None:
+        dash = self.window.dashboard
+        self.poller = RemoteMetricsPoller(RemoteClient(backend.url, backend.client.api_key), parent=self)
+        if dash is not None:
+            try:
+                self.window.service.metrics.disconnect(dash.push)
+            except (RuntimeError, TypeError):  # not connected (already following a remote)
+                pass
+            dash.reset()
+            dash.setWindowTitle(f"Dashboard · {backend.url}")
+            self.poller.metrics.connect(dash.push)
+        self.poller.failed.connect(lambda msg: self.window.statusBar().showMessage(msg, 5000))
+        self.poller.start()
+
+    # ---- adapters ----------------------------------------------------------------------------------
+    def use_model(self, model_id: str) -> None:
+        """New chat replies name `model_id` (the base model or one of the server's adapters)."""
+        if self.backend is None:
+            self.lora_panel.show_error("not connected to a server")
+            return
+        self.backend.model = model_id
+        self.lora_panel.set_models(self.backend.entries, model_id)
+
+    async def refresh(self) -> None:
+        if self.backend is None:
+            return
+        await self.backend.refresh()
+        self.lora_panel.set_models(self.backend.entries, self.backend.model)
+
+    async def load_adapter(self, name: str, path: str) -> bool:
+        if self.backend is None:
+            self.lora_panel.show_error("not connected to a server")
+            return False
+        try:
+            await self.backend.client.load_adapter(name, path)
+            await self.refresh()
+        except RemoteError as exc:
+            self.lora_panel.show_error(str(exc))
+            return False
+        self.lora_panel.select(name)
+        return True
+
+    async def unload_adapter(self, name: str) -> bool:
+        if self.backend is None:
+            self.lora_panel.show_error("not connected to a server")
+            return False
+        try:
+            await self.backend.client.unload_adapter(name)
+            await self.refresh()
+        except RemoteError as exc:
+            self.lora_panel.show_error(str(exc))
+            return False
+        return True

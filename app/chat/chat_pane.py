@@ -249,7 +249,7 @@ class ChatPane(QWidget):
 
     def open_settings(self) -> None:
         dlg = SettingsDialog(self.session.settings, f"Settings — {self.session.chat.title}", self,
-                             adapters=self.session.engine.adapter_names())
+                             adapters=self.session.backend.adapter_names())
         if dlg.exec() == QDialog.DialogCode.Accepted:
             self.session.set_settings(dlg.settings())
 
@@ -354,17 +354,11 @@ class ChatPane(QWidget):
         if last is not None and last.prompt_tokens is not None and self.session.messages[-1].role == "assistant":
             self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
             return
-        engine = self.session.engine
-        try:
-            history = [{"role": m.role, "content": m.content} for m in self.session.messages]
-            used = engine.count_tokens(history, self.session.settings)
-        except Exception:  # noqa: BLE001 - no model yet, or a backend that can't count: no figure
-            used = None
-        self._set_meter(used, 0)
+        history = [{"role": m.role, "content": m.content} for m in self.session.messages]
+        self._set_meter(self.session.backend.count_tokens(history, self.session.settings), 0)  # None: can't count
 
     def _set_meter(self, used: int | None, dropped: int) -> None:
-        limit_of = getattr(self.session.engine, "context_limit", None)
-        limit = limit_of() if limit_of is not None else None
+        limit = self.session.backend.context_limit()
         if limit is None:
             self.meter.setText("")
             return

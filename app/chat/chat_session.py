@@ -16,15 +16,13 @@ import json
 import logging
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
-
-if TYPE_CHECKING:
-    from app.core.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +86,7 @@ class ReplyTracker:
 
 
 class ChatSession(QObject):
-    """The model of one chat pane: history from the store, one reply at a time through the engine."""
+    """The model of one chat pane: history from the store, one reply at a time through its backend."""
 
     history_changed = Signal()  # messages added/removed: views rebuild
     renamed = Signal(str)
@@ -97,12 +95,12 @@ class ChatSession(QObject):
     reply_finished = Signal(int)
     activity_changed = Signal(str)  # the running reply's state (queued/deferred/prefill/streaming), "" when idle
 
-    def __init__(self, store: Store, chat_id: int, engine: "Backend", parent: QObject | None = None,
+    def __init__(self, store: Store, chat_id: int, backend: Backend, parent: QObject | None = None,
                  clock: Callable[[], float] = time.perf_counter):
         super().__init__(parent)
         self.store = store
         self.chat_id = chat_id
-        self.engine = engine
+        self.backend = backend
         self.clock = clock
         self.chat = store.chat(chat_id)
         self.messages: list[Message] = store.messages(chat_id)
@@ -110,14 +108,14 @@ class ChatSession(QObject):
         self._tracker: ReplyTracker | None = None
         self._reply: Message | None = None
         self._save_handle: asyncio.TimerHandle | None = None
-        self._stopping = 0  # stops in progress: the reply counts as running until the engine has let go
+        self._stopping = 0  # stops in progress: the reply counts as running until the backend has let go
         self._activity = ""
 
     # --- queries -------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
-        """A reply is under way: from send until its end is recorded, and while a stop waits for the engine."""
+        """A reply is under way: from send until its end is recorded, and while a stop waits for the backend."""
         return self._stopping > 0 or self._reply is not None
 
     @property
@@ -127,7 +125,7 @@ class ChatSession(QObject):
     def can_continue(self) -> bool:
         """The last reply ended early (stopped, interrupted, or cut at its token limit) and can be extended."""
         last = self.messages[-1] if self.messages else None
-        return (getattr(self.engine, "continues_replies", False) and not self.running and last is not None and last.role == "assistant" and last.stats is not None
+        return (self.backend.continues_replies and not self.running and last is not None and last.role == "assistant" and last.stats is not None
                 and (last.stats.state in CONTINUABLE_STATES
                      or (last.stats.state == "done" and last.stats.eos_reason == "max_new_tokens")))
 
@@ -232,7 +230,7 @@ class ChatSession(QObject):
         reply = self._reply
         self._stopping += 1
         try:
-            if not await self.engine.cancel(self.chat_id):
+            if not await self.backend.cancel(self.chat_id):
                 task.cancel()  # no job yet (waiting for the model): stop waiting
             await asyncio.wait([task])
         finally:
@@ -264,26 +262,25 @@ class ChatSession(QObject):
 
     def _fit(self, history: list[dict], tracker: ReplyTracker) -> tuple[list[dict], ChatSettings]:
         """The prompt and settings that fit the backend's context (a remote backend that can't count: as is)."""
-        context_limit = getattr(self.engine, "context_limit", None)
-        limit = context_limit() if context_limit is not None else None
+        limit = self.backend.context_limit()
         if limit is None:
             return history, self.settings
-        fit = fit_context(history, self.settings, self.engine.count_tokens, limit)
+        fit = fit_context(history, self.settings, self.backend.count_tokens, limit)
         tracker.stats.dropped_messages = fit.dropped
         return fit.history, replace(self.settings, max_new_tokens=fit.max_new_tokens)
 
     async def _run(self, reply: Message, tracker: ReplyTracker, history: list[dict]) -> None:
         try:
-            await self.engine.wait_loaded()
+            await self.backend.wait_loaded()
             history, settings = self._fit(history, tracker)
-            job, tracker.stats.prompt_tokens = self.engine.start_job(self.chat_id, history, settings)
+            job, tracker.stats.prompt_tokens = self.backend.start_job(self.chat_id, history, settings)
             self._changed(reply)
             async for r in job:
                 tracker.feed(r, self.clock())
                 self._changed(reply)
             self._finish(reply, tracker, "stopped")  # "stopped" only if it ended without eos (generator closed)
         except asyncio.CancelledError:  # the task itself was cancelled (stop while waiting, app closing)
-            await self.engine.cancel(self.chat_id)
+            await self.backend.cancel(self.chat_id)
             self._finish(reply, tracker, "stopped")
             raise
         except Exception as exc:  # noqa: BLE001 - shown under the reply, never raised into the loop
@@ -300,7 +297,7 @@ class ChatSession(QObject):
         """Record the reply's end once: final text and stats to the store, views told."""
         if self._reply is not reply or self._tracker is not tracker:  # (a continued reply reuses its Message)
             return
-        self.engine.job_ended(self.chat_id)
+        self.backend.job_ended(self.chat_id)
         if tracker.stats.state not in ("done", "stopped", "error"):
             tracker.stats.state = state_if_running
         if self._save_handle is not None:

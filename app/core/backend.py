@@ -12,6 +12,10 @@ from app.core.store import ChatSettings
 
 
 class Backend(Protocol):
+    continues_replies: bool
+    """True where a trailing assistant message is continued (a remote chat API would answer it with a new
+    turn, so Continue is off there)."""
+
     async def wait_loaded(self) -> None:
         """Return once replies can start (a model is loaded / the server is connected)."""
 
@@ -24,11 +28,14 @@ class Backend(Protocol):
     def job_ended(self, identifier: Any) -> None:
         """The chat consumed its reply's last result."""
 
-    # Optional (app.core.context uses them to fit a chat into the context; a backend without them is sent as is):
-    # context_limit() -> int | None: the most tokens one sequence may hold (prompt + reply), None if unknown.
-    # count_tokens(history, settings) -> int: prompt tokens of that history (a trailing assistant message
-    # is continued, not closed). continues_replies: True where a trailing assistant message is continued
-    # (a remote chat API would answer it with a new turn, so Continue is off there).
+    def context_limit(self) -> int | None:
+        """The most tokens one sequence may hold (prompt + reply); None if unknown (no model, a remote
+        server): the chat is then sent as it is."""
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+        """Prompt tokens of that history (a trailing assistant message is continued, not closed); None
+        where the backend cannot count (no model loaded, a remote server)."""
+
     def adapter_names(self) -> list[str]:
         """LoRA adapters a chat may name in its settings (the loaded ones)."""
 
@@ -63,13 +70,13 @@ class BackendSwitch:
 
     @property
     def continues_replies(self) -> bool:
-        return getattr(self.current, "continues_replies", False)
+        return self.current.continues_replies
 
     def context_limit(self) -> int | None:
-        limit = getattr(self.current, "context_limit", None)
-        return limit() if limit is not None else None
+        return self.current.context_limit()
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
         return self.current.count_tokens(history, settings)
+
     def adapter_names(self) -> list[str]:
         return self.current.adapter_names()

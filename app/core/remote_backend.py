@@ -165,10 +165,20 @@ class RemoteBackend:
                               f"(this chat asks for {list(settings.loras)})")
         return settings.loras[0][0]
 
+    # ---- Backend protocol -------------------------------------------------------------------------
+    continues_replies = False  # a chat API answers a trailing assistant message with a new turn
+
     def adapter_names(self) -> list[str]:
         return [str(e["id"]) for e in self.adapters]
 
-    # ---- Backend protocol -------------------------------------------------------------------------
+    def context_limit(self) -> None:
+        """Unknown: an OpenAI-compatible server does not say its context length (it refuses what is too long)."""
+        return None
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> None:
+        """Unknown: the server's tokenizer and chat template are not here (the usage event counts the prompt)."""
+        return None
+
     async def wait_loaded(self) -> None:
         if self.model is None:
             await self.connect()

@@ -227,7 +227,10 @@ class EngineService(QObject):
 
     continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int:
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+        """Prompt tokens of that history; None before a model is loaded."""
+        if self.tokenizer is None:
+            return None
         return self.prompt_ids(history, settings).shape[-1]
 
     def context_limit(self) -> int | None:

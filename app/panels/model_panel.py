@@ -174,6 +174,11 @@ class ModelPanel(QWidget):
             self.show_error(self.recent.problem)
 
     # ----------------------------------------------------------------------------------- choosing
+    def add_section(self, widget: QWidget) -> None:
+        """Add a box below the load box (e.g. the remote server's), above the panel's trailing stretch."""
+        layout = self.layout()
+        layout.insertWidget(layout.count() - 1, widget)
+
     def _choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Hugging Face model folder")
         if path:

@@ -1,21 +1,26 @@
 """Remote mode: while connected to a server, new chat replies stream from it, the dashboard follows its
 /metrics and the LoRA dock shows its adapters; disconnecting returns everything to the local model.
 
-Installed onto a MainWindow by one call (RemoteMode(window)); the window's chats hold a BackendSwitch,
-so switching is one assignment and replies already running finish where they started.
+It changes only what its RemoteHandles give it: the chats' BackendSwitch (so switching is one assignment
+and replies already running finish where they started), which LoRA panel the dock shows, the dashboard's
+metrics source and status-bar messages. Its two widgets (the "Remote server" box and the server's LoRA
+panel) are placed by whoever builds the window; `changed` says when the chats' backend changed.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
-from PySide6.QtWidgets import QDockWidget, QStackedWidget
 
+from app.core.backend import Backend, BackendSwitch
 from app.core.tasks import spawn
 from app.core.remote_backend import RemoteBackend
 from app.core.remote_client import RemoteClient, RemoteError
 from app.core.remote_metrics import snapshot_from_metrics
+from app.panels.dashboard_feed import DashboardFeed
 from app.remote.remote_panel import RemoteLoraPanel, RemoteServerBox
 
 log = logging.getLogger(__name__)
@@ -66,19 +71,27 @@ class RemoteMetricsPoller(QObject):
         return snap
 
 
+@dataclass(frozen=True)
+class RemoteHandles:
+    """What remote mode changes outside itself, and nothing more."""
+
+    chats: BackendSwitch  # the backend the chats hold: pointed at the server, then back at `local`
+    local: Backend  # the in-process generator's backend
+    show_server_loras: Callable[[bool], None]  # the LoRA dock shows the server's adapters (True) or the local panel
+    dashboard: DashboardFeed | None  # whose metrics the dashboard shows
+    message: Callable[[str, int], None]  # a transient status-bar message (text, milliseconds)
+
+
 class RemoteMode(QObject):
     changed = Signal(object)  # connection info dict, or None when back on the local model
 
-    def __init__(self, window):
-        super().__init__(window)
-        self.window = window
+    def __init__(self, handles: RemoteHandles, parent: QObject | None = None):
+        super().__init__(parent)
+        self.handles = handles
         self.backend: RemoteBackend | None = None
         self.poller: RemoteMetricsPoller | None = None
         self.box = RemoteServerBox()
         self.lora_panel = RemoteLoraPanel()
-        if window.model_panel is not None:
-            window.model_panel.layout().insertWidget(2, self.box)
-        self._lora_stack = self._wrap_lora_dock()
         self.box.connect_requested.connect(lambda url, key: spawn(self.connect(url, key), self.box.show_error))
         self.box.disconnect_requested.connect(lambda: spawn(self.disconnect(), self.box.show_error))
         p = self.lora_panel
@@ -86,16 +99,6 @@ class RemoteMode(QObject):
         p.load_requested.connect(lambda name, path: spawn(self.load_adapter(name, path), p.show_error))
         p.unload_requested.connect(lambda name: spawn(self.unload_adapter(name), p.show_error))
         p.refresh_requested.connect(lambda: spawn(self.refresh(), p.show_error))
-
-    def _wrap_lora_dock(self) -> QStackedWidget | None:
-        dock = next((d for d in self.window.findChildren(QDockWidget) if d.objectName() == "LoRA"), None)
-        if dock is None:
-            return None
-        stack = QStackedWidget()
-        stack.addWidget(dock.widget())
-        stack.addWidget(self.lora_panel)
-        dock.setWidget(stack)
-        return stack
 
     @property
     def connected(self) -> bool:
@@ -118,13 +121,11 @@ class RemoteMode(QObject):
         if self.backend is not None:
             await self._release()
         self.backend = backend
-        self.window.backend.use(backend)
+        self.handles.chats.use(backend)
         self.box.set_connected(info)
         self.lora_panel.set_models(backend.entries, backend.model)
-        if self._lora_stack is not None:
-            self._lora_stack.setCurrentWidget(self.lora_panel)
+        self.handles.show_server_loras(True)
         self._follow_remote_metrics(backend)
-        self.window.model_status.setText(f"remote · {info['model']} @ {backend.url}")
         self.changed.emit(info)
         return True
 
@@ -133,44 +134,26 @@ class RemoteMode(QObject):
         if self.backend is None:
             return
         await self._release()
-        self.window.backend.use(self.window.service)
+        self.handles.chats.use(self.handles.local)
         self.box.set_connected(None)
-        if self._lora_stack is not None:
-            self._lora_stack.setCurrentIndex(0)
-        info = self.window.service.info
-        if info is not None:
-            self.window._loaded(info)
-        else:
-            self.window.model_status.setText("no model")
+        self.handles.show_server_loras(False)
         self.changed.emit(None)
 
     async def _release(self) -> None:
         backend, self.backend = self.backend, None
-        dash = self.window.dashboard
         if self.poller is not None:
             self.poller.stop()
-            if dash is not None:
-                self.poller.metrics.disconnect(dash.push)
             await self.poller.client.close()
+            if self.handles.dashboard is not None:
+                self.handles.dashboard.follow_local()
             self.poller = None
-        if dash is not None:
-            dash.reset()
-            dash.setWindowTitle("Cache dashboard")
-            self.window.service.metrics.connect(dash.push)
         await backend.close()
 
     def _follow_remote_metrics(self, backend: RemoteBackend) -> None:
-        dash = self.window.dashboard
         self.poller = RemoteMetricsPoller(RemoteClient(backend.url, backend.client.api_key), parent=self)
-        if dash is not None:
-            try:
-                self.window.service.metrics.disconnect(dash.push)
-            except (RuntimeError, TypeError):  # not connected (already following a remote)
-                pass
-            dash.reset()
-            dash.setWindowTitle(f"Dashboard · {backend.url}")
-            self.poller.metrics.connect(dash.push)
-        self.poller.failed.connect(lambda msg: self.window.statusBar().showMessage(msg, 5000))
+        if self.handles.dashboard is not None:
+            self.handles.dashboard.follow(self.poller.metrics, f"Dashboard · {backend.url}")
+        self.poller.failed.connect(lambda msg: self.handles.message(msg, 5000))
         self.poller.start()
 
     # ---- adapters ----------------------------------------------------------------------------------

@@ -145,10 +145,6 @@ class RemoteLoraPanel(QWidget):
                 self.models.setCurrentItem(item)
         self.active_label.setText(f"Chats use: {active or '–'}")
 
-    def adapter_ids(self) -> list[str]:
-        return [self.models.item(i).data(Qt.UserRole) for i in range(self.models.count())
-                if self.models.item(i).data(Qt.UserRole + 1)]
-
     def select(self, model_id: str) -> None:
         for i in range(self.models.count()):
             if self.models.item(i).data(Qt.UserRole) == model_id:

@@ -22,8 +22,8 @@ def test_three_chats_stream_concurrently(qtbot, loop, store, tiny_model):
         panes = [window.new_chat(f"chat {i}") for i in range(3)]
         for i, p in enumerate(panes):
             p.session.set_settings(ChatSettings(max_new_tokens=120, seed=i, system_prompt=""))
-        window.show_side_by_side(panes)
-        assert len(window.visible_panes()) == 3
+        window.chats.show_side_by_side(panes)
+        assert len(window.chats.visible_panes()) == 3
         first_text, finished = {}, {}
         for p in panes:
             cid = p.session.chat_id
@@ -204,7 +204,7 @@ def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
 def test_stop_while_waiting_for_the_model_is_immediate(qtbot, loop, store, tiny_model):
     async def body():
         window = make_window(qtbot, store)
-        load = window.load_model({"path": str(tiny_model), "cache_tokens": 4096})
+        load = window.loader.load_model({"path": str(tiny_model), "cache_tokens": 4096})
         pane = window.new_chat()
         pane.send("waiting")
         task = pane.session.task

@@ -105,7 +105,7 @@ def test_defect5_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbo
     colours = [p.swatch.colour() for p in panes]
     assert colours == [CHAT_COLOURS.colour(p.session.chat_id) for p in panes]
     assert len(set(colours)) == 11, "two open chats share a colour"
-    win.set_view("tiles", 4)
+    win.chats.set_view("tiles", 4)
     assert all(p.swatch.isVisibleTo(p) for p in panes)
 
     serials = [16 * i for i in range(11)]  # all equal modulo the 16-colour palette

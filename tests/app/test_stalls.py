@@ -38,7 +38,7 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
     from app.core.store import ChatSettings
 
     panes = [window.new_chat(f"chat {i + 1}") for i in range(8)]
-    window.show_side_by_side(panes[:4])
+    window.chats.show_side_by_side(panes[:4])
     for i, p in enumerate(panes):
         p.session.set_settings(ChatSettings(max_new_tokens=max_new_tokens, seed=i))
     lateness: list[float] = []
@@ -120,8 +120,8 @@ def main() -> int:
         window = MainWindow(data_dir=args.data_dir or tempfile.mkdtemp(prefix="pagedeck-stalls-"))
         window.resize(1600, 900)
         window.show()
-        if not await window.load_model({"path": args.model, "cache_tokens": 8 * (args.max_new_tokens + 256)}):
-            raise SystemExit(window.last_error)
+        if not await window.loader.load_model({"path": args.model, "cache_tokens": 8 * (args.max_new_tokens + 256)}):
+            raise SystemExit(window.status.last_error)
         result = await measure(window, args.seconds, args.max_new_tokens)
         result["model"] = window.service.info["name"]
         await window.shutdown()

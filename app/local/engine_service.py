@@ -22,6 +22,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
+from app.local.chat_prompt import ChatPrompt
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from engine.contract import model_path_problem
@@ -81,6 +82,7 @@ class EngineService(QObject):
         self._closed = False  # after close() no load installs a generator (a waiting load may still finish)
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
+        self._prompt: ChatPrompt | None = None  # the last history prompt_ids encoded
         self._timer = QTimer(self)
         self._timer.setInterval(metrics_interval_ms)
         self._timer.timeout.connect(self._push_metrics)
@@ -145,6 +147,7 @@ class EngineService(QObject):
             return False
         await self._retire()
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
+        self._prompt = None  # a prompt encoded by the previous tokenizer
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
         self._timer.start()
@@ -215,15 +218,20 @@ class EngineService(QObject):
 
     def prompt_ids(self, history: list[dict], settings: ChatSettings):
         """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job).
-        A trailing assistant message is continued: its text follows the generation prompt, unclosed."""
+        A trailing assistant message is continued: its text follows the generation prompt, unclosed.
+
+        The last history encoded is kept (app.local.chat_prompt): fitting a chat into the context asks
+        for that history less its oldest turns, and the job for the one it kept, and those ids are cut
+        from it, so a send tokenizes its prompt once."""
         if self.tokenizer is None:
             raise RuntimeError("no model is loaded yet")
-        partial = history[-1]["content"] if history and history[-1]["role"] == "assistant" else None
-        if partial is not None:
-            history = history[:-1]
-        messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + history
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True) + (partial or "")
-        return self.tokenizer.encode(text, add_bos=False, encode_special_tokens=True)
+        last = self._prompt
+        if last is not None and last.tokenizer is self.tokenizer:
+            ids = last.ids_of(history, settings)
+            if ids is not None:
+                return ids
+        self._prompt = ChatPrompt(self.tokenizer, history, settings)
+        return self._prompt.ids
 
     continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
 

@@ -211,6 +211,44 @@ def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_pr
     run(loop, body())
 
 
+def test_a_send_that_drops_turns_tokenizes_its_prompt_once(loop, store, tiny_model, monkeypatch):
+    """Fitting counts the prompt again for each turn it drops, and the job needs the kept prompt's ids: all
+    of them come from one tokenization, and they are the turns dropped and the ids that encoding each
+    candidate prompt gives."""
+    import engine
+    from app.chat.chat_session import ChatSession
+    from app.core.context import fit_context
+    from app.local.chat_prompt import encode, prompt_text
+
+    async def body():
+        service = await loaded_service(tiny_model)
+        settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4)
+        chat_id = store.create_chat("long").id
+        store.set_settings(chat_id, settings)
+        for i in range(4):
+            store.add_message(chat_id, "user", f"question {i}: " + "alpha beta gamma delta " * 20)
+            store.add_message(chat_id, "assistant", f"answer {i}: " + "one two three four " * 10, ReplyStats(state="done"))
+        s = ChatSession(store, chat_id, service)
+        history = [{"role": m.role, "content": m.content} for m in s.messages] + [{"role": "user", "content": "and now?"}]
+        tok = service.tokenizer
+        expected = fit_context(history, settings, lambda h, st: encode(tok, prompt_text(tok, h, st)).shape[-1],
+                               service.context_limit())
+        expected_ids = encode(tok, prompt_text(tok, expected.history, settings))[0].tolist()
+        assert expected.dropped >= 4  # at least two turns left out
+        encoded, sent = [], []
+        real_encode, real_job = tok.encode, engine.DynamicJobAsync
+        monkeypatch.setattr(tok, "encode", lambda *a, **k: encoded.append(a[0]) or real_encode(*a, **k))
+        monkeypatch.setattr(engine, "DynamicJobAsync",
+                            lambda *a, **k: sent.append(k["input_ids"][0].tolist()) or real_job(*a, **k))
+        s.send("and now?")
+        await wait_until(lambda: s.task.done(), 120, "the reply")
+        assert len(encoded) == 1
+        assert s.messages[-1].stats.dropped_messages == expected.dropped and sent == [expected_ids]
+        await service.close()
+
+    run(loop, body())
+
+
 def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
     async def body():
         settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, truncate=False)

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from app import desktop, qt_libs
+from app.core import qt_libs
+from app.window import desktop
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from engine.contract import model_path_problem

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app import desktop
+from app.window import desktop
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_validator = pytest.mark.skipif(

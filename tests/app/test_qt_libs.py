@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app import qt_libs
+from app.core import qt_libs
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_ldd = pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd (glibc Linux)")

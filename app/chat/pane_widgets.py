@@ -39,9 +39,6 @@ class ElidedLabel(QLabel):
     def text(self) -> str:
         return self._full
 
-    def displayed_text(self) -> str:
-        return super().text()
-
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         m = self.contentsMargins()
         return QSize(self.fontMetrics().horizontalAdvance("…") * 3 + m.left() + m.right(),

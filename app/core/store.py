@@ -220,10 +220,6 @@ WITH RECURSIVE path(id) AS (
     SELECT head_id FROM chats WHERE id = ?1 AND head_id IS NOT NULL
     UNION ALL SELECT m.parent_id FROM messages m JOIN path ON m.id = path.id WHERE m.parent_id IS NOT NULL
 )"""
-_SUBTREE = """
-WITH RECURSIVE sub(id) AS (
-    SELECT ?1 UNION ALL SELECT m.id FROM messages m JOIN sub ON m.parent_id = sub.id
-)"""
 
 
 def default_data_dir() -> Path:
@@ -429,17 +425,6 @@ class Store:
             for message_id, (content, stats) in replies.items():
                 self._must_change(self._db.execute("UPDATE messages SET content=? WHERE id=?", (content, message_id)), message_id, "message")
                 self._write_stats(message_id, stats)
-
-    def delete_from(self, chat_id: int, message_id: int) -> int:
-        """Delete a message and everything that follows it (its subtree); returns how many went.
-        The chat then shows the path to the deleted message's parent."""
-        self._check_in_chat(chat_id, message_id)
-        parent = self.message(message_id).parent_id
-        with self._tx():
-            ids = [r[0] for r in self._db.execute(f"{_SUBTREE} SELECT id FROM sub", (message_id,))]
-            self._db.execute(f"DELETE FROM messages WHERE id IN ({','.join('?' * len(ids))})", ids)
-            self._db.execute("UPDATE chats SET head_id=? WHERE id=?", (parent, chat_id))
-        return len(ids)
 
     # --- helpers -------------------------------------------------------------------------------
 

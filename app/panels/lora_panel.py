@@ -171,12 +171,6 @@ class LoraPanel(QWidget):
         self._refresh_empty()
         return added
 
-    def rescan(self) -> None:
-        """Pick up adapters added on disk since the last scan (e.g. freshly trained demo adapters)."""
-        for folder in list(self._folders):
-            if folder.is_dir():
-                self.add_folder(folder)
-
     def _choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Folder with LoRA adapters")
         if not path:

@@ -144,9 +144,6 @@ class ChatArea(QStackedWidget):
             self.open_chat(p.session.chat_id)
         self.set_view("tiles", max(2, min(4, len(panes))))
 
-    def visible_panes(self) -> list[ChatPane]:
-        return [p for p in self.panes.values() if p.isVisible()]
-
     def _layout(self) -> None:
         """Put the open panes into tabs or tiles; the others are parked (hidden, still streaming)."""
         current = self.tabs.currentWidget()

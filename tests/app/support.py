@@ -47,6 +47,11 @@ def make_window(qtbot, store, service=None):
     return win
 
 
+def visible_panes(window) -> list:
+    """The window's chat panes shown now (tabs: the current one; tiles: those tiled)."""
+    return [p for p in window.chats.panes.values() if p.isVisible()]
+
+
 def run(loop, coro, timeout: float = 120.0):
     return loop.run_until_complete(asyncio.wait_for(coro, timeout))
 

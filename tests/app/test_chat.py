@@ -6,7 +6,7 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
 from app.core.store import ChatSettings
-from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
+from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, visible_panes, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -23,7 +23,7 @@ def test_three_chats_stream_concurrently(qtbot, loop, store, tiny_model):
         for i, p in enumerate(panes):
             p.session.set_settings(ChatSettings(max_new_tokens=120, seed=i, system_prompt=""))
         window.chats.show_side_by_side(panes)
-        assert len(window.chats.visible_panes()) == 3
+        assert len(visible_panes(window)) == 3
         first_text, finished = {}, {}
         for p in panes:
             cid = p.session.chat_id

@@ -72,13 +72,6 @@ def test_delete_cascades_and_unknown_ids_raise(store):
         store.rename_chat(999, "y")
 
 
-def test_delete_from_truncates_what_follows(store):
-    chat = store.create_chat("x")
-    ids = [store.add_message(chat.id, r, f"m{i}").id for i, r in enumerate(["user", "assistant"] * 3)]
-    assert store.delete_from(chat.id, ids[2]) == 4
-    assert [m.content for m in store.messages(chat.id)] == ["m0", "m1"]
-
-
 def test_running_replies_become_interrupted_on_reopen(tmp_path):
     s = Store.open(tmp_path)
     chat = s.create_chat("x")

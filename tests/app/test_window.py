@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
-                                    tiny_model, wait_until)
+                                    tiny_model, visible_panes, wait_until)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -46,15 +46,15 @@ def test_tabs_and_tiles(qtbot, loop, store):
     async def body():
         win = make_window(qtbot, store)
         panes = [win.new_chat(f"c{i}") for i in range(4)]
-        assert win.chats.tabs.count() == 4 and win.chats.visible_panes() == [panes[3]]
+        assert win.chats.tabs.count() == 4 and visible_panes(win) == [panes[3]]
         win.chats.set_view("tiles", 4)
-        assert set(win.chats.visible_panes()) == set(panes)
+        assert set(visible_panes(win)) == set(panes)
         win.chats.set_view("tiles", 2)
-        assert set(win.chats.visible_panes()) == {panes[3], panes[2]}  # the two most recent
+        assert set(visible_panes(win)) == {panes[3], panes[2]}  # the two most recent
         win.chats.open_chat(panes[0].session.chat_id)
-        assert set(win.chats.visible_panes()) == {panes[0], panes[3]}
+        assert set(visible_panes(win)) == {panes[0], panes[3]}
         win.chats.set_view("tabs")
-        assert win.chats.tabs.count() == 4 and len(win.chats.visible_panes()) == 1
+        assert win.chats.tabs.count() == 4 and len(visible_panes(win)) == 1
         win.chats.close_chat(panes[1].session.chat_id)
         assert win.chats.tabs.count() == 3 and panes[1].parent() is win.chats.parking
         with pytest.raises(ValueError, match="2-4 tiles"):

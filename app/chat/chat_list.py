@@ -14,8 +14,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.core.chat_colours import CHAT_COLOURS
 from app.chat.pane_widgets import ACTIVITY, activity_icon
+from app.core.chat_colours import CHAT_COLOURS
 from app.core.store import ChatSettings, Store
 
 ID_ROLE = Qt.ItemDataRole.UserRole

@@ -19,13 +19,13 @@ from PySide6.QtWidgets import (
     QDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.core.chat_colours import CHAT_COLOURS
 from app.chat.chat_session import ChatSession
-from app.core.tasks import spawn
 from app.chat.code_blocks import COPY_VERB
-from app.core.formatting import stats_text
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
 from app.chat.transcript import Transcript
+from app.core.chat_colours import CHAT_COLOURS
+from app.core.formatting import stats_text
+from app.core.tasks import spawn
 from app.panels.settings_dialog import SettingsDialog
 
 MAX_RENDER_HZ = 20

@@ -41,32 +41,6 @@ class AppState:
     def _set_json(self, key: str, value: Any) -> None:
         self.settings.setValue(key, json.dumps(value))
 
-    def sync(self) -> None: ...
-
-
-class AppState:
-    """Read and write the last session's state; the window decides what to do with it."""
-
-    def __init__(self, settings: StateValues):
-        self.settings = settings
-
-    # --- raw values ------------------------------------------------------------------------------------
-    def _json(self, key: str, default: Any) -> Any:
-        raw = self.settings.value(key)
-        if raw is None:
-            return default
-        try:
-            return json.loads(str(raw))
-        except ValueError:
-            return default
-
-    def _set_json(self, key: str, value: Any) -> None:
-        self.settings.setValue(key, json.dumps(value))
-
-    def _bytes(self, key: str) -> QByteArray | None:
-        raw = self.settings.value(key)
-        return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
-
     def sync(self) -> None:
         self.settings.sync()
 

@@ -8,11 +8,11 @@ from PySide6.QtWidgets import (
     QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from app.panels.adapter_picker import AdapterPicker
 from app.core.context import TOGGLE_NAME
-from app.preferences.preferences import Preferences
 from app.core.presets import PRESET_FIELDS, apply_preset, matching_preset, preset_of
 from app.core.store import ChatSettings
+from app.panels.adapter_picker import AdapterPicker
+from app.preferences.preferences import Preferences
 
 CUSTOM = "Custom"
 

@@ -5,8 +5,8 @@ from PySide6.QtWidgets import (
     QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QPlainTextEdit, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.preferences.preferences import FONT_SIZES, THEMES
 from app.core.presets import BUILTIN_PRESETS
+from app.preferences.preferences import FONT_SIZES, THEMES
 from app.preferences.theme import Theme
 
 

@@ -16,10 +16,10 @@ from typing import Callable
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.backend import Backend, BackendSwitch
-from app.core.tasks import spawn
 from app.core.remote_backend import RemoteBackend
 from app.core.remote_client import RemoteClient, RemoteError
 from app.core.remote_metrics import snapshot_from_metrics
+from app.core.tasks import spawn
 from app.panels.dashboard_feed import DashboardFeed
 from app.remote.remote_panel import RemoteLoraPanel, RemoteServerBox
 
@@ -78,7 +78,7 @@ class RemoteHandles:
     chats: BackendSwitch  # the backend the chats hold: pointed at the server, then back at `local`
     local: Backend  # the in-process generator's backend
     show_server_loras: Callable[[bool], None]  # the LoRA dock shows the server's adapters (True) or the local panel
-    dashboard: DashboardFeed | None  # whose metrics the dashboard shows
+    dashboard: DashboardFeed  # whose metrics the dashboard shows
     message: Callable[[str, int], None]  # a transient status-bar message (text, milliseconds)
 
 
@@ -144,15 +144,13 @@ class RemoteMode(QObject):
         if self.poller is not None:
             self.poller.stop()
             await self.poller.client.close()
-            if self.handles.dashboard is not None:
-                self.handles.dashboard.follow_local()
+            self.handles.dashboard.follow_local()
             self.poller = None
         await backend.close()
 
     def _follow_remote_metrics(self, backend: RemoteBackend) -> None:
         self.poller = RemoteMetricsPoller(RemoteClient(backend.url, backend.client.api_key), parent=self)
-        if self.handles.dashboard is not None:
-            self.handles.dashboard.follow(self.poller.metrics, f"Dashboard · {backend.url}")
+        self.handles.dashboard.follow(self.poller.metrics, f"Dashboard · {backend.url}")
         self.poller.failed.connect(lambda msg: self.handles.message(msg, 5000))
         self.poller.start()
 

@@ -29,9 +29,9 @@ def _grid(panes):
 
 def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     """4 tiles, 48-char titles, banners, errors and stats: the grid's minimum size never moves."""
-    from app.core.backend import BackendSwitch
     from app.chat.chat_pane import ChatPane, RenderScheduler
     from app.chat.chat_session import ChatSession
+    from app.core.backend import BackendSwitch
     from app.local.engine_service import EngineService
 
     service = EngineService()

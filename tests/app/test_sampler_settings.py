@@ -9,10 +9,10 @@ from dataclasses import fields, replace
 
 import pytest
 
-from app.preferences.preferences import Preferences
 from app.core.presets import BUILTIN_PRESETS, PRESET_FIELDS, preset_of
 from app.core.remote_backend import chat_body
 from app.core.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
+from app.preferences.preferences import Preferences
 from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401 - fixtures
 
 ADVANCED = ChatSettings(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, mirostat=True, mirostat_tau=2.5,

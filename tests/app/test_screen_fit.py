@@ -19,8 +19,8 @@ CHILD = r"""
 import json, sys, tempfile
 from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QApplication, QDockWidget
-from app.window.main_window import MainWindow
 from app.core.store import Store
+from app.window.main_window import MainWindow
 
 app = QApplication([])
 data = tempfile.mkdtemp()

@@ -78,8 +78,8 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
 
 
 def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, capsys):
-    from app.window.main_window import MainWindow
     from app.core.store import Store
+    from app.window.main_window import MainWindow
     from tests.app.support import loaded_service
 
     async def body():

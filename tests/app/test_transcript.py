@@ -4,8 +4,8 @@ import random
 import pytest
 from PySide6.QtGui import QTextDocument, QTextFormat
 
-from app.core.formatting import stats_text
 from app.chat.transcript import Transcript, stable_prefix
+from app.core.formatting import stats_text
 from app.core.store import Message, ReplyStats
 
 TOKENS = ["Hello", " world", ",", " this", " is", " **bold**", " *it*", " `code`", "\n\n", "\n", "- item", "1. first",

@@ -20,6 +20,7 @@ from PySide6.QtGui import QCursor
 from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
 
 from app.core.chat_colours import CHAT_COLOURS, PALETTE
+from app.core.formatting import adapters_text
 from engine.contract import CACHED as CACHED_STATE
 from engine.contract import FREE as FREE_STATE
 
@@ -309,8 +310,6 @@ class PageMapWidget(QWidget):
         state = int(self._job_states[page]) if page < len(self._job_states) else int(self.pages.states[page])
         lora = ""
         if self._page_adapters is not None and page < len(self._page_adapters) and self._page_adapters[page] >= 0:
-            from app.core.formatting import adapters_text
-
             lora = " · " + adapters_text(self._adapter_sets.get(int(self._page_adapters[page]), []))
         if state == FREE_STATE:
             return f"page {page}: free"
@@ -353,8 +352,6 @@ def _legend_html() -> str:
 
 
 def _adapter_legend_html(adapter_sets: Mapping[int, list]) -> str:
-    from app.core.formatting import adapters_text
-
     def swatch(rgba: tuple[int, ...]) -> str:
         return f"<span style='color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
 

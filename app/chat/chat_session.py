@@ -261,9 +261,10 @@ class ChatSession(QObject):
         return self.task
 
     def _fit(self, history: list[dict], tracker: ReplyTracker) -> tuple[list[dict], ChatSettings]:
-        """The prompt and settings that fit the backend's context (a remote backend that can't count: as is)."""
+        """The prompt and settings that fit the backend's context; a backend that knows no limit or can't
+        count (a remote server) gets the chat as it is."""
         limit = self.backend.context_limit()
-        if limit is None:
+        if limit is None or self.backend.count_tokens(history, self.settings) is None:
             return history, self.settings
         fit = fit_context(history, self.settings, self.backend.count_tokens, limit)
         tracker.stats.dropped_messages = fit.dropped

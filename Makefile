@@ -27,7 +27,7 @@ system-deps:
 	{ command -v apt-get >/dev/null && $(SUDO) apt-get install -y -q desktop-file-utils libglib2.0-bin >/dev/null; } || \
 	echo "note: install desktop-file-utils (and gio: libglib2.0-bin / glib2) for the desktop-entry tests"
 	@# Qt's xcb platform plugin's system libraries, so that `make run` opens a window on a fresh desktop.
-	@pkgs="$$($(BIN)/python -m app.qt_libs --platform xcb --apt-packages)"; [ -z "$$pkgs" ] || \
+	@pkgs="$$($(BIN)/python -m app.core.qt_libs --platform xcb --apt-packages)"; [ -z "$$pkgs" ] || \
 	{ command -v apt-get >/dev/null && $(SUDO) apt-get install -y -q $$pkgs >/dev/null; } || \
 	echo "note: Qt needs $$pkgs; \`make run\` prints the install command"
 
@@ -44,7 +44,7 @@ wheel: $(STAMP)
 	$(BIN)/python -m pip wheel . --no-deps -w dist
 
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.qt_libs
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.core.qt_libs
 	$(BIN)/lint-imports --no-logo
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
 

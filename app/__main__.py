@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from app import desktop, qt_libs
+from app.core import qt_libs
+from app.window import desktop
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from engine.contract import model_path_problem
@@ -36,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     window = MainWindow(data_dir=args.data_dir,
                         load_request={"path": str(args.model) if args.model else None, "cache_tokens": args.cache_tokens})
@@ -74,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from PySide6.QtWidgets import QApplication
 
-    from app.event_loop import QtEventLoop
+    from app.window.event_loop import QtEventLoop
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     desktop.apply_identity(app)  # application name, desktop file name (Wayland app id) and window icon

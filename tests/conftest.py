@@ -38,5 +38,5 @@ def tiny_llama_folder(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _private_preferences(tmp_path_factory, monkeypatch):
-    """Every test gets its own preferences file (app.preferences): none reads or writes the user's."""
+    """Every test gets its own preferences file (app.preferences.preferences): none reads or writes the user's."""
     monkeypatch.setenv("PAGEDECK_SETTINGS", str(tmp_path_factory.mktemp("prefs") / "pagedeck.ini"))

@@ -13,11 +13,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from app.chat_session import ReplyTracker
-from app.remote_backend import RemoteBackend
-from app.remote_client import RemoteClient, RemoteError
-from app.remote_metrics import snapshot_from_metrics
-from app.store import ChatSettings
+from app.chat.chat_session import ReplyTracker
+from app.core.remote_backend import RemoteBackend
+from app.core.remote_client import RemoteClient, RemoteError
+from app.core.remote_metrics import snapshot_from_metrics
+from app.core.store import ChatSettings
 
 PIRATE = Path(__file__).resolve().parent.parent / "resources" / "loras" / "pirate"
 PIRATE_WORDS = ("arr", "matey", "ahoy", "me hearty", " ye ", "th' ")

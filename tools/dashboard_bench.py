@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from app.dashboard import DashboardDock
+from app.panels.dashboard import DashboardDock
 from tools.simulated_workload import SimulatedWorkload
 
 

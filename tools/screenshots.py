@@ -33,7 +33,7 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
     """Feed the dashboard a simulated run and save it as PNG (needs a QApplication)."""
     from PySide6.QtWidgets import QApplication
 
-    from app.dashboard import DashboardDock
+    from app.panels.dashboard import DashboardDock
 
     app = QApplication.instance() or QApplication([])
     dock = DashboardDock()
@@ -89,17 +89,17 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     window = MainWindow(data_dir=data_dir)
     window.theme.set_mode(theme)  # written to the scratch preferences file (PAGEDECK_SETTINGS, set in main)
     window.show()
     window.resize(*size)  # as if maximized on a WxH screen (Xvfb has no window manager to do it)
     try:
-        if not await window.ready():  # the model loads off the UI thread
-            raise SystemExit(f"model did not load: {window.last_error}")
+        if not await window.loader.ready():  # the model loads off the UI thread
+            raise SystemExit(f"model did not load: {window.status.last_error}")
         panes = [window.new_chat(title) for _, title in CHATS[:len(PROMPTS)]]
-        window.show_side_by_side(panes[:3])
+        window.chats.show_side_by_side(panes[:3])
         window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
         for pane, prompt in zip(panes, PROMPTS):  # the 4th streams in the background: the batch holds all four
             pane.prompt.setPlainText(prompt)
@@ -128,26 +128,26 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
 
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
     from engine.contract import demo_adapters_folder
 
     window = MainWindow(data_dir=data_dir)
     window.resize(1900, 1050)
     window.show()
     try:
-        if not await window.ready():
-            raise SystemExit(f"model did not load: {window.last_error}")
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
         folder = demo_adapters_folder()
         chats = (("pirate", "Tell me about your favourite food."), ("bullets", "Tell me about your favourite food."))
         for name, _ in chats:
             if not await window.service.load_adapter(folder / name):
-                raise SystemExit(f"could not load the demo adapter {name}: {window.last_error}")
+                raise SystemExit(f"could not load the demo adapter {name}: {window.status.last_error}")
         panes = []
         for name, prompt in chats:
             pane = window.new_chat(f"{name} adapter")
             pane.session.set_settings(replace(pane.session.settings, loras=((name, 1.0),)))
             panes.append((pane, prompt))
-        window.show_side_by_side([p for p, _ in panes])
+        window.chats.show_side_by_side([p for p, _ in panes])
         window.dashboard.page_map.by_adapter.setChecked(True)
         for pane, prompt in panes:
             pane.prompt.setPlainText(prompt)
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
-        from app.event_loop import QtEventLoop
+        from app.window.event_loop import QtEventLoop
 
         loop = QtEventLoop(app)
         asyncio.set_event_loop(loop)

@@ -20,7 +20,7 @@ def tiny_model(tiny_llama_folder):
 
 @pytest.fixture
 def loop(qapp):
-    from app.event_loop import QtEventLoop
+    from app.window.event_loop import QtEventLoop
 
     lp = QtEventLoop(qapp)
     asyncio.set_event_loop(lp)
@@ -31,7 +31,7 @@ def loop(qapp):
 
 @pytest.fixture
 def store(tmp_path):
-    from app.store import Store
+    from app.core.store import Store
 
     s = Store.open(tmp_path / "data")
     yield s
@@ -39,12 +39,17 @@ def store(tmp_path):
 
 
 def make_window(qtbot, store, service=None):
-    from app.main_window import MainWindow
+    from app.window.main_window import MainWindow
 
     win = MainWindow(store, service)
     qtbot.addWidget(win)
     win.show()
     return win
+
+
+def visible_panes(window) -> list:
+    """The window's chat panes shown now (tabs: the current one; tiles: those tiled)."""
+    return [p for p in window.chats.panes.values() if p.isVisible()]
 
 
 def run(loop, coro, timeout: float = 120.0):
@@ -60,7 +65,7 @@ async def wait_until(predicate, timeout: float = 60.0, what: str = "condition") 
 
 
 async def loaded_service(model_path, cache_tokens: int = TINY_CACHE_TOKENS):
-    from app.engine_service import EngineService
+    from app.local.engine_service import EngineService
 
     service = EngineService()
     errors = []

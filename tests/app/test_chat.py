@@ -5,8 +5,8 @@ import pytest
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QGuiApplication
 
-from app.store import ChatSettings
-from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
+from app.core.store import ChatSettings
+from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, visible_panes, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -22,8 +22,8 @@ def test_three_chats_stream_concurrently(qtbot, loop, store, tiny_model):
         panes = [window.new_chat(f"chat {i}") for i in range(3)]
         for i, p in enumerate(panes):
             p.session.set_settings(ChatSettings(max_new_tokens=120, seed=i, system_prompt=""))
-        window.show_side_by_side(panes)
-        assert len(window.visible_panes()) == 3
+        window.chats.show_side_by_side(panes)
+        assert len(visible_panes(window)) == 3
         first_text, finished = {}, {}
         for p in panes:
             cid = p.session.chat_id
@@ -177,7 +177,7 @@ def test_system_prompt_and_chat_template_reach_the_prompt(loop, tiny_model):
 
 
 def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
-    from app.settings_dialog import SettingsDialog
+    from app.panels.settings_dialog import SettingsDialog
 
     async def body():
         window = make_window(qtbot, store)
@@ -204,7 +204,7 @@ def test_settings_dialog_round_trip_and_validation(qtbot, loop, store):
 def test_stop_while_waiting_for_the_model_is_immediate(qtbot, loop, store, tiny_model):
     async def body():
         window = make_window(qtbot, store)
-        load = window.load_model({"path": str(tiny_model), "cache_tokens": 4096})
+        load = window.loader.load_model({"path": str(tiny_model), "cache_tokens": 4096})
         pane = window.new_chat()
         pane.send("waiting")
         task = pane.session.task
@@ -219,7 +219,7 @@ def test_stop_while_waiting_for_the_model_is_immediate(qtbot, loop, store, tiny_
 
 
 def test_reply_tracker_times_token_events():
-    from app.chat_session import ReplyTracker
+    from app.chat.chat_session import ReplyTracker
 
     t = ReplyTracker(sent_at=10.0, prompt_tokens=50)
     t.feed({"stage": "deferred"}, 10.1)

@@ -13,9 +13,9 @@ import threading
 import pytest
 from PySide6.QtCore import Qt
 
-from app.export import to_json, to_markdown
-from app.settings_dialog import SettingsDialog
-from app.store import ChatSettings, Store
+from app.core.export import to_json, to_markdown
+from app.core.store import ChatSettings, Store
+from app.panels.settings_dialog import SettingsDialog
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 GREEDY_CHAT = dict(max_new_tokens=10, temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,

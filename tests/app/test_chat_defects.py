@@ -7,9 +7,9 @@ from datetime import datetime
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import QApplication, QSplitter
+from PySide6.QtWidgets import QApplication, QLabel, QSplitter
 
-from app.store import ChatSettings, ReplyStats
+from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -29,10 +29,10 @@ def _grid(panes):
 
 def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     """4 tiles, 48-char titles, banners, errors and stats: the grid's minimum size never moves."""
-    from app.backend import BackendSwitch
-    from app.chat_pane import ChatPane, RenderScheduler
-    from app.chat_session import ChatSession
-    from app.engine_service import EngineService
+    from app.chat.chat_pane import ChatPane, RenderScheduler
+    from app.chat.chat_session import ChatSession
+    from app.core.backend import BackendSwitch
+    from app.local.engine_service import EngineService
 
     service = EngineService()
     scheduler = RenderScheduler()
@@ -59,7 +59,7 @@ def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     assert [p.minimumSizeHint() for p in panes] == pane_before
     # Small enough that 2x2 tiles plus the docks fit a 1024-px-wide window.
     assert before.width() <= 2 * 300 + 10, before
-    assert "…" in panes[0].title.displayed_text() and panes[0].title.toolTip() == TITLE_48
+    assert "…" in QLabel.text(panes[0].title) and panes[0].title.toolTip() == TITLE_48
 
 
 def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, loop, store, tiny_model):
@@ -98,14 +98,14 @@ def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, 
 def test_defect5_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbot, store):
     """11 open chats: 11 different colours, the same on each pane's swatch and on the page map, even when
     their job serials collide modulo the palette (the old map coloured by serial), and hover names the chat."""
-    from app.chat_colours import CHAT_COLOURS
+    from app.core.chat_colours import CHAT_COLOURS
 
     win = make_window(qtbot, store)
     panes = [win.new_chat(f"chat number {i}") for i in range(11)]
     colours = [p.swatch.colour() for p in panes]
     assert colours == [CHAT_COLOURS.colour(p.session.chat_id) for p in panes]
     assert len(set(colours)) == 11, "two open chats share a colour"
-    win.set_view("tiles", 4)
+    win.chats.set_view("tiles", 4)
     assert all(p.swatch.isVisibleTo(p) for p in panes)
 
     serials = [16 * i for i in range(11)]  # all equal modulo the 16-colour palette
@@ -211,6 +211,44 @@ def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_pr
     run(loop, body())
 
 
+def test_a_send_that_drops_turns_tokenizes_its_prompt_once(loop, store, tiny_model, monkeypatch):
+    """Fitting counts the prompt again for each turn it drops, and the job needs the kept prompt's ids: all
+    of them come from one tokenization, and they are the turns dropped and the ids that encoding each
+    candidate prompt gives."""
+    import engine
+    from app.chat.chat_session import ChatSession
+    from app.core.context import fit_context
+    from app.local.chat_prompt import encode, prompt_text
+
+    async def body():
+        service = await loaded_service(tiny_model)
+        settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4)
+        chat_id = store.create_chat("long").id
+        store.set_settings(chat_id, settings)
+        for i in range(4):
+            store.add_message(chat_id, "user", f"question {i}: " + "alpha beta gamma delta " * 20)
+            store.add_message(chat_id, "assistant", f"answer {i}: " + "one two three four " * 10, ReplyStats(state="done"))
+        s = ChatSession(store, chat_id, service)
+        history = [{"role": m.role, "content": m.content} for m in s.messages] + [{"role": "user", "content": "and now?"}]
+        tok = service.tokenizer
+        expected = fit_context(history, settings, lambda h, st: encode(tok, prompt_text(tok, h, st)).shape[-1],
+                               service.context_limit())
+        expected_ids = encode(tok, prompt_text(tok, expected.history, settings))[0].tolist()
+        assert expected.dropped >= 4  # at least two turns left out
+        encoded, sent = [], []
+        real_encode, real_job = tok.encode, engine.DynamicJobAsync
+        monkeypatch.setattr(tok, "encode", lambda *a, **k: encoded.append(a[0]) or real_encode(*a, **k))
+        monkeypatch.setattr(engine, "DynamicJobAsync",
+                            lambda *a, **k: sent.append(k["input_ids"][0].tolist()) or real_job(*a, **k))
+        s.send("and now?")
+        await wait_until(lambda: s.task.done(), 120, "the reply")
+        assert len(encoded) == 1
+        assert s.messages[-1].stats.dropped_messages == expected.dropped and sent == [expected_ids]
+        await service.close()
+
+    run(loop, body())
+
+
 def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
     async def body():
         settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, truncate=False)
@@ -237,7 +275,7 @@ def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, 
 
 
 def test_defect11_export_header_says_when_it_was_exported(store, tmp_path):
-    from app.export import export_chat, to_json, to_markdown
+    from app.core.export import export_chat, to_json, to_markdown
 
     chat = store.create_chat("Old chat")
     store.add_message(chat.id, "user", "hi")

@@ -3,7 +3,7 @@ activity marks, Continue, regenerate keeping alternatives (‹1/3›), and branc
 import pytest
 from PySide6.QtCore import QUrl
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.timeout(300)
@@ -20,14 +20,14 @@ def test_tabs_and_chat_list_mark_chats_that_are_generating(qtbot, loop, store, t
         idle = window.new_chat("idle")
         s = pane.session
         s.set_settings(ChatSettings(max_new_tokens=300, seed=1, system_prompt=""))
-        window.tabs.setCurrentWidget(idle)
+        window.chats.tabs.setCurrentWidget(idle)
         states = []
         s.activity_changed.connect(states.append)
         pane.send("hello")
         await wait_until(lambda: s.activity == "streaming", 60, "streaming")
-        i = window.tabs.indexOf(pane)
-        qtbot.waitUntil(lambda: "generating" in window.tabs.tabToolTip(i), timeout=10_000)
-        assert not window.tabs.tabIcon(i).isNull()
+        i = window.chats.tabs.indexOf(pane)
+        qtbot.waitUntil(lambda: "generating" in window.chats.tabs.tabToolTip(i), timeout=10_000)
+        assert not window.chats.tabs.tabIcon(i).isNull()
         assert window.chat_list.activity(s.chat_id) == "streaming"
         item = window.chat_list.list.item(window.chat_list.ids().index(s.chat_id))
         assert "generating" in item.toolTip() and not item.icon().isNull()
@@ -36,7 +36,7 @@ def test_tabs_and_chat_list_mark_chats_that_are_generating(qtbot, loop, store, t
         await wait_until(lambda: s.task.done(), 120, "the reply")
         assert states[0] == "queued" and "streaming" in states and states[-1] == ""
         assert window.chat_list.activity(s.chat_id) == "" and item.icon().isNull()
-        assert "generating" not in window.tabs.tabToolTip(window.tabs.indexOf(pane))
+        assert "generating" not in window.chats.tabs.tabToolTip(window.chats.tabs.indexOf(pane))
         await window.service.close()
 
     run(loop, body())
@@ -104,8 +104,8 @@ def test_a_branch_shares_its_prefix_pages_with_the_chat_it_came_from(qtbot, loop
         opened = []
         pane.branched.connect(opened.append)
         _click(pane, "branch", first_reply)
-        assert len(opened) == 1 and window.current_pane().session.chat_id == opened[0]
-        b = window.panes[opened[0]].session
+        assert len(opened) == 1 and window.chats.current_pane().session.chat_id == opened[0]
+        b = window.chats.panes[opened[0]].session
         assert [m.content for m in b.messages] == [m.content for m in s.messages] and b.settings == s.settings
         assert b.chat.branch_of == first_reply and opened[0] in window.chat_list.ids()
 
@@ -113,7 +113,7 @@ def test_a_branch_shares_its_prefix_pages_with_the_chat_it_came_from(qtbot, loop
         await wait_until(lambda: s.task.done(), 60, "the source's second reply")
         history = lambda sess: [{"role": m.role, "content": m.content} for m in sess.messages]  # noqa: E731
         source_prompt = service.prompt_ids(history(s)[:-1], settings)[0].tolist()
-        window.panes[opened[0]].send("And the fish market?")
+        window.chats.panes[opened[0]].send("And the fish market?")
         await wait_until(lambda: b.task.done(), 60, "the branch's first reply")
         branch_prompt = service.prompt_ids(history(b)[:-1], settings)[0].tolist()
         common = _common_prefix(source_prompt, branch_prompt)
@@ -125,7 +125,7 @@ def test_a_branch_shares_its_prefix_pages_with_the_chat_it_came_from(qtbot, loop
         long = ChatSettings(max_new_tokens=120, seed=3, system_prompt="Be brief.")
         s.set_settings(long)
         b.set_settings(long)
-        window.set_view("tiles", 2)
+        window.chats.set_view("tiles", 2)
         shared_seen = []
 
         def look(snap):

@@ -3,8 +3,8 @@ import json
 import shutil
 from pathlib import Path
 
-from app.export import export_chat
-from app.store import ReplyStats, Store
+from app.core.export import export_chat
+from app.core.store import ReplyStats, Store
 
 SCHEMA1 = Path(__file__).resolve().parents[1] / "data" / "pagedeck_schema1.sqlite3"
 

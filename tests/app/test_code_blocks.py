@@ -6,9 +6,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QTextCursor, QTextDocument, QTextFormat
 from PySide6.QtWidgets import QApplication
 
-from app.code_blocks import COPY_VERB, fences
-from app.store import Message, ReplyStats
-from app.transcript import CODE_BACKGROUND, Transcript
+from app.chat.code_blocks import COPY_VERB, fences
+from app.chat.transcript import CODE_BACKGROUND, Transcript
+from app.core.store import Message, ReplyStats
 from tests.app.support import loop, make_window, run, store  # noqa: F401 - fixtures
 from tests.app.test_theme import _system_look_after, contrast  # noqa: F401 - fixture
 

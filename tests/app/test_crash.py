@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.store import Store
+from app.core.store import Store
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parents[2]
@@ -23,10 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import asyncio, json, sys, time
 from PySide6.QtCore import QCoreApplication
-from app.event_loop import QtEventLoop
-from app.chat_session import ChatSession
-from app.engine_service import EngineService
-from app.store import ChatSettings, Store
+from app.chat.chat_session import ChatSession
+from app.core.store import ChatSettings, Store
+from app.local.engine_service import EngineService
+from app.window.event_loop import QtEventLoop
 
 model, data_dir = sys.argv[1], sys.argv[2]
 app = QCoreApplication([])

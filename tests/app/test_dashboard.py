@@ -8,8 +8,8 @@ from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QColor, QMouseEvent
 from PySide6.QtWidgets import QApplication
 
-from app.dashboard import WARN_PEN, DashboardDock, RingSeries
-from app.pagemap import BACKGROUND, CACHED_COLOUR, FREE_COLOUR, HATCH_COLOUR, job_colour
+from app.panels.dashboard import WARN_PEN, DashboardDock, RingSeries
+from app.panels.pagemap import BACKGROUND, CACHED_COLOUR, FREE_COLOUR, HATCH_COLOUR, job_colour
 
 
 def snapshot(states, t, shared=None, owners=None, tokens=0, drafted=0, accepted=0, **over):
@@ -229,8 +229,8 @@ def test_bad_snapshots_are_rejected_clearly(dock):
 def test_app_modules_never_import_torch():
     """Every app module loads without torch: the engine (and torch) load only with a model."""
     code = ("import sys, os, pkgutil, importlib, app; os.environ['QT_QPA_PLATFORM'] = 'offscreen'; "
-            "names = [m.name for m in pkgutil.iter_modules(app.__path__) if m.name != '__main__']; "
-            "[importlib.import_module('app.' + n) for n in names]; "
+            "names = [m.name for m in pkgutil.walk_packages(app.__path__, 'app.') if m.name != 'app.__main__']; "
+            "[importlib.import_module(n) for n in names]; "
             "assert len(names) > 10, names; "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app import desktop
+from app.window import desktop
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_validator = pytest.mark.skipif(
@@ -65,7 +65,7 @@ def test_install_desktop_writes_a_valid_entry_and_icons_under_xdg_data_home(tmp_
 
 def test_default_data_home_is_dot_local_share(tmp_path):
     env = _env(HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", "from app.desktop import data_home; print(data_home())"],
+    out = subprocess.run([sys.executable, "-c", "from app.window.desktop import data_home; print(data_home())"],
                          capture_output=True, text=True, env=env)
     assert out.stdout.strip() == str(tmp_path / ".local" / "share")
 

@@ -26,7 +26,7 @@ CHILD = r"""
 import asyncio, gc, sys, threading
 from PySide6.QtCore import QCoreApplication, QTimer
 import qasync
-from app.event_loop import QtEventLoop
+from app.window.event_loop import QtEventLoop
 
 Loop = QtEventLoop if sys.argv[1] == "app" else qasync.QEventLoop
 app = QCoreApplication([])
@@ -74,7 +74,7 @@ def test_closed_app_loops_leave_no_timer_for_other_threads():
 
 def test_the_stress_run_catches_the_bug_in_a_plain_qasync_loop():
     """The same run on qasync's own loop shows the bug (Qt's warning, then usually the segfault), so the test
-    above would fail without app.event_loop. If this starts failing, qasync fixed it upstream."""
+    above would fail without app.window.event_loop. If this starts failing, qasync fixed it upstream."""
     out = _stress("qasync", 3)
     assert out.returncode != 0 or "Timers cannot be stopped from another thread" in out.stderr, (
         out.returncode, out.stderr[-3000:])

@@ -71,7 +71,7 @@ def test_installed_wheel_runs_pagedeck_away_from_the_checkout(wheel, tmp_path):
     out = subprocess.run([str(pagedeck), "--help"], capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=120)
     assert out.returncode == 0 and "--install-desktop" in out.stdout, out.stderr
 
-    probe = ("import json, app, app.desktop as d\n"
+    probe = ("import json, app, app.window.desktop as d\n"
              "from engine.contract.paths import demo_adapters_folder, find_adapters\n"
              "print(json.dumps({'app': app.__file__, 'adapters': [p.name for p in find_adapters(demo_adapters_folder())],"
              " 'icons': sorted(p.name for p in d.ICONS.iterdir()), 'launcher': d.launcher()}))")

@@ -1,11 +1,11 @@
-"""The model panel's list of models found on disk (app.model_browser) with real Qt widgets and a real scan
+"""The model panel's list of models found on disk (app.panels.model_browser) with real Qt widgets and a real scan
 of a fake home (the layouts of tests/test_discovery.py)."""
 
 import pytest
 from PySide6.QtCore import Qt
 
-from app.model_browser import COLUMNS, ModelBrowser
-from app.model_panel import ModelPanel
+from app.panels.model_browser import COLUMNS, ModelBrowser
+from app.panels.model_panel import ModelPanel
 from engine.model import discovery, memory
 from tests.engine.test_discovery import home  # noqa: F401  (the fake home fixture)
 

@@ -4,7 +4,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
                                tiny_model, wait_until)
 from tests.engine.test_async_api import write_adapter
@@ -21,14 +21,14 @@ def ticked(panel) -> list[str]:
 def test_failed_load_message_stays_in_the_status_bar(qtbot, loop, store, tiny_model, tmp_path):
     async def body():
         win = make_window(qtbot, store)
-        assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
         assert win.statusBar().currentMessage().startswith("Loaded ")
         broken = tmp_path / "broken.gguf"
         broken.write_bytes(b"not a gguf file at all")
-        assert await win.load_model({"path": str(broken)}) is False
+        assert await win.loader.load_model({"path": str(broken)}) is False
         message = win.statusBar().currentMessage()
         assert "Could not load model" in message and "Loaded" not in message, message
-        assert tiny_model.name in win.model_status.text()  # the model still running is still named
+        assert tiny_model.name in win.status.model_status.text()  # the model still running is still named
         await win.service.close()
 
     run(loop, body())
@@ -47,7 +47,7 @@ def test_reload_reapplies_the_lora_set_or_says_it_was_dropped(qtbot, loop, store
         assert ticked(panel) == ["tiny-pirate"]
 
         # Reloading a model the adapter fits keeps the set, in the engine and in the panel.
-        assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
         pirate = str(adapters / "tiny-pirate")
         assert service.chat_loras == ((pirate, 0.5),)
         assert service.snapshot()["loras"] == ["tiny-pirate"]  # what the new generator really runs
@@ -55,17 +55,17 @@ def test_reload_reapplies_the_lora_set_or_says_it_was_dropped(qtbot, loop, store
 
         # A model it does not fit (other widths) drops it, and the panel and the status bar say so.
         other = write_tiny_model(tmp_path / "wider", hidden_size=96, num_attention_heads=6, head_dim=16)
-        assert await win.load_model({"path": str(other), "cache_tokens": TINY_CACHE_TOKENS})
+        assert await win.loader.load_model({"path": str(other), "cache_tokens": TINY_CACHE_TOKENS})
         assert service.chat_loras == () and service.snapshot()["loras"] == []
         assert panel.active_label.text() == "Default LoRA: none" and ticked(panel) == []
-        assert "LoRA tiny-pirate dropped" in panel.error_label.text() and "LoRA tiny-pirate dropped" in win.last_error
+        assert "LoRA tiny-pirate dropped" in panel.error_label.text() and "LoRA tiny-pirate dropped" in win.status.last_error
         await service.close()
 
     run(loop, body())
 
 
 def answer(win, text: str) -> None:
-    box = win.load_question
+    box = win.loader.load_question
     assert box is not None and box.isVisible(), "no question before the load"
     button = next((b for b in box.buttons() if b.text() == text), None) or box.button(QMessageBox.StandardButton.Cancel)
     button.click()

@@ -7,8 +7,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog
 from safetensors.numpy import save_file
 
-from app.lora_panel import LoraPanel, inspect_adapter
-from app.model_panel import ModelPanel
+from app.panels.lora_panel import LoraPanel, inspect_adapter
+from app.panels.model_panel import ModelPanel
 
 # ------------------------------------------------------------------------------------------- LoRA
 
@@ -134,7 +134,7 @@ def test_lora_loaded_column_asks_to_load_and_unload_and_follows_the_engine(lora_
     assert not broken.flags() & Qt.ItemIsUserCheckable
 
 
-def test_lora_add_folder_button_and_rescan(qtbot, tmp_path, monkeypatch):
+def test_lora_add_folder_button_and_adding_a_known_folder_again(qtbot, tmp_path, monkeypatch):
     panel = LoraPanel(lora_dir=None)
     qtbot.addWidget(panel)
     assert panel.adapters() == [] and not panel.empty_label.isHidden()
@@ -146,7 +146,7 @@ def test_lora_add_folder_button_and_rescan(qtbot, tmp_path, monkeypatch):
     assert panel.folders() == [str(user.resolve())]
     assert panel.add_folder(user) == 0  # nothing twice
     write_adapter(user / "b")
-    panel.rescan()
+    assert panel.add_folder(user) == 1  # a known folder again: what was added on disk since
     assert [a.name for a in panel.adapters()] == ["a", "b"]
     assert panel.add_folder(write_adapter(tmp_path / "single")) == 1  # an adapter folder itself
     with pytest.raises(FileNotFoundError, match="missing"):

@@ -1,4 +1,4 @@
-"""app.qt_libs against the real dynamic linker: the installed PySide6 plugins, and libraries built here whose
+"""app.core.qt_libs against the real dynamic linker: the installed PySide6 plugins, and libraries built here whose
 dependency is then deleted. Qt aborts without naming a package when its platform plugin can't load; these
 prove the check says exactly what's missing and which apt/dnf packages hold it."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app import qt_libs
+from app.core import qt_libs
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_ldd = pytest.mark.skipif(shutil.which("ldd") is None, reason="needs ldd (glibc Linux)")
@@ -70,7 +70,7 @@ def test_missing_libraries_of_real_plugins_agree_with_dlopen(platform):
 def test_deleted_dependency_is_reported_with_commands(tmp_path):
     user = _build_library_with_deleted_dependency(tmp_path)
     assert qt_libs.missing_libraries(user) == ["libpagedeck-gone.so.1"]
-    out = subprocess.run([sys.executable, "-m", "app.qt_libs", "--binary", str(user)], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "app.core.qt_libs", "--binary", str(user)], capture_output=True,
                          text=True, env=_env())
     assert out.returncode == 1
     assert f"{user} can't load: missing libpagedeck-gone.so.1" in out.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.remote_metrics import parse_samples, snapshot_from_metrics
+from app.core.remote_metrics import parse_samples, snapshot_from_metrics
 from tests.server_support import ServerThread
 from tests.app.test_dashboard import dock  # noqa: F401 - the real dashboard widget fixture
 

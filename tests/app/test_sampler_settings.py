@@ -9,10 +9,10 @@ from dataclasses import fields, replace
 
 import pytest
 
-from app.preferences import Preferences
-from app.presets import BUILTIN_PRESETS, PRESET_FIELDS, preset_of
-from app.remote_backend import chat_body
-from app.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
+from app.core.presets import BUILTIN_PRESETS, PRESET_FIELDS, preset_of
+from app.core.remote_backend import chat_body
+from app.core.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
+from app.preferences.preferences import Preferences
 from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401 - fixtures
 
 ADVANCED = ChatSettings(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, mirostat=True, mirostat_tau=2.5,
@@ -51,7 +51,7 @@ def test_advanced_settings_validate_and_survive_the_store(store):  # noqa: F811
 
 
 def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
-    from app.settings_dialog import SettingsDialog
+    from app.panels.settings_dialog import SettingsDialog
 
     dlg = SettingsDialog(ADVANCED, prefs=Preferences())
     qtbot.addWidget(dlg)
@@ -71,7 +71,7 @@ def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
 
 
 def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
-    from app.settings_dialog import CUSTOM, SettingsDialog
+    from app.panels.settings_dialog import CUSTOM, SettingsDialog
 
     for values in BUILTIN_PRESETS.values():
         assert set(values) == set(PRESET_FIELDS)
@@ -92,7 +92,7 @@ def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
 
 
 def test_user_presets_are_saved_and_offered_again(qtbot, tmp_path, monkeypatch):
-    from app.settings_dialog import CUSTOM, SettingsDialog
+    from app.panels.settings_dialog import CUSTOM, SettingsDialog
 
     path = tmp_path / "prefs.ini"
     monkeypatch.setenv("PAGEDECK_SETTINGS", str(path))
@@ -162,9 +162,9 @@ async def _reply(service, settings: ChatSettings, text: str) -> tuple[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_each_advanced_sampler_changes_what_the_default_model_writes(qtbot, loop, store):  # noqa: F811
-    from app.chat_session import ChatSession
-    from app.engine_service import EngineService
-    from app.settings_dialog import SettingsDialog
+    from app.chat.chat_session import ChatSession
+    from app.local.engine_service import EngineService
+    from app.panels.settings_dialog import SettingsDialog
 
     async def body():
         service = EngineService()

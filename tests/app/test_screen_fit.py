@@ -19,14 +19,14 @@ CHILD = r"""
 import json, sys, tempfile
 from PySide6.QtCore import QPoint, QRect
 from PySide6.QtWidgets import QApplication, QDockWidget
-from app.main_window import MainWindow
-from app.store import Store
+from app.core.store import Store
+from app.window.main_window import MainWindow
 
 app = QApplication([])
 data = tempfile.mkdtemp()
 win = MainWindow(Store.open(data), state_path=data + "/state.ini")
 win.show()
-win.new_chat()  # as the app's first start does (app.main_window.MainWindow.restore_session)
+win.new_chat()  # as the app's first start does (app.window.main_window.MainWindow.restore_session)
 app.processEvents()
 
 def rect(r):
@@ -35,7 +35,7 @@ def rect(r):
 def report(label):
     for _ in range(5):  # splitters lay out new children in posted events
         app.processEvents()
-    panes = [p for p in win.panes.values() if p.isVisible()]
+    panes = [p for p in win.chats.panes.values() if p.isVisible()]
     inside = lambda w: rect(QRect(w.mapTo(win, QPoint(0, 0)), w.size()))
     return {"label": label, "available": rect(win.screen().availableGeometry()), "frame": rect(win.frameGeometry()),
             "window": rect(win.geometry()), "minimum": [win.minimumSizeHint().width(), win.minimumSizeHint().height()],
@@ -44,11 +44,11 @@ def report(label):
 
 out = [report("first start")]
 panes = [win.new_chat(f"chat {i}") for i in range(3)]
-win.set_view("tiles", 4)
+win.chats.set_view("tiles", 4)
 out.append(report("four tiles"))
 for pane in panes:  # how the panes lay out long titles is theirs (defect 2); the window must not grow
     win.store.rename_chat(pane.session.chat_id, "a long chat title: the first 48 characters of a message " * 2)
-    win._renamed(pane.session.chat_id, win.store.chat(pane.session.chat_id).title)
+    win.chats.renamed(pane.session.chat_id, win.store.chat(pane.session.chat_id).title)
 out.append(report("long titles"))
 print(json.dumps(out))
 """

@@ -15,7 +15,7 @@ import openai
 import pytest
 from PySide6.QtCore import Qt
 
-from app.store import ChatSettings
+from app.core.store import ChatSettings
 from tests.server_support import ServerThread
 from tests.app.test_chat import _type_and_enter as send
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
@@ -142,7 +142,7 @@ def test_remote_mode_streams_chats_with_stats_and_follows_the_remote_dashboard(q
         box.key_edit.setText("rk")
         qtbot.mouseClick(box.connect_button, Qt.MouseButton.LeftButton)
         await wait_until(lambda: win.remote.connected, 30, "the connection")
-        assert remote_server.model_name in box.status_label.text() and "remote" in win.model_status.text()
+        assert remote_server.model_name in box.status_label.text() and "remote" in win.status.model_status.text()
 
         pane = win.new_chat("remote chat")
         pane.session.set_settings(ChatSettings(max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0,

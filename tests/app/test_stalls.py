@@ -35,10 +35,10 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
     """Start 8 chats (4 tiled on screen, 4 streaming in the background) and probe the UI thread."""
     from PySide6.QtCore import Qt, QTimer
 
-    from app.store import ChatSettings
+    from app.core.store import ChatSettings
 
     panes = [window.new_chat(f"chat {i + 1}") for i in range(8)]
-    window.show_side_by_side(panes[:4])
+    window.chats.show_side_by_side(panes[:4])
     for i, p in enumerate(panes):
         p.session.set_settings(ChatSettings(max_new_tokens=max_new_tokens, seed=i))
     lateness: list[float] = []
@@ -78,8 +78,8 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
 
 
 def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, capsys):
-    from app.main_window import MainWindow
-    from app.store import Store
+    from app.core.store import Store
+    from app.window.main_window import MainWindow
     from tests.app.support import loaded_service
 
     async def body():
@@ -101,8 +101,8 @@ def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, caps
 def main() -> int:
     from PySide6.QtWidgets import QApplication
 
-    from app.event_loop import QtEventLoop
-    from app.main_window import MainWindow
+    from app.window.event_loop import QtEventLoop
+    from app.window.main_window import MainWindow
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="model folder or .gguf (default: the embedded SmolLM2)")
@@ -120,8 +120,8 @@ def main() -> int:
         window = MainWindow(data_dir=args.data_dir or tempfile.mkdtemp(prefix="pagedeck-stalls-"))
         window.resize(1600, 900)
         window.show()
-        if not await window.load_model({"path": args.model, "cache_tokens": 8 * (args.max_new_tokens + 256)}):
-            raise SystemExit(window.last_error)
+        if not await window.loader.load_model({"path": args.model, "cache_tokens": 8 * (args.max_new_tokens + 256)}):
+            raise SystemExit(window.status.last_error)
         result = await measure(window, args.seconds, args.max_new_tokens)
         result["model"] = window.service.info["name"]
         await window.shutdown()

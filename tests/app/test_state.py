@@ -1,12 +1,12 @@
 """Layout and state restored across restarts (issue 12): window geometry and docks, view mode, open chats,
-the active LoRA set, the model panel's options and the last model, kept by app.state in an INI file whose
+the active LoRA set, the model panel's options and the last model, kept by app.core.state in an INI file whose
 location the test chooses (state_path)."""
 import asyncio
 
 import pytest
 from PySide6.QtCore import Qt
 
-from app.main_window import MainWindow
+from app.window.main_window import MainWindow
 from tests.app.support import TINY_CACHE_TOKENS, loop, run, store, tiny_model, wait_until  # noqa: F401
 from tests.engine.test_async_api import write_adapter
 
@@ -36,15 +36,15 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
 
     async def first_session():
         win = window(qtbot, store, state)
-        assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS, "use_ngram": True})
+        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS, "use_ngram": True})
         win.lora_panel.add_folder(adapters)
         win.lora_panel.set_selection({"tiny-pirate": 0.75})
         win.lora_panel.apply_button.click()
         await wait_until(lambda: win.lora_panel.active_label.text() == "Default LoRA: tiny-pirate", what="the LoRA")
         ids = [win.new_chat(f"chat {i}").session.chat_id for i in range(4)]
-        win.close_chat(ids[1])
-        win.open_chat(ids[2])
-        win.set_view("tiles", 3)
+        win.chats.close_chat(ids[1])
+        win.chats.open_chat(ids[2])
+        win.chats.set_view("tiles", 3)
         win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, win.dock("Chats"))  # the user moved a dock
         win.dock("Server").close()
         win.resize(780, 600)  # the offscreen screen is 800x800; a fresh start fills it
@@ -64,11 +64,11 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
         assert (win.width(), win.height()) == size
         assert win.dockWidgetArea(win.dock("Chats")) == Qt.DockWidgetArea.RightDockWidgetArea
         assert not win.dock("Server").isVisible() and win.dashboard.isVisible()
-        assert (win.mode, win.tile_count) == ("tiles", 3) and win.view_actions[("tiles", 3)].isChecked()
+        assert (win.chats.mode, win.chats.tile_count) == ("tiles", 3) and win.view_actions[("tiles", 3)].isChecked()
         assert win.model_panel.request() == options
         assert str(adapters.resolve()) in win.lora_panel.folders()  # the folder the user added is scanned again
         await win.restore_session()
-        assert win.open_ids == [ids[0], ids[2], ids[3]] and win.current_pane().session.chat_id == ids[2]
+        assert win.chats.open_ids == [ids[0], ids[2], ids[3]] and win.chats.current_pane().session.chat_id == ids[2]
         assert win.service.info["path"] == str(tiny_model) and win.service.info["cache_tokens"] == TINY_CACHE_TOKENS
         assert win.service.request["use_ngram"] is True
         assert win.service.chat_loras == ((str(adapters / "tiny-pirate"), 0.75),)
@@ -84,9 +84,9 @@ def test_a_damaged_state_file_means_defaults(qtbot, loop, store, tmp_path):
     state.write_text("[General]\nview={not json\nchats=\"[1, 2\"\nwindow\\geometry=@ByteArray(garbage)\n"
                      "model\\last=42\nlora\\active=[[1, 2, 3]]\n")
     win = window(qtbot, store, state)
-    assert (win.mode, win.tile_count) == ("tabs", 2)
+    assert (win.chats.mode, win.chats.tile_count) == ("tabs", 2)
     assert win.state.chats() == ([], None) and win.state.loras() == [] and win.state.last_model() is None
-    assert win.load_request == {}
+    assert win.loader.load_request == {}
     screen = win.screen().availableGeometry()
     assert win.width() <= screen.width() and win.height() <= screen.height()
 
@@ -107,7 +107,7 @@ def test_the_app_reopens_with_the_last_model_and_chats(qtbot, loop, tiny_model, 
                          what="the window")
         win = next(w for w in set(QApplication.topLevelWidgets()) - before if isinstance(w, MainWindow))
         qtbot.addWidget(win)
-        await wait_until(lambda: win.service.generator is not None and win.open_ids, 120, "the model and a chat")
+        await wait_until(lambda: win.service.generator is not None and win.chats.open_ids, 120, "the model and a chat")
         result = act(win)
         win.close()
         assert await asyncio.wait_for(app_run, 60) == 0
@@ -115,12 +115,12 @@ def test_the_app_reopens_with_the_last_model_and_chats(qtbot, loop, tiny_model, 
 
     def first(win):
         win.new_chat("second chat")
-        return [win.sessions[i].chat.title for i in win.open_ids]
+        return [win.chats.sessions[i].chat.title for i in win.chats.open_ids]
 
     titles = run(loop, session(["--data-dir", str(data), "--model", str(tiny_model),
                                 "--cache-tokens", str(TINY_CACHE_TOKENS)], first))
     assert titles == ["New chat", "second chat"]
     reopened = run(loop, session(["--data-dir", str(data)],
-                                 lambda win: ([win.sessions[i].chat.title for i in win.open_ids], dict(win.service.info))))
+                                 lambda win: ([win.chats.sessions[i].chat.title for i in win.chats.open_ids], dict(win.service.info))))
     assert reopened[0] == titles
     assert reopened[1]["path"] == str(tiny_model) and reopened[1]["cache_tokens"] == TINY_CACHE_TOKENS

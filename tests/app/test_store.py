@@ -5,8 +5,8 @@ import sqlite3
 
 import pytest
 
-from app.export import export_chat, to_json, to_markdown
-from app.store import ChatSettings, ReplyStats, Store
+from app.core.export import export_chat, to_json, to_markdown
+from app.core.store import ChatSettings, ReplyStats, Store
 
 
 @pytest.fixture
@@ -70,13 +70,6 @@ def test_delete_cascades_and_unknown_ids_raise(store):
         store.update_reply(m.id, "x", ReplyStats())
     with pytest.raises(KeyError, match="no chat"):
         store.rename_chat(999, "y")
-
-
-def test_delete_from_truncates_what_follows(store):
-    chat = store.create_chat("x")
-    ids = [store.add_message(chat.id, r, f"m{i}").id for i, r in enumerate(["user", "assistant"] * 3)]
-    assert store.delete_from(chat.id, ids[2]) == 4
-    assert [m.content for m in store.messages(chat.id)] == ["m0", "m1"]
 
 
 def test_running_replies_become_interrupted_on_reopen(tmp_path):

@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.preferences import Preferences
+from app.preferences.preferences import Preferences
 from tests.app.support import loop, make_window, run, store  # noqa: F401 - fixtures
 
 Role = QPalette.ColorRole
@@ -22,7 +22,7 @@ def settle() -> None:
 @pytest.fixture(autouse=True)
 def _system_look_after(qapp):
     yield
-    from app.theme import restore_system_look
+    from app.preferences.theme import restore_system_look
 
     qapp.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Light)
     restore_system_look()
@@ -139,7 +139,7 @@ def test_preferences_dialog_previews_live_cancel_reverts_ok_keeps(qtbot, loop, s
 
 
 def test_page_map_and_dashboard_stay_readable_in_dark(qtbot, loop, store):  # noqa: F811
-    from app.pagemap import BACKGROUND, FREE_COLOUR, _legend_html
+    from app.panels.pagemap import BACKGROUND, FREE_COLOUR, _legend_html
 
     async def body():
         window = make_window(qtbot, store)

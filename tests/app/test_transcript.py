@@ -4,9 +4,9 @@ import random
 import pytest
 from PySide6.QtGui import QTextDocument, QTextFormat
 
-from app.formatting import stats_text
-from app.transcript import Transcript, stable_prefix
-from app.store import Message, ReplyStats
+from app.chat.transcript import Transcript, stable_prefix
+from app.core.formatting import stats_text
+from app.core.store import Message, ReplyStats
 
 TOKENS = ["Hello", " world", ",", " this", " is", " **bold**", " *it*", " `code`", "\n\n", "\n", "- item", "1. first",
           "```python\n", "print(1)", "\n```", "# Title", " text", " a_b", " [link](http://x.y)", ":", " more", "  "]

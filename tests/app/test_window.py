@@ -5,9 +5,9 @@ import json
 import pytest
 from PySide6.QtWidgets import QFileDialog
 
-from app.store import ChatSettings, ReplyStats
+from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import (TINY_CACHE_TOKENS, loaded_service, loop, make_window, run, store,  # noqa: F401
-                                    tiny_model, wait_until)
+                                    tiny_model, visible_panes, wait_until)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -15,21 +15,21 @@ pytestmark = pytest.mark.timeout(240)
 def test_bad_model_path_shows_error_and_keeps_previous_model(qtbot, loop, store, tiny_model, tmp_path):
     async def body():
         win = make_window(qtbot, store)
-        assert await win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS}) is True
+        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS}) is True
         generator = win.service.generator
         assert win.service.info["path"] == str(tiny_model)
-        assert tiny_model.name in win.model_status.text()
+        assert tiny_model.name in win.status.model_status.text()
 
-        assert await win.load_model({"path": str(tmp_path / "no-such-model")}) is False
-        assert "does not exist" in win.last_error and f"still using {tiny_model.name}" in win.last_error
+        assert await win.loader.load_model({"path": str(tmp_path / "no-such-model")}) is False
+        assert "does not exist" in win.status.last_error and f"still using {tiny_model.name}" in win.status.last_error
         assert win.service.generator is generator and win.service.info["path"] == str(tiny_model)
         if win.model_panel is not None:
             assert "does not exist" in win.model_panel.error_label.text()
 
         broken = tmp_path / "broken.gguf"
         broken.write_bytes(b"not a gguf file at all")
-        assert await win.load_model({"path": str(broken)}) is False  # fails inside the loader thread
-        assert "Could not load model" in win.last_error and win.service.generator is generator
+        assert await win.loader.load_model({"path": str(broken)}) is False  # fails inside the loader thread
+        assert "Could not load model" in win.status.last_error and win.service.generator is generator
 
         # The previous model still answers.
         pane = win.new_chat()
@@ -46,19 +46,19 @@ def test_tabs_and_tiles(qtbot, loop, store):
     async def body():
         win = make_window(qtbot, store)
         panes = [win.new_chat(f"c{i}") for i in range(4)]
-        assert win.tabs.count() == 4 and win.visible_panes() == [panes[3]]
-        win.set_view("tiles", 4)
-        assert set(win.visible_panes()) == set(panes)
-        win.set_view("tiles", 2)
-        assert set(win.visible_panes()) == {panes[3], panes[2]}  # the two most recent
-        win.open_chat(panes[0].session.chat_id)
-        assert set(win.visible_panes()) == {panes[0], panes[3]}
-        win.set_view("tabs")
-        assert win.tabs.count() == 4 and len(win.visible_panes()) == 1
-        win.close_chat(panes[1].session.chat_id)
-        assert win.tabs.count() == 3 and panes[1].parent() is win._parking
+        assert win.chats.tabs.count() == 4 and visible_panes(win) == [panes[3]]
+        win.chats.set_view("tiles", 4)
+        assert set(visible_panes(win)) == set(panes)
+        win.chats.set_view("tiles", 2)
+        assert set(visible_panes(win)) == {panes[3], panes[2]}  # the two most recent
+        win.chats.open_chat(panes[0].session.chat_id)
+        assert set(visible_panes(win)) == {panes[0], panes[3]}
+        win.chats.set_view("tabs")
+        assert win.chats.tabs.count() == 4 and len(visible_panes(win)) == 1
+        win.chats.close_chat(panes[1].session.chat_id)
+        assert win.chats.tabs.count() == 3 and panes[1].parent() is win.chats.parking
         with pytest.raises(ValueError, match="2-4 tiles"):
-            win.set_view("tiles", 5)
+            win.chats.set_view("tiles", 5)
 
     run(loop, body())
 
@@ -71,7 +71,7 @@ def test_chat_list_create_rename_search_delete(qtbot, loop, store):
         assert win.chat_list.titles() == ["Beta", "Alpha"]
         item = win.chat_list.list.item(1)
         item.setText("Gamma")  # an in-place edit
-        assert store.chat(a).title == "Gamma" and win.tabs.tabText(win.tabs.indexOf(win.panes[a])) == "Gamma"
+        assert store.chat(a).title == "Gamma" and win.chats.tabs.tabText(win.chats.tabs.indexOf(win.chats.panes[a])) == "Gamma"
         item = win.chat_list.list.item(0)
         item.setText("   ")  # empty titles are refused, the old one comes back
         assert store.chat(b).title == "Beta" and "Beta" in win.chat_list.titles()
@@ -87,7 +87,7 @@ def test_chat_list_create_rename_search_delete(qtbot, loop, store):
         assert len(store.chats()) == 2
         win.chat_list.confirm_delete = lambda n: True
         win.chat_list.delete_selected()
-        assert [c.id for c in store.chats()] == [a] and b not in win.panes and win.tabs.count() == 1
+        assert [c.id for c in store.chats()] == [a] and b not in win.chats.panes and win.chats.tabs.count() == 1
 
     run(loop, body())
 
@@ -99,7 +99,7 @@ def test_history_reopens_in_a_new_window(qtbot, loop, store, tmp_path):
         r = store.add_message(chat.id, "assistant", "")
         store.update_reply(r.id, "Here:\n\n```python\nprint('hi')\n```", ReplyStats(state="done", prompt_tokens=7, new_tokens=9, tokens_per_s=3.5))
         win = make_window(qtbot, store)
-        pane = win.open_chat(chat.id)
+        pane = win.chats.open_chat(chat.id)
         text = pane.view.toPlainText()
         assert "Show code" in text and "print('hi')" in text and "done · prompt 7 tok" in text and "3.5 tok/s" in text
         assert pane.session.settings.temperature == 0.1
@@ -174,7 +174,7 @@ def test_lora_swap_while_busy_defers_new_requests(qtbot, loop, store, tiny_model
 def test_sent_while_loading_waits_then_delete_stops_a_running_reply(qtbot, loop, store, tiny_model):
     async def body():
         win = make_window(qtbot, store)
-        load = win.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+        load = win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
         pane = win.new_chat("early")
         pane.session.set_settings(ChatSettings(max_new_tokens=5))
         pane.send("typed before the model was up")
@@ -199,9 +199,9 @@ def test_sent_while_loading_waits_then_delete_stops_a_running_reply(qtbot, loop,
 def test_model_panel_options_reach_the_engine(qtbot, loop, store, tiny_model):
     async def body():
         win = make_window(qtbot, store)
-        ok = await win.load_model({"path": str(tiny_model), "cache_tokens": 2048, "kv_quant": "q8",
+        ok = await win.loader.load_model({"path": str(tiny_model), "cache_tokens": 2048, "kv_quant": "q8",
                                    "draft_model": None, "use_ngram": False})
-        assert ok, win.last_error
+        assert ok, win.status.last_error
         assert win.service.info["kv_quant"] == "q8" and win.service.info["pages"] == 8
         assert win.service.cache.kv_quant == "q8"
         pane = win.new_chat()
@@ -209,8 +209,8 @@ def test_model_panel_options_reach_the_engine(qtbot, loop, store, tiny_model):
         pane.send("quantized cache")
         await wait_until(lambda: not pane.session.running, what="reply")
         assert pane.session.messages[-1].stats.state == "done"
-        assert await win.load_model({"path": str(tiny_model), "cache_tokens": 100}) is False
-        assert "cache_tokens" in win.last_error and win.service.info["kv_quant"] == "q8"
+        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": 100}) is False
+        assert "cache_tokens" in win.status.last_error and win.service.info["kv_quant"] == "q8"
         await win.service.close()
 
     run(loop, body())

@@ -1,0 +1,431 @@
+"""A chat pane: transcript, prompt box and reply controls over one ChatSession.
+
+Repaints are paced by one RenderScheduler for all panes: a streaming pane re-renders at most
+MAX_RENDER_HZ (less often if its renders get slow), hidden panes not at all (they catch up when shown),
+and a tick stops rendering once it has spent its time budget, so eight streaming panes never stall the
+UI thread in one go.
+
+The transcript follows a streaming reply to its end (its stats line included) until the user scrolls
+up, and again once they scroll back to the bottom. Nothing in a pane can change its minimum size: every
+text that varies (title, state, context meter, banner, error) is an ElidedLabel.
+"""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
+)
+
+from app.chat.chat_session import ChatSession
+from app.chat.code_blocks import COPY_VERB
+from app.chat.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
+from app.chat.transcript import Transcript
+from app.core.chat_colours import CHAT_COLOURS
+from app.core.formatting import stats_text
+from app.core.tasks import spawn
+from app.panels.settings_dialog import SettingsDialog
+
+MAX_RENDER_HZ = 20
+TICK_MS = 15
+TICK_BUDGET_S = 0.010
+RENDER_SHARE_LIMIT = 10  # a pane waits at least 10x its last render time: rendering stays <= ~10% of the thread
+
+
+class RenderScheduler(QObject):
+    """Renders dirty panes, the longest-waiting first, within a per-tick time budget."""
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self._dirty: dict["ChatPane", float] = {}  # pane -> when it became dirty
+        self._last: dict["ChatPane", float] = {}
+        self._cost: dict["ChatPane", float] = {}  # last render's duration: slow panes render less often
+        self._timer = QTimer(self)
+        self._timer.setInterval(TICK_MS)
+        self._timer.timeout.connect(self._tick)
+
+    def mark(self, pane: "ChatPane") -> None:
+        self._dirty.setdefault(pane, time.perf_counter())
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def forget(self, pane: "ChatPane") -> None:
+        self._dirty.pop(pane, None)
+        self._last.pop(pane, None)
+        self._cost.pop(pane, None)
+
+    def _tick(self) -> None:
+        start = now = time.perf_counter()
+        for pane in sorted(self._dirty, key=self._dirty.get):
+            if not pane.isVisible():
+                continue  # rendered on show
+            interval = max(1.0 / MAX_RENDER_HZ, RENDER_SHARE_LIMIT * self._cost.get(pane, 0.0))
+            if now - self._last.get(pane, 0.0) < interval:
+                continue
+            del self._dirty[pane]
+            self._last[pane] = now
+            pane.render_stream()
+            self._cost[pane] = time.perf_counter() - now
+            now = time.perf_counter()
+            if now - start > TICK_BUDGET_S:
+                break
+        if not any(p.isVisible() for p in self._dirty):
+            self._timer.stop()
+
+
+class PromptEdit(QPlainTextEdit):
+    """Enter sends, Shift+Enter inserts a newline."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not e.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(e)
+
+
+class ChatPane(QWidget):
+    focused = Signal(object)  # self, when the user interacts with it (tile view tracks the latest)
+    branched = Signal(int)  # id of a new chat made by "branch" on one of this chat's messages
+
+    def __init__(self, session: ChatSession, scheduler: RenderScheduler, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.session = session
+        self.scheduler = scheduler
+        self.editing: int | None = None  # id of the user message being edited
+
+        chat_id = session.chat_id
+        self.swatch = ColourSwatch(CHAT_COLOURS.acquire(chat_id))
+        self.destroyed.connect(lambda _o=None: CHAT_COLOURS.release(chat_id))
+        self.title = ElidedLabel()
+        self.title.setStyleSheet("font-weight: bold")
+        self.state = ElidedLabel()
+        self.state.setStyleSheet("color: gray")
+        self.meter = ElidedLabel()
+        self.meter.setStyleSheet("color: gray")
+        self.settings_btn = QToolButton(text="Settings…")
+        self.regen_btn = QToolButton(text="Regenerate")
+        self.stop_btn = QToolButton(text="Stop")
+        self.stop_btn.setToolTip("Stop the reply (Esc)")
+        self.more_btn = QToolButton(text="⋯")  # the rarer actions, so the header stays narrow
+        self.more_btn.setToolTip("More actions")
+        self.more_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        more = QMenu(self.more_btn)
+        self.continue_action = more.addAction("Continue the last reply", self.continue_reply)
+        more.addAction("Copy the last reply", self.copy_last)
+        more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
+                       if self.session.messages else None)
+        self.more_btn.setMenu(more)
+        head = QHBoxLayout()
+        head.setSpacing(2)
+        head.addWidget(self.swatch)
+        head.addWidget(self.title, 1)
+        for b in (self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn):
+            head.addWidget(b)
+
+        self.view = QTextBrowser()
+        self.view.setOpenLinks(False)
+        self.view.anchorClicked.connect(self._anchor)
+        self.transcript = Transcript(self.view.document())
+
+        self._follow = True  # keep the end in view; off while the user has scrolled up
+        self._scrolling = False
+        bar = self.view.verticalScrollBar()
+        bar.rangeChanged.connect(self._range_changed)
+        bar.valueChanged.connect(self._scrolled)
+
+        # One status line, always there (so showing a banner or an error never changes the pane's size):
+        # reply state, the editing banner, the last error (whole text in its tooltip), the context meter.
+        self.banner = ElidedLabel()
+        self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 0 3px")
+        self.banner.hide()
+        self.error = ElidedLabel()
+        self.error.setStyleSheet("color: #c0392b")
+        self.error.hide()
+        status = QHBoxLayout()
+        for label, stretch in ((self.state, 1), (self.banner, 3), (self.error, 3), (self.meter, 1)):
+            status.addWidget(label, stretch)
+        self.prompt = PromptEdit()
+        self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
+        self.prompt.setMaximumHeight(90)
+        self.send_btn = QPushButton("Send")
+        row = QHBoxLayout()
+        row.addWidget(self.prompt, 1)
+        row.addWidget(self.send_btn)
+
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(head)
+        layout.addWidget(self.view, 1)
+        layout.addLayout(status)
+        layout.addLayout(row)
+
+        self.prompt.submitted.connect(self.submit)
+        self.send_btn.clicked.connect(self.submit)
+        self.stop_btn.clicked.connect(self.stop)
+        self.regen_btn.clicked.connect(self.regenerate)
+        self.settings_btn.clicked.connect(self.open_settings)
+        esc = QShortcut(QKeySequence(Qt.Key.Key_Escape), self, context=Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        esc.activated.connect(self.escape)
+
+        session.history_changed.connect(self.rebuild)
+        session.reply_changed.connect(self._reply_changed)
+        session.reply_finished.connect(self._finished)
+        session.renamed.connect(lambda _t: self.update_header())
+        session.settings_changed.connect(self.update_meter)
+        session.activity_changed.connect(self._activity)
+        self.rebuild()
+
+    # --- user actions --------------------------------------------------------------------------
+
+    def submit(self) -> None:
+        text = self.prompt.toPlainText()
+        if not text.strip():
+            return
+        self.focused.emit(self)
+        self._show_error("")
+        if self.editing is not None:
+            message_id, self.editing = self.editing, None
+            self.banner.hide()
+            self.prompt.clear()
+            spawn(self.session.edit(message_id, text), self._show_error)
+            return
+        if self.session.running:
+            self._show_error("This chat is still replying: stop it (Esc) or wait.")
+            return
+        self.prompt.clear()
+        try:
+            self.session.send(text)
+        except Exception as exc:  # noqa: BLE001
+            self._show_error(str(exc))
+
+    def send(self, text: str) -> None:
+        """Send `text` as if typed into the prompt box and Enter pressed."""
+        self.prompt.setPlainText(text)
+        self.submit()
+
+    def stop(self) -> None:
+        spawn(self.session.stop(), self._show_error)
+
+    def escape(self) -> None:
+        if self.editing is not None:
+            self.editing = None
+            self.banner.hide()
+            self.prompt.clear()
+        else:
+            self.stop()
+
+    def regenerate(self) -> None:
+        self._show_error("")
+        spawn(self.session.regenerate(), self._show_error)
+
+    def continue_reply(self) -> None:
+        self._show_error("")
+        spawn(self.session.continue_reply(), self._show_error)
+
+    def branch(self, message_id: int) -> int | None:
+        """Make a new chat sharing this one's history up to `message_id` (the window opens it)."""
+        try:
+            chat_id = self.session.branch(message_id)
+        except (ValueError, KeyError) as exc:
+            self._show_error(str(exc))
+            return None
+        self.branched.emit(chat_id)
+        return chat_id
+
+    def show_alternative(self, message_id: int, step: int) -> None:
+        try:
+            self.session.select_alternative(message_id, step)
+        except RuntimeError as exc:
+            self._show_error(str(exc))
+
+    def copy_last(self) -> None:
+        replies = [m for m in self.session.messages if m.role == "assistant"]
+        if replies:
+            self._copy(replies[-1].id)
+
+    def open_settings(self) -> None:
+        dlg = SettingsDialog(self.session.settings, f"Settings — {self.session.chat.title}", self,
+                             adapters=self.session.backend.adapter_names())
+        if dlg.exec() == QDialog.DialogCode.Accepted:
+            self.session.set_settings(dlg.settings())
+
+    def start_edit(self, message_id: int) -> None:
+        msg = next((m for m in self.session.messages if m.id == message_id), None)
+        if msg is None or msg.role != "user":
+            return
+        self.editing = message_id
+        self.prompt.setPlainText(msg.content)
+        self.prompt.setFocus()
+        self.banner.setText("Editing a message: sending makes a new version of it; the old one stays as an "
+                            "alternative (Esc cancels).")
+        self.banner.show()
+
+    # --- rendering -----------------------------------------------------------------------------
+
+    def rebuild(self) -> None:
+        """Whole transcript from the session's messages (after send/edit/regenerate/load)."""
+        self.transcript.clear()
+        msgs = self.session.messages
+        last_reply = max((m.id for m in msgs if m.role == "assistant"), default=None)
+        for m in msgs:
+            live = self.session.live(m.id)
+            if live is not None:
+                self.transcript.begin_stream(m, self._actions(m, last_reply))
+                self.transcript.update_stream(*live)
+            else:
+                self.transcript.append(m, self._actions(m, last_reply), m.stats)
+        self.update_header()
+        self.update_meter()
+        self._follow = True
+        self._scroll_to_end()
+
+    def render_stream(self) -> None:
+        """Called by the scheduler: bring the streaming reply's tail and stats up to date."""
+        sid = self.transcript.streaming_id
+        live = self.session.live(sid) if sid is not None else None
+        if live is None:
+            return
+        self.transcript.update_stream(*live)
+        self.update_header(live[1])
+        if self._follow:
+            self._scroll_to_end()
+
+    def _reply_changed(self, _message_id: int) -> None:
+        if self.session.running:
+            self.scheduler.mark(self)
+        else:  # a stop has been recorded: the Stop button goes
+            self.update_header()
+
+    def _finished(self, message_id: int) -> None:
+        self.scheduler.forget(self)
+        msg = next((m for m in self.session.messages if m.id == message_id), None)
+        if msg is not None and self.transcript.streaming_id == message_id:
+            self.transcript.end_stream(msg, self._actions(msg, message_id), msg.stats)
+            if self._follow:
+                self._scroll_to_end()
+        else:
+            self.rebuild()
+        self.update_header()
+        self.update_meter()
+
+    def showEvent(self, e) -> None:
+        super().showEvent(e)
+        if self.transcript.streaming_id is not None:
+            self.scheduler.mark(self)
+
+    def _actions(self, m, last_reply: int | None) -> list[tuple[str, str]]:
+        """Links in a message's header; ("", text) is plain text (the ‹1/3› version counter)."""
+        versions = self.session.alternatives(m.id)
+        nav = []
+        if len(versions) > 1:
+            i = versions.index(m.id)
+            nav = [("prev", "‹") if i > 0 else ("", "‹"), ("", f"{i + 1}/{len(versions)}"),
+                   ("next", "›") if i < len(versions) - 1 else ("", "›")]
+        if m.role == "user":
+            return nav + [("edit", "edit"), ("copy", "copy"), ("branch", "branch from here")]
+        last = m.id == last_reply and m is self.session.messages[-1]
+        return nav + [("copy", "copy"), ("branch", "branch from here")] + (
+            [("regen", "regenerate")] if last else []) + (
+            [("continue", "continue")] if last and self.session.can_continue() else [])
+
+    def update_header(self, stats=None) -> None:
+        self.title.setText(self.session.chat.title)
+        running = self.session.running
+        if stats is None:
+            replies = [m for m in self.session.messages if m.role == "assistant"]
+            live = self.session.live(replies[-1].id) if replies else None
+            stats = live[1] if live else (replies[-1].stats if replies else None)
+        self.state.setText(stats_text(stats).split(" · ")[0] if stats is not None else "")
+        self.stop_btn.setEnabled(running)
+        self.regen_btn.setEnabled(any(m.role == "user" for m in self.session.messages))
+        self.continue_action.setEnabled(self.session.can_continue())
+        CHAT_COLOURS.set_label(self.session.chat_id, self.session.chat.title)
+        if running and stats is not None and stats.prompt_tokens is not None:
+            self._set_meter(stats.prompt_tokens + stats.new_tokens, stats.dropped_messages)
+
+    def update_meter(self) -> None:
+        """Context meter: tokens this chat's next prompt holds (or the last reply's prompt + reply) / the limit."""
+        replies = [m for m in self.session.messages if m.role == "assistant" and m.stats is not None]
+        last = replies[-1].stats if replies else None
+        if last is not None and last.prompt_tokens is not None and self.session.messages[-1].role == "assistant":
+            self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
+            return
+        history = [{"role": m.role, "content": m.content} for m in self.session.messages]
+        self._set_meter(self.session.backend.count_tokens(history, self.session.settings), 0)  # None: can't count
+
+    def _set_meter(self, used: int | None, dropped: int) -> None:
+        limit = self.session.backend.context_limit()
+        if limit is None:
+            self.meter.setText("")
+            return
+        text = f"context {used if used is not None else '?'} / {limit} tok"
+        if dropped:
+            text += f" · {dropped} oldest messages left out"
+        self.meter.setText(text)
+
+    def _activity(self, state: str) -> None:
+        self.update_header()
+        self._mark_tab()
+
+    def _mark_tab(self) -> None:
+        """Mark this chat's tab (if it is in one) with its colour and a dot while a reply is under way."""
+        tabs = self.parentWidget().parentWidget() if self.parentWidget() is not None else None
+        if isinstance(tabs, QTabWidget) and (i := tabs.indexOf(self)) >= 0:
+            state = self.session.activity
+            tabs.setTabIcon(i, activity_icon(state, self.swatch.colour()))
+            tabs.setTabToolTip(i, ACTIVITY[state][1] if state else self.session.chat.title)
+
+    def event(self, e) -> bool:
+        if e.type() == QEvent.Type.ParentChange:  # put into (or out of) the tab widget: mark it once added
+            QTimer.singleShot(0, self, self._mark_tab)  # (self as context: dropped if the pane goes first)
+        return super().event(e)
+
+    def _scroll_to_end(self) -> None:
+        bar = self.view.verticalScrollBar()
+        self._scrolling = True
+        bar.setValue(bar.maximum())
+        self._scrolling = False
+
+    def _range_changed(self, _lo: int, _hi: int) -> None:
+        """The document grew (its layout runs after the update, so this is when the new end is known)."""
+        if self._follow:
+            self._scroll_to_end()
+
+    def _scrolled(self, value: int) -> None:
+        if not self._scrolling:  # the user moved it: follow only while they are at the end
+            self._follow = value >= self.view.verticalScrollBar().maximum() - 4
+
+    def _anchor(self, url: QUrl) -> None:
+        self.focused.emit(self)
+        verb, _, ident = url.path().partition("/") if url.scheme() == "pd" else ("", "", "")
+        if not ident.isdigit():
+            return
+        message_id = int(ident)
+        if verb == "copy":
+            self._copy(message_id)
+        elif verb == COPY_VERB:  # a code block's Copy link: its exact text
+            QGuiApplication.clipboard().setText(self.transcript.code_blocks.text(message_id))
+        elif verb == "edit":
+            self.start_edit(message_id)
+        elif verb == "regen":
+            self.regenerate()
+        elif verb == "continue":
+            self.continue_reply()
+        elif verb == "branch":
+            self.branch(message_id)
+        elif verb in ("prev", "next"):
+            self.show_alternative(message_id, -1 if verb == "prev" else 1)
+
+    def _copy(self, message_id: int) -> None:
+        live = self.session.live(message_id)
+        msg = next((m for m in self.session.messages if m.id == message_id), None)
+        text = live[0] if live else (msg.content if msg else "")
+        QGuiApplication.clipboard().setText(text)
+
+    def _show_error(self, text: str) -> None:
+        self.error.setText(text)
+        self.error.setVisible(bool(text))

@@ -1,0 +1,97 @@
+"""Small widgets of the chat views whose size never depends on their text.
+
+A chat pane sits in a 2x2 grid; if a title, banner or error could raise its minimum width, one long title
+would widen the whole window (issue 12, defect 2). So every variable text is elided to the width it gets,
+with the whole text in its tooltip, and running replies are marked by icons, not by longer tab texts.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
+from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+
+# How the chat list and tabs mark a chat whose reply is under way (state -> (colour, tooltip)).
+ACTIVITY = {
+    "queued": ("#8a8f99", "queued: waiting for the generator"),
+    "deferred": ("#e0a030", "deferred: waiting for a LoRA swap"),
+    "prefill": ("#2e9e4f", "generating (reading the prompt)"),
+    "streaming": ("#2e9e4f", "generating"),
+}
+
+
+class ElidedLabel(QLabel):
+    """One line of text, elided to the label's width; text() is the whole text (also its tooltip)."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None,
+                 mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight):
+        super().__init__(parent)
+        self._full = ""
+        self._mode = mode
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt naming)
+        self._full = " ".join(str(text).split())  # one line: newlines would change the height
+        self.setToolTip(text if text else "")
+        self._elide()
+        self.updateGeometry()
+
+    def text(self) -> str:
+        return self._full
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802
+        m = self.contentsMargins()
+        return QSize(self.fontMetrics().horizontalAdvance("…") * 3 + m.left() + m.right(),
+                     self.fontMetrics().height() + m.top() + m.bottom())
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        m = self.contentsMargins()
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2,
+                     self.minimumSizeHint().height())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        m = self.contentsMargins()
+        width = max(0, self.width() - m.left() - m.right() - 2)
+        super().setText(self.fontMetrics().elidedText(self._full, self._mode, width))
+
+
+class ColourSwatch(QWidget):
+    """A small square in a chat's page-map colour."""
+
+    def __init__(self, rgb: tuple[int, int, int], parent: QWidget | None = None):
+        super().__init__(parent)
+        self._colour = rgb
+        self.setFixedSize(12, 12)
+        self.setToolTip("this chat's colour on the page map")
+
+    def colour(self) -> tuple[int, int, int]:
+        return self._colour
+
+    def paintEvent(self, _event) -> None:  # noqa: N802
+        p = QPainter(self)
+        p.fillRect(self.rect(), QColor(*self._colour))
+        p.end()
+
+
+def activity_icon(state: str, rgb: tuple[int, int, int] | None = None) -> QIcon:
+    """The chat's colour as a square, with a dot for a running reply (green generating, grey queued, amber
+    deferred); an empty icon when idle and no colour is known."""
+    if not state and rgb is None:
+        return QIcon()
+    pix = QPixmap(16, 16)
+    pix.fill(Qt.GlobalColor.transparent)
+    p = QPainter(pix)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    if rgb is not None:
+        p.fillRect(QRectF(1, 1, 8, 8), QColor(*rgb))
+    if state:
+        colour = QColor(ACTIVITY[state][0])
+        p.setPen(QPen(QColor("white"), 1.5))
+        p.setBrush(colour)
+        p.drawEllipse(QRectF(6, 6, 9, 9))
+    p.end()
+    return QIcon(pix)

@@ -1,0 +1,261 @@
+"""A chat transcript in one QTextDocument, with Qt's own Markdown importer (md4c, GitHub dialect).
+
+Streaming cost is what matters: re-importing a whole long reply at 20 Hz in eight panes would stall the
+UI thread. So a streaming reply is split at its last paragraph break outside a code fence: the stable
+part above is appended once and never touched again; only the open tail (last paragraph or open code
+block) and the stats line are re-imported on each update. When the reply ends it is rendered whole once,
+so constructs that span paragraphs come out exactly right.
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+
+from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+
+from app.chat.code_blocks import CodeBlocks
+from app.core.formatting import stats_text
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+CODE_BACKGROUND = QColor(128, 128, 128, 40)
+_FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
+_MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
+
+
+def _fence_scan(text: str, start: int = 0) -> tuple[int, int | None]:
+    """Scan `text` from `start` (a point outside any fence). Returns (stable, open_fence_at): the end of
+    the last paragraph break outside a fence, and where a still-open fence starts (None if none)."""
+    stable = start
+    fence: str | None = None
+    fence_at: int | None = None
+    pos = start
+    for line in text[start:].splitlines(keepends=True):
+        m = _FENCE.match(line)
+        if m and not (m.group(1)[0] == "`" and "`" in line[m.end():]):  # backticks in the info string: inline code
+            mark = m.group(1)
+            if fence is None:
+                fence, fence_at = mark, pos
+            elif mark[0] == fence[0] and len(mark) >= len(fence) and not line.strip().strip(mark[0]):
+                fence = fence_at = None
+        pos += len(line)
+        if fence is None and line.strip() == "" and line.endswith("\n"):
+            stable = pos
+    return stable, fence_at
+
+
+def stable_prefix(text: str, start: int = 0) -> int:
+    """Length of the part of `text` that later tokens cannot change: up to its last paragraph break
+    ("\\n\\n") that lies outside a fenced code block."""
+    return _fence_scan(text, start)[0]
+
+
+@dataclass
+class _OpenCode:
+    fence_at: int  # offset of the opening fence line in the tail
+    lines: int  # complete code lines appended so far
+    partial_pos: int  # document position after them
+
+
+@dataclass
+class _Stream:
+    message_id: int
+    stable_len: int  # chars of the reply already appended for good
+    tail_pos: int  # document position where the re-rendered tail starts
+    code: _OpenCode | None = None  # a code block still streaming: appended line by line
+    tail_text: str = ""  # the Markdown of the tail as last rendered
+
+
+class Transcript:
+    """Owns the document of a QTextBrowser: messages appended in order, the last one may stream."""
+
+    def __init__(self, document: QTextDocument):
+        self.doc = document
+        document.setUndoRedoEnabled(False)  # a streaming transcript would grow the undo stack forever
+        self._stream: _Stream | None = None
+        self._header_pos = 0
+        mono = QFont("monospace")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        self._code_block = QTextBlockFormat()
+        self._code_block.setBackground(CODE_BACKGROUND)
+        self._code_block.setProperty(QTextFormat.Property.BlockCodeFence, "`")
+        self._code_char = QTextCharFormat()
+        self._code_char.setFontFamilies([mono.family(), "monospace"])
+        self._code_char.setFontFixedPitch(True)
+        self.code_blocks = CodeBlocks(document, self._code_block, self._code_char)
+
+    @property
+    def streaming_id(self) -> int | None:
+        return self._stream.message_id if self._stream else None
+
+    def clear(self) -> None:
+        self.doc.clear()
+        self._stream = None
+
+    def append(self, message, actions: list[tuple[str, str]], stats=None) -> None:
+        """A finished message: header with action links, Markdown body, stats line (assistant)."""
+        self._finish_stream()
+        self._header(message, actions)
+        self._markdown(message.content)
+        if stats is not None:
+            self._stats(stats)
+
+    def begin_stream(self, message, actions: list[tuple[str, str]]) -> None:
+        self._finish_stream()
+        self._header(message, actions)
+        self._stream = _Stream(message.id, 0, self._end())
+
+    def update_stream(self, text: str, stats) -> None:
+        """Re-import only the open tail; append any newly stable paragraphs once."""
+        s = self._stream
+        if s is None:
+            raise RuntimeError("update_stream() without begin_stream()")
+        edit = QTextCursor(self.doc)
+        edit.beginEditBlock()  # one relayout for the whole update, not one per insert
+        try:
+            self._update_stream(s, text, stats)
+        finally:
+            edit.endEditBlock()
+
+    def _update_stream(self, s: _Stream, text: str, stats) -> None:
+        stable, fence_at = _fence_scan(text, s.stable_len)
+        if stable == s.stable_len and fence_at is None and self._append_plain(s, text[stable:], stats):
+            return
+        if stable > s.stable_len:
+            self._cut(s.tail_pos)
+            s.code = None
+            self._markdown(text[s.stable_len:stable])
+            s.stable_len = stable
+            s.tail_pos = self._end()
+        tail = s.tail_text = text[s.stable_len:]
+        if fence_at is None:
+            self._cut(s.tail_pos)
+            s.code = None
+            if tail.strip():
+                self._markdown(tail)
+        else:  # an open code block: a long one must not be re-imported per update
+            fence_at -= s.stable_len
+            if s.code is None or s.code.fence_at != fence_at:
+                self._cut(s.tail_pos)
+                if tail[:fence_at].strip():
+                    self._markdown(tail[:fence_at])
+                s.code = _OpenCode(fence_at, 0, self._end())
+            else:
+                self._cut(s.code.partial_pos)
+            body = tail[fence_at:].partition("\n")[2].split("\n")
+            for line in body[s.code.lines:-1]:
+                self._code_line(line)
+            s.code.lines = len(body) - 1
+            s.code.partial_pos = self._end()
+            if body[-1]:
+                self._code_line(body[-1])
+        self._stats(stats)
+
+    def end_stream(self, message, actions: list[tuple[str, str]], stats) -> None:
+        """Render the finished reply whole, replacing its header and incremental pieces."""
+        if self._stream is None or self._stream.message_id != message.id:
+            raise RuntimeError(f"end_stream() for message {message.id}, which is not streaming")
+        self._cut(self._header_pos)
+        self._stream = None
+        self.append(message, actions, stats)
+
+    # --- document building ---------------------------------------------------------------------
+
+    def _end(self) -> int:
+        return self.doc.characterCount() - 1
+
+    def _cursor(self) -> QTextCursor:
+        c = QTextCursor(self.doc)
+        c.movePosition(QTextCursor.MoveOperation.End)
+        if self._end() > 0:  # a fresh block with plain formats, so code styling never leaks onwards
+            c.insertBlock(QTextBlockFormat(), QTextCharFormat())
+        return c
+
+    def _cut(self, pos: int) -> None:
+        c = QTextCursor(self.doc)
+        c.setPosition(pos)
+        c.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+        c.removeSelectedText()
+
+    def _finish_stream(self) -> None:
+        if self._stream is not None:
+            raise RuntimeError(f"message {self._stream.message_id} is still streaming; end it first")
+
+    def _header(self, message, actions: list[tuple[str, str]]) -> None:
+        self._header_pos = self._end()
+        c = self._cursor()
+        fmt = QTextBlockFormat()
+        fmt.setTopMargin(10)
+        c.setBlockFormat(fmt)
+        who = "You" if message.role == "user" else "Assistant"
+        links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' if verb else html.escape(label)
+                         for verb, label in actions)
+        c.insertHtml(f"<b>{who}</b>&nbsp;&nbsp;<small>{links}</small>")
+
+    def _markdown(self, text: str) -> None:
+        c = self._cursor()
+        start = c.block().position()
+        c.insertMarkdown(text)
+        self._restore_first_block(start, text)
+        self._style_code(start, c.position())
+        self.code_blocks.decorate(text, start)  # closed fences: highlighted, with a Copy link
+
+    def _restore_first_block(self, start: int, text: str) -> None:
+        """Qt merges the first imported block into the cursor's block and drops its format, so text that
+        opens with a code fence or a heading would lose it: re-read that first block alone and restore it."""
+        if not _FIRST_BLOCK_MARKUP.match(text):
+            return
+        ref = QTextDocument()
+        ref.setMarkdown(text.split("\n\n", 1)[0])
+        fmt = ref.firstBlock().blockFormat()
+        if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.headingLevel():
+            QTextCursor(self.doc.findBlock(start)).setBlockFormat(fmt)
+
+    def _append_plain(self, s: _Stream, tail: str, stats) -> bool:
+        """Most tokens are plain words inside a plain paragraph: insert them as text, no re-import.
+        Anything Markdown could read differently (syntax characters, a new line) takes the full path."""
+        old = s.tail_text
+        if s.code is not None or not old.rpartition("\n")[2].strip() or not tail.startswith(old):
+            return False  # (the delta would start a line, where "-", "1." or spaces mean something)
+        delta = tail[len(old):]
+        if _MARKUP.search(delta):
+            return False
+        block = self.doc.lastBlock().previous()  # the tail's last block; the stats line follows it
+        fmt = block.blockFormat()
+        if fmt.headingLevel() or fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or block.textList():
+            return False
+        c = QTextCursor(block)
+        if c.currentTable() is not None:
+            return False
+        c.movePosition(QTextCursor.MoveOperation.EndOfBlock)
+        c.insertText(delta, QTextCharFormat())
+        s.tail_text = tail
+        c = QTextCursor(self.doc.lastBlock())
+        c.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        c.insertText(stats_text(stats), self._stats_format())
+        return True
+
+    def _stats_format(self) -> QTextCharFormat:
+        fmt = QTextCharFormat()
+        fmt.setForeground(QColor(120, 120, 120))
+        fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * 0.85))
+        return fmt
+
+    def _stats(self, stats) -> None:
+        self._cursor().insertText(stats_text(stats), self._stats_format())
+
+    def _code_line(self, line: str) -> None:
+        c = self._cursor()
+        c.setBlockFormat(self._code_block)
+        c.insertText(line, self._code_char)
+
+    def _style_code(self, start: int, end: int) -> None:
+        """Qt imports fenced code as plain blocks tagged with a fence property; give them a look."""
+        block = self.doc.findBlock(start)
+        while block.isValid() and block.position() <= end:
+            if block.blockFormat().hasProperty(QTextFormat.Property.BlockCodeFence):
+                c = QTextCursor(block)
+                c.mergeBlockFormat(self._code_block)
+                c.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+                c.mergeCharFormat(self._code_char)
+            block = block.next()

@@ -1,0 +1,82 @@
+"""Backend: what a chat needs from whatever generates its replies, and the switch between local and remote.
+
+ChatSession talks only to this protocol, so it never asks where a reply comes from: EngineService runs
+it on the in-process generator, RemoteBackend streams it from an OpenAI-compatible server. A job is an
+async iterator of engine-style result dicts (see ARCHITECTURE.md, "Generator results").
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Protocol
+
+from app.core.store import ChatSettings
+
+
+class Backend(Protocol):
+    continues_replies: bool
+    """True where a trailing assistant message is continued (a remote chat API would answer it with a new
+    turn, so Continue is off there)."""
+
+    async def wait_loaded(self) -> None:
+        """Return once replies can start (a model is loaded / the server is connected)."""
+
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings) -> tuple[AsyncIterator[dict], int | None]:
+        """Start one reply: (its results, prompt token count if known now). Runs on the event loop."""
+
+    async def cancel(self, identifier: Any) -> bool:
+        """Stop a chat's reply; False if it has none. The backend has let go of it when this returns."""
+
+    def job_ended(self, identifier: Any) -> None:
+        """The chat consumed its reply's last result."""
+
+    def context_limit(self) -> int | None:
+        """The most tokens one sequence may hold (prompt + reply); None if unknown (no model, a remote
+        server): the chat is then sent as it is."""
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+        """Prompt tokens of that history (a trailing assistant message is continued, not closed); None
+        where the backend cannot count (no model loaded, a remote server)."""
+
+    def adapter_names(self) -> list[str]:
+        """LoRA adapters a chat may name in its settings (the loaded ones)."""
+
+
+class BackendSwitch:
+    """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
+
+    def __init__(self, backend: Backend):
+        self.current = backend
+        self._owner: dict[Any, Backend] = {}
+
+    def use(self, backend: Backend) -> None:
+        """Send new replies to `backend` (replies already running finish where they are)."""
+        self.current = backend
+
+    async def wait_loaded(self) -> None:
+        await self.current.wait_loaded()
+
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
+        backend = self.current
+        out = backend.start_job(identifier, history, settings)
+        self._owner[identifier] = backend
+        return out
+
+    async def cancel(self, identifier: Any) -> bool:
+        backend = self._owner.get(identifier, self.current)
+        return await backend.cancel(identifier)
+
+    def job_ended(self, identifier: Any) -> None:
+        backend = self._owner.pop(identifier, self.current)
+        backend.job_ended(identifier)
+
+    @property
+    def continues_replies(self) -> bool:
+        return self.current.continues_replies
+
+    def context_limit(self) -> int | None:
+        return self.current.context_limit()
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+        return self.current.count_tokens(history, settings)
+
+    def adapter_names(self) -> list[str]:
+        return self.current.adapter_names()

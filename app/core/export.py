@@ -1,0 +1,80 @@
+"""Export one chat as Markdown (to read) or JSON (to re-import or process), including reply stats.
+
+A chat exports the path it shows (a branch exports its own history, the shared part included); its
+header says when it was exported, when the chat last changed, and which chat it was branched from.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+from app.core.formatting import stats_text
+from app.core.store import Chat, Message, Store
+
+FORMAT_VERSION = 1
+
+
+def _iso(t: float) -> str:
+    """Local time with its UTC offset: what the reader's clock said, and still unambiguous."""
+    return datetime.fromtimestamp(t, timezone.utc).astimezone().isoformat(timespec="seconds")
+
+
+def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None = None,
+                branched_from: str | None = None) -> str:
+    when = _iso(time.time() if exported_at is None else exported_at)
+    lines = [f"# {chat.title}", "", f"*Exported {when} · chat updated {_iso(chat.updated)}*", ""]
+    if branched_from is not None:
+        lines[-1:-1] = [f"*Branched from \"{branched_from}\"*"]
+    if chat.settings.system_prompt:
+        lines += ["## System", "", chat.settings.system_prompt, ""]
+    for m in messages:
+        lines += [f"## {'User' if m.role == 'user' else 'Assistant'}", "", m.content, ""]
+        if m.stats is not None:
+            lines += [f"<sub>{stats_text(m.stats)}</sub>", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_json(chat: Chat, messages: list[Message], exported_at: float | None = None,
+            branched_from: str | None = None) -> str:
+    doc = {
+        "format": "pagedeck-chat",
+        "version": FORMAT_VERSION,
+        "title": chat.title,
+        "created": _iso(chat.created),
+        "updated": _iso(chat.updated),
+        "exported": _iso(time.time() if exported_at is None else exported_at),
+        **({"branched_from": branched_from} if branched_from is not None else {}),
+        "settings": asdict(chat.settings),
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "created": _iso(m.created),
+                **({"stats": {**asdict(m.stats), "adapters": m.stats.adapter_pairs()}} if m.stats is not None else {}),
+            }
+            for m in messages
+        ],
+    }
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def export_chat(store: Store, chat_id: int, path: str | Path) -> Path:
+    """Write the chat to `path`; the suffix (.md / .markdown / .json) picks the format."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    writers = {".md": to_markdown, ".markdown": to_markdown, ".json": to_json}
+    if suffix not in writers:
+        raise ValueError(f"cannot export to {path.name!r}: use a .md or .json file name")
+    chat = store.chat(chat_id)
+    source = None
+    if chat.branch_of is not None:
+        try:
+            source = store.chat(store.message(chat.branch_of).chat_id).title
+        except KeyError:  # the chat it came from was deleted
+            source = "a deleted chat"
+    text = writers[suffix](chat, store.messages(chat_id), exported_at=time.time(), branched_from=source)
+    path.write_text(text, encoding="utf-8")
+    return path

@@ -1,0 +1,363 @@
+"""The app's one engine: loads models off the UI thread, owns the generator, starts chat jobs, feeds metrics.
+
+Every chat's reply is a DynamicJobAsync on the same DynamicGeneratorAsync, so all chats batch together
+(and with API requests when the Server panel serves it). Adapters are per job: the LoRA panel loads
+adapters into the generator (its registry is the one list of loaded adapters, also served to API
+clients) and sets the default set; a chat whose settings name adapters runs with exactly those, in the
+same batch as chats on other adapters, and a chat naming none gets the default set (swapped only while
+idle, ExLlamaV2's rule: the panel shows the pending swap).
+Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
+loaded completely, so a bad path or a broken file leaves the previous model serving. A reload keeps the
+chats' LoRA set when it fits the new model, and says it was dropped when it does not.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.core.store import ChatSettings
+from app.local.chat_prompt import ChatPrompt
+from engine.contract import DEFAULT_CACHE_TOKENS
+from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
+from engine.contract import model_path_problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadRequest:
+    """What the model panel asks for (its load_requested dict, checked)."""
+
+    path: str | None = None
+    cache_tokens: int = DEFAULT_CACHE_TOKENS
+    kv_quant: str | None = None  # checked by engine.PagedCache (the error reaches load_failed)
+    weights: str = "auto"  # engine.Model.load's weights: auto = 4-bit GGUF matmuls on a CPU
+    draft_model: str | None = None
+    use_ngram: bool = False
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LoadRequest":
+        unknown = set(d) - {"path", "cache_tokens", "kv_quant", "weights", "draft_model", "use_ngram"}
+        if unknown:
+            raise ValueError(f"unknown model load options: {sorted(unknown)}")
+        d = {k: v for k, v in d.items() if not (k == "cache_tokens" and v is None)}  # None = the default size
+        req = cls(**d)
+        req.path = req.path or None  # "" from an empty path box means the default model, not "."
+        req.draft_model = req.draft_model or None
+        if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
+            raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
+        for prefix, path in (("", req.path), ("draft model: ", req.draft_model)):
+            problem = model_path_problem(path) if path is not None else None
+            if problem is not None:
+                raise FileNotFoundError(prefix + problem)
+        return req
+
+
+class EngineService(QObject):
+    """Signals carry plain Python objects so panels never see engine types."""
+
+    load_progress = Signal(float)
+    loaded = Signal(object)  # info dict (see _info)
+    load_failed = Signal(str)
+    metrics = Signal(object)  # generator.metrics() snapshot, ~10 Hz while a model is loaded
+    loras_active = Signal(object)  # the default set's adapter names
+    loras_loaded = Signal(object)  # names of every adapter loaded into the generator
+    loras_pending = Signal(bool)
+    lora_failed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
+        super().__init__(parent)
+        self.model = self.tokenizer = self.cache = self.generator = None
+        self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
+        self.info: dict | None = None
+        self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
+        self.loading = False
+        self._idle: asyncio.Future | None = None  # resolved when the last running reply ends
+        self._closed = False  # after close() no load installs a generator (a waiting load may still finish)
+        self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
+        self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
+        self._prompt: ChatPrompt | None = None  # the last history prompt_ids encoded
+        self._timer = QTimer(self)
+        self._timer.setInterval(metrics_interval_ms)
+        self._timer.timeout.connect(self._push_metrics)
+
+    # --- model ---------------------------------------------------------------------------------
+
+    async def load(self, request: LoadRequest | dict | None = None, *, wait_for_replies: bool = False) -> bool:
+        """Load a model (None path = the embedded default); False (and load_failed) on any error.
+
+        The new model replaces the old one when it is ready, stopping replies still running then; with
+        wait_for_replies the load starts only once they have ended (replies sent meanwhile queue, as
+        during any load, and run on the new model)."""
+        if self.loading:
+            self.load_failed.emit("a model is already loading; wait for it to finish")
+            return False
+        self.loading = True
+        self._load_done = asyncio.Event()
+        kept, kept_paths = self.chat_loras, self._adapter_folders()
+        try:
+            if not await self._load(request, wait_for_replies):
+                return False
+        finally:  # replies queued in wait_loaded go on only now, with the new generator (or the old one) in place
+            self.loading = False
+            self._load_done.set()
+        self.loaded.emit(self.info)
+        self.chat_loras = ()
+        self.loras_active.emit([])  # what the new generator runs until the set is re-applied
+        self.loras_loaded.emit([])
+        for name, path in kept_paths.items():  # chats naming an adapter that does not fit fail with its name
+            await self.load_adapter(path, f"LoRA {name} dropped: it does not fit {self.info['name']}", name)
+        if kept:
+            names = ", ".join(Path(p).name for p, _ in kept)
+            await self.apply_loras(kept, failed=f"LoRA {names} dropped: it does not fit {self.info['name']}")
+        return True
+
+    async def _load(self, request: LoadRequest | dict | None, wait_for_replies: bool) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            req = request if isinstance(request, LoadRequest) else LoadRequest.from_dict(request or {})
+            if wait_for_replies:
+                await self._until_idle()
+
+            def progress(fraction: float) -> None:
+                loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
+
+            t0 = time.perf_counter()
+            model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress)
+            import engine
+
+            options: dict[str, Any] = {}
+            if draft is not None:
+                options.update(draft_model=draft[0], draft_cache=draft[1])
+            if req.use_ngram:
+                options["use_ngram_draft"] = True
+            if self._closed:
+                raise RuntimeError("the app is shutting down")
+            generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer, **options)
+        except Exception as exc:  # noqa: BLE001 - any failure keeps the previous model
+            log.warning("model load failed: %s", exc)
+            kept = f" (still using {self.info['name']})" if self.info else ""
+            self.load_failed.emit(f"Could not load model: {type(exc).__name__}: {exc}{kept}")
+            return False
+        await self._retire()
+        self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
+        self._prompt = None  # a prompt encoded by the previous tokenizer
+        self.info = self._info(req, time.perf_counter() - t0)
+        self.request = asdict(req)
+        self._timer.start()
+        return True
+
+    async def _until_idle(self) -> None:
+        while self._jobs:
+            self._idle = asyncio.get_running_loop().create_future()
+            await self._idle
+
+    def _forget_job(self, identifier: Any):
+        job = self._jobs.pop(identifier, None)
+        if not self._jobs and self._idle is not None and not self._idle.done():
+            self._idle.set_result(None)
+        return job
+
+    async def wait_loaded(self) -> None:
+        """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
+        if self.loading and self._load_done is not None:
+            await self._load_done.wait()
+
+    @staticmethod
+    def _build(req: LoadRequest, progress) -> tuple:
+        """Runs on a worker thread: everything slow (reading weights, allocating the cache)."""
+        import engine
+        # the whole load (weights, cache, activations) against free memory, from headers, before allocating
+        engine.check_fits(req.path, cache_tokens=req.cache_tokens, kv_quant=req.kv_quant,
+                   weights=req.weights)
+        model = engine.Model.load(req.path, progress=progress, weights=req.weights)
+        tokenizer = engine.Tokenizer.load(req.path)
+        cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)
+        draft = None
+        if req.draft_model is not None:
+            dm = engine.Model.load(req.draft_model)
+            draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
+        return model, tokenizer, cache, draft
+
+    def _info(self, req: LoadRequest, seconds: float) -> dict:
+        m = self.model
+        return {
+            "name": m.name,
+            "path": str(m.path) if m.path is not None else None,
+            "params": m.num_parameters(),
+            "memory_bytes": m.memory_bytes() + self.cache.memory_bytes(),
+            "device": str(m.device),
+            "dtype": str(m.dtype).removeprefix("torch."),
+            "cache_tokens": self.cache.max_tokens,
+            "pages": self.cache.num_pages,
+            "kv_quant": req.kv_quant,
+            "weights": m.weight_format,
+            "load_seconds": round(seconds, 2),
+        }
+
+    async def _retire(self) -> None:
+        """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
+        old, self.generator = self.generator, None
+        for identifier in list(self._jobs):
+            await self._forget_job(identifier).cancel()
+        if old is not None:
+            await old.close()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._timer.stop()
+        await self._retire()
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def prompt_ids(self, history: list[dict], settings: ChatSettings):
+        """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job).
+        A trailing assistant message is continued: its text follows the generation prompt, unclosed.
+
+        The last history encoded is kept (app.local.chat_prompt): fitting a chat into the context asks
+        for that history less its oldest turns, and the job for the one it kept, and those ids are cut
+        from it, so a send tokenizes its prompt once."""
+        if self.tokenizer is None:
+            raise RuntimeError("no model is loaded yet")
+        last = self._prompt
+        if last is not None and last.tokenizer is self.tokenizer:
+            ids = last.ids_of(history, settings)
+            if ids is not None:
+                return ids
+        self._prompt = ChatPrompt(self.tokenizer, history, settings)
+        return self._prompt.ids
+
+    continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
+
+    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+        """Prompt tokens of that history; None before a model is loaded."""
+        if self.tokenizer is None:
+            return None
+        return self.prompt_ids(history, settings).shape[-1]
+
+    def context_limit(self) -> int | None:
+        """The most tokens one reply's sequence may hold (prompt + reply); None before a model is loaded."""
+        return self.generator.max_seq_len if self.generator is not None else None
+
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
+        """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
+        if self.generator is None:
+            raise RuntimeError("no model is loaded yet" if not self.loading else "the model is still loading")
+        if identifier in self._jobs:
+            raise RuntimeError(f"chat {identifier} already has a reply running")
+        import engine
+
+        ids = self.prompt_ids(history, settings)
+        stops = sorted(self.tokenizer.stop_token_ids) + list(settings.stop_strings)
+        generator = self.generator
+        gen_settings = settings.sampler_settings()
+
+        loras = None if settings.loras is None else [tuple(pair) for pair in settings.loras]
+        # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
+        filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
+        job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
+            generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
+            seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
+        )
+        self._jobs[identifier] = job
+        return job, ids.shape[-1]
+
+    def job_ended(self, identifier: Any) -> None:
+        self._forget_job(identifier)
+
+    async def cancel(self, identifier: Any) -> bool:
+        """Cancel a chat's reply; when this returns its pages are back with the generator.
+        False if that chat has no job (yet)."""
+        job = self._forget_job(identifier)
+        if job is None:
+            return False
+        await job.cancel()
+        return True
+
+    @property
+    def running(self) -> list:
+        return list(self._jobs)
+
+    # --- LoRA ----------------------------------------------------------------------------------
+
+    def loaded_adapters(self) -> list[str]:
+        return [] if self.generator is None else list(self.generator.adapters().folders)
+
+    adapter_names = loaded_adapters  # Backend
+
+    def _adapter_folders(self) -> dict[str, str]:
+        """name -> folder of every adapter loaded from disk (the panel's or an API client's): a reload loads
+        them into the new generator."""
+        if self.generator is None:
+            return {}
+        return {name: folder for name, folder in self.generator.adapters().folders.items() if folder}
+
+    async def load_adapter(self, path: str | Path, failed: str | None = None, name: str | None = None) -> bool:
+        """Load a PEFT folder into the generator (read off the loop) under its folder name; a reload loads
+        the same folders into the new model."""
+        if self.generator is None:
+            self.lora_failed.emit("load a model before loading LoRA adapters")
+            return False
+        try:
+            await self.generator.load_lora(str(path), name)
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
+            what = failed or f"Could not load LoRA adapter {Path(path).name}"
+            self.lora_failed.emit(f"{what}: {type(exc).__name__}: {exc}")
+            return False
+        self.loras_loaded.emit(self.loaded_adapters())
+        return True
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Unload an adapter; returns once its last running reply has ended (new replies can't name it)."""
+        if self.generator is None:
+            return False
+        try:
+            await self.generator.unload_lora(name)
+        except Exception as exc:  # noqa: BLE001 - e.g. it is in the default set
+            self.lora_failed.emit(f"Could not unload LoRA adapter {name}: {exc}")
+            return False
+        self.loras_loaded.emit(self.loaded_adapters())
+        return True
+
+    async def apply_loras(self, pairs: list[tuple[str, float]], failed: str = "Could not apply LoRA set") -> bool:
+        """Set the default set (folders or loaded names) for chats that name none: at once when idle, else
+        pending until running jobs finish (new default-set replies defer meanwhile)."""
+        if self.generator is None:
+            self.lora_failed.emit("load a model before applying LoRA adapters")
+            return False
+        wanted = [(str(p), float(s)) for p, s in pairs]
+        previous, self.chat_loras = self.chat_loras, tuple(wanted)
+        self.loras_pending.emit(True)
+        try:
+            await self.generator.set_loras([p for p, _ in wanted] or None, [s for _, s in wanted] or None)
+        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
+            self.chat_loras = previous
+            self.lora_failed.emit(f"{failed}: {type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self.loras_pending.emit(False)
+        self.loras_active.emit([name for name, _ in self.generator.adapters().default])
+        self.loras_loaded.emit(self.loaded_adapters())
+        return True
+
+    # --- metrics -------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict | None:
+        if self.generator is None:
+            return None
+        return self.generator.metrics()
+
+    def _push_metrics(self) -> None:
+        try:
+            snap = self.snapshot()
+        except Exception as exc:  # noqa: BLE001 - a dashboard hiccup must not kill the timer
+            log.warning("metrics() failed: %s", exc)
+            return
+        if snap is not None:
+            self.metrics.emit(snap)

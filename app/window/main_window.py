@@ -1,0 +1,246 @@
+"""The main window: chat list, chat panes as tabs or 2-4 side-by-side tiles, engine panels in docks.
+
+Every open chat has its own ChatSession; all of them send jobs to the one EngineService generator,
+so any number of chats stream at once. The dashboard, model and LoRA panels are separate widgets
+talking to EngineService through signals. Chats hold a BackendSwitch: the Model panel's "Remote server"
+(app.remote.remote_mode) points it at a remote server, and the Server panel (app.panels.server_panel)
+serves the local generator to other programs.
+
+The window is the shell that builds and wires its parts: the chat area (app.window.chat_area), model
+loading (app.window.model_loader), the status line (app.window.status), the menus (app.window.menus) and
+the session kept across restarts (app.window.window_state).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QRect, Qt, Signal
+from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QWidget
+
+from app.chat.chat_list import ChatList
+from app.chat.chat_pane import ChatPane
+from app.core.backend import BackendSwitch
+from app.core.export import export_chat
+from app.core.store import Store
+from app.core.tasks import spawn
+from app.local.engine_service import EngineService
+from app.panels.dashboard import DashboardDock
+from app.panels.dashboard_feed import DashboardFeed
+from app.panels.lora_panel import LoraPanel
+from app.panels.model_browser import ModelBrowser
+from app.panels.model_panel import ModelPanel
+from app.panels.server_panel import LocalServer, ServerPanel
+from app.preferences.preferences import Preferences
+from app.preferences.preferences_dialog import PreferencesDialog
+from app.preferences.theme import Theme
+from app.remote.remote_mode import RemoteHandles, RemoteMode
+from app.window.chat_area import ChatArea
+from app.window.menus import build_menus
+from app.window.model_loader import ModelLoader
+from app.window.status import StatusLine
+from app.window.window_layout import fit_window, scrolled
+from app.window.window_state import STATE_FILE, WindowState
+from engine.contract import DEFAULT_CACHE_TOKENS
+
+
+class MainWindow(QMainWindow):
+    closing = Signal()  # the user closed the window; the app then awaits shutdown()
+
+    def __init__(self, store: Store | None = None, service: EngineService | None = None, *,
+                 data_dir: str | Path | None = None, load_request: dict | None = None,
+                 state_path: str | Path | None = None):
+        super().__init__()
+        self.setWindowTitle("pagedeck")
+        self._fitted = False  # the first show fits the window to its screen
+        self._restored = False  # a geometry restored from the last session (app.window.window_state) is kept if it fits
+        self.store = store if store is not None else Store.open(data_dir)
+        self.service = service if service is not None else EngineService(self)
+        self.backend = BackendSwitch(self.service)  # what the chats talk to: local or a remote server
+        self.state = WindowState(state_path if state_path is not None else self.store.path.parent / STATE_FILE)
+        self.status = StatusLine(self.statusBar())
+        self.loader = ModelLoader(self.service, self.status, self.state, load_request or {}, self)
+
+        self.prefs = Preferences()
+        self.theme = Theme(self.prefs, self)
+        self.theme.apply()
+        self.chat_list = ChatList(self.store)
+        self.chat_list.new_chat_settings = self.prefs.new_chat_settings
+        self.chats = ChatArea(self.store, self.backend, self.chat_list)
+        self.setCentralWidget(self.chats)
+        self.theme.changed.connect(self._theme_changed)
+        self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea, scroll=False)
+
+        self.local_server = self.remote = None
+        self._panels()
+        self.view_actions = build_menus(self, self.chats, new_chat=self.new_chat, export=self.export_current,
+                                        preferences=self.open_preferences)
+        self._restore_layout()
+        s = self.service
+        if s.info is not None:  # a service that loaded before this window existed
+            s.loaded.emit(s.info)
+
+    # --- docks ---------------------------------------------------------------------------------
+
+    def _dock(self, title: str, widget: QWidget, area: Qt.DockWidgetArea, scroll: bool = True) -> QDockWidget:
+        """A dock whose panel scrolls when the screen is smaller than the panel would like."""
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title)
+        dock.setWidget(scrolled(widget) if scroll else widget)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _panels(self) -> None:
+        s, error = self.service, self.loader.error
+        self.dashboard = DashboardDock(self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
+        feed = DashboardFeed(self.dashboard, s.metrics)
+        self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
+                                          cache_tokens=self.loader.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS,
+                                          browser=ModelBrowser(self.store.path.parent / "model_folders.json"))
+        p.load_requested.connect(self.loader.load_model)
+        self.loader.cancelled.connect(p.cancel_loading)
+        s.load_progress.connect(p.set_progress)
+        s.loaded.connect(p.set_loaded)
+        s.load_failed.connect(p.show_error)
+        model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.lora_panel = p = LoraPanel()
+        p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), error))
+        p.load_requested.connect(lambda path: spawn(s.load_adapter(path), error))
+        p.unload_requested.connect(lambda name: spawn(s.unload_adapter(name), error))
+        s.loras_active.connect(self._loras_active)
+        s.loras_loaded.connect(p.set_loaded)
+        s.loras_pending.connect(p.set_pending)
+        s.lora_failed.connect(p.show_error)
+        s.lora_failed.connect(lambda _msg: p.set_loaded(s.loaded_adapters()))  # a failed load unchecks
+        s.metrics.connect(lambda m: p.set_loaded(m["loras_loaded"]) if m["loras_loaded"] != p.loaded() else None)
+        loras = QStackedWidget()  # the local panel, or the remote server's while connected
+        loras.addWidget(p)
+        lora_dock = self._dock("LoRA", loras, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(self.dashboard, model_dock)  # one tabbed column: fits a 720-px screen
+        self.tabifyDockWidget(model_dock, lora_dock)
+
+        self.local_server = LocalServer(s, self)  # serve this generator to other programs
+        self.server_panel = ServerPanel(self.local_server)
+        server_dock = self._dock("Server", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tabifyDockWidget(lora_dock, server_dock)
+        self.remote = RemoteMode(RemoteHandles(  # chat through another server
+            chats=self.backend, local=s, dashboard=feed, message=self.status.message,
+            show_server_loras=lambda on: loras.setCurrentIndex(1 if on else 0)), self)
+        self.model_panel.add_section(self.remote.box)
+        loras.addWidget(self.remote.lora_panel)
+        self.remote.changed.connect(lambda info: self.loader.back_to_local() if info is None
+                                    else self.status.show_remote(info))
+        self.dashboard.raise_()
+
+    def dock(self, name: str) -> QDockWidget:
+        return next(d for d in self.findChildren(QDockWidget) if d.objectName() == name)
+
+    def open_preferences(self) -> PreferencesDialog:
+        dlg = PreferencesDialog(self.theme, self)
+        dlg.open()
+        return dlg
+
+    def _theme_changed(self, _dark: bool) -> None:
+        if self.store.closed:  # a window whose history is closed (after shutdown) has nothing to rebuild
+            return
+        for pane in self.chats.panes.values():  # code colours are picked per theme when a transcript is built
+            pane.rebuild()
+
+    def _loras_active(self, names: list[str]) -> None:
+        """The LoRA panel shows (label and ticks) the set the engine runs for the chats, e.g. after a reload."""
+        self.lora_panel.set_active(names)
+        self.lora_panel.set_selection(dict(self.service.chat_loras))
+        self.state.save_loras(list(self.service.chat_loras))
+
+    # --- chats ---------------------------------------------------------------------------------
+
+    def new_chat(self, title: str = "New chat") -> ChatPane:
+        chat_id = self.chat_list.new_chat(title)  # emits open_requested -> ChatArea.open_chat
+        return self.chats.panes[chat_id]
+
+    def export_current(self, suffix: str) -> Path | None:
+        pane = self.chats.current_pane()
+        if pane is None:
+            return None
+        title = pane.session.chat.title
+        default = str(Path.home() / f"{''.join(c if c.isalnum() else '_' for c in title)[:40]}{suffix}")
+        name, _ = QFileDialog.getSaveFileName(self, "Export chat", default, "Markdown (*.md);;JSON (*.json)")
+        if not name:
+            return None
+        try:
+            return export_chat(self.store, pane.session.chat_id, name)
+        except (OSError, ValueError) as exc:
+            self.loader.error(f"Export failed: {exc}")
+            return None
+
+    # --- screen ----------------------------------------------------------------------------------
+
+    def fit_to(self, available: QRect) -> None:
+        """Fit the window (a restored geometry too) to this screen area; see app.window.window_layout."""
+        fit_window(self, available, self._restored, [self.dock("Chats"), self.dashboard])
+
+    def showEvent(self, e) -> None:
+        if not self._fitted:
+            self._fitted = True
+            screen = self.screen() or QApplication.primaryScreen()
+            if screen is not None:
+                self.fit_to(screen.availableGeometry())
+        super().showEvent(e)
+
+    # --- state across restarts ------------------------------------------------------------------
+
+    def _restore_layout(self) -> None:
+        geometry, docks = self.state.geometry(), self.state.dock_state()
+        if geometry is not None:
+            self._restored = self.restoreGeometry(geometry)
+        if docks is not None:
+            self.restoreState(docks)
+        self.chats.set_view(*self.state.view())
+        options = self.state.model_options()
+        if options:
+            self.model_panel.set_request(options)
+        for folder in self.state.lora_folders():
+            if Path(folder).is_dir():
+                self.lora_panel.add_folder(folder)
+
+    def save_state(self) -> None:
+        self.state.save_layout(self.saveGeometry(), self.saveState(), self.chats.mode, self.chats.tile_count)
+        current = self.chats.current_pane()
+        self.state.save_chats(self.chats.open_ids, current.session.chat_id if current is not None else None)
+        self.state.save_model_options(self.model_panel.request())
+        self.state.save_lora_folders(self.lora_panel.folders())
+        self.state.sync()
+
+    async def restore_session(self) -> None:
+        """Reopen the last session's chats, load its model (or the one asked for), re-apply its LoRA set."""
+        ids, current = self.state.chats()
+        loras = self.state.loras()  # read before the load below saves the new generator's (empty) set
+        known = {c.id for c in self.store.chats()}
+        for chat_id in (i for i in ids if i in known):
+            self.chats.open_chat(chat_id)
+        if current in self.chats.open_ids:
+            self.chats.open_chat(current)
+        if not self.chats.open_ids:
+            chats = self.store.chats()
+            if chats:
+                self.chats.open_chat(chats[0].id)
+            else:
+                self.new_chat()
+        if await self.loader.ready() and loras:
+            await self.service.apply_loras(loras, failed="the last session's LoRA set was not applied")
+
+    def closeEvent(self, e) -> None:
+        self.save_state()
+        self.closing.emit()
+        super().closeEvent(e)
+
+    async def shutdown(self) -> None:
+        """Stop every reply (their partial text is saved), close the generator and the store."""
+        for session in list(self.chats.sessions.values()):
+            await session.stop()
+        if self.remote is not None:
+            await self.remote.disconnect()
+        if self.local_server is not None:
+            await self.local_server.stop()
+        await self.service.close()
+        self.store.close()

@@ -1,0 +1,37 @@
+"""The session state in its INI file (QSettings), plus the window's geometry and dock layout.
+
+Geometry and dock layout are Qt's own byte arrays, so they are kept here, beside the Qt-free values of
+app.core.state.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings
+
+from app.core.state import AppState
+
+STATE_FILE = "state.ini"  # next to the chat history (the data dir), so --data-dir keeps sessions apart
+
+
+class WindowState(AppState):
+    """AppState in an INI file, with the window's geometry and dock state."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        super().__init__(QSettings(str(self.path), QSettings.Format.IniFormat))
+
+    def _bytes(self, key: str) -> QByteArray | None:
+        raw = self.settings.value(key)
+        return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
+
+    def save_layout(self, geometry: QByteArray, dock_state: QByteArray, mode: str, tiles: int) -> None:
+        self.settings.setValue("window/geometry", geometry)
+        self.settings.setValue("window/state", dock_state)
+        self.save_view(mode, tiles)
+
+    def geometry(self) -> QByteArray | None:
+        return self._bytes("window/geometry")
+
+    def dock_state(self) -> QByteArray | None:
+        return self._bytes("window/state")

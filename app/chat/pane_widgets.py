@@ -1,7 +1,7 @@
 """Small widgets of the chat views whose size never depends on their text.
 
 A chat pane sits in a 2x2 grid; if a title, banner or error could raise its minimum width, one long title
-would widen the whole window (issue 12, defect 2). So every variable text is elided to the width it gets,
+would widen the whole window. So every variable text is elided to the width it gets,
 with the whole text in its tooltip, and running replies are marked by icons, not by longer tab texts.
 """
 from __future__ import annotations

@@ -282,7 +282,7 @@ class Store:
         self._db.execute("COMMIT")
 
     def _add_adapters_column(self) -> None:
-        """Stores from before per-reply adapters (issue 13) get the column; their replies read None."""
+        """Stores written before replies recorded their adapters get the column; their replies read None."""
         if "adapters" not in {r[1] for r in self._db.execute("PRAGMA table_info(reply_stats)")}:
             self._db.execute("ALTER TABLE reply_stats ADD COLUMN adapters TEXT")
 

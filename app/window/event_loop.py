@@ -7,7 +7,7 @@ timer), so Python's cycle collector frees it later, on whichever thread happens 
 moment: the generator's worker, a sampling or filter pool thread. ~QObject cannot unregister timers from
 another thread ("QObject::~QObject: Timers cannot be stopped from another thread"), the GUI thread's event
 dispatcher keeps the freed object's address, and when the timer is due it delivers a QTimerEvent into freed
-memory: the test suite's intermittent segfault inside pytest-qt's event processing (issue 12, defect 9),
+memory: the test suite's intermittent segfault inside pytest-qt's event processing,
 and a crash at exit for the app. close() here deletes that object at once, on the thread that owns it,
 and the default executor is a plain thread pool (qasync's makes ten QThreads per loop).
 """

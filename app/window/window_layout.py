@@ -1,6 +1,6 @@
 """How the main window fits a screen: its size on the screen's available area, scrollable panels, the tiles.
 
-A 1280x720 screen must show the whole window (issue 12): panels scroll instead of raising the window's
+A 1280x720 screen must show the whole window: panels scroll instead of raising the window's
 minimum size, the chat area has a fixed minimum instead of the sum of its panes', and a tile narrower than
 its pane squeezes the pane rather than collapsing it.
 """

@@ -1,4 +1,4 @@
-"""Per-chat LoRA adapters in the app (issue 13): loaded from the LoRA panel, picked in each chat's settings
+"""Per-chat LoRA adapters in the app: loaded from the LoRA panel, picked in each chat's settings
 dialog, run in one batch, recorded with every reply (stats, export), coloured on the page map.
 
 Real widgets (pytest-qt), real PEFT adapters, the real generator; each reply is checked against the engine
@@ -154,7 +154,7 @@ def test_stores_from_before_per_reply_adapters_gain_the_column(tmp_path):
     path = tmp_path / "old.sqlite3"
     Store(path).close()
     db = sqlite3.connect(path)
-    db.execute("ALTER TABLE reply_stats DROP COLUMN adapters")  # the shape of a store written before issue 13
+    db.execute("ALTER TABLE reply_stats DROP COLUMN adapters")  # the shape of a store written before replies recorded adapters
     db.commit()
     db.close()
     store = Store(path)

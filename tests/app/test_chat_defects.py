@@ -1,5 +1,5 @@
-"""Regression tests for the chat-pane defects of issue 12 (2, 4, 5, 6, 8, 11): real widgets, real SQLite,
-the tiny model through the real EngineService."""
+"""Chat-pane regressions: sizes that never follow text, Stop's state, chat colours, autoscroll, context
+overflow, export headers. Real widgets, real SQLite, the tiny model through the real EngineService."""
 import json
 import time
 from datetime import datetime
@@ -27,7 +27,7 @@ def _grid(panes):
     return outer
 
 
-def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
+def test_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     """4 tiles, 48-char titles, banners, errors and stats: the grid's minimum size never moves."""
     from app.chat.chat_pane import ChatPane, RenderScheduler
     from app.chat.chat_session import ChatSession
@@ -62,7 +62,7 @@ def test_defect2_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     assert "…" in QLabel.text(panes[0].title) and panes[0].title.toolTip() == TITLE_48
 
 
-def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, loop, store, tiny_model):
+def test_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, loop, store, tiny_model):
     async def body():
         window = make_window(qtbot, store)
         failed = window.new_chat("no model yet")
@@ -95,7 +95,7 @@ def test_defect4_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, 
     run(loop, body())
 
 
-def test_defect5_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbot, store):
+def test_each_pane_shows_its_chat_colour_and_the_map_names_the_chat(qtbot, store):
     """11 open chats: 11 different colours, the same on each pane's swatch and on the page map, even when
     their job serials collide modulo the palette (the old map coloured by serial), and hover names the chat."""
     from app.core.chat_colours import CHAT_COLOURS
@@ -129,7 +129,7 @@ def _end_visible(pane) -> bool:
     return bar.value() == bar.maximum() and 0 <= rect.bottom() <= view.viewport().height()
 
 
-def test_defect6_autoscroll_keeps_the_end_of_a_streaming_reply_in_view(qtbot, loop, store, tiny_model):
+def test_autoscroll_keeps_the_end_of_a_streaming_reply_in_view(qtbot, loop, store, tiny_model):
     """A reply several screens tall: the view follows it, stats line included, after every render. Qt lays
     a text document out after the update (lazily, beyond the viewport), so the scroll range can grow after
     the pane scrolled; the old pane then saw itself "not at the end" and stopped following. Here the
@@ -183,7 +183,7 @@ async def _chat_with_history(qtbot, store, tiny_model, settings, turns):
     return service, pane, s
 
 
-def test_defect8_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(qtbot, loop, store, tiny_model):
+def test_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(qtbot, loop, store, tiny_model):
     """The tiny model's context is 512 tokens: a long history plus 200 reply tokens can't all fit."""
     async def body():
         settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4)
@@ -249,7 +249,7 @@ def test_a_send_that_drops_turns_tokenizes_its_prompt_once(loop, store, tiny_mod
     run(loop, body())
 
 
-def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
+def test_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
     async def body():
         settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, truncate=False)
         service, pane, s = await _chat_with_history(qtbot, store, tiny_model, settings,
@@ -274,7 +274,7 @@ def test_defect8_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, 
     run(loop, body())
 
 
-def test_defect11_export_header_says_when_it_was_exported(store, tmp_path):
+def test_export_header_says_when_it_was_exported(store, tmp_path):
     from app.core.export import export_chat, to_json, to_markdown
 
     chat = store.create_chat("Old chat")

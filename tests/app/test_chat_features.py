@@ -1,4 +1,4 @@
-"""Chat features of issues 12 and 13 with real widgets and the tiny model through the real EngineService:
+"""Chat features with real widgets and the tiny model through the real EngineService:
 activity marks, Continue, regenerate keeping alternatives (‹1/3›), and branches that share prefix pages."""
 import pytest
 from PySide6.QtCore import QUrl

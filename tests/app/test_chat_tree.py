@@ -1,4 +1,4 @@
-"""The message tree (issue 13 part 4, issue 12 alternatives): schema-1 migration, versions, branches, export."""
+"""The message tree (versions of a reply, branches): schema-1 migration, versions, branches, export."""
 import json
 import shutil
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Defect 9 (issue 12): a closed event loop must leave no Qt timer behind for another thread to free.
+"""A closed event loop must leave no Qt timer behind for another thread to free.
 
 The suite's intermittent segfault: qasync keeps every call_later timer in one parentless QObject; a closed
 loop holding a cancelled timer is a reference cycle, the cycle collector frees it on whatever thread

@@ -1,5 +1,5 @@
-"""Loading a model while the app runs (issue 12): defects 3 (the LoRA panel follows the engine after a
-reload), 7 (a failed load's message stays in the status bar) and 10 (a load while replies run asks first)."""
+"""Loading a model while the app runs: the LoRA panel follows the engine after a reload, a failed load's
+message stays in the status bar, and a load while replies run asks first."""
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox

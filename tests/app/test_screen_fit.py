@@ -1,5 +1,5 @@
-"""Defect 1 (issue 12): the window opens fully usable on 1366x768 and 1280x720 screens and never grows past
-the screen's available area, whatever the chats show (defect 2's long titles in four tiles included).
+"""The window opens fully usable on 1366x768 and 1280x720 screens and never grows past
+the screen's available area, whatever the chats show (long titles in four tiles included).
 
 Each screen size runs in a child process whose offscreen Qt platform has exactly that screen (the offscreen
 plugin's configfile), so the window sizes itself from its real screen on first show as the app does.
@@ -46,7 +46,7 @@ out = [report("first start")]
 panes = [win.new_chat(f"chat {i}") for i in range(3)]
 win.chats.set_view("tiles", 4)
 out.append(report("four tiles"))
-for pane in panes:  # how the panes lay out long titles is theirs (defect 2); the window must not grow
+for pane in panes:  # how the panes lay out long titles is theirs; the window must not grow
     win.store.rename_chat(pane.session.chat_id, "a long chat title: the first 48 characters of a message " * 2)
     win.chats.renamed(pane.session.chat_id, win.store.chat(pane.session.chat_id).title)
 out.append(report("long titles"))

@@ -1,4 +1,4 @@
-"""Layout and state restored across restarts (issue 12): window geometry and docks, view mode, open chats,
+"""Layout and state restored across restarts: window geometry and docks, view mode, open chats,
 the active LoRA set, the model panel's options and the last model, kept by app.core.state in an INI file whose
 location the test chooses (state_path)."""
 import asyncio

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict, Union, get_args
 
 Stage = Literal["deferred", "started", "prefill", "streaming"]
-EosReason = Literal["stop_token", "stop_string", "max_new_tokens", "end_filter", "cancelled"]
+EosReason = Literal["stop_token", "stop_string", "max_new_tokens", "end_filter", "cancelled", "repetition"]
+# "repetition": the job ran with stop_on_loops and its reply was repeating itself (engine/generator/loops.py)
 STAGES: tuple[str, ...] = get_args(Stage)
 EOS_REASONS: tuple[str, ...] = get_args(EosReason)
 

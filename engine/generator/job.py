@@ -13,6 +13,7 @@ from ..sampling.sampler import JobSampler
 from .adapters import lora_request
 from .banned import BannedStrings
 from .filters import Filter
+from .loops import LoopGuard
 from .sequence import Sequence
 from .speculative import NgramIndex
 from .streaming import StreamChunk, TextStream
@@ -49,6 +50,7 @@ class DynamicJob:
         filters: list | None = None,
         filter_prefer_eos: bool = False,
         loras: list | None = None,
+        stop_on_loops: bool = False,
     ):
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
         if len(prompts) not in (1, 2):
@@ -109,6 +111,7 @@ class DynamicJob:
         self.banned_strings = list(banned_strings or [])
         self.filters = filters
         self.filter_prefer_eos = filter_prefer_eos
+        self.loops = LoopGuard() if stop_on_loops else None  # ends a reply stuck repeating ("repetition")
         self.filter_mask: np.ndarray | None = None  # allowed next tokens, evaluated by the generator
         self.token_healing = token_healing
         self.banned: BannedStrings | None = None
@@ -300,6 +303,10 @@ class DynamicJob:
             tail = self.stream.flush()
             self.completion += tail
             return self._finish("end_filter", text=chunk.text + tail, **extra)
+        if self.loops is not None and self.loops.feed(release, chunk.text):
+            tail = self.stream.flush()
+            self.completion += tail
+            return self._finish("repetition", text=chunk.text + tail, **extra)
         if self.new_tokens >= self.max_new_tokens:
             tail = self.stream.flush()
             self.completion += tail

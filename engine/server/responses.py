@@ -14,7 +14,9 @@ import torch
 
 from .requests import GenerationRequest
 
-FINISH_REASONS = {"stop_token": "stop", "stop_string": "stop", "end_filter": "stop", "max_new_tokens": "length"}
+# OpenAI has no finish_reason for a reply stopped as a loop: it ended on purpose, before its length limit.
+FINISH_REASONS = {"stop_token": "stop", "stop_string": "stop", "end_filter": "stop", "max_new_tokens": "length",
+                  "repetition": "stop"}
 
 
 def request_id(kind: str) -> str:

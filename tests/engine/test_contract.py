@@ -47,7 +47,8 @@ def test_page_size_rule(page_size):
 
 def test_stages_and_eos_reasons_cover_what_the_engine_reports():
     assert STAGES == ("deferred", "started", "prefill", "streaming")
-    assert set(EOS_REASONS) == {"stop_token", "stop_string", "max_new_tokens", "end_filter", "cancelled"}
+    assert set(EOS_REASONS) == {"stop_token", "stop_string", "max_new_tokens", "end_filter", "cancelled",
+                                "repetition"}
     assert typing.get_type_hints(StreamingResult)["eos_reason"] is not None
     assert (FREE, CACHED) == (-2, -1)
 

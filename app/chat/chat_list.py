@@ -2,12 +2,15 @@
 
 Chats whose reply is under way (generating, queued or deferred; open or not) carry a mark: an icon in
 their colour with a dot, and the state in the tooltip.
+
+Rows are as wide as the list: a long title is elided ("…") with the full title in its tooltip, and the
+list never scrolls sideways (a row as wide as its title would give every long title a scrollbar).
 """
 from __future__ import annotations
 
 from typing import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import (
     QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout,
@@ -38,6 +41,8 @@ class ChatList(QWidget):
         self.list = QListWidget()
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.EditKeyPressed)
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.new_btn = QPushButton("New")
         self.rename_btn = QPushButton("Rename")
         self.delete_btn = QPushButton("Delete")
@@ -68,8 +73,8 @@ class ChatList(QWidget):
             item = QListWidgetItem(chat.title)
             item.setData(ID_ROLE, chat.id)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
-            self._mark(item)
             self.list.addItem(item)
+            self._mark(item)
             item.setSelected(chat.id in selected)
         self.list.blockSignals(False)
 
@@ -97,6 +102,8 @@ class ChatList(QWidget):
         state = self._activity.get(chat_id, "")
         item.setIcon(activity_icon(state, CHAT_COLOURS.colour(chat_id)) if state else QIcon())
         item.setToolTip(f"{item.text()} — {ACTIVITY[state][1]}" if state else item.text())
+        item.setSizeHint(QSize())  # the delegate's height for this text and icon; the width of the list (below)
+        item.setSizeHint(QSize(1, self.list.sizeHintForIndex(self.list.indexFromItem(item)).height()))
 
     def ids(self) -> list[int]:
         return [self.list.item(i).data(ID_ROLE) for i in range(self.list.count())]

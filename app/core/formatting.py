@@ -25,11 +25,18 @@ def human_count(n: float) -> str:
     return f"{n:.0f}"
 
 
+# How a finished reply's state reads when it ended for a reason the user should know about.
+ENDINGS = {"repetition": "stopped: repeating itself"}
+
+
 def stats_text(stats: ReplyStats | None) -> str:
-    """A reply's stats on one line: state (with prefill %), prompt/cached/new tokens, TTFT, tokens/s, error."""
+    """A reply's stats on one line: state (with prefill %, or why it ended: ENDINGS), prompt/cached/new
+    tokens, TTFT, tokens/s, error."""
     if stats is None:
         return ""
     state = f"prefill {stats.progress * 100:.0f}%" if stats.state == "prefill" else stats.state
+    if stats.state == "done":
+        state = ENDINGS.get(stats.eos_reason, state)
     parts = [state]
     if stats.prompt_tokens is not None:
         parts.append(f"prompt {stats.prompt_tokens} tok")

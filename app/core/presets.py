@@ -12,18 +12,19 @@ from typing import Any, Mapping
 from app.core.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
 
 PRESET_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") + ADVANCED_SAMPLER_FIELDS
-_NEUTRAL = {name: getattr(ChatSettings(), name) for name in PRESET_FIELDS}
+_DEFAULTS = {name: getattr(ChatSettings(), name) for name in PRESET_FIELDS}
 
+# Every built-in keeps the chat default's DRY (store.LOOP_SAFE_DRY): without it the small default model
+# loops on everyday prompts, and a low temperature (Precise) loops the most.
 BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
     # Near-deterministic: facts, code, extraction.
-    "Precise": {**_NEUTRAL, "temperature": 0.2, "top_k": 40, "top_p": 0.9, "min_p": 0.05,
+    "Precise": {**_DEFAULTS, "temperature": 0.2, "top_k": 40, "top_p": 0.9, "min_p": 0.05,
                 "repetition_penalty": 1.0},
-    # The engine's defaults (ExLlamaV2's chat sampler).
-    "Balanced": dict(_NEUTRAL),
-    # Varied wording: high temperature kept sane by min-p; XTC drops the most obvious choice now and then
-    # and DRY stops the loops small models fall into.
-    "Creative": {**_NEUTRAL, "temperature": 1.1, "top_k": 0, "top_p": 1.0, "min_p": 0.05,
-                 "repetition_penalty": 1.0, "dry_multiplier": 0.8, "xtc_probability": 0.5, "xtc_threshold": 0.1},
+    # The chat defaults: the engine's (ExLlamaV2's chat sampler) plus DRY.
+    "Balanced": dict(_DEFAULTS),
+    # Varied wording: high temperature kept sane by min-p; XTC drops the most obvious choice now and then.
+    "Creative": {**_DEFAULTS, "temperature": 1.1, "top_k": 0, "top_p": 1.0, "min_p": 0.05,
+                 "repetition_penalty": 1.0, "xtc_probability": 0.5, "xtc_threshold": 0.1},
 }
 DEFAULT_PRESET = "Balanced"
 
@@ -45,4 +46,4 @@ def apply_preset(settings: ChatSettings, values: Mapping[str, Any]) -> ChatSetti
 def matching_preset(settings: ChatSettings, presets: Mapping[str, Mapping[str, Any]]) -> str | None:
     """The name of the preset whose values `settings` has exactly (None: custom values)."""
     mine = preset_of(settings)
-    return next((name for name, values in presets.items() if {**_NEUTRAL, **values} == mine), None)
+    return next((name for name, values in presets.items() if {**_DEFAULTS, **values} == mine), None)

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from app.core.remote_client import RemoteClient, RemoteError
-from app.core.store import ChatSettings
+from app.core.store import LOOP_SAFE_DRY, ChatSettings
 
 _DONE = object()
 
@@ -36,7 +36,10 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
         body["stop"] = list(settings.stop_strings)
     if settings.json_mode:
         body["response_format"] = {"type": "json_object"}  # OpenAI's JSON mode (vLLM, llama-server, pagedeck)
-    unsent = [label for label, on in (("DRY", settings.dry_multiplier > 0), ("mirostat", settings.mirostat),
+    # The chats' default DRY (LOOP_SAFE_DRY) is left out: it is the local engine's guard against loops, and a
+    # remote server has its own defaults; DRY set to anything else is refused with the other extras.
+    dry = settings.dry_multiplier > 0 and {k: getattr(settings, k) for k in LOOP_SAFE_DRY} != LOOP_SAFE_DRY
+    unsent = [label for label, on in (("DRY", dry), ("mirostat", settings.mirostat),
                                       ("XTC", settings.xtc_probability > 0)) if on]
     if unsent:  # OpenAI-compatible servers have no common name for these: refuse rather than drop them
         raise ValueError(f"{', '.join(unsent)} sampling is not available with a remote server; "

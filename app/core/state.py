@@ -44,6 +44,22 @@ class AppState:
     def sync(self) -> None:
         self.settings.sync()
 
+    # --- window placement --------------------------------------------------------------------------------
+    def save_placement(self, x: int, y: int, width: int, height: int, maximized: bool) -> None:
+        """Where the window was: its frame's top-left corner (x, y) and its client size."""
+        self._set_json("window/placement", {"x": x, "y": y, "width": width, "height": height,
+                                            "maximized": maximized})
+
+    def placement(self) -> tuple[int, int, int, int, bool] | None:
+        """(x, y, width, height, maximized) as saved, or None (nothing saved, or damaged)."""
+        v = self._json("window/placement", None)
+        if not isinstance(v, dict):
+            return None
+        values = [v.get(k) for k in ("x", "y", "width", "height")]
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in values) or min(values[2:]) <= 0:
+            return None
+        return (*values, v.get("maximized") is True)
+
     # --- view ----------------------------------------------------------------------------------------
     def save_view(self, mode: str, tiles: int) -> None:
         self._set_json("view", {"mode": mode, "tiles": tiles})

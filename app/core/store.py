@@ -34,13 +34,21 @@ FINAL_STATES = ("done", "stopped", "error", "interrupted")
 REPLY_STATES = RUNNING_STATES + FINAL_STATES
 ROLES = ("user", "assistant")
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
+# DRY as llama.cpp, koboldcpp and SillyTavern recommend it: small models otherwise fall into loops (the same
+# sentence until max_new_tokens); measured with tools/loop_check.py. The engine keeps DRY off by default
+# (ExLlamaV2's and the server's OpenAI semantics); a chat turns it on.
+LOOP_SAFE_DRY = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2}
 ADVANCED_SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "mirostat", "mirostat_tau",
                            "mirostat_eta", "xtc_probability", "xtc_threshold")
 
 
 @dataclass(frozen=True)
 class ChatSettings:
-    """Per-chat system prompt and sampler settings (the engine's sampler defaults)."""
+    """Per-chat system prompt and sampler settings: the engine's sampler defaults plus DRY (LOOP_SAFE_DRY),
+    and the engine's loop guard on.
+
+    Stored chats keep the values they were saved with (every field is stored), so a chat saved before DRY
+    was the default keeps DRY off; a field a stored chat lacks takes its default here (from_json)."""
 
     system_prompt: str = "You are a helpful assistant."
     temperature: float = _ENGINE.temperature
@@ -52,16 +60,18 @@ class ChatSettings:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     truncate: bool = True  # when the history outgrows the context: drop the oldest turns (system prompt kept)
-    # The engine's advanced samplers (neutral by default), passed to SamplerSettings under the same names.
-    dry_multiplier: float = _ENGINE.dry_multiplier
-    dry_base: float = _ENGINE.dry_base
-    dry_allowed_length: int = _ENGINE.dry_allowed_length
+    # The engine's advanced samplers (neutral by default but DRY), passed to SamplerSettings under the same names.
+    dry_multiplier: float = LOOP_SAFE_DRY["dry_multiplier"]
+    dry_base: float = LOOP_SAFE_DRY["dry_base"]
+    dry_allowed_length: int = LOOP_SAFE_DRY["dry_allowed_length"]
     mirostat: bool = _ENGINE.mirostat
     mirostat_tau: float = _ENGINE.mirostat_tau
     mirostat_eta: float = _ENGINE.mirostat_eta
     xtc_probability: float = _ENGINE.xtc_probability
     xtc_threshold: float = _ENGINE.xtc_threshold
     json_mode: bool = False  # the reply is one JSON object (the engine's JSONSchemaFilter)
+    # End a reply stuck repeating itself (the engine's stop_on_loops: eos_reason "repetition"). Local model only.
+    stop_on_loops: bool = True
     # LoRA adapters (loaded adapters' names) and scales this chat's replies run with; None: the LoRA
     # panel's default set, (): the base model. Per job: chats with different adapters share a batch.
     loras: tuple[tuple[str, float], ...] | None = None
@@ -96,6 +106,8 @@ class ChatSettings:
             raise bad("truncate", "must be True or False")
         if not isinstance(self.json_mode, bool):
             raise bad("json_mode", "must be a bool")
+        if not isinstance(self.stop_on_loops, bool):
+            raise bad("stop_on_loops", "must be a bool")
         if self.loras is not None:
             names = [p[0] if isinstance(p, (tuple, list)) and len(p) == 2 else None for p in self.loras]
             if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):

@@ -264,6 +264,7 @@ class EngineService(QObject):
         job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
             generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
             seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
+            stop_on_loops=settings.stop_on_loops,
         )
         self._jobs[identifier] = job
         return job, ids.shape[-1]

@@ -61,6 +61,8 @@ class SettingsDialog(QDialog):
         self.stop_strings.setPlaceholderText("one per line; write a newline as \\n")
         self.stop_strings.setMaximumHeight(70)
         self.json_mode = QCheckBox("JSON mode: the reply is one JSON object")
+        self.stop_on_loops = QCheckBox("Stop replies that repeat themselves")
+        self.stop_on_loops.setToolTip("End a reply that repeats one sentence or phrase a 4th time (local model)")
         self.truncate = QCheckBox(f"{TOGGLE_NAME} when the chat outgrows the context (system prompt kept)")
         self.dry_multiplier = self._double(0.0, 10.0, 0.1, special="off")
         self.dry_base = self._double(1.0, 10.0, 0.05)
@@ -89,6 +91,7 @@ class SettingsDialog(QDialog):
         general.addRow("Max new tokens", self.max_new_tokens)
         general.addRow("Seed", self.seed)
         general.addRow("Stop strings", self.stop_strings)
+        general.addRow(self.stop_on_loops)
         advanced = QFormLayout()
         advanced.addRow(self.json_mode)
         advanced.addRow(QLabel("<b>DRY</b> (penalises repeating earlier sequences)"))
@@ -154,6 +157,7 @@ class SettingsDialog(QDialog):
         self.seed.setValue(-1 if s.seed is None else s.seed)
         self.stop_strings.setPlainText("\n".join(_escape(x) for x in s.stop_strings))
         self.json_mode.setChecked(s.json_mode)
+        self.stop_on_loops.setChecked(s.stop_on_loops)
         self.truncate.setChecked(s.truncate)
         self.loras.set_value(s.loras)
         self._load_sampler(preset_of(s))
@@ -220,6 +224,7 @@ class SettingsDialog(QDialog):
             seed=None if self.seed.value() < 0 else self.seed.value(),
             stop_strings=stops,
             json_mode=self.json_mode.isChecked(),
+            stop_on_loops=self.stop_on_loops.isChecked(),
             truncate=self.truncate.isChecked(),
             loras=self.loras.value(),
             **self._sampler_values(),

@@ -190,9 +190,8 @@ class MainWindow(QMainWindow):
     # --- state across restarts ------------------------------------------------------------------
 
     def _restore_layout(self) -> None:
-        geometry, docks = self.state.geometry(), self.state.dock_state()
-        if geometry is not None:
-            self._restored = self.restoreGeometry(geometry)
+        self._restore_placement()
+        docks = self.state.dock_state()
         if docks is not None:
             self.restoreState(docks)
         self.chats.set_view(*self.state.view())
@@ -203,8 +202,28 @@ class MainWindow(QMainWindow):
             if Path(folder).is_dir():
                 self.lora_panel.add_folder(folder)
 
+    def _restore_placement(self) -> None:
+        """Put the window where it was: its frame's corner and its client size, as saved.
+
+        Not QWidget.restoreGeometry: before the window is shown it guesses a title bar (about 25 px) above the
+        saved client area, so on a screen without a window manager's frame a window saved at the top came back
+        that much lower, its bottom off the screen. fit_window then keeps the placement on today's screen."""
+        placement = self.state.placement()
+        if placement is None:
+            return
+        x, y, width, height, maximized = placement
+        self.resize(width, height)
+        self.move(x, y)
+        self._restored = True
+        if maximized:
+            self.setWindowState(self.windowState() | Qt.WindowState.WindowMaximized)
+
     def save_state(self) -> None:
-        self.state.save_layout(self.saveGeometry(), self.saveState(), self.chats.mode, self.chats.tile_count)
+        normal = self.normalGeometry() if self.isMaximized() else None  # the size it comes back to
+        x, y = (normal.x(), normal.y()) if normal is not None else (self.x(), self.y())
+        size = normal.size() if normal is not None else self.size()
+        self.state.save_placement(x, y, size.width(), size.height(), self.isMaximized())
+        self.state.save_layout(self.saveState(), self.chats.mode, self.chats.tile_count)
         current = self.chats.current_pane()
         self.state.save_chats(self.chats.open_ids, current.session.chat_id if current is not None else None)
         self.state.save_model_options(self.model_panel.request())

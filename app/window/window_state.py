@@ -1,7 +1,7 @@
-"""The session state in its INI file (QSettings), plus the window's geometry and dock layout.
+"""The session state in its INI file (QSettings), plus the window's dock layout.
 
-Geometry and dock layout are Qt's own byte arrays, so they are kept here, beside the Qt-free values of
-app.core.state.
+The dock layout is Qt's own byte array, so it is kept here, beside the Qt-free values of app.core.state
+(the window's placement among them).
 """
 from __future__ import annotations
 
@@ -25,13 +25,9 @@ class WindowState(AppState):
         raw = self.settings.value(key)
         return raw if isinstance(raw, QByteArray) and not raw.isEmpty() else None
 
-    def save_layout(self, geometry: QByteArray, dock_state: QByteArray, mode: str, tiles: int) -> None:
-        self.settings.setValue("window/geometry", geometry)
+    def save_layout(self, dock_state: QByteArray, mode: str, tiles: int) -> None:
         self.settings.setValue("window/state", dock_state)
         self.save_view(mode, tiles)
-
-    def geometry(self) -> QByteArray | None:
-        return self._bytes("window/geometry")
 
     def dock_state(self) -> QByteArray | None:
         return self._bytes("window/state")

@@ -1,5 +1,7 @@
 """Chat features with real widgets and the tiny model through the real EngineService:
 activity marks, Continue, regenerate keeping alternatives (‹1/3›), and branches that share prefix pages."""
+from dataclasses import replace
+
 import pytest
 from PySide6.QtCore import QUrl
 
@@ -139,5 +141,49 @@ def test_a_branch_shares_its_prefix_pages_with_the_chat_it_came_from(qtbot, loop
         await wait_until(lambda: s.task.done() and b.task.done(), 120, "both replies")
         assert shared_seen and any(shared_seen), "no snapshot showed the shared prefix pages while both ran"
         await service.close()
+
+    run(loop, body())
+
+
+def test_long_chat_titles_are_elided_with_the_full_title_in_the_tooltip(qtbot, store):  # noqa: F811
+    from app.chat.chat_list import ChatList
+
+    chats = ChatList(store)
+    qtbot.addWidget(chats)
+    long_title = "A very long question about the history of the Roman empire and its roads " * 2
+    chats.new_chat("Short")
+    chats.new_chat(long_title)
+    chats.resize(220, 300)
+    chats.show()
+    qtbot.waitExposed(chats)
+    view = chats.list
+    item = view.item(chats.titles().index(" ".join(long_title.split())))
+    assert item.toolTip() == item.text() and item.text().startswith("A very long question")
+    assert view.horizontalScrollBar().maximum() == 0 and not view.horizontalScrollBar().isVisible()
+    assert view.visualItemRect(item).width() <= view.viewport().width()  # drawn elided, not clipped
+    chats.set_activity(store.chats()[0].id, "streaming")  # an icon row keeps the list's width too
+    assert view.horizontalScrollBar().maximum() == 0
+
+
+def test_a_reply_stuck_repeating_itself_is_stopped_and_says_so(qtbot, loop, store, tiny_model, monkeypatch):  # noqa: F811
+    """The chats' loop guard (on by default) ends a looping reply; the pane's state and the stats line say
+    why. A random tiny model never repeats itself: a bias on one token makes it loop on that token (with DRY
+    off, which would soon outweigh the bias)."""
+    sampler = ChatSettings.sampler_settings
+    monkeypatch.setattr(ChatSettings, "sampler_settings", lambda self: replace(sampler(self), token_bias={700: 1e4}))
+
+    async def body():
+        window = make_window(qtbot, store, await loaded_service(tiny_model))
+        pane = window.new_chat("loops")
+        s = pane.session
+        assert s.settings.stop_on_loops
+        s.set_settings(replace(s.settings, max_new_tokens=300, seed=1, system_prompt="", dry_multiplier=0.0))
+        pane.send("hello")
+        await wait_until(lambda: s.task is not None and s.task.done(), 120, "the reply")
+        reply = store.messages(s.chat_id)[-1]
+        assert (reply.stats.state, reply.stats.eos_reason, reply.stats.new_tokens) == ("done", "repetition", 48)
+        assert pane.state.text() == "stopped: repeating itself"
+        assert "stopped: repeating itself · " in pane.view.toPlainText()
+        await window.service.close()
 
     run(loop, body())

@@ -81,7 +81,7 @@ def test_a_restart_looks_like_the_last_session(qtbot, loop, store, tiny_model, t
 
 def test_a_damaged_state_file_means_defaults(qtbot, loop, store, tmp_path):
     state = tmp_path / "state.ini"
-    state.write_text("[General]\nview={not json\nchats=\"[1, 2\"\nwindow\\geometry=@ByteArray(garbage)\n"
+    state.write_text("[General]\nview={not json\nchats=\"[1, 2\"\nwindow\\placement=[1, 2]\n"
                      "model\\last=42\nlora\\active=[[1, 2, 3]]\n")
     win = window(qtbot, store, state)
     assert (win.chats.mode, win.chats.tile_count) == ("tabs", 2)
@@ -124,3 +124,19 @@ def test_the_app_reopens_with_the_last_model_and_chats(qtbot, loop, tiny_model, 
                                  lambda win: ([win.chats.sessions[i].chat.title for i in win.chats.open_ids], dict(win.service.info))))
     assert reopened[0] == titles
     assert reopened[1]["path"] == str(tiny_model) and reopened[1]["cache_tokens"] == TINY_CACHE_TOKENS
+
+
+def test_a_window_at_the_top_of_a_frameless_screen_comes_back_where_it_was(qtbot, tmp_path, store):  # noqa: F811
+    """Offscreen Qt has no window manager: a window saved at the screen's top, as tall as the screen, comes back
+    at the same place and size (QWidget.restoreGeometry put it a guessed title bar, ~25 px, lower)."""
+    state = tmp_path / "state.ini"
+    win = window(qtbot, store, state)
+    available = win.screen().availableGeometry()
+    frame = win.frameGeometry().size() - win.geometry().size()
+    win.resize(700, available.height() - frame.height())
+    win.move(available.topLeft())
+    saved = (win.pos(), win.size())
+    win.save_state()
+    again = window(qtbot, store, state)
+    assert (again.pos(), again.size()) == saved
+    assert available.contains(again.frameGeometry())

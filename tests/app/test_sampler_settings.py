@@ -18,7 +18,7 @@ from tests.app.support import loop, make_window, run, store, wait_until  # noqa:
 ADVANCED = ChatSettings(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, mirostat=True, mirostat_tau=2.5,
                         mirostat_eta=0.2, xtc_probability=0.4, xtc_threshold=0.2, json_mode=True)
 JOB_FIELDS = {"system_prompt", "max_new_tokens", "seed", "stop_strings", "json_mode", "loras",
-              "truncate"}  # go to the job (or fit the prompt), not the sampler
+              "truncate", "stop_on_loops"}  # go to the job (or fit the prompt), not the sampler
 
 
 def test_no_chat_setting_is_dropped_on_the_way_to_the_sampler():
@@ -43,11 +43,16 @@ def test_advanced_settings_validate_and_survive_the_store(store):  # noqa: F811
         replace(ChatSettings(), xtc_probability=2.0).validate()
     with pytest.raises(ValueError, match="json_mode"):
         replace(ChatSettings(), json_mode="yes").validate()
-    # A chat saved by the previous version (no advanced keys) loads with them off.
+    # A chat saved by an older version (no advanced keys, no loop guard) loads with today's defaults for them.
     old = json.loads(ChatSettings().to_json())
-    for key in ADVANCED_SAMPLER_FIELDS + ("json_mode",):
+    for key in ADVANCED_SAMPLER_FIELDS + ("json_mode", "stop_on_loops"):
         del old[key]
     assert ChatSettings.from_json(json.dumps(old)) == ChatSettings()
+    # One saved before DRY was the default keeps the values it was saved with (every field is stored).
+    saved = json.loads(ChatSettings().to_json()) | {"dry_multiplier": 0.0}
+    assert ChatSettings.from_json(json.dumps(saved)).dry_multiplier == 0.0
+    with pytest.raises(ValueError, match="stop_on_loops"):
+        replace(ChatSettings(), stop_on_loops=1).validate()
 
 
 def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
@@ -60,8 +65,10 @@ def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
     dlg.dry_multiplier.setValue(0.0)
     dlg.mirostat.setChecked(False)
     dlg.json_mode.setChecked(False)
+    assert dlg.stop_on_loops.isChecked() and dlg.stop_on_loops.text() == "Stop replies that repeat themselves"
+    dlg.stop_on_loops.setChecked(False)
     got = dlg.settings()
-    assert (got.dry_multiplier, got.mirostat, got.json_mode) == (0.0, False, False)
+    assert (got.dry_multiplier, got.mirostat, got.json_mode, got.stop_on_loops) == (0.0, False, False, False)
     assert got.xtc_probability == 0.4 and got.system_prompt == ADVANCED.system_prompt
     assert got.truncate  # the chat's context policy is shown and kept
     assert dlg.truncate.text().startswith("Drop oldest turns")  # the name the overflow error tells users to find
@@ -79,7 +86,7 @@ def test_presets_fill_the_sampler_and_keep_the_rest(qtbot):
     base = ChatSettings(system_prompt="Talk like a sailor.", max_new_tokens=99, seed=5, stop_strings=("END",))
     dlg = SettingsDialog(base, prefs=Preferences())
     qtbot.addWidget(dlg)
-    assert dlg.preset.currentText() == "Balanced"  # the engine's defaults
+    assert dlg.preset.currentText() == "Balanced"  # the chat defaults: the engine's plus DRY
     assert not dlg.delete_preset_btn.isEnabled()  # built-ins can't be deleted
     dlg.choose_preset("Creative")
     got = dlg.settings()
@@ -138,6 +145,7 @@ def test_new_chats_start_with_the_default_prompt_and_preset(qtbot, loop, store):
 def test_remote_chats_send_json_mode_and_refuse_what_they_cannot_send():
     body = chat_body("m", [{"role": "user", "content": "hi"}], ChatSettings(json_mode=True))
     assert body["response_format"] == {"type": "json_object"}
+    assert not any(key.startswith("dry") for key in body)  # the default DRY is the local engine's: not sent
     for change, name in (({"dry_multiplier": 1.0}, "DRY"), ({"mirostat": True}, "mirostat"),
                          ({"xtc_probability": 0.5}, "XTC")):
         with pytest.raises(ValueError, match=name):
@@ -146,7 +154,8 @@ def test_remote_chats_send_json_mode_and_refuse_what_they_cannot_send():
 
 # ---- the real default model -------------------------------------------------------------------------
 
-GREEDY = dict(temperature=0.0, top_k=1, top_p=1.0, repetition_penalty=1.0, max_new_tokens=40, seed=11)
+GREEDY = dict(temperature=0.0, top_k=1, top_p=1.0, repetition_penalty=1.0, max_new_tokens=40, seed=11,
+              dry_multiplier=0.0, stop_on_loops=False)  # the plain sampler each advanced one is compared with
 
 
 async def _reply(service, settings: ChatSettings, text: str) -> tuple[str, str]:

@@ -90,6 +90,8 @@ def test_header_links_and_stats_line(qapp):
     assert stats_text(s) == "prefill 42% · prompt 300 tok · cached 256 tok"
     s = ReplyStats(state="done", prompt_tokens=10, cached_tokens=0, new_tokens=5, ttft_s=0.125, tokens_per_s=31.25)
     assert stats_text(s) == "done · prompt 10 tok · cached 0 tok · 5 new tok · TTFT 125 ms · 31.2 tok/s"
+    assert stats_text(ReplyStats(state="done", new_tokens=48, eos_reason="repetition")) == \
+        "stopped: repeating itself · 48 new tok"  # the engine's loop guard ended it
     assert not doc.isUndoRedoEnabled()
 
 

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
+from engine.contract import EOS_REASONS
 from engine.generator.loops import LoopGuard
+from engine.server.responses import FINISH_REASONS
 from tests.engine.pagetable_checks import check_released
 
 
@@ -99,3 +101,9 @@ def test_a_looping_job_ends_with_repetition_and_frees_its_pages(tiny):
     assert ends[plain]["eos_reason"] == "max_new_tokens" and ends[plain]["new_tokens"] == 60
     check_released(gen.pagetable)
     assert all(p.ref_count == 0 for p in gen.pagetable.pages)
+
+
+def test_the_server_reports_a_stopped_loop_as_finish_reason_stop():
+    """Every way a job can end has an OpenAI finish_reason (a cancelled job sends none: its client left)."""
+    assert set(FINISH_REASONS) == set(EOS_REASONS) - {"cancelled"}
+    assert FINISH_REASONS["repetition"] == "stop"

@@ -29,7 +29,8 @@ class JobContext:
 
 
 class DynamicJob:
-    """A request: the prompt, how to sample, when to stop, and what to report (ExLlamaV2's parameters)."""
+    """A request: the prompt, how to sample, when to stop, and what to report (ExLlamaV2's parameters, plus
+    stop_on_loops: end a reply stuck repeating itself, eos_reason "repetition"; see loops.LoopGuard)."""
 
     def __init__(
         self,

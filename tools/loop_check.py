@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
     preset = args.preset or DEFAULT_PRESET
     settings = apply_preset(ChatSettings(), BUILTIN_PRESETS[preset])
-    guard = getattr(settings, "stop_on_loops", False) and not args.no_guard
+    guard = settings.stop_on_loops and not args.no_guard
     prompts = PROMPTS[: max(1, min(args.n, len(PROMPTS)))]
 
     model = engine.Model.load(None)

@@ -200,7 +200,7 @@ def test_each_advanced_sampler_changes_what_the_default_model_writes(qtbot, loop
             # DRY: greedy decoding loops on the repeated word; DRY breaks the loop.
             ask = "Write the word hello twenty times."
             looped, _ = await _reply(service, ChatSettings(**GREEDY), ask)
-            dry, _ = await _reply(service, ChatSettings(**GREEDY, dry_multiplier=2.0), ask)
+            dry, _ = await _reply(service, replace(ChatSettings(**GREEDY), dry_multiplier=2.0), ask)
             assert looped.lower().count("hello") >= 10, looped
             assert dry.lower().count("hello") <= looped.lower().count("hello") // 2, dry
 

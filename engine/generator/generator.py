@@ -179,7 +179,7 @@ class DynamicGenerator:
     def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:
         """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU
         and where each scheduled sequence's rows start in them."""
-        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.end)) for e in plan],
+        batch = Batch.build([(e.tokens, e.start, e.seq.page_ids(e.end, self.pagetable)) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
@@ -300,9 +300,6 @@ class DynamicGenerator:
         if self.drafter is not None:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
-
-    def _page_ids(self, seq, length: int) -> list[int]:
-        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
 
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""

@@ -116,6 +116,12 @@ class DynamicGenerator:
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
+        return self.enqueue_checked(job)
+
+    def enqueue_checked(self, job: DynamicJob) -> int:
+        """Queue a job check_job already accepted (DynamicJobAsync checks at construction, on the caller's
+        thread: what check_job reads besides the adapters never changes). Its adapters are resolved against
+        the registry as it is now, so one unloaded meanwhile is still refused. Returns its serial."""
         loras, root = self.adapters.resolve(job.lora_request)
         job.bind(self.job_context, next(self._serials), loras, root)
         self.pending.append(job)
@@ -377,19 +383,9 @@ class DynamicGenerator:
         return self.adapters.unload(lora, self._adapters_in_use())
 
     @property
-    def loaded_loras(self) -> dict[str, Any]:
-        """name -> LoRA of every loaded adapter (including any being unloaded)."""
-        return dict(self.adapters.loaded)
-
-    @property
     def loras(self) -> list:
         """The default set's adapters (set_loras)."""
         return [lora for lora, _ in self.adapters.default]
-
-    @property
-    def lora_set(self):
-        """The default set as an engine.model.lora.LoRASet (None: no default adapters)."""
-        return self.adapters.default_set()
 
     def set_loras(self, loras: Any, scales: Any = None) -> None:
         """Set the default adapters, used by jobs that name none (exllamav2's set_loras); only while no job is

@@ -10,12 +10,22 @@ from ..model.config import ModelConfig
 from ..model.model import Model, default_device, default_dtype
 from ..model.weights import tensor_shapes
 
+# Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
+# random-weight GGUFs (which take the default tokenizer's vocabulary instead of the model's).
+SHAPES: dict[str, dict] = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, rope_theta=500000.0),
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+                      head_dim=128, rope_theta=10000.0),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+                       head_dim=128, rope_theta=1000000.0),
+}
+
 # HF config.json fields of each synthetic model (shared by our ModelConfig and the transformers peer).
 SYNTHETIC_MODELS: dict[str, dict] = {
     "llama3-8b-random": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, **SHAPES["llama3-8b"],
+        "num_hidden_layers": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
     },
 }

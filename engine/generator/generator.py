@@ -116,6 +116,12 @@ class DynamicGenerator:
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
+        return self.enqueue_checked(job)
+
+    def enqueue_checked(self, job: DynamicJob) -> int:
+        """Queue a job check_job already accepted (DynamicJobAsync checks at construction, on the caller's
+        thread: what check_job reads besides the adapters never changes). Its adapters are resolved against
+        the registry as it is now, so one unloaded meanwhile is still refused. Returns its serial."""
         loras, root = self.adapters.resolve(job.lora_request)
         job.bind(self.job_context, next(self._serials), loras, root)
         self.pending.append(job)
@@ -179,7 +185,7 @@ class DynamicGenerator:
     def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:
         """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU
         and where each scheduled sequence's rows start in them."""
-        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.end)) for e in plan],
+        batch = Batch.build([(e.tokens, e.start, e.seq.page_ids(e.end, self.pagetable)) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
@@ -301,9 +307,6 @@ class DynamicGenerator:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
 
-    def _page_ids(self, seq, length: int) -> list[int]:
-        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
-
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
         waiting: list[DynamicJob] = []
@@ -380,19 +383,9 @@ class DynamicGenerator:
         return self.adapters.unload(lora, self._adapters_in_use())
 
     @property
-    def loaded_loras(self) -> dict[str, Any]:
-        """name -> LoRA of every loaded adapter (including any being unloaded)."""
-        return dict(self.adapters.loaded)
-
-    @property
     def loras(self) -> list:
         """The default set's adapters (set_loras)."""
         return [lora for lora, _ in self.adapters.default]
-
-    @property
-    def lora_set(self):
-        """The default set as an engine.model.lora.LoRASet (None: no default adapters)."""
-        return self.adapters.default_set()
 
     def set_loras(self, loras: Any, scales: Any = None) -> None:
         """Set the default adapters, used by jobs that name none (exllamav2's set_loras); only while no job is

@@ -14,7 +14,7 @@ from .adapters import lora_request
 from .banned import BannedStrings
 from .filters import Filter
 from .sequence import Sequence
-from .speculative import NgramIndex
+from .ngram import NgramIndex
 from .streaming import StreamChunk, TextStream
 
 

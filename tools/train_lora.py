@@ -1,7 +1,7 @@
 """Train the demo LoRA adapters in resources/loras/ for the embedded SmolLM2-135M-Instruct, on the CPU.
 
-    python packaging/train_lora.py                 # both adapters, a few minutes on 2 cores
-    python packaging/train_lora.py --only pirate --steps 40
+    python -m tools.train_lora                     # both adapters, a few minutes on 2 cores
+    python -m tools.train_lora --only pirate --steps 40
 
 Why it is cheap: the adapters only touch the top `--layers` decoder layers, so the residual stream entering
 them is computed once per example (no grad) and training runs forward/backward through those layers only.
@@ -16,18 +16,15 @@ import json
 import math
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine import Model, Tokenizer  # noqa: E402
-from engine.model.lora import LoRA, LoRASet  # noqa: E402
+from engine import Model, Tokenizer
+from engine.contract import demo_adapters_folder
+from engine.model.lora import LoRA, LoRASet
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -297,7 +294,7 @@ def chat(model: Model, tok: Tokenizer, question: str, folder: Path | None, n: in
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=sorted(STYLES), action="append", help="train only these adapters")
-    p.add_argument("--out", default=str(ROOT / "resources" / "loras"))
+    p.add_argument("--out", default=str(demo_adapters_folder()))
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, default=12, help="adapt the top N decoder layers")

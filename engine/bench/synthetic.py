@@ -1,4 +1,4 @@
-"""Random-weight models built in memory for benchmarks (issue 3: a Llama-3-8B-shaped model, no download).
+"""Random-weight models built in memory for benchmarks (e.g. a Llama-3-8B-shaped model, no download).
 
 Decode speed depends on shapes, not on weight values, so random weights measure the real thing.
 """

@@ -1,4 +1,4 @@
-"""Per-job LoRA adapters (issue 13): jobs with different adapter sets in the same steps.
+"""Per-job LoRA adapters: jobs with different adapter sets in the same steps.
 
 Oracles: each job run alone, the base model with the adapters merged into its weights (by PEFT's
 merge_and_unload, or by hand from the files for weighted combinations), and a one-pass forward per

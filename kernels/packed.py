@@ -7,7 +7,7 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q8: qs uint8 (N, K) = code + 128 (the kernel multiplies u8 by s8), m None: w = d * code, code int8 (GGUF
   Q8_0's rule, symmetric, d = max|w| / 127 per block).
 
-matmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
+qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
 whatever the row count, so a row's result never depends on the batch. Where those kernels are not built,
 int4_matmul is torch's own int4 CPU kernel (bf16 activations), the q4 fallback.
@@ -96,7 +96,7 @@ def q8_quantize(w: torch.Tensor, rows: int = QUANTIZE_ROWS) -> tuple[torch.Tenso
     return codes, scale
 
 
-def matmul(x: torch.Tensor, blocks: tuple, act: str | None = None) -> torch.Tensor | None:
+def qmatmul(x: torch.Tensor, blocks: tuple, act: str | None = None) -> torch.Tensor | None:
     """x (M, K) @ W.T for W packed as `blocks` (qs, d, m) -> (M, N), or (M, N/2) with act="swiglu"
     (silu(gate) * up of a [gate | up] weight); None where the kernels don't run for x (not built, or x not
     fp32 on the CPU): the caller takes its fallback."""

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels.packed import GROUP, padded_scales, q4_supported
+from kernels.packed import (GROUP, check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
+                             padded_scales, q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul)
 
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 TILE_WEIGHTS = 1 << 20  # weights per conversion tile while loading (tile_rows)
@@ -36,13 +37,13 @@ def tile_rows(k: int) -> int:
 
 
 class PackedLinear:
-    """An (N, K) weight in a packed format; use it through linear(). Subclasses own the kernels.packed.
+    """An (N, K) weight in a packed format; use it through linear(). Subclasses own the layout.
 
     - `format`: its name; `shape`; `dense`: an fp32 (N, K) copy for prompt rows, or None (then prompt rows
       take dense tiles decoded by `dense_rows`).
     - `dense_rows(start, stop)` / `dequantize(dtype)`: the exact weights the blocks encode.
-    - `_packed()`: the tensors a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
-    - `blocks` -> (qs, d, m): the packed layout kernels.packed multiplies (its module docstring).
+    - `blocks` -> (qs, d, m): the packed layout kernels.packed multiplies (its module docstring); they are
+      what a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
     - `source`: optionally the GGUF's own rows of this matrix (a view of the mapped file) and their type:
       embedding lookups then decode exactly the file's rows (engine.model.repack sets it).
     Rows are independent: a row's output never depends on the other rows of the call (batch invariance)."""
@@ -79,13 +80,9 @@ class PackedLinear:
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _packed(self) -> list[torch.Tensor]:
-        """The tensors a decode-sized call reads."""
-        raise NotImplementedError
-
     @property
     def blocks(self) -> tuple:
-        """(qs, d, m) for kernels.packed.matmul and kernels.decode_layers."""
+        """(qs, d, m) for qmatmul and kernels.decode_layers."""
         raise NotImplementedError
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +93,7 @@ class PackedLinear:
 
     def nbytes(self) -> int:
         """Bytes one decode-sized call reads (the packed blocks and their scales)."""
-        return sum(t.numel() * t.element_size() for t in self._packed())
+        return sum(t.numel() * t.element_size() for t in self.blocks if t is not None)
 
     def memory_bytes(self) -> int:
         return self.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
@@ -105,7 +102,7 @@ class PackedLinear:
         """x (..., K) -> (..., N), or (..., N/2) with act="swiglu"; every row independent of the others."""
         lead = x.shape[:-1]
         x2 = x if x.dim() == 2 else x.reshape(-1, self.shape[1])  # the decode path: lean, it runs ~120 times a step
-        y = kernels.packed.matmul(x2, self.blocks, act)
+        y = qmatmul(x2, self.blocks, act)
         if y is None:
             y = self._fallback(x2)
             if act == "swiglu":
@@ -121,13 +118,13 @@ class Q4Linear(PackedLinear):
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
-        kernels.packed.check_blocks(N, K, scale)
+        check_blocks(N, K, scale)
         if minimum.shape != scale.shape:
             raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
         if not q4_supported():
             raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
                                "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
-        self._set(kernels.packed.pack_nibbles(codes).contiguous(), kernels.packed.pad_scales(scale), kernels.packed.pad_scales(minimum),
+        self._set(pack_nibbles(codes).contiguous(), pad_scales(scale), pad_scales(minimum),
                   keep_dense)
 
     @classmethod
@@ -146,37 +143,31 @@ class Q4Linear(PackedLinear):
         if keep_dense:
             self.dense = self.dequantize()
 
-    def codes(self) -> torch.Tensor:
-        return kernels.packed.unpack_nibbles(self.qs)
-
     @classmethod
     def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        out = cls.from_packed(_stack(parts, "qs", consume), kernels.packed.pad_scales(_stack(parts, "scale", consume)),
-                              kernels.packed.pad_scales(_stack(parts, "minimum", consume)))
+        out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
+                              pad_scales(_stack(parts, "minimum", consume)))
         out.dense = dense
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return kernels.packed.q4_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+        return q4_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return kernels.packed.q4_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
-
-    def _packed(self) -> list[torch.Tensor]:
-        return [self.qs, self.scale, self.minimum]
+        return q4_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
 
     @property
     def blocks(self) -> tuple:
         return self.qs, self.scale, self.minimum
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
-        if not kernels.packed.int4_available() or x.device.type != "cpu":
+        if not int4_available() or x.device.type != "cpu":
             return super()._fallback(x)
         if self._int4 is None:
-            self._int4 = kernels.packed.int4_weight(self.qs, self.scale, self.minimum)
-        return kernels.packed.int4_matmul(x, self._int4)
+            self._int4 = int4_weight(self.qs, self.scale, self.minimum)
+        return int4_matmul(x, self._int4)
 
 
 class Q8Linear(PackedLinear):
@@ -188,10 +179,10 @@ class Q8Linear(PackedLinear):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
                  keep_dense: bool = True):
         N, K = codes.shape
-        kernels.packed.check_blocks(N, K, scale)
+        check_blocks(N, K, scale)
         if codes.dtype != torch.int8:
             raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
-        self._set(kernels.packed.q8_pack(codes), kernels.packed.pad_scales(scale), dense, keep_dense)
+        self._set(q8_pack(codes), pad_scales(scale), dense, keep_dense)
 
     @classmethod
     def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
@@ -208,8 +199,8 @@ class Q8Linear(PackedLinear):
         rows = tile_rows(K)
         qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
         for r0 in range(0, N, rows):
-            codes, scale[r0:r0 + rows] = kernels.packed.q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
-            qs[r0:r0 + rows] = kernels.packed.q8_pack(codes)
+            codes, scale[r0:r0 + rows] = q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
+            qs[r0:r0 + rows] = q8_pack(codes)
         return cls.from_packed(qs, scale, p.dense, p.dense is not None)
 
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None, keep_dense: bool) -> None:
@@ -225,27 +216,21 @@ class Q8Linear(PackedLinear):
         N, K = w.shape
         if K % GROUP:
             raise ValueError(f"q8 packing needs K % {GROUP} == 0, got {tuple(w.shape)}")
-        codes, scale = kernels.packed.q8_quantize(w)
+        codes, scale = q8_quantize(w)
         return cls(codes, scale, w.float() if keep_dense else None, keep_dense)
 
     @classmethod
     def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        return cls.from_packed(_stack(parts, "qs", consume), kernels.packed.pad_scales(_stack(parts, "scale", consume)), dense,
+        return cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
                                dense is not None)
 
-    def codes(self) -> torch.Tensor:
-        return kernels.packed.q8_unpack(self.qs)
-
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return kernels.packed.q8_dequantize(self.qs[start:stop], self.scale[start:stop])
+        return q8_dequantize(self.qs[start:stop], self.scale[start:stop])
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return kernels.packed.q8_dequantize(self.qs[ids], self.scale[ids])
-
-    def _packed(self) -> list[torch.Tensor]:
-        return [self.qs, self.scale]
+        return q8_dequantize(self.qs[ids], self.scale[ids])
 
     @property
     def blocks(self) -> tuple:

@@ -67,13 +67,10 @@ def test_long_rope_is_chosen_by_the_generators_context():
     assert torch.equal(within.rotary.inv_freq, short)  # the second generator changed nothing of the first's
 
 
-def test_generators_sharing_a_model_step_as_each_alone():
+def test_generators_sharing_a_model_step_as_each_alone(tmp_path):
     """A Model is shared: two generators with different context lengths (LongRoPE's short and long sets),
     stepped in turn, give what each gives alone, and no forward changes anything on the model."""
-    from engine.bench.synthetic import random_model
-    from engine.model.config import ModelConfig
-
-    model = random_model(ModelConfig.from_hf(tiny_config("phi3-long").to_dict()), "cpu", torch.float32)
+    model = Model.load(write_tiny_model(tmp_path / "phi3", "phi3-long"), device="cpu", dtype=torch.float32)
     prompts = [prompt_ids(n, seed=n) for n in (30, 37)]
     alone = [generate_batched(model, prompts, 12, max_seq_len=64), generate_batched(model, prompts, 12)]
     assert alone[0] != alone[1]  # the two rope sets differ enough to change greedy tokens

@@ -1,10 +1,10 @@
-"""pagedeck's compute kernels behind one interface: CUDA tensors go to Triton; CPU tensors go to pagedeck's
-own C++ kernels (kernels.cpu_ext, built at first use) where a call has one and it is built, else to the
-torch reference (kernels/reference*.py), which is also what the C++ kernels are tested against.
+"""pagedeck's compute kernels behind one interface, dispatched by device: CUDA tensors go to Triton; CPU
+tensors go to the torch reference (kernels/reference*.py), or to pagedeck's own C++ kernels (kernels/cpu/,
+built at first use by kernels.cpu_ext) for the ops that have one, where they are built: rms_norm(fast=True),
+fused_attention and decode_layers (C++ only), and kernels.packed.qmatmul (packed weights, their layouts).
 
-Packed (quantized) weights, their layouts and their matmul are kernels.packed. The Triton modules are
-imported lazily, on the first CUDA call, so the CPU engine (and platforms without Triton) never import
-triton."""
+The Triton modules are imported lazily, on the first CUDA call, so the CPU engine (and platforms without
+Triton) never import triton."""
 
 from __future__ import annotations
 

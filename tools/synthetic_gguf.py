@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.model.ggml_blocks import quantize
 from engine.model.weights import GGUFFile, default_model_path
+from tools.ggml_writers import quantize
 
 SHAPES = {  # HF config fields of the layer shapes (the vocabulary is the default tokenizer's)
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,

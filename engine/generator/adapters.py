@@ -135,7 +135,7 @@ class Adapters:
         self._default_set = None
 
     def default_set(self) -> LoRASet | None:
-        """The default set as a LoRASet (for forward_tokens and tools; steps use LoRABatch)."""
+        """The default set as a LoRASet (for tools.logits.forward_tokens and tests; steps use LoRABatch)."""
         if self._default_set is None and self.default:
             self._default_set = LoRASet(self.model, [l for l, _ in self.default], [s for _, s in self.default])
         return self._default_set

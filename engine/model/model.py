@@ -1,7 +1,7 @@
 """The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3) running over the paged K/V cache.
 
-Weights are kept fused where it saves kernel launches (q|k|v and gate|up); everything else is the plain
-transformer, so a reader can check it against the paper in one sitting. Architectures differ only by
+Weights are kept fused where it saves kernel launches (q|k|v and gate|up), as engine.model.loader builds
+them; everything else is the plain transformer, so a reader can check it against the paper in one sitting. Architectures differ only by
 ModelConfig features: extra norms around attention and MLP (Gemma 2/3), q/k norms, GeGLU, embedding
 scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary.
 """

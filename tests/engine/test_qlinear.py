@@ -10,9 +10,9 @@ from gguf import GGMLQuantizationType as QT
 from engine import Model, Tokenizer
 from engine.model import qlinear, repack
 from engine.model.ggml_blocks import dequantize
-from engine.model.ggml_blocks import quantize as quantize_ggml
 from engine.model.qlinear import Q4Linear, Q8Linear, RowSplit, cat_packed, linear
 from tests.tiny_models import q4_k_m, write_tiny_gguf
+from tools.ggml_writers import quantize as quantize_ggml
 from tools.logits import forward_tokens
 
 Q4_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q4_K]

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from engine.bench.synthetic import SHAPES
-from engine.model.ggml_blocks import quantize
 from engine.model.weights import GGUFFile, default_model_path
+from tools.ggml_writers import quantize
 
 
 def copy_default_tokenizer(w, meta: dict | None = None) -> None:

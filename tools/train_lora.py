@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from engine import Model, Tokenizer
 from engine.contract import demo_adapters_folder
 from engine.model.lora import LoRA, LoRASet
+from tools.logits import forward_tokens
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -176,7 +177,7 @@ def run_layers(model: Model, x: torch.Tensor, layers: range, adapter: Adapter | 
     c = model.config
     B, T, _ = x.shape
     pos = torch.arange(T, dtype=torch.float32)
-    freqs = pos[:, None] * model.inv_freq.float()[None]
+    freqs = pos[:, None] * model.rotary.inv_freq.float()[None]
     cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
     lora = adapter or (lambda *_: 0.0)
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -273,7 +274,7 @@ def check_against_engine(model: Model, tok: Tokenizer, result: dict) -> float:
     with torch.no_grad():
         ours = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers),
                                            result["adapter"]))[0]
-    engine = model.forward_tokens(ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
+    engine = forward_tokens(model, ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
     return (ours - engine).abs().max().item() / ours.abs().max().item()
 
 
@@ -312,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():  # this script's forward must be the engine's forward
         ids = torch.tensor([encode(tok, "Hello!", "Hello! How can I help?", True)[0]])
         mine = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers)))
-        diff = (mine[0] - model.forward_tokens(ids)).abs().max().item()
+        diff = (mine[0] - forward_tokens(model, ids)).abs().max().item()
     if diff > 1e-3 * mine.abs().max().item():
         raise SystemExit(f"training forward differs from the engine's by {diff}")
     questions = build_questions(args.seed)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..model.config import ModelConfig
-from ..model.model import Model, default_device, default_dtype
+from ..model.loader import default_device, default_dtype
+from ..model.model import Model
 from ..model.weights import tensor_shapes
 
 # Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
@@ -57,8 +58,7 @@ def random_model(config: ModelConfig, device: torch.device | str | None = None, 
             weights[name] = torch.ones(shape, dtype=dt, device=dev)
         else:
             weights[name] = torch.empty(shape, dtype=dt, device=dev).normal_(0.0, 0.02, generator=g)
-    model = Model(config, weights, dev, dt)
-    return model
+    return Model.from_state_dict(config, weights, dev, dt)
 
 
 def synthetic_model(name: str, device: torch.device | str | None = None) -> Model:

@@ -61,8 +61,7 @@ class DynamicGenerator:
             raise ValueError("choose one kind of speculation: a draft model or n-gram drafting, not both")
         if draft_model is not None:
             check_draft_model(model, cache, draft_model, draft_cache)
-        if cache.model is not model:
-            raise ValueError("the cache was built for a different model")
+        cache.spec.check_serves(model.cache_spec())
         for name, value in (("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("max_q_size", max_q_size),
                             ("max_sampling_threads", max_sampling_threads),
                             ("max_draft_batch_size", max_draft_batch_size)):
@@ -78,7 +77,7 @@ class DynamicGenerator:
         self.tokenizer = tokenizer
         self.page_size = cache.page_size
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
-        model.use_context_length(self.max_seq_len)
+        self.rotary = model.rotary_for(self.max_seq_len)  # this generator's, never the shared model's
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
         # With the step budget in time, a step prefills big chunks only while nobody decodes; without it, a CPU
         # step of 256 prompt tokens already stalls every decoding chat for ~1 s.
@@ -193,7 +192,7 @@ class DynamicGenerator:
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         lora = self.adapters.step([(len(e.tokens), e.job.loras) for e in plan])
-        logits = self.model.forward(batch, self.cache, lora=lora)
+        logits = self.model.forward(batch, self.cache, lora=lora, rotary=self.rotary)
         if self.drafter is not None:
             self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:

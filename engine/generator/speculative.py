@@ -67,8 +67,7 @@ def check_draft_model(model: "Model", cache: "PagedCache", draft_model: "Model",
     """The draft must speak the main model's vocabulary and mirror its cache's page layout."""
     if draft_cache is None:
         raise ValueError("draft_model needs a draft_cache (PagedCache(draft_model, same max_tokens, same page_size))")
-    if draft_cache.model is not draft_model:
-        raise ValueError("draft_cache was built for a different model than draft_model")
+    draft_cache.spec.check_serves(draft_model.cache_spec(), "draft_cache")
     if draft_model.vocab_size != model.vocab_size:
         raise ValueError(f"draft model vocabulary ({draft_model.vocab_size}) differs from the main model's "
                          f"({model.vocab_size})")

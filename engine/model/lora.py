@@ -73,10 +73,6 @@ class Geometry:
                 "o_proj": ("o", q, h, 0), "gate_proj": ("gate_up", h, i, 0), "up_proj": ("gate_up", h, i, i),
                 "down_proj": ("down", i, h, 0)}[name]
 
-    def fused_out(self, kind: str) -> int:
-        return {"qkv": self.q_size + 2 * self.kv_size, "o": self.hidden, "gate_up": 2 * self.intermediate,
-                "down": self.hidden}[kind]
-
 
 @dataclass(eq=False)
 class LoRA:

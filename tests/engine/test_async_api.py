@@ -93,14 +93,14 @@ class Gate:
         self.fail_with: BaseException | None = None
         inner = model.forward
 
-        def forward(batch, cache, lora=None):
+        def forward(batch, cache, lora=None, rotary=None):
             if self.fail_with is not None:
                 exc, self.fail_with = self.fail_with, None
                 raise exc
             if not self.open_.is_set():
                 self.parked.set()
                 self.open_.wait(TIMEOUT)
-            return inner(batch, cache, lora)
+            return inner(batch, cache, lora, rotary)
 
         monkeypatch.setattr(model, "forward", forward)
 

@@ -18,6 +18,7 @@ from engine.model.lora_batch import LoRABatch
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 from tests.engine.test_generator import run_all
 from tests.engine.test_lora import GREEDY, merge_by_hand, prompt_ids, write_peft_adapter
+from tools.logits import forward_tokens
 
 COMBO = [("all", 0.7), ("qv", -0.5)]
 
@@ -91,12 +92,12 @@ def test_mixed_step_logits_equal_each_sequence_alone(model, folders):
     assert lora.seg_rows == (5, 33, 1, 17, 8)
     mixed = model.forward(batch, cache, lora=lora)[:, : model.vocab_size]
     for i, (p, s) in enumerate(zip(prompts, sets)):
-        alone = model.forward_tokens(p, lora=LoRASet(model, list(s), list(s.values())) if s else None)
+        alone = forward_tokens(model, p, lora=LoRASet(model, list(s), list(s.values())) if s else None)
         rows = mixed[batch.logit_offsets[i] : batch.logit_offsets[i + 1]]
         # Not bitwise: MKL's sgemm rounds a row differently at different row counts (M=1 vs M=64 differ
         # in the last bit even without LoRA), so the tolerance is a few float32 ulps of the logits.
         torch.testing.assert_close(rows, alone, rtol=0, atol=2e-5 * alone.abs().max().item())
-    base = model.forward_tokens(prompts[1])
+    base = forward_tokens(model, prompts[1])
     assert (mixed[batch.logit_offsets[1] : batch.logit_offsets[2]] - base).abs().max() > 1.0  # adapters matter
 
 

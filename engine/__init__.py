@@ -21,7 +21,7 @@ _EXPORTS = {  # public name -> module that defines it
 }
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:  # for type checkers and IDEs; import-linter ignores these (exclude_type_checking_imports)
+if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like any other import
     from .cache.paged_cache import PagedCache
     from .cache.pagetable import PageTable
     from .contract import SamplerSettings

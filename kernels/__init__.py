@@ -1,13 +1,17 @@
-"""pagedeck's compute kernels: one interface, Triton on CUDA tensors, plain torch everywhere else.
+"""pagedeck's compute kernels behind one interface, dispatched by device: CUDA tensors go to Triton; CPU
+tensors go to the torch reference (kernels/reference*.py), or to pagedeck's own C++ kernels (kernels/cpu/,
+built at first use by kernels.cpu_ext) for the ops that have one, where they are built: rms_norm(fast=True),
+fused_attention and decode_layers (C++ only), and kernels.packed.qmatmul (packed weights, their layouts).
 
-The Triton modules are imported lazily, on the first CUDA call, so the CPU engine (and platforms
-without Triton) never import triton."""
+The Triton modules are imported lazily, on the first CUDA call, so the CPU engine (and platforms without
+Triton) never import triton."""
 
 from __future__ import annotations
 
 import torch
 
 from . import cpu_ext as _cpu_ext
+from . import packed
 from . import reference_attention as _attention
 from . import reference as _ref
 from . import reference_lora as _lora
@@ -21,7 +25,7 @@ __all__ = [
     "QuantizedPool", "make_pool", "copy_pages", "copy_page_prefix", "permute_pages", "pool_nbytes",
     "KV_QUANT_FORMATS",
     "pad_vocab", "pad_embedding", "use_triton", "plan_step", "StepPlan", "fused_attention", "decode_layers",
-    "dequant_matmul", "lora_plan", "LoRAPlan", "lora_shrink", "lora_expand",
+    "dequant_matmul", "packed", "lora_plan", "LoRAPlan", "lora_shrink", "lora_expand",
 ]
 
 _triton_ops = None
@@ -191,7 +195,7 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], k_caches: list[t
                   plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
     the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
-    layer input_norm, post_norm, then (codes, scales, minimums or an empty tensor) of qkv, o, gate_up, down.
+    layer input_norm, post_norm, then packed.stack_entry() of qkv, o, gate_up, down.
     Returns the last layer's output and the residual stream (their sum is the hidden state)."""
     if not plan.fused or plan.attention is not None:
         raise ValueError("decode_layers needs a fused plan without long prefill chunks")

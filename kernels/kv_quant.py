@@ -138,10 +138,6 @@ class QuantizedPool:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    def bytes_per_token(self) -> int:
-        """Bytes one token occupies in this pool (all heads), for cache sizing."""
-        return self.nbytes // (self.num_pages * self.page_size)
-
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
         """x R in fp32 (queries and K/V on the way in); identity when the pool is unrotated."""
         return x.float() if self.rotation is None else x.float() @ self.rotation

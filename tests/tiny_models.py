@@ -141,7 +141,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     """Convert a tiny HF folder to GGUF the way llama.cpp's convert_hf_to_gguf.py does: its tensor names,
     q/k rows permuted for llama, Gemma's norms stored as (1 + w), Phi-3's fused projections and LongRoPE
     factor tensors, its metadata keys; 2-D weights in qtype (a type name, or a function of the GGUF tensor
-    name giving one, to mix types the way Q4_K_M does). K-quants are written by engine.model.ggml_blocks (the
+    name giving one, to mix types the way Q4_K_M does). K-quants are written by tools.ggml_writers (the
     gguf package cannot quantize to them)."""
     import json
     import math
@@ -215,7 +215,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
         target = gguf_name(name, arch, n_layers)
         quant = gguf.GGMLQuantizationType[pick(target)]
         if t.dim() == 2 and quant != gguf.GGMLQuantizationType.F32:
-            from engine.model.ggml_blocks import quantize as quantize_ggml
+            from tools.ggml_writers import quantize as quantize_ggml
 
             w.add_tensor(target, quantize_ggml(t, quant), raw_dtype=quant)
         else:

@@ -4,7 +4,7 @@
     python -m tools.lora_bench --per-job [--chats 8] [--distinct 0 1 2 4] [--rank 16] [--prefill 128]
                                [--threads 1 --clock cpu]
 
-The first form: one adapter set for every row (LoRASet, `set_loras`). The second (issue 13): every chat
+The first form: one adapter set for every row (LoRASet, `set_loras`). The second: every chat
 its own adapter, `--chats` chats spread over 0, 1, 2, 4 distinct adapters, built each step by the
 generator's own code (Adapters.step -> LoRABatch), against no LoRA at all. `--prefill N` adds one chat's
 N-token prompt chunk to the step (the torch path runs every row through every adapter of the step).
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--steps", type=int, default=3, help="decode steps per timing")
     p.add_argument("--weights", default="dense", choices=WEIGHT_NAMES)
-    p.add_argument("--per-job", action="store_true", help="each chat its own adapter (issue 13's table)")
+    p.add_argument("--per-job", action="store_true", help="each chat its own adapter (the per-job table)")
     p.add_argument("--chats", type=int, default=8)
     p.add_argument("--distinct", type=int, nargs="+", default=[0, 1, 2, 4])
     p.add_argument("--rank", type=int, default=16)

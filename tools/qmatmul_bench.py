@@ -17,8 +17,9 @@ import time
 import torch
 
 from engine.model.model import Model
-from engine.model.qlinear import ACTIVATIONS, Q4Linear, Q8Linear
+from engine.model.qlinear import Q4Linear, Q8Linear
 from kernels import cpu_ext
+from kernels.packed import ACTIVATIONS
 
 
 def _time(fn, reps: int) -> float:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
               "down": (layer.down, None), "head": (model.lm_head, None)}
     stub = {}  # the first 8 rows of each matrix: the fixed cost of a call
     for name, (w, _) in shapes.items():
-        qs, d, m = w._kernel_args()
+        qs, d, m = w.blocks
         stub[name] = (Q4Linear.from_packed(qs[:8], d[:8], m[:8]) if isinstance(w, Q4Linear)
                       else Q8Linear.from_packed(qs[:8], d[:8]))
     threads = [int(t) for t in args.threads.split(",")]
@@ -58,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, (w, act) in shapes.items():
                     x = torch.randn(rows, w.shape[1])
                     reps = 20 if name == "head" else 400
-                    full = _time(lambda: ops.qmatmul(x, *w._kernel_args(), ACTIVATIONS[act]), reps)
-                    fixed = _time(lambda: ops.qmatmul(x, *stub[name]._kernel_args(), ACTIVATIONS[act]), reps)
+                    full = _time(lambda: ops.qmatmul(x, *w.blocks, ACTIVATIONS[act]), reps)
+                    fixed = _time(lambda: ops.qmatmul(x, *stub[name].blocks, ACTIVATIONS[act]), reps)
                     times.setdefault((rows, name, t), []).append((full, fixed))
     print(f"{model.name}, packed weights; medians of {args.rounds} alternating rounds")
     print("| rows | matrix | shape | threads | us a call | ns a weight row | GB/s |")

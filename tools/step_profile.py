@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     model = Model.load(args.model, weights=args.weights)
     if args.per_op:
-        model._stack = None  # no one-call stack: Model.forward takes its per-layer path
+        model.decode_stack = None  # no one-call stack: Model.forward takes its per-layer path
     out = []
     with torch.inference_mode():
         for b in (int(x) for x in args.batches.split(",")):

@@ -14,17 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.model.ggml_blocks import quantize
+from engine.bench.synthetic import SHAPES
 from engine.model.weights import GGUFFile, default_model_path
-
-SHAPES = {  # HF config fields of the layer shapes (the vocabulary is the default tokenizer's)
-    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
-                      head_dim=128, rope_theta=500000.0),
-    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-                      head_dim=128, rope_theta=10000.0),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
-                       head_dim=128, rope_theta=1000000.0),
-}
+from tools.ggml_writers import quantize
 
 
 def copy_default_tokenizer(w, meta: dict | None = None) -> None:

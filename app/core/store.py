@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -23,7 +22,7 @@ from typing import Iterator
 
 import platformdirs
 
-from engine.contract import SamplerSettings
+from engine.contract import SamplerSettings, check_lora_pairs
 
 SCHEMA_VERSION = 2  # 1: a flat list of messages per chat (migrated on open)
 
@@ -109,12 +108,10 @@ class ChatSettings:
         if not isinstance(self.stop_on_loops, bool):
             raise bad("stop_on_loops", "must be a bool")
         if self.loras is not None:
-            names = [p[0] if isinstance(p, (tuple, list)) and len(p) == 2 else None for p in self.loras]
-            if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-                raise bad("loras", "must be distinct (adapter name, scale) pairs")
-            if not all(isinstance(sc, (int, float)) and not isinstance(sc, bool) and math.isfinite(sc)
-                       for _, sc in self.loras):
-                raise bad("loras", "scales must be finite numbers")
+            try:
+                check_lora_pairs(self.loras)  # the engine's one rule for (adapter name, scale) pairs
+            except ValueError as exc:
+                raise bad("loras", str(exc)) from None
         return self
 
     def to_json(self) -> str:

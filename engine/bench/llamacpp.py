@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from .serving import Workload
+    from .workload import Workload
 
 MAX_BATCH = 2048  # tokens per llama_decode call (llama.cpp's default n_batch)
 

@@ -15,7 +15,7 @@ import torch
 from .measure import sync
 
 if TYPE_CHECKING:
-    from .serving import Workload
+    from .workload import Workload
 
 
 def _transformers():

@@ -1,4 +1,4 @@
-"""Random-weight models built in memory for benchmarks (issue 3: a Llama-3-8B-shaped model, no download).
+"""Random-weight models built in memory for benchmarks (e.g. a Llama-3-8B-shaped model, no download).
 
 Decode speed depends on shapes, not on weight values, so random weights measure the real thing.
 """
@@ -7,15 +7,26 @@ from __future__ import annotations
 import torch
 
 from ..model.config import ModelConfig
-from ..model.model import Model, default_device, default_dtype
+from ..model.loader import default_device, default_dtype
+from ..model.model import Model
 from ..model.weights import tensor_shapes
+
+# Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
+# random-weight GGUFs (which take the default tokenizer's vocabulary instead of the model's).
+SHAPES: dict[str, dict] = {
+    "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, rope_theta=500000.0),
+    "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+                      head_dim=128, rope_theta=10000.0),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+                       head_dim=128, rope_theta=1000000.0),
+}
 
 # HF config.json fields of each synthetic model (shared by our ModelConfig and the transformers peer).
 SYNTHETIC_MODELS: dict[str, dict] = {
     "llama3-8b-random": {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, "hidden_size": 4096,
-        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-        "head_dim": 128, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 128256, **SHAPES["llama3-8b"],
+        "num_hidden_layers": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
     },
 }
@@ -47,8 +58,7 @@ def random_model(config: ModelConfig, device: torch.device | str | None = None, 
             weights[name] = torch.ones(shape, dtype=dt, device=dev)
         else:
             weights[name] = torch.empty(shape, dtype=dt, device=dev).normal_(0.0, 0.02, generator=g)
-    model = Model(config, weights, dev, dt)
-    return model
+    return Model.from_state_dict(config, weights, dev, dt)
 
 
 def synthetic_model(name: str, device: torch.device | str | None = None) -> Model:

@@ -33,7 +33,8 @@ def available_bytes(device: str = "cpu") -> int | None:
 
 
 def kv_cache_bytes(config, cache_tokens: int, kv_quant: str | None, element_bytes: int, page_size: int = DEFAULT_PAGE_SIZE) -> int:
-    """Bytes of PagedCache's K and V pools (whole pages, every layer), as kernels.kv_quant lays them out."""
+    """Bytes of PagedCache's K and V pools (whole pages, every layer), as kernels.kv_quant lays them out.
+    `config`: what gives num_layers, num_kv_heads and head_dim (a ModelConfig or a CacheSpec)."""
     from kernels.kv_quant import slot_nbytes
 
     pages = max(cache_tokens // page_size, 1)

@@ -13,22 +13,32 @@ from typing import Any
 GREEDY_TEMPERATURE = 0.01  # below this, sampling is argmax (ExLlamaV2's rule)
 
 
+class InvalidSetting(ValueError):
+    """validate()'s error. The message starts with the setting's name (`token_bias[5]` for one entry);
+    `field` is the SamplerSettings field, so a caller with other names for the fields (the server's
+    OpenAI parameters) can say which parameter is at fault."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.field = name.split("[", 1)[0]
+
+
 def _num(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InvalidSetting(name, f"{name} must be a number, got {value!r}")
     return float(value)
 
 
 def as_int(value: Any, name: str) -> int:
-    """value as an int (numpy integers too, never bool); ValueError naming `name` otherwise."""
+    """value as an int (numpy integers too, never bool); a ValueError (InvalidSetting) naming `name` otherwise."""
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise ValueError(f"{name} must be an int, got {value!r}")
+        raise InvalidSetting(name, f"{name} must be an int, got {value!r}")
     return int(value)
 
 
 def _check(ok: bool, name: str, value: Any, rule: str) -> None:
     if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {rule}")
+        raise InvalidSetting(name, f"{name}={value!r} is invalid: {rule}")
 
 
 @dataclass
@@ -81,11 +91,11 @@ class SamplerSettings:
         )
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid field."""
+        """Raise InvalidSetting (a ValueError) naming the first invalid field."""
         known = {f.name for f in fields(self)}
         extra = set(vars(self)) - known
         if extra:
-            raise ValueError(f"unknown sampler settings {sorted(extra)}")
+            raise InvalidSetting(sorted(extra)[0], f"unknown sampler settings {sorted(extra)}")
         t = _num(self.temperature, "temperature")
         _check(0.0 <= t < math.inf, "temperature", t, "must be finite and >= 0 (0 = greedy)")
         k = as_int(self.top_k, "top_k")
@@ -107,7 +117,7 @@ class SamplerSettings:
             _check(-2.0 <= v <= 2.0, name, v, "must be in [-2, 2] (OpenAI's range; 0 = off)")
         if self.token_bias is not None:
             if not isinstance(self.token_bias, dict):
-                raise ValueError(f"token_bias must be a dict {{token_id: bias}} or None, got {self.token_bias!r}")
+                raise InvalidSetting("token_bias", f"token_bias must be a dict {{token_id: bias}} or None, got {self.token_bias!r}")
             for tok, b in self.token_bias.items():
                 _check(not isinstance(tok, bool) and isinstance(tok, Integral) and tok >= 0,
                        "token_bias", tok, "keys must be token ids >= 0")

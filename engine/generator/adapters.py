@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..cache.pagetable import root_hash
-from ..model.lora import (LoRA, LoRASet, LoRAStack, adapter_identity, adapter_list, check_fits, check_scale, combine,
-                          scale_list)
+from ..contract.adapters import check_lora_pairs
+from ..model.lora import LoRA, LoRAStack, adapter_identity, adapter_list, check_fits, combine, scale_list
 from ..model.lora_batch import LoRABatch
 
 Pairs = tuple[tuple[LoRA, float], ...]  # a job's adapters and scales, as resolved by a generator
@@ -24,23 +24,19 @@ Pairs = tuple[tuple[LoRA, float], ...]  # a job's adapters and scales, as resolv
 
 def lora_request(loras: Any) -> tuple[tuple[LoRA | str, float], ...] | None:
     """Check DynamicJob's loras= argument: None (the generator's default set) or a list whose items are
-    (adapter, scale) pairs or bare adapters (scale 1), an adapter being a loaded LoRA or its name.
-    [] asks for the base model even when a default set is active."""
+    (adapter, scale) pairs or bare adapters (scale 1), an adapter being a loaded LoRA or its name; names and
+    scales follow engine.contract's check_lora_pairs. [] asks for the base model even when a default set is
+    active."""
     if loras is None:
         return None
     if not isinstance(loras, (list, tuple)):
         raise TypeError(f"loras must be a list of (adapter, scale) pairs or None, not {type(loras).__name__}")
-    out: list[tuple[LoRA | str, float]] = []
-    for item in loras:
-        adapter, scale = item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, 1.0)
+    items = [item if isinstance(item, (tuple, list)) and len(item) == 2 else (item, 1.0) for item in loras]
+    for adapter, _ in items:
         if not isinstance(adapter, (LoRA, str)) or adapter == "":
             raise TypeError(f"a job's adapter is a LoRA from load_lora() or a loaded adapter's name, got {adapter!r}")
-        out.append((adapter, check_scale(scale)))
-    names = [a if isinstance(a, str) else a.name for a, _ in out]
-    for name in names:
-        if names.count(name) > 1:
-            raise ValueError(f"LoRA adapter {name!r} is named twice in loras (give it one scale)")
-    return tuple(out)
+    pairs = check_lora_pairs((adapter if isinstance(adapter, str) else adapter.name, scale) for adapter, scale in items)
+    return tuple((adapter, scale) for (adapter, _), (_, scale) in zip(items, pairs))
 
 
 class Adapters:
@@ -52,7 +48,6 @@ class Adapters:
         self.unloading: set[str] = set()
         self.default: Pairs = ()
         self.default_root = root_hash(None)
-        self._default_set: LoRASet | None = None
         self._stacks: OrderedDict[tuple[int, ...], LoRAStack] = OrderedDict()
         self.max_stacks = max_stacks
         self.root_ids: dict[bytes, int] = {self.default_root: 0}  # page roots -> ids the metrics report
@@ -132,13 +127,6 @@ class Adapters:
         registered = [self.loaded.setdefault(obj.name, obj) for obj in objs]
         self.default = tuple(zip(registered, values))
         self.default_root = self._root(self.default)
-        self._default_set = None
-
-    def default_set(self) -> LoRASet | None:
-        """The default set as a LoRASet (for forward_tokens and tools; steps use LoRABatch)."""
-        if self._default_set is None and self.default:
-            self._default_set = LoRASet(self.model, [l for l, _ in self.default], [s for _, s in self.default])
-        return self._default_set
 
     # ---- jobs ---------------------------------------------------------------------------------------
     def resolve(self, request: tuple | None) -> tuple[Pairs, bytes]:

@@ -82,10 +82,6 @@ class DynamicGeneratorAsync:
             return len(self._deferred)
 
     @property
-    def worker_thread(self) -> threading.Thread:
-        return self._worker
-
-    @property
     def max_seq_len(self) -> int:
         """The most tokens one job's sequence may hold (prompt + reply); fixed for the generator's life."""
         return self._generator.max_seq_len
@@ -275,7 +271,7 @@ class DynamicGeneratorAsync:
         if job._cancel_requested:
             return
         try:
-            job.serial = self._generator.enqueue(job.job)
+            job.serial = self._generator.enqueue_checked(job.job)  # checked when the job was made
         except Exception as exc:  # noqa: BLE001 - a bad job fails alone, raised by its consumer
             job._post_failure(exc)
             return

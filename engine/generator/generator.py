@@ -61,8 +61,7 @@ class DynamicGenerator:
             raise ValueError("choose one kind of speculation: a draft model or n-gram drafting, not both")
         if draft_model is not None:
             check_draft_model(model, cache, draft_model, draft_cache)
-        if cache.model is not model:
-            raise ValueError("the cache was built for a different model")
+        cache.spec.check_serves(model.cache_spec())
         for name, value in (("num_draft_tokens", num_draft_tokens), ("max_ngram", max_ngram), ("max_q_size", max_q_size),
                             ("max_sampling_threads", max_sampling_threads),
                             ("max_draft_batch_size", max_draft_batch_size)):
@@ -78,7 +77,7 @@ class DynamicGenerator:
         self.tokenizer = tokenizer
         self.page_size = cache.page_size
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
-        model.use_context_length(self.max_seq_len)
+        self.rotary = model.rotary_for(self.max_seq_len)  # this generator's, never the shared model's
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
         # With the step budget in time, a step prefills big chunks only while nobody decodes; without it, a CPU
         # step of 256 prompt tokens already stalls every decoding chat for ~1 s.
@@ -116,6 +115,12 @@ class DynamicGenerator:
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
+        return self.enqueue_checked(job)
+
+    def enqueue_checked(self, job: DynamicJob) -> int:
+        """Queue a job check_job already accepted (DynamicJobAsync checks at construction, on the caller's
+        thread: what check_job reads besides the adapters never changes). Its adapters are resolved against
+        the registry as it is now, so one unloaded meanwhile is still refused. Returns its serial."""
         loras, root = self.adapters.resolve(job.lora_request)
         job.bind(self.job_context, next(self._serials), loras, root)
         self.pending.append(job)
@@ -179,7 +184,7 @@ class DynamicGenerator:
     def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:
         """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU
         and where each scheduled sequence's rows start in them."""
-        batch = Batch.build([(e.tokens, e.start, self._page_ids(e.seq, e.end)) for e in plan],
+        batch = Batch.build([(e.tokens, e.start, e.seq.page_ids(e.end, self.pagetable)) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
@@ -187,7 +192,7 @@ class DynamicGenerator:
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         lora = self.adapters.step([(len(e.tokens), e.job.loras) for e in plan])
-        logits = self.model.forward(batch, self.cache, lora=lora)
+        logits = self.model.forward(batch, self.cache, lora=lora, rotary=self.rotary)
         if self.drafter is not None:
             self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
         if masks is not None:
@@ -301,9 +306,6 @@ class DynamicGenerator:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
 
-    def _page_ids(self, seq, length: int) -> list[int]:
-        return [p.index for p in seq.pages[: self.pagetable.pages_needed(length)]]
-
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
         waiting: list[DynamicJob] = []
@@ -380,19 +382,9 @@ class DynamicGenerator:
         return self.adapters.unload(lora, self._adapters_in_use())
 
     @property
-    def loaded_loras(self) -> dict[str, Any]:
-        """name -> LoRA of every loaded adapter (including any being unloaded)."""
-        return dict(self.adapters.loaded)
-
-    @property
     def loras(self) -> list:
         """The default set's adapters (set_loras)."""
         return [lora for lora, _ in self.adapters.default]
-
-    @property
-    def lora_set(self):
-        """The default set as an engine.model.lora.LoRASet (None: no default adapters)."""
-        return self.adapters.default_set()
 
     def set_loras(self, loras: Any, scales: Any = None) -> None:
         """Set the default adapters, used by jobs that name none (exllamav2's set_loras); only while no job is

@@ -15,7 +15,7 @@ from .banned import BannedStrings
 from .filters import Filter
 from .loops import LoopGuard
 from .sequence import Sequence
-from .speculative import NgramIndex
+from .ngram import NgramIndex
 from .streaming import StreamChunk, TextStream
 
 

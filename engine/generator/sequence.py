@@ -8,11 +8,12 @@ live in one place instead of in the generator, the job and the drafter.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from ..cache.pagetable import CachePage
-    from .job import DynamicJob
+    from ..cache.pagetable import CachePage, PageTable
+
+Owner = TypeVar("Owner")  # what a scheduled sequence belongs to: the generator's job
 
 
 @dataclass(eq=False)
@@ -60,6 +61,11 @@ class Sequence:
         """The draft model's cache holds valid K/V for tokens[:kv_len]."""
         self._draft_kv_len = kv_len
 
+    def page_ids(self, length: int, table: PageTable) -> list[int]:
+        """Indices of the pages that hold tokens[:length]: this sequence's block table for a forward (the main
+        model's and the draft model's alike, as the draft cache mirrors the main one's pages)."""
+        return [p.index for p in self.pages[: table.pages_needed(length)]]
+
     def rewind(self, n: int) -> None:
         """Drop the last n tokens; K/V past the new end (and the last token's, fed again) no longer counts."""
         del self.tokens[len(self.tokens) - n :]
@@ -68,12 +74,13 @@ class Sequence:
 
 
 @dataclass(frozen=True, eq=False)
-class ScheduledSeq:
+class ScheduledSeq(Generic[Owner]):
     """One sequence's share of a step: `tokens` fed from position `start`; logits wanted for the last `rows`
     of them (several when they verify `drafts`). Batch.build keeps the plan's order, so the i-th record's
-    logits start at batch.logit_offsets[i]."""
+    logits start at batch.logit_offsets[i]. `job` is the owner the scheduler groups records by (a
+    DynamicJob); this layer never looks into it, so it sits below the job."""
 
-    job: DynamicJob
+    job: Owner
     seq: Sequence
     tokens: list[int]
     start: int

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf import GGMLQuantizationType, LlamaFileType
 
 from .config import ModelConfig
 
@@ -183,8 +183,3 @@ def _safetensors_header(path: Path) -> list[TensorEntry]:
         start, end = entry["data_offsets"]
         out.append(TensorEntry(name, shape, entry["dtype"], int(end) - int(start)))
     return out
-
-
-def ggml_block(dtype: str) -> tuple[int, int]:
-    """(weights per block, bytes per block) of a ggml type name."""
-    return GGML_QUANT_SIZES[GGMLQuantizationType[dtype]]

@@ -21,6 +21,7 @@ import torch
 
 import kernels
 
+from ..contract.adapters import check_lora_scale
 from ..contract.paths import ADAPTER_CONFIG_FILE as CONFIG_FILE
 from ..contract.paths import ADAPTER_WEIGHT_FILES as WEIGHT_FILES
 
@@ -71,10 +72,6 @@ class Geometry:
         return {"q_proj": ("qkv", h, q, 0), "k_proj": ("qkv", h, kv, q), "v_proj": ("qkv", h, kv, q + kv),
                 "o_proj": ("o", q, h, 0), "gate_proj": ("gate_up", h, i, 0), "up_proj": ("gate_up", h, i, i),
                 "down_proj": ("down", i, h, 0)}[name]
-
-    def fused_out(self, kind: str) -> int:
-        return {"qkv": self.q_size + 2 * self.kv_size, "o": self.hidden, "gate_up": 2 * self.intermediate,
-                "down": self.hidden}[kind]
 
 
 @dataclass(eq=False)
@@ -379,12 +376,6 @@ def _pattern_value(pattern: dict | None, module_key: str, default: float) -> flo
     return default
 
 
-def check_scale(s: Any) -> float:
-    if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s):
-        raise ValueError(f"LoRA scales must be finite numbers, got {s!r}")
-    return float(s)
-
-
 def scale_list(scales: float | Iterable[float] | None, n: int) -> list[float]:
     if scales is None:
         values = [1.0] * n
@@ -394,4 +385,4 @@ def scale_list(scales: float | Iterable[float] | None, n: int) -> list[float]:
         values = list(scales)
         if len(values) != n:
             raise ValueError(f"got {len(values)} LoRA scales for {n} adapters")
-    return [check_scale(s) for s in values]
+    return [check_lora_scale(s) for s in values]

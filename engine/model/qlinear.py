@@ -1,14 +1,10 @@
 """Packed (quantized) linear weights: one interface, one kernel per format.
 
 Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
-token, their 4-bit blocks ~70 MB. Formats, all in blocks of 32 weights along K with fp16 scales:
-- "q4": w = d * q + m, q in 0..15 (GGUF Q4_1; Q4_0 is m = -8d; Q4_K's sub-blocks, engine.model.repack).
-- "q8": w = d * q, q int8 (GGUF Q8_0), or any other weight quantized to it at load (symmetric,
-  d = max|w| / 127 per block).
-The kernel (kernels.cpu_ext, built at first use) quantizes each activation row to int8 per block and
-multiplies with integer dot products, as llama.cpp does; every output element is computed the same way
-whatever the row count, so a row's result never depends on the batch. Without that extension q4 falls back
-to torch's int4 kernel (bf16 activations) and q8 to dense rows.
+token, their 4-bit blocks ~70 MB. The formats ("q4": GGUF Q4_1/Q4_0, Q4_K's sub-blocks via
+engine.model.repack; "q8": GGUF Q8_0, or any other weight quantized to it at load), their layouts and the
+kernel that multiplies them are kernels.packed's; this module is the nn-level use of them. Without pagedeck's
+CPU kernels q4 falls back to torch's int4 kernel (bf16 activations) and q8 to dense rows.
 
 In a model that keeps a dense fp32 copy (`dense`; engine.model.repack.keeps_dense_copy: small models, like
 the default one) prompt rows take it (RowSplit), every one of them, whatever the chunk size: a prompt
@@ -27,11 +23,9 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import cpu_ext
+from kernels.packed import (GROUP, check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
+                             padded_scales, q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul)
 
-GROUP = 32  # GGUF block size = the kernels' group size
-ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
-SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 TILE_WEIGHTS = 1 << 20  # weights per conversion tile while loading (tile_rows)
 
@@ -42,41 +36,14 @@ def tile_rows(k: int) -> int:
     return max(1, TILE_WEIGHTS // k)
 
 
-def padded_scales(n: int, groups: int) -> torch.Tensor:
-    """Zero fp16 (n, groups) scales in a buffer SCALE_PAD values longer, to be filled in place (tile by tile)."""
-    return torch.zeros(n * groups + SCALE_PAD, dtype=torch.float16)[: n * groups].view(n, groups)
-
-
-def _scales(t: torch.Tensor) -> torch.Tensor:
-    """fp16 copy of (N, K/32) scales in a buffer SCALE_PAD values longer (zeros)."""
-    buf = padded_scales(*t.shape)
-    buf.copy_(t)
-    return buf
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """(N, K) codes 0..15 -> (N, K/2) bytes in GGUF nibble order (low nibbles weights 0..15 of a block)."""
-    N, K = codes.shape
-    c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
-    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2)
-
-
-def q4_supported() -> bool:
-    """Whether a q4 matmul exists here: pagedeck's kernel, or torch's int4 CPU kernel as the fallback."""
-    return cpu_ext.available() or hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
-
-
 class PackedLinear:
     """An (N, K) weight in a packed format; use it through linear(). Subclasses own the layout.
 
     - `format`: its name; `shape`; `dense`: an fp32 (N, K) copy for prompt rows, or None (then prompt rows
       take dense tiles decoded by `dense_rows`).
     - `dense_rows(start, stop)` / `dequantize(dtype)`: the exact weights the blocks encode.
-    - `_packed()`: the tensors a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
-    - `_kernel_args()` -> (qs, d, m) for torch.ops.pagedeck.qmatmul(x, qs, d, m, act), kernels/cpu/qmatmul.cpp:
-      per 32 weights along K an fp16 scale d (and for q4 an fp16 minimum m), both (N, K/32) made by
-      _scales() (SCALE_PAD values of storage after them); qs uint8 rows: q4 = (N, K/2) GGUF nibble order
-      (w = d * code + m), q8 = (N, K) code + 128 with m None (w = d * code).
+    - `blocks` -> (qs, d, m): the packed layout kernels.packed multiplies (its module docstring); they are
+      what a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
     - `source`: optionally the GGUF's own rows of this matrix (a view of the mapped file) and their type:
       embedding lookups then decode exactly the file's rows (engine.model.repack sets it).
     Rows are independent: a row's output never depends on the other rows of the call (batch invariance)."""
@@ -113,12 +80,9 @@ class PackedLinear:
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def _packed(self) -> list[torch.Tensor]:
-        """The tensors a decode-sized call reads."""
-        raise NotImplementedError
-
-    def _kernel_args(self) -> tuple:
-        """(qs, d, m) for torch.ops.pagedeck.qmatmul: see the class docstring."""
+    @property
+    def blocks(self) -> tuple:
+        """(qs, d, m) for qmatmul and kernels.decode_layers."""
         raise NotImplementedError
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,31 +93,21 @@ class PackedLinear:
 
     def nbytes(self) -> int:
         """Bytes one decode-sized call reads (the packed blocks and their scales)."""
-        return sum(t.numel() * t.element_size() for t in self._packed())
+        return sum(t.numel() * t.element_size() for t in self.blocks if t is not None)
 
     def memory_bytes(self) -> int:
         return self.nbytes() + (0 if self.dense is None else self.dense.numel() * self.dense.element_size())
 
     def __call__(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
         """x (..., K) -> (..., N), or (..., N/2) with act="swiglu"; every row independent of the others."""
-        ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-        if ops is not None and x.dim() == 2:  # the decode path: keep it lean, it runs ~120 times a step
-            return ops.qmatmul(x.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.shape[1])
-        if ops is not None:
-            y = ops.qmatmul(x2.contiguous(), *self._kernel_args(), ACTIVATIONS[act])
-        else:
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.shape[1])  # the decode path: lean, it runs ~120 times a step
+        y = qmatmul(x2, self.blocks, act)
+        if y is None:
             y = self._fallback(x2)
             if act == "swiglu":
                 y = kernels.silu_mul(y)
-        return y.view(*lead, y.shape[-1])
-
-
-def _check_blocks(N: int, K: int, scale: torch.Tensor) -> None:
-    if K % GROUP or scale.shape != (N, K // GROUP):
-        raise ValueError(f"packed weights want (N, K) with K % {GROUP} == 0 and (N, K/{GROUP}) scales, "
-                         f"got ({N}, {K}) and {tuple(scale.shape)}")
+        return y if x.dim() == 2 else y.view(*lead, y.shape[-1])
 
 
 class Q4Linear(PackedLinear):
@@ -164,13 +118,14 @@ class Q4Linear(PackedLinear):
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
-        _check_blocks(N, K, scale)
+        check_blocks(N, K, scale)
         if minimum.shape != scale.shape:
             raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
         if not q4_supported():
             raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
                                "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
-        self._set(pack_nibbles(codes).contiguous(), _scales(scale), _scales(minimum), keep_dense)
+        self._set(pack_nibbles(codes).contiguous(), pad_scales(scale), pad_scales(minimum),
+                  keep_dense)
 
     @classmethod
     def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
@@ -188,48 +143,31 @@ class Q4Linear(PackedLinear):
         if keep_dense:
             self.dense = self.dequantize()
 
-    @staticmethod
-    def _decode(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
-        n, k = qs.shape[0], qs.shape[1] * 2
-        b = qs.view(n, k // GROUP, 1, 16)
-        codes = torch.cat([b & 0xF, b >> 4], dim=2).view(n, k // GROUP, GROUP).float()
-        return (codes * scale.float()[..., None] + minimum.float()[..., None]).view(n, k)
-
-    def codes(self) -> torch.Tensor:
-        N, K = self.shape
-        b = self.qs.view(N, K // GROUP, 1, 16)
-        return torch.cat([b & 0xF, b >> 4], dim=2).reshape(N, K)
-
     @classmethod
     def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        out = cls.from_packed(_stack(parts, "qs", consume), _scales(_stack(parts, "scale", consume)),
-                              _scales(_stack(parts, "minimum", consume)))
+        out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
+                              pad_scales(_stack(parts, "minimum", consume)))
         out.dense = dense
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+        return q4_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
+        return q4_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
 
-    def _packed(self) -> list[torch.Tensor]:
-        return [self.qs, self.scale, self.minimum]
-
-    def _kernel_args(self) -> tuple:
+    @property
+    def blocks(self) -> tuple:
         return self.qs, self.scale, self.minimum
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
-        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or x.device.type != "cpu":
+        if not int4_available() or x.device.type != "cpu":
             return super()._fallback(x)
-        if self._int4 is None:  # torch's form: w = (code - 8) * scale + zero, bf16 scales and zeros
-            zero = self.minimum.float() + 8 * self.scale.float()
-            self._int4 = (torch.ops.aten._convert_weight_to_int4pack_for_cpu(self.codes().to(torch.int32), 1),
-                          torch.stack([self.scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous())
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self._int4[0], GROUP, self._int4[1])
-        return y.to(x.dtype)
+        if self._int4 is None:
+            self._int4 = int4_weight(self.qs, self.scale, self.minimum)
+        return int4_matmul(x, self._int4)
 
 
 class Q8Linear(PackedLinear):
@@ -241,10 +179,10 @@ class Q8Linear(PackedLinear):
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
                  keep_dense: bool = True):
         N, K = codes.shape
-        _check_blocks(N, K, scale)
+        check_blocks(N, K, scale)
         if codes.dtype != torch.int8:
             raise ValueError(f"Q8Linear codes must be int8, got {codes.dtype}")
-        self._set(codes.contiguous().view(torch.uint8) ^ 0x80, _scales(scale), dense, keep_dense)
+        self._set(q8_pack(codes), pad_scales(scale), dense, keep_dense)
 
     @classmethod
     def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None = None,
@@ -261,8 +199,8 @@ class Q8Linear(PackedLinear):
         rows = tile_rows(K)
         qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
         for r0 in range(0, N, rows):
-            codes, scale[r0:r0 + rows] = q8_blocks(p.dense_rows(r0, min(r0 + rows, N)))
-            qs[r0:r0 + rows] = codes.view(torch.uint8) ^ 0x80
+            codes, scale[r0:r0 + rows] = q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
+            qs[r0:r0 + rows] = q8_pack(codes)
         return cls.from_packed(qs, scale, p.dense, p.dense is not None)
 
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None, keep_dense: bool) -> None:
@@ -278,52 +216,25 @@ class Q8Linear(PackedLinear):
         N, K = w.shape
         if K % GROUP:
             raise ValueError(f"q8 packing needs K % {GROUP} == 0, got {tuple(w.shape)}")
-        codes, scale = q8_blocks(w)
+        codes, scale = q8_quantize(w)
         return cls(codes, scale, w.float() if keep_dense else None, keep_dense)
 
     @classmethod
     def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        return cls.from_packed(_stack(parts, "qs", consume), _scales(_stack(parts, "scale", consume)), dense,
+        return cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
                                dense is not None)
 
-    def codes(self) -> torch.Tensor:
-        return (self.qs ^ 0x80).view(torch.int8)
-
-    @staticmethod
-    def _decode(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        n, k = qs.shape
-        w = (qs ^ 0x80).view(torch.int8).float().view(n, k // GROUP, GROUP) * scale.float()[..., None]
-        return w.view(n, k)
-
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return self._decode(self.qs[start:stop], self.scale[start:stop])
+        return q8_dequantize(self.qs[start:stop], self.scale[start:stop])
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._decode(self.qs[ids], self.scale[ids])
+        return q8_dequantize(self.qs[ids], self.scale[ids])
 
-    def _packed(self) -> list[torch.Tensor]:
-        return [self.qs, self.scale]
-
-    def _kernel_args(self) -> tuple:
+    @property
+    def blocks(self) -> tuple:
         return self.qs, self.scale, None
-
-
-def q8_blocks(w: torch.Tensor, rows: int = TILE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes (N, K) int8, scale (N, K/32) fp16) exactly as gguf.quants writes Q8_0, TILE_ROWS rows at a
-    time (no whole-matrix fp32 temporaries)."""
-    N, K = w.shape
-    codes = torch.empty(N, K, dtype=torch.int8)
-    scale = torch.empty(N, K // GROUP, dtype=torch.float16)
-    for r0 in range(0, N, rows):
-        blocks = w[r0:r0 + rows].detach().float().reshape(-1, K // GROUP, GROUP)
-        d = blocks.abs().amax(-1) / 127
-        q = blocks * torch.where(d > 0, 1 / d, torch.zeros(()))[..., None]  # gguf: codes from the fp32 scale,
-        q = q.sign() * (q.abs() + 0.5).floor()  # rounded half away from zero, the scale then stored as fp16
-        codes[r0:r0 + rows] = q.clamp(-127, 127).to(torch.int8).reshape(-1, K)
-        scale[r0:r0 + rows] = d.to(torch.float16)
-    return codes, scale
 
 
 def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:

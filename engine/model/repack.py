@@ -27,8 +27,10 @@ from __future__ import annotations
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kernels.packed import GROUP, pack_nibbles, padded_scales, q8_pack, q8_quantize
+
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import GROUP, PackedLinear, Q4Linear, Q8Linear, pack_nibbles, padded_scales, q8_blocks, tile_rows
+from .qlinear import PackedLinear, Q4Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
@@ -102,8 +104,8 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
                 blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
                 codes, scale[r0:r0 + step] = blocks[:, 2:].reshape(tile.shape[0], k), half(blocks, 0).view(-1, k // GROUP)
             else:
-                codes, scale[r0:r0 + step] = q8_blocks(dequantize(tile, qtype, (tile.shape[0], k)))
-            qs[r0:r0 + step] = codes.view(torch.uint8) ^ 0x80  # code + 128 (the kernel's u8 x s8 form)
+                codes, scale[r0:r0 + step] = q8_quantize(dequantize(tile, qtype, (tile.shape[0], k)))
+            qs[r0:r0 + step] = q8_pack(codes)  # code + 128 (the kernel's u8 x s8 form)
         return Q8Linear.from_packed(qs, scale, exact, keep_dense)
     qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // GROUP)
     for r0 in range(0, n, step):

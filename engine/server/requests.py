@@ -8,18 +8,21 @@ Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLla
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..contract import InvalidSetting, SamplerSettings
 from ..generator.filters import JSONSchemaFilter
-from ..contract import SamplerSettings
 from .errors import ApiError, bad_request
 from .served import ServedModel
 
 MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 2.0  # OpenAI's cap; the sampler itself takes any finite temperature
+# OpenAI's names for the sampler fields a request sets (the others share SamplerSettings' names)
+OPENAI_NAMES = {"token_repetition_penalty": "repetition_penalty", "token_presence_penalty": "presence_penalty",
+                "token_frequency_penalty": "frequency_penalty", "token_bias": "logit_bias"}
 COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
@@ -186,22 +189,27 @@ def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, defaul
 
 # ---- sampling ----------------------------------------------------------------------------------------
 def _sampler(body: dict, vocab_size: int) -> SamplerSettings:
-    temperature = _num_field(body, "temperature", 1.0, 0.0, 2.0)
+    """The request's sampler, checked by SamplerSettings.validate (its error names the OpenAI parameter);
+    on top of it only what this API adds: top_k -1 means off, temperature is capped at OpenAI's 2, and
+    logit_bias keys are vocabulary ids with biases in [-100, 100]."""
     top_k = body.get("top_k")
     if top_k is not None and (_not_int(top_k) or top_k < -1):
         raise bad_request(f"top_k must be an integer >= 1, or 0 / -1 for off, got {top_k!r}", "top_k")
     settings = SamplerSettings(
-        temperature=temperature, top_k=max(0, top_k or 0), top_p=_num_field(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
-        min_p=_num_field(body, "min_p", 0.0, 0.0, 1.0),
-        token_repetition_penalty=_num_field(body, "repetition_penalty", 1.0, 0.0, math.inf, open_low=True),
-        token_presence_penalty=_num_field(body, "presence_penalty", 0.0, -2.0, 2.0),
-        token_frequency_penalty=_num_field(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        temperature=_number(body, "temperature", 1.0), top_k=max(0, top_k or 0), top_p=_number(body, "top_p", 1.0),
+        min_p=_number(body, "min_p", 0.0), token_repetition_penalty=_number(body, "repetition_penalty", 1.0),
+        token_presence_penalty=_number(body, "presence_penalty", 0.0),
+        token_frequency_penalty=_number(body, "frequency_penalty", 0.0),
         token_bias=_logit_bias(body.get("logit_bias"), vocab_size),
     )
     try:
         settings.validate()
-    except ValueError as exc:
-        raise bad_request(str(exc)) from None
+    except InvalidSetting as exc:
+        param = OPENAI_NAMES.get(exc.field, exc.field)
+        raise bad_request(param + str(exc)[len(exc.field):], param) from None
+    if settings.temperature > MAX_TEMPERATURE:
+        raise bad_request(f"temperature={settings.temperature!r} is out of range: must be in [0, {MAX_TEMPERATURE:g}]",
+                          "temperature")
     return settings
 
 
@@ -289,16 +297,12 @@ def _int_field(body: dict, name: str, default: int, low: int) -> int:
     return value
 
 
-def _num_field(body: dict, name: str, default: float, low: float, high: float, open_low: bool = False) -> float:
+def _number(body: dict, name: str, default: float) -> Any:
+    """A numeric field as a float (the sampler's own type), anything else as sent, for validate() to refuse."""
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise bad_request(f"{name} must be a number, got {value!r}", name)
-    if value > high or value < low or (open_low and value == low):
-        bounds = f"({low:g}, {high:g}]" if open_low else f"[{low:g}, {high:g}]"
-        raise bad_request(f"{name}={value!r} is out of range: must be in {bounds}", name)
-    return float(value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 def _bool_field(body: dict, name: str, default: bool, param: str | None = None) -> bool:

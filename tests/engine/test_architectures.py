@@ -2,26 +2,40 @@
 through the paged generator (chunked prefill, batched decode, windows crossing page and chunk borders),
 each feature shown to matter, and Gemma 3's multimodal checkpoints read for their text decoder."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings
 from tests.engine.test_model_peer import TINY_ATOL, greedy_hf, hf_logits, hf_model, prompt_ids
 from tests.tiny_models import ARCHS, default_tokenizer, tiny_config, write_tiny_model
+from tools.logits import forward_tokens
 
 
-def generate_batched(model, prompts, steps, **kw):
-    """Greedy tokens of several prompts run together through the paged generator, 16-token chunks."""
+def batched_run(model, prompts, steps, **kw):
+    """A paged generator (16-token chunks) with greedy jobs of several prompts queued, and a step function
+    that runs one step and collects each job's tokens; returns (generator, step, tokens per prompt)."""
     cache = PagedCache(model, max_tokens=1024, page_size=16)
     gen = DynamicGenerator(model, cache, default_tokenizer(), max_chunk_size=16, **kw)
     jobs = [DynamicJob(p, steps, gen_settings=SamplerSettings.greedy()) for p in prompts]
     tokens = {id(j): [] for j in jobs}
     gen.enqueue(jobs)
-    while gen.num_remaining_jobs():
+
+    def step():
         for r in gen.iterate():
             if r["stage"] == "streaming":
                 tokens[id(r["job"])] += r["token_ids"]
-    return [tokens[id(j)] for j in jobs]
+
+    return gen, step, [tokens[id(j)] for j in jobs]
+
+
+def generate_batched(model, prompts, steps, **kw):
+    """Greedy tokens of several prompts run together through the paged generator, 16-token chunks."""
+    gen, step, tokens = batched_run(model, prompts, steps, **kw)
+    while gen.num_remaining_jobs():
+        step()
+    return tokens
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "phi3-long"])
@@ -46,14 +60,33 @@ def test_long_rope_is_chosen_by_the_generators_context():
     model = random_model(ModelConfig.from_hf(tiny_config("phi3-long").to_dict()), "cpu", torch.float32)
     short, long = model.config.rope_inv_freq(), model.config.rope_inv_freq(long=True)
     assert not torch.equal(short, long)
-    generate_batched(model, [prompt_ids(5)], 1, max_seq_len=64)
-    assert torch.equal(model.inv_freq, short)
-    generate_batched(model, [prompt_ids(5)], 1)  # cache of 1024 tokens > 64
-    assert torch.equal(model.inv_freq, long)
+    within, *_ = batched_run(model, [prompt_ids(5)], 1, max_seq_len=64)
+    assert torch.equal(within.rotary.inv_freq, short)
+    beyond, *_ = batched_run(model, [prompt_ids(5)], 1)  # cache of 1024 tokens > 64
+    assert torch.equal(beyond.rotary.inv_freq, long)
+    assert torch.equal(within.rotary.inv_freq, short)  # the second generator changed nothing of the first's
+
+
+def test_generators_sharing_a_model_step_as_each_alone(tmp_path):
+    """A Model is shared: two generators with different context lengths (LongRoPE's short and long sets),
+    stepped in turn, give what each gives alone, and no forward changes anything on the model."""
+    model = Model.load(write_tiny_model(tmp_path / "phi3", "phi3-long"), device="cpu", dtype=torch.float32)
+    prompts = [prompt_ids(n, seed=n) for n in (30, 37)]
+    alone = [generate_batched(model, prompts, 12, max_seq_len=64), generate_batched(model, prompts, 12)]
+    assert alone[0] != alone[1]  # the two rope sets differ enough to change greedy tokens
+    before = dict(vars(model))
+    runs = [batched_run(model, prompts, 12, max_seq_len=64), batched_run(model, prompts, 12)]
+    while any(gen.num_remaining_jobs() for gen, _, _ in runs):
+        for gen, step, _ in runs:
+            if gen.num_remaining_jobs():
+                step()
+    assert [tokens for _, _, tokens in runs] == alone
+    forward_tokens(model, prompts[0])
+    assert vars(model).keys() == before.keys() and all(vars(model)[k] is v for k, v in before.items())
 
 
 def _max_diff(model, ids, expected):
-    return (model.forward_tokens(ids) - expected).abs().max().item()
+    return (forward_tokens(model, ids) - expected).abs().max().item()
 
 
 def test_gemma2_features_each_matter(tmp_path):
@@ -89,9 +122,9 @@ def test_gemma3_local_rope_base_and_embedding_scale_matter(tmp_path):
     ids = prompt_ids(40, seed=3)
     expected = hf_logits(hf_model(folder), ids)
     assert _max_diff(ours, ids, expected) < TINY_ATOL
-    local, ours.sliding_inv_freq = ours.sliding_inv_freq, ours.inv_freq
-    assert _max_diff(ours, ids, expected) > 100 * TINY_ATOL
-    ours.sliding_inv_freq = local
+    rotary = ours.rotary_for(ids.shape[1])
+    one_base = dataclasses.replace(rotary, sliding_inv_freq=rotary.inv_freq)
+    assert (forward_tokens(ours, ids, rotary=one_base) - expected).abs().max().item() > 100 * TINY_ATOL
     ours.embed_scale = None
     assert _max_diff(ours, ids, expected) > 100 * TINY_ATOL
 

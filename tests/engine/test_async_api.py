@@ -93,14 +93,14 @@ class Gate:
         self.fail_with: BaseException | None = None
         inner = model.forward
 
-        def forward(batch, cache, lora=None):
+        def forward(batch, cache, lora=None, rotary=None):
             if self.fail_with is not None:
                 exc, self.fail_with = self.fail_with, None
                 raise exc
             if not self.open_.is_set():
                 self.parked.set()
                 self.open_.wait(TIMEOUT)
-            return inner(batch, cache, lora)
+            return inner(batch, cache, lora, rotary)
 
         monkeypatch.setattr(model, "forward", forward)
 
@@ -166,7 +166,7 @@ def test_iterate_runs_on_one_worker_thread_and_the_loop_stays_free(tiny, monkeyp
                 ticks += 1
             gate.open()
             results = await collect(job)
-            return threads, agen.worker_thread.ident, threading.get_ident(), ticks, results
+            return threads, agen._worker.ident, threading.get_ident(), ticks, results
         finally:
             gate.open()
             await agen.close()
@@ -245,7 +245,7 @@ def test_engine_failure_reaches_every_waiting_job_and_the_worker_recovers(tiny, 
             after = agen.metrics()
             later = await collect(DynamicJobAsync(agen, input_ids=later_prompt, max_new_tokens=8,
                                                   gen_settings=GREEDY))
-            return outcomes, after, later, agen.worker_thread.is_alive()
+            return outcomes, after, later, agen._worker.is_alive()
         finally:
             await agen.close()
 
@@ -387,7 +387,7 @@ def test_close_cancels_jobs_wakes_consumers_and_stops_the_worker(tiny):
             await swap
         with pytest.raises(RuntimeError, match="closed"):
             DynamicJobAsync(agen, input_ids=prompt(4), max_new_tokens=2)
-        return rest, deferred_results, agen.worker_thread.is_alive(), agen.metrics()
+        return rest, deferred_results, agen._worker.is_alive(), agen.metrics()
 
     rest, deferred_results, alive, metrics = run(main())
     assert rest[-1]["eos_reason"] == "cancelled"
@@ -435,7 +435,7 @@ def test_run_on_worker_runs_between_steps_on_the_worker_thread(tiny):
                 await job.__anext__()
                 await agen.run_on_worker(lambda gen: gen.reset_page_table())
             await job.cancel()
-            return ident, agen.worker_thread.ident
+            return ident, agen._worker.ident
         finally:
             await agen.close()
 
@@ -462,7 +462,7 @@ def test_per_job_adapters_load_off_the_loop_and_unload_waits_for_its_jobs(tiny, 
         agen = make_async(tiny)
         try:
             style = await agen.load_lora(adapter)
-            assert load_threads and load_threads[-1] not in (threading.current_thread(), agen.worker_thread)
+            assert load_threads and load_threads[-1] not in (threading.current_thread(), agen._worker)
             # Hold the worker so the unload provably runs while job a is queued (no race with its steps).
             loop = asyncio.get_running_loop()
             gate1, gate2, held = threading.Event(), threading.Event(), asyncio.Event()
@@ -505,3 +505,36 @@ def test_per_job_adapters_load_off_the_loop_and_unload_waits_for_its_jobs(tiny, 
     assert tokens_of(results_a) == with_lora and tokens_of(results_b) == base  # one batch, two adapter sets
     assert results_a[-1]["eos_reason"] == "max_new_tokens" and results_a[-1]["loras"] == [("style", 1.0)]
     assert log.index("a") < log.index("unloaded") and loaded == []  # the unload waited for its job
+
+
+def test_adapters_snapshot_shows_each_change_when_its_call_returns(tiny, tmp_path):
+    """adapters() is published by the worker before an awaited load_lora / set_loras / unload_lora wakes its
+    caller, so the caller reads its own change at once (the app's panels and the server rely on it)."""
+    from engine.contract import AdapterSnapshot
+
+    folder = write_adapter(tmp_path / "style")
+
+    async def main():
+        agen = make_async(tiny)
+        try:
+            snaps = [agen.adapters()]
+            await agen.load_lora(folder)
+            snaps.append(agen.adapters())
+            await agen.set_loras(["style"], 0.5)
+            snaps.append(agen.adapters())
+            await agen.set_loras(None)
+            snaps.append(agen.adapters())
+            await agen.unload_lora("style")
+            snaps.append(agen.adapters())
+            return snaps
+        finally:
+            await agen.close()
+
+    before, loaded, default, no_default, gone = run(main())
+    assert all(isinstance(s, AdapterSnapshot) for s in (before, loaded, default, no_default, gone))
+    assert before == AdapterSnapshot()
+    assert dict(loaded.folders) == {"style": str(folder)} and loaded.default == () and not loaded.unloading
+    assert loaded.available == {"style": str(folder)}
+    assert dict(default.folders) == {"style": str(folder)} and default.default == (("style", 0.5),)
+    assert dict(no_default.folders) == {"style": str(folder)} and no_default.default == ()
+    assert dict(gone.folders) == {} and gone.available == {} and not gone.unloading and gone.default == ()

@@ -1,6 +1,8 @@
 """PagedCache: geometry, quantized pools, and the generator running on them."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -23,6 +25,19 @@ def test_geometry_and_errors(tiny):
         PagedCache(model, 256, 16, kv_quant="q3")
     with pytest.raises(ValueError, match="at least one page"):
         PagedCache(model, 8, 16)
+
+
+def test_cache_is_built_from_a_spec_and_refused_by_a_different_model(tiny):
+    """A cache keeps its model's CacheSpec, never the model; a generator refuses a cache of another spec."""
+    model, tok = tiny
+    spec = model.cache_spec()
+    cache = PagedCache(spec, 256, 16)
+    assert cache.spec == spec and PagedCache(model, 256, 16).spec == spec
+    assert not any(v is model for v in vars(cache).values())
+    DynamicGenerator(model, cache, tok)  # a cache of an equal spec serves the model
+    other = PagedCache(dataclasses.replace(spec, num_layers=spec.num_layers + 1), 256, 16)
+    with pytest.raises(ValueError, match="different model"):
+        DynamicGenerator(model, other, tok)
 
 
 @pytest.mark.parametrize("fmt", ["q8", "q6", "q4"])

@@ -16,6 +16,7 @@ from engine.bench.synthetic import random_model, tensor_shapes
 from engine.cli import build_parser, main, sampler_from_args
 from engine.model.config import ModelConfig
 from tests.tiny_models import write_tiny_model
+from tools.logits import forward_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN_KEYS = {"text", "new_tokens", "prompt_tokens", "eos_reason", "tokens_per_s", "ttft_ms"}
@@ -243,5 +244,5 @@ def test_random_model_runs_through_the_generator():
     while gen.num_remaining_jobs():
         tokens += [t for r in gen.iterate() if r["stage"] == "streaming" for t in r["token_ids"]]
     assert len(tokens) == 6 and all(0 <= t < tok.vocab_size for t in tokens)
-    logits = model.forward_tokens(torch.tensor([[5, 6, 7, 8]]))
+    logits = forward_tokens(model, torch.tensor([[5, 6, 7, 8]]))
     assert torch.isfinite(logits).all() and logits.std() > 0

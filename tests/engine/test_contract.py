@@ -8,8 +8,8 @@ import typing
 import pytest
 
 from engine.contract import (
-    CACHED, EOS_REASONS, FREE, KV_QUANT_FORMATS, METRICS_KEYS, STAGES, WEIGHT_FORMATS, SamplerSettings,
-    StreamingResult, check_page_size,
+    CACHED, EOS_REASONS, FREE, KV_QUANT_FORMATS, METRICS_KEYS, STAGES, WEIGHT_FORMATS, InvalidSetting,
+    SamplerSettings, StreamingResult, check_lora_pairs, check_page_size,
 )
 
 
@@ -43,6 +43,24 @@ def test_engine_formats_are_the_contracts():
 def test_page_size_rule(page_size):
     with pytest.raises(ValueError, match="page_size"):
         check_page_size(page_size)
+
+
+def test_lora_pairs_rule():
+    assert check_lora_pairs([("a", 1), ["b", 0.5]]) == (("a", 1.0), ("b", 0.5)) and check_lora_pairs(()) == ()
+    for pairs, message in [([("a", 1.0), ("a", 2.0)], "named twice"), ([("a", float("inf"))], "finite"),
+                           ([("a", True)], "finite"), ([("", 1.0)], "non-empty string"), ([(3, 1.0)], "non-empty"),
+                           (["a"], "pairs"), ([("a", 1.0, 2)], "pairs")]:
+        with pytest.raises(ValueError, match=message):
+            check_lora_pairs(pairs)
+
+
+def test_invalid_setting_names_the_field():
+    with pytest.raises(InvalidSetting) as err:
+        SamplerSettings(token_presence_penalty=3).validate()
+    assert err.value.field == "token_presence_penalty" and str(err.value).startswith("token_presence_penalty=")
+    with pytest.raises(InvalidSetting) as err:
+        SamplerSettings(token_bias={5: float("inf")}).validate()
+    assert err.value.field == "token_bias" and str(err.value).startswith("token_bias[5]=")
 
 
 def test_stages_and_eos_reasons_cover_what_the_engine_reports():

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
+from tools.logits import forward_tokens
 
 GREEDY = SamplerSettings.greedy()
 
@@ -48,7 +49,7 @@ def naive_greedy(model, ids, n):
     seq = ids.clone()
     out = []
     for _ in range(n):
-        nxt = int(model.forward_tokens(seq)[-1].argmax())
+        nxt = int(forward_tokens(model, seq)[-1].argmax())
         out.append(nxt)
         seq = torch.cat([seq, torch.tensor([[nxt]])], dim=1)
     return out

@@ -18,6 +18,7 @@ from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSetti
 from engine.contract import demo_adapters_folder, find_adapters
 from engine.model.lora import LoRA, LoRASet, MissingAdapterFile
 from tests.tiny_models import write_tiny_model
+from tools.logits import forward_tokens
 
 GREEDY = SamplerSettings.greedy()
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -125,9 +126,9 @@ def test_adapter_equals_peft_merged_weights(arch, tmp_path):
     shutil.copy(base / "tokenizer.json", tmp_path / "merged" / "tokenizer.json")
 
     ours, merged = Model.load(base), Model.load(tmp_path / "merged")
-    plain = ours.forward_tokens(ids)
-    with_lora = ours.forward_tokens(ids, lora=LoRASet.build(ours, adapter))
-    close(with_lora, merged.forward_tokens(ids))
+    plain = forward_tokens(ours, ids)
+    with_lora = forward_tokens(ours, ids, lora=LoRASet.build(ours, adapter))
+    close(with_lora, forward_tokens(merged, ids))
     close(with_lora, peft_logits[:, : ours.vocab_size])
     assert (with_lora - plain).abs().max() > 1.0  # the adapter really changes the output
 
@@ -155,7 +156,7 @@ def test_rslora_scaling_matches_peft(model, tiny_folder, adapters):
     ids = prompt_ids(20, seed=3)
     with torch.no_grad():
         expected = peft_model(ids).logits[0, :, : model.vocab_size]
-    close(model.forward_tokens(ids, lora=LoRASet.build(model, lora)), expected)
+    close(forward_tokens(model, ids, lora=LoRASet.build(model, lora)), expected)
 
 
 def test_scales_and_two_adapters_equal_hand_merge(model, tiny_folder, adapters, tmp_path):
@@ -163,14 +164,14 @@ def test_scales_and_two_adapters_equal_hand_merge(model, tiny_folder, adapters, 
     pairs = [(adapters["all"], 0.7), (adapters["qv"], -0.5)]
     merged = Model.load(merge_by_hand(tiny_folder, tmp_path / "two", pairs))
     two = LoRASet.build(model, [p for p, _ in pairs], [s for _, s in pairs])
-    close(model.forward_tokens(ids, lora=two), merged.forward_tokens(ids))
+    close(forward_tokens(model, ids, lora=two), forward_tokens(merged, ids))
 
     half = Model.load(merge_by_hand(tiny_folder, tmp_path / "half", [(adapters["all"], 0.5)]))
     half_set = LoRASet.build(model, LoRA.load(adapters["all"], model), 0.5)
-    close(model.forward_tokens(ids, lora=half_set), half.forward_tokens(ids))
+    close(forward_tokens(model, ids, lora=half_set), forward_tokens(half, ids))
 
-    base = Model.load(tiny_folder).forward_tokens(ids)
-    close(model.forward_tokens(ids, lora=LoRASet.build(model, adapters["all"], 0.0)), base)
+    base = forward_tokens(Model.load(tiny_folder), ids)
+    close(forward_tokens(model, ids, lora=LoRASet.build(model, adapters["all"], 0.0)), base)
 
 
 def test_bin_weights_load_like_safetensors(model, tiny_folder, tmp_path):
@@ -205,14 +206,14 @@ def test_set_loras_refused_while_jobs_queued_or_running(model, tiny_folder, adap
     assert job in gen.active
     with pytest.raises(RuntimeError, match="jobs"):
         gen.set_loras(adapters["all"])  # running
-    assert gen.lora_set is None
+    assert gen.loras == []
     while gen.num_remaining_jobs():
         gen.iterate()
     gen.set_loras(adapters["all"])
-    assert gen.lora_set is not None
+    assert gen.loras
     with pytest.raises(ValueError):  # a bad adapter leaves the active set as it was
         gen.set_loras([adapters["all"], adapters["qv"]], [1.0])
-    assert [a.name for a in gen.loras] == ["all"] and gen.lora_set.adapters[0].name == "all"
+    assert [a.name for a in gen.loras] == ["all"]
 
 
 def test_page_cache_is_never_shared_across_adapter_sets(model, tiny_folder, adapters):
@@ -225,7 +226,8 @@ def test_page_cache_is_never_shared_across_adapter_sets(model, tiny_folder, adap
     gen.set_loras(adapters["all"])
     with_lora, r = run(gen, ids)
     assert r["cached_tokens"] == 0
-    oracle = model.forward_tokens(ids, lora=gen.lora_set)[-1].argmax().item()
+    default = LoRASet(model, gen.loras, [scale for _, scale in gen.adapters.default])
+    oracle = forward_tokens(model, ids, lora=default)[-1].argmax().item()
     assert with_lora[0] == oracle and with_lora != base
     assert run(gen, ids)[1]["cached_tokens"] >= 32  # same set again: its own pages are reused
 
@@ -279,9 +281,9 @@ def test_two_generators_on_one_model_keep_their_own_adapters_and_pages(model, ti
 def test_adapters_are_never_model_state(model, tiny_folder, adapters):
     ids = prompt_ids(20, seed=9)
     lora = LoRASet.build(model, adapters["all"])
-    plain = model.forward_tokens(ids)
-    assert (model.forward_tokens(ids, lora=lora) - plain).abs().max() > 1.0
-    torch.testing.assert_close(model.forward_tokens(ids), plain, rtol=0, atol=0)  # nothing stayed behind
+    plain = forward_tokens(model, ids)
+    assert (forward_tokens(model, ids, lora=lora) - plain).abs().max() > 1.0
+    torch.testing.assert_close(forward_tokens(model, ids), plain, rtol=0, atol=0)  # nothing stayed behind
     with pytest.raises(AttributeError, match="lora="):
         model.lora = lora  # the old way would now be silently ignored: refuse it
     assert getattr(model, "lora", None) is None

@@ -1,4 +1,4 @@
-"""Per-job LoRA adapters (issue 13): jobs with different adapter sets in the same steps.
+"""Per-job LoRA adapters: jobs with different adapter sets in the same steps.
 
 Oracles: each job run alone, the base model with the adapters merged into its weights (by PEFT's
 merge_and_unload, or by hand from the files for weighted combinations), and a one-pass forward per
@@ -18,6 +18,7 @@ from engine.model.lora_batch import LoRABatch
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 from tests.engine.test_generator import run_all
 from tests.engine.test_lora import GREEDY, merge_by_hand, prompt_ids, write_peft_adapter
+from tools.logits import forward_tokens
 
 COMBO = [("all", 0.7), ("qv", -0.5)]
 
@@ -91,12 +92,12 @@ def test_mixed_step_logits_equal_each_sequence_alone(model, folders):
     assert lora.seg_rows == (5, 33, 1, 17, 8)
     mixed = model.forward(batch, cache, lora=lora)[:, : model.vocab_size]
     for i, (p, s) in enumerate(zip(prompts, sets)):
-        alone = model.forward_tokens(p, lora=LoRASet(model, list(s), list(s.values())) if s else None)
+        alone = forward_tokens(model, p, lora=LoRASet(model, list(s), list(s.values())) if s else None)
         rows = mixed[batch.logit_offsets[i] : batch.logit_offsets[i + 1]]
         # Not bitwise: MKL's sgemm rounds a row differently at different row counts (M=1 vs M=64 differ
         # in the last bit even without LoRA), so the tolerance is a few float32 ulps of the logits.
         torch.testing.assert_close(rows, alone, rtol=0, atol=2e-5 * alone.abs().max().item())
-    base = model.forward_tokens(prompts[1])
+    base = forward_tokens(model, prompts[1])
     assert (mixed[batch.logit_offsets[1] : batch.logit_offsets[2]] - base).abs().max() > 1.0  # adapters matter
 
 
@@ -160,13 +161,13 @@ def test_pages_are_shared_exactly_between_equal_adapter_sets(model, folders):
 
     assert cached(["all"]) == 0
     assert cached([("all", 1.0)]) >= 32  # the same adapter by name: its pages are reused
-    assert cached([gen.loaded_loras["all"]]) >= 32  # ... or by object
+    assert cached([gen.adapters.loaded["all"]]) >= 32  # ... or by object
     assert cached([("all", 0.5)]) == 0  # another scale: other K/V
     assert cached(["qv"]) == 0 and cached([]) == 0
     assert cached([("all", 0.7), ("qv", -0.5)]) == 0
     assert cached([("qv", -0.5), ("all", 0.7)]) >= 32  # a set is a set, whatever the order
     gen.set_loras(folders["all"])
-    assert gen.loaded_loras["all"] is gen.loras[0]  # the default set reuses the loaded adapter
+    assert gen.adapters.loaded["all"] is gen.loras[0]  # the default set reuses the loaded adapter
     assert cached(None) >= 32  # the default set is the same set as naming it
     # Running at once: equal sets share their prefix pages, different ones never do.
     shared_seen = []
@@ -218,7 +219,7 @@ def test_load_lora_registers_once_by_name(model, folders, tmp_path):
     with pytest.raises(ValueError, match="another LoRA adapter named 'all'"):
         gen.load_lora(other)
     b = gen.load_lora(other, name="all-v2")
-    assert sorted(gen.loaded_loras) == ["all", "all-v2"] and b.content_hash != a.content_hash
+    assert sorted(gen.adapters.loaded) == ["all", "all-v2"] and b.content_hash != a.content_hash
     with pytest.raises(ValueError, match="'pirate' is not loaded"):
         gen.enqueue(job(prompt_ids(8), ["pirate"]))
     stranger = LoRA.load(other, model, name="all")  # not the generator's "all"
@@ -249,16 +250,16 @@ def test_unload_lets_running_and_queued_jobs_finish_and_refuses_new_ones(model, 
     with pytest.raises(ValueError, match="being unloaded"):
         gen.load_lora(folders["qv"])
     while gen.num_remaining_jobs():
-        assert "qv" in gen.loaded_loras
+        assert "qv" in gen.adapters.loaded
         for r in gen.iterate():
             if r["stage"] == "streaming":
                 tokens[id(r["job"])] += r["token_ids"]
     assert tokens[id(running)] == tokens[id(queued)] == want
-    assert "qv" not in gen.loaded_loras and gen.metrics()["loras_loaded"] == ["all"]
+    assert "qv" not in gen.adapters.loaded and gen.metrics()["loras_loaded"] == ["all"]
     assert gen.load_lora(folders["qv"]).name == "qv"  # loadable again
-    assert gen.unload_lora(gen.loaded_loras["qv"]) is True  # idle: at once
+    assert gen.unload_lora(gen.adapters.loaded["qv"]) is True  # idle: at once
     gen.set_loras("all", 0.5)  # a loaded adapter's name works where a path does
-    assert gen.loras == [gen.loaded_loras["all"]]
+    assert gen.loras == [gen.adapters.loaded["all"]]
 
 
 def test_unload_refusals(model, folders):
@@ -272,7 +273,7 @@ def test_unload_refusals(model, folders):
     gen.enqueue(cancelled)
     assert gen.unload_lora("qv") is False
     gen.cancel(cancelled)  # its only job leaves the queue: the adapter goes with it
-    assert "qv" not in gen.loaded_loras
+    assert "qv" not in gen.adapters.loaded
 
 
 # ---------------------------------------------------------------- with the other features

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.model.model import Model
+from tools.logits import forward_tokens
 from tests.tiny_models import ARCHS, default_tokenizer, hf_default_model, write_tiny_gguf, write_tiny_model
 
 GREEDY_TOKENS = 32
@@ -55,7 +56,7 @@ def test_tiny_model_logits_and_greedy_match_transformers(tmp_path, arch, tie):
     continuation = greedy_hf(theirs, ids, GREEDY_TOKENS)
     assert len(set(continuation)) > 3  # a real continuation, not one repeated token
     full = torch.cat([ids, torch.tensor([continuation])], dim=1)
-    a, b = ours.forward_tokens(full), hf_logits(theirs, full)
+    a, b = forward_tokens(ours, full), hf_logits(theirs, full)
     assert a.dtype == torch.float32 and a.shape == (full.shape[1], 49152)
     assert (a - b).abs().max().item() < TINY_ATOL, f"{arch} tie={tie}: max abs diff {(a - b).abs().max().item()}"
     assert_same_greedy(a, ids.shape[1], continuation)
@@ -67,10 +68,9 @@ def test_tiny_llama3_rope_scaling_matters(tmp_path):
     ours, theirs = Model.load(folder, device="cpu", dtype=torch.float32), hf_model(folder)
     ids = prompt_ids(80, seed=2)  # longer than original_max_position_embeddings (64)
     expected = hf_logits(theirs, ids)
-    assert (ours.forward_tokens(ids) - expected).abs().max().item() < TINY_ATOL
-    ours.config.rope_scaling = None
-    ours.inv_freq = ours.config.rope_inv_freq()
-    assert (ours.forward_tokens(ids) - expected).abs().max().item() > 100 * TINY_ATOL
+    assert (forward_tokens(ours, ids) - expected).abs().max().item() < TINY_ATOL
+    ours.config.rope_scaling = None  # forward_tokens builds its rotation from the config
+    assert (forward_tokens(ours, ids) - expected).abs().max().item() > 100 * TINY_ATOL
 
 
 def test_tiny_model_extra_shapes_match_transformers(tmp_path):
@@ -78,7 +78,7 @@ def test_tiny_model_extra_shapes_match_transformers(tmp_path):
     for arch, extra in (("qwen3", {"head_dim": 32}), ("llama", {"num_key_value_heads": 4})):
         folder = write_tiny_model(tmp_path / arch, arch, **extra)
         ids = prompt_ids(24, seed=3)
-        a = Model.load(folder, device="cpu", dtype=torch.float32).forward_tokens(ids)
+        a = forward_tokens(Model.load(folder, device="cpu", dtype=torch.float32), ids)
         assert (a - hf_logits(hf_model(folder), ids)).abs().max().item() < TINY_ATOL, arch
 
 
@@ -98,11 +98,11 @@ def test_tiny_gguf_model_matches_transformers_on_the_source_folder(tmp_path, arc
     ours, theirs = Model.load(path, device="cpu", dtype=torch.float32), hf_model(folder)
     assert ours.config.tie_word_embeddings == tie
     ids = prompt_ids(70, seed=4)
-    a, b = ours.forward_tokens(ids), hf_logits(theirs, ids)
+    a, b = forward_tokens(ours, ids), hf_logits(theirs, ids)
     assert (a - b).abs().max().item() < TINY_ATOL, (a - b).abs().max().item()
     short = prompt_ids(24, seed=5)  # greedy within LongRoPE's short range, as in the folder test
     continuation = greedy_hf(theirs, short, GREEDY_TOKENS)
-    assert_same_greedy(ours.forward_tokens(torch.cat([short, torch.tensor([continuation])], dim=1)), 24,
+    assert_same_greedy(forward_tokens(ours, torch.cat([short, torch.tensor([continuation])], dim=1)), 24,
                        continuation)
 
 
@@ -125,7 +125,7 @@ def test_default_model_logits_and_greedy_match_transformers(default_model):
     ids = chat_ids("Write a short poem about the sea.")
     continuation = greedy_hf(theirs, ids, GREEDY_TOKENS)
     full = torch.cat([ids, torch.tensor([continuation])], dim=1)
-    a, b = default_model.forward_tokens(full), hf_logits(theirs, full)
+    a, b = forward_tokens(default_model, full), hf_logits(theirs, full)
     assert a.shape == (full.shape[1], 49152)
     assert (a - b).abs().max().item() < 2e-3, (a - b).abs().max().item()  # logits span ~+-30
     assert_same_greedy(a, ids.shape[1], continuation)

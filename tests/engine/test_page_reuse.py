@@ -13,6 +13,7 @@ import torch
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 from tests.tiny_models import write_tiny_model
+from tools.logits import forward_tokens
 
 TOLERANCE = 1e-3  # dense fp32; the paged path differs from one pass by ~1e-4 at most
 
@@ -44,7 +45,7 @@ def run_checked(gen: DynamicGenerator, jobs: list[DynamicJob]):
 def assert_like_one_pass(model, prompt, runs, n):
     """Every run generated the same tokens, with the logits one forward over the whole text gives."""
     text = prompt + runs[0][0]
-    want = model.forward_tokens(torch.tensor([text]))[len(prompt) - 1 : len(prompt) - 1 + n]
+    want = forward_tokens(model, torch.tensor([text]))[len(prompt) - 1 : len(prompt) - 1 + n]
     for toks, logits, _, _ in runs:
         assert toks == runs[0][0]
         diff = (logits[:, : model.vocab_size] - want).abs().max().item()

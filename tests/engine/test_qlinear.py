@@ -10,9 +10,10 @@ from gguf import GGMLQuantizationType as QT
 from engine import Model, Tokenizer
 from engine.model import qlinear, repack
 from engine.model.ggml_blocks import dequantize
-from engine.model.ggml_blocks import quantize as quantize_ggml
 from engine.model.qlinear import Q4Linear, Q8Linear, RowSplit, cat_packed, linear
 from tests.tiny_models import q4_k_m, write_tiny_gguf
+from tools.ggml_writers import quantize as quantize_ggml
+from tools.logits import forward_tokens
 
 Q4_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q4_K]
 Q8_TYPES = [QT.Q8_0, QT.Q5_K, QT.Q6_K, QT.Q5_0, QT.Q5_1]
@@ -156,7 +157,7 @@ def test_default_model_packed_is_smaller_and_agrees_with_dense(models, quality, 
     assert 0 < r["max_abs_logit_diff"] < 3.0, r  # really a different path, and a close one
     # prompt rows use the dense copies (layers and head): a whole-prompt forward gives the dense model's logits,
     # up to fp32 rounding (the fused norm and rotary kernels round differently from torch's)
-    torch.testing.assert_close(packed.forward_tokens(ids), dense.forward_tokens(ids), rtol=1e-4, atol=2e-4)
+    torch.testing.assert_close(forward_tokens(packed, ids), forward_tokens(dense, ids), rtol=1e-4, atol=2e-4)
 
 
 def test_default_model_packed_is_as_close_to_dense_as_llama_cpp(models, quality):
@@ -224,7 +225,7 @@ def test_tiny_gguf_of_each_type_follows_its_dense_form(wide_llama_folder, tmp_pa
     # prompt rows: no dense copy, so the packed kernels like generated rows (dense tiles decoded every weight
     # per chunk): a one-pass forward gives the token-by-token logits, up to the attention path's rounding
     # amplified by the random layers (dense prompt rows were 0.05-0.15 away from them)
-    p, d = q.forward_tokens(ids), dense.forward_tokens(ids)
+    p, d = forward_tokens(q, ids), forward_tokens(dense, ids)
     assert ((p - b).norm() / b.norm()).item() < 0.01
     assert ((p - d).norm() / d.norm()).item() < (0.15 if qtype in ("Q6_K", "Q4_K_M", "Q5_K") else 0.1)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
-from engine.generator.speculative import NgramIndex
+from engine.generator.ngram import NgramIndex
 from tests.engine.test_generator import GREEDY, naive_greedy, prompt_ids, run_all
 from tests.tiny_models import write_tiny_model
 

@@ -11,10 +11,10 @@ from safetensors.torch import load_file, save_file
 
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantize
-from engine.model.ggml_blocks import quantize as quantize_ggml
 from engine.model.weights import GGUFFile, default_model_path, expected_tensor_names, load_weights
 from tests.tiny_models import (ARCHS, GEMMAS, LLAMA3_ROPE, hf_default_model, tiny_config, write_tiny_gguf,
                                 write_tiny_model)
+from tools.ggml_writers import quantize as quantize_ggml
 
 Q = gguf.GGMLQuantizationType
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import kernels
 from engine.model.qlinear import Q4Linear, Q8Linear
 from kernels import cpu_ext
+from kernels.packed import q8_unpack, unpack_nibbles
 from kernels import reference as ref
 from kernels.reference_attention import paged_attention
 from tests.kernels.test_oracle import PagedCase
@@ -26,6 +27,11 @@ def random_q4(N: int, K: int, seed: int = 0) -> Q4Linear:
     scale = (torch.rand(N, K // 32, generator=g) * 0.02 + 0.001).half()
     minimum = (-8 * scale.float() + torch.randn(N, K // 32, generator=g) * 0.01).half()  # Q4_1-like offsets
     return Q4Linear(codes, scale, minimum)
+
+
+def codes(w) -> torch.Tensor:
+    """The (N, K) codes of a packed matrix: q4 0..15, q8 int8."""
+    return unpack_nibbles(w.qs) if isinstance(w, Q4Linear) else q8_unpack(w.qs)
 
 
 def quantized_activations(x: torch.Tensor):
@@ -43,13 +49,13 @@ def reference_matmul(x: torch.Tensor, w) -> torch.Tensor:
     q8: sum_j d_w d_x sum(q q_x)."""
     q, d, s = quantized_activations(x)
     N, K = w.shape
-    codes = w.codes().double().view(N, K // 32, 32)
+    q_w = codes(w).double().view(N, K // 32, 32)
     dw = w.scale.double()
     if isinstance(w, Q4Linear):
-        dots = torch.einsum("mjk,njk->mnj", q, codes - 8)
+        dots = torch.einsum("mjk,njk->mnj", q, q_w - 8)
         zero = w.minimum.double() + 8 * dw
         return (dots * dw[None] * d[:, None, :]).sum(-1) + (zero[None] * s[:, None, :]).sum(-1)
-    dots = torch.einsum("mjk,njk->mnj", q, codes)
+    dots = torch.einsum("mjk,njk->mnj", q, q_w)
     return (dots * dw[None] * d[:, None, :]).sum(-1)
 
 
@@ -120,7 +126,7 @@ def test_extreme_codes_and_activations_sum_exactly(fmt):
     if fmt == "q4":
         w = Q4Linear(torch.where(signs > 0, 15, 0).to(torch.uint8), w.scale.float(), w.minimum.float())
     else:
-        assert w.codes().abs().min().item() == 127
+        assert codes(w).abs().min().item() == 127
     x = torch.cat([signs[:4], -signs[:2], torch.full((1, K), 3.0)]) * 2.5
     torch.testing.assert_close(w(x).double(), reference_matmul(x, w), rtol=1e-6, atol=1e-6)
 
@@ -157,10 +163,10 @@ def test_q8_quantize_round_trips_a_q8_0_tensor():
     gf = GGUFFile(default_model_path())
     blocks = gf.raw("token_embd.weight")[:4096].reshape(-1, 34)  # fp16 scale, 32 int8 codes
     scale = blocks[:, :2].contiguous().view(torch.float16).reshape(4096, -1)
-    codes = blocks[:, 2:].contiguous().view(torch.int8).reshape(4096, -1)
+    file_codes = blocks[:, 2:].contiguous().view(torch.int8).reshape(4096, -1)
     dense = gf.tensor("token_embd.weight")[:4096]
     packed = Q8Linear.quantize(dense)
-    assert torch.equal(packed.codes(), codes) and torch.equal(packed.scale, scale)
+    assert torch.equal(codes(packed), file_codes) and torch.equal(packed.scale, scale)
     assert torch.equal(packed.dequantize(), dense)
 
 

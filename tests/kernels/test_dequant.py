@@ -7,8 +7,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.model.ggml_blocks import quantize as quantize_ggml
 from kernels.reference import dequant_matmul_reference
+from tools.ggml_writers import quantize as quantize_ggml
 
 pytest.importorskip("triton")
 

@@ -38,7 +38,8 @@ def test_q4_packing_layout_is_documented_one():
 def test_pool_bytes_and_copy_pages():
     pool = make_pool("q6", 8, 16, 2, 64, torch.float16)
     assert isinstance(pool, QuantizedPool) and pool.shape == (8, 16, 2, 64)
-    assert pool.bytes_per_token() == 2 * (32 + 16 + 2 * 2)  # per head: 32 low + 16 high + 2 scales (2 bytes)
+    per_token = pool.nbytes // (pool.num_pages * pool.page_size)
+    assert per_token == 2 * (32 + 16 + 2 * 2)  # per head: 32 low + 16 high + 2 scales (2 bytes)
     assert make_pool(None, 8, 16, 2, 64, torch.float16).shape == (8, 16, 2, 64)
     x = torch.randn(16, 2, 64)
     pool.write(x, torch.arange(16) + 3 * 16)

@@ -10,7 +10,7 @@ import pytest
 import tools
 
 ROOT = Path(__file__).resolve().parents[2]
-HELPERS = {"simulated_workload", "processes"}  # modules the tools import, not commands
+HELPERS = {"simulated_workload", "processes", "logits", "ggml_writers"}  # modules tools and tests import, not commands
 TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name not in HELPERS)
 # `make test-vllm`: its arguments go to pytest, and any run builds a ~3.5 GB venv first, so no --help here.
 NO_HELP = {"vllm_server"}
@@ -19,7 +19,7 @@ NO_HELP = {"vllm_server"}
 def test_every_tool_is_listed_here():
     assert TOOLS == ["compile_check", "cpu_time_peer", "dashboard_bench", "kernel_bench", "kv_quant_error",
                      "lora_bench", "qmatmul_bench", "sampling_bench", "screenshots", "server_bench", "step_profile",
-                     "synthetic_gguf", "vllm_server", "weight_quality"]
+                     "synthetic_gguf", "train_lora", "vllm_server", "weight_quality"]
 
 
 @pytest.mark.parametrize("command", [["tools." + name] for name in TOOLS if name not in NO_HELP]

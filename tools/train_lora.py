@@ -1,7 +1,7 @@
 """Train the demo LoRA adapters in resources/loras/ for the embedded SmolLM2-135M-Instruct, on the CPU.
 
-    python packaging/train_lora.py                 # both adapters, a few minutes on 2 cores
-    python packaging/train_lora.py --only pirate --steps 40
+    python -m tools.train_lora                     # both adapters, a few minutes on 2 cores
+    python -m tools.train_lora --only pirate --steps 40
 
 Why it is cheap: the adapters only touch the top `--layers` decoder layers, so the residual stream entering
 them is computed once per example (no grad) and training runs forward/backward through those layers only.
@@ -16,18 +16,16 @@ import json
 import math
 import random
 import re
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine import Model, Tokenizer  # noqa: E402
-from engine.model.lora import LoRA, LoRASet  # noqa: E402
+from engine import Model, Tokenizer
+from engine.contract import demo_adapters_folder
+from engine.model.lora import LoRA, LoRASet
+from tools.logits import forward_tokens
 
 MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BASE_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -179,7 +177,7 @@ def run_layers(model: Model, x: torch.Tensor, layers: range, adapter: Adapter | 
     c = model.config
     B, T, _ = x.shape
     pos = torch.arange(T, dtype=torch.float32)
-    freqs = pos[:, None] * model.inv_freq.float()[None]
+    freqs = pos[:, None] * model.rotary.inv_freq.float()[None]
     cos, sin = torch.cat([freqs, freqs], -1).cos()[:, None], torch.cat([freqs, freqs], -1).sin()[:, None]
     lora = adapter or (lambda *_: 0.0)
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
@@ -276,7 +274,7 @@ def check_against_engine(model: Model, tok: Tokenizer, result: dict) -> float:
     with torch.no_grad():
         ours = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers),
                                            result["adapter"]))[0]
-    engine = model.forward_tokens(ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
+    engine = forward_tokens(model, ids, lora=LoRASet.build(model, LoRA.load(result["folder"], model)))
     return (ours - engine).abs().max().item() / ours.abs().max().item()
 
 
@@ -297,7 +295,7 @@ def chat(model: Model, tok: Tokenizer, question: str, folder: Path | None, n: in
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--only", choices=sorted(STYLES), action="append", help="train only these adapters")
-    p.add_argument("--out", default=str(ROOT / "resources" / "loras"))
+    p.add_argument("--out", default=str(demo_adapters_folder()))
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--layers", type=int, default=12, help="adapt the top N decoder layers")
@@ -315,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():  # this script's forward must be the engine's forward
         ids = torch.tensor([encode(tok, "Hello!", "Hello! How can I help?", True)[0]])
         mine = logits_at(model, run_layers(model, F.embedding(ids, model.embed), range(model.config.num_layers)))
-        diff = (mine[0] - model.forward_tokens(ids)).abs().max().item()
+        diff = (mine[0] - forward_tokens(model, ids)).abs().max().item()
     if diff > 1e-3 * mine.abs().max().item():
         raise SystemExit(f"training forward differs from the engine's by {diff}")
     questions = build_questions(args.seed)

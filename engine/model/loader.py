@@ -1,0 +1,171 @@
+"""Building a model's weights: reading the checkpoint, fusing q|k|v and gate|up, packing, the output head.
+
+Model (engine.model.model) is config + layers + forward; everything that turns a checkpoint into its
+tensors is here, decided once: the weight format, which matrices stay packed, which head the model uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+import kernels
+from kernels.packed import q4_supported
+
+from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS, is_gguf
+from .config import ModelConfig
+from .memory import check_fits
+from .qlinear import PackedLinear, Q8Linear, cat_packed
+from .weights import default_model_path, load_weights, release_freed_memory
+
+
+@dataclass
+class Layer:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: torch.Tensor
+    attn_out_norm: torch.Tensor | None  # sandwich norm on the attention output (Gemma 2/3)
+    post_norm: torch.Tensor  # the MLP's input norm
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    mlp_out_norm: torch.Tensor | None  # sandwich norm on the MLP output
+    window: int | None = None  # sliding window of this layer's attention
+    sliding_rope: bool = False  # rotate with the sliding layers' own rope base (Gemma 3)
+
+    def weights(self) -> list:
+        """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes."""
+        return [t for name, t in vars(self).items() if name not in ("window", "sliding_rope") and t is not None]
+
+
+@dataclass
+class ModelWeights:
+    """What a Model computes with, as the loader built it."""
+    embed: torch.Tensor | PackedLinear
+    lm_head: torch.Tensor | PackedLinear  # the embedding itself where tied (and unpacked)
+    norm: torch.Tensor
+    layers: list[Layer]
+    weight_format: str  # "dense", or the packed format asked for ("packed", "q8") where a matrix is packed
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32  # bf16 matmul is very slow on CPUs without AMX
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """Where a checkpoint loads to, resolved from Model.load's arguments."""
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+    fmt: str  # "dense", "packed" or "q8" ("auto" and the older names resolved)
+
+
+def plan_load(path: str | Path | None, device: str | torch.device | None, dtype: torch.dtype | None,
+              weights: str, check_memory: bool) -> LoadPlan:
+    """Resolve the defaults and the weight format; refuse what can't run (and, with check_memory, what will
+    not fit: engine.ModelTooLarge) before reading any weights."""
+    weights = WEIGHT_ALIASES.get(weights, weights)
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+    resolved = Path(path) if path is not None else default_model_path()
+    dev = torch.device(device) if device is not None else default_device()
+    dt = dtype if dtype is not None else default_dtype(dev)
+    if weights == "auto":  # the fast path where it exists: quantized GGUF weights on a CPU
+        weights = "packed" if dev.type == "cpu" and is_gguf(resolved) and q4_supported() else "dense"
+    if check_memory and resolved.exists():
+        check_fits(resolved, cache_tokens=0, weights=weights, device=dev.type, dtype=str(dt).removeprefix("torch."))
+    if weights in ("packed", "q8") and (dev.type != "cpu" or dt != torch.float32):
+        raise ValueError(f"weights={weights!r} runs on the CPU in float32 only (CPU kernels)")
+    return LoadPlan(resolved, dev, dt, weights)
+
+
+def load(plan: LoadPlan, progress: Callable[[float], None] | None = None) -> tuple[ModelConfig, ModelWeights]:
+    """Read the checkpoint and build its weights (progress(1.0) once they are built)."""
+    config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt)
+    built = build(config, state, plan.device, plan.dtype, plan.fmt)
+    del state
+    release_freed_memory()
+    if progress is not None:
+        progress(1.0)
+    return config, built
+
+
+def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype, fmt: str = "dense") -> ModelWeights:
+    """The weights of an HF-named state dict (tensors, or PackedLinear matrices kept packed in format `fmt`);
+    the q/k/v and gate/up entries are removed from `w` once fused (they would otherwise be held twice while
+    loading)."""
+    c = config
+
+    def get(name: str) -> torch.Tensor:
+        if name not in w:
+            raise ValueError(f"weights are missing tensor {name!r}")
+        if isinstance(w[name], PackedLinear):
+            if device.type != "cpu":
+                raise ValueError(f"packed weights ({w[name].format}) run on the CPU only (CPU kernels); load "
+                                 "with weights='dense' on a GPU")
+            return w[name]
+        return w[name].to(device=device, dtype=dtype)
+
+    def fused(names: list[str], stored_fused: str):
+        if c.fused_projections:
+            return get(stored_fused)
+        parts = [get(n) for n in names]
+        for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice
+            w.pop(n)
+        if all(isinstance(p, PackedLinear) for p in parts):
+            out = cat_packed(parts, consume=True)
+        else:
+            out = torch.cat([p.dequantize(dtype) if isinstance(p, PackedLinear) else p for p in parts])
+        parts.clear()
+        release_freed_memory()  # give their pages back before the next layer's fusion allocates
+        return out
+
+    embed = get("model.embed_tokens.weight")
+    head = embed if c.tie_word_embeddings or "lm_head.weight" not in w else get("lm_head.weight")
+    norm = get("model.norm.weight")
+    layers: list[Layer] = []
+    sandwich = c.sandwich_norm
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        bias = None
+        if c.attention_bias:
+            bias = get(a + "qkv_proj.bias") if c.fused_projections else torch.cat(
+                [get(a + f"{n}_proj.bias") for n in "qkv"])
+        layers.append(Layer(
+            input_norm=get(p + "input_layernorm.weight"),
+            qkv=fused([a + f"{n}_proj.weight" for n in "qkv"], a + "qkv_proj.weight"),
+            qkv_bias=bias,
+            q_norm=get(a + "q_norm.weight") if c.qk_norm else None,
+            k_norm=get(a + "k_norm.weight") if c.qk_norm else None,
+            o=get(a + "o_proj.weight"),
+            attn_out_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
+            post_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
+            gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "mlp.gate_up_proj.weight"),
+            down=get(p + "mlp.down_proj.weight"),
+            mlp_out_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
+            window=c.layer_window(i),
+            sliding_rope=c.layer_uses_sliding_rope(i),
+        ))
+    packed = any(isinstance(t, PackedLinear) for t in [embed, head] + [t for lr in layers for t in lr.weights()])
+    weight_format = fmt if packed else "dense"  # a GGUF without quantized matrices loads dense
+    if isinstance(head, PackedLinear):
+        lm_head = head
+    elif packed:
+        # the output head is a decode step's largest matrix: 8-bit like the GGUF's Q8_0 embedding, its
+        # prompt-row weights the dense head itself (an F16 output in a quantized GGUF, or a dense embedding)
+        lm_head = Q8Linear.quantize(head)
+    else:
+        lm_head = kernels.pad_embedding(head)
+    return ModelWeights(embed, lm_head, norm, layers, weight_format)

@@ -1,0 +1,131 @@
+"""Packed (quantized) weight layouts and their matmul: what kernels/cpu/qmatmul.cpp and decode.cpp read.
+
+A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K:
+- d: fp16 (N, K/32) scales, in a buffer SCALE_PAD values longer (the kernels load 8 scales at a time);
+- q4: qs uint8 (N, K/2) in GGUF nibble order (the low nibbles are weights 0..15 of a block), m fp16 (N, K/32)
+  minimums like d: w = d * code + m, code 0..15 (GGUF Q4_1; Q4_0 is m = -8d);
+- q8: qs uint8 (N, K) = code + 128 (the kernel multiplies u8 by s8), m None: w = d * code, code int8 (GGUF
+  Q8_0's rule, symmetric, d = max|w| / 127 per block).
+
+qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
+llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
+whatever the row count, so a row's result never depends on the batch. Where those kernels are not built,
+int4_matmul is torch's own int4 CPU kernel (bf16 activations), the q4 fallback.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import cpu_ext
+
+GROUP = 32  # GGUF block size = the kernels' group size
+SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
+ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
+QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
+
+
+def padded_scales(n: int, groups: int) -> torch.Tensor:
+    """Zero fp16 (n, groups) scales in a buffer SCALE_PAD values longer, to be filled in place (tile by tile)."""
+    return torch.zeros(n * groups + SCALE_PAD, dtype=torch.float16)[: n * groups].view(n, groups)
+
+
+def pad_scales(t: torch.Tensor) -> torch.Tensor:
+    """fp16 copy of (N, K/32) scales in a buffer SCALE_PAD values longer (zeros)."""
+    buf = padded_scales(*t.shape)
+    buf.copy_(t)
+    return buf
+
+
+def check_blocks(N: int, K: int, scale: torch.Tensor) -> None:
+    if K % GROUP or scale.shape != (N, K // GROUP):
+        raise ValueError(f"packed weights want (N, K) with K % {GROUP} == 0 and (N, K/{GROUP}) scales, "
+                         f"got ({N}, {K}) and {tuple(scale.shape)}")
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes 0..15 -> (N, K/2) bytes in GGUF nibble order (low nibbles weights 0..15 of a block)."""
+    N, K = codes.shape
+    c = codes.to(torch.uint8).reshape(N, K // GROUP, 2, 16)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(N, K // 2)
+
+
+def unpack_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """(N, K/2) q4 bytes -> (N, K) codes 0..15 (uint8)."""
+    n, k = qs.shape[0], qs.shape[1] * 2
+    b = qs.view(n, k // GROUP, 1, 16)
+    return torch.cat([b & 0xF, b >> 4], dim=2).reshape(n, k)
+
+
+def q4_dequantize(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """The fp32 (N, K) weights of q4 rows."""
+    n, k = qs.shape[0], qs.shape[1] * 2
+    codes = unpack_nibbles(qs).view(n, k // GROUP, GROUP).float()
+    return (codes * scale.float()[..., None] + minimum.float()[..., None]).view(n, k)
+
+
+def q8_pack(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes -> the kernel's uint8 code + 128."""
+    return codes.contiguous().view(torch.uint8) ^ 0x80
+
+
+def q8_unpack(qs: torch.Tensor) -> torch.Tensor:
+    """The kernel's uint8 code + 128 -> int8 codes."""
+    return (qs ^ 0x80).view(torch.int8)
+
+
+def q8_dequantize(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The fp32 (N, K) weights of q8 rows."""
+    n, k = qs.shape
+    w = q8_unpack(qs).float().view(n, k // GROUP, GROUP) * scale.float()[..., None]
+    return w.view(n, k)
+
+
+def q8_quantize(w: torch.Tensor, rows: int = QUANTIZE_ROWS) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes (N, K) int8, scale (N, K/32) fp16) exactly as gguf.quants writes Q8_0, `rows` rows at a
+    time (no whole-matrix fp32 temporaries)."""
+    N, K = w.shape
+    codes = torch.empty(N, K, dtype=torch.int8)
+    scale = torch.empty(N, K // GROUP, dtype=torch.float16)
+    for r0 in range(0, N, rows):
+        blocks = w[r0:r0 + rows].detach().float().reshape(-1, K // GROUP, GROUP)
+        d = blocks.abs().amax(-1) / 127
+        q = blocks * torch.where(d > 0, 1 / d, torch.zeros(()))[..., None]  # gguf: codes from the fp32 scale,
+        q = q.sign() * (q.abs() + 0.5).floor()  # rounded half away from zero, the scale then stored as fp16
+        codes[r0:r0 + rows] = q.clamp(-127, 127).to(torch.int8).reshape(-1, K)
+        scale[r0:r0 + rows] = d.to(torch.float16)
+    return codes, scale
+
+
+def qmatmul(x: torch.Tensor, blocks: tuple, act: str | None = None) -> torch.Tensor | None:
+    """x (M, K) @ W.T for W packed as `blocks` (qs, d, m) -> (M, N), or (M, N/2) with act="swiglu"
+    (silu(gate) * up of a [gate | up] weight); None where the kernels don't run for x (not built, or x not
+    fp32 on the CPU): the caller takes its fallback."""
+    ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+    return None if ops is None else ops.qmatmul(x.contiguous(), *blocks, ACTIVATIONS[act])
+
+
+def q4_supported() -> bool:
+    """Whether a q4 matmul exists here: pagedeck's kernel, or torch's int4 CPU kernel as the fallback."""
+    return cpu_ext.available() or int4_available()
+
+
+def int4_available() -> bool:
+    return hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+
+
+def int4_weight(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q4 blocks in torch's int4 form: w = (code - 8) * scale + zero, bf16 scales and zeros."""
+    zero = minimum.float() + 8 * scale.float()
+    return (torch.ops.aten._convert_weight_to_int4pack_for_cpu(unpack_nibbles(qs).to(torch.int32), 1),
+            torch.stack([scale.float().t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous())
+
+
+def int4_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x (M, K) @ W.T with torch's int4 CPU kernel (bf16 activations), for W from int4_weight()."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), weight[0], GROUP, weight[1]).to(x.dtype)
+
+
+def stack_entry(blocks: tuple) -> list[torch.Tensor]:
+    """One matrix of kernels.decode_layers' weight list: (qs, d, m), an empty tensor standing for q8's m."""
+    qs, d, m = blocks
+    return [qs, d, m if m is not None else d.new_empty(0)]

@@ -3,4 +3,4 @@ streaming (text, stop strings, banned strings, filters), metrics and the asyncio
 
 Imports: sampling, model, cache, contract. Inside, each module imports only the layers below its own
 (pyproject.toml): async_api > generator > job > speculative | streaming | banned | filters | adapters >
-sequence | metrics | step_budget | ngram."""
+sequence | metrics | step_budget | ngram | loops."""

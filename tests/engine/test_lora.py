@@ -253,7 +253,7 @@ def run_side_by_side(jobs: dict[DynamicGenerator, list[DynamicJob]]) -> dict[Dyn
 
 
 def test_two_generators_on_one_model_keep_their_own_adapters_and_pages(model, tiny_folder, adapters, tmp_path):
-    """Issue 8: the adapter set belonged to the shared Model while each generator kept its own cache identity."""
+    """Adapters are per generator, never on the shared Model: each generator keeps its own set and cache identity."""
     merged_all = make_gen(Model.load(merge_by_hand(tiny_folder, tmp_path / "m_all", [(adapters["all"], 1.0)])),
                           tiny_folder)
     merged_qv = make_gen(Model.load(merge_by_hand(tiny_folder, tmp_path / "m_qv", [(adapters["qv"], 1.0)])),

@@ -1,4 +1,4 @@
-"""Model-level oracle for page reuse (prefix cache, dedup of generated pages), issue 8.
+"""Model-level oracle for page reuse (prefix cache, dedup of generated pages).
 
 A text whose continuation repeats whole pages, run once, run again and run as two concurrent copies, must
 give the tokens and logits of one forward pass over the whole text; after every step no block table holds a

@@ -153,7 +153,7 @@ def test_defrag_lays_chains_out_in_order():
         assert written == sorted(written, reverse=True)  # content first, empty pages at the end
 
 
-# ---------------------------------------------------------------- pages completed during generation (issue 8)
+# ---------------------------------------------------------------- pages completed during generation
 
 def test_generated_pages_chain_from_their_own_predecessor():
     """A re-run whose generated pages repeat must map each to the page of its own position, never one twice."""

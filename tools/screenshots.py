@@ -87,8 +87,6 @@ async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> Non
 async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int],
                               theme: str = "light") -> list[Path]:
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
-    from PySide6.QtWidgets import QApplication
-
     from app.window.main_window import MainWindow
 
     window = MainWindow(data_dir=data_dir)
@@ -108,7 +106,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
         saved = []
         for i, min_chars in enumerate((120, 400)):
             await _until_streamed(sessions, min_chars, seconds / 2)
-            QApplication.processEvents()
+            await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
             tag = f"{size[0]}x{size[1]}{'-dark' if theme == 'dark' else ''}-{i + 1}"
             shots = [(f"app-streaming-{tag}.png", window), (f"dashboard-live-{tag}.png", window.dashboard)]
             for name, widget in shots:
@@ -125,8 +123,6 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
 async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
     """Two chats, each its own demo adapter (per-job LoRA), streaming side by side in one batch."""
     from dataclasses import replace
-
-    from PySide6.QtWidgets import QApplication
 
     from app.window.main_window import MainWindow
     from engine.contract import demo_adapters_folder
@@ -153,7 +149,7 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
             pane.prompt.setPlainText(prompt)
             pane.submit()
         await _until_streamed([p.session for p, _ in panes], 200, seconds)
-        QApplication.processEvents()
+        await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
         path = outdir / "app-lora-chats.png"
         if not window.grab().save(str(path)):
             raise OSError(f"could not write screenshot {path}")

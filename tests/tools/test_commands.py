@@ -18,7 +18,7 @@ NO_HELP = {"vllm_server"}
 
 def test_every_tool_is_listed_here():
     assert TOOLS == ["compile_check", "cpu_time_peer", "dashboard_bench", "kernel_bench", "kv_quant_error",
-                     "lora_bench", "qmatmul_bench", "sampling_bench", "screenshots", "server_bench", "step_profile",
+                     "loop_check", "lora_bench", "qmatmul_bench", "sampling_bench", "screenshots", "server_bench", "step_profile",
                      "synthetic_gguf", "train_lora", "vllm_server", "weight_quality"]
 
 

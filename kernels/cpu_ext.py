@@ -10,6 +10,10 @@ of compiler time) into torch's extension cache (~/.cache/torch_extensions or $TO
 tree) and loaded as torch.ops.pagedeck.*. Without a compiler, or with PAGEDECK_CPU_KERNELS=0,
 `ops()` returns None and callers use their torch paths. PAGEDECK_CPU_ISA=avx2 builds without AVX-512 and
 VNNI even where the CPU has them (the tests run both integer-dot paths on any machine).
+
+torch guards a build with a lock file in its build folder and waits, silently and forever, while the file
+exists; a build that was killed (the app closed or crashed during its first start) leaves it behind. A lock
+older than STALE_LOCK_S, far longer than a build takes, is taken as left over and removed, with a warning.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +33,7 @@ SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "a
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # PAGEDECK_CPU_ISA=avx2
+STALE_LOCK_S = 600.0  # a build takes ~1 min on 2 cores; a lock this old belongs to a build that was killed
 _lock = threading.Lock()
 _state: dict = {}
 log = logging.getLogger(__name__)
@@ -80,12 +86,37 @@ def _load():
         from torch.utils.cpp_extension import load
 
         log.info("loading pagedeck's CPU kernels (compiled once per machine and source change, ~1 min)")
-        load(name=build_name(), sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=cflags(),
+        name = build_name()
+        _wait_for_other_build(name)
+        load(name=name, sources=[str(s) for s in SOURCES], is_python_module=False, extra_cflags=cflags(),
              extra_ldflags=LDFLAGS, extra_include_paths=[str(SOURCES[0].parent)], verbose=False)
         return torch.ops.pagedeck
     except Exception as e:  # no compiler, unsupported platform: the torch paths still work
         log.warning("pagedeck CPU kernels unavailable (%s); using torch's kernels", e)
         return None
+
+
+def _wait_for_other_build(name: str) -> None:
+    """Wait while another process builds this extension; remove its lock once it is older than STALE_LOCK_S
+    (torch itself would wait on a dead build's lock forever)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    lock = Path(_get_build_directory(name, verbose=False)) / "lock"
+    told = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if age > STALE_LOCK_S:
+            log.warning("removing %s: a build of pagedeck's CPU kernels left it %.0f s ago and never finished",
+                        lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        if not told:
+            log.info("waiting for another process to finish building pagedeck's CPU kernels (%s)", lock)
+            told = True
+        time.sleep(0.5)
 
 
 def available() -> bool:

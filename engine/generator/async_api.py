@@ -86,11 +86,6 @@ class DynamicGeneratorAsync:
         """The most tokens one job's sequence may hold (prompt + reply); fixed for the generator's life."""
         return self._generator.max_seq_len
 
-    @property
-    def model(self) -> Any:
-        """The Model the generator runs (shared, read-only; adapters are read against it)."""
-        return self._generator.model
-
     def adapters(self) -> AdapterSnapshot:
         """The loaded adapters and the default set, as the worker last published them (any thread)."""
         return self._adapters

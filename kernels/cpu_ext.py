@@ -71,10 +71,12 @@ def _cpu_flags() -> bytes:
 
 
 def build_name() -> str:
-    """The extension's name in torch's cache, keyed by the sources, headers, flags and CPU: torch rebuilds a
-    name whose sources changed (and ignores headers), so two checkouts sharing one cache would rebuild each
-    other's build on every start; a name per content lets each version build once."""
-    h = hashlib.sha256(" ".join(cflags()).encode() + _cpu_flags())
+    """The extension's name in torch's cache, keyed by the sources' folder, sources, headers, flags and CPU:
+    torch rebuilds a name whose sources changed (and ignores headers), and its ninja file names the sources
+    by absolute path, so two checkouts sharing one cache (even of identical sources) would rebuild each
+    other's build on every start, each taking the build lock in turn; a name per checkout and content lets
+    each build once."""
+    h = hashlib.sha256(" ".join(cflags()).encode() + _cpu_flags() + str(SOURCES[0].parent.resolve()).encode())
     for path in sorted(SOURCES[0].parent.iterdir()):
         if path.suffix in (".cpp", ".h"):
             h.update(path.name.encode() + path.read_bytes())

@@ -296,3 +296,17 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start():
         assert "never finished" in proc.stderr and not lock.exists()
     finally:
         lock.unlink(missing_ok=True)
+
+
+def test_two_checkouts_of_the_same_sources_build_under_different_names(tmp_path, monkeypatch):
+    """torch's ninja file names the sources by absolute path: two checkouts sharing one build folder would
+    rebuild each other's extension on every start (and wait on each other's lock). Same sources in another
+    folder get their own name; the same folder keeps its name."""
+    import shutil
+
+    here = cpu_ext.build_name()
+    assert cpu_ext.build_name() == here
+    copy = tmp_path / "cpu"
+    shutil.copytree(cpu_ext.SOURCES[0].parent, copy)
+    monkeypatch.setattr(cpu_ext, "SOURCES", [copy / path.name for path in cpu_ext.SOURCES])
+    assert cpu_ext.build_name() != here

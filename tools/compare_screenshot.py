@@ -21,7 +21,11 @@ from tools.screenshots import _until_streamed
 QUESTION = "In two sentences: what should a visitor to the harbour do first?"
 DOCUMENT = ("Harbour guide. The ferry leaves the north pier every hour. The fish market opens at six and "
             "closes at noon. The lighthouse museum is free on Sundays. Boats can be hired at the south "
-            "quay; life jackets are required. The harbour café serves grilled sardines.\n")
+            "quay; life jackets are required. The harbour café serves grilled sardines.\n"
+            + "".join(f"Pier {i}: the {name} ferry leaves every {10 + i} minutes; tickets at kiosk {i}, "
+                      f"{'step-free access' if i % 2 else 'stairs only'}, waiting room open {6 + i % 4}:00 to 22:00.\n"
+                      for i, name in enumerate(("island", "river", "lagoon", "coast", "night", "market", "fort",
+                                                "lighthouse", "beach", "old town", "bridge", "canal"))))
 
 
 async def _compare(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int]) -> Path:
@@ -53,7 +57,11 @@ async def _compare(outdir: Path, seconds: float, data_dir: Path, size: tuple[int
         window.dashboard.set_identifier_labels({p.session.chat_id: p.session.chat.title for p in panes})
         window.chats.compare.prompt.setPlainText(QUESTION)
         window.chats.compare.send_typed()
-        await _until_streamed([p.session for p in panes], 160, seconds)
+        for _ in range(int(seconds * 10)):  # panes sharing the leader's prefix are sent once it has read it
+            if all(p.session.messages for p in panes):
+                break
+            await asyncio.sleep(0.1)
+        await _until_streamed([p.session for p in panes], 60, seconds)
         await asyncio.sleep(0.2)  # let the loop paint
         path = outdir / "app-compare-4.png"
         if not window.grab().save(str(path)):

@@ -87,7 +87,7 @@ class PinnedList(QWidget):
             tokens = self.session.backend.count_tokens([{"role": "user", "content": doc.content}],
                                                        self.session.settings)
             size = f"{tokens:,} tokens" if tokens is not None else f"{len(doc.content):,} characters"
-            label = ElidedLabel(f"📎 {doc.name} · {size} · a prefix shared with every chat pinning it")
+            label = ElidedLabel(f"Pinned: {doc.name} · {size} · a prefix shared with every chat pinning it")
             label.setStyleSheet("color: #3a6ea5")
             unpin = QToolButton(text="Unpin")
             unpin.clicked.connect(lambda _=False, d=doc: self.session.unpin_document(d.id))

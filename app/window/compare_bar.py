@@ -143,13 +143,14 @@ class CompareBar(QWidget):
         pane.session.set_settings(replace(pane.session.settings, model=path))
         self.refresh_models()
 
-    def load_beside(self, path: str, pane: ChatPane | None = None):
-        """Load a model beside the main one (the fit check guards both); the pane, if given, then uses it."""
+    def load_beside(self, path: str, pane: ChatPane | None = None, cache_tokens: int | None = None):
+        """Load a model beside the main one (the fit check guards both; its cache as big as the main
+        model's unless given); the pane, if given, then uses it. A refusal shows in the bar."""
         async def load() -> None:
             errors: list[str] = []
             self.service.load_failed.connect(errors.append)
             try:
-                ok = await self.service.load_beside(path)
+                ok = await self.service.load_beside(path, cache_tokens)
             finally:
                 self.service.load_failed.disconnect(errors.append)
             self.show_message("" if ok else errors[-1] if errors else f"could not load {path}")

@@ -144,11 +144,11 @@ def test_a_second_model_beside_the_first_both_generating(qtbot, loop, store, tin
         assert service.metrics_model == str(second_model)
         assert service.snapshot()["pages_total"] == side_gen.metrics()["pages_total"]
         # the fit check guards the models together: one whose estimate exceeds what is left is refused
-        errors = []
-        service.load_failed.connect(errors.append)
         await service.unload_beside(str(second_model))
-        assert not await service.load_beside(str(second_model), cache_tokens=1 << 36)
-        assert "beside" in errors[-1] and "will not fit" in errors[-1] and "Try" in errors[-1], errors[-1]
+        assert [p for p, _ in service.models()] == [None] and dash.model_choice.isHidden()
+        await bar.load_beside(str(second_model), panes[1], cache_tokens=1 << 36)  # 32 TiB of cache
+        shown = bar.message.text()
+        assert bar.message.isVisible() and "beside" in shown and "will not fit" in shown and "Try" in shown, shown
         assert list(service.beside) == []  # nothing half-loaded; the main model still serves
         panes[1].session.set_settings(ChatSettings(system_prompt="", max_new_tokens=5, model=str(second_model)))
         panes[1].send("again")

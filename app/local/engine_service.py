@@ -210,10 +210,12 @@ class EngineService(QObject):
         }
 
     async def _retire(self) -> None:
-        """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
+        """Stop the main model's running replies and close its generator (their consumers see 'cancelled');
+        replies on models beside it go on."""
         old, self.generator = self.generator, None
-        for identifier in list(self._jobs):
-            await self._forget_job(identifier).cancel()
+        for identifier, job in list(self._jobs.items()):
+            if job.generator is old:
+                await self._forget_job(identifier).cancel()
         if old is not None:
             await old.close()
 

@@ -38,6 +38,8 @@ class CompareBar(QWidget):
         self.panes: list[ChatPane] = []
         self.checks: dict[int, QCheckBox] = {}  # chat id -> its "send to it" box
         self.model_boxes: dict[int, QComboBox] = {}
+        self.summaries: dict[int, ElidedLabel] = {}  # chat id -> its preset and adapters
+        self._followed: set[int] = set()  # sessions whose settings changes refresh the chips
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Maximum)
         self.chips = QGridLayout()
         self.chips.setContentsMargins(0, 0, 0, 0)
@@ -81,7 +83,7 @@ class CompareBar(QWidget):
         while (item := self.chips.takeAt(0)) is not None:
             if item.widget() is not None:
                 item.widget().deleteLater()
-        self.panes, self.checks, self.model_boxes = list(panes), {}, {}
+        self.panes, self.checks, self.model_boxes, self.summaries = list(panes), {}, {}, {}
         columns = 2 if len(panes) == 4 else max(1, len(panes))
         for n, pane in enumerate(panes):
             cid = pane.session.chat_id
@@ -97,7 +99,11 @@ class CompareBar(QWidget):
             line = QHBoxLayout(chip)
             line.setContentsMargins(0, 0, 0, 0)
             line.addWidget(check, 2)
-            line.addWidget(ElidedLabel(settings_summary(pane.session.settings)), 2)
+            self.summaries[cid] = summary = ElidedLabel(settings_summary(pane.session.settings))
+            line.addWidget(summary, 2)
+            if cid not in self._followed:  # (once per session: the chips are rebuilt with the tiles)
+                self._followed.add(cid)
+                pane.session.settings_changed.connect(self.refresh_models)
             line.addWidget(models, 2)
             self.chips.addWidget(chip, n // columns, n % columns)
             self.checks[cid], self.model_boxes[cid] = check, models
@@ -106,10 +112,12 @@ class CompareBar(QWidget):
             self.winner.addItem(pane.session.chat.title, pane.session.chat_id)
 
     def refresh_models(self, _models=None) -> None:
+        """Every chip's model list and settings summary, as they are now."""
         for pane in self.panes:
             box = self.model_boxes.get(pane.session.chat_id)
             if box is not None:
                 self._fill_models(box, pane)
+                self.summaries[pane.session.chat_id].setText(settings_summary(pane.session.settings))
 
     def _fill_models(self, box: QComboBox, pane: ChatPane) -> None:
         box.clear()

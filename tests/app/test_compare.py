@@ -57,6 +57,12 @@ def test_compare_sends_to_the_ticked_panes_with_their_own_settings(qtbot, loop, 
             assert reply.stats.new_tokens <= s.max_new_tokens  # its own reply length
         assert panes[0].session.messages[1].stats.prompt_tokens != panes[1].session.messages[1].stats.prompt_tokens
         assert panes[2].session.messages == []  # unticked: nothing sent
+        from app.core.presets import BUILTIN_PRESETS, apply_preset
+
+        cid = panes[2].session.chat_id
+        assert bar.summaries[cid].text().startswith("T=")  # custom sampler values
+        panes[2].session.set_settings(apply_preset(settings[2], BUILTIN_PRESETS["Precise"]))
+        assert bar.summaries[cid].text() == "Precise · default LoRA set"  # the chip follows the pane's settings
         await service.close()
 
     run(loop, body())

@@ -16,11 +16,12 @@ import time
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
+    QDialog, QFileDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
 from app.chat.chat_session import ChatSession
 from app.chat.code_blocks import COPY_VERB
+from app.chat.pane_extras import PinnedList, QueueList
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
@@ -96,6 +97,7 @@ class ChatPane(QWidget):
         self.session = session
         self.scheduler = scheduler
         self.editing: int | None = None  # id of the user message being edited
+        self.editing_queued: int | None = None  # id of the queued message being edited
 
         chat_id = session.chat_id
         self.swatch = ColourSwatch(CHAT_COLOURS.acquire(chat_id))
@@ -118,6 +120,7 @@ class ChatPane(QWidget):
         more.addAction("Copy the last reply", self.copy_last)
         more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
                        if self.session.messages else None)
+        more.addAction("Pin a document…", self.pick_document)
         self.more_btn.setMenu(more)
         head = QHBoxLayout()
         head.setSpacing(2)
@@ -158,10 +161,15 @@ class ChatPane(QWidget):
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
+        self.pinned_list = PinnedList(session)
+        self.queue_list = QueueList(session)  # messages sent while it replies, under the prompt box
+        self.queue_list.edit_requested.connect(self.start_queued_edit)
         layout.addLayout(head)
+        layout.addWidget(self.pinned_list)
         layout.addWidget(self.view, 1)
         layout.addLayout(status)
         layout.addLayout(row)
+        layout.addWidget(self.queue_list)
 
         self.prompt.submitted.connect(self.submit)
         self.send_btn.clicked.connect(self.submit)
@@ -193,12 +201,14 @@ class ChatPane(QWidget):
             self.prompt.clear()
             spawn(self.session.edit(message_id, text), self._show_error)
             return
-        if self.session.running:
-            self._show_error("This chat is still replying: stop it (Esc) or wait.")
-            return
         self.prompt.clear()
         try:
-            self.session.send(text)
+            if self.editing_queued is not None:
+                item_id, self.editing_queued = self.editing_queued, None
+                self.banner.hide()
+                self.session.edit_queued(item_id, text)
+            else:
+                self.session.submit(text)  # queued while a reply runs
         except Exception as exc:  # noqa: BLE001
             self._show_error(str(exc))
 
@@ -208,11 +218,15 @@ class ChatPane(QWidget):
         self.submit()
 
     def stop(self) -> None:
-        spawn(self.session.stop(), self._show_error)
+        """Stop the reply; the next queued message (if any) goes out then."""
+        async def stop_then_next() -> None:
+            await self.session.stop()
+            self.session.send_next()
+        spawn(stop_then_next(), self._show_error)
 
     def escape(self) -> None:
-        if self.editing is not None:
-            self.editing = None
+        if self.editing is not None or self.editing_queued is not None:
+            self.editing = self.editing_queued = None
             self.banner.hide()
             self.prompt.clear()
         else:
@@ -257,12 +271,34 @@ class ChatPane(QWidget):
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is None or msg.role != "user":
             return
-        self.editing = message_id
+        self.editing, self.editing_queued = message_id, None
         self.prompt.setPlainText(msg.content)
         self.prompt.setFocus()
         self.banner.setText("Editing a message: sending makes a new version of it; the old one stays as an "
                             "alternative (Esc cancels).")
         self.banner.show()
+
+    def start_queued_edit(self, item) -> None:
+        self.editing, self.editing_queued = None, item.id
+        self.prompt.setPlainText(item.content)
+        self.prompt.setFocus()
+        self.banner.setText("Editing a queued message: Enter saves it in the queue (Esc cancels).")
+        self.banner.show()
+
+    def pick_document(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Pin a document", "", "Documents (*.txt *.md *.pdf);;All files (*)")
+        if path:
+            self.pin_document(path)
+
+    def pin_document(self, path: str) -> bool:
+        """Pin a text or PDF file to this chat; a refusal (too big, unreadable) shows as the pane's error."""
+        try:
+            self.session.pin_document(path)
+        except ValueError as exc:
+            self._show_error(str(exc))
+            return False
+        self._show_error("")
+        return True
 
     # --- rendering -----------------------------------------------------------------------------
 
@@ -355,10 +391,10 @@ class ChatPane(QWidget):
             self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
             return
         history = [{"role": m.role, "content": m.content} for m in self.session.messages]
-        self._set_meter(self.session.backend.count_tokens(history, self.session.settings), 0)  # None: can't count
+        self._set_meter(self.session.backend.count_tokens(history, self.session.prompt_settings()), 0)  # None: can't count
 
     def _set_meter(self, used: int | None, dropped: int) -> None:
-        limit = self.session.backend.context_limit()
+        limit = self.session.backend.context_limit(self.session.settings)
         if limit is None:
             self.meter.setText("")
             return

@@ -7,7 +7,11 @@ about that much of one reply and nothing already completed.
 
 The conversation is the store's message tree seen as one path: regenerate and edit add a sibling (the
 old version stays, reachable with select_alternative), continue_reply extends a stopped reply in place,
-and branch copies the path up to a message into a new chat.
+and branch copies the path up to a message into a new chat (with the chat's pinned documents).
+
+A message submitted while a reply runs waits in the chat's queue (app.core.message_queue, persisted) and
+is sent when the reply ends; pinned documents (app.core.documents) go into every prompt before the system
+prompt, and a document that would leave no room in the model's context is refused when pinned.
 """
 from __future__ import annotations
 
@@ -18,10 +22,12 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
+from app.core.documents import DocumentError, PinnedDocument, PinnedDocuments, read_document, with_documents
+from app.core.message_queue import MessageQueue, QueuedMessage
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
 
 log = logging.getLogger(__name__)
@@ -94,6 +100,8 @@ class ChatSession(QObject):
     reply_changed = Signal(int)  # message id of the reply whose text/stats changed
     reply_finished = Signal(int)
     activity_changed = Signal(str)  # the running reply's state (queued/deferred/prefill/streaming), "" when idle
+    queue_changed = Signal()  # a message was queued, edited, cancelled or sent from the queue
+    documents_changed = Signal()
 
     def __init__(self, store: Store, chat_id: int, backend: Backend, parent: QObject | None = None,
                  clock: Callable[[], float] = time.perf_counter):
@@ -110,6 +118,10 @@ class ChatSession(QObject):
         self._save_handle: asyncio.TimerHandle | None = None
         self._stopping = 0  # stops in progress: the reply counts as running until the backend has let go
         self._activity = ""
+        self.queue = MessageQueue(store)
+        self.documents = PinnedDocuments(store)
+        if self.queue.items(chat_id):  # queued before a restart: the reply they waited for is over
+            QTimer.singleShot(0, self, self.send_next)
 
     # --- queries -------------------------------------------------------------------------------
 
@@ -137,6 +149,16 @@ class ChatSession(QObject):
     def settings(self) -> ChatSettings:
         return self.chat.settings
 
+    def prompt_settings(self) -> ChatSettings:
+        """The settings the prompt is built from: the pinned documents lead the system message."""
+        return with_documents(self.settings, self.documents.of(self.chat_id))
+
+    def queued(self) -> list[QueuedMessage]:
+        return self.queue.items(self.chat_id)
+
+    def pinned(self) -> list[PinnedDocument]:
+        return self.documents.of(self.chat_id)
+
     def live(self, message_id: int) -> tuple[str, ReplyStats] | None:
         """Current text and stats of the streaming reply (ahead of the stored copy)."""
         if self._reply is not None and self._reply.id == message_id:
@@ -160,6 +182,62 @@ class ChatSession(QObject):
         self.chat = self.store.chat(self.chat_id)
         self.messages = self.store.messages(self.chat_id)
         self.history_changed.emit()
+
+    def submit(self, text: str) -> str:
+        """Send `text` now, or queue it while a reply runs: "sent" or "queued"."""
+        if not text.strip():
+            raise ValueError("cannot send an empty message")
+        if self.running:
+            self.queue.add(self.chat_id, text)
+            self.queue_changed.emit()
+            return "queued"
+        self.send(text)
+        return "sent"
+
+    def edit_queued(self, item_id: int, text: str) -> None:
+        self.queue.edit(item_id, text)
+        self.queue_changed.emit()
+
+    def cancel_queued(self, item_id: int) -> None:
+        self.queue.remove(item_id)
+        self.queue_changed.emit()
+
+    def send_next(self) -> None:
+        """Send the oldest queued message if no reply runs (called when a reply ends)."""
+        if self.running or self.store.closed:
+            return
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs yet (a window restored before its loop starts): try again soon
+            QTimer.singleShot(50, self, self.send_next)
+            return
+        item = self.queue.pop(self.chat_id)
+        if item is not None:
+            self.queue_changed.emit()
+            self.send(item.content)
+
+    def pin_document(self, path) -> PinnedDocument:
+        """Pin a text or PDF file (see pin_text)."""
+        return self.pin_text(*read_document(path))
+
+    def pin_text(self, name: str, text: str) -> PinnedDocument:
+        """Pin a document's text to this chat; DocumentError when it leaves no room in the model's context."""
+        docs = self.pinned() + [PinnedDocument(0, self.chat_id, name, text)]
+        settings = with_documents(self.settings, docs)
+        limit, tokens = self.backend.context_limit(settings), self.backend.count_tokens([], settings)
+        if limit is not None and tokens is not None and tokens >= limit:
+            raise DocumentError(f"{name} is too big for the model's context: with the system prompt and this chat's "
+                                f"other documents it takes {tokens:,} tokens, and the context holds {limit:,}. "
+                                f"Pin a shorter document (or the part you need), or load a model with a longer context.")
+        doc = self.documents.pin(self.chat_id, name, text)
+        self.documents_changed.emit()
+        self.settings_changed.emit()  # the context meter counts it
+        return doc
+
+    def unpin_document(self, doc_id: int) -> None:
+        self.documents.unpin(doc_id)
+        self.documents_changed.emit()
+        self.settings_changed.emit()
 
     def send(self, text: str) -> asyncio.Task:
         """Add a user message and start the reply."""
@@ -218,7 +296,9 @@ class ChatSession(QObject):
         live = self.live(message_id)
         if live is not None:  # branching from a streaming reply takes its text so far
             self.store.update_reply(message_id, *live)
-        return self.store.branch(self.chat_id, message_id).id
+        chat_id = self.store.branch(self.chat_id, message_id).id
+        self.documents.copy(self.chat_id, chat_id)
+        return chat_id
 
     async def stop(self) -> None:
         """Cancel the running reply (its pages return to the cache) and wait until it is recorded."""
@@ -263,12 +343,13 @@ class ChatSession(QObject):
     def _fit(self, history: list[dict], tracker: ReplyTracker) -> tuple[list[dict], ChatSettings]:
         """The prompt and settings that fit the backend's context; a backend that knows no limit or can't
         count (a remote server) gets the chat as it is."""
-        limit = self.backend.context_limit()
-        if limit is None or self.backend.count_tokens(history, self.settings) is None:
-            return history, self.settings
-        fit = fit_context(history, self.settings, self.backend.count_tokens, limit)
+        settings = self.prompt_settings()
+        limit = self.backend.context_limit(settings)
+        if limit is None or self.backend.count_tokens(history, settings) is None:
+            return history, settings
+        fit = fit_context(history, settings, self.backend.count_tokens, limit)
         tracker.stats.dropped_messages = fit.dropped
-        return fit.history, replace(self.settings, max_new_tokens=fit.max_new_tokens)
+        return fit.history, replace(settings, max_new_tokens=fit.max_new_tokens)
 
     async def _run(self, reply: Message, tracker: ReplyTracker, history: list[dict]) -> None:
         try:
@@ -312,6 +393,10 @@ class ChatSession(QObject):
         self._reply = self._tracker = None
         self._set_activity("")
         self.reply_finished.emit(reply.id)
+        # A reply that ended by itself sends the queue on (after the views saw the end); a stopped one waits
+        # for whoever stopped it: the user's Stop sends it on (ChatPane.stop), closing the app keeps it.
+        if reply.stats.state != "stopped" and self.queue.items(self.chat_id):
+            QTimer.singleShot(0, self, self.send_next)
 
     def _changed(self, reply: Message) -> None:
         if self._tracker is not None and self._tracker.stats.state in RUNNING_STATES:

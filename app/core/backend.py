@@ -28,9 +28,9 @@ class Backend(Protocol):
     def job_ended(self, identifier: Any) -> None:
         """The chat consumed its reply's last result."""
 
-    def context_limit(self) -> int | None:
-        """The most tokens one sequence may hold (prompt + reply); None if unknown (no model, a remote
-        server): the chat is then sent as it is."""
+    def context_limit(self, settings: ChatSettings | None = None) -> int | None:
+        """The most tokens one sequence may hold (prompt + reply) on the model `settings` name (None: the
+        main one); None if unknown (no model, a remote server): the chat is then sent as it is."""
 
     def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
         """Prompt tokens of that history (a trailing assistant message is continued, not closed); None
@@ -72,8 +72,8 @@ class BackendSwitch:
     def continues_replies(self) -> bool:
         return self.current.continues_replies
 
-    def context_limit(self) -> int | None:
-        return self.current.context_limit()
+    def context_limit(self, settings: ChatSettings | None = None) -> int | None:
+        return self.current.context_limit(settings)
 
     def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
         return self.current.count_tokens(history, settings)

@@ -174,7 +174,7 @@ class RemoteBackend:
     def adapter_names(self) -> list[str]:
         return [str(e["id"]) for e in self.adapters]
 
-    def context_limit(self) -> None:
+    def context_limit(self, settings: ChatSettings | None = None) -> None:
         """Unknown: an OpenAI-compatible server does not say its context length (it refuses what is too long)."""
         return None
 

@@ -74,6 +74,9 @@ class ChatSettings:
     # LoRA adapters (loaded adapters' names) and scales this chat's replies run with; None: the LoRA
     # panel's default set, (): the base model. Per job: chats with different adapters share a batch.
     loras: tuple[tuple[str, float], ...] | None = None
+    # The model this chat's replies run on: the path of a model loaded beside the main one (compare mode),
+    # None: the main model (whatever is loaded).
+    model: str | None = None
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
@@ -107,6 +110,8 @@ class ChatSettings:
             raise bad("json_mode", "must be a bool")
         if not isinstance(self.stop_on_loops, bool):
             raise bad("stop_on_loops", "must be a bool")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise bad("model", "must be None (the main model) or a model path")
         if self.loras is not None:
             try:
                 check_lora_pairs(self.loras)  # the engine's one rule for (adapter name, scale) pairs

@@ -9,6 +9,8 @@ idle, ExLlamaV2's rule: the panel shows the pending swap).
 Loading runs in a worker thread (asyncio.to_thread); the new model replaces the old one only once it
 loaded completely, so a bad path or a broken file leaves the previous model serving. A reload keeps the
 chats' LoRA set when it fits the new model, and says it was dropped when it does not.
+For compare mode more models can be loaded beside the main one (app.local.model_slots): a chat whose
+settings name one runs on that model's own generator and cache; the dashboard follows one at a time.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
 from app.local.chat_prompt import ChatPrompt
+from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
 from engine.contract import model_path_problem
@@ -70,6 +73,7 @@ class EngineService(QObject):
     loras_loaded = Signal(object)  # names of every adapter loaded into the generator
     loras_pending = Signal(bool)
     lora_failed = Signal(str)
+    models_changed = Signal(object)  # models(): every loaded model, the main one first
 
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
@@ -83,6 +87,9 @@ class EngineService(QObject):
         self._load_done: asyncio.Event | None = None  # set when the current load ends, either way
         self._jobs: dict[Any, Any] = {}  # identifier -> running DynamicJobAsync
         self._prompt: ChatPrompt | None = None  # the last history prompt_ids encoded
+        self.beside: dict[str, ModelSlot] = {}  # models loaded beside the main one (compare mode), by path
+        self.metrics_model: str | None = None  # whose metrics the dashboard gets (None: the main model)
+        self._loading_beside = False
         self._timer = QTimer(self)
         self._timer.setInterval(metrics_interval_ms)
         self._timer.timeout.connect(self._push_metrics)
@@ -108,6 +115,7 @@ class EngineService(QObject):
             self.loading = False
             self._load_done.set()
         self.loaded.emit(self.info)
+        self.models_changed.emit(self.models())
         self.chat_loras = ()
         self.loras_active.emit([])  # what the new generator runs until the set is re-applied
         self.loras_loaded.emit([])
@@ -202,10 +210,12 @@ class EngineService(QObject):
         }
 
     async def _retire(self) -> None:
-        """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
+        """Stop the main model's running replies and close its generator (their consumers see 'cancelled');
+        replies on models beside it go on."""
         old, self.generator = self.generator, None
-        for identifier in list(self._jobs):
-            await self._forget_job(identifier).cancel()
+        for identifier, job in list(self._jobs.items()):
+            if job.generator is old:
+                await self._forget_job(identifier).cancel()
         if old is not None:
             await old.close()
 
@@ -213,6 +223,75 @@ class EngineService(QObject):
         self._closed = True
         self._timer.stop()
         await self._retire()
+        for path in list(self.beside):
+            await self.unload_beside(path)
+
+    # --- models beside the main one -------------------------------------------------------------
+
+    def models(self) -> list[tuple[str | None, str]]:
+        """(path, name) of every loaded model: the main one first (path None), then those beside it."""
+        main = [(None, self.info["name"])] if self.info is not None else []
+        return main + [(path, slot.name) for path, slot in self.beside.items()]
+
+    async def load_beside(self, path: str | Path, cache_tokens: int | None = None) -> bool:
+        """Load a second (third...) model with its own generator and cache; False (and load_failed) when it
+        cannot load or does not fit in the memory the loaded models leave."""
+        path = str(path)
+        if self.generator is None or self.info is None:
+            self.load_failed.emit("load a main model before loading another beside it")
+            return False
+        if self.loading or self._loading_beside:
+            self.load_failed.emit("a model is already loading; wait for it to finish")
+            return False
+        if path == self.info["path"] or path in self.beside:
+            self.load_failed.emit(f"{Path(path).name} is already loaded")
+            return False
+        self._loading_beside = True
+        try:
+            req = LoadRequest.from_dict({"path": path, "cache_tokens": cache_tokens or self.request["cache_tokens"]})
+            model, tokenizer, cache, _ = await asyncio.to_thread(self._build, req, lambda _f: None)
+            import engine
+
+            generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
+        except Exception as exc:  # noqa: BLE001 - the models already loaded keep serving
+            log.warning("loading a model beside %s failed: %s", self.info["name"], exc)
+            self.load_failed.emit(f"Could not load {Path(path).name} beside {self.info['name']}: "
+                                  f"{type(exc).__name__}: {exc}")
+            return False
+        finally:
+            self._loading_beside = False
+        info = {"name": model.name, "path": path, "params": model.num_parameters(), "cache_tokens": cache.max_tokens,
+                "pages": cache.num_pages, "memory_bytes": model.memory_bytes() + cache.memory_bytes()}
+        self.beside[path] = ModelSlot(path, tokenizer, cache, generator, info)
+        self.models_changed.emit(self.models())
+        return True
+
+    async def unload_beside(self, path: str) -> None:
+        """Close a model loaded beside the main one (its running replies end as stopped)."""
+        slot = self.beside.pop(path, None)
+        if slot is None:
+            return
+        if self.metrics_model == path:
+            self.metrics_model = None
+        for identifier, job in list(self._jobs.items()):
+            if job.generator is slot.generator:
+                await self._forget_job(identifier).cancel()
+        await slot.generator.close()
+        self.models_changed.emit(self.models())
+
+    def show_metrics(self, path: str | None) -> None:
+        """The dashboard follows this model's generator (None: the main model)."""
+        self.metrics_model = path if path in self.beside else None
+
+    def _engine_of(self, settings: ChatSettings | None) -> tuple[Any, Any]:
+        """(tokenizer, generator) of the model these settings name; ModelNotLoaded if it is not loaded."""
+        want = settings.model if settings is not None else None
+        if want is None or (self.info is not None and want == self.info["path"]):
+            return self.tokenizer, self.generator
+        slot = self.beside.get(want)
+        if slot is None:
+            raise not_loaded(want)
+        return slot.tokenizer, slot.generator
 
     # --- jobs ----------------------------------------------------------------------------------
 
@@ -223,27 +302,37 @@ class EngineService(QObject):
         The last history encoded is kept (app.local.chat_prompt): fitting a chat into the context asks
         for that history less its oldest turns, and the job for the one it kept, and those ids are cut
         from it, so a send tokenizes its prompt once."""
-        if self.tokenizer is None:
+        tokenizer = self._engine_of(settings)[0]
+        if tokenizer is None:
             raise RuntimeError("no model is loaded yet")
         last = self._prompt
-        if last is not None and last.tokenizer is self.tokenizer:
+        if last is not None and last.tokenizer is tokenizer:
             ids = last.ids_of(history, settings)
             if ids is not None:
                 return ids
-        self._prompt = ChatPrompt(self.tokenizer, history, settings)
+        self._prompt = ChatPrompt(tokenizer, history, settings)
         return self._prompt.ids
 
     continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
 
     def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
         """Prompt tokens of that history; None before a model is loaded."""
-        if self.tokenizer is None:
+        try:
+            tokenizer = self._engine_of(settings)[0]
+        except ModelNotLoaded:
+            return None  # the send says which model is missing
+        if tokenizer is None:
             return None
         return self.prompt_ids(history, settings).shape[-1]
 
-    def context_limit(self) -> int | None:
-        """The most tokens one reply's sequence may hold (prompt + reply); None before a model is loaded."""
-        return self.generator.max_seq_len if self.generator is not None else None
+    def context_limit(self, settings: ChatSettings | None = None) -> int | None:
+        """The most tokens one reply's sequence may hold (prompt + reply) on the chat's model; None before
+        a model is loaded (or when the chat's model is not loaded)."""
+        try:
+            generator = self._engine_of(settings)[1]
+        except ModelNotLoaded:
+            return None
+        return generator.max_seq_len if generator is not None else None
 
     def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
         """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
@@ -253,9 +342,9 @@ class EngineService(QObject):
             raise RuntimeError(f"chat {identifier} already has a reply running")
         import engine
 
+        tokenizer, generator = self._engine_of(settings)
         ids = self.prompt_ids(history, settings)
-        stops = sorted(self.tokenizer.stop_token_ids) + list(settings.stop_strings)
-        generator = self.generator
+        stops = sorted(tokenizer.stop_token_ids) + list(settings.stop_strings)
         gen_settings = settings.sampler_settings()
 
         loras = None if settings.loras is None else [tuple(pair) for pair in settings.loras]
@@ -350,9 +439,11 @@ class EngineService(QObject):
     # --- metrics -------------------------------------------------------------------------------
 
     def snapshot(self) -> dict | None:
-        if self.generator is None:
+        slot = self.beside.get(self.metrics_model) if self.metrics_model is not None else None
+        generator = slot.generator if slot is not None else self.generator
+        if generator is None:
             return None
-        return self.generator.metrics()
+        return generator.metrics()
 
     def _push_metrics(self) -> None:
         try:

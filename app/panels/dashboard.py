@@ -15,9 +15,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QDockWidget, QFrame, QGraphicsItem, QLabel, QProgressBar, QScrollArea, QSizePolicy, QSplitter, QVBoxLayout,
+    QComboBox, QDockWidget, QFrame, QGraphicsItem, QLabel, QProgressBar, QScrollArea, QSizePolicy, QSplitter, QVBoxLayout,
     QWidget,
 )
 
@@ -101,7 +101,10 @@ class _Monotonic:
 
 
 class DashboardDock(QDockWidget):
-    """Dock with the page-table map and 60 s of occupancy, jobs, tokens/s, acceptance and sampler load."""
+    """Dock with the page-table map and 60 s of occupancy, jobs, tokens/s, acceptance and sampler load.
+    With several models loaded (compare mode) a selector picks whose generator it shows."""
+
+    model_chosen = Signal(object)  # the chosen model's path (None: the main model)
 
     def __init__(self, parent: QWidget | None = None, window_s: float = 60.0, capacity: int = 1024,
                  rate_window_s: float = 2.0) -> None:
@@ -225,6 +228,11 @@ class DashboardDock(QDockWidget):
         upper = QWidget()
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
+        self.model_choice = QComboBox()  # shown with two or more models loaded
+        self.model_choice.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
+        self.model_choice.hide()
+        self.model_choice.activated.connect(self._model_activated)
+        upper_layout.addWidget(self.model_choice)
         upper_layout.addWidget(self.page_map, 1)
         upper_layout.addWidget(self.kv_bar)
         splitter = QSplitter(Qt.Vertical)
@@ -245,6 +253,19 @@ class DashboardDock(QDockWidget):
     def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:
         """Chat titles for job identifiers, shown when hovering the page map."""
         self.page_map.set_identifier_labels(mapping)
+
+    def set_models(self, models: Sequence[tuple[str | None, str]]) -> None:
+        """The loaded models as (path, name), the main one (path None) first."""
+        current = self.model_choice.currentData()
+        self.model_choice.clear()
+        for path, name in models:
+            self.model_choice.addItem(f"Model: {name}" + (" (main)" if path is None else ""), path)
+        self.model_choice.setCurrentIndex(max(0, self.model_choice.findData(current)))
+        self.model_choice.setVisible(len(models) > 1)
+
+    def _model_activated(self, _index: int) -> None:
+        self.reset()
+        self.model_chosen.emit(self.model_choice.currentData())
 
     def reset(self) -> None:
         """Forget the history (e.g. after a model reload); the next push starts a fresh window."""

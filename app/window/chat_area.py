@@ -3,6 +3,8 @@
 Each chat pane has its own ChatSession, created on first open and kept until the chat is deleted: a pane
 that is closed, or not among the tiles shown, is parked (hidden) and its reply keeps streaming and saving.
 Tiles show the most recently used chats, so clicking into one (or picking a tab) makes it the current one.
+Compare mode (app.window.compare_bar) shows the tiles with a bar under them that sends one message to
+every ticked tile.
 """
 from __future__ import annotations
 
@@ -14,12 +16,14 @@ from app.chat.chat_pane import ChatPane, RenderScheduler
 from app.chat.chat_session import ChatSession
 from app.core.backend import Backend
 from app.core.store import Store
+from app.window.compare_bar import CompareBar
 from app.window.window_layout import CENTRAL_MINIMUM, grid
 
 class ChatArea(QStackedWidget):
     """Open chats' panes in tabs or tiles; owns every pane and session the window has opened."""
 
     view_changed = Signal(str, int)  # mode ("tabs" or "tiles"), tile count
+    compare_changed = Signal(bool)
 
     def __init__(self, store: Store, backend: Backend, chat_list: ChatList, parent: QWidget | None = None):
         super().__init__(parent)
@@ -39,6 +43,9 @@ class ChatArea(QStackedWidget):
         self.tabs.currentChanged.connect(self._tab_changed)
         self.tiles = QWidget()
         QVBoxLayout(self.tiles).setContentsMargins(0, 0, 0, 0)  # holds one splitter grid at a time
+        self.compare = CompareBar(self)  # under the grid, in compare mode
+        self.compare.hide()
+        self.tiles.layout().addWidget(self.compare)
         self.addWidget(self.tabs)
         self.addWidget(self.tiles)
         # Nothing in a pane (long titles, 4 tiles) may raise the window's minimum size past the screen:
@@ -138,6 +145,18 @@ class ChatArea(QStackedWidget):
         self.view_changed.emit(mode, tiles if mode == "tiles" else 2)
         self._layout()
 
+    def set_compare(self, on: bool) -> None:
+        """Compare mode: the tiles (the open chats, up to 4) with the compare bar under them."""
+        if on and self.mode != "tiles":
+            self.set_view("tiles", max(2, min(4, len(self.open_ids))))
+        self.compare.setVisible(on)
+        self.compare.set_panes(self.tiled() if on else [])
+        self.compare_changed.emit(on)
+
+    def tiled(self) -> list[ChatPane]:
+        """The panes shown as tiles now, in their order."""
+        return [self.panes[i] for i in self.open_ids if i in self.recent[: self.tile_count]] if self.mode == "tiles" else []
+
     def show_side_by_side(self, panes: list[ChatPane]) -> None:
         """Tile these panes (2-4 of them), leftmost first."""
         for p in reversed(panes):
@@ -151,8 +170,9 @@ class ChatArea(QStackedWidget):
         self.tabs.clear()
         for pane in self.panes.values():
             pane.setParent(self.parking)
-        old = self.tiles.layout().takeAt(0)
-        if old is not None and old.widget() is not None:
+        old = self.tiles.layout().itemAt(0)
+        if old is not None and old.widget() is not None and old.widget() is not self.compare:
+            self.tiles.layout().takeAt(0)
             old.widget().deleteLater()
         if self.mode == "tabs":
             for chat_id in self.open_ids:
@@ -161,12 +181,16 @@ class ChatArea(QStackedWidget):
                 self.tabs.setCurrentWidget(current)
             self.setCurrentWidget(self.tabs)
         else:
-            shown = [i for i in self.open_ids if i in self.recent[: self.tile_count]]
-            tiles = grid([self.panes[i] for i in shown])
-            self.tiles.layout().addWidget(tiles)
+            tiles = grid(self.tiled())
+            self.tiles.layout().insertWidget(0, tiles, 1)
             tiles.show()  # a layout shows new children of a visible widget only later (queued)
             self.setCurrentWidget(self.tiles)
         self.tabs.blockSignals(False)
+        if self.compare.isVisibleTo(self.tiles):
+            if self.mode == "tiles":
+                self.compare.set_panes(self.tiled())
+            else:
+                self.set_compare(False)
         for pane in self.panes.values():
             if pane.parent() is self.parking:
                 pane.hide()

@@ -94,6 +94,10 @@ class MainWindow(QMainWindow):
         self.dashboard = DashboardDock(self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
         feed = DashboardFeed(self.dashboard, s.metrics)
+        s.models_changed.connect(self.dashboard.set_models)  # compare mode: models beside the main one
+        self.dashboard.model_chosen.connect(s.show_metrics)
+        self.chats.compare.service = s
+        s.models_changed.connect(self.chats.compare.refresh_models)
         self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
                                           cache_tokens=self.loader.load_request.get("cache_tokens") or DEFAULT_CACHE_TOKENS,
                                           browser=ModelBrowser(self.store.path.parent / "model_folders.json"))

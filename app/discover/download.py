@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from app.core.formatting import human_bytes
 from app.discover.hub import HubBlob, HubModel, describe_error
 
 QUEUED, RUNNING, PAUSED, DONE, FAILED, CANCELLED = "queued", "running", "paused", "done", "failed", "cancelled"
@@ -121,8 +122,8 @@ class DownloadJob:
             folder = folder.parent
         free = shutil.disk_usage(folder).free
         if free < left:
-            raise DownloadError(f"Not enough disk space in {folder}: the download needs {_mb(left)} more, "
-                                f"{_mb(free)} is free")
+            raise DownloadError(f"Not enough disk space in {folder}: the download needs {human_bytes(left)} more, "
+                                f"{human_bytes(free)} is free")
 
     def _fetch(self, blob: HubBlob) -> None:
         from huggingface_hub import hf_hub_url
@@ -222,14 +223,11 @@ class DownloadJob:
         if not isinstance(exc, OSError) or isinstance(exc, HfHubHTTPError) or exc.errno is None:
             return f"Downloading {self.model.name} failed: {describe_error(exc)}"
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return (f"The disk is full: writing {self.repo_dir} stopped at {_mb(self.done_bytes)} of "
-                    f"{_mb(self.total_bytes)}. Free some space and press Resume (the partial file is kept).")
+            return (f"The disk is full: writing {self.repo_dir} stopped at {human_bytes(self.done_bytes)} of "
+                    f"{human_bytes(self.total_bytes)}. Free some space and press Resume (the partial file is kept).")
         return f"Could not write the download: {exc}"
 
 
 class DownloadError(Exception):
     """A download failed for a reason stated in words (disk space, hash check)."""
 
-
-def _mb(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MB"

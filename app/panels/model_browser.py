@@ -53,6 +53,7 @@ class ModelBrowser(QWidget):
         self.tree.setSortingEnabled(True)
         self.tree.currentItemChanged.connect(self._selected)
         self.status = QLabel("Not scanned yet.")
+        self.status.setWordWrap(True)
         self.estimate_label = QLabel()
         self.estimate_label.setWordWrap(True)
         self.estimate_label.setTextInteractionFlags(Qt.TextSelectableByMouse)

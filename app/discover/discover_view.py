@@ -169,7 +169,8 @@ class DiscoverView(QWidget):
             self.file_list.clear()
             for m in result:
                 self.file_list.addTopLevelItem(self._file_row(m))
-            self.status.setText(f"{len(result)} loadable files; pick one to download." if result else
+            files = f"{len(result)} loadable file{'s' if len(result) != 1 else ''}"
+            self.status.setText(f"{files}; pick one to download." if result else
                                 "No GGUF file or safetensors folder pagedeck can load in this repository.")
         self._refresh()
 
@@ -238,6 +239,7 @@ class DiscoverView(QWidget):
         if job is not None:
             self.progress.setValue(int(1000 * job.done_bytes / max(job.total_bytes, 1)))
             self.progress_label.setText(progress_text(job))
+            self.progress_label.setToolTip(str(job.path))
         else:
             self.progress_label.setText("")
         for j in list(self.jobs.values()):
@@ -263,7 +265,7 @@ def progress_text(job: DownloadJob) -> str:
         left = "" if eta is None else f" · {_duration(eta)} left"
         return f"Downloading: {amount}{rate}{left}"
     if job.state == DONE:
-        return f"Downloaded and verified ({human_bytes(job.total_bytes)}): {job.path}"
+        return f"Downloaded and verified ({human_bytes(job.total_bytes)}): ready to load."
     if job.state == PAUSED:
         return f"Paused at {amount}."
     if job.state == FAILED:

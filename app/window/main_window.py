@@ -136,6 +136,8 @@ class MainWindow(QMainWindow):
         self.remote.changed.connect(lambda info: self.loader.back_to_local() if info is None
                                     else self.status.show_remote(info))
         self.dashboard.raise_()
+        # The right column's dock tabs, compact enough that all five titles show whole in a 1280-px screen's column.
+        self.setStyleSheet("QMainWindow > QTabBar::tab { padding: 3px 5px; }")
 
     def _load_downloaded(self, path: str) -> None:
         """Discover's Load: the Model tab loads the download with its own options, showing its progress."""

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, tempfile
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QDockWidget, QScrollArea
+from PySide6.QtWidgets import QApplication, QDockWidget, QScrollArea, QTabBar
 from app.core.store import Store
 from app.window.main_window import MainWindow
 
@@ -43,6 +43,8 @@ for dock in win.findChildren(QDockWidget):
     room = area.viewport().width() if isinstance(area, QScrollArea) else area.width()
     docks[dock.objectName()] = {"room": room, "minimum": inner.minimumSizeHint().width(),
                                 "hscroll": isinstance(area, QScrollArea) and area.horizontalScrollBar().isVisible()}
+tabs = [[(bar.tabText(i), bar.tabRect(i).width(), bar.tabSizeHint(i).width()) for i in range(bar.count())]
+        for bar in win.findChildren(QTabBar) if bar.parent() is win and bar.isVisible()]
 title = "a long chat title: the first 48 characters of a message, and more"
 panes = [win.new_chat(title) for _ in range(2)]
 win.chats.set_view("tiles", 3)
@@ -61,7 +63,7 @@ win.chats.set_view("tabs")
 settle()
 pane = next(p for p in win.chats.panes.values() if p.isVisible())
 wide = [b.toolButtonStyle() == Qt.ToolButtonStyle.ToolButtonIconOnly for b in pane.header_buttons.buttons]
-print(json.dumps({"docks": docks, "headers": headers, "wide_icon_only": wide}))
+print(json.dumps({"docks": docks, "tabs": tabs, "headers": headers, "wide_icon_only": wide}))
 """
 
 
@@ -82,6 +84,9 @@ def test_panels_fit_their_docks_and_headers_never_truncate(tmp_path, width, heig
     for name, d in r["docks"].items():
         assert d["minimum"] <= d["room"], (name, d)  # laid out within the dock's width
         assert not d["hscroll"], (name, d)
+    (right_column,) = [t for t in r["tabs"] if len(t) == 5]  # dashboard, Model, LoRA, Discover, Server
+    for text, shown, whole in right_column:
+        assert shown >= whole, (text, right_column)  # every dock tab's title shown whole
     assert len(r["headers"]) == 3
     for h in r["headers"]:
         assert h["title_tip"] == h["title"] and h["title"].startswith("a long chat title")

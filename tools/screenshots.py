@@ -116,7 +116,7 @@ async def _discover(outdir: Path, data_dir: Path, size: tuple[int, int], tag: st
         view.download_or_pause()
         await _until(lambda: view.load_button.isEnabled())
         await asyncio.sleep(0.3)
-        path = outdir / f"discover-{tag}.png"
+        path = outdir / f"discover-{tag}{'-dark' if theme == 'dark' else ''}.png"
         if not window.grab().save(str(path)):
             raise OSError(f"could not write screenshot {path}")
         return [path]

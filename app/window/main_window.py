@@ -15,7 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QRect, Qt, Signal
-from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QWidget
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QTabBar, QWidget,
+)
 
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane
@@ -136,8 +138,6 @@ class MainWindow(QMainWindow):
         self.remote.changed.connect(lambda info: self.loader.back_to_local() if info is None
                                     else self.status.show_remote(info))
         self.dashboard.raise_()
-        # The right column's dock tabs, compact enough that all five titles show whole in a 1280-px screen's column.
-        self.setStyleSheet("QMainWindow > QTabBar::tab { padding: 3px 5px; }")
 
     def _load_downloaded(self, path: str) -> None:
         """Discover's Load: the Model tab loads the download with its own options, showing its progress."""
@@ -199,6 +199,9 @@ class MainWindow(QMainWindow):
             if screen is not None:
                 self.fit_to(screen.availableGeometry())
         super().showEvent(e)
+        for bar in self.findChildren(QTabBar):  # the dock columns' tabs (made by the layout once docks are tabbed):
+            if bar.parent() is self and not bar.styleSheet():  # compact, so five titles show whole in ~300 px
+                bar.setStyleSheet("QTabBar::tab { padding: 3px 5px; }")
 
     # --- state across restarts ------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class FakeHub:
         self.cut_after: dict[str, int] = {}  # file name -> close the connection after this many body bytes
         self.corrupt: set[str] = set()  # file names served with their last byte flipped
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, Range header)
+        self.authorizations: list[str | None] = []  # each request's Authorization header
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -93,6 +94,7 @@ def _handler(hub: FakeHub):
             url = urlparse(self.path)
             path, query = unquote(url.path), parse_qs(url.query)
             hub.requests.append((self.command, path, self.headers.get("Range")))
+            hub.authorizations.append(self.headers.get("Authorization"))
             if path == "/api/models":
                 words = (query.get("search") or [""])[0].lower()
                 hits = [hub.info(r, False) for r in hub.repos if words in r.lower()]

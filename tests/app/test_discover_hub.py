@@ -152,6 +152,24 @@ def test_pause_keeps_the_partial_file_for_resume(hub, cache):
     assert job.wait(30) and job.state == DONE and job.path.read_bytes() == hub.repos["tester/Tiny-Llama-GGUF"][GGUF_NAME]
 
 
+def test_the_token_is_sent_but_never_shown_or_logged(hub, cache, caplog):
+    import logging
+
+    token = "hf_" + "S3cretTokenValue" * 2
+    caplog.set_level(logging.DEBUG)
+    api = Hub(endpoint=hub.url, token=token)
+    (m, _) = api.files("tester/Tiny-Llama-GGUF")
+    del hub.repos["tester/Tiny-Llama-GGUF"][GGUF_NAME]
+    job = DownloadJob(m, cache, api.endpoint, token)
+    job.start()
+    assert job.wait(30) and job.state == FAILED
+    with pytest.raises(HubError) as failed:
+        api.files("tester/private")
+    assert f"Bearer {token}" in hub.authorizations  # it was used
+    shown = job.error + str(failed.value) + caplog.text
+    assert token not in shown and "S3cretTokenValue" not in shown
+
+
 DISK_CHILD = r"""
 import sys
 from app.discover.download import DownloadJob

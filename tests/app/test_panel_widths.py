@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = r"""
 import json, tempfile
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QDockWidget, QScrollArea, QTabBar
+from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QDockWidget, QScrollArea, QTabBar
 from app.core.store import Store
 from app.window.main_window import MainWindow
 
@@ -42,7 +42,9 @@ for dock in win.findChildren(QDockWidget):
     inner = area.widget() if isinstance(area, QScrollArea) else area
     room = area.viewport().width() if isinstance(area, QScrollArea) else area.width()
     docks[dock.objectName()] = {"room": room, "minimum": inner.minimumSizeHint().width(),
-                                "hscroll": isinstance(area, QScrollArea) and area.horizontalScrollBar().isVisible()}
+                                "hscroll": isinstance(area, QScrollArea) and area.horizontalScrollBar().isVisible(),
+                                "inner_hscroll": [type(a).__name__ for a in inner.findChildren(QAbstractScrollArea)
+                                                  if a.isVisible() and a.horizontalScrollBar().isVisible()]}
 tabs = [[(bar.tabText(i), bar.tabRect(i).width(), bar.tabSizeHint(i).width()) for i in range(bar.count())]
         for bar in win.findChildren(QTabBar) if bar.parent() is win and bar.isVisible()]
 title = "a long chat title: the first 48 characters of a message, and more"
@@ -83,7 +85,7 @@ def test_panels_fit_their_docks_and_headers_never_truncate(tmp_path, width, heig
     assert {"Model", "LoRA", "Server", "Discover", "DashboardDock"} <= set(r["docks"])
     for name, d in r["docks"].items():
         assert d["minimum"] <= d["room"], (name, d)  # laid out within the dock's width
-        assert not d["hscroll"], (name, d)
+        assert not d["hscroll"] and not d["inner_hscroll"], (name, d)  # lists and tables fit too
     (right_column,) = [t for t in r["tabs"] if len(t) == 5]  # dashboard, Model, LoRA, Discover, Server
     for text, shown, whole in right_column:
         assert shown >= whole, (text, right_column)  # every dock tab's title shown whole

@@ -6,6 +6,7 @@ from PySide6.QtCore import Qt
 from app.discover.discover_view import DiscoverView
 from app.discover.download import DONE, RUNNING
 from app.discover.hub import Hub
+from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401
 from tools.fake_hub import FakeHub
 
 pytestmark = pytest.mark.timeout(120)
@@ -89,3 +90,23 @@ def test_unknown_repository_is_reported_in_the_view(qtbot, hub, tmp_path):
     view._ask("files", view.hub.files, "tester/gone")
     qtbot.waitUntil(lambda: "404" in view.status.text(), timeout=10000)
     assert "tester/gone" in view.status.text()
+
+
+def test_load_from_discover_loads_the_download_in_the_window(qtbot, loop, store, hub, tmp_path):  # noqa: F811
+    """The main window's Discover dock: download, Load, and the chats run on the downloaded model (through the
+    Model tab, which shows it), and the Model tab's list of models on disk finds it in the cache."""
+    async def body():
+        win = make_window(qtbot, store)
+        view = win.discover
+        view._hub, view._cache_dir = Hub(endpoint=hub.url, token=False), tmp_path / "hub"
+        _search_and_pick(qtbot, view, "tiny")
+        view.download_button.click()
+        await wait_until(lambda: view.load_button.isEnabled(), 30, "the download")
+        path = str(view.job().path)
+        view.load_button.click()
+        await wait_until(lambda: win.service.info is not None and not win.service.loading, 60, "the load")
+        assert win.service.info["path"] == path and win.model_panel.path_edit.text() == path
+        assert win.statusBar().currentMessage().startswith("Loaded ")
+        await win.service.close()
+
+    run(loop, body())

@@ -274,11 +274,18 @@ class ModelPanel(QWidget):
         return self._loading
 
     # ----------------------------------------------------------------------------------- state shown
+    def show_stage(self, text: str) -> None:
+        """A load's stage on the progress bar ("Compiling kernels…" moves as busy until progress comes)."""
+        self.progress.setFormat(f"{text} %p%")
+        self.progress.setRange(0, 0)  # busy until the first set_progress: a compile reports no fraction
+        self.progress.show()
+
     def set_progress(self, fraction: float) -> None:
         """Drive the progress bar from a load-progress callback (0..1)."""
         value = float(fraction)
         if not math.isfinite(value) or not -1e-6 <= value <= 1 + 1e-6:
             raise ValueError(f"load progress must be a fraction in [0, 1], got {fraction!r}")
+        self.progress.setRange(0, 1000)
         self.progress.show()
         self.progress.setValue(round(min(max(value, 0.0), 1.0) * 1000))
 

@@ -103,6 +103,7 @@ class MainWindow(QMainWindow):
         p.load_requested.connect(self.loader.load_model)
         self.loader.cancelled.connect(p.cancel_loading)
         s.load_progress.connect(p.set_progress)
+        s.load_stage.connect(p.show_stage)
         s.loaded.connect(p.set_loaded)
         s.load_failed.connect(p.show_error)
         model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)

@@ -50,6 +50,7 @@ def test_load_reports_its_stage_in_the_status_bar(qtbot, loop, store, tiny_model
         win.service.load_stage.connect(lambda _t: seen.append(win.status.model_status.text()))
         assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
         assert seen == ([] if built else [COMPILING]) + [LOADING]
+        assert win.model_panel.progress.format() == f"{LOADING} %p%"  # the Model tab's bar said it too
         assert win.statusBar().currentMessage().startswith("Loaded ")
         await win.service.close()
 

@@ -110,3 +110,15 @@ def test_load_from_discover_loads_the_download_in_the_window(qtbot, loop, store,
         await win.service.close()
 
     run(loop, body())
+
+
+def test_progress_text_gives_amount_speed_and_time_left(hub, tmp_path):
+    from app.discover.discover_view import progress_text
+    from app.discover.download import DownloadJob
+
+    (m,) = Hub(endpoint=hub.url, token=False).files("tester/Tiny-Llama-GGUF", estimate=False)
+    job = DownloadJob(m, tmp_path / "hub", hub.url)
+    job.state, job.done_bytes, job.speed, job.total_bytes = RUNNING, 1 << 20, float(1 << 19), 3 << 20
+    assert progress_text(job) == "Downloading: 1.0 MiB of 3.0 MiB · 512.0 KiB/s · 4 s left"
+    job.total_bytes = (1 << 20) + 150 * (1 << 19)
+    assert progress_text(job).endswith("· 2 min 30 s left")

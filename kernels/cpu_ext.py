@@ -123,3 +123,31 @@ def _wait_for_other_build(name: str) -> None:
 
 def available() -> bool:
     return ops() is not None
+
+
+def built() -> bool:
+    """Whether this machine's build is in torch's extension cache already, so loading it takes a moment rather
+    than a compile (~1 min on 2 cores); True when the kernels are disabled (nothing to build)."""
+    if not enabled():
+        return True
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = build_name()
+    return (Path(_get_build_directory(name, verbose=False)) / f"{name}.so").is_file()
+
+
+def main() -> int:
+    """`python -m kernels.cpu_ext`: build now (make setup does, so the first start loads instead of compiling)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if built():
+        print("pagedeck's CPU kernels are already built for this machine")
+        return 0
+    print("Compiling pagedeck's CPU kernels for this CPU (once, ~1 min)…", flush=True)
+    t0 = time.perf_counter()
+    ok = available()
+    print(f"done in {time.perf_counter() - t0:.0f} s" if ok else "not built: the torch kernels will be used instead")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,11 @@ while they stream. dashboard.png (always written, and all that `--dashboard-only
 fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
 benchmark): it needs no model and is deterministic. app-lora-chats.png (`--lora-only` writes only it) is
 two chats on different demo adapters (pirate, bullets) streaming at once, the page map coloured by adapter.
+
+`--scale 2` takes a HiDPI screen: Qt scales by 2 (QT_SCALE_FACTOR) and the window is WxH device pixels, so
+`--size 2560x1440 --scale 2` lays out at 1280x720 logical pixels and saves 2560x1440 PNGs named ...@2x.
+discover-<size>.png is the Discover tab after a search and a download, against a local Hub server
+(tools.fake_hub serving the embedded model's GGUF) into a scratch cache: nothing leaves the machine.
 """
 from __future__ import annotations
 
@@ -84,8 +89,54 @@ async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> Non
         await asyncio.sleep(0.1)
 
 
+async def _discover(outdir: Path, data_dir: Path, size: tuple[int, int], tag: str, theme: str) -> list[Path]:
+    """The Discover tab after searching a local Hub server and downloading its one GGUF into a scratch cache."""
+    from app.discover.hub import Hub
+    from app.window.main_window import MainWindow
+    from engine.model.weights import default_model_path
+    from tools.fake_hub import FakeHub
+
+    model = default_model_path()
+    hub = FakeHub({"HuggingFaceTB/SmolLM2-135M-Instruct-GGUF": {"smollm2-135m-instruct-q4_1.gguf": model.read_bytes()},
+                   "HuggingFaceTB/SmolLM2-360M-Instruct": {"config.json": b"{}", "model.safetensors": b"0" * 4096}}).start()
+    window = MainWindow(data_dir=data_dir)
+    window.theme.set_mode(theme)
+    view = window.discover
+    view._hub, view._cache_dir = Hub(endpoint=hub.url, token=False), data_dir / "hub-cache"
+    window.show()
+    window.resize(*size)
+    window.dock("Discover").raise_()
+    try:
+        view.query.setText("smollm2")
+        view.search()
+        await _until(lambda: view.repo_list.topLevelItemCount() == 2)
+        view.repo_list.setCurrentItem(view.repo_list.topLevelItem(0))
+        await _until(lambda: view.file_list.topLevelItemCount() == 1)
+        view.file_list.setCurrentItem(view.file_list.topLevelItem(0))
+        view.download_or_pause()
+        await _until(lambda: view.load_button.isEnabled())
+        await asyncio.sleep(0.3)
+        path = outdir / f"discover-{tag}{'-dark' if theme == 'dark' else ''}.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        hub.stop()
+        await window.shutdown()
+        window.close()
+
+
+async def _until(predicate, timeout: float = 60.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise SystemExit("the Discover view did not get there in time; no screenshot taken")
+        await asyncio.sleep(0.05)
+
+
 async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size: tuple[int, int],
-                              theme: str = "light") -> list[Path]:
+                              theme: str = "light", tag: str = "") -> list[Path]:
     """Open MainWindow on a scratch history, stream one chat per prompt side by side, grab PNGs mid-stream."""
     from app.window.main_window import MainWindow
 
@@ -107,8 +158,8 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
         for i, min_chars in enumerate((120, 400)):
             await _until_streamed(sessions, min_chars, seconds / 2)
             await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
-            tag = f"{size[0]}x{size[1]}{'-dark' if theme == 'dark' else ''}-{i + 1}"
-            shots = [(f"app-streaming-{tag}.png", window), (f"dashboard-live-{tag}.png", window.dashboard)]
+            name = f"{tag or f'{size[0]}x{size[1]}'}{'-dark' if theme == 'dark' else ''}-{i + 1}"
+            shots = [(f"app-streaming-{name}.png", window), (f"dashboard-live-{name}.png", window.dashboard)]
             for name, widget in shots:
                 path = outdir / name
                 if not widget.grab().save(str(path)):
@@ -171,13 +222,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
+    parser.add_argument("--scale", type=int, default=1, help="the screen's scale factor (2: HiDPI; --size is in "
+                        "device pixels, the window lays out at size/scale)")
+    parser.add_argument("--discover", action="store_true", help="also discover-<size>.png: the Discover tab "
+                        "against a local Hub server")
     args = parser.parse_args(argv)
     try:
-        size = tuple(int(v) for v in args.size.lower().split("x"))
-        if len(size) != 2 or min(size) < 1:
+        pixels = tuple(int(v) for v in args.size.lower().split("x"))
+        if len(pixels) != 2 or min(pixels) < 1 or args.scale < 1:
             raise ValueError
     except ValueError:
-        parser.error(f"--size must be WIDTHxHEIGHT, e.g. 1366x768; got {args.size!r}")
+        parser.error(f"--size must be WIDTHxHEIGHT, e.g. 1366x768, and --scale >= 1; got {args.size!r}")
+    size = (pixels[0] // args.scale, pixels[1] // args.scale)  # the window's logical size
+    tag = f"{pixels[0]}x{pixels[1]}" + (f"@{args.scale}x" if args.scale != 1 else "")
+    if args.scale != 1:
+        os.environ["QT_SCALE_FACTOR"] = str(args.scale)  # before the QApplication exists
     args.outdir.mkdir(parents=True, exist_ok=True)
     from PySide6.QtWidgets import QApplication
 
@@ -190,10 +249,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
             os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
+            if args.discover:
+                saved += loop.run_until_complete(
+                    _discover(args.outdir, Path(data_dir) / "discover", size, tag, args.theme))
             if not args.lora_only:
                 saved += loop.run_until_complete(
-                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme))
-            saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme, tag))
+            if args.lora_only or not args.discover:
+                saved += loop.run_until_complete(
+                    _stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)
     return 0

@@ -16,13 +16,14 @@ import time
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDialog, QFileDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
+    QDialog, QFileDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QStyle, QTabWidget, QTextBrowser,
+    QToolButton, QVBoxLayout, QWidget,
 )
 
 from app.chat.chat_session import ChatSession
 from app.chat.code_blocks import COPY_VERB
 from app.chat.pane_extras import PinnedList, QueueList
-from app.chat.pane_widgets import ACTIVITY, ColourSwatch, ElidedLabel, activity_icon
+from app.chat.pane_widgets import ACTIVITY, ColourSwatch, CompactButtons, ElidedLabel, activity_icon
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
 from app.core.formatting import stats_text
@@ -128,6 +129,9 @@ class ChatPane(QWidget):
         head.addWidget(self.title, 1)
         for b in (self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn):
             head.addWidget(b)
+        self.header_buttons = CompactButtons([(self.settings_btn, QStyle.StandardPixmap.SP_FileDialogDetailedView),
+                                              (self.regen_btn, QStyle.StandardPixmap.SP_BrowserReload),
+                                              (self.stop_btn, QStyle.StandardPixmap.SP_MediaStop)])
 
         self.view = QTextBrowser()
         self.view.setOpenLinks(False)
@@ -347,6 +351,12 @@ class ChatPane(QWidget):
             self.rebuild()
         self.update_header()
         self.update_meter()
+
+    def resizeEvent(self, e) -> None:  # noqa: N802
+        super().resizeEvent(e)
+        m = self.layout().contentsMargins()  # the header's fixed parts: margins, colour swatch, "⋯"
+        self.header_buttons.fit(self.width() - m.left() - m.right() - self.swatch.width() - 12
+                                - self.more_btn.sizeHint().width())
 
     def showEvent(self, e) -> None:
         super().showEvent(e)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
-from PySide6.QtWidgets import QLabel, QSizePolicy, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QStyle, QToolButton, QWidget
 
 # How the chat list and tabs mark a chat whose reply is under way (state -> (colour, tooltip)).
 ACTIVITY = {
@@ -95,3 +95,35 @@ def activity_icon(state: str, rgb: tuple[int, int, int] | None = None) -> QIcon:
         p.drawEllipse(QRectF(6, 6, 9, 9))
     p.end()
     return QIcon(pix)
+
+
+class CompactButtons:
+    """A header's buttons: their text when the header has room for it next to a readable title, otherwise
+    icons only (the tooltip says what each does), so a squeezed tile never shows "S……" or "Re…te"."""
+
+    TITLE_ROOM = 80  # what the title keeps before the buttons give up their text
+
+    def __init__(self, buttons: list[tuple[QToolButton, QStyle.StandardPixmap]]):
+        self.buttons = [b for b, _ in buttons]
+        self.compact = False
+        self._widths: list[int] = []
+        for b, pixmap in buttons:
+            b.setIcon(b.style().standardIcon(pixmap))
+            if not b.toolTip():
+                b.setToolTip(b.text().rstrip("…"))
+            b.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+
+    def text_width(self) -> int:
+        """The buttons' width with their text shown (spacing included), measured while they show it."""
+        if not self.compact:
+            self._widths = [b.sizeHint().width() + 2 for b in self.buttons]
+        return sum(self._widths)
+
+    def fit(self, width: int) -> None:
+        """Text or icons for a header `width` px wide (its other fixed parts already taken off)."""
+        compact = width - self.TITLE_ROOM < self.text_width()
+        if compact != self.compact:
+            self.compact = compact
+            style = Qt.ToolButtonStyle.ToolButtonIconOnly if compact else Qt.ToolButtonStyle.ToolButtonTextOnly
+            for b in self.buttons:
+                b.setToolButtonStyle(style)

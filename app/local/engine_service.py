@@ -62,10 +62,15 @@ class LoadRequest:
         return req
 
 
+COMPILING = "Compiling kernels for this CPU (first start, ~1 min)…"
+LOADING = "Loading model…"
+
+
 class EngineService(QObject):
     """Signals carry plain Python objects so panels never see engine types."""
 
     load_progress = Signal(float)
+    load_stage = Signal(str)  # what a load is doing now: COMPILING (first start only), then LOADING
     loaded = Signal(object)  # info dict (see _info)
     load_failed = Signal(str)
     metrics = Signal(object)  # generator.metrics() snapshot, ~10 Hz while a model is loaded
@@ -136,8 +141,11 @@ class EngineService(QObject):
             def progress(fraction: float) -> None:
                 loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
 
+            def stage(text: str) -> None:
+                loop.call_soon_threadsafe(self.load_stage.emit, text)
+
             t0 = time.perf_counter()
-            model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress)
+            model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress, stage)
             import engine
 
             options: dict[str, Any] = {}
@@ -178,9 +186,15 @@ class EngineService(QObject):
             await self._load_done.wait()
 
     @staticmethod
-    def _build(req: LoadRequest, progress) -> tuple:
-        """Runs on a worker thread: everything slow (reading weights, allocating the cache)."""
+    def _build(req: LoadRequest, progress, stage=lambda text: None) -> tuple:
+        """Runs on a worker thread: everything slow (compiling the CPU kernels on a first start, reading weights,
+        allocating the cache), saying which stage it is in."""
         import engine
+
+        if not engine.cpu_kernels_built():  # once per machine and kernel version: say so, it takes a minute
+            stage(COMPILING)
+            engine.build_cpu_kernels()
+        stage(LOADING)
         # the whole load (weights, cache, activations) against free memory, from headers, before allocating
         engine.check_fits(req.path, cache_tokens=req.cache_tokens, kv_quant=req.kv_quant,
                    weights=req.weights)

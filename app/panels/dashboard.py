@@ -145,10 +145,11 @@ class DashboardDock(QDockWidget):
             return f"<span style='color: rgb({r},{g},{b})'>&#9644; {text}</span>"
 
         titles = {
-            "occupancy": f"page occupancy %: {key('referenced_pct', 'in use')} {key('cached_pct', 'cached')}",
-            "jobs": f"jobs: {key('active', 'active (batch)')} {key('pending', 'pending')} {key('deferred', 'deferred')}",
+            # short enough to show whole in a 1280-px screen's dock (~300 px)
+            "occupancy": f"pages %: {key('referenced_pct', 'in use')} {key('cached_pct', 'cached')}",
+            "jobs": f"jobs: {key('active', 'batch')} {key('pending', 'pending')} {key('deferred', 'deferred')}",
             "tokens": "tokens/s (all chats)",
-            "acceptance": "speculative acceptance % (accepted / drafted)",
+            "acceptance": "draft acceptance %",
             "sampling": f"sampling threads: {key('sampling_busy', 'busy')} {key('sampling_max', 'max')}",
         }
         for row, (key, title) in enumerate(titles.items()):

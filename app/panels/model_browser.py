@@ -17,12 +17,13 @@ from typing import Callable
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QFileDialog, QHBoxLayout, QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
+    QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
 from app.core.formatting import human_bytes, human_count
 
-COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quantization", "File size", "Fits")
+COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quant", "Size", "Fits")
+NARROW_HIDDEN = (1, 2, 3)  # source, architecture, parameters: in the model's tooltip, so the list fits a dock
 _GREY = QColor("#8a8a8a")
 _BAD = QColor("#d0342c")
 
@@ -52,7 +53,17 @@ class ModelBrowser(QWidget):
         self.tree.setAlternatingRowColors(True)
         self.tree.setSortingEnabled(True)
         self.tree.currentItemChanged.connect(self._selected)
+        self.tree.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        header = self.tree.header()
+        header.setStretchLastSection(False)
+        header.setMinimumSectionSize(24)
+        self.tree.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the name takes the room left, elided
+        for col in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+            self.tree.setColumnHidden(col, col in NARROW_HIDDEN)
         self.status = QLabel("Not scanned yet.")
+        self.status.setWordWrap(True)
         self.estimate_label = QLabel()
         self.estimate_label.setWordWrap(True)
         self.estimate_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -100,8 +111,6 @@ class ModelBrowser(QWidget):
         for m in self.found:
             self.tree.addTopLevelItem(self._row(m))
         self.tree.setSortingEnabled(True)
-        for col in range(len(COLUMNS)):
-            self.tree.resizeColumnToContents(col)
         self.set_load_options(**self.options)  # the panel's choices may have changed during the scan
         usable = sum(m.supported for m in self.found)
         self.status.setText(f"Scan failed: {error}" if error else
@@ -113,7 +122,8 @@ class ModelBrowser(QWidget):
         item = QTreeWidgetItem([m.name, m.source, info.arch or "?", human_count(info.params) if info.params else "",
                                 info.quant, human_bytes(info.file_bytes), fits if m.supported else "—"])
         item.setData(0, Qt.UserRole, str(m.path))
-        item.setToolTip(0, str(m.path))
+        item.setToolTip(0, f"{m.path}\n{m.source} · {info.arch or '?'} · "
+                           f"{human_count(info.params) if info.params else '?'} parameters")
         if not m.supported:
             item.setFlags(item.flags() & ~Qt.ItemIsEnabled)
             for col in range(len(COLUMNS)):

@@ -91,10 +91,13 @@ class ModelPanel(QWidget):
         self.folder_button.clicked.connect(self._choose_folder)
         self.gguf_button.clicked.connect(self._choose_gguf)
         self.default_button.clicked.connect(self.path_edit.clear)
-        source = QHBoxLayout()
-        source.addWidget(self.path_edit, 1)
+        self.path_edit.textChanged.connect(lambda text: self.path_edit.setToolTip(text))  # a long path, elided
+        source = QVBoxLayout()  # the path over its buttons: the panel fits a narrow dock
+        source.addWidget(self.path_edit)
+        pickers = QHBoxLayout()
         for b in (self.folder_button, self.gguf_button, self.default_button):
-            source.addWidget(b)
+            pickers.addWidget(b)
+        source.addLayout(pickers)
         self.recent_list = QListWidget()
         self.recent_list.setMaximumHeight(110)
         self.recent_list.itemClicked.connect(lambda item: self.path_edit.setText(item.text()))
@@ -106,6 +109,7 @@ class ModelPanel(QWidget):
         self.cache_spin.setSuffix(" tokens")
         self.cache_spin.setValue(max(page_size, int(cache_tokens)))
         self.pages_label = QLabel()
+        self.pages_label.setWordWrap(True)
         self.cache_spin.valueChanged.connect(self._update_pages)
         cache = QHBoxLayout()
         cache.addWidget(self.cache_spin)
@@ -124,9 +128,16 @@ class ModelPanel(QWidget):
         draft = QHBoxLayout()
         draft.addWidget(self.draft_edit, 1)
         draft.addWidget(self.draft_button)
-        self.ngram_check = QCheckBox("n-gram drafting (no draft model needed)")
+        self.ngram_check = QCheckBox("n-gram drafting")
+        self.ngram_check.setToolTip("Draft tokens from the prompt's own n-grams (no draft model needed)")
+        for combo in (self.kv_combo, self.weights_combo):  # long labels elide instead of widening the dock
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(12)
+            combo.setToolTip(combo.currentText())
+            combo.currentTextChanged.connect(combo.setToolTip)
 
         form = QFormLayout()
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # labels above their fields when narrow
         form.addRow("Model", source)
         self.browser = browser  # app.panels.model_browser.ModelBrowser: the models found on this computer
         if browser is not None:
@@ -263,11 +274,18 @@ class ModelPanel(QWidget):
         return self._loading
 
     # ----------------------------------------------------------------------------------- state shown
+    def show_stage(self, text: str) -> None:
+        """A load's stage on the progress bar ("Compiling kernels…" moves as busy until progress comes)."""
+        self.progress.setFormat(f"{text} %p%")
+        self.progress.setRange(0, 0)  # busy until the first set_progress: a compile reports no fraction
+        self.progress.show()
+
     def set_progress(self, fraction: float) -> None:
         """Drive the progress bar from a load-progress callback (0..1)."""
         value = float(fraction)
         if not math.isfinite(value) or not -1e-6 <= value <= 1 + 1e-6:
             raise ValueError(f"load progress must be a fraction in [0, 1], got {fraction!r}")
+        self.progress.setRange(0, 1000)
         self.progress.show()
         self.progress.setValue(round(min(max(value, 0.0), 1.0) * 1000))
 

@@ -119,7 +119,8 @@ class RemoteLoraPanel(QWidget):
         form = QFormLayout()
         form.addRow("Name", self.name_edit)
         form.addRow("Folder", path_row)
-        load_box = QGroupBox("Load an adapter on the server (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING)")
+        load_box = QGroupBox("Load an adapter on the server")  # a short title: the dock is narrow
+        load_box.setToolTip("vLLM loads adapters at run time when started with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True")
         box = QVBoxLayout(load_box)
         box.addLayout(form)
         box.addWidget(self.load_button, 0, Qt.AlignRight)

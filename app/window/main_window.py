@@ -15,7 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QRect, Qt, Signal
-from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QWidget
+from PySide6.QtWidgets import (
+    QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QTabBar, QWidget,
+)
 
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane
@@ -23,6 +25,7 @@ from app.core.backend import BackendSwitch
 from app.core.export import export_chat
 from app.core.store import Store
 from app.core.tasks import spawn
+from app.discover.discover_view import DiscoverView
 from app.local.engine_service import EngineService
 from app.panels.dashboard import DashboardDock
 from app.panels.dashboard_feed import DashboardFeed
@@ -104,6 +107,7 @@ class MainWindow(QMainWindow):
         p.load_requested.connect(self.loader.load_model)
         self.loader.cancelled.connect(p.cancel_loading)
         s.load_progress.connect(p.set_progress)
+        s.load_stage.connect(p.show_stage)
         s.loaded.connect(p.set_loaded)
         s.load_failed.connect(p.show_error)
         model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
@@ -122,6 +126,10 @@ class MainWindow(QMainWindow):
         lora_dock = self._dock("LoRA", loras, Qt.DockWidgetArea.RightDockWidgetArea)
         self.tabifyDockWidget(self.dashboard, model_dock)  # one tabbed column: fits a 720-px screen
         self.tabifyDockWidget(model_dock, lora_dock)
+        self.discover = DiscoverView()  # find and download models from the Hugging Face Hub
+        self.discover.load_requested.connect(self._load_downloaded)
+        self.discover.downloaded.connect(lambda _path: self.model_panel.browser.scan())
+        self.tabifyDockWidget(model_dock, self._dock("Discover", self.discover, Qt.DockWidgetArea.RightDockWidgetArea))
 
         self.local_server = LocalServer(s, self)  # serve this generator to other programs
         self.server_panel = ServerPanel(self.local_server)
@@ -135,6 +143,12 @@ class MainWindow(QMainWindow):
         self.remote.changed.connect(lambda info: self.loader.back_to_local() if info is None
                                     else self.status.show_remote(info))
         self.dashboard.raise_()
+
+    def _load_downloaded(self, path: str) -> None:
+        """Discover's Load: the Model tab loads the download with its own options, showing its progress."""
+        self.model_panel.path_edit.setText(path)
+        self.model_panel.request_load()
+        self.dock("Model").raise_()
 
     def dock(self, name: str) -> QDockWidget:
         return next(d for d in self.findChildren(QDockWidget) if d.objectName() == name)
@@ -190,6 +204,9 @@ class MainWindow(QMainWindow):
             if screen is not None:
                 self.fit_to(screen.availableGeometry())
         super().showEvent(e)
+        for bar in self.findChildren(QTabBar):  # the dock columns' tabs (made by the layout once docks are tabbed):
+            if bar.parent() is self and not bar.styleSheet():  # compact, so five titles show whole in ~300 px
+                bar.setStyleSheet("QTabBar::tab { padding: 3px 5px; }")
 
     # --- state across restarts ------------------------------------------------------------------
 

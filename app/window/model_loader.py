@@ -8,13 +8,14 @@ window-modal box so that the replies keep streaming while it is open.
 from __future__ import annotations
 
 import asyncio
+import sys
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.core.state import AppState
 from app.core.tasks import spawn
-from app.local.engine_service import EngineService
+from app.local.engine_service import COMPILING, EngineService
 from app.window.status import StatusLine
 from engine.contract import model_path_problem
 
@@ -29,6 +30,7 @@ class ModelLoader(QObject):
         self.load_question: QMessageBox | None = None  # asks before a load stops running replies
         self._load_task: asyncio.Task | None = None
         service.load_progress.connect(status.show_progress)
+        service.load_stage.connect(self._stage)
         service.loaded.connect(self._loaded)
         service.load_failed.connect(self.error)
         service.lora_failed.connect(self.error)
@@ -78,6 +80,13 @@ class ModelLoader(QObject):
         if self._load_task is not None:
             await asyncio.wait([self._load_task])
         return self.service.generator is not None
+
+    def _stage(self, text: str) -> None:
+        """A load's stage in the status bar; the first start's compile also on the terminal (a pipx user who
+        started pagedeck from a shell sees why the first start is slow)."""
+        self.status.show_stage(text)
+        if text == COMPILING:
+            print(f"pagedeck: {text}", file=sys.stderr, flush=True)
 
     def _loaded(self, info: dict) -> None:
         """A model is up (or the chats are back on it): label, remembered as the last model, a message."""

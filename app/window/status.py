@@ -29,6 +29,11 @@ class StatusLine:
         """The permanent label while chats stream from a server (`info` as RemoteBackend.connect gives it)."""
         self.model_status.setText(f"remote · {info['model']} @ {info['url']}")
 
+    def show_stage(self, text: str) -> None:
+        """What a load is doing (compiling the kernels on a first start, then loading), until it ends."""
+        self.model_status.setText(text)
+        self.bar.showMessage(text)
+
     def show_progress(self, fraction: float) -> None:
         self.model_status.setText(f"loading… {fraction * 100:.0f}%")
 

@@ -140,6 +140,19 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
                           fmt, cache_tokens, kv_quant, info.file_bytes, info.kind)
 
 
+def estimate_download(file_bytes: int, kind: str = "gguf", device: str = "cpu") -> MemoryEstimate:
+    """The estimate for a model not on disk yet, from its download size alone: weights as the loader keeps them
+    (a GGUF's blocks stay packed, about the file's size; an HF folder's 16-bit tensors widen to float32 on a
+    CPU), the runtime, and no KV cache or activations (they need the model's shape, which only the file's
+    header gives: estimate_memory once it is downloaded). So "does not fit" is certain, "fits" is a floor."""
+    if file_bytes < 0 or kind not in ("gguf", "hf"):
+        raise ValueError(f"estimate_download needs a size >= 0 and kind 'gguf' or 'hf', got {file_bytes}, {kind!r}")
+    widen = 2 if kind == "hf" and not device.startswith("cuda") else 1
+    runtime = RUNTIME_BYTES if not device.startswith("cuda") else 700 << 20
+    return MemoryEstimate(file_bytes * widen, 0, 0, runtime, available_bytes(device), device,
+                          resolve_weights("auto", kind, device), 0, None, file_bytes, kind)
+
+
 def check_fits(source: str | Path | ModelInfo | None, **kwargs) -> MemoryEstimate:
     """estimate_memory(), raising ModelTooLarge when it will not fit (unknown free memory passes)."""
     est = estimate_memory(source, **kwargs)

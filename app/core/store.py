@@ -74,6 +74,10 @@ class ChatSettings:
     # LoRA adapters (loaded adapters' names) and scales this chat's replies run with; None: the LoRA
     # panel's default set, (): the base model. Per job: chats with different adapters share a batch.
     loras: tuple[tuple[str, float], ...] | None = None
+    # MCP tools this chat's model may call, as "server/tool" keys (app.agent); each call is approved first.
+    tools: tuple[str, ...] = ()
+    # Let a reasoning model think before answering, where its template has the switch (Qwen3's enable_thinking).
+    thinking: bool = True
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
@@ -107,6 +111,10 @@ class ChatSettings:
             raise bad("json_mode", "must be a bool")
         if not isinstance(self.stop_on_loops, bool):
             raise bad("stop_on_loops", "must be a bool")
+        if not all(isinstance(t, str) and "/" in t for t in self.tools):
+            raise bad("tools", 'must be "server/tool" names')
+        if not isinstance(self.thinking, bool):
+            raise bad("thinking", "must be a bool")
         if self.loras is not None:
             try:
                 check_lora_pairs(self.loras)  # the engine's one rule for (adapter name, scale) pairs
@@ -125,6 +133,8 @@ class ChatSettings:
         values = {k: v for k, v in raw.items() if k in known}
         if "stop_strings" in values:
             values["stop_strings"] = tuple(values["stop_strings"])
+        if "tools" in values:
+            values["tools"] = tuple(values["tools"])
         if values.get("loras") is not None:
             values["loras"] = tuple((n, float(sc)) for n, sc in values["loras"])
         return cls(**values).validate()

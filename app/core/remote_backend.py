@@ -170,6 +170,13 @@ class RemoteBackend:
 
     # ---- Backend protocol -------------------------------------------------------------------------
     continues_replies = False  # a chat API answers a trailing assistant message with a new turn
+    runs_tools = False  # the app's MCP tools run on local chats (the server parses its own model's calls)
+
+    def chat_template(self) -> None:
+        return None  # the server renders its prompts
+
+    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        return None
 
     def adapter_names(self) -> list[str]:
         return [str(e["id"]) for e in self.adapters]

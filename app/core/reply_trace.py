@@ -4,7 +4,7 @@ A reply that calls tools runs several rounds: each round's model text ends in on
 is approved, run and answered, and the last round's text is the reply's answer (its message content). The
 calls live here, in their own table keyed by the reply's message id, so the message tree stays as it is
 (a regenerated reply has its own calls; deleting a chat deletes its calls). Each call row keeps the text
-of the round that made it (`preface`, thinking included), so the whole exchange can be shown, sent back
+of the round that made it (`preface`, and its thinking apart), so the whole exchange can be shown, sent back
 to the model in later turns and exported. A reply's thinking (the `<think>` part of its text) is kept in
 its text; this table keeps its token count and time, which the text cannot tell.
 """
@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS reply_tool_calls (
     server TEXT NOT NULL,
     name TEXT NOT NULL,
     arguments TEXT NOT NULL,  -- JSON object text, as the model wrote it
-    preface TEXT NOT NULL,  -- the round's model text (the call's markup removed)
+    preface TEXT NOT NULL,  -- the round's answer text (thinking and the calls' markup removed)
+    reasoning TEXT NOT NULL DEFAULT '',  -- the round's thinking
     state TEXT NOT NULL,
     result TEXT NOT NULL DEFAULT ''  -- the tool's answer, or what went wrong
 );
@@ -49,6 +50,7 @@ class ToolCallRecord:
     name: str
     arguments: str
     preface: str
+    reasoning: str
     state: str
     result: str
 
@@ -76,13 +78,15 @@ class ReplyTrace:
             self._db.execute(statement)
 
     def add_call(self, message_id: int, round_: int, call_id: str, server: str, name: str, arguments: str,
-                 preface: str, state: str = "pending") -> ToolCallRecord:
+                 preface: str, reasoning: str = "", state: str = "pending") -> ToolCallRecord:
         if state not in CALL_STATES:
             raise ValueError(f"unknown tool call state {state!r}; expected one of {CALL_STATES}")
         cur = self._db.execute(
-            "INSERT INTO reply_tool_calls (message_id, round, call_id, server, name, arguments, preface, state)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (message_id, round_, call_id, server, name, arguments, preface, state))
-        return ToolCallRecord(cur.lastrowid, message_id, round_, call_id, server, name, arguments, preface, state, "")
+            "INSERT INTO reply_tool_calls (message_id, round, call_id, server, name, arguments, preface, reasoning, state)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (message_id, round_, call_id, server, name, arguments, preface, reasoning, state))
+        return ToolCallRecord(cur.lastrowid, message_id, round_, call_id, server, name, arguments, preface, reasoning,
+                              state, "")
 
     def finish_call(self, record: ToolCallRecord, state: str, result: str) -> None:
         if state not in CALL_STATES:
@@ -91,12 +95,18 @@ class ReplyTrace:
         self._db.execute("UPDATE reply_tool_calls SET state=?, result=? WHERE id=?", (state, result, record.id))
 
     def calls(self, message_id: int) -> list[ToolCallRecord]:
-        rows = self._db.execute("SELECT id, message_id, round, call_id, server, name, arguments, preface, state, result"
+        rows = self._db.execute("SELECT id, message_id, round, call_id, server, name, arguments, preface, reasoning, state, result"
                                 " FROM reply_tool_calls WHERE message_id=? ORDER BY id", (message_id,))
         return [ToolCallRecord(*r) for r in rows]
 
-    def clear_calls(self, message_id: int) -> None:
-        self._db.execute("DELETE FROM reply_tool_calls WHERE message_id=?", (message_id,))
+    def copy(self, source_id: int, target_id: int) -> None:
+        """Give message `target_id` (a branch's copy) the calls and thinking of `source_id`."""
+        self._db.execute(
+            "INSERT INTO reply_tool_calls (message_id, round, call_id, server, name, arguments, preface, reasoning,"
+            " state, result) SELECT ?, round, call_id, server, name, arguments, preface, reasoning, state, result"
+            " FROM reply_tool_calls WHERE message_id=? ORDER BY id", (target_id, source_id))
+        self._db.execute("INSERT OR REPLACE INTO reply_thinking (message_id, tokens, seconds)"
+                         " SELECT ?, tokens, seconds FROM reply_thinking WHERE message_id=?", (target_id, source_id))
 
     def set_thinking(self, message_id: int, tokens: int, seconds: float) -> None:
         self._db.execute("INSERT OR REPLACE INTO reply_thinking (message_id, tokens, seconds) VALUES (?, ?, ?)",

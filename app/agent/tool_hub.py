@@ -40,13 +40,15 @@ class ToolHub:
     def __init__(self, path: Path | None = None, manager: McpManager | None = None,
                  approvals: ToolApprovals | None = None):
         self.path = path or config_path()
-        self.manager = manager or McpManager()
         self.approvals = approvals or ToolApprovals(self.path.parent / "mcp_approvals.json")
         self.config_error: str | None = None  # why mcp.json could not be read (the MCP dialog shows it)
-        try:
-            self.manager.servers = load_config(self.path)
-        except ValueError as exc:
-            self.config_error = str(exc)
+        if manager is None:  # the servers of mcp.json (a given manager brings its own)
+            manager = McpManager()
+            try:
+                manager.servers = load_config(self.path)
+            except ValueError as exc:
+                self.config_error = str(exc)
+        self.manager = manager
 
     @property
     def servers(self) -> dict[str, McpServerConfig]:

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import QApplication, QDockWidget, QFileDialog, QMainWindo
 
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane
+from app.agent.tool_hub import ToolHub
 from app.core.backend import BackendSwitch
 from app.core.export import export_chat
 from app.core.store import Store

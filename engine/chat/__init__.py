@@ -8,6 +8,7 @@ from .reasoning import (
     KNOWN_MARKERS, MISTRAL_THINK, THINK, ReasoningMarkers, ReasoningParser, reasoning_markers, split_reasoning,
     starts_in_reasoning, supports_thinking_switch,
 )
+from .reply import ReplyDelta, ReplyParser, split_reply
 from .template_messages import (
     render_kwargs, template_knows_tool_calls, template_knows_tools, template_messages, tools_system_prompt,
 )
@@ -15,9 +16,10 @@ from .tool_calls import FORMATS, ToolCall, ToolCallFormat, ToolCallParser, parse
 from .tool_grammar import tool_choice_grammar
 
 __all__ = [
-    "FORMATS", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ToolCall",
+    "FORMATS", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ReplyDelta", "ReplyParser",
+    "ToolCall",
     "ToolCallFormat", "ToolCallParser", "parse_tool_calls", "reasoning_markers", "render_kwargs",
-    "split_reasoning", "starts_in_reasoning", "supports_thinking_switch", "template_knows_tool_calls",
+    "split_reasoning", "split_reply", "starts_in_reasoning", "supports_thinking_switch", "template_knows_tool_calls",
     "template_knows_tools", "template_messages", "tool_call_format", "tool_choice_grammar",
     "tools_system_prompt",
 ]

@@ -19,7 +19,7 @@ from .tool_calls import ToolCallFormat
 
 # Fixed JSON layout: small models given free whitespace under greedy decoding loop on newlines.
 _JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+EMPTY_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 def function_name(tool: dict) -> str:
@@ -27,8 +27,14 @@ def function_name(tool: dict) -> str:
 
 
 def _parameters(tool: dict) -> dict:
+    """The function's parameters schema; an object schema that doesn't say gets no properties beyond
+    the listed ones (as OpenAI's strict mode): an argument the function doesn't declare can't be used."""
     params = tool["function"].get("parameters")
-    return params if isinstance(params, dict) and params else EMPTY_PARAMETERS
+    if not isinstance(params, dict) or not params:
+        return EMPTY_PARAMETERS
+    if params.get("type") == "object" and "additionalProperties" not in params:
+        params = {**params, "additionalProperties": False}
+    return params
 
 
 def _json(schema: Any) -> str:

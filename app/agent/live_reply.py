@@ -49,7 +49,7 @@ class LiveReply:
 
     @property
     def display(self) -> str:
-        return self.prior + self.parser.visible
+        return self.prior + self.parser.content
 
     @property
     def reasoning(self) -> str:

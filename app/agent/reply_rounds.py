@@ -17,9 +17,8 @@ from typing import Callable
 
 from app.core.reply_trace import ToolCallRecord
 from app.core.store import Message
-from engine.chat.reasoning import THINK, ReasoningMarkers, ReasoningParser, reasoning_markers, split_reasoning
-from engine.chat.reasoning import starts_in_reasoning, supports_thinking_switch
-from engine.chat.tool_calls import ToolCall, tool_call_format
+from engine.chat import THINK, ReasoningMarkers, ReplyParser, ToolCall, reasoning_markers, split_reasoning
+from engine.chat import starts_in_reasoning, supports_thinking_switch, tool_call_format
 
 MAX_ROUNDS = 8  # model rounds per reply: a model that keeps calling tools is stopped with its last text
 RESULT_SHOWN_CHARS = 2000  # a tool result longer than this is cut in the transcript (the model gets it whole)
@@ -39,39 +38,19 @@ def thinks(template: str | None) -> bool:
     return supports_thinking_switch(template)
 
 
-class RoundParser:
-    """One round of a streaming reply: raw text in; thinking, visible text and complete calls out."""
+class RoundParser(ReplyParser):
+    """One round of a streaming reply (engine.chat's ReplyParser): raw text in; thinking, answer text and
+    complete calls out. `<think>` is split where the template names no markers too (only at the reply's
+    start), and calls are parsed only when the chat has tools."""
 
     def __init__(self, template: str | None, prompt: str | None = None, parse_calls: bool = False):
         markers = markers_of(template)
-        self._reasoning = ReasoningParser(markers, in_reasoning=starts_in_reasoning(prompt or "", markers))
-        self._calls = tool_call_format(template).parser() if parse_calls else None
-        self.reasoning = ""
-        self.visible = ""
-        self.calls: list[ToolCall] = []
+        super().__init__(markers, in_reasoning=starts_in_reasoning(prompt or "", markers),
+                         tool_format=tool_call_format(template) if parse_calls else None)
 
     @property
     def in_reasoning(self) -> bool:
         return self._reasoning.in_reasoning
-
-    def feed(self, text: str) -> None:
-        r, c = self._reasoning.feed(text)
-        self._take(r, c)
-
-    def finish(self) -> None:
-        r, c = self._reasoning.finish()
-        self._take(r, c)
-        if self._calls is not None:
-            rest, calls = self._calls.finish()
-            self.visible += rest
-            self.calls += calls
-
-    def _take(self, r: str, c: str) -> None:
-        self.reasoning += r
-        if self._calls is not None and c:
-            c = self._calls.feed(c)
-            self.calls += self._calls.take_calls()
-        self.visible += c
 
 
 def _fence(text: str) -> str:

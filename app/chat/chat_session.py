@@ -339,7 +339,7 @@ class ChatSession(QObject):
                     tracker.feed(r, self.clock())
                     self._changed(reply)
                 parts = tracker.live.end_round()
-                if not parts.calls or tracker.stats.state != "done":
+                if not parts.tool_calls or tracker.stats.state != "done":
                     break
                 if round_ + 1 >= MAX_ROUNDS:
                     tracker.stats.error = f"stopped after {MAX_ROUNDS} rounds of tool calls"
@@ -365,10 +365,10 @@ class ChatSession(QObject):
         """Run one round's calls in order, each approved first; each is recorded before and after it runs."""
         records = []
         try:
-            for call in parts.calls:
+            for call in parts.tool_calls:
                 tool = tools.get(call.name)
                 record = self.trace.add_call(reply.id, round_, call.id, tool.server if tool else "", call.name,
-                                             call.arguments_json, parts.visible.strip(), parts.reasoning, "running")
+                                             call.arguments_json, parts.content.strip(), parts.reasoning, "running")
                 records.append(record)
                 self._note = f"calling {call.name}…"
                 self._changed(reply)

@@ -8,10 +8,10 @@ and saves:
 - app-mcp-tool-call.png: the chat after the call: its block (tool, server, arguments, result), then the answer;
 - app-thinking.png: a reply with its thinking folded into one line (its token count and time) above the answer.
 
-The default model (SmolLM2-135M) was not trained to call tools or to think, so the first round of each
-reply is forced with constrained decoding (the call, or the thinking, as an exact text the engine generates
-token by token); what follows (the answer after the tool result, the answer after the thinking) is the
-model's own.
+The default model (SmolLM2-135M) was not trained to call tools or to think, so their text is forced with
+constrained decoding (an exact text the engine generates token by token): the call and the answer after
+its result, and the thinking; the answer after the thinking is the model's own. The call, the approval,
+the MCP server, the parsing and the transcript are the real ones.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from typing import Sequence
 
 CALC = Path(__file__).resolve().parents[1] / "tests" / "data" / "mcp_servers" / "calc.py"
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1234, "b": 4321}}\n</tool_call>'
+ANSWER = "1234 + 4321 = 5555, as the add tool says."
 THOUGHT = ("<think>The user asks for the boiling point of water at sea level. That is 100 degrees Celsius, "
            "or 212 degrees Fahrenheit. I should give both and keep it short.</think>")
 
@@ -66,6 +67,7 @@ async def _shots(outdir: Path, data_dir: Path, size: tuple[int, int]) -> list[Pa
                                                                            "args": [str(CALC)]}}}))
     window = MainWindow(data_dir=data_dir)
     window.show()
+    window.move(0, 0)  # (no window manager under Xvfb: the screen grab of the dialog needs it at the origin)
     window.resize(*size)
     saved = []
 
@@ -79,7 +81,7 @@ async def _shots(outdir: Path, data_dir: Path, size: tuple[int, int]) -> list[Pa
     try:
         if not await window.loader.ready():
             raise SystemExit(f"model did not load: {window.status.last_error}")
-        window.service._filters = _forced([CALL, None, THOUGHT])
+        window.service._filters = _forced([CALL, ANSWER, THOUGHT])
         tools_pane = window.new_chat("Sums with an MCP tool")
         s = tools_pane.session
         s.set_settings(replace(s.settings, tools=("calc/add", "calc/lookup"), max_new_tokens=80, temperature=0.2, seed=3))

@@ -60,13 +60,13 @@ def _fence(text: str) -> str:
 
 
 def tool_block(record: ToolCallRecord) -> str:
-    """A call and its result as a Markdown block of its own: a quoted line naming it, the result fenced."""
-    icon = {"done": "🔧", "denied": "⛔"}.get(record.state, "⚠")
-    verdict = {"done": "result", "denied": "not allowed", "error": "failed"}.get(record.state, record.state)
+    """A call and its result as a Markdown block of its own: a line naming it, the result fenced below."""
+    verdict = {"done": "Tool call", "denied": "Tool call not allowed", "error": "Tool call failed"}.get(
+        record.state, f"Tool call ({record.state})")
     args = json.dumps(record.arguments_dict(), ensure_ascii=False) if record.arguments_dict() else record.arguments
     result = record.result if len(record.result) <= RESULT_SHOWN_CHARS else (
         record.result[:RESULT_SHOWN_CHARS] + f"\n… ({len(record.result) - RESULT_SHOWN_CHARS} more characters)")
-    return f"> {icon} **{record.name}** · {record.server} · `{args or '{}'}` · {verdict}\n\n{_fence(result or '(empty)')}"
+    return f"**{verdict}** {record.name} · {record.server} · `{args or '{}'}`\n\n{_fence(result or '(empty)')}"
 
 
 def rounds_of(calls: list[ToolCallRecord]) -> list[list[ToolCallRecord]]:

@@ -74,6 +74,8 @@ def test_a_chat_calls_an_approved_mcp_tool_and_answers_with_its_result(qtbot, lo
         pane = window.new_chat("sums")
         s = pane.session
         s.set_settings(ChatSettings(max_new_tokens=200, seed=1, tools=("calc/add", "calc/lookup")))
+        shown = []  # what the pane is given to show at every step of the stream
+        s.reply_changed.connect(lambda mid: shown.append(s.live_view(mid)[0]) if s.live_view(mid) else None)
         pane.send("What is 2 + 3?")
         await wait_until(lambda: pane.approvals, 120, "the approval dialog")
         dialog = pane.approvals[0]
@@ -90,6 +92,7 @@ def test_a_chat_calls_an_approved_mcp_tool_and_answers_with_its_result(qtbot, lo
         text = pane.view.toPlainText()
         assert text.index("Let me add them.") < text.index("add · calc") < text.index("2 + 3 = 5.")
         assert "<tool_call>" not in text
+        assert len(shown) > 10 and not any("<tool" in t or '"arguments"' in t for t in shown)  # never half a call
         # the second round's prompt held the tool list, the call and its result; the first only the tools
         first, second = service.prompts
         assert '"name": "add"' in first and "<tool_response>\n5\n</tool_response>" in second
@@ -175,7 +178,8 @@ def test_a_denied_call_is_shown_and_the_model_is_told(qtbot, loop, store, tiny_m
     run(loop, body())
 
 
-def test_thinking_is_a_collapsed_section_with_tokens_and_time_and_not_sent_back(qtbot, loop, store, tiny_model):
+def test_thinking_is_a_collapsed_section_with_tokens_and_time_and_not_sent_back(qtbot, loop, store, tiny_model,
+                                                                               tmp_path):
     async def body():
         service = await scripted(tiny_model, ["<think>The user wants a greeting. I will say hello.</think>Hello there!",
                                               "Fine, thanks."])
@@ -183,9 +187,14 @@ def test_thinking_is_a_collapsed_section_with_tokens_and_time_and_not_sent_back(
         pane = window.new_chat("think")
         s = pane.session
         s.set_settings(ChatSettings(max_new_tokens=200, seed=1))
+        notes, shown = [], []
+        s.reply_changed.connect(lambda mid: (notes.append(s.live_view(mid)[2]), shown.append(s.live_view(mid)[0]))
+                                if s.live_view(mid) else None)
         pane.send("Hi")
         await wait_until(lambda: s.task.done(), 120, "the reply")
         reply = s.messages[-1]
+        assert any(n.startswith("thinking… ") for n in notes) and any(n.startswith("thought for ") for n in notes)
+        assert not any("greeting" in t or "<think" in t for t in shown)  # the thinking never streams as the answer
         thought = ReplyTrace(store).thinking(reply.id)
         assert thought is not None and thought.tokens > 3 and thought.seconds >= 0
         text = pane.view.toPlainText()
@@ -199,6 +208,11 @@ def test_thinking_is_a_collapsed_section_with_tokens_and_time_and_not_sent_back(
         await wait_until(lambda: s.task.done() and not s.running, 120, "the second reply")
         later = service.prompts[-1]
         assert "Hello there!" in later and "I will say hello" not in later and "<think>" not in later
+        doc = json.loads(export_chat(store, s.chat_id, tmp_path / "think.json").read_text())
+        assert doc["messages"][1]["thinking"] == {"text": "The user wants a greeting. I will say hello.",
+                                                  "tokens": thought.tokens, "seconds": thought.seconds}
+        md = export_chat(store, s.chat_id, tmp_path / "think.md").read_text()
+        assert "<details><summary>Thought for" in md and md.index("I will say hello") < md.index("Hello there!")
         await service.close()
 
     run(loop, body())

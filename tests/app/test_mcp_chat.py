@@ -159,7 +159,7 @@ def test_failing_tools_are_reported_and_the_chat_keeps_working(qtbot, loop, stor
 def test_a_denied_call_is_shown_and_the_model_is_told(qtbot, loop, store, tiny_model, tmp_path):
     async def body():
         hub = hub_for(tmp_path)
-        service = await scripted(tiny_model, [call("add", a=1, b=2), "I may not use the tool."])
+        service = await scripted(tiny_model, [call("add", a=1, b=2), "I may not use the tool.", call("add", a=3, b=4)])
         window = window_with(qtbot, store, service, hub)
         pane = window.new_chat("deny")
         s = pane.session
@@ -172,6 +172,17 @@ def test_a_denied_call_is_shown_and_the_model_is_told(qtbot, loop, store, tiny_m
         assert "not allowed" in pane.view.toPlainText()
         assert "error: the user did not allow this call" in service.prompts[-1]
         assert not hub.approvals.always_allowed("calc/add")
+        # stopping the reply while its call waits for approval closes the dialog and records both
+        pane.send("Again?")
+        await wait_until(lambda: pane.approvals, 120, "the second approval dialog")
+        closed = []
+        pane.approvals[0].finished.connect(closed.append)
+        pane.stop()
+        await wait_until(lambda: not s.running, 30, "the stop")
+        assert closed and not pane.approvals  # the dialog went away with the reply
+        assert s.messages[-1].stats.state == "stopped"
+        stopped = ReplyTrace(store).calls(s.messages[-1].id)
+        assert [(c.state, c.result) for c in stopped] == [("error", "the reply was stopped during the call")]
         await service.close()
         await hub.close()
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from app.core.reply_trace import ToolCallRecord
 from app.core.store import Message
-from engine.chat import THINK, ReasoningMarkers, ReplyParser, ToolCall, reasoning_markers, split_reasoning
+from engine.chat import THINK, ReasoningMarkers, ReplyParser, ToolCall, reasoning_markers, split_reasoning, split_reply
 from engine.chat import starts_in_reasoning, supports_thinking_switch, tool_call_format
 
 MAX_ROUNDS = 8  # model rounds per reply: a model that keeps calling tools is stopped with its last text
@@ -84,8 +84,11 @@ def rounds_markdown(calls: list[ToolCallRecord]) -> str:
 
 
 def reply_view(content: str, calls: list[ToolCallRecord], template: str | None) -> tuple[str, str]:
-    """(thinking, Markdown) of a stored reply: the rounds' thinking joined; their text and calls, then the answer."""
-    reasoning, answer = split_reasoning(content, markers_of(template))
+    """(thinking, Markdown) of a stored reply: the rounds' thinking joined; their text and calls, then the
+    answer. Calls left in the answer's text (a reply stopped mid-call, or at the round limit) are not shown
+    as text, as they were not while it streamed."""
+    final = split_reply(content, markers_of(template), tool_format=tool_call_format(template))
+    reasoning, answer = final.reasoning, final.content
     thoughts = [c[0].reasoning for c in rounds_of(calls) if c[0].reasoning] + ([reasoning] if reasoning else [])
     return "\n\n".join(thoughts), rounds_markdown(calls) + answer
 

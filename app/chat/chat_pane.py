@@ -24,11 +24,14 @@ from app.chat.chat_session import ChatSession
 from app.chat.code_blocks import COPY_VERB
 from app.chat.pane_extras import PinnedList, QueueList
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, CompactButtons, ElidedLabel, activity_icon
+from app.chat.reply_display import shown
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
 from app.core.formatting import stats_text
 from app.core.tasks import spawn
+from app.panels.chat_tools_dialog import ChatToolsDialog
 from app.panels.settings_dialog import SettingsDialog
+from app.panels.tool_approval import ask_approval
 
 MAX_RENDER_HZ = 20
 TICK_MS = 15
@@ -99,6 +102,9 @@ class ChatPane(QWidget):
         self.scheduler = scheduler
         self.editing: int | None = None  # id of the user message being edited
         self.editing_queued: int | None = None  # id of the queued message being edited
+        self.expanded: set[int] = set()  # replies whose thinking is shown open
+        self.approvals: list = []  # tool-call approval dialogs open now
+        session.approver = lambda request: ask_approval(request, session.chat.title, self, self.approvals)
 
         chat_id = session.chat_id
         self.swatch = ColourSwatch(CHAT_COLOURS.acquire(chat_id))
@@ -119,6 +125,7 @@ class ChatPane(QWidget):
         more = QMenu(self.more_btn)
         self.continue_action = more.addAction("Continue the last reply", self.continue_reply)
         more.addAction("Copy the last reply", self.copy_last)
+        more.addAction("Tools and thinking…", self.open_tools)
         more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
                        if self.session.messages else None)
         more.addAction("Pin a document…", self.pick_document)
@@ -271,6 +278,17 @@ class ChatPane(QWidget):
         if dlg.exec() == QDialog.DialogCode.Accepted:
             self.session.set_settings(dlg.settings())
 
+    def open_tools(self) -> ChatToolsDialog:
+        """The chat's MCP tools and thinking switch (non-blocking: the tools are listed while it is open)."""
+        from app.agent.reply_rounds import thinks
+
+        dlg = ChatToolsDialog(self.session.settings, self.session.tools, thinks(self.session.backend.chat_template(self.session.settings)),
+                              self.session.chat.title, self)
+        dlg.accepted.connect(lambda: self.session.set_settings(dlg.settings()))
+        dlg.open()
+        self.tools_dialog = dlg
+        return dlg
+
     def start_edit(self, message_id: int) -> None:
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is None or msg.role != "user":
@@ -312,12 +330,13 @@ class ChatPane(QWidget):
         msgs = self.session.messages
         last_reply = max((m.id for m in msgs if m.role == "assistant"), default=None)
         for m in msgs:
-            live = self.session.live(m.id)
+            live = self.session.live_view(m.id)
             if live is not None:
                 self.transcript.begin_stream(m, self._actions(m, last_reply))
                 self.transcript.update_stream(*live)
             else:
-                self.transcript.append(m, self._actions(m, last_reply), m.stats)
+                message, thinking = shown(self.session, m, self.expanded)
+                self.transcript.append(message, self._actions(m, last_reply), m.stats, thinking)
         self.update_header()
         self.update_meter()
         self._follow = True
@@ -326,7 +345,7 @@ class ChatPane(QWidget):
     def render_stream(self) -> None:
         """Called by the scheduler: bring the streaming reply's tail and stats up to date."""
         sid = self.transcript.streaming_id
-        live = self.session.live(sid) if sid is not None else None
+        live = self.session.live_view(sid) if sid is not None else None
         if live is None:
             return
         self.transcript.update_stream(*live)
@@ -344,7 +363,8 @@ class ChatPane(QWidget):
         self.scheduler.forget(self)
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is not None and self.transcript.streaming_id == message_id:
-            self.transcript.end_stream(msg, self._actions(msg, message_id), msg.stats)
+            message, thinking = shown(self.session, msg, self.expanded)
+            self.transcript.end_stream(message, self._actions(msg, message_id), msg.stats, thinking)
             if self._follow:
                 self._scroll_to_end()
         else:
@@ -463,6 +483,12 @@ class ChatPane(QWidget):
             self.continue_reply()
         elif verb == "branch":
             self.branch(message_id)
+        elif verb == "think":  # fold a reply's thinking open or shut, where the user is reading
+            self.expanded ^= {message_id}
+            at = self.view.verticalScrollBar().value()
+            self.rebuild()
+            self._follow = False
+            self.view.verticalScrollBar().setValue(at)
         elif verb in ("prev", "next"):
             self.show_alternative(message_id, -1 if verb == "prev" else 1)
 

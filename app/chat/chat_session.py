@@ -24,10 +24,14 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.agent.live_reply import LiveReply
+from app.agent.reply_rounds import MAX_ROUNDS, RoundParser, prompt_history, round_messages, rounds_markdown, rounds_of
+from app.agent.tool_hub import Approval, Approver, ToolHub, ToolRequest
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.documents import DocumentError, PinnedDocument, PinnedDocuments, read_document, with_documents
 from app.core.message_queue import MessageQueue, QueuedMessage
+from app.core.reply_trace import ReplyTrace, ToolCallRecord
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
 
 log = logging.getLogger(__name__)
@@ -47,6 +51,14 @@ class ReplyTracker:
         self._base_tokens = new_tokens
         self._first_at: float | None = None
         self._first_n = 0
+        self.live: LiveReply | None = None  # the reply as shown: thinking apart, tool rounds above the answer
+
+    def next_round(self) -> None:
+        """A tool round ended: the next round's text starts afresh, its tokens add to the reply's."""
+        self.text = ""
+        self._base_tokens = self.stats.new_tokens
+        self._first_at = None
+        self.stats.state, self.stats.eos_reason = "streaming", None
 
     def feed(self, r: dict, now: float) -> None:
         stage = r.get("stage")
@@ -63,12 +75,16 @@ class ReplyTracker:
             s.state = "prefill"
             s.progress = r["curr_progress"] / max(1, r["max_progress"])
         elif stage == "streaming":
-            self.text += r.get("text", "")
+            delta = r.get("text", "")
+            self.text += delta
             n = r.get("num_tokens", len(r.get("token_ids") or ()))  # remote streams count, not list, tokens
+            if self.live is not None:
+                self.live.feed(delta, n, now)
             if n:
                 if self._first_at is None:
                     self._first_at, self._first_n = now, self._base_tokens + n
-                    s.ttft_s = now - self.sent_at
+                    if s.ttft_s is None:  # (a later tool round keeps the reply's first)
+                        s.ttft_s = now - self.sent_at
                 s.new_tokens += n
                 if now > self._first_at and s.new_tokens > self._first_n:
                     s.tokens_per_s = (s.new_tokens - self._first_n) / (now - self._first_at)
@@ -104,9 +120,13 @@ class ChatSession(QObject):
     documents_changed = Signal()
 
     def __init__(self, store: Store, chat_id: int, backend: Backend, parent: QObject | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, tools: ToolHub | None = None):
         super().__init__(parent)
         self.store = store
+        self.tools = tools  # the app's MCP tools; None: chats run without tools
+        self.trace = ReplyTrace(store)
+        self.approver: Approver | None = None  # asks the user before a tool call runs (the pane's dialog)
+        self._note = ""  # what the running reply waits for (a tool call's approval or result)
         self.chat_id = chat_id
         self.backend = backend
         self.clock = clock
@@ -164,6 +184,21 @@ class ChatSession(QObject):
         if self._reply is not None and self._reply.id == message_id:
             return self._tracker.text, self._tracker.stats
         return None
+
+    def live_view(self, message_id: int) -> tuple[str, ReplyStats, str] | None:
+        """The streaming reply as shown: (Markdown without its thinking, stats, a note on what it is doing:
+        thinking with its token count and time, waiting for a tool call's approval or result)."""
+        if self._reply is None or self._reply.id != message_id:
+            return None
+        tracker = self._tracker
+        live = tracker.live
+        if live is None:
+            return tracker.text, tracker.stats, self._note
+        note = self._note
+        if not note and live.think_tokens:
+            verb = "thinking…" if live.thinking_now else "thought for"
+            note = f"{verb} {live.think_s:.1f} s · {live.think_tokens} tok"
+        return live.display, tracker.stats, note
 
     # --- commands ------------------------------------------------------------------------------
 
@@ -296,9 +331,11 @@ class ChatSession(QObject):
         live = self.live(message_id)
         if live is not None:  # branching from a streaming reply takes its text so far
             self.store.update_reply(message_id, *live)
-        chat_id = self.store.branch(self.chat_id, message_id).id
-        self.documents.copy(self.chat_id, chat_id)
-        return chat_id
+        new = self.store.branch(self.chat_id, message_id)
+        for old, copy in zip([m for m in self.messages if m.id <= message_id], self.store.messages(new.id)):
+            self.trace.copy(old.id, copy.id)  # the branch keeps its replies' tool calls and thinking
+        self.documents.copy(self.chat_id, new.id)
+        return new.id
 
     async def stop(self) -> None:
         """Cancel the running reply (its pages return to the cache) and wait until it is recorded."""
@@ -329,37 +366,71 @@ class ChatSession(QObject):
         else:
             reply = continued
             tracker = ReplyTracker(self.clock(), text=reply.content, new_tokens=reply.stats.new_tokens)
-        history = [{"role": m.role, "content": m.content} for m in self.messages[:-1]]
-        if continued is not None:
-            history.append({"role": "assistant", "content": reply.content})
         self._reply, self._tracker = reply, tracker
         self.history_changed.emit()
         self._set_activity("queued")
-        self.task = asyncio.get_running_loop().create_task(self._run(reply, tracker, history))
+        self.task = asyncio.get_running_loop().create_task(self._run(reply, tracker, list(self.messages[:-1]),
+                                                                     continued is not None))
         # A task cancelled before its first step never runs _run's finally: record it here then.
         self.task.add_done_callback(lambda _t: self._finish(reply, tracker, "stopped"))
         return self.task
 
-    def _fit(self, history: list[dict], tracker: ReplyTracker) -> tuple[list[dict], ChatSettings]:
+    def _fit(self, history: list[dict], tracker: ReplyTracker, tools: dict) -> tuple[list[dict], ChatSettings]:
         """The prompt and settings that fit the backend's context; a backend that knows no limit or can't
         count (a remote server) gets the chat as it is."""
         settings = self.prompt_settings()
         limit = self.backend.context_limit(settings)
-        if limit is None or self.backend.count_tokens(history, settings) is None:
+        if limit is None or self.backend.count_tokens(history, settings, **tools) is None:
             return history, settings
-        fit = fit_context(history, settings, self.backend.count_tokens, limit)
+        fit = fit_context(history, settings, lambda h, s: self.backend.count_tokens(h, s, **tools), limit)
         tracker.stats.dropped_messages = fit.dropped
         return fit.history, replace(settings, max_new_tokens=fit.max_new_tokens)
 
-    async def _run(self, reply: Message, tracker: ReplyTracker, history: list[dict]) -> None:
+    async def _run(self, reply: Message, tracker: ReplyTracker, messages: list[Message], continued: bool) -> None:
         try:
             await self.backend.wait_loaded()
-            history, settings = self._fit(history, tracker)
-            job, tracker.stats.prompt_tokens = self.backend.start_job(self.chat_id, history, settings)
-            self._changed(reply)
-            async for r in job:
-                tracker.feed(r, self.clock())
+            template, runs_tools = self.backend.chat_template(self.settings), self.backend.runs_tools
+            tools = await self.tools.chat_tools(self.settings.tools) if (
+                self.tools is not None and runs_tools and self.settings.tools) else {}
+            specs = {"tools": [t.function_spec(name) for name, t in tools.items()]} if tools else {}
+            history = prompt_history(messages, self.trace.calls, template, runs_tools)
+            tracker.live = LiveReply(template, bool(tools))
+            round_ = 0
+            if continued:  # the stopped reply's tool rounds come before the text it continues
+                done = self.trace.calls(reply.id)
+                round_ = done[-1].round + 1 if done else 0
+                history += [m for r in rounds_of(done) for m in round_messages(r)]
+                tracker.live.prior = rounds_markdown(done)
+                thought = self.trace.thinking(reply.id)
+                if thought is not None:
+                    tracker.live.think_tokens, tracker.live.think_s = thought.tokens, thought.seconds
+                history.append({"role": "assistant", "content": reply.content})
+            while True:
+                fitted, settings = self._fit(history, tracker, specs)
+                # (a continued reply's text is fed from its start, so its prompt's open think block is no news)
+                tracker.live.start_round(None if continued else self.backend.render_prompt(fitted, settings,
+                                                                                           specs.get("tools")))
+                job, tracker.stats.prompt_tokens = self.backend.start_job(self.chat_id, fitted, settings, **specs)
+                if continued:
+                    tracker.live.feed(reply.content, 0, self.clock())
+                    continued = False
                 self._changed(reply)
+                async for r in job:
+                    tracker.feed(r, self.clock())
+                    self._changed(reply)
+                parts = tracker.live.end_round()
+                if not parts.tool_calls or tracker.stats.state != "done":
+                    break
+                if round_ + 1 >= MAX_ROUNDS:
+                    tracker.stats.error = f"stopped after {MAX_ROUNDS} rounds of tool calls"
+                    break
+                self.backend.job_ended(self.chat_id)
+                tracker.stats.state = "streaming"  # still running (a crash now leaves it "interrupted")
+                records = await self._run_calls(reply, round_, parts, tools)
+                tracker.live.add_round(records)
+                history += round_messages(records)
+                tracker.next_round()
+                round_ += 1
             self._finish(reply, tracker, "stopped")  # "stopped" only if it ended without eos (generator closed)
         except asyncio.CancelledError:  # the task itself was cancelled (stop while waiting, app closing)
             await self.backend.cancel(self.chat_id)
@@ -369,6 +440,40 @@ class ChatSession(QObject):
             log.warning("chat %s reply failed: %s", self.chat_id, exc)
             tracker.fail(exc)
             self._finish(reply, tracker, "error")
+
+    async def _run_calls(self, reply: Message, round_: int, parts: RoundParser, tools: dict) -> list[ToolCallRecord]:
+        """Run one round's calls in order, each approved first; each is recorded before and after it runs."""
+        records = []
+        try:
+            for call in parts.tool_calls:
+                tool = tools.get(call.name)
+                record = self.trace.add_call(reply.id, round_, call.id, tool.server if tool else "", call.name,
+                                             call.arguments_json, parts.content.strip(), parts.reasoning, "running")
+                records.append(record)
+                self._note = f"calling {call.name}…"
+                self._changed(reply)
+                state, text = await self.tools.run_call(self.chat_id, tool, call.name, call.arguments_json,
+                                                        self._ask)
+                self.trace.finish_call(record, state, text)
+        except asyncio.CancelledError:
+            for record in records:
+                if record.state == "running":
+                    self.trace.finish_call(record, "error", "the reply was stopped during the call")
+            raise
+        finally:
+            self._note = ""
+        return records
+
+    async def _ask(self, request: ToolRequest) -> Approval:
+        if self.approver is None:
+            return Approval(False)
+        self._note = f"waiting for your approval of {request.tool.name}…"
+        if self._reply is not None:
+            self._changed(self._reply)
+        try:
+            return await self.approver(request)
+        finally:
+            self._note = f"calling {request.tool.name}…"
 
     def _set_activity(self, state: str) -> None:
         if state != self._activity:
@@ -388,6 +493,8 @@ class ChatSession(QObject):
         reply.content, reply.stats = tracker.text, replace(tracker.stats)
         try:
             self.store.update_reply(reply.id, reply.content, reply.stats)
+            if tracker.live is not None and tracker.live.think_tokens:
+                self.trace.set_thinking(reply.id, tracker.live.think_tokens, tracker.live.think_s)
         except KeyError:  # the chat was deleted while this reply ran
             pass
         self._reply = self._tracker = None

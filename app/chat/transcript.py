@@ -64,6 +64,7 @@ class _Stream:
     tail_pos: int  # document position where the re-rendered tail starts
     code: _OpenCode | None = None  # a code block still streaming: appended line by line
     tail_text: str = ""  # the Markdown of the tail as last rendered
+    note: str = ""  # shown after the stats: thinking (tokens, time), a tool call waiting
 
 
 class Transcript:
@@ -92,10 +93,14 @@ class Transcript:
         self.doc.clear()
         self._stream = None
 
-    def append(self, message, actions: list[tuple[str, str]], stats=None) -> None:
-        """A finished message: header with action links, Markdown body, stats line (assistant)."""
+    def append(self, message, actions: list[tuple[str, str]], stats=None,
+               thinking: tuple[str, str, bool] | None = None) -> None:
+        """A finished message: header with action links, its thinking as a collapsible section (label, text,
+        expanded), Markdown body, stats line (assistant)."""
         self._finish_stream()
         self._header(message, actions)
+        if thinking is not None:
+            self._thinking(message.id, *thinking)
         self._markdown(message.content)
         if stats is not None:
             self._stats(stats)
@@ -105,11 +110,12 @@ class Transcript:
         self._header(message, actions)
         self._stream = _Stream(message.id, 0, self._end())
 
-    def update_stream(self, text: str, stats) -> None:
+    def update_stream(self, text: str, stats, note: str = "") -> None:
         """Re-import only the open tail; append any newly stable paragraphs once."""
         s = self._stream
         if s is None:
             raise RuntimeError("update_stream() without begin_stream()")
+        s.note = note
         edit = QTextCursor(self.doc)
         edit.beginEditBlock()  # one relayout for the whole update, not one per insert
         try:
@@ -151,13 +157,13 @@ class Transcript:
                 self._code_line(body[-1])
         self._stats(stats)
 
-    def end_stream(self, message, actions: list[tuple[str, str]], stats) -> None:
+    def end_stream(self, message, actions: list[tuple[str, str]], stats, thinking=None) -> None:
         """Render the finished reply whole, replacing its header and incremental pieces."""
         if self._stream is None or self._stream.message_id != message.id:
             raise RuntimeError(f"end_stream() for message {message.id}, which is not streaming")
         self._cut(self._header_pos)
         self._stream = None
-        self.append(message, actions, stats)
+        self.append(message, actions, stats, thinking)
 
     # --- document building ---------------------------------------------------------------------
 
@@ -232,7 +238,7 @@ class Transcript:
         s.tail_text = tail
         c = QTextCursor(self.doc.lastBlock())
         c.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        c.insertText(stats_text(stats), self._stats_format())
+        c.insertText(self._stats_line(stats), self._stats_format())
         return True
 
     def _stats_format(self) -> QTextCharFormat:
@@ -241,8 +247,26 @@ class Transcript:
         fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * 0.85))
         return fmt
 
+    def _stats_line(self, stats) -> str:
+        note = self._stream.note if self._stream is not None else ""
+        return stats_text(stats) + (f" · {note}" if note else "")
+
     def _stats(self, stats) -> None:
-        self._cursor().insertText(stats_text(stats), self._stats_format())
+        self._cursor().insertText(self._stats_line(stats), self._stats_format())
+
+    def _thinking(self, message_id: int, label: str, text: str, expanded: bool) -> None:
+        """The thinking's one-line summary (a link that folds it open or shut) and, when open, its text."""
+        c = self._cursor()
+        arrow = "▾" if expanded else "▸"
+        c.insertHtml(f'<a href="pd:think/{message_id}" style="color: gray; text-decoration: none">'
+                     f'{arrow} {html.escape(label)}</a>')
+        if expanded:
+            for paragraph in text.split("\n\n"):
+                c = self._cursor()
+                fmt = QTextBlockFormat()
+                fmt.setLeftMargin(14)
+                c.setBlockFormat(fmt)
+                c.insertText(paragraph.strip(), self._stats_format())
 
     def _code_line(self, line: str) -> None:
         c = self._cursor()

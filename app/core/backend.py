@@ -16,11 +16,23 @@ class Backend(Protocol):
     """True where a trailing assistant message is continued (a remote chat API would answer it with a new
     turn, so Continue is off there)."""
 
+    runs_tools: bool
+    """True where start_job takes `tools` (OpenAI-style function entries) and the reply's text holds the
+    model's calls in its own format (the local engine); a remote chat gets no tools."""
+
+    def chat_template(self, settings: ChatSettings | None = None) -> str | None:
+        """The model's chat template source, where known (None: a remote server, no model)."""
+
+    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str | None:
+        """The prompt's text for that history, where the backend renders it (None: a remote server)."""
+
     async def wait_loaded(self) -> None:
         """Return once replies can start (a model is loaded / the server is connected)."""
 
-    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings) -> tuple[AsyncIterator[dict], int | None]:
-        """Start one reply: (its results, prompt token count if known now). Runs on the event loop."""
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings,
+                  **tools: Any) -> tuple[AsyncIterator[dict], int | None]:
+        """Start one reply: (its results, prompt token count if known now). Runs on the event loop.
+        `tools=[...]` only where runs_tools."""
 
     async def cancel(self, identifier: Any) -> bool:
         """Stop a chat's reply; False if it has none. The backend has let go of it when this returns."""
@@ -32,7 +44,7 @@ class Backend(Protocol):
         """The most tokens one sequence may hold (prompt + reply) on the model `settings` name (None: the
         main one); None if unknown (no model, a remote server): the chat is then sent as it is."""
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+    def count_tokens(self, history: list[dict], settings: ChatSettings, **tools: Any) -> int | None:
         """Prompt tokens of that history (a trailing assistant message is continued, not closed); None
         where the backend cannot count (no model loaded, a remote server)."""
 
@@ -54,9 +66,9 @@ class BackendSwitch:
     async def wait_loaded(self) -> None:
         await self.current.wait_loaded()
 
-    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings, **tools: Any):
         backend = self.current
-        out = backend.start_job(identifier, history, settings)
+        out = backend.start_job(identifier, history, settings, **tools)
         self._owner[identifier] = backend
         return out
 
@@ -75,8 +87,18 @@ class BackendSwitch:
     def context_limit(self, settings: ChatSettings | None = None) -> int | None:
         return self.current.context_limit(settings)
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
-        return self.current.count_tokens(history, settings)
+    def count_tokens(self, history: list[dict], settings: ChatSettings, **tools: Any) -> int | None:
+        return self.current.count_tokens(history, settings, **tools)
+
+    @property
+    def runs_tools(self) -> bool:
+        return self.current.runs_tools
+
+    def chat_template(self, settings: ChatSettings | None = None) -> str | None:
+        return self.current.chat_template(settings)
+
+    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str | None:
+        return self.current.render_prompt(history, settings, tools)
 
     def adapter_names(self) -> list[str]:
         return self.current.adapter_names()

@@ -1,7 +1,10 @@
 """Export one chat as Markdown (to read) or JSON (to re-import or process), including reply stats.
 
 A chat exports the path it shows (a branch exports its own history, the shared part included); its
-header says when it was exported, when the chat last changed, and which chat it was branched from.
+header says when it was exported, when the chat last changed, and which chat it was branched from. A
+reply's tool calls (with their results) and its thinking (with its token count and time) are exported
+with it: in Markdown as blocks before the answer (the thinking folded in a <details>), in JSON as
+`tool_calls` and `thinking` beside the reply's raw text.
 """
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from app.core.formatting import stats_text
+from app.core.reply_trace import ReplyTrace, Thinking, ToolCallRecord
 from app.core.store import Chat, Message, Store
+from engine.chat import split_reasoning
 
 FORMAT_VERSION = 1
 
@@ -22,8 +27,17 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
+def _calls_markdown(calls: list[ToolCallRecord]) -> list[str]:
+    lines: list[str] = []
+    for i, c in enumerate(calls):
+        if c.preface and (i == 0 or calls[i - 1].round != c.round):
+            lines += [c.preface, ""]
+        lines += [f"**Tool call** `{c.server}/{c.name}` ({c.state}): `{c.arguments}`", "", "```text", c.result, "```", ""]
+    return lines
+
+
 def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None = None,
-                branched_from: str | None = None) -> str:
+                branched_from: str | None = None, trace: ReplyTrace | None = None) -> str:
     when = _iso(time.time() if exported_at is None else exported_at)
     lines = [f"# {chat.title}", "", f"*Exported {when} · chat updated {_iso(chat.updated)}*", ""]
     if branched_from is not None:
@@ -31,14 +45,40 @@ def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None =
     if chat.settings.system_prompt:
         lines += ["## System", "", chat.settings.system_prompt, ""]
     for m in messages:
-        lines += [f"## {'User' if m.role == 'user' else 'Assistant'}", "", m.content, ""]
+        content = m.content
+        lines += [f"## {'User' if m.role == 'user' else 'Assistant'}", ""]
+        if m.role == "assistant" and trace is not None:
+            reasoning, content = split_reasoning(m.content)
+            thought = trace.thinking(m.id)
+            if reasoning:
+                summary = f"Thought for {thought.seconds:.1f} s · {thought.tokens} tokens" if thought else "Thoughts"
+                lines += ["<details><summary>" + summary + "</summary>", "", reasoning, "", "</details>", ""]
+            lines += _calls_markdown(trace.calls(m.id))
+        lines += [content, ""]
         if m.stats is not None:
             lines += [f"<sub>{stats_text(m.stats)}</sub>", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _extras(m: Message, trace: ReplyTrace | None) -> dict:
+    """A reply's tool calls and thinking for the JSON export (nothing for a reply that had neither)."""
+    if trace is None or m.role != "assistant":
+        return {}
+    out: dict = {}
+    calls = trace.calls(m.id)
+    if calls:
+        out["tool_calls"] = [{"round": c.round, "id": c.call_id, "server": c.server, "name": c.name,
+                              "arguments": c.arguments, "state": c.state, "result": c.result,
+                              "text": c.preface, "reasoning": c.reasoning} for c in calls]
+    reasoning, _answer = split_reasoning(m.content)
+    thought: Thinking | None = trace.thinking(m.id)
+    if reasoning or thought is not None:
+        out["thinking"] = {"text": reasoning, **({"tokens": thought.tokens, "seconds": thought.seconds} if thought else {})}
+    return out
+
+
 def to_json(chat: Chat, messages: list[Message], exported_at: float | None = None,
-            branched_from: str | None = None) -> str:
+            branched_from: str | None = None, trace: ReplyTrace | None = None) -> str:
     doc = {
         "format": "pagedeck-chat",
         "version": FORMAT_VERSION,
@@ -54,6 +94,7 @@ def to_json(chat: Chat, messages: list[Message], exported_at: float | None = Non
                 "content": m.content,
                 "created": _iso(m.created),
                 **({"stats": {**asdict(m.stats), "adapters": m.stats.adapter_pairs()}} if m.stats is not None else {}),
+                **_extras(m, trace),
             }
             for m in messages
         ],
@@ -75,6 +116,7 @@ def export_chat(store: Store, chat_id: int, path: str | Path) -> Path:
             source = store.chat(store.message(chat.branch_of).chat_id).title
         except KeyError:  # the chat it came from was deleted
             source = "a deleted chat"
-    text = writers[suffix](chat, store.messages(chat_id), exported_at=time.time(), branched_from=source)
+    text = writers[suffix](chat, store.messages(chat_id), exported_at=time.time(), branched_from=source,
+                           trace=ReplyTrace(store))
     path.write_text(text, encoding="utf-8")
     return path

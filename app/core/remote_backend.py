@@ -89,6 +89,7 @@ class RemoteJob:
     async def _read(self, client: RemoteClient, body: dict) -> None:
         put = self._queue.put_nowait
         finish, usage, counted, started = None, None, 0, False
+        thinking = False  # inside the server's reasoning_content: the reply's text wraps it in <think>…</think>
         try:
             async for event in client.stream_chat(body):
                 if not started:
@@ -99,6 +100,13 @@ class RemoteJob:
                 for choice in event.get("choices") or ():
                     delta = choice.get("delta") or {}
                     text = delta.get("content") or ""
+                    # A reasoning model's thinking (vLLM's reasoning_content; "reasoning" in newer servers) is
+                    # kept in the reply's text between <think> markers, where the chat shows it apart.
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    if reasoning:
+                        text, thinking = ("" if thinking else "<think>") + reasoning, True
+                    elif text and thinking:
+                        text, thinking = "</think>" + text, False
                     if text:
                         n = 1
                         if usage and usage.get("completion_tokens") is not None and event.get("usage"):
@@ -170,6 +178,13 @@ class RemoteBackend:
 
     # ---- Backend protocol -------------------------------------------------------------------------
     continues_replies = False  # a chat API answers a trailing assistant message with a new turn
+    runs_tools = False  # the app's MCP tools run on local chats (the server parses its own model's calls)
+
+    def chat_template(self, settings: ChatSettings | None = None) -> None:
+        return None  # the server renders its prompts
+
+    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        return None
 
     def adapter_names(self) -> list[str]:
         return [str(e["id"]) for e in self.adapters]

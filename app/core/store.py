@@ -77,6 +77,10 @@ class ChatSettings:
     # The model this chat's replies run on: the path of a model loaded beside the main one (compare mode),
     # None: the main model (whatever is loaded).
     model: str | None = None
+    # MCP tools this chat's model may call, as "server/tool" keys (app.agent); each call is approved first.
+    tools: tuple[str, ...] = ()
+    # Let a reasoning model think before answering, where its template has the switch (Qwen3's enable_thinking).
+    thinking: bool = True
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
@@ -112,6 +116,10 @@ class ChatSettings:
             raise bad("stop_on_loops", "must be a bool")
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise bad("model", "must be None (the main model) or a model path")
+        if not all(isinstance(t, str) and "/" in t for t in self.tools):
+            raise bad("tools", 'must be "server/tool" names')
+        if not isinstance(self.thinking, bool):
+            raise bad("thinking", "must be a bool")
         if self.loras is not None:
             try:
                 check_lora_pairs(self.loras)  # the engine's one rule for (adapter name, scale) pairs
@@ -130,6 +138,8 @@ class ChatSettings:
         values = {k: v for k, v in raw.items() if k in known}
         if "stop_strings" in values:
             values["stop_strings"] = tuple(values["stop_strings"])
+        if "tools" in values:
+            values["tools"] = tuple(values["tools"])
         if values.get("loras") is not None:
             values["loras"] = tuple((n, float(sc)) for n, sc in values["loras"])
         return cls(**values).validate()

@@ -16,16 +16,22 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from app.core.store import ChatSettings
+from engine.chat import render_kwargs, supports_thinking_switch, template_messages, tool_call_format
 
 
-def prompt_text(tokenizer: Any, history: list[dict], settings: ChatSettings) -> str:
-    """Chat template over system prompt + history. A trailing assistant message is continued: its text
-    follows the generation prompt, unclosed."""
+def prompt_text(tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str:
+    """Chat template over system prompt + history (and the chat's tools, which the template renders). A
+    trailing assistant message is continued: its text follows the generation prompt, unclosed. The chat's
+    thinking switch goes to templates that take one (Qwen3's enable_thinking)."""
     partial = history[-1]["content"] if history and history[-1]["role"] == "assistant" else None
     if partial is not None:
         history = history[:-1]
     messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + history
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True) + (partial or "")
+    template = tokenizer.chat_template
+    # tool calls and results as the template takes them (or, for a template that knows no tools, as text)
+    messages = template_messages(messages, template, tool_call_format(template), tools)
+    extra = render_kwargs(tools, template, enable_thinking=settings.thinking if supports_thinking_switch(template) else None)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra) + (partial or "")
 
 
 def encode(tokenizer: Any, text: str):
@@ -36,25 +42,27 @@ def encode(tokenizer: Any, text: str):
 class ChatPrompt:
     """One history's prompt, encoded once, and the ids of the same history less its oldest messages."""
 
-    def __init__(self, tokenizer: Any, history: list[dict], settings: ChatSettings):
+    def __init__(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
         self.template = tokenizer.chat_template
         self.history = [dict(m) for m in history]
         self.system_prompt = settings.system_prompt
-        self.text = prompt_text(tokenizer, history, settings)
+        self.thinking = settings.thinking
+        self.tools = tools or None
+        self.text = prompt_text(tokenizer, history, settings, tools)
         self.ids = encode(tokenizer, self.text)
         self._marks: list[tuple[int, int, int]] | None = None  # (char position, special token id, token index)
 
-    def ids_of(self, history: list[dict], settings: ChatSettings):
+    def ids_of(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         """The ids of `history`'s prompt when it is this history or its tail (else None): cut from this
         prompt's ids where that is exact (see the module docstring), otherwise encoded."""
         start = len(self.history) - len(history)
         if (start < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_template != self.template
-                or self.history[start:] != history):
+                or self.history[start:] != history or (tools or None) != self.tools or settings.thinking != self.thinking):
             return None
         if start == 0:
             return self.ids
-        text = prompt_text(self.tokenizer, history, settings)
+        text = prompt_text(self.tokenizer, history, settings, tools)
         cut = self._cut(text)
         return cut if cut is not None else encode(self.tokenizer, text)
 

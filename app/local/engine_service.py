@@ -24,7 +24,7 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
-from app.local.chat_prompt import ChatPrompt
+from app.local.chat_prompt import ChatPrompt, prompt_text
 from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
@@ -309,7 +309,7 @@ class EngineService(QObject):
 
     # --- jobs ----------------------------------------------------------------------------------
 
-    def prompt_ids(self, history: list[dict], settings: ChatSettings):
+    def prompt_ids(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job).
         A trailing assistant message is continued: its text follows the generation prompt, unclosed.
 
@@ -321,15 +321,16 @@ class EngineService(QObject):
             raise RuntimeError("no model is loaded yet")
         last = self._prompt
         if last is not None and last.tokenizer is tokenizer:
-            ids = last.ids_of(history, settings)
+            ids = last.ids_of(history, settings, tools)
             if ids is not None:
                 return ids
-        self._prompt = ChatPrompt(tokenizer, history, settings)
+        self._prompt = ChatPrompt(tokenizer, history, settings, tools)
         return self._prompt.ids
 
     continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
+    runs_tools = True  # the chat template renders the tools; the chat parses the model's calls from its text
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> int | None:
+    def count_tokens(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> int | None:
         """Prompt tokens of that history; None before a model is loaded."""
         try:
             tokenizer = self._engine_of(settings)[0]
@@ -337,7 +338,22 @@ class EngineService(QObject):
             return None  # the send says which model is missing
         if tokenizer is None:
             return None
-        return self.prompt_ids(history, settings).shape[-1]
+        return self.prompt_ids(history, settings, tools).shape[-1]
+
+    def chat_template(self, settings: ChatSettings | None = None) -> str | None:
+        """The chat template source of the chat's model (None before it is loaded)."""
+        try:
+            tokenizer = self._engine_of(settings)[0]
+        except ModelNotLoaded:
+            return None
+        return tokenizer.chat_template if tokenizer is not None else None
+
+    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str | None:
+        """The prompt's text (a reasoning template may end it inside an open think block)."""
+        tokenizer = self._engine_of(settings)[0]
+        if tokenizer is None:
+            return None
+        return prompt_text(tokenizer, history, settings, tools)
 
     def context_limit(self, settings: ChatSettings | None = None) -> int | None:
         """The most tokens one reply's sequence may hold (prompt + reply) on the chat's model; None before
@@ -348,7 +364,7 @@ class EngineService(QObject):
             return None
         return generator.max_seq_len if generator is not None else None
 
-    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings):
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
         if self.generator is None:
             raise RuntimeError("no model is loaded yet" if not self.loading else "the model is still loading")
@@ -357,13 +373,12 @@ class EngineService(QObject):
         import engine
 
         tokenizer, generator = self._engine_of(settings)
-        ids = self.prompt_ids(history, settings)
+        ids = self.prompt_ids(history, settings, tools)
         stops = sorted(tokenizer.stop_token_ids) + list(settings.stop_strings)
         gen_settings = settings.sampler_settings()
 
         loras = None if settings.loras is None else [tuple(pair) for pair in settings.loras]
-        # JSON mode: the reply is one JSON object (a fresh filter per job: filters hold the job's state).
-        filters = [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
+        filters = self._filters(settings)
         job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
             generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
             seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
@@ -371,6 +386,13 @@ class EngineService(QObject):
         )
         self._jobs[identifier] = job
         return job, ids.shape[-1]
+
+    def _filters(self, settings: ChatSettings) -> list | None:
+        """The job's constrained-decoding filters. JSON mode: the reply is one JSON object (a fresh filter per
+        job: filters hold the job's state)."""
+        import engine
+
+        return [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
 
     def job_ended(self, identifier: Any) -> None:
         self._forget_job(identifier)

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QApplication, QSizePolicy, QStackedWidget, QTabWid
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane, RenderScheduler
 from app.chat.chat_session import ChatSession
+from app.agent.tool_hub import ToolHub
 from app.core.backend import Backend
 from app.core.store import Store
 from app.window.compare_bar import CompareBar
@@ -25,9 +26,11 @@ class ChatArea(QStackedWidget):
     view_changed = Signal(str, int)  # mode ("tabs" or "tiles"), tile count
     compare_changed = Signal(bool)
 
-    def __init__(self, store: Store, backend: Backend, chat_list: ChatList, parent: QWidget | None = None):
+    def __init__(self, store: Store, backend: Backend, chat_list: ChatList, parent: QWidget | None = None,
+                 tools: ToolHub | None = None):
         super().__init__(parent)
         self.store, self.backend, self.chat_list = store, backend, chat_list
+        self.tools = tools  # the MCP tools every chat may be given
         self.sessions: dict[int, ChatSession] = {}
         self.panes: dict[int, ChatPane] = {}
         self.open_ids: list[int] = []  # tab order
@@ -63,7 +66,7 @@ class ChatArea(QStackedWidget):
 
     def pane(self, chat_id: int) -> ChatPane:
         if chat_id not in self.panes:
-            session = ChatSession(self.store, chat_id, self.backend, self)
+            session = ChatSession(self.store, chat_id, self.backend, self, tools=self.tools)
             session.renamed.connect(lambda _t: self.renamed(chat_id, session.chat.title))
             session.history_changed.connect(self.chat_list.refresh)
             pane = ChatPane(session, self.scheduler, self.parking)

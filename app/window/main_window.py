@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane
+from app.agent.tool_hub import ToolHub
 from app.core.backend import BackendSwitch
 from app.core.export import export_chat
 from app.core.store import Store
@@ -30,6 +31,7 @@ from app.local.engine_service import EngineService
 from app.panels.dashboard import DashboardDock
 from app.panels.dashboard_feed import DashboardFeed
 from app.panels.lora_panel import LoraPanel
+from app.panels.mcp_dialog import McpServersDialog
 from app.panels.model_browser import ModelBrowser
 from app.panels.model_panel import ModelPanel
 from app.panels.server_panel import LocalServer, ServerPanel
@@ -68,7 +70,8 @@ class MainWindow(QMainWindow):
         self.theme.apply()
         self.chat_list = ChatList(self.store)
         self.chat_list.new_chat_settings = self.prefs.new_chat_settings
-        self.chats = ChatArea(self.store, self.backend, self.chat_list)
+        self.tools = ToolHub()  # the MCP servers in the config folder's mcp.json
+        self.chats = ChatArea(self.store, self.backend, self.chat_list, tools=self.tools)
         self.setCentralWidget(self.chats)
         self.theme.changed.connect(self._theme_changed)
         self._dock("Chats", self.chat_list, Qt.DockWidgetArea.LeftDockWidgetArea, scroll=False)
@@ -76,7 +79,7 @@ class MainWindow(QMainWindow):
         self.local_server = self.remote = None
         self._panels()
         self.view_actions = build_menus(self, self.chats, new_chat=self.new_chat, export=self.export_current,
-                                        preferences=self.open_preferences)
+                                        preferences=self.open_preferences, mcp_servers=self.open_mcp_servers)
         self._restore_layout()
         s = self.service
         if s.info is not None:  # a service that loaded before this window existed
@@ -175,6 +178,12 @@ class MainWindow(QMainWindow):
     def new_chat(self, title: str = "New chat") -> ChatPane:
         chat_id = self.chat_list.new_chat(title)  # emits open_requested -> ChatArea.open_chat
         return self.chats.panes[chat_id]
+
+    def open_mcp_servers(self) -> McpServersDialog:
+        dlg = McpServersDialog(self.tools, self)
+        dlg.open()
+        self.mcp_dialog = dlg
+        return dlg
 
     def export_current(self, suffix: str) -> Path | None:
         pane = self.chats.current_pane()
@@ -283,4 +292,5 @@ class MainWindow(QMainWindow):
         if self.local_server is not None:
             await self.local_server.stop()
         await self.service.close()
+        await self.tools.close()
         self.store.close()

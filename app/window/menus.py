@@ -17,7 +17,8 @@ VIEWS = (("&Tabs", "tabs", 2), ("Tiles: &2", "tiles", 2), ("Tiles: &3", "tiles",
 
 
 def build_menus(window: QMainWindow, chats: ChatArea, *, new_chat: Callable[[], object],
-                export: Callable[[str], object], preferences: Callable[[], object]) -> dict[tuple[str, int], QAction]:
+                export: Callable[[str], object], preferences: Callable[[], object],
+                mcp_servers: Callable[[], object] | None = None) -> dict[tuple[str, int], QAction]:
     """Add the menus and toolbar; returns the View actions by (mode, tile count), checked as the view changes."""
     bar = window.menuBar()
     file = bar.addMenu("&File")
@@ -64,6 +65,10 @@ def build_menus(window: QMainWindow, chats: ChatArea, *, new_chat: Callable[[], 
     _action(window, chat, "&Regenerate", "Ctrl+R", on_current(ChatPane.regenerate))
     _action(window, chat, "S&top", None, on_current(ChatPane.stop))
     _action(window, chat, "&Copy last reply", "Ctrl+Shift+C", on_current(ChatPane.copy_last))
+    chat.addSeparator()
+    _action(window, chat, "&Tools and thinking…", None, on_current(ChatPane.open_tools))
+    if mcp_servers is not None:
+        _action(window, chat, "&MCP servers…", None, mcp_servers)
     return view_actions
 
 

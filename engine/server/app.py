@@ -247,10 +247,14 @@ class OpenAIServer:
                 if r["stage"] != "streaming":
                     continue
                 self._observe_ttft(builder, r, t0, name)
+                calls_before = len(builder.reply.tool_calls) if builder.reply is not None else 0
                 text, logprobs = builder.feed(r)
                 if r.get("eos") and r.get("eos_reason") == "cancelled":
                     raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
-                if text or logprobs:
+                if req.kind == "chat":
+                    for chunk in _chat_chunks(builder, logprobs, calls_before):
+                        await send(chunk)
+                elif text or logprobs:
                     await send(builder.chunk(text=text, logprobs=logprobs, text_offset=offset))
                     offset += len(text)
                 if r.get("eos"):
@@ -266,12 +270,26 @@ class OpenAIServer:
         return resp
 
 
+def _chat_chunks(builder: ResponseBuilder, logprobs: list[dict], calls_before: int) -> list[dict]:
+    """The chunks of one result of a chat: its reasoning, its text (with the tokens' logprobs), its calls."""
+    d = builder.delta
+    out = []
+    if d.reasoning:
+        out.append(builder.chunk(reasoning=d.reasoning))
+    if d.content or logprobs:
+        out.append(builder.chunk(text=d.content, logprobs=logprobs))
+    if d.tool_calls:
+        out.append(builder.chunk(tool_calls=list(enumerate(d.tool_calls, calls_before))))
+    return out
+
+
 def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> DynamicJobAsync:
     try:
         return DynamicJobAsync(served.generator, input_ids=req.input_ids, max_new_tokens=req.max_tokens,
                                min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.seed,
                                stop_conditions=req.stops, filters=req.filters, identifier=rid,
-                               return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter))
+                               return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter),
+                               decode_special_tokens=req.plan is not None and req.plan.decode_special)
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
         if req.adapter is not None and "LoRA adapter" in str(exc):  # unloaded since resolve: as if unknown
             raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model",

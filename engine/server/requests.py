@@ -1,8 +1,8 @@
 """OpenAI request bodies -> GenerationRequest: the job's prompt ids, sampler, stops, filters and options.
 
 Every field is checked before anything reaches the engine, and a bad one is a 400 naming it. Unknown
-fields are refused too (a silently ignored `tools` would answer a different question than the one
-asked); the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
+fields are refused too (a silently ignored field would answer a different question than the one
+asked); tools, tool choice and reasoning are checked by tool_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos), so a client written for them works here unchanged.
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLlamaV2's chat defaults.
 """
@@ -17,6 +17,7 @@ from ..contract import InvalidSetting, SamplerSettings
 from ..generator.filters import JSONSchemaFilter
 from .errors import ApiError, bad_request
 from .served import ServedModel
+from .tool_requests import TOOL_FIELDS, ToolPlan, check_tool_message, parse_tool_plan, render_prompt, tool_filters
 
 MAX_TOP_LOGPROBS = 20
 MAX_TEMPERATURE = 2.0  # OpenAI's cap; the sampler itself takes any finite temperature
@@ -28,9 +29,10 @@ COMMON_FIELDS = {
     "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
     "response_format", "min_tokens", "ignore_eos",
 }
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | TOOL_FIELDS
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
 
 
 @dataclass
@@ -51,6 +53,7 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    plan: ToolPlan | None = None  # chat: tools, tool choice and how to read the reply (reasoning, calls)
 
 
 def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int) -> GenerationRequest:
@@ -64,8 +67,10 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
     adapter = served.resolve(body.get("model"))
     model = body.get("model") or served.name
     tok = served.tokenizer
+    plan = None
     if kind == "chat":
-        prompt = tok_template(tok, _messages(body.get("messages")))
+        plan = parse_tool_plan(body, tok)
+        prompt = render_prompt(plan, _messages(body.get("messages")), tok)
         ids = tok.encode(prompt, encode_special_tokens=True)
         stop_tokens = sorted(tok.stop_token_ids)
     else:
@@ -99,13 +104,20 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
             raise bad_request("stream_options takes include_usage and continuous_usage_stats (booleans)",
                               "stream_options")
     options = options or {}
+    filters = _response_format(body.get("response_format"))
+    if plan is not None and plan.forced:
+        if filters:
+            raise bad_request("response_format can't be combined with a required or named tool_choice (the reply "
+                              "is then a tool call)", "response_format")
+        filters = tool_filters(plan, tok)
     return GenerationRequest(
         kind=kind, model=model, adapter=adapter, input_ids=ids, prompt=prompt, max_tokens=max_tokens,
         min_tokens=min_tokens, sampler=_sampler(body, tok.vocab_size), seed=_seed(body.get("seed")),
-        stops=stop_tokens + list(stop or []), filters=_response_format(body.get("response_format")),
+        stops=stop_tokens + list(stop or []), filters=filters,
         logprobs=_logprobs(body, kind), echo=_bool_field(body, "echo", False), stream=stream,
         include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
+        plan=plan,
     )
 
 
@@ -120,12 +132,16 @@ def _messages(messages: Any) -> list[dict]:
             raise bad_request(f"{where} must be an object with role and content", where)
         role = m.get("role")
         if role not in ROLES:
-            raise bad_request(f"{where}.role {role!r} is not supported (use system, developer, user or assistant)",
-                              f"{where}.role")
-        extra = set(m) - {"role", "content", "name"}
+            raise bad_request(f"{where}.role {role!r} is not supported (use system, developer, user, assistant or "
+                              "tool)", f"{where}.role")
+        extra = set(m) - MESSAGE_FIELDS
         if extra:
             raise bad_request(f"{where} has unsupported fields: {', '.join(sorted(extra))}", where)
-        out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
+        tool_fields = check_tool_message(m, where)
+        content = m.get("content")
+        if content is None and "tool_calls" in tool_fields:  # a reply that only called tools
+            content = ""
+        out.append({"role": ROLES[role], "content": _content(content, where), **tool_fields})
     return out
 
 
@@ -142,13 +158,6 @@ def _content(content: Any, where: str) -> str:
             texts.append(part["text"])
         return "".join(texts)
     raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
-
-
-def tok_template(tok: Any, messages: list[dict]) -> str:
-    try:
-        return tok.apply_chat_template(messages, add_generation_prompt=True)
-    except Exception as exc:  # noqa: BLE001 - jinja2 raise_exception(), bad role order, ...
-        raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages") from None
 
 
 def _prompt(prompt: Any, tok: Any) -> tuple[str, torch.Tensor]:

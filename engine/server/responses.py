@@ -3,6 +3,11 @@
 Logprobs are the model's own distribution (log-softmax of the raw logits the job returns), as vLLM
 reports them by default, not the sampler's truncated one: after top-k or greedy truncation almost every
 alternative would be -inf, which JSON can't even carry.
+
+Chat replies are read by engine.chat's ReplyParser when the request has tools or the template has think
+markers: thinking goes to `reasoning_content` (vLLM's field), calls to `tool_calls` (finish_reason
+"tool_calls"), the rest to `content`; streamed, each part is a delta of its own field as soon as it is
+decided, so text that might still become a call marker waits for the next token.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..chat import ReplyDelta, ReplyParser, ToolCall
 from .requests import GenerationRequest
 
 # OpenAI has no finish_reason for a reply stopped as a loop: it ended on purpose, before its length limit.
@@ -37,6 +43,11 @@ class ResponseBuilder:
         self.prompt_tokens = int(req.input_ids.shape[1])
         self.completion_tokens = 0
         self.cached_tokens = 0
+        plan = req.plan
+        self.reply = ReplyParser(plan.markers, in_reasoning=plan.in_reasoning, tool_format=plan.tool_format,
+                                 parallel=plan.parallel) \
+            if plan is not None and (plan.markers is not None or plan.tool_format is not None) else None
+        self.delta = ReplyDelta()  # what the last feed() added, split into reasoning, content and calls
 
     # ---- feeding ---------------------------------------------------------------------------------
     def feed(self, r: dict) -> tuple[str, list[dict]]:
@@ -47,9 +58,19 @@ class ResponseBuilder:
         new_lp = self._token_logprobs(ids, r.get("logits")) if self.req.logprobs is not None and ids else []
         self.text += text
         self.logprobs += new_lp
+        if self.reply is None:
+            self.delta = ReplyDelta(content=text)
+        else:
+            self.delta = self.reply.feed(text)
+            if r.get("eos"):
+                last = self.reply.finish()
+                self.delta = ReplyDelta(self.delta.reasoning + last.reasoning, self.delta.content + last.content,
+                                        self.delta.tool_calls + last.tool_calls)
         if r.get("eos"):
             reason = r.get("eos_reason")
             self.finish_reason = FINISH_REASONS.get(reason, reason)
+            if self.reply is not None and self.reply.tool_calls:
+                self.finish_reason = "tool_calls"
             self.completion_tokens = int(r.get("new_tokens", self.completion_tokens))
             self.cached_tokens = int(r.get("cached_tokens") or 0)
         return text, new_lp
@@ -98,7 +119,7 @@ class ResponseBuilder:
     def final(self) -> dict:
         """The whole (non-streamed) response."""
         if self.req.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
+            choice = {"index": 0, "message": self._message(),
                       "logprobs": self.chat_logprobs(self.logprobs), "finish_reason": self.finish_reason}
             obj = "chat.completion"
         else:
@@ -110,14 +131,30 @@ class ResponseBuilder:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model,
                 "choices": [choice], "usage": self.usage()}
 
+    def _message(self) -> dict:
+        if self.reply is None:
+            return {"role": "assistant", "content": self.text}
+        calls = self.reply.tool_calls
+        message: dict[str, Any] = {"role": "assistant", "content": self.reply.content or (None if calls else "")}
+        if self.req.plan.tool_format is not None:
+            message["tool_calls"] = [c.to_openai() for c in calls]
+        if self.req.plan.markers is not None:
+            message["reasoning_content"] = self.reply.reasoning or None
+        return message
+
     def chunk(self, text: str | None = None, logprobs: list[dict] | None = None, finish: bool = False,
-              first: bool = False, text_offset: int = 0) -> dict:
-        """One stream chunk: the role chunk (first), a text delta, or the finish chunk."""
+              first: bool = False, text_offset: int = 0, reasoning: str | None = None,
+              tool_calls: list[tuple[int, ToolCall]] | None = None) -> dict:
+        """One stream chunk: the role chunk (first), a text, reasoning or tool-call delta, or the finish chunk."""
         finish_reason = self.finish_reason if finish else None
         if self.req.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
             if text is not None:
                 delta["content"] = text
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in tool_calls]
             choice = {"index": 0, "delta": delta,
                       "logprobs": self.chat_logprobs(logprobs) if logprobs else None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"

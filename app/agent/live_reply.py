@@ -1,0 +1,60 @@
+"""A streaming reply as the chat shows it: thinking apart (with its token count and time), the answer,
+and the tool rounds before it, never half a call.
+
+The raw text of the round under way stays the reply's text (what is stored and continued); this is the
+view of it. Thinking tokens are the tokens that arrived while the round was inside its think block; its
+time runs from the first of them to the last.
+"""
+from __future__ import annotations
+
+from app.agent.reply_rounds import RoundParser, rounds_markdown
+from app.core.reply_trace import ToolCallRecord
+
+
+class LiveReply:
+    def __init__(self, template: str | None, parse_calls: bool):
+        self.template = template
+        self.parse_calls = parse_calls
+        self.parser = RoundParser(template)
+        self.prior = ""  # Markdown of the finished tool rounds (their text and call blocks)
+        self._thoughts: list[str] = []  # finished rounds' thinking
+        self.think_tokens = 0
+        self.think_s = 0.0
+        self._think_from: float | None = None
+        self._think_base = 0.0
+
+    def start_round(self, prompt: str | None) -> None:
+        self.parser = RoundParser(self.template, prompt, self.parse_calls)
+        self._think_base, self._think_from = self.think_s, None
+
+    def feed(self, text: str, tokens: int, now: float) -> None:
+        before = len(self.parser.reasoning)
+        self.parser.feed(text)
+        if tokens and (self.parser.in_reasoning or len(self.parser.reasoning) > before):
+            self.think_tokens += tokens
+            if self._think_from is None:
+                self._think_from = now
+            self.think_s = self._think_base + (now - self._think_from)
+
+    def end_round(self) -> RoundParser:
+        """The round's model text is complete: its parts (and its calls, when any)."""
+        self.parser.finish()
+        return self.parser
+
+    def add_round(self, records: list[ToolCallRecord]) -> None:
+        """A round's calls have run: its text and call blocks join what the reply shows above its answer."""
+        self.prior += rounds_markdown(records)
+        if self.parser.reasoning:
+            self._thoughts.append(self.parser.reasoning)
+
+    @property
+    def display(self) -> str:
+        return self.prior + self.parser.content
+
+    @property
+    def reasoning(self) -> str:
+        return "\n\n".join(self._thoughts + ([self.parser.reasoning] if self.parser.reasoning else []))
+
+    @property
+    def thinking_now(self) -> bool:
+        return self.parser.in_reasoning

@@ -1,0 +1,81 @@
+"""A model's reply read as it streams: thinking, answer text and tool calls, each handed out once decided.
+
+The reply's text goes through the reasoning splitter first; only the answer part goes on to the tool
+call parser (a call written while thinking is a thought, not a call). The server turns the deltas into
+OpenAI's `reasoning_content`, `content` and `tool_calls`; the app shows them the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .reasoning import ReasoningMarkers, ReasoningParser, reasoning_markers, starts_in_reasoning
+from .tool_calls import ToolCall, ToolCallFormat
+
+
+@dataclass
+class ReplyDelta:
+    """What one piece of the reply adds: thinking text, answer text, complete tool calls."""
+
+    reasoning: str = ""
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.tool_calls)
+
+
+class ReplyParser:
+    """Streaming reader of one reply. markers: the template's think markers (None: no reasoning split);
+    in_reasoning: the prompt opened the think block; tool_format: parse calls in that format (None: the
+    answer is all text); parallel: False keeps only the first call (OpenAI's parallel_tool_calls)."""
+
+    def __init__(self, markers: ReasoningMarkers | None = None, *, in_reasoning: bool = False,
+                 tool_format: ToolCallFormat | None = None, parallel: bool = True):
+        self._reasoning = ReasoningParser(markers, in_reasoning=in_reasoning and markers is not None)
+        self._tools = tool_format.parser() if tool_format is not None else None
+        self.parallel = parallel
+        self.reasoning = ""
+        self.content = ""
+        self.tool_calls: list[ToolCall] = []
+
+    @classmethod
+    def for_prompt(cls, template: str | None, prompt: str, *, split_reasoning: bool = True,
+                   tool_format: ToolCallFormat | None = None, parallel: bool = True) -> ReplyParser:
+        """The parser for a reply to `prompt` (rendered by `template`): markers from the template, and
+        whether the prompt already opened the think block."""
+        markers = reasoning_markers(template) if split_reasoning else None
+        return cls(markers, in_reasoning=starts_in_reasoning(prompt, markers), tool_format=tool_format,
+                   parallel=parallel)
+
+    def feed(self, text: str) -> ReplyDelta:
+        reasoning, content = self._reasoning.feed(text)
+        return self._delta(reasoning, content, final=False)
+
+    def finish(self) -> ReplyDelta:
+        reasoning, content = self._reasoning.finish()
+        return self._delta(reasoning, content, final=True)
+
+    def _delta(self, reasoning: str, content: str, final: bool) -> ReplyDelta:
+        calls: list[ToolCall] = []
+        if self._tools is not None:
+            content = self._tools.feed(content)
+            calls = self._tools.take_calls()
+            if final:
+                rest, last = self._tools.finish()
+                content += rest
+                calls += last
+            if not self.parallel:
+                calls = calls[:max(0, 1 - len(self.tool_calls))]
+        self.reasoning += reasoning
+        self.content += content
+        self.tool_calls += calls
+        return ReplyDelta(reasoning, content, calls)
+
+
+def split_reply(text: str, markers: ReasoningMarkers | None = None, *, in_reasoning: bool = False,
+                tool_format: ToolCallFormat | None = None, parallel: bool = True) -> ReplyDelta:
+    """A whole reply's (reasoning, content, tool_calls), exactly as streaming it gives."""
+    parser = ReplyParser(markers, in_reasoning=in_reasoning, tool_format=tool_format, parallel=parallel)
+    parser.feed(text)
+    parser.finish()
+    return ReplyDelta(parser.reasoning, parser.content, parser.tool_calls)

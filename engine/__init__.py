@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 _EXPORTS = {  # public name -> module that defines it
     "ModelTooLarge": ".model.memory", "check_fits": ".model.memory", "estimate_memory": ".model.memory",
     "find_models": ".model.discovery",
+    "ChatFormat": ".model.chat_format", "chat_format_choices": ".model.chat_format",
+    "check_chat_format": ".model.chat_format",
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
@@ -29,6 +31,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
+    from .model.chat_format import ChatFormat, chat_format_choices, check_chat_format
     from .model.config import ModelConfig
     from .model.discovery import find_models
     from .model.lora import LoRA, LoRASet

@@ -7,6 +7,8 @@ while they stream. dashboard.png (always written, and all that `--dashboard-only
 fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
 benchmark): it needs no model and is deterministic. app-lora-chats.png (`--lora-only` writes only it) is
 two chats on different demo adapters (pirate, bullets) streaming at once, the page map coloured by adapter.
+app-prompt-format.png (`--format-only` writes only it) is a chat with the default model copied without its
+chat template: the chat and the Model tab name the fallback format the model's vocabulary picked.
 """
 from __future__ import annotations
 
@@ -159,6 +161,42 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
         window.close()
 
 
+async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """A chat on the default model without its chat template: the fallback named in the chat and the Model tab."""
+    import subprocess
+    from dataclasses import replace
+
+    from app.window.main_window import MainWindow
+    from engine.model.weights import default_model_path
+
+    model = data_dir / "SmolLM2-135M-Instruct-no-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--remove-metadata",
+                    "tokenizer.chat_template", "--force", str(default_model_path()), str(model)],
+                   check=True, capture_output=True)
+    window = MainWindow(data_dir=data_dir, load_request={"path": str(model)})
+    window.show()
+    window.resize(1366, 768)
+    try:
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
+        window.dock("Model").raise_()
+        pane = window.new_chat("No template in the file")
+        pane.session.set_settings(replace(pane.session.settings, max_new_tokens=60, temperature=0.0))
+        pane.prompt.setPlainText("What is the capital of France? Answer in one sentence.")
+        pane.submit()
+        await _until_streamed([pane.session], 10, seconds)
+        while pane.session.running:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)  # let the loop paint
+        path = outdir / "app-prompt-format.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
     parser.add_argument("outdir", type=Path)
@@ -168,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the longest to let the chats stream before the screenshots are taken")
     parser.add_argument("--lora-only", action="store_true",
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
+    parser.add_argument("--format-only", action="store_true",
+                        help="only app-prompt-format.png: a chat naming its fallback prompt format (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -182,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    saved = [] if args.lora_only or args.format_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         from app.window.event_loop import QtEventLoop
 
@@ -190,10 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
             os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
-            if not args.lora_only:
+            if args.format_only:
+                saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
+            elif not args.lora_only:
                 saved += loop.run_until_complete(
                     _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme))
-            saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+            if not args.format_only:
+                saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)
     return 0

@@ -122,7 +122,7 @@ def test_overrides_a_family_plain_and_a_custom_file(tmp_path):
     assert tok.set_chat_format("gemma").label == "Gemma (chosen for this model)"
     assert tok.apply_chat_template(TURNS).startswith("<|begin_of_text|><start_of_turn>user\nHello")
     assert tok.set_chat_format("plain").plain
-    assert tok.apply_chat_template(TURNS) == "Hello Hi, how can I help?\n\nTell me a joke."
+    assert tok.apply_chat_template(TURNS) == "HelloHi, how can I help?\n\nTell me a joke."  # replies continue their text
     custom = tmp_path / "mine.jinja"
     custom.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>")
     fmt = tok.set_chat_format(str(custom))

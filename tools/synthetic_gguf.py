@@ -106,6 +106,7 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     vocab = vocab or len(meta["tokenizer.ggml.tokens"])
     h, inter, heads, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(out, arch, split_max_tensors=split_max_tensors)
     w.add_name(f"random {shape} ({layers} layers, {quant})")
     w.add_block_count(layers)

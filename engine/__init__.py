@@ -12,6 +12,8 @@ _EXPORTS = {  # public name -> module that defines it
     "ModelTooLarge": ".model.memory", "check_fits": ".model.memory", "estimate_memory": ".model.memory",
     "estimate_download": ".model.memory", "find_models": ".model.discovery", "model_locations": ".model.discovery",
     "build_cpu_kernels": ".model.cpu_kernels", "cpu_kernels_built": ".model.cpu_kernels",
+    "ChatFormat": ".model.chat_format", "chat_format_choices": ".model.chat_format",
+    "check_chat_format": ".model.chat_format",
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
+    from .model.chat_format import ChatFormat, chat_format_choices, check_chat_format
     from .model.config import ModelConfig
     from .model.cpu_kernels import build_cpu_kernels, cpu_kernels_built
     from .model.discovery import find_models, model_locations

@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--prompt", metavar="TEXT", help="raw text to continue")
     what.add_argument("--chat", metavar="TEXT", help="a user message, formatted with the model's chat template")
     g.add_argument("--system", metavar="TEXT", help="system prompt (with --chat)")
+    g.add_argument("--chat-template", metavar="NAME|FILE", default="auto",
+                   help="prompt format of --chat: auto (the model's own, else its family's, else plain completion), "
+                        "model, chatml, llama3, gemma, phi3, mistral, plain, or a Jinja file")
     g.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N")
     g.add_argument("--greedy", action="store_true", help="argmax decoding (no sampler options allowed)")
     g.add_argument("--temperature", type=float, metavar="T")
@@ -172,6 +175,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
     from .model.model import Model
+    from .model.chat_format import check_chat_format
     from .model.tokenizer import Tokenizer
 
     if args.system is not None and args.chat is None:
@@ -179,9 +183,12 @@ def run_generate(args: argparse.Namespace) -> int:
     settings = sampler_from_args(args)
     if args.model is not None:
         check_model_path(args.model)
+    check_chat_format(args.chat_template)
     model = Model.load(args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
     if args.chat is not None:
+        chat_format = tokenizer.set_chat_format(args.chat_template)
+        print(f"prompt format: {chat_format.label}", file=sys.stderr)
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         messages.append({"role": "user", "content": args.chat})
         ids = tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True),

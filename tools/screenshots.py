@@ -12,6 +12,8 @@ two chats on different demo adapters (pirate, bullets) streaming at once, the pa
 `--size 2560x1440 --scale 2` lays out at 1280x720 logical pixels and saves 2560x1440 PNGs named ...@2x.
 discover-<size>.png is the Discover tab after a search and a download, against a local Hub server
 (tools.fake_hub serving the embedded model's GGUF) into a scratch cache: nothing leaves the machine.
+app-prompt-format.png (`--format-only` writes only it) is a chat with the default model copied without its
+chat template: the chat and the Model tab name the fallback format the model's vocabulary picked.
 """
 from __future__ import annotations
 
@@ -210,6 +212,42 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
         window.close()
 
 
+async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """A chat on the default model without its chat template: the fallback named in the chat and the Model tab."""
+    import subprocess
+    from dataclasses import replace
+
+    from app.window.main_window import MainWindow
+    from engine.model.weights import default_model_path
+
+    model = data_dir / "SmolLM2-135M-Instruct-no-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--remove-metadata",
+                    "tokenizer.chat_template", "--force", str(default_model_path()), str(model)],
+                   check=True, capture_output=True)
+    window = MainWindow(data_dir=data_dir, load_request={"path": str(model)})
+    window.show()
+    window.resize(1366, 768)
+    try:
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
+        window.dock("Model").raise_()
+        pane = window.new_chat("No template in the file")
+        pane.session.set_settings(replace(pane.session.settings, max_new_tokens=60, temperature=0.0))
+        pane.prompt.setPlainText("What is the capital of France? Answer in one sentence.")
+        pane.submit()
+        await _until_streamed([pane.session], 10, seconds)
+        while pane.session.running:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)  # let the loop paint
+        path = outdir / "app-prompt-format.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
     parser.add_argument("outdir", type=Path)
@@ -219,6 +257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the longest to let the chats stream before the screenshots are taken")
     parser.add_argument("--lora-only", action="store_true",
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
+    parser.add_argument("--format-only", action="store_true",
+                        help="only app-prompt-format.png: a chat naming its fallback prompt format (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -241,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    saved = [] if args.lora_only or args.format_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         from app.window.event_loop import QtEventLoop
 
@@ -249,15 +289,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
             os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
-            if args.discover:
-                saved += loop.run_until_complete(
-                    _discover(args.outdir, Path(data_dir) / "discover", size, tag, args.theme))
-            if not args.lora_only:
-                saved += loop.run_until_complete(
-                    _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme, tag))
-            if args.lora_only or not args.discover:
-                saved += loop.run_until_complete(
-                    _stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+            if args.format_only:
+                saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
+            else:
+                if args.discover:
+                    saved += loop.run_until_complete(
+                        _discover(args.outdir, Path(data_dir) / "discover", size, tag, args.theme))
+                if not args.lora_only:
+                    saved += loop.run_until_complete(
+                        _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme, tag))
+                if args.lora_only or not args.discover:
+                    saved += loop.run_until_complete(
+                        _stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
     for path in saved:
         print(path)
     return 0

@@ -14,22 +14,65 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.bench.synthetic import SHAPES
+from engine.bench.synthetic import SHAPES as BENCH_SHAPES
 from engine.model.weights import GGUFFile, default_model_path
 from tools.ggml_writers import quantize
 
 
-def copy_default_tokenizer(w, meta: dict | None = None) -> None:
-    """Write the embedded SmolLM2 tokenizer (vocabulary, merges, special ids, chat template) into a GGUFWriter."""
+# A tiny shape (tests: a model that loads in a moment) beside the benchmarks' real ones.
+SHAPES = {**BENCH_SHAPES, "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, rope_theta=10000.0)}
+_CONTROL = 3  # llama.cpp's token type of special (control) tokens
+
+
+EOS_ID = 16  # the last of SmolLM2's 17 special tokens: family vocabularies put their EOS there
+
+
+def family_vocabulary(tokens: list[str], chat_tokens: tuple[str, ...], bos: str | None = None,
+                      eos: str | None = None) -> list[str]:
+    """The default vocabulary dressed as another model family's: its special tokens from id 1 on (ChatML's
+    <|im_start|>, <|im_end|>, then spare ones) renamed to `chat_tokens`, id 0 to `bos` and id EOS_ID to
+    `eos` when given. With no chat_tokens, ChatML's two are renamed to reserved names: a base model's
+    vocabulary, no chat turns at all. The size stays the same, so the weights still fit."""
+    out = list(tokens)
+    renamed = chat_tokens or ("<|reserved_special_0|>", "<|reserved_special_1|>")
+    for i, text in enumerate(renamed, start=1):
+        out[i] = text
+    if bos is not None:
+        out[0] = bos
+    if eos is not None:
+        out[EOS_ID] = eos
+    return out
+
+
+def copy_default_tokenizer(w, meta: dict | None = None, *, chat_template: str | bool = True,
+                           chat_tokens: tuple[str, ...] | None = None, bos: str | None = None,
+                           eos: str | None = None) -> None:
+    """Write the embedded SmolLM2 tokenizer (vocabulary, merges, special ids, chat template) into a GGUFWriter.
+
+    chat_template: True keeps SmolLM2's, False writes none, a string writes that one. chat_tokens: write
+    family_vocabulary(chat_tokens, bos, eos) instead of SmolLM2's own (BOS token 0, EOS token 0 or EOS_ID)."""
     meta = meta or GGUFFile(default_model_path()).metadata
+    tokens = meta["tokenizer.ggml.tokens"]
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
     w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
-    w.add_token_list(meta["tokenizer.ggml.tokens"])
-    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    if chat_tokens is None:
+        w.add_token_list(tokens)
+        w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+        w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    else:
+        w.add_token_list(family_vocabulary(tokens, chat_tokens, bos, eos))
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(0 if eos is None else EOS_ID)
+    types = list(meta["tokenizer.ggml.token_type"])
+    for i in range(1, 1 + len(chat_tokens or ())):
+        types[i] = _CONTROL
+    w.add_token_types(types)
     w.add_token_merges(meta["tokenizer.ggml.merges"])
-    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
-    w.add_chat_template(meta["tokenizer.chat_template"])
+    if chat_template is True:
+        w.add_chat_template(meta["tokenizer.chat_template"])
+    elif chat_template:
+        w.add_chat_template(chat_template)
 
 
 def q4_k_m_type(name: str, n_layers: int) -> str:
@@ -45,17 +88,26 @@ def q4_k_m_type(name: str, n_layers: int) -> str:
 
 
 def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4, quant: str = "Q4_K_M",
-                      seed: int = 0) -> Path:
+                      seed: int = 0, *, arch: str = "llama", chat_template: str | bool = True,
+                      chat_tokens: tuple[str, ...] | None = None, bos: str | None = None, eos: str | None = None,
+                      vocab: int | None = None,
+                      split_max_tensors: int = 0) -> Path:
     """Write a llama-architecture GGUF of `layers` random layers of `shape`, quantized by `quant` (a ggml
-    type name or Q4_K_M); tensors are generated and quantized one at a time."""
+    type name or Q4_K_M); tensors are generated and quantized one at a time.
+
+    arch names general.architecture (the tensors stay llama's); chat_template / chat_tokens / bos / eos as
+    copy_default_tokenizer; vocab: the embedding's rows (default: the vocabulary's size; another number
+    makes a file whose vocabulary and embedding disagree); split_max_tensors > 0 writes a split set
+    (name-00001-of-0000N.gguf ..., llama.cpp's gguf-split layout) and returns its first file."""
     import gguf
 
     s = SHAPES[shape]
     meta = GGUFFile(default_model_path()).metadata
-    vocab = len(meta["tokenizer.ggml.tokens"])
+    vocab = vocab or len(meta["tokenizer.ggml.tokens"])
     h, inter, heads, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
-    w = gguf.GGUFWriter(out, "llama")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(out, arch, split_max_tensors=split_max_tensors)
     w.add_name(f"random {shape} ({layers} layers, {quant})")
     w.add_block_count(layers)
     w.add_context_length(8192)
@@ -71,7 +123,7 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     w.add_vocab_size(vocab)
     if quant == "Q4_K_M":
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    copy_default_tokenizer(w, meta)
+    copy_default_tokenizer(w, meta, chat_template=chat_template, chat_tokens=chat_tokens, bos=bos, eos=eos)
     g = torch.Generator().manual_seed(seed)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output.weight": (vocab, h)}
     for i in range(layers):
@@ -91,6 +143,8 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors and len(w.tensors) > 1:
+        return Path(out).with_name(f"{Path(out).stem}-00001-of-{len(w.tensors):05d}.gguf")
     return Path(out)
 
 
@@ -100,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--quant", default="Q4_K_M", help="Q4_K_M or a ggml type name (Q4_K, Q8_0, ...)")
+    ap.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
+    ap.add_argument("--split-max-tensors", type=int, default=0, help="write a split set, this many tensors a file")
     args = ap.parse_args(argv)
-    path = write_random_gguf(args.out, args.shape, args.layers, args.quant)
+    path = write_random_gguf(args.out, args.shape, args.layers, args.quant, chat_template=not args.no_chat_template,
+                             split_max_tensors=args.split_max_tensors)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return 0
 

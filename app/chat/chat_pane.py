@@ -115,6 +115,8 @@ class ChatPane(QWidget):
         self.state.setStyleSheet("color: gray")
         self.meter = ElidedLabel()
         self.meter.setStyleSheet("color: gray")
+        self.prompt_format = ElidedLabel()  # which prompt format the chat is sent in (template / plain text)
+        self.prompt_format.setStyleSheet("color: gray")
         self.settings_btn = QToolButton(text="Settings…")
         self.regen_btn = QToolButton(text="Regenerate")
         self.stop_btn = QToolButton(text="Stop")
@@ -160,7 +162,8 @@ class ChatPane(QWidget):
         self.error.setStyleSheet("color: #c0392b")
         self.error.hide()
         status = QHBoxLayout()
-        for label, stretch in ((self.state, 1), (self.banner, 3), (self.error, 3), (self.meter, 1)):
+        for label, stretch in ((self.state, 1), (self.banner, 3), (self.error, 3), (self.prompt_format, 1),
+                               (self.meter, 1)):
             status.addWidget(label, stretch)
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
@@ -414,7 +417,9 @@ class ChatPane(QWidget):
             self._set_meter(stats.prompt_tokens + stats.new_tokens, stats.dropped_messages)
 
     def update_meter(self) -> None:
-        """Context meter: tokens this chat's next prompt holds (or the last reply's prompt + reply) / the limit."""
+        """Context meter: tokens this chat's next prompt holds (or the last reply's prompt + reply) / the limit;
+        and the prompt format beside it."""
+        self.update_format()
         replies = [m for m in self.session.messages if m.role == "assistant" and m.stats is not None]
         last = replies[-1].stats if replies else None
         if last is not None and last.prompt_tokens is not None and self.session.messages[-1].role == "assistant":
@@ -422,6 +427,19 @@ class ChatPane(QWidget):
             return
         history = [{"role": m.role, "content": m.content} for m in self.session.messages]
         self._set_meter(self.session.backend.count_tokens(history, self.session.prompt_settings()), 0)  # None: can't count
+
+    def update_format(self) -> None:
+        """Name the prompt format the next reply is sent in (the model's template, a fallback, plain text)."""
+        fmt = self.session.backend.prompt_format()
+        if fmt is None:
+            self.prompt_format.setText("")
+            return
+        self.prompt_format.setText(f"format: {fmt['short']}")
+        tip = f"Prompt format: {fmt['label']}"
+        if fmt["kind"] == "plain":
+            tip += ("\nThe chat is sent as plain text for the model to continue (no chat turns): a base model "
+                    "completes text rather than answering.")
+        self.prompt_format.setToolTip(tip + "\nChange it in the Model tab (Prompt format).")
 
     def _set_meter(self, used: int | None, dropped: int) -> None:
         limit = self.session.backend.context_limit(self.session.settings)

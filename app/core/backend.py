@@ -51,6 +51,10 @@ class Backend(Protocol):
     def adapter_names(self) -> list[str]:
         """LoRA adapters a chat may name in its settings (the loaded ones)."""
 
+    def prompt_format(self) -> dict | None:
+        """The prompt format chats are rendered with ({"label", "short", ...}, see
+        EngineService.chat_format_info); None where unknown (no model, a remote server)."""
+
 
 class BackendSwitch:
     """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
@@ -102,3 +106,6 @@ class BackendSwitch:
 
     def adapter_names(self) -> list[str]:
         return self.current.adapter_names()
+
+    def prompt_format(self) -> dict | None:
+        return self.current.prompt_format()

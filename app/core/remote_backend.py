@@ -197,6 +197,10 @@ class RemoteBackend:
         """Unknown: the server's tokenizer and chat template are not here (the usage event counts the prompt)."""
         return None
 
+    def prompt_format(self) -> None:
+        """Unknown here: the server renders chats with its own rule."""
+        return None
+
     async def wait_loaded(self) -> None:
         if self.model is None:
             await self.connect()

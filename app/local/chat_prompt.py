@@ -44,7 +44,7 @@ class ChatPrompt:
 
     def __init__(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
-        self.template = tokenizer.chat_template
+        self.template = tokenizer.chat_format
         self.history = [dict(m) for m in history]
         self.system_prompt = settings.system_prompt
         self.thinking = settings.thinking
@@ -57,7 +57,7 @@ class ChatPrompt:
         """The ids of `history`'s prompt when it is this history or its tail (else None): cut from this
         prompt's ids where that is exact (see the module docstring), otherwise encoded."""
         start = len(self.history) - len(history)
-        if (start < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_template != self.template
+        if (start < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_format != self.template
                 or self.history[start:] != history or (tools or None) != self.tools or settings.thinking != self.thinking):
             return None
         if start == 0:

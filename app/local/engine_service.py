@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -79,6 +79,7 @@ class EngineService(QObject):
     loras_pending = Signal(bool)
     lora_failed = Signal(str)
     models_changed = Signal(object)  # models(): every loaded model, the main one first
+    chat_format_changed = Signal(object)  # the running model's prompt format (see chat_format_info)
 
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
@@ -95,6 +96,10 @@ class EngineService(QObject):
         self.beside: dict[str, ModelSlot] = {}  # models loaded beside the main one (compare mode), by path
         self.metrics_model: str | None = None  # whose metrics the dashboard gets (None: the main model)
         self._loading_beside = False
+        # model path (None: the default) -> the prompt format chosen for it ("auto": engine's rule); the
+        # window points it at the preferences, so a model loads with the format last chosen for it
+        self.chat_format_for: Callable[[str | None], str] | None = None
+        self._format_problem: str | None = None  # why the remembered choice could not be used
         self._timer = QTimer(self)
         self._timer.setInterval(metrics_interval_ms)
         self._timer.timeout.connect(self._push_metrics)
@@ -146,6 +151,7 @@ class EngineService(QObject):
 
             t0 = time.perf_counter()
             model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress, stage)
+            self._format_problem = self._choose_format(tokenizer, req.path)
             import engine
 
             options: dict[str, Any] = {}
@@ -207,9 +213,46 @@ class EngineService(QObject):
             draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
         return model, tokenizer, cache, draft
 
+    def _choose_format(self, tokenizer, path: str | None) -> str | None:
+        """Apply the prompt format remembered for this model; a choice that no longer works (a custom file
+        gone) falls back to the automatic rule, and the reason is returned to be shown."""
+        choice = self.chat_format_for(path) if self.chat_format_for is not None else "auto"
+        try:
+            tokenizer.set_chat_format(choice)
+        except ValueError as exc:
+            tokenizer.set_chat_format("auto")
+            return f"the prompt format chosen for this model is unusable ({exc}); using the automatic one"
+        return None
+
+    def chat_format_info(self) -> dict | None:
+        """The running model's prompt format: label (one line naming it), short (a few words), choice
+        (what was asked for), kind (model / fallback / plain / custom), problem (or None); None before a load."""
+        if self.tokenizer is None:
+            return None
+        f = self.tokenizer.chat_format
+        return {"label": f.label, "short": f.short, "choice": f.choice, "kind": f.kind, "problem": self._format_problem}
+
+    def prompt_format(self) -> dict | None:  # Backend
+        return self.chat_format_info()
+
+    def set_chat_format(self, choice: str) -> dict:
+        """Use another prompt format for the running model from the next reply on (ValueError: unknown or
+        unreadable, the old one kept); chat_format_changed tells the panes."""
+        if self.tokenizer is None:
+            raise RuntimeError("no model is loaded yet")
+        self.tokenizer.set_chat_format(choice)
+        self._format_problem = None
+        self._prompt = None  # encoded with the old format
+        info = self.chat_format_info()
+        if self.info is not None:
+            self.info["chat_format"] = info["label"]
+        self.chat_format_changed.emit(info)
+        return info
+
     def _info(self, req: LoadRequest, seconds: float) -> dict:
         m = self.model
         return {
+            "chat_format": self.tokenizer.chat_format.label,
             "name": m.name,
             "path": str(m.path) if m.path is not None else None,
             "params": m.num_parameters(),

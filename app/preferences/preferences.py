@@ -1,4 +1,5 @@
-"""App-wide preferences (theme, font size, what new chats start with, user presets) in one QSettings file.
+"""App-wide preferences (theme, font size, what new chats start with, user presets, each model's prompt
+format) in one QSettings file.
 
 One INI file, never the platform registry, so its location is a path: PAGEDECK_SETTINGS when set (tests
 point it into a temporary folder so they never touch a user's settings), else pagedeck.ini in the user
@@ -144,3 +145,34 @@ class Preferences:
             raise KeyError(f"no user preset named {name!r}")
         del presets[name]
         self._set("presets/user", json.dumps(presets))
+
+    # --- prompt formats ------------------------------------------------------------------------
+
+    def chat_templates(self) -> dict[str, str]:
+        """Model -> the prompt format chosen for it (engine.check_chat_format's choices); models not listed
+        follow the automatic rule."""
+        try:
+            chosen = json.loads(self._get("models/chat_templates", "{}", str))
+        except json.JSONDecodeError:
+            return {}
+        return {k: v for k, v in chosen.items() if isinstance(k, str) and isinstance(v, str)} \
+            if isinstance(chosen, dict) else {}
+
+    def chat_template_for(self, model: str | None) -> str:
+        """The prompt format chosen for a model (its path; None: the embedded default), "auto" if none was."""
+        return self.chat_templates().get(model_key(model), "auto")
+
+    def set_chat_template_for(self, model: str | None, choice: str) -> None:
+        """Remember a model's prompt format ("auto" forgets the choice)."""
+        if not isinstance(choice, str) or not choice:
+            raise ValueError(f"a prompt format choice is a non-empty string, got {choice!r}")
+        chosen = self.chat_templates()
+        chosen.pop(model_key(model), None)
+        if choice != "auto":
+            chosen[model_key(model)] = choice
+        self._set("models/chat_templates", json.dumps(chosen))
+
+
+def model_key(model: str | None) -> str:
+    """How a model is named in the preferences: its resolved path, or "default" for the embedded model."""
+    return str(Path(model).expanduser().resolve()) if model else "default"

@@ -34,6 +34,7 @@ from app.panels.lora_panel import LoraPanel
 from app.panels.mcp_dialog import McpServersDialog
 from app.panels.model_browser import ModelBrowser
 from app.panels.model_panel import ModelPanel
+from app.panels.prompt_format import PromptFormatBox
 from app.panels.server_panel import LocalServer, ServerPanel
 from app.preferences.preferences import Preferences
 from app.preferences.preferences_dialog import PreferencesDialog
@@ -66,6 +67,7 @@ class MainWindow(QMainWindow):
         self.loader = ModelLoader(self.service, self.status, self.state, load_request or {}, self)
 
         self.prefs = Preferences()
+        self.service.chat_format_for = self.prefs.chat_template_for  # each model loads with its chosen format
         self.theme = Theme(self.prefs, self)
         self.theme.apply()
         self.chat_list = ChatList(self.store)
@@ -113,6 +115,11 @@ class MainWindow(QMainWindow):
         s.load_stage.connect(p.show_stage)
         s.loaded.connect(p.set_loaded)
         s.load_failed.connect(p.show_error)
+        self.prompt_format = PromptFormatBox()
+        p.add_section(self.prompt_format)
+        s.loaded.connect(lambda _info: self._format_changed(s.chat_format_info()))
+        s.chat_format_changed.connect(self._format_changed)
+        self.prompt_format.chosen.connect(self.choose_format)
         model_dock = self._dock("Model", p, Qt.DockWidgetArea.RightDockWidgetArea)
         self.lora_panel = p = LoraPanel()
         p.apply_requested.connect(lambda pairs: spawn(s.apply_loras(list(pairs)), error))
@@ -166,6 +173,20 @@ class MainWindow(QMainWindow):
             return
         for pane in self.chats.panes.values():  # code colours are picked per theme when a transcript is built
             pane.rebuild()
+
+    def choose_format(self, choice: str) -> None:
+        """Send the running model's chats in another prompt format, and remember it for that model."""
+        try:
+            self.service.set_chat_format(choice)
+        except (ValueError, RuntimeError) as exc:
+            self.prompt_format.show_error(str(exc))
+            return
+        self.prefs.set_chat_template_for((self.service.request or {}).get("path"), choice)
+
+    def _format_changed(self, info: dict | None) -> None:
+        self.prompt_format.show_format(info)
+        for pane in self.chats.panes.values():
+            pane.update_format()
 
     def _loras_active(self, names: list[str]) -> None:
         """The LoRA panel shows (label and ticks) the set the engine runs for the chats, e.g. after a reload."""

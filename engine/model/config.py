@@ -281,6 +281,7 @@ def _gguf_fields(arch: str, name: str, meta: dict, reader: Any) -> dict:
     rope_dim = int(get("rope.dimension_count", head_dim))
     tensors = _gguf_tensor_names(reader)
     vocab = get("vocab_size", None) or len(meta.get("tokenizer.ggml.tokens", ())) or _gguf_embedding_rows(reader)
+    _check_vocabulary(meta, reader, tensors)
     gemma = arch in _GEMMAS
     sliding = get("attention.sliding_window", None) or None
     scaling = rope.gguf_rope(meta, name, lambda n: _gguf_small_tensor(reader, n))
@@ -365,6 +366,18 @@ def _gguf_metadata(reader: Any) -> dict:
 
 def _gguf_tensor_names(reader: Any) -> set[str]:
     return {t.name for t in reader.tensors}
+
+
+def _check_vocabulary(meta: dict, reader: Any, tensors: set[str]) -> None:
+    """llama.cpp sizes a model by its token list and refuses a token embedding of any other size: so do we
+    (a token past the embedding's rows would fail mid-chat, a shorter list leaves rows no text reaches)."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None or "token_embd.weight" not in tensors:
+        return
+    rows = _gguf_embedding_rows(reader)
+    if len(tokens) != rows:
+        raise ValueError(f"vocabulary and embedding disagree: the vocabulary has {len(tokens):,} tokens, the token "
+                         f"embedding (token_embd.weight) {rows:,} rows; the file is broken (llama.cpp refuses it too)")
 
 
 def _gguf_embedding_rows(reader: Any) -> int:

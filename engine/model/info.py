@@ -81,6 +81,7 @@ def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
         info.problem = str(e)
         return info
     meta = gf.metadata
+    info.file_bytes = sum(p.stat().st_size for p in gf.parts)  # a split set: all its files
     info.arch = meta.get("general.architecture")
     info.name = str(meta.get("general.name") or path.stem)
     info.tensors = [TensorEntry(t.name, t.shape, t.tensor_type.name, t.nbytes) for t in gf.tensors]
@@ -92,10 +93,7 @@ def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
         info.problem = str(e)
         return info
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
-    if int(meta.get("split.count", 1) or 1) > 1:
-        info.problem = (f"it is split across {meta['split.count']} files; merge them into one "
-                        "(llama.cpp's llama-gguf-split --merge)")
-    elif kind not in tokenizer_gguf.TOKENIZER_MODELS:
+    if kind not in tokenizer_gguf.TOKENIZER_MODELS:
         info.problem = f"its tokenizer ({kind!r}) is not supported"
     elif kind == "gpt2" and pre not in tokenizer_gguf.PRE_SPLITS:
         info.problem = f"its pre-tokenizer ({pre!r}) is not supported"

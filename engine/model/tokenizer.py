@@ -20,10 +20,7 @@ from tokenizers import Tokenizer as HFTokenizer
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>",
                       "<end_of_turn>", "</s>")
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from .chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's printable stand-in character for each byte (byte-level BPE's alphabet)."""
@@ -47,7 +44,7 @@ class Tokenizer:
 
     def __init__(self, tokenizer: HFTokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
                  chat_template: str | None = None, add_bos: bool = False, eos_token_ids: Iterable[int] = (),
-                 source: str = ""):
+                 source: str = "", arch: str | None = None):
         self._tok = tokenizer
         # A second instance that treats special-token text as plain text (tokenizers' flag is per instance,
         # and flipping it on a shared one would race between threads).
@@ -67,6 +64,9 @@ class Tokenizer:
         self.stop_token_ids: set[int] = stops
         self._chat_template = chat_template
         self._template = None
+        self.arch = arch  # the model's architecture: picks the fallback chat format where the vocabulary is ambiguous
+        self._format_choice = AUTO
+        self._format: ChatFormat | None = None
         self._byte_level = _is_byte_level(tokenizer)
         self.special_token_ids: set[int] = {
             i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -114,7 +114,7 @@ class Tokenizer:
             eos_ids += eos if isinstance(eos, list) else [eos] if eos is not None else []
         return cls(tok, bos_token=_token_text(tcfg.get("bos_token")), eos_token=_token_text(tcfg.get("eos_token")),
                    chat_template=template, add_bos=bool(tcfg.get("add_bos_token", False)),
-                   eos_token_ids=eos_ids, source=str(folder))
+                   eos_token_ids=eos_ids, source=str(folder), arch=_read_json(folder / "config.json").get("model_type"))
 
     @classmethod
     def _from_gguf(cls, path: Path) -> Tokenizer:
@@ -132,7 +132,7 @@ class Tokenizer:
         return cls(tok, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
                    chat_template=meta.get("tokenizer.chat_template"), add_bos=tokenizer_gguf.default_add_bos(meta),
                    eos_token_ids=[meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else (),
-                   source=str(path))
+                   source=str(path), arch=meta.get("general.architecture"))
 
     def save(self, folder: str | Path) -> None:
         """Write tokenizer.json + tokenizer_config.json (readable by Tokenizer.load and transformers)."""
@@ -205,17 +205,35 @@ class Tokenizer:
     # ------------------------------------------------------------------ chat
     @property
     def chat_template(self) -> str | None:
-        """The model's jinja2 chat template (None: ChatML is used). Settable, e.g. to override a bad one."""
+        """The model's own jinja2 chat template (None: it has none; see chat_format). Settable, e.g. to
+        replace a bad one."""
         return self._chat_template
 
     @chat_template.setter
     def chat_template(self, template: str | None) -> None:
-        self._chat_template, self._template = template, None
+        self._chat_template, self._template, self._format = template, None, None
+
+    @property
+    def chat_format(self) -> ChatFormat:
+        """The prompt format chats are rendered with, decided by engine.model.chat_format's rule (or the
+        override set_chat_format chose), naming itself in .label."""
+        if self._format is None:
+            self._format = decide(self._chat_template, lambda t: self._tok.token_to_id(t) is not None, self.arch,
+                                  self._format_choice, self.add_bos)
+        return self._format
+
+    def set_chat_format(self, choice: str = AUTO) -> ChatFormat:
+        """Override the rule: "auto", "model", a family key ("chatml", "llama3", ...), "plain" or a Jinja
+        file's path; ValueError (the old format kept) when the choice is unknown or the file unreadable."""
+        fmt = decide(self._chat_template, lambda t: self._tok.token_to_id(t) is not None, self.arch, choice,
+                     self.add_bos)
+        self._format_choice, self._format, self._template = choice, fmt, None
+        return fmt
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """Render messages with the model's template (ChatML when it has none) in a sandboxed jinja2."""
+        """Render messages with the chat format's template (chat_format) in a sandboxed jinja2."""
         if self._template is None:
-            self._template = _compile_template(self.chat_template or CHATML_TEMPLATE)
+            self._template = _compile_template(self.chat_format.template)
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
 

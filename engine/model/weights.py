@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.contract import check_model_path, is_gguf
 from engine.model.ggml_blocks import dequantizable, dequantize
-from engine.model import repack
+from engine.model import gguf_split, repack
 from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
 
@@ -266,7 +266,7 @@ class GGUFFile:
 
     _SKIP_OVER = 64
 
-    def __init__(self, path: str | Path, header_only: bool = False):
+    def __init__(self, path: str | Path, header_only: bool = False, _part: bool = False):
         self.path = Path(path)
         self.header_only = header_only
         try:
@@ -274,14 +274,22 @@ class GGUFFile:
                 # copy-on-write map: writable for torch.frombuffer, never writes to the file
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         except (OSError, ValueError) as e:
+            if self.path.is_file() and self.path.stat().st_size == 0:
+                raise ValueError(f"{self.path} is empty (0 bytes): not a GGUF file") from None
             raise ValueError(f"Cannot open GGUF file {self.path}: {e}") from None
         try:
             self._parse()
         except (struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as e:
             raise ValueError(f"{self.path} is not a valid GGUF file (corrupt or truncated header: {e})") from None
+        self._maps = {}  # tensor name -> the map of the split part holding it (absent: this file's)
+        self.parts = [self.path]
+        if not _part:  # a split set's first file: its other parts' tensors join this file's
+            gguf_split.join_parts(self)
 
     def _parse(self) -> None:
         buf = self._map
+        if len(buf) < 24:
+            raise ValueError(f"{self.path} is not a GGUF file: only {len(buf)} bytes")
         if buf[:4] != b"GGUF":
             raise ValueError(f"{self.path} is not a GGUF file (bad magic {bytes(buf[:4])!r})")
         version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
@@ -371,7 +379,7 @@ class GGUFFile:
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""
         t = self._by_name[name]
-        data = torch.frombuffer(self._map, dtype=torch.uint8, count=t.nbytes, offset=t.offset)
+        data = torch.frombuffer(self._maps.get(name, self._map), dtype=torch.uint8, count=t.nbytes, offset=t.offset)
         if len(t.shape) == 1:  # one row per element (biases), so row permutations work on vectors too
             return data.view(t.shape[0] // GGML_QUANT_SIZES[t.tensor_type][0], -1)
         return data.view(int(np.prod(t.shape[:-1])), -1)

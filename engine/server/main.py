@@ -24,6 +24,9 @@ def add_serve_parser(sub, weight_formats) -> None:
                    help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")
     s.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS, metavar="N",
                    help=f"K/V cache size in tokens, shared by all requests (default {DEFAULT_CACHE_TOKENS})")
+    s.add_argument("--chat-template", metavar="NAME|FILE", default="auto",
+                   help="prompt format: auto (the model's own template, else its family's, else plain completion), "
+                        "model, chatml, llama3, gemma, phi3, mistral, plain, or a Jinja file")
     s.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the file name)")
     s.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="a PEFT adapter served as model NAME (repeatable)")
@@ -54,18 +57,21 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
     from ..cache.paged_cache import PagedCache
     from ..model.model import Model
     from ..model.tokenizer import Tokenizer
+    from ..model.chat_format import check_chat_format
     from .app import OpenAIServer
     from .served import ServedModel
 
     if args.cache_tokens < PAGE_SIZE:
         raise ValueError(f"--cache-tokens must be at least one page ({PAGE_SIZE})")
     loras = parse_loras(args.lora)
+    check_chat_format(args.chat_template)  # a bad name or a missing file fails before the model loads
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
+    chat_format = tokenizer.set_chat_format(args.chat_template)
     cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)
     generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
     try:
@@ -76,6 +82,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
         url = await server.start(args.host, args.port)
         print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"
+              + f" · prompt format: {chat_format.label}"
               + (" · API key required" if args.api_key else ""), file=sys.stderr, flush=True)
         if ready is not None:
             ready(url)

@@ -55,6 +55,9 @@ class ServedModel:
         """/v1/models data: the base model, then each adapter with its base as parent (as vLLM lists them)."""
         base = {"id": self.name, "object": "model", "created": self.created, "owned_by": "pagedeck",
                 "root": self.name, "parent": None, "max_model_len": self.max_seq_len}
+        chat_format = getattr(self.tokenizer, "chat_format", None)
+        if chat_format is not None:  # which prompt format chat requests are rendered with (engine.model.chat_format)
+            base["prompt_format"] = chat_format.label
         out = [base]
         for name, folder in self.adapters.items():
             out.append({"id": name, "object": "model", "created": self.created, "owned_by": "pagedeck",

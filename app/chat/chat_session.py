@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, Signal
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
+from app.core.store_errors import StoreWriteError
 
 log = logging.getLogger(__name__)
 
@@ -309,6 +310,8 @@ class ChatSession(QObject):
             self.store.update_reply(reply.id, reply.content, reply.stats)
         except KeyError:  # the chat was deleted while this reply ran
             pass
+        except StoreWriteError:  # the disk refused it: the window says so; the reply is still on screen
+            log.warning("reply %s not saved", reply.id, exc_info=True)
         self._reply = self._tracker = None
         self._set_activity("")
         self.reply_finished.emit(reply.id)
@@ -326,4 +329,6 @@ class ChatSession(QObject):
             try:
                 self.store.update_reply(self._reply.id, self._tracker.text, self._tracker.stats)
             except KeyError:  # deleted meanwhile; the task is being cancelled
+                pass
+            except StoreWriteError:  # the disk refused it (full): told in the window, retried at the next save
                 pass

@@ -72,8 +72,11 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         prompt, ids = _prompt(body.get("prompt"), tok)
         stop_tokens = [tok.eos_token_id] if tok.eos_token_id is not None else []
         _optional_is(body, "suffix", None, "suffix is not supported (no fill-in-the-middle)")
-        if body.get("best_of") not in (None, 1):
+        best_of = body.get("best_of")
+        if best_of is not None and (_not_int(best_of) or best_of != 1):
             raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise bad_request("user must be a string (an end-user id)", "user")
     n = body.get("n")
     if n is not None and (_not_int(n) or n != 1):
         raise bad_request(f"n must be 1 (this server returns one choice per request), got {n!r}", "n")
@@ -125,6 +128,8 @@ def _messages(messages: Any) -> list[dict]:
         extra = set(m) - {"role", "content", "name"}
         if extra:
             raise bad_request(f"{where} has unsupported fields: {', '.join(sorted(extra))}", where)
+        if "name" in m and not isinstance(m["name"], str):
+            raise bad_request(f"{where}.name must be a string", f"{where}.name")
         out.append({"role": ROLES[role], "content": _content(m.get("content"), where)})
     return out
 

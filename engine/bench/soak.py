@@ -63,7 +63,6 @@ class Clients:
     def __init__(self, url: str, model: dict, tally: Tally, rng: random.Random, adapter: bool):
         self.url, self.model, self.max_len = url, model["id"], model.get("max_model_len", 2048)
         self.tally, self.rng, self.adapter = tally, rng, adapter
-        self.adapter_loaded = False
 
     def _prompt(self, long: bool) -> str:
         most = min(600, self.max_len // 4)  # long: up to ~1.5 tokens a word, room left for the reply
@@ -154,11 +153,18 @@ class Clients:
         while time.monotonic() < deadline - period:
             for path, body in (("/v1/load_lora_adapter", {"lora_name": ADAPTER, "lora_path": str(folder)}),
                                ("/v1/unload_lora_adapter", {"lora_name": ADAPTER})):
-                async with http.post(self.url + path, json=body) as resp:
-                    if resp.status != 200:
-                        self.tally.unexpected.append(f"{path}: {resp.status}: {(await resp.text())[:300]}")
-                        return
-                self.adapter_loaded = path.startswith("/v1/load")
+                while True:
+                    async with http.post(self.url + path, json=body) as resp:
+                        text = await resp.text()
+                    # An unloaded adapter's name stays taken until the requests running with it finish.
+                    if resp.status == 400 and "already been loaded" in text and time.monotonic() < deadline:
+                        self.tally.ask("400 load while the unload waits for its requests")
+                        await asyncio.sleep(1.0)
+                        continue
+                    break
+                if resp.status != 200:
+                    self.tally.unexpected.append(f"{path}: {resp.status}: {text[:300]}")
+                    return
                 await asyncio.sleep(period / 2)
             self.tally.adapter_cycles += 1
 
@@ -204,10 +210,10 @@ async def soak(url: str, pid: int, args: argparse.Namespace, log=print) -> dict:
                 break
             await asyncio.sleep(0.2)
         healthy = (await http.get(url + "/health")).status == 200
-    warm = samples[min(len(samples) - 1, max(1, round(len(samples) * args.warmup)))]
-    grown_requests = samples[-1][1] - warm[1]
-    leak = (samples[-1][2] - warm[2]) / grown_requests * 1000 if grown_requests > 0 else 0.0
-    judged = grown_requests >= args.leak_min_requests
+    after = samples[min(len(samples) - 1, max(1, round(len(samples) * args.warmup))):]
+    grown_requests = after[-1][1] - after[0][1]
+    leak = growth_per_1000(after)
+    judged = grown_requests >= args.leak_min_requests and len(after) >= 3
     ttft = sorted(tally.ttft)
     report = {
         "clients": args.clients, "duration_s": args.duration, "requests": tally.requests, "served": tally.served,
@@ -221,6 +227,16 @@ async def soak(url: str, pid: int, args: argparse.Namespace, log=print) -> dict:
     report["ok"] = (not tally.unexpected and referenced == 0 and healthy and tally.served > 0
                     and (not judged or leak <= args.leak_mb))
     return report
+
+
+def growth_per_1000(samples: list[tuple[float, int, float]]) -> float:
+    """RSS growth in MB per 1000 requests: the least-squares slope of RSS over requests served so far (a
+    two-point difference would judge the allocator's ups and downs, not a trend)."""
+    xs, ys = [s[1] for s in samples], [s[2] for s in samples]
+    if len(xs) < 2 or max(xs) == min(xs):
+        return 0.0
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs) * 1000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -65,7 +65,7 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
     model = body.get("model") or served.name
     tok = served.tokenizer
     if kind == "chat":
-        prompt = tok_template(tok, _messages(body.get("messages")))
+        prompt = _unicode(tok_template(tok, _messages(body.get("messages"))), "messages")
         ids = tok.encode(prompt, encode_special_tokens=True)
         stop_tokens = sorted(tok.stop_token_ids)
     else:
@@ -93,6 +93,8 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
         raise bad_request("stop must be a non-empty string or a list of non-empty strings", "stop")
+    for s in stop or []:
+        _unicode(s, "stop")
     stream = _bool_field(body, "stream", False)
     options = body.get("stream_options")
     if options is not None:
@@ -122,7 +124,7 @@ def _messages(messages: Any) -> list[dict]:
         if not isinstance(m, dict):
             raise bad_request(f"{where} must be an object with role and content", where)
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"{where}.role {role!r} is not supported (use system, developer, user or assistant)",
                               f"{where}.role")
         extra = set(m) - {"role", "content", "name"}
@@ -169,7 +171,17 @@ def _prompt(prompt: Any, tok: Any) -> tuple[str, torch.Tensor]:
                           "requests)", "prompt")
     if not isinstance(prompt, str):
         raise bad_request("prompt must be a string", "prompt")
-    return prompt, tok.encode(prompt, add_bos=tok.add_bos)
+    return prompt, tok.encode(_unicode(prompt, "prompt"), add_bos=tok.add_bos)
+
+
+def _unicode(text: str, param: str) -> str:
+    """JSON's \\ud800-style escapes decode to lone surrogates, which no tokenizer (nor UTF-8) can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"{param} contains a lone surrogate ({text[exc.start]!r} at {exc.start}): not valid "
+                          f"Unicode text", param) from None
+    return text
 
 
 def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int) -> int:

@@ -142,16 +142,22 @@ def test_the_app_itself_refuses_to_start_on_a_folder_in_use(tmp_path):
 def test_a_database_locked_by_another_program_is_refused_not_touched(tmp_path):
     path = history_with_a_chat(tmp_path)
     other = sqlite3.connect(path, isolation_level=None)
+    other.execute("PRAGMA locking_mode=EXCLUSIVE")  # after its first write it keeps the file to itself
     other.execute("BEGIN EXCLUSIVE")
     other.execute("UPDATE chats SET title='theirs'")
+    other.execute("COMMIT")
     try:
         with pytest.raises(HistoryUnavailable, match="locked by another program"):
             open_history(tmp_path)
         InstanceLock(tmp_path).acquire().release()  # the refused open let go of the folder
     finally:
-        other.execute("ROLLBACK")
         other.close()
     assert not list(tmp_path.glob("*.damaged-*"))
+    opened = open_history(tmp_path)  # once the other program let go: its commit is there
+    try:
+        assert [c.title for c in opened.store.chats()] == ["theirs"]
+    finally:
+        close(opened)
 
 
 def test_a_full_database_refuses_the_write_says_so_and_keeps_every_earlier_commit(tmp_path):

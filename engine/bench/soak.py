@@ -40,6 +40,7 @@ class Tally:
     unexpected: list[str] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     adapter_cycles: int = 0
+    load_retries: int = 0  # loads refused while the last unload still waited for its requests
 
     def ask(self, kind: str) -> None:
         self.asked[kind] = self.asked.get(kind, 0) + 1
@@ -157,8 +158,10 @@ class Clients:
                     async with http.post(self.url + path, json=body) as resp:
                         text = await resp.text()
                     # An unloaded adapter's name stays taken until the requests running with it finish.
-                    if resp.status == 400 and "already been loaded" in text and time.monotonic() < deadline:
-                        self.tally.ask("400 load while the unload waits for its requests")
+                    if resp.status == 400 and "already been loaded" in text:
+                        if time.monotonic() > deadline:
+                            return
+                        self.tally.load_retries += 1  # not a client request: not counted as one
                         await asyncio.sleep(1.0)
                         continue
                     break
@@ -221,6 +224,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace, log=print) -> dict:
         "ttft_p50_ms": round(statistics.median(ttft) * 1000, 1) if ttft else None,
         "ttft_p99_ms": round(ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))] * 1000, 1) if ttft else None,
         "rss_mb": [(round(s), n, round(m, 1)) for s, n, m in samples], "adapter_cycles": tally.adapter_cycles,
+        "adapter_load_retries": tally.load_retries,
         "rss_growth_mb_per_1000_after_warmup": round(leak, 2), "leak_judged": judged,
         "pages_referenced_at_end": referenced, "healthy_at_end": healthy,
     }
@@ -255,6 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="PEFT adapter loaded/unloaded during the run (default: resources/loras/pirate with the "
                          "default model, none otherwise); 'none' for no churn")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--weights", default=None, help="the server's --weights (default: its own default, auto)")
     ap.add_argument("--cache-tokens", type=int, default=32768)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the report as one JSON object on the last line")
@@ -272,6 +277,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen, str, list[
     cmd = [sys.executable, "-m", "engine", "serve", "--port", "0", "--cache-tokens", str(args.cache_tokens)]
     cmd += ["--model", str(args.model)] if args.model else []
     cmd += ["--threads", str(args.threads)] if args.threads else []
+    cmd += ["--weights", args.weights] if args.weights else []
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lines: list[str] = []

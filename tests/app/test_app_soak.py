@@ -81,7 +81,8 @@ async def session(window, remote_url: str, replies: int) -> dict:
         p.session.set_settings(settings)
     probe = StallProbe()
     samples, warm_at = [], max(8, replies // 4)
-    reload_at = {replies // 2} | set(range(150, replies, 150))
+    # A reload before warm-up (its one-time cost is not judged) and more after it (each must cost nothing more)
+    reload_at = {warm_at // 2, replies * 3 // 4} | set(range(150, replies, 150))
     for i in range(replies):
         pane = panes[i % 8]
         if i % 5 == 0:  # tiles of 2-4 and tabs, taking turns, the current chat changing
@@ -139,6 +140,8 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
     warm, end = samples[0], samples[-1]
     per_1000 = (end[1] - warm[1]) / max(1, end[0] - warm[0]) * 1000
     assert end[2] <= warm[2] + 20, f"Qt objects grew from {warm[2]} to {end[2]}"
-    assert per_1000 <= (20 if FULL else 200), f"RSS grew {per_1000:.1f} MB per 1000 replies after warm-up"
-    if FULL:
+    if FULL:  # a slow leak shows only over hundreds of replies
+        assert per_1000 <= 20, f"RSS grew {per_1000:.1f} MB per 1000 replies after warm-up"
         assert result["stall_p99_ms"] < FRAME_MS, result
+    else:  # a gross one at once: a reload that kept the old model (~0.5-1 GB) or a transcript per reply
+        assert end[1] - warm[1] <= 150, f"RSS grew {end[1] - warm[1]:.0f} MB in {end[0] - warm[0]} replies"

@@ -98,7 +98,7 @@ def apply_repetition_penalties(
     vals = logits[uniq].astype(np.float64)
     if repetition != 1.0:
         rep = 1.0 + w_last * (repetition - 1.0)
-        with np.errstate(over="ignore", divide="ignore"):  # extreme penalties saturate to +-inf (the sampler's case)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # both branches run; extremes saturate
             vals = np.where(vals > 0.0, vals / rep, vals * rep)
     if presence != 0.0:
         vals -= presence * w_last

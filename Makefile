@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers peers clean
+.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers peers soak soak-app clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +73,15 @@ peers: $(VENV)/.peers
 bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --weights packed --threads 2 --peer llama.cpp --repeats 3
 	$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3
+
+# The long, rough server run: 64 clients for 10 minutes on the default model (engine.bench.soak; exits 1 on an
+# error it did not ask for, a leak or pages left referenced).
+soak: $(STAMP)
+	$(BIN)/python -m engine soak --clients 64 --duration 600
+
+# The app for hours: 500 replies across 8 chats (tests/app/test_app_soak.py): memory and Qt objects flat, stall p99 < 1 frame.
+soak-app: $(STAMP)
+	PAGEDECK_SOAK_REPLIES=500 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/app/test_app_soak.py
 
 clean:
 	rm -rf $(VENV) .vllm build dist *.egg-info

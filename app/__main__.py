@@ -37,10 +37,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> int:
+    from app.core.instance_lock import AlreadyRunning
+    from app.core.store_open import HistoryUnavailable
     from app.window.main_window import MainWindow
 
-    window = MainWindow(data_dir=args.data_dir,
-                        load_request={"path": str(args.model) if args.model else None, "cache_tokens": args.cache_tokens})
+    try:
+        window = MainWindow(data_dir=args.data_dir, load_request={"path": str(args.model) if args.model else None,
+                                                                  "cache_tokens": args.cache_tokens})
+    except (AlreadyRunning, HistoryUnavailable) as exc:  # refused before anything was written
+        refuse(str(exc))
+        return 1
     closed = asyncio.Event()
     window.closing.connect(closed.set)
     window.show()
@@ -50,6 +56,16 @@ async def run(args: argparse.Namespace) -> int:
         restoring.cancel()
     await window.shutdown()
     return 0
+
+
+def refuse(message: str) -> None:
+    """Say why this instance won't start: on stderr, and in a dialog where there is a screen to show it."""
+    print(f"pagedeck: {message}", file=sys.stderr, flush=True)
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtWidgets import QMessageBox
+
+    if QGuiApplication.platformName() not in ("offscreen", "minimal"):
+        QMessageBox.critical(None, "pagedeck", message)
 
 
 def desktop_command(install: bool) -> int:

@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.
     sub.add_parser("bench-spec", add_help=False,
                    help="speculative decoding (n-gram) speed-up by batch size; see `bench-spec --help`")
+    sub.add_parser("soak", add_help=False,
+                   help="a long, rough run of many clients against `serve` (RSS, errors, TTFT); see `soak --help`")
     sub.add_parser("bench-load", add_help=False,
                    help="load memory (peak, after) vs the file size and batch-1 decode vs the roofline, for big "
                         "files; see `bench-load --help`")
@@ -116,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .bench.speculative import main as bench_spec_main
 
         return _guarded(lambda: bench_spec_main(argv[1:]))
+    if argv[:1] == ["soak"]:
+        from .bench.soak import main as soak_main
+
+        return _guarded(lambda: soak_main(argv[1:]))
     if argv[:1] == ["bench-load"]:
         from .bench.load import main as bench_load_main
 

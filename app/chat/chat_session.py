@@ -33,6 +33,7 @@ from app.core.documents import DocumentError, PinnedDocument, PinnedDocuments, r
 from app.core.message_queue import MessageQueue, QueuedMessage
 from app.core.reply_trace import ReplyTrace, ToolCallRecord
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
+from app.core.store_errors import StoreWriteError
 
 log = logging.getLogger(__name__)
 
@@ -497,6 +498,8 @@ class ChatSession(QObject):
                 self.trace.set_thinking(reply.id, tracker.live.think_tokens, tracker.live.think_s)
         except KeyError:  # the chat was deleted while this reply ran
             pass
+        except StoreWriteError:  # the disk refused it: the window says so; the reply is still on screen
+            log.warning("reply %s not saved", reply.id, exc_info=True)
         self._reply = self._tracker = None
         self._set_activity("")
         self.reply_finished.emit(reply.id)
@@ -518,4 +521,6 @@ class ChatSession(QObject):
             try:
                 self.store.update_reply(self._reply.id, self._tracker.text, self._tracker.stats)
             except KeyError:  # deleted meanwhile; the task is being cancelled
+                pass
+            except StoreWriteError:  # the disk refused it (full): told in the window, retried at the next save
                 pass

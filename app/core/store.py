@@ -22,6 +22,7 @@ from typing import Iterator
 
 import platformdirs
 
+from app.core.store_errors import write_error
 from engine.contract import SamplerSettings, check_lora_pairs
 
 SCHEMA_VERSION = 2  # 1: a flat list of messages per chat (migrated on open)
@@ -255,6 +256,7 @@ class Store:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.write_failed: list = []  # callables taking a StoreWriteError
         self._db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; _tx() groups writes
         self._db.row_factory = sqlite3.Row
         mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -297,13 +299,28 @@ class Store:
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
+        """One transaction; a write the disk refuses (full, read-only) is rolled back, raised as
+        StoreWriteError and told to the `write_failed` listeners (the window shows it)."""
         try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                if self._db.in_transaction:  # SQLite may have rolled back already (SQLITE_FULL)
+                    self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            error = write_error(self.path, exc)
+            for listener in list(self.write_failed):
+                listener(error)
+            raise error from exc
+
+    def integrity(self) -> str:
+        """SQLite's quick_check: "ok", or what is damaged."""
+        return "; ".join(r[0] for r in self._db.execute("PRAGMA quick_check").fetchall())
 
     def _add_adapters_column(self) -> None:
         """Stores written before replies recorded their adapters get the column; their replies read None."""

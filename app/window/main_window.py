@@ -25,6 +25,7 @@ from app.agent.tool_hub import ToolHub
 from app.core.backend import BackendSwitch
 from app.core.export import export_chat
 from app.core.store import Store
+from app.core.store_open import open_history
 from app.core.tasks import spawn
 from app.discover.discover_view import DiscoverView
 from app.local.engine_service import EngineService
@@ -44,6 +45,7 @@ from app.window.chat_area import ChatArea
 from app.window.menus import build_menus
 from app.window.model_loader import ModelLoader
 from app.window.status import StatusLine
+from app.window.store_notice import StoreNotice
 from app.window.window_layout import fit_window, scrolled
 from app.window.window_state import STATE_FILE, WindowState
 from engine.contract import DEFAULT_CACHE_TOKENS
@@ -59,11 +61,17 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("pagedeck")
         self._fitted = False  # the first show fits the window to its screen
         self._restored = False  # a geometry restored from the last session (app.window.window_state) is kept if it fits
-        self.store = store if store is not None else Store.open(data_dir)
+        self.instance_lock, notice = None, None
+        if store is None:  # this process's history: one instance per folder, a damaged file moved aside
+            opened = open_history(data_dir)
+            store, self.instance_lock, notice = opened.store, opened.lock, opened.notice
+        self.store = store
         self.service = service if service is not None else EngineService(self)
         self.backend = BackendSwitch(self.service)  # what the chats talk to: local or a remote server
         self.state = WindowState(state_path if state_path is not None else self.store.path.parent / STATE_FILE)
         self.status = StatusLine(self.statusBar())
+        self.store_notice = StoreNotice(self.store, notice)
+        self.statusBar().insertPermanentWidget(0, self.store_notice, 1)
         self.loader = ModelLoader(self.service, self.status, self.state, load_request or {}, self)
 
         self.prefs = Preferences()
@@ -315,3 +323,5 @@ class MainWindow(QMainWindow):
         await self.service.close()
         await self.tools.close()
         self.store.close()
+        if self.instance_lock is not None:
+            self.instance_lock.release()

@@ -98,7 +98,8 @@ def apply_repetition_penalties(
     vals = logits[uniq].astype(np.float64)
     if repetition != 1.0:
         rep = 1.0 + w_last * (repetition - 1.0)
-        vals = np.where(vals > 0.0, vals / rep, vals * rep)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # both branches run; extremes saturate
+            vals = np.where(vals > 0.0, vals / rep, vals * rep)
     if presence != 0.0:
         vals -= presence * w_last
     if frequency != 0.0:
@@ -107,7 +108,8 @@ def apply_repetition_penalties(
         else:
             w_sum = np.bincount(toks, minlength=vocab)[uniq]
         vals -= frequency * w_sum
-    logits[uniq] = vals.astype(np.float32)
+    with np.errstate(over="ignore"):
+        logits[uniq] = vals.astype(np.float32)
 
 
 def apply_dry(

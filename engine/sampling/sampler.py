@@ -206,6 +206,8 @@ class JobSampler:
             raise ValueError("logits contain NaN")
         if m == -np.inf:
             raise ValueError("every token is masked (-inf): nothing can be sampled")
+        if m == np.inf:  # a penalty or bias overflowed: the +inf tokens alone are candidates, equally likely
+            x = np.where(x == np.inf, np.float32(0.0), np.float32(-np.inf))
         t_first = 1.0 if s.temperature_last else s.temperature
         c = trunc.initial(x, t_first, s.top_k)
         if s.top_p < 1.0 and c.ids.shape[0] > 1:

@@ -58,8 +58,10 @@ class Candidates:
 
 
 def _softmax64(vals: np.ndarray, temperature: float) -> np.ndarray:
-    v = vals.astype(np.float64) / temperature
-    e = np.exp(v - v.max())
+    """Shifted before dividing, so a tiny temperature sends the others to -inf (not inf - inf = NaN)."""
+    v = vals.astype(np.float64)
+    with np.errstate(over="ignore"):
+        e = np.exp((v - v.max()) / temperature)
     return e / e.sum()
 
 
@@ -79,6 +81,9 @@ def _top_k_ids(logits: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(logits, n - k)[n - k:]
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def initial(logits: np.ndarray, temperature: float, top_k: int) -> Candidates:
     """softmax(logits / T) restricted to the top_k largest logits (the whole row when top_k = 0).
 
@@ -96,8 +101,9 @@ def initial(logits: np.ndarray, temperature: float, top_k: int) -> Candidates:
         idx, vals = idx[order].astype(np.int64), vals[order]
         return Candidates(idx, _softmax64(vals, temperature), True)
     e = logits - logits.max()
-    if temperature != 1.0:
-        e *= np.float32(1.0 / temperature)
+    if temperature != 1.0:  # 1/T capped at float32's max: a tiny T is greedy, not 0 * inf = NaN at the max
+        with np.errstate(over="ignore"):
+            e *= np.float32(min(1.0 / temperature, _F32_MAX))
     np.exp(e, out=e)
     e /= e.sum(dtype=np.float64)
     return Candidates(_all_ids(n), e, False)

@@ -9,8 +9,9 @@ on), so its pages return at once.
 
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /metrics
 (Prometheus), GET /pagedeck/pages (the page map as JSON, for pagedeck clients), POST
-/v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API). With an api_key every
-/v1 and /pagedeck route needs `Authorization: Bearer <key>`; /health and /metrics stay open, as in vLLM.
+/v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API), GET /openapi.json (their
+description, engine.server.openapi). With an api_key every /v1 and /pagedeck route needs
+`Authorization: Bearer <key>`; /health, /metrics and /openapi.json stay open, as in vLLM.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..generator.async_api import DynamicJobAsync
 from .errors import ApiError, bad_request
+from .openapi import openapi_spec
 from .prometheus import build_registry
 from .requests import GenerationRequest, parse_request
 from .responses import ResponseBuilder, request_id
@@ -35,7 +37,7 @@ from .served import ServedModel
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_TOKENS = 1024
-OPEN_PATHS = ("/health", "/metrics")
+OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
 
 
 class OpenAIServer:
@@ -62,6 +64,7 @@ class OpenAIServer:
         r.add_post("/v1/unload_lora_adapter", self._unload_lora)
         r.add_get("/metrics", self._metrics)
         r.add_get("/pagedeck/pages", self._pages)
+        r.add_get("/openapi.json", self._openapi)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self, host: str = "127.0.0.1", port: int = 8399) -> str:
@@ -139,6 +142,9 @@ class OpenAIServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(openapi_spec(self.url))
 
     def _metrics_source(self):
         served = self.served
@@ -304,7 +310,8 @@ async def _results(job: DynamicJobAsync):
     try:
         async for r in job:
             yield r
-    except (ValueError, RuntimeError) as exc:
+    except Exception as exc:  # noqa: BLE001 - an engine bug still answers in OpenAI's shape, logged
+        log.exception("generation failed")
         raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
 
 

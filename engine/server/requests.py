@@ -70,15 +70,18 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
     plan = None
     if kind == "chat":
         plan = parse_tool_plan(body, tok)
-        prompt = render_prompt(plan, _messages(body.get("messages")), tok)
+        prompt = _unicode(render_prompt(plan, _messages(body.get("messages")), tok), "messages")
         ids = tok.encode(prompt, encode_special_tokens=True)
         stop_tokens = sorted(tok.stop_token_ids)
     else:
         prompt, ids = _prompt(body.get("prompt"), tok)
         stop_tokens = [tok.eos_token_id] if tok.eos_token_id is not None else []
         _optional_is(body, "suffix", None, "suffix is not supported (no fill-in-the-middle)")
-        if body.get("best_of") not in (None, 1):
+        best_of = body.get("best_of")
+        if best_of is not None and (_not_int(best_of) or best_of != 1):
             raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
+    if body.get("user") is not None and not isinstance(body["user"], str):
+        raise bad_request("user must be a string (an end-user id)", "user")
     n = body.get("n")
     if n is not None and (_not_int(n) or n != 1):
         raise bad_request(f"n must be 1 (this server returns one choice per request), got {n!r}", "n")
@@ -95,6 +98,8 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         stop = [stop]
     if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop)):
         raise bad_request("stop must be a non-empty string or a list of non-empty strings", "stop")
+    for s in stop or []:
+        _unicode(s, "stop")
     stream = _bool_field(body, "stream", False)
     options = body.get("stream_options")
     if options is not None:
@@ -131,12 +136,14 @@ def _messages(messages: Any) -> list[dict]:
         if not isinstance(m, dict):
             raise bad_request(f"{where} must be an object with role and content", where)
         role = m.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"{where}.role {role!r} is not supported (use system, developer, user, assistant or "
                               "tool)", f"{where}.role")
         extra = set(m) - MESSAGE_FIELDS
         if extra:
             raise bad_request(f"{where} has unsupported fields: {', '.join(sorted(extra))}", where)
+        if "name" in m and not isinstance(m["name"], str):
+            raise bad_request(f"{where}.name must be a string", f"{where}.name")
         tool_fields = check_tool_message(m, where)
         content = m.get("content")
         if content is None and "tool_calls" in tool_fields:  # a reply that only called tools
@@ -173,7 +180,17 @@ def _prompt(prompt: Any, tok: Any) -> tuple[str, torch.Tensor]:
                           "requests)", "prompt")
     if not isinstance(prompt, str):
         raise bad_request("prompt must be a string", "prompt")
-    return prompt, tok.encode(prompt, add_bos=tok.add_bos)
+    return prompt, tok.encode(_unicode(prompt, "prompt"), add_bos=tok.add_bos)
+
+
+def _unicode(text: str, param: str) -> str:
+    """JSON's \\ud800-style escapes decode to lone surrogates, which no tokenizer (nor UTF-8) can take."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"{param} contains a lone surrogate ({text[exc.start]!r} at {exc.start}): not valid "
+                          f"Unicode text", param) from None
+    return text
 
 
 def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int) -> int:

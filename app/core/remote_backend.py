@@ -6,6 +6,11 @@ token counts), so ChatSession's stop, regenerate, edit and per-reply TTFT/tok/s 
 counts come from the stream: one content event is one token on vLLM, SGLang, llama-server and pagedeck
 (vLLM's continuous usage stats are used where the server sends them), and the final usage event gives
 the exact prompt/completion/cached counts.
+
+A thinking model's reasoning (vLLM's `reasoning_content` deltas, or `reasoning` in newer vLLM) comes as
+results with a `reasoning` field (text "") instead of being mixed into the reply, and tool-call deltas
+as results with a `tool_calls` field (OpenAI's delta entries as sent); the last result's eos_reason is
+the server's finish_reason ("tool_calls" when the reply called tools).
 """
 from __future__ import annotations
 
@@ -99,6 +104,13 @@ class RemoteJob:
                 for choice in event.get("choices") or ():
                     delta = choice.get("delta") or {}
                     text = delta.get("content") or ""
+                    # vLLM's reasoning_content (newer vLLM: reasoning): the thinking, kept apart from the text
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    if reasoning:
+                        counted += 1
+                        put(self._result(reasoning=reasoning, num_tokens=1))
+                    if delta.get("tool_calls"):  # OpenAI tool_calls deltas, as sent (index, id, function)
+                        put(self._result(tool_calls=delta["tool_calls"], num_tokens=0))
                     if text:
                         n = 1
                         if usage and usage.get("completion_tokens") is not None and event.get("usage"):

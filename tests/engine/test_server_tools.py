@@ -228,3 +228,25 @@ def test_thinking_history_and_tool_results_reach_the_template(thinking_server):
     assert prompt_tokens == len(expected)
     hf_text = thinking_server.served.tokenizer.decode(expected, decode_special_tokens=True)
     assert THOUGHT in hf_text and "<tool_response>\n18 C\n</tool_response>" in hf_text
+
+
+# ---- the real default model ------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_agent_loop_on_the_default_model():
+    """SmolLM2 (its template knows no tools: the fallback prompt carries them) calls the named tool with
+    valid arguments, streamed and not, gets the result back and answers in text."""
+    with ServerThread(None, cache_tokens=8192, page_size=256) as server:
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        first = _ask(server, QUESTION, tools=[WEATHER, CLOCK], tool_choice=named).choices[0]
+        (call,) = first.message.tool_calls
+        assert first.finish_reason == "tool_calls" and call.function.name == "get_weather"
+        assert _valid_weather_args(call.function.arguments)["city"] == "Paris"
+        _, content, streamed, finish = _collect(_ask(server, QUESTION, tools=[WEATHER, CLOCK], tool_choice=named,
+                                                     stream=True))
+        assert [(c["name"], c["arguments"]) for c in streamed] == [("get_weather", call.function.arguments)]
+        assert finish == "tool_calls" and content == ""
+        history = QUESTION + [first.message.model_dump(exclude_none=True),
+                              {"role": "tool", "tool_call_id": call.id, "content": "18 C and sunny"}]
+        answer = _ask(server, history, tools=[WEATHER, CLOCK], tool_choice="none", max_tokens=40).choices[0]
+        assert answer.message.content and not answer.message.tool_calls

@@ -6,6 +6,11 @@ token counts), so ChatSession's stop, regenerate, edit and per-reply TTFT/tok/s 
 counts come from the stream: one content event is one token on vLLM, SGLang, llama-server and pagedeck
 (vLLM's continuous usage stats are used where the server sends them), and the final usage event gives
 the exact prompt/completion/cached counts.
+
+A thinking model's reasoning (vLLM's `reasoning_content` deltas, or `reasoning` in newer vLLM) comes as
+results with a `reasoning` field (text "") instead of being mixed into the reply, and tool-call deltas
+as results with a `tool_calls` field (OpenAI's delta entries as sent); the last result's eos_reason is
+the server's finish_reason ("tool_calls" when the reply called tools).
 """
 from __future__ import annotations
 

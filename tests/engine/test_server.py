@@ -231,7 +231,7 @@ BAD = [
     ({"messages": []}, 400, "messages must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role 'wizard'"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text part"),
-    ({"messages": QUESTION, "tools": [{"type": "function"}]}, 400, "unsupported parameter(s): tools"),
+    ({"messages": QUESTION, "tools": [{"type": "function"}]}, 400, "tools[0] must be"),
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "only allowed when stream"),
     ({"messages": QUESTION, "logit_bias": {"abc": 1}}, 400, "not a token id"),
     ({"messages": QUESTION, "logit_bias": {"5": 500}}, 400, "[-100, 100]"),

@@ -1,5 +1,5 @@
-"""`python -m engine generate|serve|bench|bench-spec|bench-load`: talk to a model from a terminal, serve it over an
-OpenAI-compatible API (engine.server), or measure the engine (engine.bench.serving; bench-spec is
+"""`python -m engine generate|serve|batch|bench|bench-spec|bench-load`: talk to a model from a terminal, serve it over an
+OpenAI-compatible API (engine.server), run a template over a file of inputs (engine.batch), or measure the engine (engine.bench.serving; bench-spec is
 engine.bench.speculative's own parser and bench-load engine.bench.load's, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
@@ -43,7 +43,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,bench,bench-spec}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,batch,bench,bench-spec}")
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.main import add_serve_parser
 
     add_serve_parser(sub, WEIGHT_NAMES)
+
+    from .batch.cli_run import add_batch_parser
+
+    add_batch_parser(sub, WEIGHT_NAMES)
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
@@ -118,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _guarded(lambda: bench_load_main(argv[1:]))
     args = build_parser().parse_args(argv)
-    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench}
+    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench, "batch": _run_batch}
     return _guarded(lambda: commands[args.command](args))
 
 
@@ -128,6 +132,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.model is not None:  # None: the embedded default model
         check_model_path(args.model)
     return run_serve(args)
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from .batch.cli_run import run_batch
+
+    return run_batch(args, sampler_from_args(args))
 
 
 def _run_bench(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from .errors import ApiError, bad_request
 from .served import ServedModel
 
 MAX_TOP_LOGPROBS = 20
+MAX_N = 32  # choices per request: each is a job of its own, all sharing the prompt's pages
 MAX_TEMPERATURE = 2.0  # OpenAI's cap; the sampler itself takes any finite temperature
 # OpenAI's names for the sampler fields a request sets (the others share SamplerSettings' names)
 OPENAI_NAMES = {"token_repetition_penalty": "repetition_penalty", "token_presence_penalty": "presence_penalty",
@@ -51,6 +52,16 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     continuous_usage: bool = False
+    response_format: Any = None  # the request's, checked (choice_filters builds each choice's filters)
+    n: int = 1  # choices: n jobs on the same prompt (prefilled once), choice i seeded seed + i
+
+    def choice_seed(self, index: int) -> int | None:
+        """Choice i's seed: seed + i, so seeded choices differ from each other and reproduce; None: random."""
+        return None if self.seed is None else (self.seed + index) % 2**63
+
+    def choice_filters(self, index: int) -> list:
+        """Choice i's filters: a grammar filter follows one reply, so every choice but the first gets new ones."""
+        return self.filters if index == 0 else _response_format(self.response_format)
 
 
 def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int) -> GenerationRequest:
@@ -74,9 +85,11 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         _optional_is(body, "suffix", None, "suffix is not supported (no fill-in-the-middle)")
         if body.get("best_of") not in (None, 1):
             raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
-    n = body.get("n")
-    if n is not None and (_not_int(n) or n != 1):
-        raise bad_request(f"n must be 1 (this server returns one choice per request), got {n!r}", "n")
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if _not_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be an integer from 1 to {MAX_N}, got {n!r}", "n")
     if ids.shape[1] == 0:
         raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
     max_tokens = _max_tokens(body, kind, ids.shape[1], served.max_seq_len, default_max_tokens)
@@ -106,6 +119,7 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         logprobs=_logprobs(body, kind), echo=_bool_field(body, "echo", False), stream=stream,
         include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
+        response_format=body.get("response_format"), n=n,
     )
 
 

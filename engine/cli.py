@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(engine.bench.paste)")
     b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
                    help="chats decoding during --paste (default 3)")
+    b.add_argument("--alternatives", type=_positive_int, metavar="N",
+                   help="instead: N replies to one prompt at once vs one reply and vs N one after another "
+                        "(engine.bench.alternatives)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
     # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.

@@ -20,6 +20,7 @@ from typing import Callable
 
 from PySide6.QtCore import QObject, Signal
 
+from app.chat.alternatives import ExtraReplies, check_count
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
@@ -110,13 +111,14 @@ class ChatSession(QObject):
         self._save_handle: asyncio.TimerHandle | None = None
         self._stopping = 0  # stops in progress: the reply counts as running until the backend has let go
         self._activity = ""
+        self.extras = ExtraReplies(self, ReplyTracker)  # versions 2..N of an "N replies" request
 
     # --- queries -------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
         """A reply is under way: from send until its end is recorded, and while a stop waits for the backend."""
-        return self._stopping > 0 or self._reply is not None
+        return self._stopping > 0 or self._reply is not None or self.extras.running
 
     @property
     def activity(self) -> str:
@@ -181,6 +183,14 @@ class ChatSession(QObject):
         del self.messages[users[-1] + 1:]
         return self._start()
 
+    async def regenerate_n(self, n: int) -> asyncio.Task:
+        """Answer the last user message n times at once (alternatives.ExtraReplies): version 1 streams here,
+        versions 2..n run in the same batch; all become versions of the reply (‹ 1/n ›)."""
+        check_count(n)
+        task = await self.regenerate()
+        self.extras.start(self.messages[-1], n)
+        return task
+
     async def edit(self, message_id: int, text: str) -> asyncio.Task:
         """Send a new version of a user message (the old one and its replies stay as an alternative)."""
         await self.stop()
@@ -222,6 +232,7 @@ class ChatSession(QObject):
 
     async def stop(self) -> None:
         """Cancel the running reply (its pages return to the cache) and wait until it is recorded."""
+        await self.extras.stop()
         task = self.task
         if task is None or task.done():
             return

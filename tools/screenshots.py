@@ -1,4 +1,5 @@
-"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only] [--size WxH]`.
+"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only | --batch-only]
+[--size WxH]`.
 
 The full run opens the real main window (sized to fill a WxH screen, e.g. under `xvfb-run -s
 "-screen 0 1366x768x24"`) on a scratch history folder, starts four chats streaming (three
@@ -7,6 +8,7 @@ while they stream. dashboard.png (always written, and all that `--dashboard-only
 fed a simulated but plausible snapshot sequence (tools.simulated_workload, also used by the dashboard
 benchmark): it needs no model and is deterministic. app-lora-chats.png (`--lora-only` writes only it) is
 two chats on different demo adapters (pirate, bullets) streaming at once, the page map coloured by adapter.
+batch-run.png (`--batch-only`) is the Batch tab running a template over twelve product reviews.
 """
 from __future__ import annotations
 
@@ -159,6 +161,59 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
         window.close()
 
 
+REVIEWS = (
+    "The kettle boils fast but the lid rattles.", "Battery lasts two days; the screen is dim outdoors.",
+    "Comfortable shoes, though they ran half a size small.", "The blender is loud and leaks at the base.",
+    "Great tent: dry through a night of heavy rain.", "Headphones sound warm; the app keeps disconnecting.",
+    "The desk lamp is bright and the arm stays put.", "Coffee grinder is consistent but messy.",
+    "Backpack straps frayed after a month.", "The air fryer cooks evenly and cleans easily.",
+    "Keyboard feels great, the keys are a bit loud.", "Umbrella flipped inside out in light wind.",
+)
+
+
+async def _batch_run(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """The Batch tab mid-run: twelve product reviews through one template, rows filling in as they finish."""
+    import csv
+
+    from PySide6.QtCore import Qt
+
+    from app.window.main_window import MainWindow
+
+    inputs = data_dir / "reviews.csv"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(inputs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["product", "review"])
+        w.writerows((text.split()[1], text) for text in REVIEWS)
+    window = MainWindow(data_dir=data_dir)
+    window.resize(1900, 1050)
+    window.show()
+    try:
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
+        dock = window.dock("Batch")
+        dock.raise_()
+        window.resizeDocks([dock], [1000], Qt.Orientation.Horizontal)
+        view = window.batch_view
+        view.file.setText(str(inputs))
+        view.template.setText("Summarise this {product} review in five words: {review}")
+        view.system.setText("You are a concise product analyst.")
+        view.max_tokens.setValue(24)
+        view.start_btn.click()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while view.progress.value() < 7 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
+        path = outdir / "batch-run.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
     parser.add_argument("outdir", type=Path)
@@ -168,6 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the longest to let the chats stream before the screenshots are taken")
     parser.add_argument("--lora-only", action="store_true",
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
+    parser.add_argument("--batch-only", action="store_true",
+                        help="only batch-run.png: the Batch tab mid-run (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -182,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    saved = [] if args.lora_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    only = args.lora_only or args.batch_only
+    saved = [] if only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         from app.window.event_loop import QtEventLoop
 
@@ -190,10 +248,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.set_event_loop(loop)
         with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
             os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
-            if not args.lora_only:
+            if not only:
                 saved += loop.run_until_complete(
                     _stream_main_window(args.outdir, args.seconds, Path(data_dir), size, args.theme))
-            saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+            if not args.batch_only:
+                saved += loop.run_until_complete(_stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+            if args.batch_only or not only:
+                saved += loop.run_until_complete(_batch_run(args.outdir, args.seconds, Path(data_dir) / "batch"))
     for path in saved:
         print(path)
     return 0

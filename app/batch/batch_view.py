@@ -169,7 +169,8 @@ class BatchView(QWidget):
 
     def _state_changed(self, run_id: int, state: str) -> None:
         if state == "paused":
-            self._say(f"Paused at {self.progress.value()} of {self.progress.maximum()} rows: Resume runs the rest.")
+            why = f" ({self.controller.stopped_by})" if self.controller.stopped_by else ""
+            self._say(f"Paused at {self.progress.value()} of {self.progress.maximum()} rows{why}: Resume runs the rest.")
         elif state == "done":
             self._say(f"Done: {self.progress.maximum()} rows.")
         self._buttons()

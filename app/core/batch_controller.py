@@ -33,6 +33,7 @@ class BatchController:
         self.on_row, self.on_state = on_row, on_state
         self.concurrency = concurrency
         self._loop: BatchLoop | None = None
+        self.stopped_by: str | None = None  # why the engine stopped the last run (model closed, not loaded)
 
     @property
     def running(self) -> bool:
@@ -85,10 +86,12 @@ class BatchController:
         self._loop = BatchLoop(start, finished, concurrency=self.concurrency)
         self.runs.set_state(run.id, "running")
         self.on_state(run.id, "running")
+        loop = self._loop
         try:
-            complete = await self._loop.run(todo)
+            complete = await loop.run(todo)
         finally:
             self._loop = None
+            self.stopped_by = loop.stopped_by
             state = "done" if len(self.runs.done_keys(run.id)) >= run.total else "paused"
             self.runs.set_state(run.id, state)
             self.on_state(run.id, state)

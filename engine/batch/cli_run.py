@@ -118,7 +118,11 @@ def run_batch(args: Any, settings: Any) -> int:
     say = (lambda text: None) if args.quiet else (lambda text: print(text, file=sys.stderr, flush=True))
     say(f"batch: {len(rows)} rows, {len(rows) - len(todo)} already done, {len(todo)} to run")
     if todo:
-        asyncio.run(_run(args, settings, template, todo, progress, len(rows), say))
+        stopped_by = asyncio.run(_run(args, settings, template, todo, progress, len(rows), say))
+        if stopped_by is not None:
+            print(f"error: the run stopped ({stopped_by}); {len(progress.done)} of {len(rows)} rows are done: "
+                  f"run the same command to resume", file=sys.stderr)
+            return 1
     by_key = progress.done
     records = [(row.values, by_key[row.key]) for row in rows]
     n = export_results(args.output, columns, records)
@@ -128,7 +132,8 @@ def run_batch(args: Any, settings: Any) -> int:
 
 
 async def _run(args, settings, template: PromptTemplate, todo: list[BatchRow], progress: ProgressFile,
-               total: int, say) -> None:
+               total: int, say) -> str | None:
+    """Run the rows; returns why the engine stopped the run, or None."""
     from ..cache.paged_cache import PagedCache
     from ..generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
     from ..model.model import Model
@@ -163,7 +168,9 @@ async def _run(args, settings, template: PromptTemplate, todo: list[BatchRow], p
         say(f"batch: {done}/{total} done (row {row.index}"
             + (f": error {result.error})" if result.error else f", {result.new_tokens} tokens)"))
 
+    loop = BatchLoop(start, finished, concurrency=args.concurrency)
     try:
-        await BatchLoop(start, finished, concurrency=args.concurrency).run(todo)
+        await loop.run(todo)
     finally:
         await generator.close()
+    return loop.stopped_by

@@ -4,7 +4,10 @@ It knows nothing of where a job runs: `start(row)` is an async generator of the 
 result dicts) that lets its job go when closed early (a pause closes it), so the CLI runs it over a
 DynamicGeneratorAsync and the app over its chats' Backend. The generator batches whatever is in flight;
 enqueueing every row at once would gain nothing past its batch size and make a pause cancel thousands.
-A row that fails (a prompt too long for the context) is reported with its error; the others go on.
+A row that fails (a prompt too long for the context: ValueError) is reported with its error; the others
+go on. A failure of the engine itself (its job cancelled from outside, the generator closed or not
+loaded: RuntimeError) pauses the run instead, leaving the row to do, so closing the model never records
+rows as failed; `stopped_by` says why.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class BatchLoop:
         self.concurrency = concurrency
         self._paused = asyncio.Event()
         self.running = False
+        self.stopped_by: str | None = None  # why the engine stopped the run (None: finished or paused)
 
     def pause(self) -> None:
         """Stop starting rows and cut off the running ones; run() returns False once they are let go."""
@@ -52,6 +56,7 @@ class BatchLoop:
     async def run(self, rows: Iterable[BatchRow]) -> bool:
         """Run every row; True when all finished, False when paused first."""
         self._paused.clear()
+        self.stopped_by = None
         self.running = True
         todo = list(rows)
         in_flight: dict[asyncio.Task, BatchRow] = {}
@@ -66,7 +71,11 @@ class BatchLoop:
                 done, _ = await asyncio.wait([*in_flight, pause], return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     row = in_flight.pop(task, None)
-                    if row is not None:
+                    if row is None:
+                        continue
+                    if task.result() is None:  # the engine stopped: the row stays to do
+                        todo.insert(0, row)
+                    else:
                         self.finished(row, task.result())
             return not todo and not in_flight
         finally:
@@ -78,18 +87,30 @@ class BatchLoop:
                     result = await task
                 except asyncio.CancelledError:
                     continue  # cut off: still to do
-                self.finished(row, result)  # it ended just before the pause: keep it
+                if result is not None:
+                    self.finished(row, result)  # it ended just before the pause: keep it
             self.running = False
 
-    async def _one(self, row: BatchRow) -> RowResult:
+    async def _one(self, row: BatchRow) -> RowResult | None:
+        """The row's result, or None when the engine stopped it (the run is paused then)."""
         out = RowResult()
         try:
             async with contextlib.aclosing(self.start(row)) as results:
                 async for r in results:
                     _take(out, r)
-        except (ValueError, RuntimeError, OSError) as exc:  # this row's problem (or the engine's): reported
+        except ValueError as exc:  # this row's problem: reported with the row
             out.error = f"{type(exc).__name__}: {exc}"
+        except RuntimeError as exc:  # the engine's (closed, not loaded): stop here, nothing recorded
+            return self._engine_stopped(f"{exc}")
+        if out.eos_reason == "cancelled" or out.eos_reason is None:
+            return self._engine_stopped("the engine cancelled the job (model unloaded or closing)")
         return out
+
+    def _engine_stopped(self, why: str) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = why
+        self._paused.set()
+        return None
 
 
 def _take(out: RowResult, r: dict) -> None:
@@ -104,5 +125,3 @@ def _take(out: RowResult, r: dict) -> None:
         out.eos_reason = r.get("eos_reason")
         out.new_tokens = int(r.get("new_tokens") or 0)
         out.prompt_tokens = int(r.get("prompt_tokens") or out.prompt_tokens)
-        if out.eos_reason == "cancelled":
-            out.error = "cancelled by the engine (model unloaded or stopping)"

@@ -162,12 +162,12 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
 
 
 REVIEWS = (
-    "The kettle boils fast but the lid rattles.", "Battery lasts two days; the screen is dim outdoors.",
-    "Comfortable shoes, though they ran half a size small.", "The blender is loud and leaks at the base.",
-    "Great tent: dry through a night of heavy rain.", "Headphones sound warm; the app keeps disconnecting.",
-    "The desk lamp is bright and the arm stays put.", "Coffee grinder is consistent but messy.",
-    "Backpack straps frayed after a month.", "The air fryer cooks evenly and cleans easily.",
-    "Keyboard feels great, the keys are a bit loud.", "Umbrella flipped inside out in light wind.",
+    ("kettle", "Boils fast but the lid rattles."), ("phone", "Battery lasts two days; the screen is dim outdoors."),
+    ("shoes", "Comfortable, though they ran half a size small."), ("blender", "Loud, and it leaks at the base."),
+    ("tent", "Dry through a night of heavy rain."), ("headphones", "Warm sound; the app keeps disconnecting."),
+    ("desk lamp", "Bright, and the arm stays put."), ("coffee grinder", "Consistent grind but messy."),
+    ("backpack", "The straps frayed after a month."), ("air fryer", "Cooks evenly and cleans easily."),
+    ("keyboard", "Feels great, the keys are a bit loud."), ("umbrella", "Flipped inside out in light wind."),
 )
 
 
@@ -184,7 +184,7 @@ async def _batch_run(outdir: Path, seconds: float, data_dir: Path) -> list[Path]
     with open(inputs, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["product", "review"])
-        w.writerows((text.split()[1], text) for text in REVIEWS)
+        w.writerows(REVIEWS)
     window = MainWindow(data_dir=data_dir)
     window.resize(1900, 1050)
     window.show()

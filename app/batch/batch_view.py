@@ -8,6 +8,7 @@ outputs as CSV or JSONL.
 """
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import Mapping
 
@@ -59,9 +60,14 @@ class BatchView(QWidget):
         self.message = QLabel()
         self.message.setWordWrap(True)
         self.table = QTableWidget(0, 3)
-        self.table.setHorizontalHeaderLabels(["#", "Prompt", "Output"])
+        self.table.setHorizontalHeaderLabels(["#", "Input", "Output"])
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Interactive)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        header.resizeSection(1, 260)
+        self._indices: list[int] = []  # row index shown in each table row, kept in input order
 
         pick = QHBoxLayout()
         pick.addWidget(self.file, 1)
@@ -100,6 +106,7 @@ class BatchView(QWidget):
             return
         self.run_id = run.id
         self.table.setRowCount(0)
+        self._indices.clear()
         self.progress.setRange(0, run.total)
         self.progress.setValue(0)
         self._go()
@@ -155,16 +162,20 @@ class BatchView(QWidget):
         self.progress.setValue(self.progress.value() + 1)
 
     def _add_row(self, index: int, values: dict, result: dict) -> None:
+        """One finished row, in input order: the template's fields of that row (the prompt in the tooltip)."""
         run = self.runs.run(self.run_id)
-        prompt = PromptTemplate(run.template).render(BatchRow(index, values))
-        r = self.table.rowCount()
+        template = PromptTemplate(run.template)
+        shown = " · ".join(values.get(f, "") for f in template.fields)[:PREVIEW_CHARS]
+        r = bisect.bisect(self._indices, index)
+        self._indices.insert(r, index)
         self.table.insertRow(r)
         output = result.get("output") or ""
         if result.get("error"):
             output = f"error: {result['error']}"
-        for col, text in enumerate((str(index + 1), prompt[:PREVIEW_CHARS], output)):
+        tips = ("", template.render(BatchRow(index, values)), output)
+        for col, text in enumerate((str(index + 1), shown, output.strip())):
             item = QTableWidgetItem(text)
-            item.setToolTip(text if col else "")
+            item.setToolTip(tips[col])
             self.table.setItem(r, col, item)
 
     def _state_changed(self, run_id: int, state: str) -> None:

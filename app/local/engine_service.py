@@ -205,7 +205,9 @@ class EngineService(QObject):
         """Stop every running reply and close the old generator (its consumers see 'cancelled')."""
         old, self.generator = self.generator, None
         for identifier in list(self._jobs):
-            await self._forget_job(identifier).cancel()
+            job = self._forget_job(identifier)
+            if job is not None:  # its consumer may have let it go while an earlier cancel was awaited
+                await job.cancel()
         if old is not None:
             await old.close()
 

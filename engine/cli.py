@@ -1,5 +1,5 @@
-"""`python -m engine generate|serve|bench|bench-spec|bench-load`: talk to a model from a terminal, serve it over an
-OpenAI-compatible API (engine.server), or measure the engine (engine.bench.serving; bench-spec is
+"""`python -m engine generate|serve|batch|bench|bench-spec|bench-load`: talk to a model from a terminal, serve it over an
+OpenAI-compatible API (engine.server), run a template over a file of inputs (engine.batch), or measure the engine (engine.bench.serving; bench-spec is
 engine.bench.speculative's own parser and bench-load engine.bench.load's, dispatched from here).
 
 Expected failures (bad model path, bad sampler values, a prompt too long for the model) print one
@@ -43,7 +43,7 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description="pagedeck's engine from the command line")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,bench,bench-spec}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{generate,serve,batch,bench,bench-spec}")
 
     g = sub.add_parser("generate", help="generate text (streamed to stdout)")
     g.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
@@ -69,6 +69,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.main import add_serve_parser
 
     add_serve_parser(sub, WEIGHT_NAMES)
+
+    from .batch.cli_run import add_batch_parser
+
+    add_batch_parser(sub, WEIGHT_NAMES)
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
@@ -99,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(engine.bench.paste)")
     b.add_argument("--paste-others", type=_positive_int, default=3, metavar="K",
                    help="chats decoding during --paste (default 3)")
+    b.add_argument("--alternatives", type=_positive_int, metavar="N",
+                   help="instead: N replies to one prompt at once vs one reply and vs N one after another "
+                        "(engine.bench.alternatives)")
     b.add_argument("--json", action="store_true", help="print one JSON object on the last line")
 
     # Listed for --help only: main() hands its arguments to engine.bench.speculative, which parses them itself.
@@ -127,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _guarded(lambda: bench_load_main(argv[1:]))
     args = build_parser().parse_args(argv)
-    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench}
+    commands = {"generate": run_generate, "serve": _run_serve, "bench": _run_bench, "batch": _run_batch}
     return _guarded(lambda: commands[args.command](args))
 
 
@@ -137,6 +144,12 @@ def _run_serve(args: argparse.Namespace) -> int:
     if args.model is not None:  # None: the embedded default model
         check_model_path(args.model)
     return run_serve(args)
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from .batch.cli_run import run_batch
+
+    return run_batch(args, sampler_from_args(args))
 
 
 def _run_bench(args: argparse.Namespace) -> int:

@@ -1,4 +1,5 @@
-"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only] [--size WxH]`.
+"""Screenshots for the README: `python -m tools.screenshots OUTDIR [--dashboard-only | --lora-only | --batch-only]
+[--size WxH]`.
 
 The full run opens the real main window (sized to fill a WxH screen, e.g. under `xvfb-run -s
 "-screen 0 1366x768x24"`) on a scratch history folder, starts four chats streaming (three
@@ -14,6 +15,7 @@ discover-<size>.png is the Discover tab after a search and a download, against a
 (tools.fake_hub serving the embedded model's GGUF) into a scratch cache: nothing leaves the machine.
 app-prompt-format.png (`--format-only` writes only it) is a chat with the default model copied without its
 chat template: the chat and the Model tab name the fallback format the model's vocabulary picked.
+batch-run.png (`--batch-only`) is the Batch tab running a template over twelve product reviews.
 """
 from __future__ import annotations
 
@@ -248,6 +250,59 @@ async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> l
         window.close()
 
 
+REVIEWS = (
+    ("kettle", "Boils fast but the lid rattles."), ("phone", "Battery lasts two days; the screen is dim outdoors."),
+    ("shoes", "Comfortable, though they ran half a size small."), ("blender", "Loud, and it leaks at the base."),
+    ("tent", "Dry through a night of heavy rain."), ("headphones", "Warm sound; the app keeps disconnecting."),
+    ("desk lamp", "Bright, and the arm stays put."), ("coffee grinder", "Consistent grind but messy."),
+    ("backpack", "The straps frayed after a month."), ("air fryer", "Cooks evenly and cleans easily."),
+    ("keyboard", "Feels great, the keys are a bit loud."), ("umbrella", "Flipped inside out in light wind."),
+)
+
+
+async def _batch_run(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """The Batch tab mid-run: twelve product reviews through one template, rows filling in as they finish."""
+    import csv
+
+    from PySide6.QtCore import Qt
+
+    from app.window.main_window import MainWindow
+
+    inputs = data_dir / "reviews.csv"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(inputs, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["product", "review"])
+        w.writerows(REVIEWS)
+    window = MainWindow(data_dir=data_dir)
+    window.resize(1900, 1050)
+    window.show()
+    try:
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
+        dock = window.dock("Batch")
+        dock.raise_()
+        window.resizeDocks([dock], [1000], Qt.Orientation.Horizontal)
+        view = window.batch_view
+        view.file.setText(str(inputs))
+        view.template.setText("Summarise this {product} review in five words: {review}")
+        view.system.setText("You are a concise product analyst.")
+        view.max_tokens.setValue(24)
+        view.start_btn.click()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while view.progress.value() < 7 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
+        path = outdir / "batch-run.png"
+        if not window.grab().save(str(path)):
+            raise OSError(f"could not write screenshot {path}")
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Save README screenshots of pagedeck.")
     parser.add_argument("outdir", type=Path)
@@ -259,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only app-lora-chats.png: two chats on different adapters (needs the model)")
     parser.add_argument("--format-only", action="store_true",
                         help="only app-prompt-format.png: a chat naming its fallback prompt format (needs the model)")
+    parser.add_argument("--batch-only", action="store_true",
+                        help="only batch-run.png: the Batch tab mid-run (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -281,7 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    saved = [] if args.lora_only or args.format_only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
+    only = args.lora_only or args.format_only or args.batch_only
+    saved = [] if only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         from app.window.event_loop import QtEventLoop
 
@@ -291,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
             if args.format_only:
                 saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
+            elif args.batch_only:
+                saved += loop.run_until_complete(_batch_run(args.outdir, args.seconds, Path(data_dir) / "batch"))
             else:
                 if args.discover:
                     saved += loop.run_until_complete(
@@ -301,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if args.lora_only or not args.discover:
                     saved += loop.run_until_complete(
                         _stream_lora_chats(args.outdir, args.seconds, Path(data_dir) / "lora"))
+                if not args.lora_only and not args.discover:
+                    saved += loop.run_until_complete(_batch_run(args.outdir, args.seconds, Path(data_dir) / "batch"))
     for path in saved:
         print(path)
     return 0

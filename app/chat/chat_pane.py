@@ -128,6 +128,9 @@ class ChatPane(QWidget):
         self.continue_action = more.addAction("Continue the last reply", self.continue_reply)
         more.addAction("Copy the last reply", self.copy_last)
         more.addAction("Tools and thinking…", self.open_tools)
+        replies = more.addMenu("N replies at once")  # versions ‹ 1/N › of the last reply, in one batch
+        for n in (2, 3, 4):
+            replies.addAction(f"{n} replies", lambda n=n: self.regenerate_n(n))
         more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
                        if self.session.messages else None)
         more.addAction("Pin a document…", self.pick_document)
@@ -249,6 +252,11 @@ class ChatPane(QWidget):
     def regenerate(self) -> None:
         self._show_error("")
         spawn(self.session.regenerate(), self._show_error)
+
+    def regenerate_n(self, n: int) -> None:
+        """Answer the last user message n times at once; the replies are its versions ‹ 1/n ›."""
+        self._show_error("")
+        spawn(self.session.regenerate_n(n), self._show_error)
 
     def continue_reply(self) -> None:
         self._show_error("")

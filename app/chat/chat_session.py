@@ -27,6 +27,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.agent.live_reply import LiveReply
 from app.agent.reply_rounds import MAX_ROUNDS, RoundParser, prompt_history, round_messages, rounds_markdown, rounds_of
 from app.agent.tool_hub import Approval, Approver, ToolHub, ToolRequest
+from app.chat.alternatives import ExtraReplies, check_count
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.documents import DocumentError, PinnedDocument, PinnedDocuments, read_document, with_documents
@@ -143,13 +144,14 @@ class ChatSession(QObject):
         self.documents = PinnedDocuments(store)
         if self.queue.items(chat_id):  # queued before a restart: the reply they waited for is over
             QTimer.singleShot(0, self, self.send_next)
+        self.extras = ExtraReplies(self, ReplyTracker)  # versions 2..N of an "N replies" request
 
     # --- queries -------------------------------------------------------------------------------
 
     @property
     def running(self) -> bool:
         """A reply is under way: from send until its end is recorded, and while a stop waits for the backend."""
-        return self._stopping > 0 or self._reply is not None
+        return self._stopping > 0 or self._reply is not None or self.extras.running
 
     @property
     def activity(self) -> str:
@@ -295,6 +297,14 @@ class ChatSession(QObject):
         del self.messages[users[-1] + 1:]
         return self._start()
 
+    async def regenerate_n(self, n: int) -> asyncio.Task:
+        """Answer the last user message n times at once (alternatives.ExtraReplies): version 1 streams here,
+        versions 2..n run in the same batch; all become versions of the reply (‹ 1/n ›)."""
+        check_count(n)
+        task = await self.regenerate()
+        self.extras.start(self.messages[-1], n)
+        return task
+
     async def edit(self, message_id: int, text: str) -> asyncio.Task:
         """Send a new version of a user message (the old one and its replies stay as an alternative)."""
         await self.stop()
@@ -340,6 +350,7 @@ class ChatSession(QObject):
 
     async def stop(self) -> None:
         """Cancel the running reply (its pages return to the cache) and wait until it is recorded."""
+        await self.extras.stop()
         task = self.task
         if task is None or task.done():
             return

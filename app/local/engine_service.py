@@ -272,7 +272,9 @@ class EngineService(QObject):
         old, self.generator = self.generator, None
         for identifier, job in list(self._jobs.items()):
             if job.generator is old:
-                await self._forget_job(identifier).cancel()
+                job = self._forget_job(identifier)
+                if job is not None:  # its consumer may have let it go while an earlier cancel was awaited
+                    await job.cancel()
         if old is not None:
             await old.close()
 

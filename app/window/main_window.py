@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QApplication, QDockWidget, QFileDialog, QMainWindow, QStackedWidget, QTabBar, QWidget,
 )
 
+from app.batch.batch_view import BatchView
 from app.chat.chat_list import ChatList
 from app.chat.chat_pane import ChatPane
 from app.agent.tool_hub import ToolHub
@@ -153,6 +154,8 @@ class MainWindow(QMainWindow):
         self.server_panel = ServerPanel(self.local_server)
         server_dock = self._dock("Server", self.server_panel, Qt.DockWidgetArea.RightDockWidgetArea)
         self.tabifyDockWidget(lora_dock, server_dock)
+        self.batch_view = BatchView(self.store, self.backend, self.prefs.presets())  # a file of inputs as jobs
+        self.tabifyDockWidget(server_dock, self._dock("Batch", self.batch_view, Qt.DockWidgetArea.RightDockWidgetArea))
         self.remote = RemoteMode(RemoteHandles(  # chat through another server
             chats=self.backend, local=s, dashboard=feed, message=self.status.message,
             show_server_loras=lambda on: loras.setCurrentIndex(1 if on else 0)), self)

@@ -202,6 +202,10 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
+        if getattr(args, "alternatives", None):
+            from .alternatives import run_alternatives_bench
+
+            return run_alternatives_bench(args)
         if getattr(args, "paste", None):
             from .paste import run_paste_bench
 

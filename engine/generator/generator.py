@@ -26,6 +26,7 @@ from ..sampling.pool import SamplingPool
 from .adapters import Adapters
 from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
+from .prefill_sharing import follows_prefill
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
 from .step_budget import StepBudget
@@ -315,6 +316,8 @@ class DynamicGenerator:
                 break
             if sum(j.prefilling for j in self.active) >= self.max_q_size:
                 break
+            if follows_prefill(job, self.active, self.page_size):
+                continue  # its prompt is being prefilled by a running job: reuse those pages once written
             wants = [(s.tokens, job.capacity(s)) for s in job.seqs]
             if not self.pagetable.can_allocate_all(wants, job.lora_root):
                 if job.skips >= job.max_skips:

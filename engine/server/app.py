@@ -16,6 +16,7 @@ description, engine.server.openapi). With an api_key every /v1 and /pagedeck rou
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -202,71 +203,78 @@ class OpenAIServer:
         t0 = time.perf_counter()
         served = self._served()
         req = parse_request(kind, await _json_body(request), served, self.default_max_tokens)
-        builder = ResponseBuilder(req, request_id(kind), served.tokenizer)
+        builders = ResponseBuilder.choices(req, request_id(kind), served.tokenizer)
         self.requests_total += 1
         self.requests_running += 1
         self._changed()
-        job = None
+        jobs: list[DynamicJobAsync] = []
         try:
-            job = _start_job(served, req, builder.id)
+            for i in range(req.n):  # n jobs on one prompt: the generator prefills it once for all of them
+                jobs.append(_start_job(served, req, builders[0].id, i))
             if req.stream:
-                return await self._stream(request, req, job, builder, t0, served.name)
-            return await self._complete(job, builder, t0, served.name)
+                return await self._stream(request, req, jobs, builders, t0, served.name)
+            return await self._complete(jobs, builders, t0, served.name)
         finally:
-            if job is not None:
+            for job in jobs:
                 await job.cancel()  # no-op once finished; on disconnect it frees the pages now
             self.requests_running -= 1
             self._changed()
 
     def _observe_ttft(self, builder: ResponseBuilder, r: dict, t0: float, name: str) -> None:
-        if builder.completion_tokens == 0 and r.get("token_ids"):
+        if builder.index == 0 and builder.completion_tokens == 0 and r.get("token_ids"):
             self._ttft.labels(name).observe(time.perf_counter() - t0)
 
-    async def _complete(self, job: DynamicJobAsync, builder: ResponseBuilder, t0: float, name: str) -> web.Response:
-        async for r in _results(job):
-            if r["stage"] != "streaming":
-                continue
-            self._observe_ttft(builder, r, t0, name)
-            builder.feed(r)
-            if r.get("eos") and r.get("eos_reason") == "cancelled":
-                raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
-        return web.json_response(builder.final())
+    async def _complete(self, jobs: list[DynamicJobAsync], builders: list[ResponseBuilder], t0: float,
+                        name: str) -> web.Response:
+        async with contextlib.aclosing(_choice_results(jobs)) as results:
+            async for i, r in results:
+                if r["stage"] != "streaming":
+                    continue
+                self._observe_ttft(builders[i], r, t0, name)
+                builders[i].feed(r)
+                if r.get("eos") and r.get("eos_reason") == "cancelled":
+                    raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
+        return web.json_response(builders[0].final())
 
-    async def _stream(self, request: web.Request, req: GenerationRequest, job: DynamicJobAsync,
-                      builder: ResponseBuilder, t0: float, name: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, req: GenerationRequest, jobs: list[DynamicJobAsync],
+                      builders: list[ResponseBuilder], t0: float, name: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           "X-Request-Id": builder.id})
+                                           "X-Request-Id": builders[0].id})
         await resp.prepare(request)
 
         async def send(obj: dict | str) -> None:
             data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
             await resp.write(f"data: {data}\n\n".encode())
 
-        offset = 0
+        offsets = [0] * len(builders)
         try:
-            if req.kind == "chat":
-                await send(builder.chunk(first=True))
-            elif req.echo:
-                await send(builder.chunk(text=req.prompt))
-                offset = len(req.prompt)
-            async for r in _results(job):
-                if r["stage"] != "streaming":
-                    continue
-                self._observe_ttft(builder, r, t0, name)
-                calls_before = len(builder.reply.tool_calls) if builder.reply is not None else 0
-                text, logprobs = builder.feed(r)
-                if r.get("eos") and r.get("eos_reason") == "cancelled":
-                    raise ApiError(503, "the request was cancelled by the server (model unloaded or server stopping)")
+            for b in builders:  # every choice opens with its role chunk (chat) or its echo (completions)
                 if req.kind == "chat":
-                    for chunk in _chat_chunks(builder, logprobs, calls_before):
-                        await send(chunk)
-                elif text or logprobs:
-                    await send(builder.chunk(text=text, logprobs=logprobs, text_offset=offset))
-                    offset += len(text)
-                if r.get("eos"):
-                    await send(builder.chunk(finish=True))
-                    if req.include_usage:
-                        await send(builder.usage_chunk())
+                    await send(b.chunk(first=True))
+                elif req.echo:
+                    await send(b.chunk(text=req.prompt))
+                    offsets[b.index] = len(req.prompt)
+            async with contextlib.aclosing(_choice_results(jobs)) as results:
+                async for i, r in results:
+                    if r["stage"] != "streaming":
+                        continue
+                    b = builders[i]
+                    self._observe_ttft(b, r, t0, name)
+                    calls_before = len(b.reply.tool_calls) if b.reply is not None else 0
+                    text, logprobs = b.feed(r)
+                    if r.get("eos") and r.get("eos_reason") == "cancelled":
+                        raise ApiError(503, "the request was cancelled by the server (model unloaded or server "
+                                            "stopping)")
+                    if req.kind == "chat":
+                        for chunk in _chat_chunks(b, logprobs, calls_before):
+                            await send(chunk)
+                    elif text or logprobs:
+                        await send(b.chunk(text=text, logprobs=logprobs, text_offset=offsets[i]))
+                        offsets[i] += len(text)
+                    if r.get("eos"):
+                        await send(b.chunk(finish=True))
+            if req.include_usage:
+                await send(builders[0].usage_chunk())
         except ApiError as exc:  # headers are gone: the error travels as an event, as vLLM sends it
             await send(exc.body())
         except ConnectionResetError:  # the client went away mid-stream: the finally cancels the job
@@ -289,11 +297,13 @@ def _chat_chunks(builder: ResponseBuilder, logprobs: list[dict], calls_before: i
     return out
 
 
-def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> DynamicJobAsync:
+def _start_job(served: ServedModel, req: GenerationRequest, rid: str, index: int = 0) -> DynamicJobAsync:
+    """The job of choice `index` (its own seed and filters; identified as rid, or rid/index with n > 1)."""
     try:
         return DynamicJobAsync(served.generator, input_ids=req.input_ids, max_new_tokens=req.max_tokens,
-                               min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.seed,
-                               stop_conditions=req.stops, filters=req.filters, identifier=rid,
+                               min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.choice_seed(index),
+                               stop_conditions=req.stops, filters=req.choice_filters(index),
+                               identifier=rid if req.n == 1 else f"{rid}/{index}",
                                return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter),
                                decode_special_tokens=req.plan is not None and req.plan.decode_special)
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
@@ -303,6 +313,40 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str) -> Dynamic
         raise bad_request(str(exc), "max_tokens") from None
     except RuntimeError as exc:  # the generator closed: the app is loading another model
         raise ApiError(503, f"the model is being replaced: {exc}", code="model_not_loaded") from None
+
+
+async def _choice_results(jobs: list[DynamicJobAsync]):
+    """(choice index, result) from every choice's job, in the order they arrive; an engine failure in any
+    of them ends the whole response."""
+    if len(jobs) == 1:
+        async for r in _results(jobs[0]):
+            yield 0, r
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, job: DynamicJobAsync) -> None:
+        try:
+            async for r in _results(job):
+                queue.put_nowait((i, r, None))
+        except ApiError as exc:
+            queue.put_nowait((i, None, exc))
+        else:
+            queue.put_nowait((i, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, job)) for i, job in enumerate(jobs)]
+    try:
+        left = len(jobs)
+        while left:
+            i, r, exc = await queue.get()
+            if exc is not None:
+                raise exc
+            if r is None:
+                left -= 1
+            else:
+                yield i, r
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def _results(job: DynamicJobAsync):

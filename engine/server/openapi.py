@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .requests import CHAT_FIELDS, COMPLETION_FIELDS, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, ROLES
+from .requests import CHAT_FIELDS, COMPLETION_FIELDS, MAX_N, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, ROLES
 
 OPENAPI_VERSION = "3.1.0"
 
@@ -36,14 +36,36 @@ def _number(low: float | None = None, high: float | None = None, *, exclusive_lo
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_TOOL_CALL = {"type": "object", "required": ["id", "type", "function"],
+              "properties": {"id": {"type": "string"}, "type": {"const": "function"},
+                             "function": {"type": "object", "required": ["name", "arguments"],
+                                          "properties": {"name": {"type": "string"},
+                                                         "arguments": {"type": "string"}}}}}
 _MESSAGE = {
-    "type": "object", "required": ["role", "content"], "additionalProperties": False,
+    "type": "object", "required": ["role"], "additionalProperties": False,
+    "description": "content may be null only in an assistant message that has tool_calls; a tool message "
+                   "names the call it answers (tool_call_id)",
     "properties": {
         "role": {"enum": sorted(ROLES)},
-        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+        "content": _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}),
         "name": {"type": "string"},
+        "tool_calls": _nullable({"type": "array", "items": _TOOL_CALL}),
+        "tool_call_id": {"type": "string"},
+        "reasoning_content": _nullable({"type": "string"}),
     },
 }
+_TOOL = {"type": "object", "required": ["type", "function"],
+         "properties": {"type": {"const": "function"},
+                        "function": {"type": "object", "required": ["name"],
+                                     "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                                    "parameters": {"type": "object"},
+                                                    "strict": _nullable({"type": "boolean"})}}}}
+_TOOL_CHOICE = _nullable({"anyOf": [
+    {"enum": ["none", "auto", "required"]},
+    {"type": "object", "required": ["type", "function"],
+     "properties": {"type": {"const": "function"},
+                    "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}},
+]})
 _STOP = _nullable({"anyOf": [{"type": "string", "minLength": 1},
                              {"type": "array", "items": {"type": "string", "minLength": 1}}]})
 _RESPONSE_FORMAT = _nullable({"oneOf": [
@@ -75,7 +97,13 @@ FIELD_SCHEMAS: dict[str, dict] = {
     "frequency_penalty": _number(-2, 2),
     "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
     "stop": _STOP,
-    "n": _nullable({"const": 1}),
+    "n": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_N}),
+    "tools": _nullable({"type": "array", "items": _TOOL}),
+    "tool_choice": _TOOL_CHOICE,
+    "parallel_tool_calls": _nullable({"type": "boolean"}),
+    "include_reasoning": _nullable({"type": "boolean"}),
+    "chat_template_kwargs": _nullable({"type": "object", "description": "variables for the chat template "
+                                                                       "(e.g. enable_thinking)"}),
     "best_of": _nullable({"const": 1}),
     "suffix": _NULL,
     "stream": _nullable({"type": "boolean"}),
@@ -121,7 +149,9 @@ _CHAT_RESPONSE = {
             "properties": {"index": _INT, "finish_reason": _FINISH, "logprobs": _nullable({"type": "object"}),
                            "message": {"type": "object", "required": ["role"],
                                        "properties": {"role": {"const": "assistant"},
-                                                      "content": _nullable({"type": "string"})}}}}},
+                                                      "content": _nullable({"type": "string"}),
+                                                      "tool_calls": {"type": "array", "items": _TOOL_CALL},
+                                                      "reasoning_content": _nullable({"type": "string"})}}}}},
         "usage": _USAGE,
     },
 }

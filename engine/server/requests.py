@@ -9,7 +9,7 @@ Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLla
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,6 +20,7 @@ from .served import ServedModel
 from .tool_requests import TOOL_FIELDS, ToolPlan, check_tool_message, parse_tool_plan, render_prompt, tool_filters
 
 MAX_TOP_LOGPROBS = 20
+MAX_N = 32  # choices per request: each is a job of its own, all sharing the prompt's pages
 MAX_TEMPERATURE = 2.0  # OpenAI's cap; the sampler itself takes any finite temperature
 # OpenAI's names for the sampler fields a request sets (the others share SamplerSettings' names)
 OPENAI_NAMES = {"token_repetition_penalty": "repetition_penalty", "token_presence_penalty": "presence_penalty",
@@ -54,6 +55,16 @@ class GenerationRequest:
     include_usage: bool = False
     continuous_usage: bool = False
     plan: ToolPlan | None = None  # chat: tools, tool choice and how to read the reply (reasoning, calls)
+    new_filters: Callable[[], list] | None = None  # a fresh set of the filters (another choice's)
+    n: int = 1  # choices: n jobs on the same prompt (prefilled once), choice i seeded seed + i
+
+    def choice_seed(self, index: int) -> int | None:
+        """Choice i's seed: seed + i, so seeded choices differ from each other and reproduce; None: random."""
+        return None if self.seed is None else (self.seed + index) % 2**63
+
+    def choice_filters(self, index: int) -> list:
+        """Choice i's filters: a grammar filter follows one reply, so every choice but the first gets new ones."""
+        return self.filters if index == 0 or self.new_filters is None else self.new_filters()
 
 
 def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int) -> GenerationRequest:
@@ -82,9 +93,11 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
             raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad_request("user must be a string (an end-user id)", "user")
-    n = body.get("n")
-    if n is not None and (_not_int(n) or n != 1):
-        raise bad_request(f"n must be 1 (this server returns one choice per request), got {n!r}", "n")
+    n = body.get("n", 1)
+    if n is None:
+        n = 1
+    if _not_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be an integer from 1 to {MAX_N}, got {n!r}", "n")
     if ids.shape[1] == 0:
         raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
     max_tokens = _max_tokens(body, kind, ids.shape[1], served.max_seq_len, default_max_tokens)
@@ -110,11 +123,13 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
                               "stream_options")
     options = options or {}
     filters = _response_format(body.get("response_format"))
+    new_filters = lambda: _response_format(body.get("response_format"))  # noqa: E731
     if plan is not None and plan.forced:
         if filters:
             raise bad_request("response_format can't be combined with a required or named tool_choice (the reply "
                               "is then a tool call)", "response_format")
         filters = tool_filters(plan, tok)
+        new_filters = lambda: tool_filters(plan, tok)  # noqa: E731
     return GenerationRequest(
         kind=kind, model=model, adapter=adapter, input_ids=ids, prompt=prompt, max_tokens=max_tokens,
         min_tokens=min_tokens, sampler=_sampler(body, tok.vocab_size), seed=_seed(body.get("seed")),
@@ -122,7 +137,7 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         logprobs=_logprobs(body, kind), echo=_bool_field(body, "echo", False), stream=stream,
         include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
-        plan=plan,
+        plan=plan, new_filters=new_filters, n=n,
     )
 
 

@@ -30,11 +30,17 @@ def request_id(kind: str) -> str:
 
 
 class ResponseBuilder:
-    """Accumulates one job's results and renders them as OpenAI objects (whole or as stream chunks)."""
+    """Accumulates one job's results and renders them as OpenAI objects (whole or as stream chunks).
 
-    def __init__(self, req: GenerationRequest, rid: str, tokenizer: Any):
+    A request with n choices has one builder per choice (`choices`): they share the id, and the whole
+    response and the usage cover all of them (the prompt counted once, the completions summed)."""
+
+    def __init__(self, req: GenerationRequest, rid: str, tokenizer: Any, index: int = 0,
+                 siblings: list[ResponseBuilder] | None = None):
         self.req = req
         self.id = rid
+        self.index = index
+        self.siblings = siblings if siblings is not None else [self]  # every choice's builder, in order
         self.created = int(time.time())
         self.tok = tokenizer
         self.text = ""
@@ -88,10 +94,20 @@ class ResponseBuilder:
         return out
 
     # ---- rendering -------------------------------------------------------------------------------
+    @classmethod
+    def choices(cls, req: GenerationRequest, rid: str, tokenizer: Any) -> list[ResponseBuilder]:
+        """One builder per choice of the request (req.n)."""
+        group: list[ResponseBuilder] = []
+        group += [cls(req, rid, tokenizer, i, group) for i in range(req.n)]
+        return group
+
     def usage(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        """The request's usage: its prompt once (and the part of it the first choice found in the cache:
+        the other choices reuse what it computed), every choice's completion tokens summed."""
+        completion = sum(b.completion_tokens for b in self.siblings)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": self.siblings[0].cached_tokens}}
 
     def _piece(self, tok: int) -> dict:
         raw = self.tok.token_bytes(tok)
@@ -117,19 +133,20 @@ class ResponseBuilder:
                 "text_offset": offsets}
 
     def final(self) -> dict:
-        """The whole (non-streamed) response."""
-        if self.req.kind == "chat":
-            choice = {"index": 0, "message": self._message(),
-                      "logprobs": self.chat_logprobs(self.logprobs), "finish_reason": self.finish_reason}
-            obj = "chat.completion"
-        else:
-            text = (self.req.prompt + self.text) if self.req.echo else self.text
-            start = len(self.req.prompt) if self.req.echo else 0
-            choice = {"index": 0, "text": text, "logprobs": self.completion_logprobs(self.logprobs, start),
-                      "finish_reason": self.finish_reason}
-            obj = "text_completion"
+        """The whole (non-streamed) response, with every choice."""
+        obj = "chat.completion" if self.req.kind == "chat" else "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model,
-                "choices": [choice], "usage": self.usage()}
+                "choices": [b.choice() for b in self.siblings], "usage": self.usage()}
+
+    def choice(self) -> dict:
+        """This choice in the whole response."""
+        if self.req.kind == "chat":
+            return {"index": self.index, "message": self._message(),
+                    "logprobs": self.chat_logprobs(self.logprobs), "finish_reason": self.finish_reason}
+        text = (self.req.prompt + self.text) if self.req.echo else self.text
+        start = len(self.req.prompt) if self.req.echo else 0
+        return {"index": self.index, "text": text, "logprobs": self.completion_logprobs(self.logprobs, start),
+                "finish_reason": self.finish_reason}
 
     def _message(self) -> dict:
         if self.reply is None:
@@ -155,11 +172,11 @@ class ResponseBuilder:
                 delta["reasoning_content"] = reasoning
             if tool_calls:
                 delta["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in tool_calls]
-            choice = {"index": 0, "delta": delta,
+            choice = {"index": self.index, "delta": delta,
                       "logprobs": self.chat_logprobs(logprobs) if logprobs else None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text or "",
+            choice = {"index": self.index, "text": text or "",
                       "logprobs": self.completion_logprobs(logprobs, text_offset) if logprobs else None,
                       "finish_reason": finish_reason}
             obj = "text_completion"

@@ -98,7 +98,7 @@ def test_default_model_repeating_prompt_rerun_and_copies_match_one_pass():
 
 
 def test_fresh_concurrent_copies_and_a_cfg_pair_match_one_pass(long_tiny):
-    """Copies prefilling the same shared pages in the same steps, and a CFG pair whose two sequences share
+    """Copies sharing the same pages (the second waits for the first's prefill, then reuses it), and a CFG pair whose two sequences share
     their prompt and deduplicate their generated pages onto each other (same owner twice on a page)."""
     model, tok = long_tiny
     prompt, n = [100, 200, 300, 400] * 8, 40

@@ -220,7 +220,7 @@ BAD = [
     (b"{not json", 400, "not valid JSON"),
     ([1, 2], 400, "JSON object"),
     ({"messages": QUESTION, "model": "no-such-model"}, 404, "does not exist"),
-    ({"messages": QUESTION, "n": 2}, 400, "n must be 1"),
+    ({"messages": QUESTION, "n": 0}, 400, "n must be an integer from 1 to 32"),
     ({"messages": QUESTION, "temperature": -1}, 400, "temperature"),
     ({"messages": QUESTION, "temperature": 2.5}, 400, "temperature"),
     ({"messages": QUESTION, "temperature": "hot"}, 400, "temperature must be a number"),

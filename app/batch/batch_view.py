@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Mapping
 
 from PySide6.QtWidgets import (
-    QComboBox, QFileDialog, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
+    QComboBox, QFileDialog, QFormLayout, QGridLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton,
     QSpinBox, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
@@ -64,7 +64,7 @@ class BatchView(QWidget):
         self.table.verticalHeader().hide()
         header = self.table.horizontalHeader()
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Interactive)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.Stretch)  # both texts share the width: no sideways scroll
         header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         header.resizeSection(1, 260)
         self._indices: list[int] = []  # row index shown in each table row, kept in input order
@@ -78,9 +78,10 @@ class BatchView(QWidget):
         form.addRow("System prompt", self.system)
         form.addRow("Preset", self.preset)
         form.addRow("Max tokens", self.max_tokens)
-        buttons = QHBoxLayout()
-        for b in (self.start_btn, self.pause_btn, self.resume_btn, self.export_btn):
-            buttons.addWidget(b)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)  # labels above fields in a narrow dock
+        buttons = QGridLayout()  # two rows of two: the dock's width on a small screen holds them whole
+        for i, b in enumerate((self.start_btn, self.pause_btn, self.resume_btn, self.export_btn)):
+            buttons.addWidget(b, i // 2, i % 2)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addLayout(buttons)

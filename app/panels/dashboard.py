@@ -108,7 +108,7 @@ class DashboardDock(QDockWidget):
 
     def __init__(self, parent: QWidget | None = None, window_s: float = 60.0, capacity: int = 1024,
                  rate_window_s: float = 2.0) -> None:
-        super().__init__("Cache dashboard", parent)
+        super().__init__("Dashboard", parent)
         self.setObjectName("DashboardDock")
         if window_s <= 0 or rate_window_s <= 0:
             raise ValueError("window_s and rate_window_s must be positive")
@@ -215,6 +215,7 @@ class DashboardDock(QDockWidget):
                       self.sampling_label, self.cache_label, self.lora_label):
             label.setTextFormat(Qt.PlainText)  # plain text lays out far faster than rich text at 10 Hz
             label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long lines must not widen the dock
+            label.setWordWrap(True)  # ...and at a small screen's dock width they wrap at a space, never clipped
             stats.addWidget(label)
         self.acceptance_label.setText("speculative acceptance: n/a (nothing drafted)")
         lower = QWidget()

@@ -6,7 +6,7 @@ from PySide6.QtCore import SignalInstance
 
 from app.panels.dashboard import DashboardDock
 
-LOCAL_TITLE = "Cache dashboard"
+LOCAL_TITLE = "Dashboard"  # short: six dock tabs share a small screen's column
 
 
 class DashboardFeed:

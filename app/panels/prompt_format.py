@@ -30,6 +30,9 @@ class PromptFormatBox(QGroupBox):
         for value, label in engine.chat_format_choices():
             self.combo.addItem(label, value)
         self.combo.addItem("custom Jinja file…", CUSTOM)
+        # sized by a short text, not its longest choice: the Model tab must fit a small screen's dock
+        self.combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(12)
         self.combo.setToolTip("How chats with this model are turned into its prompt; remembered for this model")
         self.combo.setEnabled(False)
         self.combo.activated.connect(self._activated)  # user picks only, never show_format's own changes

@@ -86,7 +86,7 @@ def test_panels_fit_their_docks_and_headers_never_truncate(tmp_path, width, heig
     for name, d in r["docks"].items():
         assert d["minimum"] <= d["room"], (name, d)  # laid out within the dock's width
         assert not d["hscroll"] and not d["inner_hscroll"], (name, d)  # lists and tables fit too
-    (right_column,) = [t for t in r["tabs"] if len(t) == 5]  # dashboard, Model, LoRA, Discover, Server
+    (right_column,) = [t for t in r["tabs"] if len(t) == 6]  # dashboard, Model, LoRA, Discover, Server, Batch
     for text, shown, whole in right_column:
         assert shown >= whole, (text, right_column)  # every dock tab's title shown whole
     assert len(r["headers"]) == 3

@@ -76,4 +76,4 @@ def test_window_fits_the_screen(tmp_path, width, height):
         assert len(r["prompts"]) == (1 if r["label"] == "first start" else 4), r
         for px, py, pw, ph in r["prompts"]:  # every shown message box is inside the window, big enough to type in
             assert px >= 0 and py >= 0 and px + pw <= ww and py + ph <= wh and pw >= 80 and ph >= 20, r
-        assert r["right_docks"] == ["Discover", "LoRA", "Model", "Server"], r  # one tabbed column, not a stack
+        assert r["right_docks"] == ["Batch", "Discover", "LoRA", "Model", "Server"], r  # one tabbed column, not a stack

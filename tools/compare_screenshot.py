@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from tools.screenshots import _until_streamed
+from tools.screenshots import _until_streamed, qt_session, save_grab
 
 QUESTION = "In two sentences: what should a visitor to the harbour do first?"
 DOCUMENT = ("Harbour guide. The ferry leaves the north pier every hour. The fish market opens at six and "
@@ -64,8 +61,7 @@ async def _compare(outdir: Path, seconds: float, data_dir: Path, size: tuple[int
         await _until_streamed([p.session for p in panes], 60, seconds)
         await asyncio.sleep(0.2)  # let the loop paint
         path = outdir / "app-compare-4.png"
-        if not window.grab().save(str(path)):
-            raise OSError(f"could not write screenshot {path}")
+        save_grab(window, path)
         return path
     finally:
         await window.shutdown()
@@ -80,16 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = tuple(int(v) for v in args.size.lower().split("x"))
     args.outdir.mkdir(parents=True, exist_ok=True)
-    from PySide6.QtWidgets import QApplication
-
-    from app.window.event_loop import QtEventLoop
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    loop = QtEventLoop(app)
-    asyncio.set_event_loop(loop)
-    with tempfile.TemporaryDirectory(prefix="pagedeck-compare-") as data_dir, loop:
-        os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")
-        print(loop.run_until_complete(_compare(args.outdir, args.seconds, Path(data_dir), size)))
+    with qt_session("pagedeck-compare-") as (loop, data_dir):
+        print(loop.run_until_complete(_compare(args.outdir, args.seconds, data_dir, size)))
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
@@ -35,6 +36,29 @@ PROMPTS = (
     "Show how SQL window functions compute a running total, then a rank per group.",
     "Write a short poem about autumn leaves in the style of a haiku sequence.",
 )
+
+def save_grab(widget, path: Path) -> Path:
+    """Write what `widget` shows now to `path` (PNG); OSError if it could not be written."""
+    if not widget.grab().save(str(path)):
+        raise OSError(f"could not write screenshot {path}")
+    return path
+
+
+@contextlib.contextmanager
+def qt_session(prefix: str):
+    """The app's Qt event loop and a scratch data folder (preferences and history there, never the
+    user's), for a tool that drives the real window: yields (loop, data folder)."""
+    from PySide6.QtWidgets import QApplication
+
+    from app.window.event_loop import QtEventLoop
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    loop = QtEventLoop(app)
+    asyncio.set_event_loop(loop)
+    with tempfile.TemporaryDirectory(prefix=prefix) as data_dir, loop:
+        os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")
+        yield loop, Path(data_dir)
+
 
 
 def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: int = 512,
@@ -61,8 +85,7 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
         dock.page_map.show_page_info(shared[-1])
     app.processEvents()
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not dock.grab().save(str(path)):
-        raise OSError(f"could not write screenshot {path}")
+    save_grab(dock, path)
     dock.close()
     return path
 
@@ -121,8 +144,7 @@ async def _discover(outdir: Path, data_dir: Path, size: tuple[int, int], tag: st
         await _until(lambda: view.load_button.isEnabled())
         await asyncio.sleep(0.3)
         path = outdir / f"discover-{tag}{'-dark' if theme == 'dark' else ''}.png"
-        if not window.grab().save(str(path)):
-            raise OSError(f"could not write screenshot {path}")
+        save_grab(window, path)
         return [path]
     finally:
         hub.stop()
@@ -166,8 +188,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
             shots = [(f"app-streaming-{name}.png", window), (f"dashboard-live-{name}.png", window.dashboard)]
             for name, widget in shots:
                 path = outdir / name
-                if not widget.grab().save(str(path)):
-                    raise OSError(f"could not write screenshot {path}")
+                save_grab(widget, path)
                 saved.append(path)
     finally:  # stop the generator's worker thread even when a shot failed
         await window.shutdown()
@@ -206,8 +227,7 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
         await _until_streamed([p.session for p, _ in panes], 200, seconds)
         await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
         path = outdir / "app-lora-chats.png"
-        if not window.grab().save(str(path)):
-            raise OSError(f"could not write screenshot {path}")
+        save_grab(window, path)
         return [path]
     finally:
         await window.shutdown()
@@ -242,8 +262,7 @@ async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> l
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.2)  # let the loop paint
         path = outdir / "app-prompt-format.png"
-        if not window.grab().save(str(path)):
-            raise OSError(f"could not write screenshot {path}")
+        save_grab(window, path)
         return [path]
     finally:
         await window.shutdown()
@@ -295,8 +314,7 @@ async def _batch_run(outdir: Path, seconds: float, data_dir: Path) -> list[Path]
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
         path = outdir / "batch-run.png"
-        if not window.grab().save(str(path)):
-            raise OSError(f"could not write screenshot {path}")
+        save_grab(window, path)
         return [path]
     finally:
         await window.shutdown()
@@ -341,12 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = args.lora_only or args.format_only or args.batch_only
     saved = [] if only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
-        from app.window.event_loop import QtEventLoop
-
-        loop = QtEventLoop(app)
-        asyncio.set_event_loop(loop)
-        with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
-            os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # never the user's preferences
+        with qt_session("pagedeck-shots-") as (loop, data_dir):
             if args.format_only:
                 saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
             elif args.batch_only:

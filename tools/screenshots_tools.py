@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
+
+from tools.screenshots import qt_session
 
 CALC = Path(__file__).resolve().parents[1] / "tests" / "data" / "mcp_servers" / "calc.py"
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1234, "b": 4321}}\n</tool_call>'
@@ -113,16 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     size = tuple(int(v) for v in args.size.lower().split("x"))
     args.outdir.mkdir(parents=True, exist_ok=True)
-    from PySide6.QtWidgets import QApplication
-
-    from app.window.event_loop import QtEventLoop
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    loop = QtEventLoop(app)
-    asyncio.set_event_loop(loop)
-    with tempfile.TemporaryDirectory(prefix="pagedeck-shots-") as data_dir, loop:
-        os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")  # mcp.json sits beside it
-        for path in loop.run_until_complete(_shots(args.outdir, Path(data_dir), size)):
+    with qt_session("pagedeck-shots-") as (loop, data_dir):  # mcp.json sits beside the scratch preferences
+        for path in loop.run_until_complete(_shots(args.outdir, data_dir, size)):
             print(path)
     return 0
 

@@ -17,14 +17,15 @@ NO_HELP = {"vllm_server"}
 
 
 def test_every_tool_is_listed_here():
-    assert TOOLS == ["compile_check", "cpu_time_peer", "dashboard_bench", "kernel_bench", "kv_quant_error",
-                     "loop_check", "lora_bench", "qmatmul_bench", "sampling_bench", "screenshots", "server_bench", "step_profile",
-                     "synthetic_gguf", "train_lora", "vllm_server", "weight_quality"]
+    assert TOOLS == ["compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "fake_hub",
+                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "qmatmul_bench", "sampling_bench",
+                     "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
+                     "vllm_server", "weight_quality"]
 
 
 @pytest.mark.parametrize("command", [["tools." + name] for name in TOOLS if name not in NO_HELP]
                          + [["engine", "bench"], ["engine", "bench-spec"], ["engine", "bench-load"], ["engine", "generate"],
-                            ["engine", "serve"]])
+                            ["engine", "serve"], ["engine", "batch"], ["engine", "soak"]])
 def test_command_starts(command):
     proc = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)

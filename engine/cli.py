@@ -27,6 +27,18 @@ SAMPLER_FLAGS = {  # CLI flag -> SamplerSettings field
 }
 
 
+def add_sampler_arguments(parser: argparse.ArgumentParser, seed_help: str) -> None:
+    """--greedy, the SAMPLER_FLAGS and --seed, as every generating command takes them (sampler_from_args
+    reads them back)."""
+    parser.add_argument("--greedy", action="store_true", help="argmax decoding (no sampler options allowed)")
+    kinds = {"top_k": (int, "K"), "temperature": (float, "T"), "top_p": (float, "P"), "min_p": (float, "M"),
+             "repetition_penalty": (float, "R")}
+    for flag in SAMPLER_FLAGS:
+        kind, metavar = kinds[flag]
+        parser.add_argument("--" + flag.replace("_", "-"), type=kind, metavar=metavar)
+    parser.add_argument("--seed", type=int, metavar="S", help=seed_help)
+
+
 class CLIError(Exception):
     """A user error found by the CLI itself (before the engine sees the request)."""
 
@@ -57,13 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt format of --chat: auto (the model's own, else its family's, else plain completion), "
                         "model, chatml, llama3, gemma, phi3, mistral, plain, or a Jinja file")
     g.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N")
-    g.add_argument("--greedy", action="store_true", help="argmax decoding (no sampler options allowed)")
-    g.add_argument("--temperature", type=float, metavar="T")
-    g.add_argument("--top-k", type=int, metavar="K")
-    g.add_argument("--top-p", type=float, metavar="P")
-    g.add_argument("--min-p", type=float, metavar="M")
-    g.add_argument("--repetition-penalty", type=float, metavar="R")
-    g.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
+    add_sampler_arguments(g, seed_help="makes sampling reproducible")
     g.add_argument("--json", action="store_true", help="print one JSON object at the end instead of streaming")
 
     from .server.main import add_serve_parser
@@ -72,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .batch.cli_run import add_batch_parser
 
-    add_batch_parser(sub, WEIGHT_NAMES)
+    add_sampler_arguments(add_batch_parser(sub, WEIGHT_NAMES),
+                          seed_help="row i is sampled with seed S + i (reproducible)")
 
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",

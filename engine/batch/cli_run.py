@@ -22,7 +22,7 @@ from .inputs import BatchRow, PromptTemplate, batch_messages, read_inputs
 from .loop import BatchLoop, RowResult
 
 
-def add_batch_parser(sub, weight_names) -> None:
+def add_batch_parser(sub, weight_names):
     b = sub.add_parser("batch", help="run a prompt template over every row of a CSV/JSONL file (resumable)")
     b.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
     b.add_argument("--weights", choices=weight_names, default="auto",
@@ -39,14 +39,8 @@ def add_batch_parser(sub, weight_names) -> None:
                    help="rows in flight at once (the generator batches them; default 32)")
     b.add_argument("--cache-tokens", type=int, default=DEFAULT_CACHE_TOKENS, metavar="N",
                    help=f"K/V cache size in tokens (default {DEFAULT_CACHE_TOKENS})")
-    b.add_argument("--greedy", action="store_true", help="argmax decoding (no sampler options allowed)")
-    b.add_argument("--temperature", type=float, metavar="T")
-    b.add_argument("--top-k", type=int, metavar="K")
-    b.add_argument("--top-p", type=float, metavar="P")
-    b.add_argument("--min-p", type=float, metavar="M")
-    b.add_argument("--repetition-penalty", type=float, metavar="R")
-    b.add_argument("--seed", type=int, metavar="S", help="row i is sampled with seed S + i (reproducible)")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return b  # the sampler flags are engine.cli's (one set for every generating command)
 
 
 def progress_path(output: str | Path) -> Path:

@@ -54,7 +54,12 @@ def cell_pixel(dock, page, dx=0, dy=0):
     return tuple(int(v) for v in pages.rgba[y + dy, x + dx])
 
 
-def test_page_map_colours_each_cell_by_state(dock):
+def test_page_map_colours_each_cell_by_state(dock, monkeypatch):
+    """(A fresh colour book: chats earlier tests left open may fill the palette, and past it colours repeat.)"""
+    import app.panels.pagemap as pagemap
+    from app.core.chat_colours import ColourBook
+
+    monkeypatch.setattr(pagemap, "CHAT_COLOURS", ColourBook())
     dock.push(snapshot(STATES, 1.0, SHARED, owners={3: "chat-a", 7: "chat-b"}))
     cell = dock.page_map.pages.cell
     for page in range(4):

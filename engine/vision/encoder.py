@@ -74,7 +74,7 @@ class VisionEncoder:
             self.preprocessor = idefics3_processor.Idefics3Preprocessor.from_config(preprocessor_config, siglip.image_size)
             self.marker, self.placeholder = idefics3_processor.IMAGE_TOKEN, idefics3_processor.IMAGE_TOKEN
             self.tokens_per_tile = idefics3_processor.image_seq_len(
-                siglip.image_size, siglip.patch_size, shape.scale_factor)
+                self.preprocessor.tile_size, siglip.patch_size, shape.scale_factor)
         else:
             self.module = Gemma3Vision(siglip, shape.text_hidden, shape.mm_tokens_per_image)
             self.preprocessor = gemma3_processor.Gemma3Preprocessor.from_config(preprocessor_config, siglip.image_size)

@@ -18,7 +18,7 @@ NO_HELP = {"vllm_server"}
 
 def test_every_tool_is_listed_here():
     assert TOOLS == ["compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "fake_hub",
-                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "qmatmul_bench", "sampling_bench",
+                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "mmproj_gguf", "qmatmul_bench", "sampling_bench",
                      "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
                      "vllm_server", "weight_quality"]
 

@@ -71,13 +71,15 @@ class VisionEncoder:
         self.identity = identity
         if self.kind == IDEFICS3:
             self.module = Idefics3Vision(siglip, shape.text_hidden, shape.scale_factor)
-            self.preprocessor = idefics3_processor.Idefics3Preprocessor.from_config(preprocessor_config, siglip.image_size)
+            self.preprocessor = idefics3_processor.Idefics3Preprocessor.from_config(
+                preprocessor_config, siglip.image_size)
             self.marker, self.placeholder = idefics3_processor.IMAGE_TOKEN, idefics3_processor.IMAGE_TOKEN
             self.tokens_per_tile = idefics3_processor.image_seq_len(
                 self.preprocessor.tile_size, siglip.patch_size, shape.scale_factor)
         else:
             self.module = Gemma3Vision(siglip, shape.text_hidden, shape.mm_tokens_per_image)
-            self.preprocessor = gemma3_processor.Gemma3Preprocessor.from_config(preprocessor_config, siglip.image_size)
+            self.preprocessor = gemma3_processor.Gemma3Preprocessor.from_config(
+                preprocessor_config, siglip.image_size)
             self.marker, self.placeholder = gemma3_processor.BOI_TOKEN, gemma3_processor.IMAGE_TOKEN
             self.tokens_per_tile = shape.mm_tokens_per_image
         missing, unexpected = self.module.load_state_dict(state, strict=False)

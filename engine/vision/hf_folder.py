@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from engine.vision.encoder import GEMMA3, IDEFICS3, ProjectorShape, VisionEncoder
-from engine.vision.siglip import SiglipConfig
+from engine.vision.siglip import IDEFICS3_DEFAULTS, SiglipConfig
 
 # config.json model_type -> projector kind
 MODEL_TYPES = {"idefics3": IDEFICS3, "smolvlm": IDEFICS3, "gemma3": GEMMA3}
@@ -41,13 +41,15 @@ def load_hf_vision(folder: str | Path, device="cpu", dtype=torch.float32) -> Vis
     kind = MODEL_TYPES.get(config.get("model_type"))
     if kind is None or not isinstance(config.get("vision_config"), dict):
         raise ValueError(f"{folder} is not an Idefics3/SmolVLM or Gemma 3 vision-language model")
-    siglip = SiglipConfig.from_hf(config["vision_config"])
-    text_hidden = int((config.get("text_config") or {}).get("hidden_size", 0))
+    siglip = SiglipConfig.from_hf(config["vision_config"], IDEFICS3_DEFAULTS if kind == IDEFICS3 else None)
+    text_hidden = (config.get("text_config") or {}).get("hidden_size")
+    if not text_hidden:
+        raise ValueError(f"{folder}: config.json gives no text_config.hidden_size")
     if kind == IDEFICS3:
-        shape = ProjectorShape(kind, text_hidden, scale_factor=int(config.get("scale_factor", 2)))
+        shape = ProjectorShape(kind, int(text_hidden), scale_factor=int(config.get("scale_factor", 2)))
         token_id = config.get("image_token_id")
     else:
-        shape = ProjectorShape(kind, text_hidden, mm_tokens_per_image=int(config.get("mm_tokens_per_image", 256)))
+        shape = ProjectorShape(kind, int(text_hidden), mm_tokens_per_image=int(config.get("mm_tokens_per_image", 256)))
         token_id = config.get("image_token_index", config.get("image_token_id"))
     files = _safetensors_files(folder)
     state = _vision_state(files, kind)

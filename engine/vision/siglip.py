@@ -24,6 +24,14 @@ _ACTIVATIONS = {
 }
 
 
+# transformers' SiglipVisionConfig defaults
+SIGLIP_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                       image_size=224, patch_size=16, layer_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
+                       num_channels=3)
+# transformers' Idefics3VisionConfig / SmolVLMVisionConfig defaults where they differ
+IDEFICS3_DEFAULTS = dict(hidden_size=1152, num_attention_heads=16, patch_size=32)
+
+
 @dataclass(frozen=True)
 class SiglipConfig:
     hidden_size: int
@@ -37,20 +45,11 @@ class SiglipConfig:
     num_channels: int = 3
 
     @classmethod
-    def from_hf(cls, vision_config: dict) -> "SiglipConfig":
-        """From config.json's vision_config (transformers' SiglipVisionConfig defaults for missing keys)."""
-        v = vision_config
-        return cls(
-            hidden_size=int(v.get("hidden_size", 768)),
-            intermediate_size=int(v.get("intermediate_size", 3072)),
-            num_hidden_layers=int(v.get("num_hidden_layers", 12)),
-            num_attention_heads=int(v.get("num_attention_heads", 12)),
-            image_size=int(v.get("image_size", 224)),
-            patch_size=int(v.get("patch_size", 16)),
-            layer_norm_eps=float(v.get("layer_norm_eps", 1e-6)),
-            hidden_act=str(v.get("hidden_act", "gelu_pytorch_tanh")),
-            num_channels=int(v.get("num_channels", 3)),
-        )
+    def from_hf(cls, vision_config: dict, defaults: dict | None = None) -> "SiglipConfig":
+        """From config.json's vision_config; missing keys take `defaults` (the transformers config class's
+        defaults for that model type: config.json files leave out what equals them), else SigLIP's."""
+        v = {**SIGLIP_DEFAULTS, **(defaults or {}), **vision_config}
+        return cls(**{f: type(SIGLIP_DEFAULTS[f])(v[f]) for f in SIGLIP_DEFAULTS})
 
     @property
     def patches_per_side(self) -> int:

@@ -36,20 +36,25 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.2 * noise)
 
 
-def write_idefics3(folder, *, image_size=32, tile=32, longest_edge=96, splitting=True, seed=0):
-    """A tiny Idefics3ForConditionalGeneration + its PIL image processor in `folder`."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+def write_idefics3(folder, *, image_size=32, tile=32, longest_edge=96, splitting=True, seed=0, smolvlm=False):
+    """A tiny Idefics3ForConditionalGeneration (or SmolVLMForConditionalGeneration, the same network under
+    another name) + its PIL image processor in `folder`."""
+    import transformers
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
+    family = "SmolVLM" if smolvlm else "Idefics3"
     text = dict(model_type="llama", hidden_size=TEXT_HIDDEN, intermediate_size=64, num_hidden_layers=1,
                 num_attention_heads=4, num_key_value_heads=2, vocab_size=300)
-    config = Idefics3Config(vision_config=dict(VISION, image_size=image_size), text_config=text, scale_factor=2)
-    model = Idefics3ForConditionalGeneration(config).eval()
+    config = getattr(transformers, f"{family}Config")(vision_config=dict(VISION, image_size=image_size),
+                                                      text_config=text, scale_factor=2)
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(config).eval()
     _randomize(model, seed)
     model.save_pretrained(folder)
-    Idefics3ImageProcessorPil(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile},
-                              do_image_splitting=splitting, image_mean=[0.48, 0.45, 0.41],
-                              image_std=[0.27, 0.26, 0.28]).save_pretrained(folder)
+    processor = SmolVLMImageProcessorPil if smolvlm else Idefics3ImageProcessorPil
+    processor(size={"longest_edge": longest_edge}, max_image_size={"longest_edge": tile},
+              do_image_splitting=splitting, image_mean=[0.48, 0.45, 0.41],
+              image_std=[0.27, 0.26, 0.28]).save_pretrained(folder)
     return folder
 
 
@@ -97,6 +102,7 @@ def idefics3_folders(tmp_path_factory):
         # tiles smaller than the encoder's image size: positions are bucketed fractions, not a plain range
         "small-tiles": write_idefics3(root / "idefics3-small", tile=24, longest_edge=80, seed=1),
         "no-split": write_idefics3(root / "idefics3-nosplit", splitting=False, seed=2),
+        "smolvlm": write_idefics3(root / "smolvlm", longest_edge=112, seed=3, smolvlm=True),
     }
 
 
@@ -106,9 +112,9 @@ def gemma3_folder(tmp_path_factory):
 
 
 def _hf_idefics3(folder):
-    from transformers import AutoImageProcessor, Idefics3ForConditionalGeneration
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
 
-    return AutoImageProcessor.from_pretrained(folder), Idefics3ForConditionalGeneration.from_pretrained(folder).eval()
+    return AutoImageProcessor.from_pretrained(folder), AutoModelForImageTextToText.from_pretrained(folder).eval()
 
 
 def _hf_layout(rows: int, cols: int, seq_len: int) -> str:
@@ -121,11 +127,11 @@ def _hf_layout(rows: int, cols: int, seq_len: int) -> str:
     return p.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
 
 
-@pytest.mark.parametrize("variant", ["split", "small-tiles", "no-split"])
+@pytest.mark.parametrize("variant", ["split", "small-tiles", "no-split", "smolvlm"])
 def test_idefics3_matches_transformers(idefics3_folders, variant):
     folder = idefics3_folders[variant]
     processor, model = _hf_idefics3(folder)
-    assert type(processor).__name__ == "Idefics3ImageProcessorPil"  # Pillow resizing, as ours
+    assert type(processor).__name__.endswith("ImageProcessorPil")  # Pillow resizing, as ours
     encoder = load_vision(folder)
     per_tile = 9 if variant == "small-tiles" else 16  # (tile / patch)^2 / scale_factor^2
     assert encoder.kind == "idefics3" and encoder.tokens_per_tile == per_tile

@@ -74,7 +74,7 @@ def write_gemma3(folder, *, image_size=64, mm_tokens=16, seed=0):
     return folder
 
 
-def test_images() -> dict[str, Image.Image]:
+def sample_images() -> dict[str, Image.Image]:
     """Odd sizes, wide and tall, small (upscaled) and large (split), and the modes a user's file may have."""
     rng = np.random.RandomState(7)
     rgb = lambda h, w: Image.fromarray(rng.randint(0, 256, (h, w, 3), dtype=np.uint8))  # noqa: E731
@@ -90,8 +90,7 @@ def test_images() -> dict[str, Image.Image]:
     }
 
 
-IMAGES = test_images()
-test_images.__test__ = False  # a builder, not a test
+IMAGES = sample_images()
 
 
 @pytest.fixture(scope="module")

@@ -86,11 +86,14 @@ def ensure_model() -> None:
 
 
 def start(port: int) -> subprocess.Popen:
-    """`vllm serve` with the issue's flags, in its own process group (it forks an engine core)."""
+    """`vllm serve` with the flags the tests need, in its own process group (it forks an engine core)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     cmd = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8"]
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8",
+           # tool_choice "auto": vLLM's Hermes parser reads calls out of the reply's text (the format pagedeck's
+           # fallback tool prompt teaches); a named or "required" choice needs no parser (guided decoding)
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     out = open(WORK / "server.log", "w")
     log(f"starting vLLM on port {port} (log: {WORK / 'server.log'})")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

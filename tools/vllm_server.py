@@ -91,9 +91,10 @@ def start(port: int) -> subprocess.Popen:
            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     cmd = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8",
-           # tool_choice "auto": vLLM's Hermes parser reads calls out of the reply's text (the format pagedeck's
-           # fallback tool prompt teaches); a named or "required" choice needs no parser (guided decoding)
-           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+           # tool calls: vLLM's Hermes parser reads them out of the reply's text (the format pagedeck's fallback
+           # tool prompt teaches); with it, vLLM constrains a named or "required" choice by a structural tag,
+           # whose arguments follow the tool's schema only at strict level "parameter"
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter"]
     out = open(WORK / "server.log", "w")
     log(f"starting vLLM on port {port} (log: {WORK / 'server.log'})")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -85,7 +85,7 @@ def ensure_model() -> None:
     log(f"model folder ready in {time.monotonic() - t0:.0f} s")
 
 
-def start(port: int) -> subprocess.Popen:
+def start(port: int, extra: tuple[str, ...] = (), log_name: str = "server.log") -> subprocess.Popen:
     """`vllm serve` with the flags the tests need, in its own process group (it forks an engine core)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
@@ -94,9 +94,9 @@ def start(port: int) -> subprocess.Popen:
            # tool calls: vLLM's Hermes parser reads them out of the reply's text (the format pagedeck's fallback
            # tool prompt teaches); with it, vLLM constrains a named or "required" choice by a structural tag,
            # whose arguments follow the tool's schema only at strict level "parameter"
-           "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter"]
-    out = open(WORK / "server.log", "w")
-    log(f"starting vLLM on port {port} (log: {WORK / 'server.log'})")
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter", *extra]
+    out = open(WORK / log_name, "w")
+    log(f"starting vLLM on port {port} (log: {WORK / log_name})")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -35,11 +35,13 @@ _DONE = object()
 
 def api_message(m: dict) -> dict:
     """A chat message as the OpenAI API takes it: a call's arguments as JSON text (templates take them as an
-    object), a tool result without the tool's name (OpenAI's tool messages have none)."""
+    object), a tool result without the tool's name (OpenAI's tool messages have none). A reply's thinking
+    goes back only with its tool rounds (reasoning_content, where a template such as Qwen3's keeps it for
+    the turn under way), never with an answer: as vLLM asks, a finished reply's thinking is not resent."""
     if m.get("role") == "tool":
         return {k: v for k, v in m.items() if k != "name"}
     if not m.get("tool_calls"):
-        return m
+        return {k: v for k, v in m.items() if k != "reasoning_content"}
     calls = [{**c, "function": {**c["function"], "arguments": ToolCall.from_openai(c).arguments_json}}
              for c in m["tool_calls"]]
     return {**m, "tool_calls": calls}

@@ -129,3 +129,9 @@ def test_the_request_carries_tools_and_history_calls_as_the_openai_api_takes_the
     assert body["tool_choice"] == "none"  # a forced call was made: the round after its result answers
     assert round_tool_choice("required", history[:1]) == "required" and round_tool_choice("auto", history) == "auto"
     assert "tools" not in chat_body("m", history[:1], ChatSettings(system_prompt=""))
+    thought = [{"role": "user", "content": "2+3?"},
+               {**history[1], "reasoning_content": "add them"}, history[2],
+               {"role": "assistant", "content": "5", "reasoning_content": "easy"}]
+    sent = chat_body("m", thought, ChatSettings(system_prompt=""), [spec])["messages"]
+    # thinking goes back with its tool round (a template may keep it for the turn), never with an answer
+    assert sent[1]["reasoning_content"] == "add them" and sent[3] == {"role": "assistant", "content": "5"}

@@ -102,3 +102,38 @@ def test_a_reply_cut_off_never_shows_its_call_as_text(server, cut):
     expect = [] if cut < 3 else ["get_weather"] + [None] * written
     assert [d.function.name for d in deltas] == expect
     assert "".join(d.function.arguments or "" for d in deltas) == "".join(ARGS[:written])
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", 'On it. <tool_call>\n{"name": "add", "arguments": {"a": [1, 2], "s": "x}\\"]y"}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>'),
+    ("llama3_json", '{"name": "add", "parameters": {"a": 2}}; {"name": "now", "parameters": {}}'),
+    ("mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "now", "arguments": {}}]'),
+    ("mistral_args", '[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]now[ARGS]{}'),
+    ("phi4_mini", 'functools[{"name": "add", "arguments": {"a": 1}}]'),
+    ("hermes", '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'),  # arguments as a string
+])
+def test_pieces_add_up_to_the_calls_of_the_whole_reply_in_every_format(fmt, text):
+    """Fed one character at a time, each format's calls come as pieces (name first, then arguments) that
+    add up to the calls the streaming parser keeps, and to the whole reply's calls read at once."""
+    from engine.chat import FORMATS, ReplyParser, split_reply
+
+    parser, pieces, content = ReplyParser(tool_format=FORMATS[fmt]), [], ""
+    for ch in text:
+        d = parser.feed(ch)
+        pieces, content = pieces + d.call_pieces, content + d.content
+    d = parser.finish()
+    pieces, content = pieces + d.call_pieces, content + d.content
+    calls: dict[int, list] = {}
+    for p in pieces:
+        if p.id is not None:
+            assert p.index not in calls and p.name
+            calls[p.index] = [p.id, p.name, ""]
+        else:
+            assert p.index in calls
+        calls[p.index][2] += p.arguments
+    assert [tuple(calls[i]) for i in sorted(calls)] == [(c.id, c.name, c.arguments_json) for c in parser.tool_calls]
+    whole = split_reply(text, tool_format=FORMATS[fmt])
+    assert content == whole.content and [(c.name, c.arguments) for c in parser.tool_calls] == [
+        (c.name, c.arguments) for c in whole.tool_calls]
+    assert len(parser.tool_calls) == (1 if fmt == "phi4_mini" or '"{' in text else 2)

@@ -13,10 +13,7 @@ real process, the approval path. vLLM runs with `--enable-auto-tool-choice --too
   regex, added to the first request only), the way tests/app/test_mcp_chat.py forces the local model's
   text: the parsing on the server, the streaming and everything in the app are the real ones.
 
-Not tested here: reasoning through vLLM. SmolLM2 has no think tokens, and vLLM's think-tag reasoning
-parsers (deepseek_r1, qwen3) refuse to start without them ("could not locate think start/end tokens in
-the tokenizer"), so no `reasoning_content` can come from this server. The app reads vLLM's
-`reasoning_content` deltas the way pagedeck's own server sends them (tests/app/test_remote_thinking.py).
+Reasoning through vLLM, and what of it the default model leaves untested: test_remote_vllm_reasoning.py.
 """
 from __future__ import annotations
 

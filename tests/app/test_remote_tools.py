@@ -122,7 +122,8 @@ def test_the_request_carries_tools_and_history_calls_as_the_openai_api_takes_the
                {"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}]},
                {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "5"}]
-    body = chat_body("m", history, ChatSettings(system_prompt=""), [spec], {"type": "function", "function": {"name": "add"}})
+    named = {"type": "function", "function": {"name": "add"}}
+    body = chat_body("m", history, ChatSettings(system_prompt=""), [spec], named)
     assert body["tools"] == [spec]
     assert json.loads(body["messages"][1]["tool_calls"][0]["function"]["arguments"]) == {"a": 2, "b": 3}
     assert body["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": "5"}

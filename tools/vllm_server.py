@@ -85,14 +85,18 @@ def ensure_model() -> None:
     log(f"model folder ready in {time.monotonic() - t0:.0f} s")
 
 
-def start(port: int) -> subprocess.Popen:
-    """`vllm serve` with the issue's flags, in its own process group (it forks an engine core)."""
+def start(port: int, extra: tuple[str, ...] = (), log_name: str = "server.log") -> subprocess.Popen:
+    """`vllm serve` with the flags the tests need, in its own process group (it forks an engine core)."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     cmd = [str(VENV / "bin" / "vllm"), "serve", str(MODEL), "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8"]
-    out = open(WORK / "server.log", "w")
-    log(f"starting vLLM on port {port} (log: {WORK / 'server.log'})")
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-lora", "--max-lora-rank", "8",
+           # tool calls: vLLM's Hermes parser reads them out of the reply's text (the format pagedeck's fallback
+           # tool prompt teaches); with it, vLLM constrains a named or "required" choice by a structural tag,
+           # whose arguments follow the tool's schema only at strict level "parameter"
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter", *extra]
+    out = open(WORK / log_name, "w")
+    log(f"starting vLLM on port {port} (log: {WORK / log_name})")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

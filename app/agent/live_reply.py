@@ -3,12 +3,14 @@ and the tool rounds before it, never half a call.
 
 The raw text of the round under way stays the reply's text (what is stored and continued); this is the
 view of it. Thinking tokens are the tokens that arrived while the round was inside its think block; its
-time runs from the first of them to the last.
+time runs from the first of them to the last. A remote server parses its model's calls itself: they come
+as complete calls with a round's last result and join the calls parsed from the text.
 """
 from __future__ import annotations
 
 from app.agent.reply_rounds import RoundParser, rounds_markdown
 from app.core.reply_trace import ToolCallRecord
+from engine.chat import ToolCall
 
 
 class LiveReply:
@@ -22,12 +24,16 @@ class LiveReply:
         self.think_s = 0.0
         self._think_from: float | None = None
         self._think_base = 0.0
+        self._calls: list[ToolCall] = []  # the round's calls as a server parsed them
 
     def start_round(self, prompt: str | None) -> None:
         self.parser = RoundParser(self.template, prompt, self.parse_calls)
         self._think_base, self._think_from = self.think_s, None
+        self._calls = []
 
-    def feed(self, text: str, tokens: int, now: float) -> None:
+    def feed(self, text: str, tokens: int, now: float, calls: list[ToolCall] | None = None) -> None:
+        if calls and self.parse_calls:
+            self._calls += calls
         before = len(self.parser.reasoning)
         self.parser.feed(text)
         if tokens and (self.parser.in_reasoning or len(self.parser.reasoning) > before):
@@ -39,6 +45,8 @@ class LiveReply:
     def end_round(self) -> RoundParser:
         """The round's model text is complete: its parts (and its calls, when any)."""
         self.parser.finish()
+        self.parser.tool_calls += self._calls
+        self._calls = []
         return self.parser
 
     def add_round(self, records: list[ToolCallRecord]) -> None:

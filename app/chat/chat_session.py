@@ -81,7 +81,7 @@ class ReplyTracker:
             self.text += delta
             n = r.get("num_tokens", len(r.get("token_ids") or ()))  # remote streams count, not list, tokens
             if self.live is not None:
-                self.live.feed(delta, n, now)
+                self.live.feed(delta, n, now, r.get("tool_calls"))  # a remote server's parsed calls
             if n:
                 if self._first_at is None:
                     self._first_at, self._first_n = now, self._base_tokens + n

@@ -17,8 +17,9 @@ class Backend(Protocol):
     turn, so Continue is off there)."""
 
     runs_tools: bool
-    """True where start_job takes `tools` (OpenAI-style function entries) and the reply's text holds the
-    model's calls in its own format (the local engine); a remote chat gets no tools."""
+    """True where start_job takes `tools` (OpenAI-style function entries) and the chat runs the reply's
+    calls: the local engine's replies hold them as text in the model's own format; a remote server parses
+    them itself and a round's last result carries them complete (`tool_calls`)."""
 
     def chat_template(self, settings: ChatSettings | None = None) -> str | None:
         """The model's chat template source, where known (None: a remote server, no model)."""

@@ -7,28 +7,64 @@ counts come from the stream: one content event is one token on vLLM, SGLang, lla
 (vLLM's continuous usage stats are used where the server sends them), and the final usage event gives
 the exact prompt/completion/cached counts.
 
-A thinking model's reasoning (vLLM's `reasoning_content` deltas, or `reasoning` in newer vLLM) comes as
-results with a `reasoning` field (text "") instead of being mixed into the reply, and tool-call deltas
-as results with a `tool_calls` field (OpenAI's delta entries as sent); the last result's eos_reason is
-the server's finish_reason ("tool_calls" when the reply called tools).
+A thinking model's reasoning (vLLM's `reasoning_content` deltas, or `reasoning` in newer vLLM) is kept
+in the reply's text between <think> markers, where the chat shows it apart from the answer.
+
+Remote chats run the app's MCP tools as local chats do: the chat's tools go to the server as OpenAI
+`tools`, the server parses its model's calls, and the streamed `tool_calls` deltas (a call's id and
+name first, then its arguments in pieces) are put together here; the last result of a round carries the
+complete calls (`tool_calls`, engine.chat.ToolCall), which the chat runs through the same approval and
+MCP path as a local chat's calls, then sends their results as `role: tool` messages in the next round.
+`RemoteBackend.tool_choice` is what a reply's first round asks: "auto" (the default; vLLM needs
+`--enable-auto-tool-choice` and a `--tool-call-parser` for it), "required" or one named function
+({"type": "function", "function": {"name": ...}}, which vLLM enforces by guided decoding without a
+parser). After tool results, an auto reply stays auto, a forced one is asked to answer ("none").
 """
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from app.core.remote_client import RemoteClient, RemoteError
 from app.core.store import LOOP_SAFE_DRY, ChatSettings
+from engine.chat import ToolCall
 
 _DONE = object()
 
 
-def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
+def api_message(m: dict) -> dict:
+    """A chat message as the OpenAI API takes it: a call's arguments as JSON text (templates take them as an
+    object), a tool result without the tool's name (OpenAI's tool messages have none). A reply's thinking
+    goes back only with its tool rounds (reasoning_content, where a template such as Qwen3's keeps it for
+    the turn under way), never with an answer: as vLLM asks, a finished reply's thinking is not resent."""
+    if m.get("role") == "tool":
+        return {k: v for k, v in m.items() if k != "name"}
+    if not m.get("tool_calls"):
+        return {k: v for k, v in m.items() if k != "reasoning_content"}
+    calls = [{**c, "function": {**c["function"], "arguments": ToolCall.from_openai(c).arguments_json}}
+             for c in m["tool_calls"]]
+    return {**m, "tool_calls": calls}
+
+
+def round_tool_choice(choice: str | dict, history: list[dict]) -> str | dict:
+    """The tool_choice of one round: the reply's own in its first round; after tool results "auto" stays,
+    a forced choice becomes "none" (the call was made, now the answer)."""
+    after_results = bool(history) and history[-1].get("role") == "tool"
+    return choice if not after_results or choice == "auto" else "none"
+
+
+def chat_body(model: str, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None,
+              tool_choice: str | dict = "auto") -> dict:
     """The chat request for a chat's history and settings; non-OpenAI sampler keys only when not neutral."""
-    messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + history
+    messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + \
+        [api_message(m) for m in history]
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": settings.max_new_tokens,
                             "temperature": settings.temperature, "top_p": settings.top_p,
                             "stream_options": {"include_usage": True}}
+    if tools:
+        body["tools"] = tools
+        body["tool_choice"] = round_tool_choice(tool_choice, history)
     if settings.top_k:
         body["top_k"] = settings.top_k  # vLLM, SGLang, llama-server and pagedeck take these three
     if settings.min_p:
@@ -50,6 +86,17 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings) -> dict:
         raise ValueError(f"{', '.join(unsent)} sampling is not available with a remote server; "
                          "turn it off in the chat settings or use the local model")
     return body
+
+
+def add_piece(calls: dict[int, dict], piece: dict) -> None:
+    """One streamed `tool_calls` delta into the calls so far: the id, type and name come once (OpenAI
+    sends them in a call's first delta), the arguments text grows piece by piece."""
+    entry = calls.setdefault(int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""})
+    fn = piece.get("function") or {}
+    entry["id"] = entry["id"] or str(piece.get("id") or "")
+    entry["name"] = entry["name"] or str(fn.get("name") or "")
+    args = fn.get("arguments")
+    entry["arguments"] += args if isinstance(args, str) else json.dumps(args) if args is not None else ""
 
 
 class RemoteJob:
@@ -94,6 +141,7 @@ class RemoteJob:
     async def _read(self, client: RemoteClient, body: dict) -> None:
         put = self._queue.put_nowait
         finish, usage, counted, started = None, None, 0, False
+        calls: dict[int, dict] = {}  # the streamed tool_calls deltas put together, by index
         thinking = False  # inside the server's reasoning_content: the reply's text wraps it in <think>…</think>
         try:
             async for event in client.stream_chat(body):
@@ -112,7 +160,10 @@ class RemoteJob:
                         text, thinking = ("" if thinking else "<think>") + reasoning, True
                     elif text and thinking:
                         text, thinking = "</think>" + text, False
-                    if text:
+                    pieces = delta.get("tool_calls") or ()
+                    for piece in pieces:
+                        add_piece(calls, piece)
+                    if text or pieces:
                         n = 1
                         if usage and usage.get("completion_tokens") is not None and event.get("usage"):
                             n = max(0, int(usage["completion_tokens"]) - counted)  # continuous usage stats
@@ -122,7 +173,9 @@ class RemoteJob:
             usage = usage or {}
             details = usage.get("prompt_tokens_details") or {}
             put(self._result(eos=True, eos_reason=finish or "stop", prompt_tokens=usage.get("prompt_tokens"),
-                             new_tokens=usage.get("completion_tokens", counted), cached_tokens=details.get("cached_tokens")))
+                             new_tokens=usage.get("completion_tokens", counted), cached_tokens=details.get("cached_tokens"),
+                             tool_calls=[ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}")
+                                         for i, c in sorted(calls.items()) if c["name"]]))
         except asyncio.CancelledError:
             raise
         except RemoteError as exc:
@@ -140,6 +193,7 @@ class RemoteBackend:
         self.model: str | None = None
         self.entries: list[dict] = []
         self._jobs: dict[Any, RemoteJob] = {}
+        self.tool_choice: str | dict = "auto"  # a reply's first round with tools (see the module docstring)
 
     @property
     def url(self) -> str:
@@ -183,7 +237,7 @@ class RemoteBackend:
 
     # ---- Backend protocol -------------------------------------------------------------------------
     continues_replies = False  # a chat API answers a trailing assistant message with a new turn
-    runs_tools = False  # the app's MCP tools run on local chats (the server parses its own model's calls)
+    runs_tools = True  # the chat's MCP tools go as OpenAI tools; the server parses its model's calls
 
     def chat_template(self, settings: ChatSettings | None = None) -> None:
         return None  # the server renders its prompts
@@ -198,7 +252,7 @@ class RemoteBackend:
         """Unknown: an OpenAI-compatible server does not say its context length (it refuses what is too long)."""
         return None
 
-    def count_tokens(self, history: list[dict], settings: ChatSettings) -> None:
+    def count_tokens(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
         """Unknown: the server's tokenizer and chat template are not here (the usage event counts the prompt)."""
         return None
 
@@ -210,7 +264,8 @@ class RemoteBackend:
         if self.model is None:
             await self.connect()
 
-    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings) -> tuple[RemoteJob, None]:
+    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings,
+                  tools: list[dict] | None = None) -> tuple[RemoteJob, None]:
         if identifier in self._jobs:
             raise RuntimeError(f"chat {identifier} already has a reply running")
         if self.model is None:
@@ -218,7 +273,7 @@ class RemoteBackend:
         settings.validate()
         model = self.chat_model(settings)
         loras = [] if model == self.base_model else [(model, 1.0)]
-        job = RemoteJob(self.client, chat_body(model, history, settings), identifier, loras)
+        job = RemoteJob(self.client, chat_body(model, history, settings, tools, self.tool_choice), identifier, loras)
         self._jobs[identifier] = job
         return job, None  # prompt tokens arrive with the usage event
 

@@ -12,12 +12,13 @@ from .reply import ReplyDelta, ReplyParser, split_reply
 from .template_messages import (
     render_kwargs, template_knows_tool_calls, template_knows_tools, template_messages, tools_system_prompt,
 )
+from .tool_call_pieces import ToolCallPiece
 from .tool_calls import FORMATS, ToolCall, ToolCallFormat, ToolCallParser, parse_tool_calls, tool_call_format
 from .tool_grammar import tool_choice_grammar
 
 __all__ = [
     "FORMATS", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ReplyDelta", "ReplyParser",
-    "ToolCall",
+    "ToolCall", "ToolCallPiece",
     "ToolCallFormat", "ToolCallParser", "parse_tool_calls", "reasoning_markers", "render_kwargs",
     "split_reasoning", "split_reply", "starts_in_reasoning", "supports_thinking_switch", "template_knows_tool_calls",
     "template_knows_tools", "template_messages", "tool_call_format", "tool_choice_grammar",

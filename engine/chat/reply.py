@@ -9,16 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .reasoning import ReasoningMarkers, ReasoningParser, reasoning_markers, starts_in_reasoning
-from .tool_calls import ToolCall, ToolCallFormat
+from .tool_calls import ToolCall, ToolCallFormat, ToolCallPiece
 
 
 @dataclass
 class ReplyDelta:
-    """What one piece of the reply adds: thinking text, answer text, complete tool calls."""
+    """What one piece of the reply adds: thinking text, answer text, complete tool calls, and the calls'
+    streamed pieces (engine.chat.tool_call_pieces: a call's name first, then its arguments as written)."""
 
     reasoning: str = ""
     content: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    call_pieces: list[ToolCallPiece] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content or self.tool_calls)
@@ -57,6 +59,7 @@ class ReplyParser:
 
     def _delta(self, reasoning: str, content: str, final: bool) -> ReplyDelta:
         calls: list[ToolCall] = []
+        pieces: list[ToolCallPiece] = []
         if self._tools is not None:
             content = self._tools.feed(content)
             calls = self._tools.take_calls()
@@ -64,12 +67,14 @@ class ReplyParser:
                 rest, last = self._tools.finish()
                 content += rest
                 calls += last
+            pieces = self._tools.take_pieces()
             if not self.parallel:
                 calls = calls[:max(0, 1 - len(self.tool_calls))]
+                pieces = [p for p in pieces if p.index == 0]
         self.reasoning += reasoning
         self.content += content
         self.tool_calls += calls
-        return ReplyDelta(reasoning, content, calls)
+        return ReplyDelta(reasoning, content, calls, pieces)
 
 
 def split_reply(text: str, markers: ReasoningMarkers | None = None, *, in_reasoning: bool = False,

@@ -16,6 +16,14 @@ part of a call (text that might be the start of a call marker is held back until
 each call once it is complete, so a client never sees half a call as text. A complete region that is
 not a valid call (broken JSON between two well-formed tags) is text after all and shown as such; a call
 cut off by the end of the reply (max_tokens) is dropped, not shown.
+
+It also hands out the calls as OpenAI (and vLLM) stream them (`take_pieces`): as soon as a region shows
+a call's name, a first piece with the call's index, id and name; then its arguments object's text as
+the model writes it. From that first piece on the region is a call: if it then fails to parse, the call
+keeps the arguments text that was sent (and its text is never shown as content); a call cut off by the
+end of the reply is still dropped from the calls (the stream showed its start, and finish_reason says
+"length"). A call sent in pieces keeps the model's own arguments text, so the pieces add up to exactly
+the arguments of the whole call; a call read whole has them re-serialised by json.dumps.
 """
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ import re
 import secrets
 import string
 from dataclasses import dataclass
+
+from .tool_call_pieces import LiveCall, ToolCallPiece
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -98,6 +108,10 @@ def _decode(text: str) -> tuple[object, int] | str:
     return value, offset + end
 
 
+# the start of a JSON call object, up to its arguments value (after the format's marker, maybe an array's "[")
+_HEADER = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
 class ToolCallFormat:
     """One family's call syntax. `triggers` open a call anywhere in the reply, `start_triggers` only at
     its start (after whitespace); scan() reads the call region that starts at a trigger."""
@@ -114,6 +128,17 @@ class ToolCallFormat:
     def render(self, calls: list[ToolCall]) -> str:
         """The calls as this format writes them (for templates that can't render `tool_calls` themselves)."""
         raise NotImplementedError
+
+    def header(self, text: str) -> tuple[str, int] | None:
+        """(name, where its arguments value starts) of the first call in an unfinished region, once the
+        region shows both; None until then. JSON formats write `{"name": ..., "arguments": ` first (a
+        region with the name after the arguments is only read whole)."""
+        at = next((len(t) for t in self.triggers if text.startswith(t)), 0)
+        m = _HEADER.match(text, at)
+        if m is None:
+            return None
+        name = json.loads(m.group(1))
+        return (name, m.end()) if name else None
 
     def new_id(self) -> str:
         return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(self.id_length))
@@ -238,6 +263,11 @@ class MistralArgsFormat(ToolCallFormat):
     def render(self, calls: list[ToolCall]) -> str:
         return "".join(f"{self.TAG}{c.name}{self.ARGS}{c.arguments_json}" for c in calls)
 
+    def header(self, text: str) -> tuple[str, int] | None:
+        at = text.find(self.ARGS, len(self.TAG))
+        name = text[len(self.TAG):at].split(self.CALL_ID)[0].strip() if at >= 0 else ""
+        return (name, at + len(self.ARGS)) if name else None
+
     @property
     def markers(self) -> tuple[str, ...]:
         return (self.TAG, self.ARGS, self.CALL_ID)
@@ -276,7 +306,8 @@ def _held_suffix(text: str, triggers: tuple[str, ...]) -> int:
 
 class ToolCallParser:
     """Streaming: feed() returns the content text that is safe to show; take_calls() the calls completed
-    since the last take; finish() ends the reply. `.content` and `.calls` hold everything so far.
+    since the last take, take_pieces() the calls' streamed pieces; finish() ends the reply. `.content`
+    and `.calls` hold everything so far.
 
     Whitespace between text and a call is dropped (it belongs to the call's layout); a reply with no
     calls keeps all of its text as it came.
@@ -291,6 +322,8 @@ class ToolCallParser:
         self._ws = ""  # whitespace held until we know whether a call follows it
         self._in_call = False
         self._at_start = True  # nothing but whitespace seen yet (start_triggers apply)
+        self._pieces: list[ToolCallPiece] = []
+        self._live: LiveCall | None = None  # the call the current region is streaming
 
     def feed(self, text: str) -> str:
         self._buf += text
@@ -299,6 +332,10 @@ class ToolCallParser:
     def take_calls(self) -> list[ToolCall]:
         new = self.calls[self._taken:]
         self._taken = len(self.calls)
+        return new
+
+    def take_pieces(self) -> list[ToolCallPiece]:
+        new, self._pieces = self._pieces, []
         return new
 
     def finish(self) -> tuple[str, list[ToolCall]]:
@@ -332,14 +369,17 @@ class ToolCallParser:
             if self._in_call:
                 scan = self.fmt.scan(self._buf, final)
                 if scan is None:
+                    self._stream_call()
                     break
                 region, self._buf = self._buf[:scan.consumed], self._buf[scan.consumed:]
                 self._in_call = False
-                if scan.calls is None:
+                if self._live is not None:
+                    self._end_live(region, scan.calls)
+                elif scan.calls is None:
                     out.append(self._text(region))
                 else:
                     self._ws = ""
-                    self.calls += [ToolCall(self.fmt.new_id(), n, a) for n, a in scan.calls]
+                    self._add([ToolCall(self.fmt.new_id(), n, a) for n, a in scan.calls])
                 continue
             at, trigger = self._find_trigger()
             if at >= 0:
@@ -356,6 +396,43 @@ class ToolCallParser:
             self._buf = self._buf[len(self._buf) - keep:]
             break
         return "".join(out)
+
+    def _add(self, calls: list[ToolCall]) -> None:
+        """Calls read whole: each is one piece."""
+        for call in calls:
+            self._pieces.append(ToolCallPiece(len(self.calls), call.arguments_json, call.id, call.name))
+            self.calls.append(call)
+
+    def _stream_call(self) -> None:
+        """An unfinished region: its call's first piece once the name is there, then arguments text."""
+        live = self._live
+        if live is None:
+            head = self.fmt.header(self._buf)
+            if head is None:
+                return
+            live = self._live = LiveCall(len(self.calls), self.fmt.new_id(), *head)
+            self._pieces.append(ToolCallPiece(live.index, "", live.id, live.name))
+        more = live.advance(self._buf)
+        if more:
+            self._pieces.append(ToolCallPiece(live.index, more))
+
+    def _end_live(self, region: str, calls: list[tuple[str, str]] | None) -> None:
+        """The streamed call's region is complete: the call keeps the arguments text it was sent (the
+        whole arguments now, or, not streamable, the parsed ones in one piece); further calls of the
+        region come whole. A call cut off by the reply's end ([]) is dropped."""
+        live, self._live = self._live, None
+        self._ws = ""
+        more = live.advance(region)
+        if more:
+            self._pieces.append(ToolCallPiece(live.index, more))
+        if calls == []:
+            return
+        arguments = live.sent(region)
+        if not live.streamable or not arguments:
+            arguments = calls[0][1] if calls else "{}"
+            self._pieces.append(ToolCallPiece(live.index, arguments))
+        self.calls.append(ToolCall(live.id, live.name, arguments))
+        self._add([ToolCall(self.fmt.new_id(), n, a) for n, a in (calls or [])[1:]])
 
     def _find_trigger(self) -> tuple[int, str]:
         if self._at_start and self.fmt.start_triggers:

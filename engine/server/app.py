@@ -260,13 +260,12 @@ class OpenAIServer:
                         continue
                     b = builders[i]
                     self._observe_ttft(b, r, t0, name)
-                    calls_before = len(b.reply.tool_calls) if b.reply is not None else 0
                     text, logprobs = b.feed(r)
                     if r.get("eos") and r.get("eos_reason") == "cancelled":
                         raise ApiError(503, "the request was cancelled by the server (model unloaded or server "
                                             "stopping)")
                     if req.kind == "chat":
-                        for chunk in _chat_chunks(b, logprobs, calls_before):
+                        for chunk in _chat_chunks(b, logprobs):
                             await send(chunk)
                     elif text or logprobs:
                         await send(b.chunk(text=text, logprobs=logprobs, text_offset=offsets[i]))
@@ -284,16 +283,17 @@ class OpenAIServer:
         return resp
 
 
-def _chat_chunks(builder: ResponseBuilder, logprobs: list[dict], calls_before: int) -> list[dict]:
-    """The chunks of one result of a chat: its reasoning, its text (with the tokens' logprobs), its calls."""
+def _chat_chunks(builder: ResponseBuilder, logprobs: list[dict]) -> list[dict]:
+    """The chunks of one result of a chat: its reasoning, its text (with the tokens' logprobs), its calls'
+    pieces."""
     d = builder.delta
     out = []
     if d.reasoning:
         out.append(builder.chunk(reasoning=d.reasoning))
     if d.content or logprobs:
         out.append(builder.chunk(text=d.content, logprobs=logprobs))
-    if d.tool_calls:
-        out.append(builder.chunk(tool_calls=list(enumerate(d.tool_calls, calls_before))))
+    if d.call_pieces:
+        out.append(builder.chunk(tool_calls=d.call_pieces))
     return out
 
 

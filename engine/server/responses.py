@@ -7,7 +7,9 @@ alternative would be -inf, which JSON can't even carry.
 Chat replies are read by engine.chat's ReplyParser when the request has tools or the template has think
 markers: thinking goes to `reasoning_content` (vLLM's field), calls to `tool_calls` (finish_reason
 "tool_calls"), the rest to `content`; streamed, each part is a delta of its own field as soon as it is
-decided, so text that might still become a call marker waits for the next token.
+decided, so text that might still become a call marker waits for the next token. Calls stream as OpenAI
+and vLLM stream them: a first `tool_calls` delta with the call's index, id, type and name (arguments
+empty), then deltas with only the index and the next piece of the arguments as the model writes them.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..chat import ReplyDelta, ReplyParser, ToolCall
+from ..chat import ReplyDelta, ReplyParser, ToolCallPiece
 from .requests import GenerationRequest
 
 # OpenAI has no finish_reason for a reply stopped as a loop: it ended on purpose, before its length limit.
@@ -71,7 +73,8 @@ class ResponseBuilder:
             if r.get("eos"):
                 last = self.reply.finish()
                 self.delta = ReplyDelta(self.delta.reasoning + last.reasoning, self.delta.content + last.content,
-                                        self.delta.tool_calls + last.tool_calls)
+                                        self.delta.tool_calls + last.tool_calls,
+                                        self.delta.call_pieces + last.call_pieces)
         if r.get("eos"):
             reason = r.get("eos_reason")
             self.finish_reason = FINISH_REASONS.get(reason, reason)
@@ -161,8 +164,9 @@ class ResponseBuilder:
 
     def chunk(self, text: str | None = None, logprobs: list[dict] | None = None, finish: bool = False,
               first: bool = False, text_offset: int = 0, reasoning: str | None = None,
-              tool_calls: list[tuple[int, ToolCall]] | None = None) -> dict:
-        """One stream chunk: the role chunk (first), a text, reasoning or tool-call delta, or the finish chunk."""
+              tool_calls: list[ToolCallPiece] | None = None) -> dict:
+        """One stream chunk: the role chunk (first), a text, reasoning or tool-call delta (pieces of calls),
+        or the finish chunk."""
         finish_reason = self.finish_reason if finish else None
         if self.req.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
@@ -171,7 +175,7 @@ class ResponseBuilder:
             if reasoning is not None:
                 delta["reasoning_content"] = reasoning
             if tool_calls:
-                delta["tool_calls"] = [{"index": i, **c.to_openai()} for i, c in tool_calls]
+                delta["tool_calls"] = [p.to_openai() for p in tool_calls]
             choice = {"index": self.index, "delta": delta,
                       "logprobs": self.chat_logprobs(logprobs) if logprobs else None, "finish_reason": finish_reason}
             obj = "chat.completion.chunk"

@@ -7,7 +7,7 @@ import pytest
 
 from app.agent.reply_rounds import prompt_history, reply_view
 from app.chat.chat_session import ChatSession
-from app.core.remote_backend import RemoteBackend
+from app.core.remote_backend import RemoteBackend, chat_body
 from app.core.store import ChatSettings
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.scripted_models import write_scripted_model
@@ -35,7 +35,8 @@ def test_a_remote_reply_s_reasoning_content_is_its_thinking(qtbot, loop, store, 
         assert reply.stats.state == "done", reply.stats
         reasoning, shown = reply_view(reply.content, [], None)
         assert reasoning.strip() == "pondering" and shown.strip() == "answer", reply.content
-        sent = prompt_history(session.messages, session.trace.calls, None, backend.runs_tools)
+        history = prompt_history(session.messages, session.trace.calls, None, backend.runs_tools)
+        sent = chat_body(backend.model, history, session.settings)["messages"]
         assert sent[-1] == {"role": "assistant", "content": "answer"}  # the next turn sends no thinking back
         await backend.close()
 

@@ -12,13 +12,19 @@ import html
 import re
 from dataclasses import dataclass
 
-from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import (
+    QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextImageFormat,
+)
+
+from app.chat.attachments import thumbnail
 
 from app.chat.code_blocks import CodeBlocks
 from app.core.formatting import stats_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_BACKGROUND = QColor(128, 128, 128, 40)
+THUMB = 160  # px: a message's images as thumbnails under its header
 _FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
 
@@ -94,11 +100,15 @@ class Transcript:
         self._stream = None
 
     def append(self, message, actions: list[tuple[str, str]], stats=None,
-               thinking: tuple[str, str, bool] | None = None) -> None:
-        """A finished message: header with action links, its thinking as a collapsible section (label, text,
-        expanded), Markdown body, stats line (assistant)."""
+               thinking: tuple[str, str, bool] | None = None, images: list | None = None,
+               images_note: str = "") -> None:
+        """A finished message: header with action links, its images as thumbnails (with a note: their
+        size, tokens), its thinking as a collapsible section (label, text, expanded), Markdown body, stats
+        line (assistant)."""
         self._finish_stream()
         self._header(message, actions)
+        if images:
+            self._images(message.id, images, images_note)
         if thinking is not None:
             self._thinking(message.id, *thinking)
         self._markdown(message.content)
@@ -253,6 +263,26 @@ class Transcript:
 
     def _stats(self, stats) -> None:
         self._cursor().insertText(self._stats_line(stats), self._stats_format())
+
+    def _images(self, message_id: int, images: list, note: str) -> None:
+        """Thumbnails in one line, each a document resource named pdimg:<message>/<n>."""
+        c = self._cursor()
+        for i, image in enumerate(images):
+            q = thumbnail(image, THUMB)
+            if q.isNull():
+                c.insertText(f"[image: {image.label()}] ", self._stats_format())
+                continue
+            name = f"pdimg:{message_id}/{i}"
+            self.doc.addResource(QTextDocument.ResourceType.ImageResource, QUrl(name), q)
+            fmt = QTextImageFormat()
+            fmt.setName(name)
+            fmt.setWidth(q.width())
+            fmt.setHeight(q.height())
+            fmt.setToolTip(image.label())
+            c.insertImage(fmt)
+            c.insertText(" ")
+        labels = ", ".join(image.label() for image in images)
+        self._cursor().insertText(labels + (f" · {note}" if note else ""), self._stats_format())
 
     def _thinking(self, message_id: int, label: str, text: str, expanded: bool) -> None:
         """The thinking's one-line summary (a link that folds it open or shut) and, when open, its text."""

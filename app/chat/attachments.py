@@ -13,7 +13,7 @@ from typing import Callable
 
 from PySide6.QtCore import QBuffer, QByteArray, QEvent, QIODevice, QMimeData, QObject, Qt, Signal
 from PySide6.QtGui import QImage, QPixmap
-from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QToolButton, QWidget
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QLayout, QSizePolicy, QToolButton, QWidget
 
 from app.chat.pane_widgets import ElidedLabel
 from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file
@@ -64,6 +64,10 @@ class Attachments(QWidget):
         self._row = QHBoxLayout(self)
         self._row.setContentsMargins(0, 0, 0, 0)
         self._row.setSpacing(4)
+        # many thumbnails never widen the pane: the row is clipped instead (pane_widgets' rule)
+        self._row.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
+        self.setMinimumWidth(0)
         self.summary = ElidedLabel()
         self.summary.setStyleSheet("color: gray")
         self._filters: list[_DropFilter] = []

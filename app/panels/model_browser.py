@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.core.formatting import human_bytes, human_count
 
-COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quant", "Size", "Fits")
+COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quant", "Size", "Fits", "Input")
 NARROW_HIDDEN = (1, 2, 3)  # source, architecture, parameters: in the model's tooltip, so the list fits a dock
 _GREY = QColor("#8a8a8a")
 _BAD = QColor("#d0342c")
@@ -120,8 +120,12 @@ class ModelBrowser(QWidget):
         info = m.info
         fits = "?" if m.fits is None else ("yes" if m.fits else "no")
         item = QTreeWidgetItem([m.name, m.source, info.arch or "?", human_count(info.params) if info.params else "",
-                                info.quant, human_bytes(info.file_bytes), fits if m.supported else "—"])
+                                info.quant, human_bytes(info.file_bytes), fits if m.supported else "—",
+                                "sees images" if m.sees_images else "text only"])
         item.setData(0, Qt.UserRole, str(m.path))
+        item.setToolTip(7, f"Vision projector: {m.mmproj}" if m.mmproj is not None else
+                        "Sees images (a vision tower in its config)" if m.sees_images else
+                        "Text only: no vision projector (mmproj*.gguf) beside it")
         item.setToolTip(0, f"{m.path}\n{m.source} · {info.arch or '?'} · "
                            f"{human_count(info.params) if info.params else '?'} parameters")
         if not m.supported:

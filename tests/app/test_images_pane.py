@@ -18,7 +18,7 @@ from app.core.images import MessageImages
 from app.core.remote_backend import RemoteBackend
 from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, run, store, tiny_model, wait_until  # noqa: F401
-from tests.server_support import ServerThread
+from tests.engine.test_server_images import serve  # noqa: F401  (a real `python -m engine serve` process)
 
 pytestmark = pytest.mark.timeout(300)
 SETTINGS = ChatSettings(max_new_tokens=4, temperature=0.0)
@@ -138,7 +138,7 @@ def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store,
     run(loop, body())
 
 
-def test_a_remote_text_only_server_s_400_reaches_the_chat(qtbot, loop, store, tiny_model, tmp_path):  # noqa: F811
+def test_a_remote_text_only_server_s_400_reaches_the_chat(qtbot, loop, store, serve, tmp_path):  # noqa: F811
     async def body(url):
         backend = RemoteBackend(url)
         await backend.connect()
@@ -151,8 +151,7 @@ def test_a_remote_text_only_server_s_400_reaches_the_chat(qtbot, loop, store, ti
         reply = store.messages(pane.session.chat_id)[-1]
         assert reply.stats.state == "error"
         assert "HTTP 400" in reply.stats.error and "this model cannot see images" in reply.stats.error
-        assert "cannot see images" in pane.view.toPlainText() or "cannot see images" in (reply.stats.error or "")
+        assert "this model cannot see images" in pane.view.toPlainText()  # shown under the reply
         await backend.close()
 
-    with ServerThread(tiny_model, cache_tokens=1024, page_size=16) as server:
-        run(loop, body(server.url))
+    run(loop, body(serve))

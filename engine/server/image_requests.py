@@ -6,7 +6,8 @@ before requests.parse_request, on the event loop: a request whose model reads te
 once with a 400 saying so (nothing decoded); otherwise every image is decoded in a worker thread
 (engine.vision.image_input: byte, pixel and format limits; http(s) URLs only with
 `--allow-remote-images`), so a bad or huge image is this request's 400 and other requests keep running.
-The decoded images go to parse_request keyed by (message index, part index).
+The decoded images go to parse_request keyed by (message index, part index). `detail` is checked and
+accepted as vLLM accepts it: the model's own image processor decides the resolution it reads.
 """
 from __future__ import annotations
 

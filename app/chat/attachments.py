@@ -16,7 +16,7 @@ from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QLayout, QSizePolicy, QToolButton, QWidget
 
 from app.chat.pane_widgets import ElidedLabel
-from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file
+from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file, image_tokens
 
 THUMB = 48  # px, the tray's thumbnails
 IMAGE_FILES = "Images (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
@@ -46,6 +46,23 @@ def image_paths(mime: QMimeData) -> list[str]:
 
 def carries_image(mime: QMimeData) -> bool:
     return mime.hasImage() or bool(image_paths(mime))
+
+
+def shown_images(session, m) -> tuple[list[AttachedImage], str]:
+    """What the transcript shows of a message's images: a user message's images and their note (prompt
+    tokens where the backend knows them); for a reply, no images and a note for its stats line on those its
+    prompt held."""
+    msgs = session.messages
+    i = next((k for k, x in enumerate(msgs) if x.id == m.id), 0)
+    user = m if m.role == "user" else msgs[i - 1] if i > 0 and msgs[i - 1].role == "user" else None
+    images = session.images.of(user.id) if user is not None else []
+    if not images:
+        return [], ""
+    cost = image_tokens(session.backend, images, session.settings)
+    if m.role == "user":
+        return images, (f"{cost:,} tok" if cost is not None else "")
+    n = f"{len(images)} image{'s' if len(images) > 1 else ''}"
+    return [], f"prompt incl. {n}" + (f": {cost:,} tok" if cost is not None else "")
 
 
 class Attachments(QWidget):

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.chat.attachments import Attachments, carries_image
+from app.chat.attachments import Attachments, carries_image, shown_images
 from app.chat.chat_session import ChatSession
 from app.chat.code_blocks import COPY_VERB
 from app.chat.pane_extras import PinnedList, QueueList
@@ -396,7 +396,8 @@ class ChatPane(QWidget):
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is not None and self.transcript.streaming_id == message_id:
             message, thinking = shown(self.session, msg, self.expanded)
-            self.transcript.end_stream(message, self._actions(msg, message_id), msg.stats, thinking)
+            self.transcript.end_stream(message, self._actions(msg, message_id), msg.stats, thinking,
+                                       *self._images_of(msg))
             if self._follow:
                 self._scroll_to_end()
         else:
@@ -484,10 +485,7 @@ class ChatPane(QWidget):
         self.meter.setText(text)
 
     def _images_of(self, m) -> tuple[list, str]:
-        """A user message's images and their note (prompt tokens where the backend knows them)."""
-        images = self.session.images.of(m.id) if m.role == "user" else []
-        cost = image_tokens(self.session.backend, images, self.session.settings) if images else None
-        return images, (f"{cost:,} tok" if cost is not None else "")
+        return shown_images(self.session, m)
 
     def _attachments_changed(self) -> None:
         """Say at once when the chat's model can't see images (the message would be refused)."""

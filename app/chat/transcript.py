@@ -104,7 +104,7 @@ class Transcript:
                images_note: str = "") -> None:
         """A finished message: header with action links, its images as thumbnails (with a note: their
         size, tokens), its thinking as a collapsible section (label, text, expanded), Markdown body, stats
-        line (assistant)."""
+        line (assistant; a reply's images_note, about the images its prompt held, follows it)."""
         self._finish_stream()
         self._header(message, actions)
         if images:
@@ -113,7 +113,7 @@ class Transcript:
             self._thinking(message.id, *thinking)
         self._markdown(message.content)
         if stats is not None:
-            self._stats(stats)
+            self._stats(stats, "" if images else images_note)
 
     def begin_stream(self, message, actions: list[tuple[str, str]]) -> None:
         self._finish_stream()
@@ -167,13 +167,14 @@ class Transcript:
                 self._code_line(body[-1])
         self._stats(stats)
 
-    def end_stream(self, message, actions: list[tuple[str, str]], stats, thinking=None) -> None:
+    def end_stream(self, message, actions: list[tuple[str, str]], stats, thinking=None, images=None,
+                   images_note: str = "") -> None:
         """Render the finished reply whole, replacing its header and incremental pieces."""
         if self._stream is None or self._stream.message_id != message.id:
             raise RuntimeError(f"end_stream() for message {message.id}, which is not streaming")
         self._cut(self._header_pos)
         self._stream = None
-        self.append(message, actions, stats, thinking)
+        self.append(message, actions, stats, thinking, images, images_note)
 
     # --- document building ---------------------------------------------------------------------
 
@@ -261,8 +262,8 @@ class Transcript:
         note = self._stream.note if self._stream is not None else ""
         return stats_text(stats) + (f" · {note}" if note else "")
 
-    def _stats(self, stats) -> None:
-        self._cursor().insertText(self._stats_line(stats), self._stats_format())
+    def _stats(self, stats, extra: str = "") -> None:
+        self._cursor().insertText(self._stats_line(stats) + (f" · {extra}" if extra else ""), self._stats_format())
 
     def _images(self, message_id: int, images: list, note: str) -> None:
         """Thumbnails in one line, each a document resource named pdimg:<message>/<n>."""

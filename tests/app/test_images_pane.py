@@ -110,8 +110,12 @@ def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store,
         service.model_can_see_images = True  # what loading a vision model sets
         pane = make_pane(qtbot, store, BackendSwitch(service))
         assert service.sees_images() is True
+        service.image_tokens = lambda image, settings=None: 100  # what the vision encoder will say an image costs
+        before = int(pane.meter.text().split()[1])
         pane.attachments.add_files([write_picture(tmp_path / "a.png", (300, 200))])
         assert pane.error.isHidden() or not pane.error.text()
+        assert int(pane.meter.text().split()[1]) == before + 100  # the context meter counts the attached image
+        assert pane.attachments.summary.text() == "1 image attached · 100 tok"
         pane.prompt.setPlainText("Describe it")
         pane.submit()
         assert not pane.attachments.images and not pane.prompt.toPlainText()
@@ -121,7 +125,8 @@ def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store,
         assert [(im.width, im.height) for im in stored] == [(300, 200)]
         resource = pane.view.document().resource(QTextDocument.ResourceType.ImageResource, QUrl(f"pdimg:{user.id}/0"))
         assert isinstance(resource, QImage) and (resource.width(), resource.height()) == (160, 106)  # a thumbnail
-        assert "300x200 PNG" in pane.view.toPlainText()
+        shown = pane.view.toPlainText()
+        assert "300x200 PNG · 100 tok" in shown and "prompt incl. 1 image: 100 tok" in shown  # caption, stats line
         # the branch keeps the image; so does a new version of the message
         branch = pane.session.branch(user.id)
         assert MessageImages(store).of(store.messages(branch)[0].id) == stored

@@ -18,7 +18,7 @@ chat template: the chat and the Model tab name the fallback format the model's v
 batch-run.png (`--batch-only`) is the Batch tab running a template over twelve product reviews.
 app-image-chat.png (`--images-only`) is a chat with images on the default (text-only) model: a stored
 picture shown as a thumbnail with the model's real reply (it was told the image is not shown to it),
-a new picture attached in the tray, and the clear refusal when it is sent; the Model tab's Input column.
+a new picture attached in the tray, and the clear refusal when it is sent.
 """
 from __future__ import annotations
 

@@ -58,10 +58,17 @@ def test_ollama_projector_layer_and_hf_vision_config(tmp_path, tiny_llama_folder
 
 
 def test_model_tab_says_sees_images_or_text_only(panel):  # noqa: F811
-    found = rows(panel.browser)
-    col = COLUMNS.index("Input")
+    browser = panel.browser
+    found = rows(browser)
+    col = COLUMNS.index("Architecture")
     lm = found["lmstudio-community/tiny-GGUF/tiny-Q8_0.gguf"]
-    assert lm.text(col) == "sees images" and "mmproj-tiny-f16.gguf" in lm.toolTip(col)
-    assert found["tiny-gpt4all.gguf"].text(col) == "text only"
-    assert "mmproj" in found["tiny-gpt4all.gguf"].toolTip(col)
+    assert lm.text(col) == "llama · images" and lm.toolTip(col).startswith("Sees images: vision projector")
+    assert "mmproj-tiny-f16.gguf" in lm.toolTip(col)
+    text_only = found["tiny-gpt4all.gguf"]
+    assert text_only.text(col) == "llama"
+    assert text_only.toolTip(col).startswith("Text only: no vision projector (mmproj")
     assert not any("mmproj" in name for name in found)
+    browser.tree.setCurrentItem(lm)
+    assert browser.estimate_label.text().endswith("Sees images.")
+    browser.tree.setCurrentItem(text_only)
+    assert browser.estimate_label.text().endswith("Text only.")

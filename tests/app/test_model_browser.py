@@ -38,7 +38,7 @@ def test_lists_found_models_with_facts_and_greys_unsupported(panel):
     assert ok.flags() & Qt.ItemIsEnabled
     moe = found["acme/moe"]
     assert not moe.flags() & Qt.ItemIsEnabled and "mixture-of-experts" in moe.toolTip(0)
-    assert "usable" in browser.status.text() and len(COLUMNS) == 8
+    assert "usable" in browser.status.text() and len(COLUMNS) == 7
 
 
 def test_choosing_a_model_fills_the_panel_and_shows_its_estimate(panel):

@@ -2,7 +2,7 @@
 
 Every field is checked before anything reaches the engine, and a bad one is a 400 naming it. Unknown
 fields are refused too (a silently ignored field would answer a different question than the one
-asked); tools, tool choice and reasoning are checked by tool_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
+asked); tools, tool choice and reasoning are checked by tool_requests, image parts by image_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos), so a client written for them works here unchanged.
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLlamaV2's chat defaults.
 """

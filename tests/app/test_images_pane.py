@@ -18,7 +18,7 @@ from app.core.images import MessageImages
 from app.core.remote_backend import RemoteBackend
 from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, run, store, tiny_model, wait_until  # noqa: F401
-from tests.engine.test_server_images import serve  # noqa: F401  (a real `python -m engine serve` process)
+from tests.engine.test_server_images import seeing, serve  # noqa: F401  (real servers: a process, a seeing one)
 
 pytestmark = pytest.mark.timeout(300)
 SETTINGS = ChatSettings(max_new_tokens=4, temperature=0.0)
@@ -160,3 +160,25 @@ def test_a_remote_text_only_server_s_400_reaches_the_chat(qtbot, loop, store, se
         await backend.close()
 
     run(loop, body(serve))
+
+
+def test_a_remote_server_that_sees_images_gets_the_chat_s_images(qtbot, loop, store, tmp_path, seeing):  # noqa: F811
+    """The app's remote path end to end: the attached picture reaches the server's image hook decoded, the
+    earlier message's picture too (the whole history is sent), and the reply is stored."""
+    async def body(url):
+        backend = RemoteBackend(url)
+        await backend.connect()
+        pane = make_pane(qtbot, store, backend, "remote seeing")
+        for i, colour in enumerate(((200, 0, 0), (0, 0, 200))):
+            pane.attachments.add_files([write_picture(tmp_path / f"p{i}.png", (40 + i, 30), colour)])
+            pane.prompt.setPlainText(f"picture {i}")
+            pane.submit()
+            await wait_until(lambda: pane.session.task is not None and pane.session.task.done(), 60, "the reply")
+            assert store.messages(pane.session.chat_id)[-1].stats.state == "done"
+        first, second = seeing.seen[-2:]
+        assert [im.size for im in first] == [(40, 30)]
+        assert [im.size for im in second] == [(40, 30), (41, 30)]
+        assert second[1].getpixel((5, 5)) == (0, 0, 200)
+        await backend.close()
+
+    run(loop, body(seeing.url))

@@ -16,7 +16,7 @@ from PySide6.QtGui import QImage, QPixmap
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QLayout, QSizePolicy, QToolButton, QWidget
 
 from app.chat.pane_widgets import ElidedLabel
-from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file, image_tokens
+from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file, image_tokens, sees_images
 
 THUMB = 48  # px, the tray's thumbnails
 IMAGE_FILES = "Images (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
@@ -62,6 +62,8 @@ def shown_images(session, m) -> tuple[list[AttachedImage], str]:
     if m.role == "user":
         return images, (f"{cost:,} tok" if cost is not None else "")
     n = f"{len(images)} image{'s' if len(images) > 1 else ''}"
+    if sees_images(session.backend, session.settings) is False:  # its prompt held a note instead
+        return [], f"{n} not shown to this text-only model"
     return [], f"prompt incl. {n}" + (f": {cost:,} tok" if cost is not None else "")
 
 
@@ -71,10 +73,12 @@ class Attachments(QWidget):
     changed = Signal()
     problem = Signal(str)  # a refused image: the pane shows why
 
-    def __init__(self, parent: QWidget | None = None, tokens: Callable[[list[AttachedImage]], int | None] | None = None):
+    def __init__(self, parent: QWidget | None = None, tokens: Callable[[list[AttachedImage]], int | None] | None = None,
+                 seeing: Callable[[], bool | None] | None = None):
         super().__init__(parent)
         self.images: list[AttachedImage] = []
         self.tokens = tokens  # what the images cost on the chat's model (None: unknown)
+        self.seeing = seeing  # whether the chat's model sees images (None: unknown)
         self.button = QToolButton(text="Image…")
         self.button.setToolTip("Attach images to the message (or drop image files on the chat, or paste an image)")
         self.button.clicked.connect(self.pick)
@@ -176,6 +180,8 @@ class Attachments(QWidget):
             return ""
         n = len(self.images)
         text = f"{n} image{'s' if n > 1 else ''} attached"
+        if self.seeing is not None and self.seeing() is False:
+            return text + " · this chat's model reads text only"
         cost = self.tokens(self.images) if self.tokens is not None else None
         return text + (f" · {cost:,} tok" if cost is not None else " · tokens unknown until sent")
 

@@ -182,7 +182,8 @@ class ChatPane(QWidget):
         self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.prompt.setMaximumHeight(90)
         self.send_btn = QPushButton("Send")
-        self.attachments = Attachments(self, lambda images: image_tokens(session.backend, images, session.settings))
+        self.attachments = Attachments(self, lambda images: image_tokens(session.backend, images, session.settings),
+                                       lambda: sees_images(session.backend, session.settings))
         self.prompt.attachments = self.attachments
         self.attachments.accept_drops(self, self.view.viewport(), self.prompt.viewport())
         self.attachments.problem.connect(self._show_error)

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication
 from app.chat.chat_pane import ChatPane, RenderScheduler
 from app.chat.chat_session import ChatSession
 from app.core.backend import BackendSwitch
-from app.core.images import MessageImages
+from app.core.images import MessageImages, attach_file
 from app.core.remote_backend import RemoteBackend
 from app.core.store import ChatSettings
 from tests.app.support import loaded_service, loop, run, store, tiny_model, wait_until  # noqa: F401
@@ -71,7 +71,8 @@ def test_text_only_model_refuses_clearly_and_keeps_the_draft(qtbot, loop, store,
             assert pane.prompt.toPlainText() == "What is this?"  # the picture went to the tray, not the text
             assert [im.mime for im in pane.attachments.images] == ["image/png", "image/jpeg", "image/png"]
             assert [im.width for im in pane.attachments.images] == [64, 64, 20]
-            assert pane.attachments.isVisible() and "3 images attached" in pane.attachments.summary.text()
+            assert pane.attachments.isVisible()
+            assert pane.attachments.summary.text() == "3 images attached · this chat's model reads text only"
             for _ in range(5):
                 pane.attachments.add_files([str(tmp_path / "a.png")])
             qtbot.wait(1)
@@ -98,6 +99,15 @@ def test_text_only_model_refuses_clearly_and_keeps_the_draft(qtbot, loop, store,
             pane.submit()
             await wait_until(lambda: pane.session.task is not None and pane.session.task.done(), 60, "the reply")
             assert [m.role for m in store.messages(pane.session.chat_id)] == ["user", "assistant"]
+            # a picture already in the history (sent while a seeing model was loaded): on this text-only model
+            # the prompt holds a note in its place, and the reply's stats line says so
+            MessageImages(store).add_message(pane.session.chat_id, "user", "and this?",
+                                             [attach_file(tmp_path / "a.png")])
+            pane.session.reload()
+            await pane.session.regenerate()
+            await wait_until(lambda: pane.session.task.done(), 60, "the reply to the note")
+            assert "1 image not shown to this text-only model" in pane.view.toPlainText()
+            assert "64x40 PNG" in pane.view.toPlainText()  # the thumbnail's caption
         finally:
             await service.close()
 

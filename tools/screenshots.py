@@ -16,6 +16,9 @@ discover-<size>.png is the Discover tab after a search and a download, against a
 app-prompt-format.png (`--format-only` writes only it) is a chat with the default model copied without its
 chat template: the chat and the Model tab name the fallback format the model's vocabulary picked.
 batch-run.png (`--batch-only`) is the Batch tab running a template over twelve product reviews.
+app-image-chat.png (`--images-only`) is a chat with images on the default (text-only) model: a stored
+picture shown as a thumbnail with the model's real reply (it was told the image is not shown to it),
+a new picture attached in the tray, and the clear refusal when it is sent.
 """
 from __future__ import annotations
 
@@ -269,6 +272,62 @@ async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> l
         window.close()
 
 
+def _demo_picture(width: int = 480, height: int = 320) -> bytes:
+    """A small landscape (sky, sun, hills) drawn with Pillow: something recognisable as a thumbnail."""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (width, height))
+    draw = ImageDraw.Draw(img)
+    for y in range(height):  # sky gradient
+        t = y / height
+        draw.line([(0, y), (width, y)], fill=(int(90 + 120 * t), int(150 + 80 * t), 235))
+    draw.ellipse([width * 0.68, height * 0.12, width * 0.84, height * 0.36], fill=(255, 214, 90))
+    draw.polygon([(0, height), (0, height * 0.62), (width * 0.35, height * 0.45), (width * 0.7, height * 0.7),
+                  (width, height * 0.55), (width, height)], fill=(70, 140, 80))
+    draw.polygon([(0, height), (width * 0.25, height * 0.78), (width * 0.6, height * 0.9), (width, height * 0.8),
+                  (width, height)], fill=(45, 110, 60))
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+async def _image_chat(outdir: Path, seconds: float, data_dir: Path) -> list[Path]:
+    """A chat with images on the default text-only model (see the module docstring)."""
+    from dataclasses import replace
+
+    from app.core.images import MessageImages, attach_bytes
+    from app.window.main_window import MainWindow
+
+    window = MainWindow(data_dir=data_dir)
+    window.show()
+    window.resize(1366, 768)
+    try:
+        if not await window.loader.ready():
+            raise SystemExit(f"model did not load: {window.status.last_error}")
+        window.dock("Model").raise_()
+        pane = window.new_chat("A picture")
+        session = pane.session
+        session.set_settings(replace(session.settings, max_new_tokens=60, temperature=0.0))
+        picture = attach_bytes(_demo_picture())
+        MessageImages(session.store).add_message(session.chat_id, "user", "What do you see in this picture?",
+                                                 [picture])
+        session.reload()
+        await session.regenerate()  # the real reply: the model was told an image is there that it can't see
+        await _until(lambda: session.task is not None and session.task.done(), seconds)
+        pane.attachments.add_bytes(_demo_picture(320, 320))  # a second picture in the tray
+        pane.prompt.setPlainText("And this one?")
+        pane.submit()  # refused: the model reads text only; the draft stays
+        await asyncio.sleep(0.3)  # let the loop paint
+        path = outdir / "app-image-chat.png"
+        save_grab(window, path)
+        return [path]
+    finally:
+        await window.shutdown()
+        window.close()
+
+
 REVIEWS = (
     ("kettle", "Boils fast but the lid rattles."), ("phone", "Battery lasts two days; the screen is dim outdoors."),
     ("shoes", "Comfortable, though they ran half a size small."), ("blender", "Loud, and it leaks at the base."),
@@ -334,6 +393,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only app-prompt-format.png: a chat naming its fallback prompt format (needs the model)")
     parser.add_argument("--batch-only", action="store_true",
                         help="only batch-run.png: the Batch tab mid-run (needs the model)")
+    parser.add_argument("--images-only", action="store_true",
+                        help="only app-image-chat.png: a chat with attached images (needs the model)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -356,12 +417,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    only = args.lora_only or args.format_only or args.batch_only
+    only = args.lora_only or args.format_only or args.batch_only or args.images_only
     saved = [] if only else [save_dashboard_screenshot(args.outdir / "dashboard.png")]
     if not args.dashboard_only:
         with qt_session("pagedeck-shots-") as (loop, data_dir):
             if args.format_only:
                 saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
+            elif args.images_only:
+                saved += loop.run_until_complete(_image_chat(args.outdir, args.seconds, Path(data_dir) / "images"))
             elif args.batch_only:
                 saved += loop.run_until_complete(_batch_run(args.outdir, args.seconds, Path(data_dir) / "batch"))
             else:

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.chat.attachments import Attachments, carries_image, shown_images
 from app.chat.chat_session import ChatSession
 from app.chat.code_blocks import COPY_VERB
 from app.chat.pane_extras import PinnedList, QueueList
@@ -28,6 +29,7 @@ from app.chat.reply_display import shown
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
 from app.core.formatting import stats_text
+from app.core.images import cannot_see_message, image_tokens, sees_images
 from app.core.tasks import spawn
 from app.panels.chat_tools_dialog import ChatToolsDialog
 from app.panels.settings_dialog import SettingsDialog
@@ -84,6 +86,14 @@ class PromptEdit(QPlainTextEdit):
     """Enter sends, Shift+Enter inserts a newline."""
 
     submitted = Signal()
+    attachments: Attachments | None = None  # a pasted or dropped image goes there, not into the text
+
+    def canInsertFromMimeData(self, source) -> bool:  # noqa: N802
+        return (self.attachments is not None and carries_image(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source) -> None:  # noqa: N802
+        if self.attachments is None or not self.attachments.add_mime(source):
+            super().insertFromMimeData(source)
 
     def keyPressEvent(self, e: QKeyEvent) -> None:
         if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not e.modifiers() & Qt.KeyboardModifier.ShiftModifier:
@@ -172,8 +182,15 @@ class ChatPane(QWidget):
         self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
         self.prompt.setMaximumHeight(90)
         self.send_btn = QPushButton("Send")
+        self.attachments = Attachments(self, lambda images: image_tokens(session.backend, images, session.settings),
+                                       lambda: sees_images(session.backend, session.settings))
+        self.prompt.attachments = self.attachments
+        self.attachments.accept_drops(self, self.view.viewport(), self.prompt.viewport())
+        self.attachments.problem.connect(self._show_error)
+        self.attachments.changed.connect(self._attachments_changed)
         row = QHBoxLayout()
         row.addWidget(self.prompt, 1)
+        row.addWidget(self.attachments.button)
         row.addWidget(self.send_btn)
 
         layout = QVBoxLayout(self)
@@ -185,6 +202,7 @@ class ChatPane(QWidget):
         layout.addWidget(self.pinned_list)
         layout.addWidget(self.view, 1)
         layout.addLayout(status)
+        layout.addWidget(self.attachments)
         layout.addLayout(row)
         layout.addWidget(self.queue_list)
 
@@ -207,8 +225,8 @@ class ChatPane(QWidget):
     # --- user actions --------------------------------------------------------------------------
 
     def submit(self) -> None:
-        text = self.prompt.toPlainText()
-        if not text.strip():
+        text, images = self.prompt.toPlainText(), list(self.attachments.images)
+        if not text.strip() and not images:
             return
         self.focused.emit(self)
         self._show_error("")
@@ -225,8 +243,11 @@ class ChatPane(QWidget):
                 self.banner.hide()
                 self.session.edit_queued(item_id, text)
             else:
-                self.session.submit(text)  # queued while a reply runs
+                self.session.submit(text, images)  # queued while a reply runs (text only)
+                self.attachments.clear()
         except Exception as exc:  # noqa: BLE001
+            if images:  # not sent (a model that can't see images, a reply running): the draft stays
+                self.prompt.setPlainText(text)
             self._show_error(str(exc))
 
     def send(self, text: str) -> None:
@@ -347,7 +368,8 @@ class ChatPane(QWidget):
                 self.transcript.update_stream(*live)
             else:
                 message, thinking = shown(self.session, m, self.expanded)
-                self.transcript.append(message, self._actions(m, last_reply), m.stats, thinking)
+                self.transcript.append(message, self._actions(m, last_reply), m.stats, thinking,
+                                       *self._images_of(m))
         self.update_header()
         self.update_meter()
         self._follow = True
@@ -375,7 +397,8 @@ class ChatPane(QWidget):
         msg = next((m for m in self.session.messages if m.id == message_id), None)
         if msg is not None and self.transcript.streaming_id == message_id:
             message, thinking = shown(self.session, msg, self.expanded)
-            self.transcript.end_stream(message, self._actions(msg, message_id), msg.stats, thinking)
+            self.transcript.end_stream(message, self._actions(msg, message_id), msg.stats, thinking,
+                                       *self._images_of(msg))
             if self._follow:
                 self._scroll_to_end()
         else:
@@ -434,7 +457,10 @@ class ChatPane(QWidget):
             self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
             return
         history = [{"role": m.role, "content": m.content} for m in self.session.messages]
-        self._set_meter(self.session.backend.count_tokens(history, self.session.prompt_settings()), 0)  # None: can't count
+        used = self.session.backend.count_tokens(history, self.session.prompt_settings())  # None: can't count
+        images = [im for m in self.session.messages if m.role == "user" for im in self.session.images.of(m.id)]
+        cost = image_tokens(self.session.backend, images + self.attachments.images, self.session.settings)
+        self._set_meter(used + cost if used is not None and cost is not None else used, 0)
 
     def update_format(self) -> None:
         """Name the prompt format the next reply is sent in (the model's template, a fallback, plain text)."""
@@ -458,6 +484,15 @@ class ChatPane(QWidget):
         if dropped:
             text += f" · {dropped} oldest messages left out"
         self.meter.setText(text)
+
+    def _images_of(self, m) -> tuple[list, str]:
+        return shown_images(self.session, m)
+
+    def _attachments_changed(self) -> None:
+        """Say at once when the chat's model can't see images (the message would be refused)."""
+        seeing = sees_images(self.session.backend, self.session.settings)
+        self._show_error(cannot_see_message(attached=True) if self.attachments.images and seeing is False else "")
+        self.update_meter()
 
     def _activity(self, state: str) -> None:
         self.update_header()

@@ -31,6 +31,7 @@ from app.chat.alternatives import ExtraReplies, check_count
 from app.core.backend import Backend
 from app.core.context import ContextFull, fit_context
 from app.core.documents import DocumentError, PinnedDocument, PinnedDocuments, read_document, with_documents
+from app.core.images import AttachedImage, MessageImages, cannot_see_message, sees_images, with_images
 from app.core.message_queue import MessageQueue, QueuedMessage
 from app.core.reply_trace import ReplyTrace, ToolCallRecord
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats, Store
@@ -142,6 +143,7 @@ class ChatSession(QObject):
         self._activity = ""
         self.queue = MessageQueue(store)
         self.documents = PinnedDocuments(store)
+        self.images = MessageImages(store)  # images attached to this store's messages
         if self.queue.items(chat_id):  # queued before a restart: the reply they waited for is over
             QTimer.singleShot(0, self, self.send_next)
         self.extras = ExtraReplies(self, ReplyTracker)  # versions 2..N of an "N replies" request
@@ -221,15 +223,17 @@ class ChatSession(QObject):
         self.messages = self.store.messages(self.chat_id)
         self.history_changed.emit()
 
-    def submit(self, text: str) -> str:
-        """Send `text` now, or queue it while a reply runs: "sent" or "queued"."""
-        if not text.strip():
+    def submit(self, text: str, images: list[AttachedImage] = ()) -> str:
+        """Send `text` (and images) now, or queue it while a reply runs: "sent" or "queued"."""
+        if not text.strip() and not images:
             raise ValueError("cannot send an empty message")
+        if self.running and images:
+            raise ValueError("a reply is running: send the image when it ends (only text waits in the queue)")
         if self.running:
             self.queue.add(self.chat_id, text)
             self.queue_changed.emit()
             return "queued"
-        self.send(text)
+        self.send(text, images)
         return "sent"
 
     def edit_queued(self, item_id: int, text: str) -> None:
@@ -277,14 +281,17 @@ class ChatSession(QObject):
         self.documents_changed.emit()
         self.settings_changed.emit()
 
-    def send(self, text: str) -> asyncio.Task:
-        """Add a user message and start the reply."""
-        if not text.strip():
+    def send(self, text: str, images: list[AttachedImage] = ()) -> asyncio.Task:
+        """Add a user message (with its images, in one transaction) and start the reply; ValueError, nothing
+        stored, when the chat's model cannot see images."""
+        if not text.strip() and not images:
             raise ValueError("cannot send an empty message")
         if self.running:
             raise RuntimeError("this chat is still replying; stop it first")
-        self.messages.append(self.store.add_message(self.chat_id, "user", text))
-        if len([m for m in self.messages if m.role == "user"]) == 1 and self.chat.title == "New chat":
+        if images and sees_images(self.backend, self.settings) is False:
+            raise ValueError(cannot_see_message())
+        self.messages.append(self.images.add_message(self.chat_id, "user", text, images))
+        if len([m for m in self.messages if m.role == "user"]) == 1 and self.chat.title == "New chat" and text.strip():
             self.rename(text.strip().splitlines()[0][:48])
         return self._start()
 
@@ -313,9 +320,9 @@ class ChatSession(QObject):
             raise ValueError(f"message {message_id} is not a user message of chat {self.chat_id}")
         if not text.strip():
             raise ValueError("cannot send an empty message")
-        parent = self.messages[idx].parent_id
+        parent, images = self.messages[idx].parent_id, self.images.of(message_id)  # the new version keeps them
         del self.messages[idx:]
-        self.messages.append(self.store.add_message(self.chat_id, "user", text, parent_id=parent))
+        self.messages.append(self.images.add_message(self.chat_id, "user", text, images, parent_id=parent))
         return self._start()
 
     async def continue_reply(self) -> asyncio.Task:
@@ -345,6 +352,7 @@ class ChatSession(QObject):
         new = self.store.branch(self.chat_id, message_id)
         for old, copy in zip([m for m in self.messages if m.id <= message_id], self.store.messages(new.id)):
             self.trace.copy(old.id, copy.id)  # the branch keeps its replies' tool calls and thinking
+            self.images.copy(old.id, copy.id)
         self.documents.copy(self.chat_id, new.id)
         return new.id
 
@@ -405,7 +413,8 @@ class ChatSession(QObject):
             tools = await self.tools.chat_tools(self.settings.tools) if (
                 self.tools is not None and runs_tools and self.settings.tools) else {}
             specs = {"tools": [t.function_spec(name) for name, t in tools.items()]} if tools else {}
-            history = prompt_history(messages, self.trace.calls, template, runs_tools)
+            history = with_images(prompt_history(messages, self.trace.calls, template, runs_tools), messages,
+                                  self.images.of, sees_images(self.backend, self.settings))
             tracker.live = LiveReply(template, bool(tools))
             round_ = 0
             if continued:  # the stopped reply's tool rounds come before the text it continues

@@ -12,13 +12,19 @@ import html
 import re
 from dataclasses import dataclass
 
-from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import (
+    QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextImageFormat,
+)
+
+from app.chat.attachments import thumbnail
 
 from app.chat.code_blocks import CodeBlocks
 from app.core.formatting import stats_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 CODE_BACKGROUND = QColor(128, 128, 128, 40)
+THUMB = 160  # px: a message's images as thumbnails under its header
 _FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
 
@@ -94,16 +100,20 @@ class Transcript:
         self._stream = None
 
     def append(self, message, actions: list[tuple[str, str]], stats=None,
-               thinking: tuple[str, str, bool] | None = None) -> None:
-        """A finished message: header with action links, its thinking as a collapsible section (label, text,
-        expanded), Markdown body, stats line (assistant)."""
+               thinking: tuple[str, str, bool] | None = None, images: list | None = None,
+               images_note: str = "") -> None:
+        """A finished message: header with action links, its images as thumbnails (with a note: their
+        size, tokens), its thinking as a collapsible section (label, text, expanded), Markdown body, stats
+        line (assistant; a reply's images_note, about the images its prompt held, follows it)."""
         self._finish_stream()
         self._header(message, actions)
+        if images:
+            self._images(message.id, images, images_note)
         if thinking is not None:
             self._thinking(message.id, *thinking)
         self._markdown(message.content)
         if stats is not None:
-            self._stats(stats)
+            self._stats(stats, "" if images else images_note)
 
     def begin_stream(self, message, actions: list[tuple[str, str]]) -> None:
         self._finish_stream()
@@ -157,13 +167,14 @@ class Transcript:
                 self._code_line(body[-1])
         self._stats(stats)
 
-    def end_stream(self, message, actions: list[tuple[str, str]], stats, thinking=None) -> None:
+    def end_stream(self, message, actions: list[tuple[str, str]], stats, thinking=None, images=None,
+                   images_note: str = "") -> None:
         """Render the finished reply whole, replacing its header and incremental pieces."""
         if self._stream is None or self._stream.message_id != message.id:
             raise RuntimeError(f"end_stream() for message {message.id}, which is not streaming")
         self._cut(self._header_pos)
         self._stream = None
-        self.append(message, actions, stats, thinking)
+        self.append(message, actions, stats, thinking, images, images_note)
 
     # --- document building ---------------------------------------------------------------------
 
@@ -251,8 +262,28 @@ class Transcript:
         note = self._stream.note if self._stream is not None else ""
         return stats_text(stats) + (f" · {note}" if note else "")
 
-    def _stats(self, stats) -> None:
-        self._cursor().insertText(self._stats_line(stats), self._stats_format())
+    def _stats(self, stats, extra: str = "") -> None:
+        self._cursor().insertText(self._stats_line(stats) + (f" · {extra}" if extra else ""), self._stats_format())
+
+    def _images(self, message_id: int, images: list, note: str) -> None:
+        """Thumbnails in one line, each a document resource named pdimg:<message>/<n>."""
+        c = self._cursor()
+        for i, image in enumerate(images):
+            q = thumbnail(image, THUMB)
+            if q.isNull():
+                c.insertText(f"[image: {image.label()}] ", self._stats_format())
+                continue
+            name = f"pdimg:{message_id}/{i}"
+            self.doc.addResource(QTextDocument.ResourceType.ImageResource, QUrl(name), q)
+            fmt = QTextImageFormat()
+            fmt.setName(name)
+            fmt.setWidth(q.width())
+            fmt.setHeight(q.height())
+            fmt.setToolTip(image.label())
+            c.insertImage(fmt)
+            c.insertText(" ")
+        labels = ", ".join(image.label() for image in images)
+        self._cursor().insertText(labels + (f" · {note}" if note else ""), self._stats_format())
 
     def _thinking(self, message_id: int, label: str, text: str, expanded: bool) -> None:
         """The thinking's one-line summary (a link that folds it open or shut) and, when open, its text."""

@@ -56,6 +56,13 @@ class Backend(Protocol):
         """The prompt format chats are rendered with ({"label", "short", ...}, see
         EngineService.chat_format_info); None where unknown (no model, a remote server)."""
 
+    def sees_images(self, settings: ChatSettings | None = None) -> bool | None:
+        """Whether the chat's model sees images (history entries' `images`, app.core.images); None where
+        unknown (a remote server answers a text-only model's images with an error of its own)."""
+
+    def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:
+        """Prompt tokens one attached image (app.core.images.AttachedImage) costs; None when unknown."""
+
 
 class BackendSwitch:
     """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
@@ -110,3 +117,11 @@ class BackendSwitch:
 
     def prompt_format(self) -> dict | None:
         return self.current.prompt_format()
+
+    def sees_images(self, settings: ChatSettings | None = None) -> bool | None:
+        fn = getattr(self.current, "sees_images", None)
+        return fn(settings) if fn is not None else None
+
+    def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:
+        fn = getattr(self.current, "image_tokens", None)
+        return fn(image, settings) if fn is not None else None

@@ -4,7 +4,9 @@ A chat exports the path it shows (a branch exports its own history, the shared p
 header says when it was exported, when the chat last changed, and which chat it was branched from. A
 reply's tool calls (with their results) and its thinking (with its token count and time) are exported
 with it: in Markdown as blocks before the answer (the thinking folded in a <details>), in JSON as
-`tool_calls` and `thinking` beside the reply's raw text.
+`tool_calls` and `thinking` beside the reply's raw text. A message's images go with it: in Markdown as
+files in a folder beside the export (`chat_images/` for `chat.md`) shown with image links, in JSON as
+data: URLs with their type and size.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from app.core.formatting import stats_text
+from app.core.images import AttachedImage, MessageImages
 from app.core.reply_trace import ReplyTrace, Thinking, ToolCallRecord
 from app.core.store import Chat, Message, Store
 from engine.chat import split_reasoning
@@ -37,7 +40,9 @@ def _calls_markdown(calls: list[ToolCallRecord]) -> list[str]:
 
 
 def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None = None,
-                branched_from: str | None = None, trace: ReplyTrace | None = None) -> str:
+                branched_from: str | None = None, trace: ReplyTrace | None = None, images: MessageImages | None = None,
+                image_link=None) -> str:
+    """`image_link(message, ordinal, image)`: where an image was written, relative to the export."""
     when = _iso(time.time() if exported_at is None else exported_at)
     lines = [f"# {chat.title}", "", f"*Exported {when} · chat updated {_iso(chat.updated)}*", ""]
     if branched_from is not None:
@@ -54,10 +59,18 @@ def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None =
                 summary = f"Thought for {thought.seconds:.1f} s · {thought.tokens} tokens" if thought else "Thoughts"
                 lines += ["<details><summary>" + summary + "</summary>", "", reasoning, "", "</details>", ""]
             lines += _calls_markdown(trace.calls(m.id))
+        for i, image in enumerate(images.of(m.id) if images is not None and image_link is not None else ()):
+            lines += [f"![image {i + 1}: {image.label()}]({image_link(m, i, image)})", ""]
         lines += [content, ""]
         if m.stats is not None:
             lines += [f"<sub>{stats_text(m.stats)}</sub>", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _images_json(m: Message, images: MessageImages | None) -> dict:
+    found = images.of(m.id) if images is not None else []
+    return {"images": [{"mime": im.mime, "width": im.width, "height": im.height, "data_url": im.data_url()}
+                       for im in found]} if found else {}
 
 
 def _extras(m: Message, trace: ReplyTrace | None) -> dict:
@@ -78,7 +91,8 @@ def _extras(m: Message, trace: ReplyTrace | None) -> dict:
 
 
 def to_json(chat: Chat, messages: list[Message], exported_at: float | None = None,
-            branched_from: str | None = None, trace: ReplyTrace | None = None) -> str:
+            branched_from: str | None = None, trace: ReplyTrace | None = None, images: MessageImages | None = None,
+            image_link=None) -> str:
     doc = {
         "format": "pagedeck-chat",
         "version": FORMAT_VERSION,
@@ -95,6 +109,7 @@ def to_json(chat: Chat, messages: list[Message], exported_at: float | None = Non
                 "created": _iso(m.created),
                 **({"stats": {**asdict(m.stats), "adapters": m.stats.adapter_pairs()}} if m.stats is not None else {}),
                 **_extras(m, trace),
+                **_images_json(m, images),
             }
             for m in messages
         ],
@@ -116,7 +131,15 @@ def export_chat(store: Store, chat_id: int, path: str | Path) -> Path:
             source = store.chat(store.message(chat.branch_of).chat_id).title
         except KeyError:  # the chat it came from was deleted
             source = "a deleted chat"
+    folder = path.with_name(path.stem + "_images")
+
+    def image_link(m: Message, i: int, image: AttachedImage) -> str:
+        folder.mkdir(exist_ok=True)
+        name = f"message{m.id}_{i + 1}.{image.mime.partition('/')[2].replace('jpeg', 'jpg')}"
+        (folder / name).write_bytes(image.data)
+        return f"{folder.name}/{name}"
+
     text = writers[suffix](chat, store.messages(chat_id), exported_at=time.time(), branched_from=source,
-                           trace=ReplyTrace(store))
+                           trace=ReplyTrace(store), images=MessageImages(store), image_link=image_link)
     path.write_text(text, encoding="utf-8")
     return path

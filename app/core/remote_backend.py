@@ -26,6 +26,7 @@ import asyncio
 import json
 from typing import Any
 
+from app.core.images import openai_messages
 from app.core.remote_client import RemoteClient, RemoteError
 from app.core.store import LOOP_SAFE_DRY, ChatSettings
 from engine.chat import ToolCall
@@ -58,7 +59,7 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings, tools: li
               tool_choice: str | dict = "auto") -> dict:
     """The chat request for a chat's history and settings; non-OpenAI sampler keys only when not neutral."""
     messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + \
-        [api_message(m) for m in history]
+        [api_message(m) for m in openai_messages(history)]  # attached images as image_url parts (data: URLs)
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": settings.max_new_tokens,
                             "temperature": settings.temperature, "top_p": settings.top_p,
                             "stream_options": {"include_usage": True}}
@@ -258,6 +259,14 @@ class RemoteBackend:
 
     def prompt_format(self) -> None:
         """Unknown here: the server renders chats with its own rule."""
+        return None
+
+    def sees_images(self, settings: ChatSettings | None = None) -> None:
+        """Unknown: /v1/models does not say; a server whose model reads text only answers with a 400."""
+        return None
+
+    def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> None:
+        """Unknown: the server's vision encoder decides (its usage event counts the prompt, images included)."""
         return None
 
     async def wait_loaded(self) -> None:

@@ -300,7 +300,11 @@ class Store:
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
         """One transaction; a write the disk refuses (full, read-only) is rolled back, raised as
-        StoreWriteError and told to the `write_failed` listeners (the window shows it)."""
+        StoreWriteError and told to the `write_failed` listeners (the window shows it). Inside another
+        transaction it joins that one (a module writing beside a store call commits with it)."""
+        if self._db.in_transaction:
+            yield
+            return
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:

@@ -235,6 +235,16 @@ class EngineService(QObject):
     def prompt_format(self) -> dict | None:  # Backend
         return self.chat_format_info()
 
+    model_can_see_images = False  # a vision model (an mmproj beside it) sets this when it loads
+
+    def sees_images(self, settings: ChatSettings | None = None) -> bool | None:  # Backend
+        """False until a model that sees images is loaded; None before any model (unknown yet)."""
+        return bool(self.model_can_see_images) if self.generator is not None else None
+
+    def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:  # Backend
+        """Unknown until the vision encoder says what an image costs."""
+        return None
+
     def set_chat_format(self, choice: str) -> dict:
         """Use another prompt format for the running model from the next reply on (ValueError: unknown or
         unreadable, the old one kept); chat_format_changed tells the panes."""

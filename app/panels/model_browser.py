@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from app.core.formatting import human_bytes, human_count
 
 COLUMNS = ("Model", "Source", "Architecture", "Parameters", "Quant", "Size", "Fits")
+ARCH = COLUMNS.index("Architecture")  # also says whether the model sees images (no room for a column of its own)
 NARROW_HIDDEN = (1, 2, 3)  # source, architecture, parameters: in the model's tooltip, so the list fits a dock
 _GREY = QColor("#8a8a8a")
 _BAD = QColor("#d0342c")
@@ -119,9 +120,13 @@ class ModelBrowser(QWidget):
     def _row(self, m) -> QTreeWidgetItem:
         info = m.info
         fits = "?" if m.fits is None else ("yes" if m.fits else "no")
-        item = QTreeWidgetItem([m.name, m.source, info.arch or "?", human_count(info.params) if info.params else "",
+        arch = (info.arch or "?") + (" · images" if m.sees_images else "")
+        item = QTreeWidgetItem([m.name, m.source, arch, human_count(info.params) if info.params else "",
                                 info.quant, human_bytes(info.file_bytes), fits if m.supported else "—"])
         item.setData(0, Qt.UserRole, str(m.path))
+        item.setToolTip(ARCH, f"Sees images: vision projector {m.mmproj}" if m.mmproj is not None else
+                        "Sees images: a vision tower in its config" if m.sees_images else
+                        "Text only: no vision projector (mmproj*.gguf) beside it")
         item.setToolTip(0, f"{m.path}\n{m.source} · {info.arch or '?'} · "
                            f"{human_count(info.params) if info.params else '?'} parameters")
         if not m.supported:
@@ -166,8 +171,9 @@ class ModelBrowser(QWidget):
             return
         if m.estimate is not None:
             est = m.estimate
-            self.estimate_label.setText(est.message() if est.fits is False else
-                                        ("Fits: it " if est.fits else "Estimate: it ") + est.summary())
+            self.estimate_label.setText((est.message() if est.fits is False else
+                                         ("Fits: it " if est.fits else "Estimate: it ") + est.summary())
+                                        + (" · Sees images." if m.sees_images else " · Text only."))
         self.chosen.emit(str(m.path))
 
     # ----------------------------------------------------------------------------------- folders

@@ -3,7 +3,10 @@ Ollama's blob store (through its manifests) and folders the user added.
 
 Each is described from headers only (engine.model.info) and given a memory estimate (engine.model.memory), so a
 model list shows architecture, size, quantization and whether it fits, and greys out what this engine
-cannot run with the reason. Qt-free; the app's model browser is a view of find_models().
+cannot run with the reason. A GGUF with a vision projector beside it (`mmproj*.gguf` in the same folder,
+LM Studio's and llama.cpp's layout; an Ollama model's projector layer) is one that sees images: its
+`mmproj` names the projector, which is never listed as a model of its own. Qt-free; the app's model
+browser is a view of find_models().
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from .info import ModelInfo, read_model_info
 
 HF, LMSTUDIO, GPT4ALL, OLLAMA, ADDED = "Hugging Face cache", "LM Studio", "GPT4All", "Ollama", "Added folder"
 _OLLAMA_MODEL = "application/vnd.ollama.image.model"
+_OLLAMA_PROJECTOR = "application/vnd.ollama.image.projector"
 
 
 @dataclass
@@ -28,6 +32,12 @@ class FoundModel:
     name: str  # as that source names it: "Qwen/Qwen2.5-7B-Instruct", "llama3.2:3b", a file name
     info: ModelInfo
     estimate: MemoryEstimate | None = None
+    mmproj: Path | None = None  # the vision projector that goes with it (a model that sees images)
+
+    @property
+    def sees_images(self) -> bool:
+        """A projector beside a GGUF, or an HF folder whose config has a vision tower."""
+        return self.mmproj is not None or _hf_vision(self.path)
 
     @property
     def supported(self) -> bool:
@@ -76,13 +86,14 @@ def find_models(extra_folders=(), *, env: dict | None = None, home: Path | None 
                 kv_quant: str | None = None, weights: str = "auto", device: str = "cpu") -> list[FoundModel]:
     """Every model found, each described and estimated once (the same file reached twice is listed once)."""
     candidates: list[tuple[str, str, Path]] = []
+    projectors: dict[Path, Path] = {}  # an Ollama model blob -> its projector blob
     for source, folder in model_locations(env, home) + [(ADDED, Path(f)) for f in extra_folders]:
         if not folder.is_dir():
             continue
         if source == HF:
             candidates += _hf_cache(folder)
         elif source == OLLAMA:
-            candidates += _ollama(folder)
+            candidates += _ollama(folder, projectors)
         else:
             candidates += [(source, name, path) for name, path in _model_files(folder)]
     found, seen = [], set()
@@ -100,8 +111,36 @@ def find_models(extra_folders=(), *, env: dict | None = None, home: Path | None 
                 est = estimate_memory(info, cache_tokens=cache_tokens, kv_quant=kv_quant, weights=weights, device=device)
             except (ValueError, KeyError) as e:
                 info.problem = info.problem or str(e)
-        found.append(FoundModel(path, source, name, info, est))
+        projector = projectors.get(path) if source == OLLAMA else find_mmproj(path)
+        found.append(FoundModel(path, source, name, info, est, projector))
     return found
+
+
+def find_mmproj(model: Path) -> Path | None:
+    """The vision projector of a GGUF: an mmproj*.gguf in its folder; of several, the one whose name
+    shares the longest start with the model's (mmproj-Qwen2-VL-7B-f16.gguf for Qwen2-VL-7B-Q4_K_M.gguf)."""
+    if model.suffix.lower() != ".gguf" or not model.parent.is_dir():
+        return None
+    found = sorted(p for p in model.parent.glob("*.gguf") if p.name.lower().startswith("mmproj"))
+    if len(found) <= 1:
+        return found[0] if found else None
+    stem = model.name.lower()
+
+    def shared(p: Path) -> int:
+        name = re.sub(r"^mmproj[-_.]?(model[-_.]?)?", "", p.name.lower())
+        return len(os.path.commonprefix([name, stem]))
+
+    return max(found, key=shared)  # (max keeps the first, in name order, of equals)
+
+
+def _hf_vision(path: Path) -> bool:
+    cfg = path / "config.json"
+    if not path.is_dir() or not cfg.is_file():
+        return False
+    try:
+        return "vision_config" in json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def _model_files(folder: Path):
@@ -146,7 +185,7 @@ def _hf_cache(hub: Path):
                 yield HF, f"{name}/{file_name}", path
 
 
-def _ollama(root: Path):
+def _ollama(root: Path, projectors: dict[Path, Path]):
     """Ollama: manifests/<registry>/<namespace>/<model>/<tag> name the layers; the model layer's digest
     sha256:<hex> is the GGUF at blobs/sha256-<hex>."""
     manifests = root / "manifests"
@@ -164,4 +203,8 @@ def _ollama(root: Path):
         model = parts[-2] if len(parts) >= 2 else manifest.parent.name
         namespace = parts[-3] if len(parts) >= 3 else "library"
         name = f"{model}:{parts[-1]}" if namespace == "library" else f"{namespace}/{model}:{parts[-1]}"
-        yield OLLAMA, name, root / "blobs" / digest.replace(":", "-")
+        blob = root / "blobs" / digest.replace(":", "-")
+        projector = next((layer.get("digest") for layer in layers if layer.get("mediaType") == _OLLAMA_PROJECTOR), None)
+        if projector:
+            projectors[blob] = root / "blobs" / projector.replace(":", "-")
+        yield OLLAMA, name, blob

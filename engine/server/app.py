@@ -28,7 +28,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..generator.async_api import DynamicJobAsync
+from ..vision.image_input import ImageLimits
 from .errors import ApiError, bad_request
+from .image_requests import load_request_images
 from .openapi import openapi_spec
 from .prometheus import build_registry
 from .requests import GenerationRequest, parse_request
@@ -45,8 +47,11 @@ class OpenAIServer:
     """Serve `served` (settable at any time; None answers 503) on host:port until stop()."""
 
     def __init__(self, served: ServedModel | None = None, *, api_key: str | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS):
+                 default_max_tokens: int = DEFAULT_MAX_TOKENS, allow_remote_images: bool = False,
+                 image_limits: ImageLimits = ImageLimits()):
         self.served = served
+        self.allow_remote_images = allow_remote_images  # image_url parts may name http(s) URLs (fetched here)
+        self.image_limits = image_limits
         self.api_key = api_key or None
         self.default_max_tokens = default_max_tokens
         self.requests_total = 0
@@ -55,7 +60,8 @@ class OpenAIServer:
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
         self.registry, self._ttft = build_registry(self._metrics_source)
-        self.app = web.Application(middlewares=[self._errors, self._auth], client_max_size=16 * 2**20)
+        # 64 MiB: room for a few images as base64 (each is checked against its own limit)
+        self.app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 2**20)
         r = self.app.router
         r.add_get("/health", self._health)
         r.add_get("/v1/models", self._models)
@@ -202,7 +208,10 @@ class OpenAIServer:
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         t0 = time.perf_counter()
         served = self._served()
-        req = parse_request(kind, await _json_body(request), served, self.default_max_tokens)
+        body = await _json_body(request)
+        images = await load_request_images(body, served, allow_remote=self.allow_remote_images,
+                                           limits=self.image_limits) if kind == "chat" else None
+        req = parse_request(kind, body, served, self.default_max_tokens, images)
         builders = ResponseBuilder.choices(req, request_id(kind), served.tokenizer)
         self.requests_total += 1
         self.requests_running += 1
@@ -305,7 +314,8 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str, index: int
                                stop_conditions=req.stops, filters=req.choice_filters(index),
                                identifier=rid if req.n == 1 else f"{rid}/{index}",
                                return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter),
-                               decode_special_tokens=req.plan is not None and req.plan.decode_special)
+                               decode_special_tokens=req.plan is not None and req.plan.decode_special,
+                               **({"embeddings": req.embeddings} if req.embeddings is not None else {}))
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
         if req.adapter is not None and "LoRA adapter" in str(exc):  # unloaded since resolve: as if unknown
             raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model",

@@ -32,6 +32,9 @@ def add_serve_parser(sub, weight_formats) -> None:
                    help="a PEFT adapter served as model NAME (repeatable)")
     s.add_argument("--threads", type=int, metavar="N",
                    help="torch CPU threads (default: torch's choice; on a busy machine 1 can be faster)")
+    s.add_argument("--allow-remote-images", action="store_true",
+                   help="let image_url parts name http(s) URLs, fetched by the server (size and time limited); "
+                        "off by default: only data: URLs")
     s.add_argument("--default-max-tokens", type=int, default=1024, metavar="N",
                    help="max_tokens of a chat request that gives none (default 1024, capped by the context)")
 
@@ -79,7 +82,8 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
             await generator.load_lora(path, name)
         await generator.run_on_worker(lambda g: g.warmup())
         served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model))
-        server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+        server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens,
+                              allow_remote_images=getattr(args, "allow_remote_images", False))
         url = await server.start(args.host, args.port)
         print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"
               + f" · prompt format: {chat_format.label}"

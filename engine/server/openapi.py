@@ -36,6 +36,15 @@ def _number(low: float | None = None, high: float | None = None, *, exclusive_lo
 
 _TEXT_PART = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
               "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+_IMAGE_PART = {
+    "type": "object", "required": ["type", "image_url"], "additionalProperties": False,
+    "description": "an image, in user messages only, for a model that can see images (else a 400 with code "
+                   "model_cannot_see_images): a data: URL (data:image/png;base64,...; PNG, JPEG, WEBP or GIF, "
+                   "an animation's first frame), or an http(s) URL where the server runs with --allow-remote-images",
+    "properties": {"type": {"const": "image_url"},
+                   "image_url": {"type": "object", "required": ["url"], "additionalProperties": False,
+                                 "properties": {"url": {"type": "string"},
+                                                "detail": {"enum": ["auto", "low", "high"]}}}}}
 _TOOL_CALL = {"type": "object", "required": ["id", "type", "function"],
               "properties": {"id": {"type": "string"}, "type": {"const": "function"},
                              "function": {"type": "object", "required": ["name", "arguments"],
@@ -47,7 +56,8 @@ _MESSAGE = {
                    "names the call it answers (tool_call_id)",
     "properties": {
         "role": {"enum": sorted(ROLES)},
-        "content": _nullable({"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}),
+        "content": _nullable({"anyOf": [{"type": "string"},
+                                         {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}}]}),
         "name": {"type": "string"},
         "tool_calls": _nullable({"type": "array", "items": _TOOL_CALL}),
         "tool_call_id": {"type": "string"},
@@ -183,7 +193,7 @@ _REF_ERROR = {"$ref": "#/components/schemas/Error"}
 _SSE_EVENT = {"type": "object", "required": ["data"],
               "properties": {"data": {"type": "string", "minLength": 1}, "event": {"type": "string"}}}
 _ERROR_TEXT = {400: "the request is invalid (the message names the field)", 401: "missing or wrong API key",
-               404: "unknown model, adapter or route", 413: "the body is larger than 16 MiB",
+               404: "unknown model, adapter or route", 413: "the body is larger than 64 MiB",
                503: "no model is loaded, or it is being replaced"}
 
 

@@ -2,7 +2,7 @@
 
 Every field is checked before anything reaches the engine, and a bad one is a 400 naming it. Unknown
 fields are refused too (a silently ignored field would answer a different question than the one
-asked); tools, tool choice and reasoning are checked by tool_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
+asked); tools, tool choice and reasoning are checked by tool_requests, image parts by image_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos), so a client written for them works here unchanged.
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLlamaV2's chat defaults.
 """
@@ -16,6 +16,7 @@ import torch
 from ..contract import InvalidSetting, SamplerSettings
 from ..generator.filters import JSONSchemaFilter
 from .errors import ApiError, bad_request
+from .image_requests import Images, cannot_see_images
 from .served import ServedModel
 from .tool_requests import TOOL_FIELDS, ToolPlan, check_tool_message, parse_tool_plan, render_prompt, tool_filters
 
@@ -57,6 +58,7 @@ class GenerationRequest:
     plan: ToolPlan | None = None  # chat: tools, tool choice and how to read the reply (reasoning, calls)
     new_filters: Callable[[], list] | None = None  # a fresh set of the filters (another choice's)
     n: int = 1  # choices: n jobs on the same prompt (prefilled once), choice i seeded seed + i
+    embeddings: Any = None  # a chat with images: what ServedModel.encode_chat made of them, for the job
 
     def choice_seed(self, index: int) -> int | None:
         """Choice i's seed: seed + i, so seeded choices differ from each other and reproduce; None: random."""
@@ -67,8 +69,11 @@ class GenerationRequest:
         return self.filters if index == 0 or self.new_filters is None else self.new_filters()
 
 
-def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int) -> GenerationRequest:
-    """Check an OpenAI chat (kind "chat") or completions ("completion") body; ApiError(400/404) if bad."""
+def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int,
+                  images: Images | None = None) -> GenerationRequest:
+    """Check an OpenAI chat (kind "chat") or completions ("completion") body; ApiError(400/404) if bad.
+    `images`: the body's image parts decoded (image_requests.load_request_images); a chat with images is
+    encoded by the served model's encode_chat (prompt ids + image embeddings)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     allowed = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
@@ -81,8 +86,12 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
     plan = None
     if kind == "chat":
         plan = parse_tool_plan(body, tok)
-        prompt = _unicode(render_prompt(plan, _messages(body.get("messages")), tok), "messages")
-        ids = tok.encode(prompt, encode_special_tokens=True)
+        messages = _messages(body.get("messages"), images or {}, served.name)
+        if any(isinstance(m["content"], list) for m in messages):  # image parts: the vision model encodes them
+            prompt, (ids, embeddings) = "", served.encode_chat(messages, plan)
+        else:
+            prompt = _unicode(render_prompt(plan, messages, tok), "messages")
+            ids, embeddings = tok.encode(prompt, encode_special_tokens=True), None
         stop_tokens = sorted(tok.stop_token_ids)
     else:
         prompt, ids = _prompt(body.get("prompt"), tok)
@@ -137,12 +146,12 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         logprobs=_logprobs(body, kind), echo=_bool_field(body, "echo", False), stream=stream,
         include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
-        plan=plan, new_filters=new_filters, n=n,
+        plan=plan, new_filters=new_filters, n=n, embeddings=embeddings if kind == "chat" else None,
     )
 
 
 # ---- prompt ------------------------------------------------------------------------------------------
-def _messages(messages: Any) -> list[dict]:
+def _messages(messages: Any, images: Images, model_name: str) -> list[dict]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
     out = []
@@ -163,22 +172,30 @@ def _messages(messages: Any) -> list[dict]:
         content = m.get("content")
         if content is None and "tool_calls" in tool_fields:  # a reply that only called tools
             content = ""
-        out.append({"role": ROLES[role], "content": _content(content, where), **tool_fields})
+        out.append({"role": ROLES[role], "content": _content(content, where, images, i, model_name),
+                    **tool_fields})
     return out
 
 
-def _content(content: Any, where: str) -> str:
-    """A message's text: a string, or a list of {"type": "text", "text": ...} parts joined."""
+def _content(content: Any, where: str, images: Images, index: int, model_name: str) -> str | list[dict]:
+    """A message's text: a string, or a list of {"type": "text", "text": ...} parts joined; with image parts
+    (decoded in `images`), the parts as a list: text parts and {"type": "image", "image": PIL image}."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
+        texts, parts = [], []
         for j, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                if (index, j) not in images:
+                    raise cannot_see_images(model_name, f"{where}.content[{j}]")
+                parts.append({"type": "image", "image": images[(index, j)]})
+                continue
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad_request(f"{where}.content[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}); "
-                                  "this model reads text only", f"{where}.content")
+                raise bad_request(f"{where}.content[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}) "
+                                  "or an image_url part", f"{where}.content")
             texts.append(part["text"])
-        return "".join(texts)
+            parts.append({"type": "text", "text": part["text"]})
+        return parts if len(parts) > len(texts) else "".join(texts)
     raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 

@@ -23,6 +23,13 @@ class ServedModel:
     tokenizer: Any  # engine.tokenizer.Tokenizer
     name: str
     created: int = field(default_factory=lambda: int(time.time()))
+    can_see_images: bool = False  # a vision model: chat requests may hold image_url parts
+
+    def encode_chat(self, messages: list[dict], plan: Any) -> tuple[Any, Any]:
+        """(prompt ids, image embeddings) of chat messages holding {"type": "image", "image": PIL image}
+        parts; only a model that can see images has it (server/image_requests refuses images otherwise)."""
+        raise ApiError(400, f"this model cannot see images: {self.name} reads text only", "messages",
+                       "model_cannot_see_images")
 
     @property
     def max_seq_len(self) -> int:

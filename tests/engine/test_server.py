@@ -230,7 +230,7 @@ BAD = [
     ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "maximum context length"),
     ({"messages": []}, 400, "messages must be a non-empty list"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role 'wizard'"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "text part"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400, "cannot see images"),
     ({"messages": QUESTION, "tools": [{"type": "function"}]}, 400, "tools[0] must be"),
     ({"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "only allowed when stream"),
     ({"messages": QUESTION, "logit_bias": {"abc": 1}}, 400, "not a token id"),

@@ -74,8 +74,9 @@ def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: b
 
 
 def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: dict | None = None, tie: bool = True,
-                     sharded: bool = False, seed: int = 0, **overrides) -> Path:
-    """Write an HF model folder (config, safetensors, default tokenizer) and return its path."""
+                     sharded: bool = False, seed: int = 0, weight_std: float = WEIGHT_STD, **overrides) -> Path:
+    """Write an HF model folder (config, safetensors, default tokenizer) and return its path. weight_std:
+    the matrices' spread (wider models want a smaller one for the same gain per layer)."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -88,9 +89,9 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
             if "norm" in name:  # Gemma's norms scale by (1 + w): keep the effective scale near 1 too
                 p.uniform_(-0.5, 0.5) if gemma else p.uniform_(0.5, 1.5)
             elif gemma and "embed_tokens" in name:  # Gemma multiplies embeddings by sqrt(hidden) = 8
-                p.normal_(0.0, WEIGHT_STD / 4)
+                p.normal_(0.0, weight_std / 4)
             else:
-                p.normal_(0.0, WEIGHT_STD if p.dim() > 1 else 0.5)
+                p.normal_(0.0, weight_std if p.dim() > 1 else 0.5)
     if tie:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="1MB" if sharded else "10GB")
@@ -234,11 +235,14 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
 WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
-def write_wide_gguf(folder: str | Path, arch: str = "llama", *, seed: int = 0, tie: bool = True) -> Path:
+def write_wide_gguf(folder: str | Path, arch: str = "llama", *, seed: int = 0, tie: bool = True,
+                    weight_std: float = WEIGHT_STD / 2) -> Path:
     """A tiny random model of `arch` (tests.tiny_models.ARCHS) as an F32 GGUF in llama.cpp's layout, every
     row a multiple of 256 wide (WIDE) and a small SentencePiece vocabulary (add_spm_vocabulary), so it
     quantizes to any ggml type and loads in pagedeck and llama.cpp alike. Gemmas get
-    query_pre_attn_scalar = head_dim (llama.cpp's assumption); LongRoPE factors cover the rotated dims."""
+    query_pre_attn_scalar = head_dim (llama.cpp's assumption); LongRoPE factors cover the rotated dims;
+    Phi-3 has no sliding window (llama.cpp disables it). weight_std: half the 64-wide models' (rows 4x
+    longer), so each layer amplifies about as much."""
     folder = Path(folder)
     vocab = len(spm_vocabulary("llama")[0])
     extra = dict(WIDE)
@@ -246,9 +250,12 @@ def write_wide_gguf(folder: str | Path, arch: str = "llama", *, seed: int = 0, t
         extra.pop("head_dim")  # Phi-3 has none: hidden / heads = 64
     if arch in ("gemma2", "gemma3"):
         extra["query_pre_attn_scalar"] = WIDE["head_dim"]
+    if arch.startswith("phi3"):
+        extra["sliding_window"] = None  # llama.cpp ignores Phi-3's window ("Phi SWA is currently disabled")
     if arch == "phi3-long":
         extra["rope_scaling"] = longrope_factors(WIDE["head_dim"] // 4)  # half of 64 dims rotated: 16 frequencies
-    hf = write_tiny_model(folder / f"{arch}-hf", arch, tie=tie, seed=seed, vocab_size=vocab, **extra)
+    hf = write_tiny_model(folder / f"{arch}-hf", arch, tie=tie, seed=seed, vocab_size=vocab, weight_std=weight_std,
+                          **extra)
     return write_tiny_gguf(hf, folder / f"{arch}-F32.gguf", "F32", tokenizer=add_spm_vocabulary)
 
 

@@ -34,6 +34,7 @@ PRE_SPLITS = {
     "gpt-4o": [_GPT4O_SPLIT], "llama4": [_GPT4O_SPLIT],
 }
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
+_BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3"}  # llama.cpp's LLAMA3 pre-type sets add_bos
 TOKENIZER_MODELS = ("gpt2", "llama")
 
 
@@ -61,9 +62,13 @@ def from_gguf(meta: dict, source: str) -> HFTokenizer:
 
 
 def default_add_bos(meta: dict) -> bool:
-    """llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise."""
+    """Whether text starts with BOS, as llama.cpp decides: the file's tokenizer.ggml.add_bos_token, else
+    yes for SentencePiece vocabularies and for the Llama-3 family of BPE pre-tokenizers, no for the rest."""
     flag = meta.get("tokenizer.ggml.add_bos_token")
-    return bool(flag) if flag is not None else meta.get("tokenizer.ggml.model") == "llama"
+    if flag is not None:
+        return bool(flag)
+    kind = meta.get("tokenizer.ggml.model")
+    return kind == "llama" or (kind == "gpt2" and meta.get("tokenizer.ggml.pre") in _BOS_BY_DEFAULT)
 
 
 def _byte_level(meta: dict, tokens: list[str], source: str) -> HFTokenizer:

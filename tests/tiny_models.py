@@ -302,7 +302,8 @@ def spm_vocabulary(arch: str = "llama", merges: int = 150) -> tuple[list[str], l
     """(tokens, scores, token types) of a SentencePiece ("llama") vocabulary the way llama.cpp writes one:
     <unk> <s> </s>, 256 byte-fallback tokens, single characters, then pieces learned by a few BPE merges
     over a small corpus (scores falling with merge order), the arch's chat control tokens, and for Gemma
-    whitespace-run tokens stored with real spaces."""
+    whitespace-run tokens stored with real spaces, user-defined (matched in the raw text, as
+    SentencePiece and llama.cpp match them)."""
     import collections
 
     words = collections.Counter("\u2581" + w for w in SPM_CORPUS.split())
@@ -336,9 +337,9 @@ def spm_vocabulary(arch: str = "llama", merges: int = 150) -> tuple[list[str], l
         types.append(1)
         scores.append(-float(step))
     if arch.startswith("gemma"):
-        for n in (2, 3, 4):  # Gemma keeps runs of spaces as tokens, written with real spaces in its GGUFs
+        for n in (2, 3, 4):  # Gemma keeps runs of spaces as user-defined tokens, real spaces in its GGUFs
             tokens.append(" " * n)
-            types.append(1)
+            types.append(4)
             scores.append(-float(merges + n))
     for special in SPM_SPECIALS.get(arch, []):
         tokens.append(special)

@@ -102,7 +102,8 @@ def with_tensor(src, dst, name: str, data: np.ndarray, raw_dtype):
     for f in reader.fields.values():
         if f.name != "general.architecture" and not f.name.startswith("GGUF."):
             vtype = f.types[0]
-            w.add_key_value(f.name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+            sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(f.name, f.contents(), vtype, sub_type=sub)
     for t in reader.tensors:
         if t.name == name:
             w.add_tensor(t.name, data, raw_dtype=raw_dtype)

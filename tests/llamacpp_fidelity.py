@@ -21,7 +21,7 @@ import torch
 # uniform importance matrix)
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
          "IQ4_NL", "IQ4_XS", "IQ3_S", "IQ3_XXS", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0",
-         "MXFP4"]
+         "MXFP4", "NVFP4"]
 # every architecture pagedeck and llama.cpp both load (Mistral's GGUFs are llama ones: "llama" covers them)
 ARCHS = ["llama", "llama3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "phi3-long"]
 ARCH_TYPES = ["F32", "Q8_0", "Q4_K"]  # each architecture in these; llama in every type

@@ -74,8 +74,9 @@ def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: b
 
 
 def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: dict | None = None, tie: bool = True,
-                     sharded: bool = False, seed: int = 0, **overrides) -> Path:
-    """Write an HF model folder (config, safetensors, default tokenizer) and return its path."""
+                     sharded: bool = False, seed: int = 0, weight_std: float = WEIGHT_STD, **overrides) -> Path:
+    """Write an HF model folder (config, safetensors, default tokenizer) and return its path. weight_std:
+    the matrices' spread (wider models want a smaller one for the same gain per layer)."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -88,9 +89,9 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
             if "norm" in name:  # Gemma's norms scale by (1 + w): keep the effective scale near 1 too
                 p.uniform_(-0.5, 0.5) if gemma else p.uniform_(0.5, 1.5)
             elif gemma and "embed_tokens" in name:  # Gemma multiplies embeddings by sqrt(hidden) = 8
-                p.normal_(0.0, WEIGHT_STD / 4)
+                p.normal_(0.0, weight_std / 4)
             else:
-                p.normal_(0.0, WEIGHT_STD if p.dim() > 1 else 0.5)
+                p.normal_(0.0, weight_std if p.dim() > 1 else 0.5)
     if tie:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="1MB" if sharded else "10GB")
@@ -137,12 +138,13 @@ def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> torch.Ten
     return torch.tensor(out, dtype=torch.float32)
 
 
-def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, tokenizer: bool = True) -> Path:
+def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, tokenizer=True) -> Path:
     """Convert a tiny HF folder to GGUF the way llama.cpp's convert_hf_to_gguf.py does: its tensor names,
     q/k rows permuted for llama, Gemma's norms stored as (1 + w), Phi-3's fused projections and LongRoPE
     factor tensors, its metadata keys; 2-D weights in qtype (a type name, or a function of the GGUF tensor
     name giving one, to mix types the way Q4_K_M does). K-quants are written by tools.ggml_writers (the
-    gguf package cannot quantize to them)."""
+    gguf package cannot quantize to them). tokenizer: True for the default model's vocabulary, False for
+    none, or a function that writes one into the gguf.GGUFWriter (add_spm_vocabulary, for a small one)."""
     import json
     import math
 
@@ -197,7 +199,9 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    if tokenizer:
+    if callable(tokenizer):
+        tokenizer(w)
+    elif tokenizer:
         from tools.synthetic_gguf import copy_default_tokenizer
 
         copy_default_tokenizer(w)
@@ -225,6 +229,34 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     w.write_tensors_to_file()
     w.close()
     return out
+
+
+# Shapes whose rows are whole K-quant super-blocks (256), for GGUFs of every ggml type.
+WIDE = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+def write_wide_gguf(folder: str | Path, arch: str = "llama", *, seed: int = 0, tie: bool = True,
+                    weight_std: float = WEIGHT_STD / 2) -> Path:
+    """A tiny random model of `arch` (tests.tiny_models.ARCHS) as an F32 GGUF in llama.cpp's layout, every
+    row a multiple of 256 wide (WIDE) and a small SentencePiece vocabulary (add_spm_vocabulary), so it
+    quantizes to any ggml type and loads in pagedeck and llama.cpp alike. Gemmas get
+    query_pre_attn_scalar = head_dim (llama.cpp's assumption); LongRoPE factors cover the rotated dims;
+    Phi-3 has no sliding window (llama.cpp disables it). weight_std: half the 64-wide models' (rows 4x
+    longer), so each layer amplifies about as much."""
+    folder = Path(folder)
+    vocab = len(spm_vocabulary("llama")[0])
+    extra = dict(WIDE)
+    if arch.startswith("phi3"):
+        extra.pop("head_dim")  # Phi-3 has none: hidden / heads = 64
+    if arch in ("gemma2", "gemma3"):
+        extra["query_pre_attn_scalar"] = WIDE["head_dim"]
+    if arch.startswith("phi3"):
+        extra["sliding_window"] = None  # llama.cpp ignores Phi-3's window ("Phi SWA is currently disabled")
+    if arch == "phi3-long":
+        extra["rope_scaling"] = longrope_factors(WIDE["head_dim"] // 4)  # half of 64 dims rotated: 16 frequencies
+    hf = write_tiny_model(folder / f"{arch}-hf", arch, tie=tie, seed=seed, vocab_size=vocab, weight_std=weight_std,
+                          **extra)
+    return write_tiny_gguf(hf, folder / f"{arch}-F32.gguf", "F32", tokenizer=add_spm_vocabulary)
 
 
 def q4_k_m(name: str) -> str:
@@ -266,14 +298,13 @@ SPM_SPECIALS = {"gemma2": ["<start_of_turn>", "<end_of_turn>"], "phi3": ["<|user
                 "llama": []}
 
 
-def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150) -> Path:
-    """A GGUF holding only a SentencePiece ("llama") vocabulary the way llama.cpp writes one: <unk> <s>
-    </s>, 256 byte-fallback tokens, single characters, then pieces learned by a few BPE merges over a
-    small corpus (scores falling with merge order), the arch's chat control tokens, and for Gemma
-    whitespace-run tokens stored with real spaces."""
+def spm_vocabulary(arch: str = "llama", merges: int = 150) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a SentencePiece ("llama") vocabulary the way llama.cpp writes one:
+    <unk> <s> </s>, 256 byte-fallback tokens, single characters, then pieces learned by a few BPE merges
+    over a small corpus (scores falling with merge order), the arch's chat control tokens, and for Gemma
+    whitespace-run tokens stored with real spaces, user-defined (matched in the raw text, as
+    SentencePiece and llama.cpp match them)."""
     import collections
-
-    import gguf
 
     words = collections.Counter("\u2581" + w for w in SPM_CORPUS.split())
     pieces = {w: list(w) for w in words}
@@ -306,15 +337,20 @@ def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150
         types.append(1)
         scores.append(-float(step))
     if arch.startswith("gemma"):
-        for n in (2, 3, 4):  # Gemma keeps runs of spaces as tokens, written with real spaces in its GGUFs
+        for n in (2, 3, 4):  # Gemma keeps runs of spaces as user-defined tokens, real spaces in its GGUFs
             tokens.append(" " * n)
-            types.append(1)
+            types.append(4)
             scores.append(-float(merges + n))
     for special in SPM_SPECIALS.get(arch, []):
         tokens.append(special)
         types.append(3)
         scores.append(0.0)
-    w = gguf.GGUFWriter(path, arch)
+    return tokens, scores, types
+
+
+def add_spm_vocabulary(w, arch: str = "llama", merges: int = 150) -> int:
+    """Write spm_vocabulary(arch, merges) into a GGUFWriter (BOS 1, EOS 2, UNK 0); returns its size."""
+    tokens, scores, types = spm_vocabulary(arch, merges)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -323,6 +359,15 @@ def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150
     w.add_unk_token_id(0)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    return len(tokens)
+
+
+def write_tiny_spm_gguf(path: str | Path, arch: str = "llama", merges: int = 150) -> Path:
+    """A GGUF holding only a SentencePiece vocabulary (spm_vocabulary)."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, arch)
+    add_spm_vocabulary(w, arch, merges)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -112,7 +112,7 @@ _FAST = {
     GGMLQuantizationType.Q6_K: dequantize_q6_k,
 }
 _PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
-          GGMLQuantizationType.BF16: torch.bfloat16}
+          GGMLQuantizationType.BF16: torch.bfloat16, GGMLQuantizationType.F64: torch.float64}
 _CHUNK_BLOCKS = 1 << 16  # keeps each step's temporaries in cache
 
 

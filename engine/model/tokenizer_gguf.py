@@ -34,6 +34,7 @@ PRE_SPLITS = {
     "gpt-4o": [_GPT4O_SPLIT], "llama4": [_GPT4O_SPLIT],
 }
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
+_BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3"}  # llama.cpp's LLAMA3 pre-type sets add_bos
 TOKENIZER_MODELS = ("gpt2", "llama")
 
 
@@ -52,7 +53,7 @@ def from_gguf(meta: dict, source: str) -> HFTokenizer:
     if kind == "gpt2":
         tok = _byte_level(meta, tokens, source)
     else:
-        tok = _sentencepiece(meta, tokens, meta.get("general.architecture", ""))
+        tok = _sentencepiece(meta, tokens, types, meta.get("general.architecture", ""))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
                             for t, k in zip(tokens, types) if k == _GGUF_CONTROL])
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
@@ -61,9 +62,13 @@ def from_gguf(meta: dict, source: str) -> HFTokenizer:
 
 
 def default_add_bos(meta: dict) -> bool:
-    """llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise."""
+    """Whether text starts with BOS, as llama.cpp decides: the file's tokenizer.ggml.add_bos_token, else
+    yes for SentencePiece vocabularies and for the Llama-3 family of BPE pre-tokenizers, no for the rest."""
     flag = meta.get("tokenizer.ggml.add_bos_token")
-    return bool(flag) if flag is not None else meta.get("tokenizer.ggml.model") == "llama"
+    if flag is not None:
+        return bool(flag)
+    kind = meta.get("tokenizer.ggml.model")
+    return kind == "llama" or (kind == "gpt2" and meta.get("tokenizer.ggml.pre") in _BOS_BY_DEFAULT)
 
 
 def _byte_level(meta: dict, tokens: list[str], source: str) -> HFTokenizer:
@@ -82,10 +87,12 @@ def _byte_level(meta: dict, tokens: list[str], source: str) -> HFTokenizer:
     return tok
 
 
-def _sentencepiece(meta: dict, tokens: list[str], arch: str) -> HFTokenizer:
+def _sentencepiece(meta: dict, tokens: list[str], types: list[int], arch: str) -> HFTokenizer:
     gemma = arch.startswith("gemma")
-    if gemma:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space
-        tokens = [SPIECE * len(t) if " " in t and not t.strip() else t for t in tokens]
+    if gemma:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space.
+        # User-defined ones keep their real spaces: they are matched in the raw text (from_gguf adds them).
+        tokens = [SPIECE * len(t) if " " in t and not t.strip() and k != _GGUF_USER_DEFINED else t
+                  for t, k in zip(tokens, types)]
     vocab = {t: i for i, t in enumerate(tokens)}
     if "tokenizer.ggml.merges" in meta:
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
@@ -97,13 +104,11 @@ def _sentencepiece(meta: dict, tokens: list[str], arch: str) -> HFTokenizer:
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
     tok = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     steps = [decoders.Replace(SPIECE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if gemma:  # no prefix space
+    if not meta.get("tokenizer.ggml.add_space_prefix", not gemma):  # Gemma's converter writes False
         tok.normalizer = normalizers.Replace(" ", SPIECE)
-    elif arch == "phi3":  # the prefix space comes from a normalizer, so leading spaces are not doubled
+    else:  # SentencePiece's dummy prefix, as llama.cpp adds it: before every text, leading spaces or not, and
+        # after every special token (a normalizer runs on each piece of text between them)
         tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPIECE), normalizers.Replace(" ", SPIECE)])
-        steps.append(decoders.Strip(content=" ", left=1))
-    else:
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE, prepend_scheme="first", split=False)
         steps.append(decoders.Strip(content=" ", left=1))
     tok.decoder = decoders.Sequence(steps)
     return tok

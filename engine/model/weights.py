@@ -450,6 +450,15 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
     return f"{mapped}.{suffix}" if mapped else None
 
 
+def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
+    """Refuse a file up front, in one line naming the tensor and its type, when a tensor the model needs is
+    of a ggml type we cannot decode (Q8_K, integer types...), rather than failing halfway through loading."""
+    for t in tensors:
+        if not dequantizable(t.tensor_type):
+            raise ValueError(f"{path}: tensor {t.name} is stored as ggml type {t.tensor_type.name}, which pagedeck "
+                             f"cannot read")
+
+
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
     gf = GGUFFile(path)
     config = ModelConfig.from_gguf(gf)
@@ -463,6 +472,7 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             todo.append((t, name))
         elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):
             unexpected.append(t.name)
+    _check_types(path, [t for t, _ in todo])
     total = sum(t.nbytes for t, _ in todo) or 1
     types = {name: t.tensor_type.name for t, name in todo}
     keep_dense = _keeps_dense_copy(config, fmt, types.get)

@@ -1,0 +1,85 @@
+"""A chat with images -> prompt ids + embeddings for DynamicJob(input_ids, embeddings=...).
+
+The torch-free part (engine.chat.image_prompt) shapes the messages for the model's chat template and
+expands each image marker the way the model's HF processor does; this part runs the vision encoder, wraps
+each image's features in an MMEmbedding and puts its placeholder ids where the image tokens are.
+
+`vision` is the encoder of the model's images (engine/vision provides them): vision.encode(image) returns
+a list of (layout, features) pairs, features (n, hidden) in the language model's embedding space, in
+prompt order (Idefics3: the tiles row by row, then the global view; Gemma 3: one pair). A layout carries
+rows/cols of the tile grid (a dict or attributes; or row/col per tile; None: not split).
+vision.identity (a str: the encoder's weights and settings) goes into each image's content hash, so equal
+images under equal encoders share placeholder ids, hence prompt cache pages, across chats.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Protocol
+
+import torch
+
+from ..chat.image_prompt import ImageFamily, expand_markers, fill_image_tokens, grid, image_family, template_messages
+from .embeddings import MMEmbedding
+
+
+class VisionEncoder(Protocol):
+    def encode(self, image: Any) -> list[tuple[Any, torch.Tensor]]: ...
+
+
+def image_hash(image: Any, identity: str) -> bytes:
+    """Content hash of a decoded image (a PIL image: its mode, size and pixels; else its bytes) under an encoder."""
+    h = hashlib.blake2b(identity.encode(), digest_size=16)
+    if hasattr(image, "tobytes") and hasattr(image, "size"):
+        h.update(f"{getattr(image, 'mode', '')}:{image.size}".encode())
+        h.update(image.tobytes())
+    elif isinstance(image, (bytes, bytearray)):
+        h.update(bytes(image))
+    else:
+        raise TypeError(f"cannot hash an image of type {type(image).__name__} (pass a PIL image)")
+    return h.digest()
+
+
+def encoder_identity(vision: Any) -> str:
+    """The encoder's identity for content hashes: vision.identity, or (none given) this very object, so
+    nothing is shared that might differ."""
+    identity = getattr(vision, "identity", None)
+    return str(identity) if identity else f"{type(vision).__module__}.{type(vision).__qualname__}@{id(vision)}"
+
+
+def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily) -> tuple[MMEmbedding, str]:
+    """One image's MMEmbedding and the prompt text its marker expands to."""
+    parts = vision.encode(image)
+    if not parts:
+        raise ValueError("the vision encoder returned no features for an image")
+    features = torch.cat([t.reshape(-1, t.shape[-1]) for _, t in parts])
+    rows, cols = grid([layout for layout, _ in parts])
+    tiles = family.tiles(rows, cols)
+    if features.shape[0] % tiles:
+        raise ValueError(f"{features.shape[0]} image features do not split into {tiles} tiles")
+    embedding = MMEmbedding(features, content_hash=image_hash(image, encoder_identity(vision)))
+    return embedding, family.expand(features.shape[0] // tiles, rows, cols)
+
+
+def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, family: ImageFamily | str | None = None,
+                 add_generation_prompt: bool = True, **template_kwargs: Any) -> tuple[torch.Tensor, list[MMEmbedding]]:
+    """((1, n) prompt ids, the images' MMEmbeddings) of OpenAI-shaped messages with image parts
+    ({"type": "image", "image": <PIL image>}), rendered by the model's own chat template.
+
+    family: the model's image family (engine.chat.image_prompt: "idefics3"/"smolvlm", "gemma3"); None
+    takes it from the tokenizer's model type (config.json)."""
+    if not isinstance(family, ImageFamily):
+        family = image_family(family or getattr(tokenizer, "arch", None))
+    shaped, images = template_messages(messages)
+    text = tokenizer.apply_chat_template(shaped, add_generation_prompt=add_generation_prompt, **template_kwargs)
+    embeddings, expansions = [], []
+    for image in images:
+        embedding, expansion = image_embedding(image, vision, family)
+        embeddings.append(embedding)
+        expansions.append(expansion)
+    ids = tokenizer.encode(expand_markers(text, family, expansions), encode_special_tokens=True)[0].tolist()
+    image_token_id = tokenizer.token_to_id(family.image_token)
+    if images and image_token_id is None:
+        raise ValueError(f"the tokenizer has no {family.image_token!r} token: not a {family.name} model's tokenizer")
+    ids = fill_image_tokens(ids, image_token_id if image_token_id is not None else -1,
+                            [e.token_ids for e in embeddings])
+    return torch.tensor([ids], dtype=torch.long), embeddings

@@ -26,13 +26,16 @@ def is_vlm_config(cfg: dict) -> bool:
 
 
 def text_config(cfg: dict) -> dict:
-    """The decoder's config of a VLM config.json (unchanged for a text model): text_config, with the
-    top-level keys transformers reads from the outer config (the tied head, eos/bos) where present."""
+    """The decoder's config of a VLM config.json (unchanged for a text model): text_config, with eos/bos
+    from the outer config where text_config lacks them, and the outer tie_word_embeddings where present."""
     if not is_vlm_config(cfg):
         return cfg
     text = cfg["text_config"]
     outer = {k: v for k, v in cfg.items() if k in _TOP_LEVEL_KEYS}
-    return {**outer, **text, "model_type": text.get("model_type") or VLM_TEXT_TYPES[cfg["model_type"]]}
+    merged = {**outer, **text, "model_type": text.get("model_type") or VLM_TEXT_TYPES[cfg["model_type"]]}
+    if "tie_word_embeddings" in outer:  # transformers 5 ties the head by the outer config's flag
+        merged["tie_word_embeddings"] = outer["tie_word_embeddings"]
+    return merged
 
 
 def text_name(name: str) -> str | None:

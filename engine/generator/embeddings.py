@@ -104,14 +104,21 @@ class EmbeddingLookup:
         offsets = [i for i, t in enumerate(tokens) if t >= FIRST_ID]
         if not offsets:
             return None
-        rows = []
-        for i in offsets:
-            t = tokens[i]
-            e = next((e for e in self.embeddings if e.first_id <= t < e.last_id), None)
-            if e is None:
-                raise KeyError(f"placeholder id {t} belongs to none of the job's embeddings")
-            rows.append(e.embeddings[t - e.first_id])
-        return offsets, torch.stack(rows)
+        ids = torch.tensor([tokens[i] for i in offsets], dtype=torch.long)
+        out: torch.Tensor | None = None
+        found = torch.zeros(len(offsets), dtype=torch.bool)
+        for e in self.embeddings:  # a few images per job: one gather each
+            mine = (ids >= e.first_id) & (ids < e.last_id)
+            if mine.any():
+                vecs = e.embeddings[(ids[mine] - e.first_id).to(e.embeddings.device)]
+                if out is None:
+                    out = vecs.new_empty((len(offsets), vecs.shape[1]))
+                out[mine.to(out.device)] = vecs.to(out.dtype)
+                found |= mine
+        if not bool(found.all()):
+            stray = ids[~found][0].item()
+            raise KeyError(f"placeholder id {stray} belongs to none of the job's embeddings")
+        return offsets, out
 
 
 def encode_with_embeddings(tokenizer, text: str, embeddings: list[MMEmbedding], add_bos: bool = False,

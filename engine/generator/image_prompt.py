@@ -14,6 +14,9 @@ images under equal encoders share placeholder ids, hence prompt cache pages, acr
 from __future__ import annotations
 
 import hashlib
+import threading
+import uuid
+from collections import OrderedDict
 from typing import Any, Protocol
 
 import torch
@@ -39,15 +42,58 @@ def image_hash(image: Any, identity: str) -> bytes:
     return h.digest()
 
 
-def encoder_identity(vision: Any) -> str:
-    """The encoder's identity for content hashes: vision.identity, or (none given) this very object, so
-    nothing is shared that might differ."""
-    identity = getattr(vision, "identity", None)
-    return str(identity) if identity else f"{type(vision).__module__}.{type(vision).__qualname__}@{id(vision)}"
+def encoder_identity(vision: Any) -> str | None:
+    """The encoder's identity for content hashes: vision.identity; else a random one given to this object
+    for its life (an address could be reused by another encoder); None where it can't be given one
+    (its images then share nothing)."""
+    identity = getattr(vision, "identity", None) or getattr(vision, "_pagedeck_identity", None)
+    if identity:
+        return str(identity)
+    try:
+        vision._pagedeck_identity = uuid.uuid4().hex
+    except (AttributeError, TypeError):
+        return None
+    return vision._pagedeck_identity
 
 
-def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily) -> tuple[MMEmbedding, str]:
-    """One image's MMEmbedding and the prompt text its marker expands to."""
+class EncodedImages:
+    """The last `capacity` images' MMEmbeddings and expansions by content hash: a chat re-renders its whole
+    history every turn, and its images must not go through the vision encoder every time."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[bytes, str], tuple[MMEmbedding, str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[bytes, str]) -> tuple[MMEmbedding, str] | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple[bytes, str], item: tuple[MMEmbedding, str]) -> None:
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+
+ENCODED = EncodedImages()
+
+
+def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily,
+                    cache: EncodedImages | None = ENCODED) -> tuple[MMEmbedding, str]:
+    """One image's MMEmbedding and the prompt text its marker expands to (from `cache` when this image
+    was encoded by this encoder lately)."""
+    identity = encoder_identity(vision)
+    content = image_hash(image, identity) if identity is not None else None
+    cache = cache if content is not None else None
+    key = (content, family.name)
+    hit = cache.get(key) if cache is not None else None
+    if hit is not None:
+        return hit
     parts = vision.encode(image)
     if not parts:
         raise ValueError("the vision encoder returned no features for an image")
@@ -56,24 +102,28 @@ def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily) -> t
     tiles = family.tiles(rows, cols)
     if features.shape[0] % tiles:
         raise ValueError(f"{features.shape[0]} image features do not split into {tiles} tiles")
-    embedding = MMEmbedding(features, content_hash=image_hash(image, encoder_identity(vision)))
-    return embedding, family.expand(features.shape[0] // tiles, rows, cols)
+    item = (MMEmbedding(features, content_hash=content), family.expand(features.shape[0] // tiles, rows, cols))
+    if cache is not None:
+        cache.put(key, item)
+    return item
 
 
 def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, family: ImageFamily | str | None = None,
-                 add_generation_prompt: bool = True, **template_kwargs: Any) -> tuple[torch.Tensor, list[MMEmbedding]]:
+                 add_generation_prompt: bool = True, cache: EncodedImages | None = ENCODED,
+                 **template_kwargs: Any) -> tuple[torch.Tensor, list[MMEmbedding]]:
     """((1, n) prompt ids, the images' MMEmbeddings) of OpenAI-shaped messages with image parts
     ({"type": "image", "image": <PIL image>}), rendered by the model's own chat template.
 
     family: the model's image family (engine.chat.image_prompt: "idefics3"/"smolvlm", "gemma3"); None
-    takes it from the tokenizer's model type (config.json)."""
+    takes it from the tokenizer's model type (config.json). cache: recently encoded images (None: encode
+    every image again)."""
     if not isinstance(family, ImageFamily):
         family = image_family(family or getattr(tokenizer, "arch", None))
     shaped, images = template_messages(messages)
     text = tokenizer.apply_chat_template(shaped, add_generation_prompt=add_generation_prompt, **template_kwargs)
     embeddings, expansions = [], []
     for image in images:
-        embedding, expansion = image_embedding(image, vision, family)
+        embedding, expansion = image_embedding(image, vision, family, cache)
         embeddings.append(embedding)
         expansions.append(expansion)
     ids = tokenizer.encode(expand_markers(text, family, expansions), encode_special_tokens=True)[0].tolist()

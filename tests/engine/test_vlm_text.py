@@ -215,3 +215,28 @@ def test_idefics3_greedy_generation_matches_transformers(idefics3):
             emb[seq == hf.config.image_token_id] = feats
             seq = torch.cat([seq, hf(inputs_embeds=emb).logits[0, -1].argmax().view(1, 1)], dim=1)
     assert tokens == seq[0, n:].tolist()
+
+
+class CountingVision:
+    """Counts encode calls of the transformers-backed encoder it wraps."""
+
+    def __init__(self, inner, identity):
+        self.inner, self.identity, self.calls = inner, identity, 0
+
+    def encode(self, img):
+        self.calls += 1
+        return self.inner.encode(img)
+
+
+def test_history_images_are_encoded_once_and_keep_their_ids(idefics3):
+    path, hf, model, tok = idefics3
+    vision = CountingVision(HFIdefics3Vision(hf), "counting-idefics3")
+    img = image(5)
+    first_ids, (first,) = image_prompt(chat(img), tok, vision)
+    history = chat(img) + [{"role": "assistant", "content": "A pattern."}, {"role": "user", "content": "Colours?"}]
+    ids, (again,) = image_prompt(history, tok, vision)
+    assert vision.calls == 1 and again.token_ids == first.token_ids
+    assert ids[0, : first_ids.shape[1] - 3].tolist() == first_ids[0, :-3].tolist()  # the turn so far, then more
+    other = CountingVision(HFIdefics3Vision(hf), "another-encoder")
+    _, (theirs,) = image_prompt(chat(img), tok, other)
+    assert other.calls == 1 and not set(theirs.token_ids) & set(first.token_ids)

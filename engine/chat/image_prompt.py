@@ -60,7 +60,7 @@ def image_family(model_type: str | None) -> ImageFamily:
     return family
 
 
-def template_messages(messages: list[dict]) -> tuple[list[dict], list[Any]]:
+def split_images(messages: list[dict]) -> tuple[list[dict], list[Any]]:
     """(messages for a VLM chat template, the images in prompt order).
 
     Every content becomes a list of parts (the templates iterate parts; a plain string turns into one

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..chat.image_prompt import ImageFamily, expand_markers, fill_image_tokens, grid, image_family, template_messages
+from ..chat.image_prompt import ImageFamily, expand_markers, fill_image_tokens, grid, image_family, split_images
 from .embeddings import MMEmbedding
 
 
@@ -119,7 +119,7 @@ def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, fa
     every image again)."""
     if not isinstance(family, ImageFamily):
         family = image_family(family or getattr(tokenizer, "arch", None))
-    shaped, images = template_messages(messages)
+    shaped, images = split_images(messages)
     text = tokenizer.apply_chat_template(shaped, add_generation_prompt=add_generation_prompt, **template_kwargs)
     embeddings, expansions = [], []
     for image in images:

@@ -13,7 +13,7 @@ import torch
 
 from engine import DynamicGenerator, DynamicJob, MMEmbedding, Model, PagedCache, SamplerSettings, Tokenizer
 from engine import encode_with_embeddings
-from engine.chat.image_prompt import IDEFICS3, GEMMA3, expand_markers, fill_image_tokens, grid, template_messages
+from engine.chat.image_prompt import IDEFICS3, GEMMA3, expand_markers, fill_image_tokens, grid, split_images
 from engine.generator.embeddings import FIRST_ID
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 from tests.engine.test_vlm_text import all_logits
@@ -218,18 +218,39 @@ def test_cancel_and_page_pressure_leave_no_leaks(tiny):
     check_released(gen.pagetable)
 
 
+def test_async_jobs_carry_embeddings(tiny):
+    import asyncio
+
+    from engine import DynamicGeneratorAsync, DynamicJobAsync
+
+    model, tok = tiny
+    img = MMEmbedding(features(70), content_hash=b"async")
+    p = prompt(text_ids(5, 20), img, text_ids(6, 21))
+
+    async def main():
+        agen = DynamicGeneratorAsync(model=model, cache=PagedCache(model, max_tokens=1024, page_size=PAGE),
+                                     tokenizer=tok)
+        try:
+            j = DynamicJobAsync(agen, input_ids=p, max_new_tokens=6, gen_settings=GREEDY, embeddings=[img])
+            return [t for r in [r async for r in j] if r["stage"] == "streaming" for t in r["token_ids"]]
+        finally:
+            await agen.close()
+
+    assert asyncio.run(asyncio.wait_for(main(), 120)) == greedy_oracle(model, p[0].tolist(), [img], 6)
+
+
 # ---------------------------------------------------------------- prompt helpers (torch-free)
 
 
 def test_template_messages_and_marker_expansion():
-    shaped, images = template_messages([{"role": "system", "content": "Be brief."},
+    shaped, images = split_images([{"role": "system", "content": "Be brief."},
                                         {"role": "user", "content": [{"type": "text", "text": "See"},
                                                                      {"type": "image", "image": "IMG"}]}])
     assert images == ["IMG"]
     assert shaped == [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
                       {"role": "user", "content": [{"type": "text", "text": "See"}, {"type": "image"}]}]
     with pytest.raises(ValueError):
-        template_messages([{"role": "user", "content": [{"type": "audio"}]}])
+        split_images([{"role": "user", "content": [{"type": "audio"}]}])
     # the Idefics3 processor's strings (transformers' _prompt_split_image / _prompt_single_image)
     f, g = "<fake_token_around_image>", "<global-img>"
     assert IDEFICS3.expand(2, 1, 2) == f"{f}<row_1_col_1><image><image>{f}<row_1_col_2><image><image>\n\n{f}{g}<image><image>{f}"

@@ -4,12 +4,14 @@ The torch-free part (engine.chat.image_prompt) shapes the messages for the model
 expands each image marker the way the model's HF processor does; this part runs the vision encoder, wraps
 each image's features in an MMEmbedding and puts its placeholder ids where the image tokens are.
 
-`vision` is the encoder of the model's images (engine/vision provides them): vision.encode(image) returns
-a list of (layout, features) pairs, features (n, hidden) in the language model's embedding space, in
-prompt order (Idefics3: the tiles row by row, then the global view; Gemma 3: one pair). A layout carries
-rows/cols of the tile grid (a dict or attributes; or row/col per tile; None: not split).
-vision.identity (a str: the encoder's weights and settings) goes into each image's content hash, so equal
-images under equal encoders share placeholder ids, hence prompt cache pages, across chats.
+`vision` is the encoder of the model's images: engine.vision.VisionEncoder, whose encode(image) returns
+ImageTokens (before + placeholder * n + after, and the n embeddings; the processor's text), its kind
+("idefics3" | "gemma3") and content_hash(image). Any object with encode(image) -> [(layout, features),
+...] works too: features (n, hidden) in the language model's embedding space in prompt order (Idefics3:
+the tiles row by row, then the global view; Gemma 3: one pair), a layout carrying rows/cols of the tile
+grid (a dict or attributes; or row/col per tile; None: not split), and vision.identity (a str: the
+encoder's weights and settings) in each image's content hash. Equal content hashes give equal placeholder
+ids, hence shared prompt cache pages across chats.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from .embeddings import MMEmbedding
 
 
 class VisionEncoder(Protocol):
-    def encode(self, image: Any) -> list[tuple[Any, torch.Tensor]]: ...
+    def encode(self, image: Any) -> list: ...  # ImageTokens, or (layout, features) pairs
 
 
 def image_hash(image: Any, identity: str) -> bytes:
@@ -83,12 +85,42 @@ class EncodedImages:
 ENCODED = EncodedImages()
 
 
+def content_key(image: Any, vision: Any) -> bytes | None:
+    """The image's content hash under this encoder: vision.content_hash(image) where it has one
+    (engine.vision's: sha256 of the RGB pixels and the encoder's identity), else image_hash with the
+    encoder's identity; None when the encoder can't be told apart from others."""
+    own = getattr(vision, "content_hash", None)
+    if callable(own):
+        value = own(image)
+        return value if isinstance(value, bytes) else str(value).encode()
+    identity = encoder_identity(vision)
+    return image_hash(image, identity) if identity is not None else None
+
+
+def features_and_text(parts: list, family: ImageFamily) -> tuple[torch.Tensor, str]:
+    """An image's features (n, hidden) and the text its marker expands to, from vision.encode's parts:
+    engine.vision's ImageTokens (before + placeholder * n + after, embeddings; their text is the
+    processor's), or (layout, features) pairs (the family's expansion of the layout's tile grid)."""
+    if hasattr(parts[0], "embeddings") and hasattr(parts[0], "placeholder"):
+        wrong = {p.placeholder for p in parts} - {family.image_token}
+        if wrong:
+            raise ValueError(f"the vision encoder's placeholder {wrong.pop()!r} is not the {family.name} image token "
+                             f"{family.image_token!r}")
+        features = torch.cat([p.embeddings.reshape(-1, p.embeddings.shape[-1]) for p in parts])
+        return features, "".join(p.before + p.placeholder * int(p.embeddings.shape[0]) + p.after for p in parts)
+    features = torch.cat([t.reshape(-1, t.shape[-1]) for _, t in parts])
+    rows, cols = grid([layout for layout, _ in parts])
+    tiles = family.tiles(rows, cols)
+    if features.shape[0] % tiles:
+        raise ValueError(f"{features.shape[0]} image features do not split into {tiles} tiles")
+    return features, family.expand(features.shape[0] // tiles, rows, cols)
+
+
 def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily,
                     cache: EncodedImages | None = ENCODED) -> tuple[MMEmbedding, str]:
     """One image's MMEmbedding and the prompt text its marker expands to (from `cache` when this image
     was encoded by this encoder lately)."""
-    identity = encoder_identity(vision)
-    content = image_hash(image, identity) if identity is not None else None
+    content = content_key(image, vision)
     cache = cache if content is not None else None
     key = (content, family.name)
     hit = cache.get(key) if cache is not None else None
@@ -97,12 +129,8 @@ def image_embedding(image: Any, vision: VisionEncoder, family: ImageFamily,
     parts = vision.encode(image)
     if not parts:
         raise ValueError("the vision encoder returned no features for an image")
-    features = torch.cat([t.reshape(-1, t.shape[-1]) for _, t in parts])
-    rows, cols = grid([layout for layout, _ in parts])
-    tiles = family.tiles(rows, cols)
-    if features.shape[0] % tiles:
-        raise ValueError(f"{features.shape[0]} image features do not split into {tiles} tiles")
-    item = (MMEmbedding(features, content_hash=content), family.expand(features.shape[0] // tiles, rows, cols))
+    features, text = features_and_text(list(parts), family)
+    item = (MMEmbedding(features, content_hash=content), text)
     if cache is not None:
         cache.put(key, item)
     return item
@@ -115,10 +143,10 @@ def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, fa
     ({"type": "image", "image": <PIL image>}), rendered by the model's own chat template.
 
     family: the model's image family (engine.chat.image_prompt: "idefics3"/"smolvlm", "gemma3"); None
-    takes it from the tokenizer's model type (config.json). cache: recently encoded images (None: encode
-    every image again)."""
+    takes the encoder's kind (vision.kind), else the tokenizer's model type (config.json). cache: recently
+    encoded images (None: encode every image again)."""
     if not isinstance(family, ImageFamily):
-        family = image_family(family or getattr(tokenizer, "arch", None))
+        family = image_family(family or getattr(vision, "kind", None) or getattr(tokenizer, "arch", None))
     shaped, images = split_images(messages)
     text = tokenizer.apply_chat_template(shaped, add_generation_prompt=add_generation_prompt, **template_kwargs)
     embeddings, expansions = [], []

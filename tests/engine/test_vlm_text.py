@@ -240,3 +240,47 @@ def test_history_images_are_encoded_once_and_keep_their_ids(idefics3):
     other = CountingVision(HFIdefics3Vision(hf), "another-encoder")
     _, (theirs,) = image_prompt(chat(img), tok, other)
     assert other.calls == 1 and not set(theirs.token_ids) & set(first.token_ids)
+
+
+class Tokens:
+    """The shape of engine.vision.ImageTokens: one run of placeholders with the text around it."""
+
+    def __init__(self, before, placeholder, embeddings, after=""):
+        self.before, self.placeholder, self.embeddings, self.after = before, placeholder, embeddings, after
+
+
+class HFVisionAsImageTokens:
+    """The transformers-backed encoders in engine.vision.VisionEncoder's shape (kind, content_hash, encode ->
+    ImageTokens per tile), the texts written from transformers' Idefics3 / Gemma 3 processor strings."""
+
+    def __init__(self, inner, kind):
+        self.inner, self.kind = inner, kind
+
+    def content_hash(self, img) -> str:
+        import hashlib
+
+        return hashlib.sha256(b"hf-" + self.kind.encode() + img.tobytes()).hexdigest()
+
+    def encode(self, img):
+        (layout, feats), = self.inner.encode(img)
+        if self.kind == "gemma3":
+            return [Tokens("\n\n<start_of_image>", "<image_soft_token>", feats, "<end_of_image>\n\n")]
+        rows, cols = layout["rows"], layout["cols"]
+        tiles = feats.split(16)
+        fake = "<fake_token_around_image>"
+        out = [Tokens(f"{fake}<row_{r + 1}_col_{c + 1}>", "<image>", tiles[r * cols + c], "\n" if c == cols - 1 else "")
+               for r in range(rows) for c in range(cols)]
+        return out + [Tokens(f"\n{fake}<global-img>", "<image>", tiles[-1], fake)]
+
+
+@pytest.mark.parametrize("kind", ["idefics3", "gemma3"])
+def test_engine_vision_image_tokens_give_the_same_prompt(kind, idefics3, gemma3):
+    path, hf, model, tok = idefics3 if kind == "idefics3" else gemma3
+    pairs = HFIdefics3Vision(hf) if kind == "idefics3" else HFGemma3Vision(hf)
+    img = image(6)
+    ids, embs = image_prompt(chat(img), tok, pairs, cache=None)
+    ids2, embs2 = image_prompt(chat(img), tok, HFVisionAsImageTokens(pairs, kind), family=None, cache=None)
+    assert [t >= FIRST_ID for t in ids2[0].tolist()] == [t >= FIRST_ID for t in ids[0].tolist()]
+    assert [t for t in ids2[0].tolist() if t < FIRST_ID] == [t for t in ids[0].tolist() if t < FIRST_ID]
+    torch.testing.assert_close(embs2[0].embeddings, embs[0].embeddings, atol=0, rtol=0)
+    assert not set(embs2[0].token_ids) & set(embs[0].token_ids)  # other encoder identity: other ids

@@ -284,3 +284,31 @@ def test_engine_vision_image_tokens_give_the_same_prompt(kind, idefics3, gemma3)
     assert [t for t in ids2[0].tolist() if t < FIRST_ID] == [t for t in ids[0].tolist() if t < FIRST_ID]
     torch.testing.assert_close(embs2[0].embeddings, embs[0].embeddings, atol=0, rtol=0)
     assert not set(embs2[0].token_ids) & set(embs[0].token_ids)  # other encoder identity: other ids
+
+
+@pytest.mark.parametrize("kind", ["idefics3", "gemma3"])
+def test_engine_vision_encoder_end_to_end(kind, idefics3, gemma3):
+    """engine.vision's own encoder (loaded from the folder) -> image_prompt -> pagedeck's text side: the
+    full transformers model's logits (the branch that brings engine.vision runs this)."""
+    vision_pkg = pytest.importorskip("engine.vision")
+    from transformers import Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
+
+    path, hf, model, tok = idefics3 if kind == "idefics3" else gemma3
+    if kind == "idefics3":
+        processor = Idefics3ImageProcessorPil(size={"longest_edge": 128}, max_image_size={"longest_edge": 64},
+                                              do_image_splitting=True)
+    else:
+        processor = Gemma3ImageProcessorPil(size={"height": 64, "width": 64})
+    processor.save_pretrained(path)
+    img = image(7)
+    ids, embs = image_prompt(chat(img), tok, vision_pkg.load_vision(path))
+    hf_ids = torch.tensor([[hf.config.image_token_id if t >= FIRST_ID else t for t in ids[0].tolist()]])
+    with torch.no_grad():
+        if kind == "idefics3":
+            pixels = processor(images=[[img]], return_tensors="pt")
+            ref = hf(input_ids=hf_ids, pixel_values=pixels["pixel_values"],
+                     pixel_attention_mask=pixels["pixel_attention_mask"]).logits[0]
+        else:
+            pv = processor(images=[img], return_tensors="pt")["pixel_values"]
+            ref = hf(input_ids=hf_ids, pixel_values=pv, token_type_ids=(hf_ids == hf.config.image_token_id).long()).logits[0]
+    close(all_logits(model, ids[0].tolist(), embs), ref)

@@ -17,6 +17,8 @@ _EXPORTS = {  # public name -> module that defines it
     "ChoiceFilter": ".generator.filters", "Filter": ".generator.filters", "GrammarFilter": ".generator.filters",
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
+    "MMEmbedding": ".generator.embeddings", "encode_with_embeddings": ".generator.embeddings",
+    "image_prompt": ".generator.image_prompt",
     "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
     "LoRA": ".model.lora", "LoRASet": ".model.lora",
     "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
@@ -31,6 +33,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
     from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
     from .generator.generator import DynamicGenerator
+    from .generator.embeddings import MMEmbedding, encode_with_embeddings
+    from .generator.image_prompt import image_prompt
     from .generator.job import DynamicJob
     from .model.chat_format import ChatFormat, chat_format_choices, check_chat_format
     from .model.config import ModelConfig

@@ -2,8 +2,10 @@
 
 What a model's reply means beyond its text: thinking (reasoning) told apart from the answer, tool calls
 in the model's own format, the grammar that forces a call, and the message list a chat template can
-render (tool calls and results included).
+render (tool calls and results included), and chats with images (image_prompt: messages shaped for a VLM
+template, each family's image markers expanded as its HF processor does).
 """
+from .image_prompt import FAMILIES, GEMMA3, IDEFICS3, ImageFamily, image_family, split_images
 from .reasoning import (
     KNOWN_MARKERS, MISTRAL_THINK, THINK, ReasoningMarkers, ReasoningParser, reasoning_markers, split_reasoning,
     starts_in_reasoning, supports_thinking_switch,
@@ -17,6 +19,7 @@ from .tool_calls import FORMATS, ToolCall, ToolCallFormat, ToolCallParser, parse
 from .tool_grammar import tool_choice_grammar
 
 __all__ = [
+    "FAMILIES", "GEMMA3", "IDEFICS3", "ImageFamily", "image_family", "split_images",
     "FORMATS", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ReplyDelta", "ReplyParser",
     "ToolCall", "ToolCallPiece",
     "ToolCallFormat", "ToolCallParser", "parse_tool_calls", "reasoning_markers", "render_kwargs",

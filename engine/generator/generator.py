@@ -25,7 +25,9 @@ from ..sampling.draw import draw_cfg, draw_verified
 from ..sampling.pool import SamplingPool
 from .adapters import Adapters
 from .job import DynamicJob, JobContext
+from .embeddings import FIRST_ID
 from .metrics import GeneratorMetrics
+from .mm_inputs import chunk_end, no_placeholders, step_inputs
 from .prefill_sharing import follows_prefill
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
@@ -139,8 +141,11 @@ class DynamicGenerator:
         if sum(self.pagetable.pages_needed(job.capacity(s)) for s in job.seqs) > self.cache.num_pages:
             raise ValueError(f"prompt + max_new_tokens ({job.total_len} tokens) needs more pages than the whole cache "
                              f"({self.cache.num_pages} pages of {self.page_size})")
-        tokens = [t for s in job.seqs for t in s.tokens]
-        if max(tokens) >= self.model.vocab_size or min(tokens) < 0:
+        tokens = [t for s in job.seqs for t in s.tokens if t < FIRST_ID]  # placeholders: DynamicJob checked them
+        if job.embeddings and job.embeddings.hidden != self.model.config.hidden_size:
+            raise ValueError(f"the job's embeddings are {job.embeddings.hidden} wide; the model's hidden size is "
+                             f"{self.model.config.hidden_size} (were they made for another model?)")
+        if tokens and (max(tokens) >= self.model.vocab_size or min(tokens) < 0):
             raise ValueError(f"input_ids hold token ids outside the model's vocabulary (0..{self.model.vocab_size - 1})")
         self.adapters.check(job.lora_request)  # its adapters are loaded and not being unloaded
 
@@ -187,6 +192,8 @@ class DynamicGenerator:
         and where each scheduled sequence's rows start in them."""
         batch = Batch.build([(e.tokens, e.start, e.seq.page_ids(e.end, self.pagetable)) for e in plan],
                             self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
+        batch.mm_rows, batch.mm_vectors, batch.mm_blocks = step_inputs(plan, self.model.bidirectional_images,
+                                                                        self.model.device)
         t0 = time.perf_counter()
         filtered = [job for job in {e.job: None for e in plan if e.rows} if job.filters]
         masks = None
@@ -195,7 +202,8 @@ class DynamicGenerator:
         lora = self.adapters.step([(len(e.tokens), e.job.loras) for e in plan])
         logits = self.model.forward(batch, self.cache, lora=lora, rotary=self.rotary)
         if self.drafter is not None:
-            self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan if e.prefill and not e.job.cfg])
+            self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan
+                                  if e.prefill and not e.job.cfg and not e.job.embeddings])
         if masks is not None:
             masks.result()
         else:
@@ -280,6 +288,8 @@ class DynamicGenerator:
                     end = min(last, start + budget)
                     if end < last and (end // ps) * ps > start:
                         end = (end // ps) * ps  # chunks end on page boundaries
+                    if job.embeddings and self.model.bidirectional_images:
+                        end = min(last, chunk_end(seq.tokens, start, end, last))  # an image in one step
                     final = end == last and not job.cfg  # the last prompt token rides along and is sampled
                     toks = seq.tokens[start : seq.prompt_len] if final else seq.tokens[start:end]
                     plan.append(ScheduledSeq(job, seq, toks, start, int(final), prefill=True))
@@ -300,12 +310,14 @@ class DynamicGenerator:
         """Draft tokens per decoding job, or none when speculation is off or the batch is too large to gain."""
         if not jobs or (self.drafter is None and not self.use_ngram_draft) or len(jobs) > self.max_draft_batch_size:
             return [[] for _ in jobs]
-        # Filtered jobs don't draft: their grammar state can't follow tokens that may be rejected.
-        wants = [(job, 0 if job.filters else max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1)))
+        # Filtered jobs don't draft: their grammar state can't follow tokens that may be rejected. Jobs with
+        # images don't take a draft model's drafts: it would read their placeholders as tokens it never saw.
+        no_draft = (lambda job: job.filters or job.embeddings) if self.drafter is not None else (lambda job: job.filters)
+        wants = [(job, 0 if no_draft(job) else max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1)))
                  for job in jobs]
         if self.drafter is not None:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
-        return [job.ngram.propose(job.seq.tokens, k) if k else [] for job, k in wants]
+        return [no_placeholders(job.ngram.propose(job.seq.tokens, k)) if k else [] for job, k in wants]
 
     def _admit(self, results: list[dict]) -> None:
         """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""

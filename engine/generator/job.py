@@ -12,6 +12,7 @@ from ..contract import EosReason, SamplerSettings, Stage
 from ..sampling.sampler import JobSampler
 from .adapters import lora_request
 from .banned import BannedStrings
+from .embeddings import FIRST_ID, EmbeddingLookup
 from .filters import Filter
 from .loops import LoopGuard
 from .sequence import Sequence
@@ -30,7 +31,11 @@ class JobContext:
 
 class DynamicJob:
     """A request: the prompt, how to sample, when to stop, and what to report (ExLlamaV2's parameters, plus
-    stop_on_loops: end a reply stuck repeating itself, eos_reason "repetition"; see loops.LoopGuard)."""
+    stop_on_loops: end a reply stuck repeating itself, eos_reason "repetition"; see loops.LoopGuard).
+
+    embeddings: MMEmbedding objects (engine.generator.embeddings) whose placeholder token_ids the prompt
+    holds; the model reads their vectors at those positions (images). Such a job is never drafted by a
+    draft model (it cannot see the images); n-gram drafting still runs, never proposing a placeholder."""
 
     def __init__(
         self,
@@ -52,6 +57,7 @@ class DynamicJob:
         filter_prefer_eos: bool = False,
         loras: list | None = None,
         stop_on_loops: bool = False,
+        embeddings: list | None = None,
     ):
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
         if len(prompts) not in (1, 2):
@@ -78,6 +84,13 @@ class DynamicJob:
         if filter_prefer_eos and not filters:
             raise ValueError("filter_prefer_eos needs filters")
         self.lora_request = lora_request(loras)
+        # images and other embedding inputs: the vectors behind the prompt's placeholder ids (>= 1e9)
+        self.embeddings = EmbeddingLookup(list(embeddings or []))
+        for ids in prompts:
+            stray = [t for t in ids[0].tolist() if t >= FIRST_ID and not self.embeddings.covers(t)]
+            if stray:
+                raise ValueError(f"input_ids hold placeholder ids no embedding of this job covers: {stray[:3]} "
+                                 "(pass the MMEmbedding objects whose token_ids the prompt uses as embeddings=)")
         self.gen_settings = gen_settings if gen_settings is not None else SamplerSettings()
         self.gen_settings.validate()
         self.cfg = len(prompts) == 2
@@ -160,7 +173,7 @@ class DynamicJob:
         self.loras = tuple(loras)
         self.lora_root = lora_root
         self.time_enqueue = time.perf_counter()
-        if self.token_healing and self.prompt_len > 1:
+        if self.token_healing and self.prompt_len > 1 and self.seq.tokens[self.prompt_len - 1] < FIRST_ID:
             pieces = context.tokenizer.pieces
             last = self.seq.pop_prompt_token()
             self.heal_prefix = pieces[last]

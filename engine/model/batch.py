@@ -19,6 +19,13 @@ class Batch:
     logit_rows: torch.Tensor  # (R,) int64
     prompt_rows: torch.Tensor | None = None  # (P,) int64 rows holding prompt (prefill) tokens; None: not told
     logit_offsets: tuple[int, ...] = ()  # (B+1,) sequence i's logits are rows [offsets[i], offsets[i+1]) of forward()
+    # Embedding inputs (images): rows whose input is a given vector instead of a token's embedding
+    # (input_ids >= 1e9 there); engine.generator.embeddings builds them from the jobs' MMEmbeddings.
+    mm_rows: torch.Tensor | None = None  # (E,) int64
+    mm_vectors: torch.Tensor | None = None  # (E, hidden)
+    # Runs of embedding rows that attend to each other both ways (Gemma 3's images): (sequence, first row,
+    # end row, end position) with the whole run's K/V written by this step (engine.model.image_attention).
+    mm_blocks: tuple[tuple[int, int, int, int], ...] = ()
 
     @classmethod
     def build(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import rope
+from . import rope, vlm_text
 
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
 SUPPORTED_ROPE_TYPES = rope.SUPPORTED_ROPE_TYPES
@@ -159,10 +159,8 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:
         """Build from a parsed Hugging Face config.json (transformers v4 or v5 layout)."""
-        if cfg.get("model_type") == "gemma3" and isinstance(cfg.get("text_config"), dict):
-            # Gemma 3 4B+ checkpoints are multimodal: the text decoder is described by text_config
-            cfg = {**{k: v for k, v in cfg.items() if k in ("tie_word_embeddings", "eos_token_id", "bos_token_id")},
-                   **cfg["text_config"], "model_type": "gemma3_text"}
+        # vision-language checkpoints (Gemma 3 4B+, Idefics3/SmolVLM): the text decoder is text_config
+        cfg = vlm_text.text_config(cfg)
         name = cfg.get("model_type") or (cfg.get("architectures") or [None])[0]
         experts = next((cfg[k] for k in _MOE_KEYS if cfg.get(k)), None)
         if experts or "moe" in str(name).lower():

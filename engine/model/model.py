@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import kernels
 
 from ..cache.spec import CacheSpec
-from . import loader
+from . import image_attention, loader
 from .batch import Batch
 from .config import ModelConfig
 from .loader import Layer, ModelWeights
@@ -67,6 +67,8 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.decode_stack = _decode_stack(self.layers)
+        # Gemma 3 attends both ways within an image's run of embedding rows (engine.model.image_attention)
+        self.bidirectional_images = c.arch == "gemma3"
 
     @property
     def lora(self):
@@ -149,10 +151,16 @@ class Model:
         rotary = rotary if rotary is not None else self.rotary
         T = batch.input_ids.shape[0]
         eps = c.rms_norm_eps
-        x = self.embed.embedding(batch.input_ids) if isinstance(self.embed, PackedLinear) else F.embedding(
-            batch.input_ids, self.embed)
+        ids = batch.input_ids
+        if batch.mm_rows is not None:  # placeholder ids (>= 1e9): any row will do, it is replaced below
+            ids = ids.masked_fill(ids >= self.vocab_size, 0)
+        x = self.embed.embedding(ids) if isinstance(self.embed, PackedLinear) else F.embedding(ids, self.embed)
         if self.embed_scale is not None:
             x = x * self.embed_scale
+        if batch.mm_rows is not None:
+            # embedding vectors go in as given: transformers scales only the token table's rows (Gemma
+            # scales inside its embedding module, before the image features are scattered in)
+            x = x.index_copy(0, batch.mm_rows, batch.mm_vectors.to(device=x.device, dtype=x.dtype))
         packed = self.weight_format != "dense"  # dense stays the reference path, op for op
         # rotary + K/V write + attention in one call (fp32 pools) where the architecture is the plain one
         fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
@@ -236,6 +244,9 @@ class Model:
         kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
         o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
                                     batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap)
+        if batch.mm_blocks:  # image runs that attend both ways (Gemma 3)
+            image_attention.attend_blocks(o, q, cache.k[i], cache.v[i], batch, cache.page_size, self.scale,
+                                          layer.window, c.attn_softcap)
         return o.reshape(T, self.q_size)
 
     def _head(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:

@@ -22,7 +22,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from engine.contract import check_model_path, is_gguf
 from engine.model.ggml_blocks import dequantizable, dequantize
-from engine.model import gguf_split, repack
+from engine.model import gguf_split, repack, vlm_text
 from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
 
@@ -124,9 +124,8 @@ def load_weights(
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # old checkpoints saved this buffer; it is recomputed
 # Multimodal checkpoints (Gemma 3 4B+): the text decoder under a prefix, the vision tower beside it.
-_TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                  ("language_model.lm_head.", "lm_head."))
-_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_TEXT_PREFIXES = vlm_text.TEXT_PREFIXES  # Idefics3/SmolVLM's model.text_model.* too
+_VISION_PREFIXES = vlm_text.VISION_PREFIXES
 
 
 def _text_name(name: str) -> str | None:

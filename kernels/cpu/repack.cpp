@@ -6,6 +6,7 @@
 //                  fp16(-(dmin * m)) per 32 weights;
 //   q8_quantize:   fp32 rows -> Q8_0 as gguf.quants writes it: d = max|w| / 127, code = round-half-away(w * (1/d)),
 //                  clamped to +-127, scale fp16(d);
+//   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 #include "common.h"
@@ -133,12 +134,16 @@ void q6_k_to_q8(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
       const float d = half_to_float(dh);
       for (int h = 0; h < 2; ++h) {
         for (int g = 0; g < 4; ++g) {
-          for (int l = 0; l < 32; ++l) {
-            const uint8_t low = ql[h * 64 + (g & 1) * 32 + l];
-            const int lowbits = g < 2 ? (low & 0x0F) : (low >> 4);
-            const int high = (qh[h * 32 + l] >> (2 * g)) & 3;
-            const int i = h * 128 + g * 32 + l;
-            w[i] = (d * (float)sc[i / 16]) * (float)((lowbits | (high << 4)) - 32);
+          for (int part = 0; part < 2; ++part) {  // 16 weights share one scale
+            const int i0 = h * 128 + g * 32 + part * 16;
+            const float scl = d * (float)sc[i0 / 16];
+            const uint8_t* lp = ql + h * 64 + (g & 1) * 32 + part * 16;
+            const uint8_t* hp = qh + h * 32 + part * 16;
+            const int shift = g < 2 ? 0 : 4;
+            for (int l = 0; l < 16; ++l) {
+              const int code = ((lp[l] >> shift) & 0x0F) | (((hp[l] >> (2 * g)) & 3) << 4);
+              w[i0 + l] = scl * (float)(code - 32);
+            }
           }
         }
       }
@@ -151,7 +156,42 @@ void q6_k_to_q8(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
   });
 }
 
+// q4 rows (qs (n, k / 2), scale and minimum (n, k / 32) fp16) -> q8 of their exact weights, w = code * scale +
+// minimum rounded after the product and after the sum (kernels.packed.q4_dequantize's two torch ops, never an
+// fma), quantized as q8_quantize does: qs8 (n, k) uint8 code + 128, scale8 (n, k / 32) fp16
+void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor qs8,
+              at::Tensor scale8) {
+  check_u8(qs, "qs");
+  check_u8(qs8, "qs8");
+  const int64_t blocks = qs.numel() / 16;
+  TORCH_CHECK(qs8.numel() == blocks * kBlock, "q4 -> q8 sizes do not match");
+  TORCH_CHECK(scale.scalar_type() == at::kHalf && minimum.scalar_type() == at::kHalf && scale.is_contiguous() &&
+                  minimum.is_contiguous() && scale.numel() == blocks && minimum.numel() == blocks,
+              "scale and minimum must be contiguous fp16, one per block");
+  check_half(scale8, blocks, "scale8");
+  const uint8_t* src = qs.data_ptr<uint8_t>();
+  const uint16_t *sp = (const uint16_t*)scale.data_ptr(), *mp = (const uint16_t*)minimum.data_ptr();
+  int8_t* dst = (int8_t*)qs8.data_ptr();
+  uint16_t* op = (uint16_t*)scale8.data_ptr();
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    float w[kBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const float s = half_to_float(sp[b]), m = half_to_float(mp[b]);
+      for (int i = 0; i < kBlock; ++i) {
+        const uint8_t byte = src[b * 16 + (i & 15)];
+        float p = (float)(i < 16 ? (byte & 0x0F) : (byte >> 4)) * s;
+        asm volatile("" : "+x"(p));  // keeps the product rounded on its own: no fma with the sum
+        w[i] = p + m;
+      }
+      int8_t* c = dst + b * kBlock;
+      q8_block(w, c, op + b);
+      for (int i = 0; i < kBlock; ++i) c[i] = (int8_t)((uint8_t)c[i] ^ 0x80);
+    }
+  });
+}
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);
   lib.def("q4_k_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_k_repack);
   lib.def("q8_quantize_into(Tensor w, Tensor(a!) codes, Tensor(b!) scale, bool biased) -> ()", &q8_quantize_into);
   lib.def("q6_k_to_q8(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q6_k_to_q8);

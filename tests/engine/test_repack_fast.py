@@ -76,3 +76,14 @@ def test_q8_quantize_keeps_gguf_rounding():
     ref_codes, ref_scale = _torch_route(lambda: q8_quantize(w))
     assert torch.equal(codes, ref_codes) and torch.equal(_bits(scale), _bits(ref_scale))
     assert scale[0, 0].item() == 0.0 and codes[0, :32].abs().max().item() == 0
+
+
+def test_q4_to_q8_requantize_gives_the_torch_routes_bits():
+    """A Q4_K_M file's q|k (Q4_K) fused with its v (Q6_K) become q8 of their exact weights."""
+    from engine.model.qlinear import Q8Linear
+
+    rows = _random_blocks(24, 512, 144, (0, 2), 3)
+    q4 = repack_fast.pack(rows, Q.Q4_K, (24, 512), "q4")
+    fast = Q8Linear.requantize(q4)
+    slow = _torch_route(lambda: Q8Linear.requantize(q4))
+    assert torch.equal(fast.qs, slow.qs) and torch.equal(_bits(fast.scale), _bits(slow.scale))

@@ -2,7 +2,8 @@
 //
 // The decode path (qmatmul.cpp's dot_tile) meets one weight row at a time and reduces every block's integer
 // dot product horizontally; with many activation rows that is load- and shuffle-bound. Here a panel of kCols
-// weight rows is unpacked once per call into codes laid out [block][4-byte step][column] (cache blocking: the
+// weight rows is unpacked once per call (8 columns at a time, through an 8x8 transpose of 4-byte words) into
+// codes laid out [block][4-byte step][column] (cache blocking: the
 // panel, kCols x K bytes, stays in L2 while every activation row passes over it), and a register tile of
 // kRows activation rows x kCols columns accumulates with one broadcast 4-byte activation word against one
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
@@ -42,25 +43,53 @@ struct Panel {
   std::vector<float> dw, zw;
 };
 
+// r[c] = the 8 code words (t = 0..7) of one block of column c; afterwards r[t] = word t of columns 0..7
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, bool q4, int64_t n0,
                          int cols, Panel& p) {
-  p.codes.assign(nb * 8 * kCols, 0);
+  p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
+  const __m128i low = _mm_set1_epi8(0x0F);
+  for (int g = 0; g < kCols; g += 8) {  // 8 columns at a time: one block of each, transposed to [step][column]
+    for (int64_t j = 0; j < nb; ++j) {
+      __m256i r[8];
+      for (int c = 0; c < 8; ++c) {
+        const int64_t n = n0 + g + c;
+        if (g + c >= cols) {
+          r[c] = _mm256_setzero_si256();
+        } else if (q4) {
+          const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + (n * nb + j) * 16));
+          r[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+        } else {
+          r[c] = _mm256_loadu_si256((const __m256i*)(qs + (n * nb + j) * 32));
+        }
+      }
+      transpose8(r);
+      int32_t* dst = p.codes.data() + j * 8 * kCols + g;
+      for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
+    }
+  }
   for (int c = 0; c < cols; ++c) {
     const int64_t n = n0 + c;
     for (int64_t j = 0; j < nb; ++j) {
-      int32_t* dst = p.codes.data() + j * 8 * kCols + c;
-      alignas(32) int32_t words[8];
-      if (q4) {
-        const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + (n * nb + j) * 16));
-        const __m128i low = _mm_set1_epi8(0x0F);
-        _mm_store_si128((__m128i*)words, _mm_and_si128(raw, low));
-        _mm_store_si128((__m128i*)(words + 4), _mm_and_si128(_mm_srli_epi16(raw, 4), low));
-      } else {
-        _mm256_store_si256((__m256i*)words, _mm256_loadu_si256((const __m256i*)(qs + (n * nb + j) * 32)));
-      }
-      for (int t = 0; t < 8; ++t) dst[t * kCols] = words[t];
       const float dw = half_to_float(d[n * nb + j]);
       p.dw[j * kCols + c] = dw;
       if (q4) p.zw[j * kCols + c] = std::fma(8.0f, dw, half_to_float(m[n * nb + j]));

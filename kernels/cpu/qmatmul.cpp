@@ -373,7 +373,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout,
 // two paths in one process; both compute every element identically).
 int64_t gemm_rows() {
   const char* v = std::getenv("PAGEDECK_QGEMM_ROWS");
-  return v && *v ? std::atoll(v) : 16;
+  return v && *v ? std::atoll(v) : 8;
 }
 
 }  // namespace

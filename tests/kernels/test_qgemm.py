@@ -48,7 +48,7 @@ def test_gemm_path_gives_the_per_row_paths_bits(fmt, N, K, M):
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_a_prompt_row_equals_the_same_row_alone(fmt):
-    """The default switch (16 rows): rows of a 40-row call take the GEMM path, a single row the decode path."""
+    """The default switch (8 rows): rows of a 40-row call take the GEMM path, a single row the decode path."""
     w = _weights(fmt, 72, 576)
     x = torch.randn(40, 576)
     together = w(x)

@@ -180,7 +180,12 @@ void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& m
       for (int i = 0; i < kBlock; ++i) {
         const uint8_t byte = src[b * 16 + (i & 15)];
         float p = (float)(i < 16 ? (byte & 0x0F) : (byte >> 4)) * s;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
         asm volatile("" : "+x"(p));  // keeps the product rounded on its own: no fma with the sum
+#else
+        volatile float keep = p;
+        p = keep;
+#endif
         w[i] = p + m;
       }
       int8_t* c = dst + b * kBlock;

@@ -1,4 +1,4 @@
-"""The prompt-rows (GEMM) path of pagedeck's packed matmul against its per-weight-row path, on random Q4
+"""(A helper of tools.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul against its per-weight-row path, on random Q4
 matrices of Llama-3-8B's shapes (`python -m tools.qmatmul_bench --prompt-rows 128,512 --threads 1`).
 
 Both paths compute the same bits (PAGEDECK_QGEMM_ROWS picks one per call); the rounds alternate them so a

@@ -86,6 +86,12 @@ def q8_quantize(w: torch.Tensor, rows: int = QUANTIZE_ROWS) -> tuple[torch.Tenso
     N, K = w.shape
     codes = torch.empty(N, K, dtype=torch.int8)
     scale = torch.empty(N, K // GROUP, dtype=torch.float16)
+    ops = cpu_ext.ops()
+    if ops is not None:  # kernels/cpu/repack.cpp: the same rule in one pass, no whole-tile temporaries
+        for r0 in range(0, N, rows):
+            ops.q8_quantize_into(w[r0:r0 + rows].detach().float().contiguous(), codes[r0:r0 + rows],
+                                 scale[r0:r0 + rows], False)
+        return codes, scale
     for r0 in range(0, N, rows):
         blocks = w[r0:r0 + rows].detach().float().reshape(-1, K // GROUP, GROUP)
         d = blocks.abs().amax(-1) / 127

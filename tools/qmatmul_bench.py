@@ -1,6 +1,10 @@
 """How the packed matmul kernel scales with threads on the default model's shapes:
 `python -m tools.qmatmul_bench [--rows 1,8] [--threads 1,2] [--rounds 5]`.
 
+`--prompt-rows 128,512` instead times the prompt-rows (GEMM) path against the per-weight-row path on
+random Q4 matrices of Llama-3-8B's shapes (PAGEDECK_QGEMM_ROWS switches paths per call; both give the same
+bits), alternating the two round by round, in process CPU time (robust on a shared machine) and wall time.
+
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
 medians. Per weight row: (the call - the same call on the matrix's first 8 weight rows) / (weight rows - 8),
@@ -35,10 +39,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1,8", help="activation rows per call")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
     args = ap.parse_args(argv)
     ops = cpu_ext.ops()
     if ops is None:
         raise SystemExit("pagedeck's CPU kernels are not available here")
+    if args.prompt_rows:
+        from tools.qgemm_bench import run as gemm_run
+
+        return gemm_run(ops, [int(r) for r in args.prompt_rows.split(",")], int(args.threads.split(",")[0]),
+                        args.rounds)
     model = Model.load(weights="packed")
     layer = model.layers[0]
     shapes = {"qkv": (layer.qkv, None), "o": (layer.o, None), "gate_up": (layer.gate_up, "swiglu"),

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
+from kernels import cpu_ext
 from kernels.packed import (GROUP, check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
                              padded_scales, q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul)
 
@@ -198,6 +199,10 @@ class Q8Linear(PackedLinear):
         N, K = p.shape
         rows = tile_rows(K)
         qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
+        ops = cpu_ext.ops()
+        if ops is not None and isinstance(p, Q4Linear):  # kernels/cpu/repack.cpp: same bits, one pass
+            ops.q4_to_q8(p.qs, p.scale, p.minimum, qs, scale)
+            return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         for r0 in range(0, N, rows):
             codes, scale[r0:r0 + rows] = q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
             qs[r0:r0 + rows] = q8_pack(codes)

@@ -29,6 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels.packed import GROUP, pack_nibbles, padded_scales, q8_pack, q8_quantize
 
+from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
 from .qlinear import PackedLinear, Q4Linear, Q8Linear, tile_rows
 
@@ -95,6 +96,10 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     if qtype.name in _DENSE:
         return Q8Linear.quantize(dequantize(rows, qtype, (n, k)), keep_dense)
     exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
+    fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits
+    if fast is not None:
+        fast.dense = exact
+        return fast
     scale = padded_scales(n, k // GROUP)
     if kernel_format(qtype.name, fmt) == "q8":
         qs = torch.empty(n, k, dtype=torch.uint8)

@@ -13,9 +13,11 @@
 // depend on the batch.
 #include "common.h"
 #include "ops.h"
+#include "qgemm.h"
 
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <vector>
 
 namespace pagedeck {
@@ -25,10 +27,11 @@ enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
 constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
-// exact sum s, c = 8 d sum(q)
+// exact sum s, c = 8 d sum(q), isum = sum(q)
 struct QuantAct {
   std::vector<int8_t> q;
   std::vector<float> d, s, c;
+  std::vector<int32_t> isum;
   int64_t nbp = 0;
 };
 
@@ -47,6 +50,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
   a.d.assign(M * nbp, 0.0f);
   a.s.assign(M * nbp, 0.0f);
   a.c.assign(M * nbp, 0.0f);
+  a.isum.assign(M * nbp, 0);
   for (int64_t blk = 0; blk < M * nb; ++blk) {
     const int64_t r = blk / nb * nbp + blk % nb;
     const float* v = x + blk * kBlock;
@@ -71,7 +75,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
     const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    a.c[r] = 8.0f * d * (float)_mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    a.isum[r] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    a.c[r] = 8.0f * d * (float)a.isum[r];
 #else
     float amax = 0.0f, sum = 0.0f;
     for (int i = 0; i < kBlock; ++i) {
@@ -86,6 +91,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
       q[i] = (int8_t)std::nearbyint(v[i] * inv);
       isum += q[i];
     }
+    a.isum[r] = isum;
     a.c[r] = 8.0f * d * (float)isum;
 #endif
   }
@@ -236,17 +242,26 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     for (int c = 0; c < NT; ++c) out[r * ldo + c] = hsum(acc[r][c]) + hsum(mins[r][c]);
 }
 
-inline void silu_mul(float* g, const float* u, int64_t n) {  // g = silu(g) * u
-  int64_t i = 0;
+// g = silu(g) * u; a tail shorter than 8 goes through the same vector arithmetic (zero-padded), so an element's
+// result never depends on where a thread's range of columns ends.
+inline void silu_mul(float* g, const float* u, int64_t n) {
   const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(g + i);
+  auto eight = [&](float* gp, const float* up) {
+    const __m256 x = _mm256_loadu_ps(gp);
     const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
     const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
     const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
-    _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(u + i)));
+    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(up)));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) eight(g + i, u + i);
+  if (i < n) {
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    std::memcpy(gt, g + i, (n - i) * sizeof(float));
+    std::memcpy(ut, u + i, (n - i) * sizeof(float));
+    eight(gt, ut);
+    std::memcpy(g + i, gt, (n - i) * sizeof(float));
   }
-  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }
 #else
 template <int MT, int NT, bool Q4>
@@ -323,6 +338,44 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
   }
 }
 
+#ifdef PD_AVX2
+// The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
+// computes the gate and the up panel of the same columns, then silu(gate) * up.
+template <bool Q4>
+void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout, Act act, int64_t p0, int64_t p1,
+                  float* y) {
+  using gemm::kCols;
+  thread_local gemm::Panel panel;
+  thread_local std::vector<float> gate, up;
+  for (int64_t pi = p0; pi < p1; ++pi) {
+    const int64_t n0 = pi * kCols;
+    const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
+    if (act == kNone) {
+      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
+      gemm::panel_rows<Q4>(panel, a, M, y + n0, Nout, cols);
+      continue;
+    }
+    gate.resize(M * kCols);
+    up.resize(M * kCols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
+    gemm::panel_rows<Q4>(panel, a, M, gate.data(), kCols, cols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0 + Nout, cols, panel);
+    gemm::panel_rows<Q4>(panel, a, M, up.data(), kCols, cols);
+    for (int64_t m = 0; m < M; ++m) {
+      silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
+      std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
+    }
+  }
+}
+#endif
+
+// Rows from which the GEMM path takes over (PAGEDECK_QGEMM_ROWS overrides it: benchmarks and tests compare the
+// two paths in one process; both compute every element identically).
+int64_t gemm_rows() {
+  const char* v = std::getenv("PAGEDECK_QGEMM_ROWS");
+  return v && *v ? std::atoll(v) : 8;
+}
+
 }  // namespace
 
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
@@ -346,12 +399,31 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   at::Tensor y = at::empty({M, Nout}, x.options());
   if (M == 0) return y;
   QuantAct& a = scratch();
-  quantize_rows(x.data_ptr<float>(), M, K, a, q4);
+#ifdef PD_AVX2
+  const bool big = M >= gemm_rows();
+#else
+  const bool big = false;
+#endif
+  quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big);
   Weights w{(const uint8_t*)qs.data_ptr(), (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(16, Nout / (4 * at::get_num_threads()));
   const Act ac = (Act)act;
+#ifdef PD_AVX2
+  if (big) {
+    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp};
+    const int64_t panels = (Nout + gemm::kCols - 1) / gemm::kCols;
+    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+      if (q4) {
+        gemm_compute<true>(w, ga, M, Nout, ac, p0, p1, out);
+      } else {
+        gemm_compute<false>(w, ga, M, Nout, ac, p0, p1, out);
+      }
+    });
+    return y;
+  }
+#endif
+  const int64_t grain = std::max<int64_t>(16, Nout / (4 * at::get_num_threads()));
   at::parallel_for(0, Nout, grain, [&](int64_t n0, int64_t n1) {
     if (q4) {
       compute<true>(w, a, M, Nout, ac, n0, n1, out);

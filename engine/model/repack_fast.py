@@ -1,0 +1,37 @@
+"""Loading K-quant matrices straight into the packed formats with pagedeck's C++ repackers
+(kernels/cpu/repack.cpp): Q4_K -> q4 and Q6_K -> q8 in one parallel pass over the file's bytes, written into
+the final tensors. The torch route (engine.model.repack.q4_parts, ggml_blocks' decoders + q8_quantize) built
+every tile through several whole-tile temporaries and took most of an 8B Q4_K_M file's load time; both give
+the same bits (tests/engine/test_repack_fast.py). None where the kernels are not built: repack's torch route.
+"""
+from __future__ import annotations
+
+import torch
+from gguf import GGMLQuantizationType
+
+from kernels import cpu_ext
+from kernels.packed import padded_scales
+
+from .qlinear import PackedLinear, Q4Linear, Q8Linear
+
+Q = GGMLQuantizationType
+
+
+def pack(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], kernel: str) -> PackedLinear | None:
+    """The (N, K) matrix in ggml bytes `rows` as kernel format `kernel` ("q4" or "q8"), or None where no C++
+    repacker covers this type and format (or the kernels are not built)."""
+    n, k = shape
+    if k % 256 or (qtype, kernel) not in ((Q.Q4_K, "q4"), (Q.Q6_K, "q8")):
+        return None
+    ops = cpu_ext.ops()
+    if ops is None:
+        return None
+    raw = rows.contiguous()
+    scale = padded_scales(n, k // 32)
+    if qtype == Q.Q4_K:
+        qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // 32)
+        ops.q4_k_repack(raw, qs, scale, minimum)
+        return Q4Linear.from_packed(qs, scale, minimum)
+    qs = torch.empty(n, k, dtype=torch.uint8)
+    ops.q6_k_to_q8(raw, qs, scale)
+    return Q8Linear.from_packed(qs, scale)

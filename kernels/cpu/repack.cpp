@@ -1,0 +1,205 @@
+// Loading GGUF K-quants into the packed matmul formats (kernels/packed.py), in place and in parallel: the
+// torch versions (engine/model/ggml_blocks.py + kernels.packed.q8_quantize) built each matrix through several
+// whole-tile temporaries (codes, fp32 weights, their abs, sign, floor...), most of an 8B file's load time.
+// Every function here computes exactly what those torch versions compute (the tests compare bits):
+//   q4_k_repack:   Q4_K super-blocks -> q4 nibbles in GGUF's Q4_0 order, scale = fp16(d * sc), minimum =
+//                  fp16(-(dmin * m)) per 32 weights;
+//   q8_quantize:   fp32 rows -> Q8_0 as gguf.quants writes it: d = max|w| / 127, code = round-half-away(w * (1/d)),
+//                  clamped to +-127, scale fp16(d);
+//   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
+//   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
+//                  quantized as q8_quantize does, with no fp32 matrix in between.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace pagedeck {
+namespace {
+
+constexpr int64_t kSuper = 256;
+
+inline uint16_t to_half(float f) { return c10::Half(f).x; }  // round to nearest even, as torch's .half()
+
+// one 32-weight block of fp32 weights -> 32 int8 codes + fp16 scale (kernels.packed.q8_quantize's rule)
+inline void q8_block(const float* w, int8_t* codes, uint16_t* scale) {
+  float amax = 0.0f;
+  for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const float d = amax / 127.0f;
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < kBlock; ++i) {
+    const float q = w[i] * inv;
+    float r = std::floor(std::fabs(q) + 0.5f);
+    r = std::min(r, 127.0f);
+    codes[i] = (int8_t)(q < 0.0f ? -r : r);
+  }
+  *scale = to_half(d);
+}
+
+void check_u8(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kByte && t.is_contiguous(), name, " must be contiguous uint8");
+}
+
+void check_half(const at::Tensor& t, int64_t numel, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kHalf && t.is_contiguous() && t.numel() == numel, name,
+              " must be contiguous fp16 of ", numel, " values");
+}
+
+}  // namespace
+
+// raw (n, k / 256 * 144) Q4_K bytes -> qs (n, k / 2), scale and minimum (n, k / 32), written in place
+void q4_k_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum) {
+  check_u8(raw, "raw");
+  check_u8(qs, "qs");
+  const int64_t supers = raw.numel() / 144;
+  TORCH_CHECK(raw.numel() == supers * 144 && qs.numel() == supers * 128, "Q4_K sizes do not match");
+  check_half(scale, supers * 8, "scale");
+  check_half(minimum, supers * 8, "minimum");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = qs.data_ptr<uint8_t>();
+  uint16_t* sp = (uint16_t*)scale.data_ptr();
+  uint16_t* mp = (uint16_t*)minimum.data_ptr();
+  at::parallel_for(0, supers, 1024, [&](int64_t s0, int64_t s1) {
+    for (int64_t s = s0; s < s1; ++s) {
+      const uint8_t* b = src + s * 144;
+      uint16_t dh, mh;
+      std::memcpy(&dh, b, 2);
+      std::memcpy(&mh, b + 2, 2);
+      const float d = half_to_float(dh), dmin = half_to_float(mh);
+      const uint8_t* sc = b + 4;  // 12 bytes: eight 6-bit scales and mins
+      for (int j = 0; j < 8; ++j) {
+        int s6, m6;
+        if (j < 4) {
+          s6 = sc[j] & 0x3F;
+          m6 = sc[j + 4] & 0x3F;
+        } else {
+          s6 = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 2) & 0x30);
+          m6 = (sc[j + 4] >> 4) | ((sc[j] >> 2) & 0x30);
+        }
+        sp[s * 8 + j] = to_half(d * (float)s6);
+        mp[s * 8 + j] = to_half(-(dmin * (float)m6));
+      }
+      // 4 runs of 32 bytes: low nibbles are sub-block 2i's weights 0..31, high nibbles sub-block 2i+1's
+      const uint8_t* q = b + 16;
+      uint8_t* o = dst + s * 128;
+      for (int i = 0; i < 4; ++i) {
+        const uint8_t* run = q + 32 * i;
+        uint8_t* lo = o + 32 * i;  // sub-block 2i: byte t = code t | code t+16 << 4
+        uint8_t* hi = lo + 16;
+        for (int t = 0; t < 16; ++t) {
+          lo[t] = (uint8_t)((run[t] & 0x0F) | ((run[t + 16] & 0x0F) << 4));
+          hi[t] = (uint8_t)((run[t] >> 4) | (run[t + 16] & 0xF0));
+        }
+      }
+    }
+  });
+}
+
+// w (n, k) fp32 -> codes (n, k) written as uint8 code + 128 when `biased` (the kernel's form) else as int8 bits,
+// scale (n, k / 32) fp16
+void q8_quantize_into(const at::Tensor& w, at::Tensor codes, at::Tensor scale, bool biased) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kFloat && w.is_contiguous() && w.numel() % kBlock == 0,
+              "w must be contiguous fp32 in blocks of 32");
+  const int64_t blocks = w.numel() / kBlock;
+  TORCH_CHECK(codes.is_contiguous() && codes.element_size() == 1 && codes.numel() == w.numel(), "codes size");
+  check_half(scale, blocks, "scale");
+  const float* src = w.data_ptr<float>();
+  int8_t* cp = (int8_t*)codes.data_ptr();
+  uint16_t* sp = (uint16_t*)scale.data_ptr();
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      q8_block(src + b * kBlock, cp + b * kBlock, sp + b);
+      if (biased)
+        for (int i = 0; i < kBlock; ++i) cp[b * kBlock + i] = (int8_t)((uint8_t)cp[b * kBlock + i] ^ 0x80);
+    }
+  });
+}
+
+// raw (n, k / 256 * 210) Q6_K bytes -> qs (n, k) uint8 code + 128, scale (n, k / 32) fp16, in place
+void q6_k_to_q8(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
+  check_u8(raw, "raw");
+  check_u8(qs, "qs");
+  const int64_t supers = raw.numel() / 210;
+  TORCH_CHECK(raw.numel() == supers * 210 && qs.numel() == supers * kSuper, "Q6_K sizes do not match");
+  check_half(scale, supers * 8, "scale");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = qs.data_ptr<uint8_t>();
+  uint16_t* sp = (uint16_t*)scale.data_ptr();
+  at::parallel_for(0, supers, 512, [&](int64_t s0, int64_t s1) {
+    float w[kSuper];
+    for (int64_t s = s0; s < s1; ++s) {
+      const uint8_t *ql = src + s * 210, *qh = ql + 128;
+      const int8_t* sc = (const int8_t*)(ql + 192);
+      uint16_t dh;
+      std::memcpy(&dh, ql + 208, 2);
+      const float d = half_to_float(dh);
+      for (int h = 0; h < 2; ++h) {
+        for (int g = 0; g < 4; ++g) {
+          for (int part = 0; part < 2; ++part) {  // 16 weights share one scale
+            const int i0 = h * 128 + g * 32 + part * 16;
+            const float scl = d * (float)sc[i0 / 16];
+            const uint8_t* lp = ql + h * 64 + (g & 1) * 32 + part * 16;
+            const uint8_t* hp = qh + h * 32 + part * 16;
+            const int shift = g < 2 ? 0 : 4;
+            for (int l = 0; l < 16; ++l) {
+              const int code = ((lp[l] >> shift) & 0x0F) | (((hp[l] >> (2 * g)) & 3) << 4);
+              w[i0 + l] = scl * (float)(code - 32);
+            }
+          }
+        }
+      }
+      for (int j = 0; j < 8; ++j) {
+        int8_t* c = (int8_t*)dst + s * kSuper + j * kBlock;
+        q8_block(w + j * kBlock, c, sp + s * 8 + j);
+        for (int i = 0; i < kBlock; ++i) c[i] = (int8_t)((uint8_t)c[i] ^ 0x80);
+      }
+    }
+  });
+}
+
+// q4 rows (qs (n, k / 2), scale and minimum (n, k / 32) fp16) -> q8 of their exact weights, w = code * scale +
+// minimum rounded after the product and after the sum (kernels.packed.q4_dequantize's two torch ops, never an
+// fma), quantized as q8_quantize does: qs8 (n, k) uint8 code + 128, scale8 (n, k / 32) fp16
+void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor qs8,
+              at::Tensor scale8) {
+  check_u8(qs, "qs");
+  check_u8(qs8, "qs8");
+  const int64_t blocks = qs.numel() / 16;
+  TORCH_CHECK(qs8.numel() == blocks * kBlock, "q4 -> q8 sizes do not match");
+  TORCH_CHECK(scale.scalar_type() == at::kHalf && minimum.scalar_type() == at::kHalf && scale.is_contiguous() &&
+                  minimum.is_contiguous() && scale.numel() == blocks && minimum.numel() == blocks,
+              "scale and minimum must be contiguous fp16, one per block");
+  check_half(scale8, blocks, "scale8");
+  const uint8_t* src = qs.data_ptr<uint8_t>();
+  const uint16_t *sp = (const uint16_t*)scale.data_ptr(), *mp = (const uint16_t*)minimum.data_ptr();
+  int8_t* dst = (int8_t*)qs8.data_ptr();
+  uint16_t* op = (uint16_t*)scale8.data_ptr();
+  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+    float w[kBlock];
+    for (int64_t b = b0; b < b1; ++b) {
+      const float s = half_to_float(sp[b]), m = half_to_float(mp[b]);
+      for (int i = 0; i < kBlock; ++i) {
+        const uint8_t byte = src[b * 16 + (i & 15)];
+        float p = (float)(i < 16 ? (byte & 0x0F) : (byte >> 4)) * s;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+        asm volatile("" : "+x"(p));  // keeps the product rounded on its own: no fma with the sum
+#else
+        volatile float keep = p;
+        p = keep;
+#endif
+        w[i] = p + m;
+      }
+      int8_t* c = dst + b * kBlock;
+      q8_block(w, c, op + b);
+      for (int i = 0; i < kBlock; ++i) c[i] = (int8_t)((uint8_t)c[i] ^ 0x80);
+    }
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);
+  lib.def("q4_k_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_k_repack);
+  lib.def("q8_quantize_into(Tensor w, Tensor(a!) codes, Tensor(b!) scale, bool biased) -> ()", &q8_quantize_into);
+  lib.def("q6_k_to_q8(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q6_k_to_q8);
+}
+
+}  // namespace pagedeck

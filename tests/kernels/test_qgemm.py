@@ -1,0 +1,103 @@
+"""The prompt-rows (GEMM) path of the packed matmul (kernels/cpu/qgemm.h) against the per-weight-row path and
+the float64 statement of the arithmetic: the two paths must give the same bits for every element, so a row's
+result never depends on how many rows share its call (a prompt row equals the same row decoded alone)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine.model.qlinear import Q8Linear
+from kernels import cpu_ext
+from tests.kernels.test_cpu_kernels import _has_vnni, random_q4, reference_matmul
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+
+def _call(w, x, act, rows_from: str):
+    before = os.environ.get("PAGEDECK_QGEMM_ROWS")
+    os.environ["PAGEDECK_QGEMM_ROWS"] = rows_from
+    try:
+        return w(x, act) if act else w(x)
+    finally:
+        if before is None:
+            os.environ.pop("PAGEDECK_QGEMM_ROWS")
+        else:
+            os.environ["PAGEDECK_QGEMM_ROWS"] = before
+
+
+def _weights(fmt: str, N: int, K: int):
+    return random_q4(N, K, N + K) if fmt == "q4" else Q8Linear.quantize(torch.randn(N, K) * 0.05)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("N,K,M", [(96, 576, 40), (37, 544, 17), (5, 32, 16), (70, 1536, 23)])  # odd N, K/32 17, 1
+def test_gemm_path_gives_the_per_row_paths_bits(fmt, N, K, M):
+    w = _weights(fmt, N, K)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
+    x[3, 5] = 40.0  # an outlier channel
+    x[4] = 0.0  # an all-zero row
+    gemm = _call(w, x, None, "1")
+    assert torch.equal(gemm, _call(w, x, None, "1000000"))
+    expected = reference_matmul(x, w)
+    torch.testing.assert_close(gemm.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_a_prompt_row_equals_the_same_row_alone(fmt):
+    """The default switch (8 rows): rows of a 40-row call take the GEMM path, a single row the decode path."""
+    w = _weights(fmt, 72, 576)
+    x = torch.randn(40, 576)
+    together = w(x)
+    for i in (0, 13, 39):
+        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(w(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+@pytest.mark.parametrize("N", [192, 180])  # 180: a last panel of 10 gate/up columns
+def test_gemm_swiglu_epilogue_gives_the_per_row_paths_bits(fmt, N):
+    w = _weights(fmt, N, 576)
+    x = torch.randn(21, 576)
+    gemm = _call(w, x, "swiglu", "1")
+    assert torch.equal(gemm, _call(w, x, "swiglu", "1000000"))
+    gate, up = _call(w, x, None, "1").chunk(2, dim=-1)
+    torch.testing.assert_close(gemm, torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8"])
+def test_gemm_extreme_codes_sum_exactly(fmt):
+    """Full-scale codes against full-scale activations (AVX2's maddubs saturates on q8's stored 255 x 127)."""
+    from engine.model.qlinear import Q4Linear
+
+    N, K = 16, 256
+    signs = torch.ones(N, K)
+    signs[1::2, ::2] = -1
+    signs[2] = -1
+    if fmt == "q4":
+        base = random_q4(N, K, 5)
+        w = Q4Linear(torch.where(signs > 0, 15, 0).to(torch.uint8), base.scale.float(), base.minimum.float())
+    else:
+        w = Q8Linear.quantize(signs * 0.5)
+    x = torch.cat([signs, -signs, torch.full((2, K), 3.0)]) * 2.5
+    gemm = _call(w, x, None, "1")
+    torch.testing.assert_close(gemm.double(), reference_matmul(x, w), rtol=1e-6, atol=1e-6)
+    assert torch.equal(gemm, _call(w, x, None, "1000000"))
+
+
+@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
+def test_the_avx2_build_of_the_gemm_path_gives_the_same_bits():
+    """The AVX2-only build (PAGEDECK_CPU_ISA=avx2: maddubs, q8 through |q| x sign(x, q)) runs this file too."""
+    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "not avx2_build"], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout

@@ -23,6 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from engine.contract import check_model_path, is_gguf
 from engine.model.ggml_blocks import dequantizable, dequantize
 from engine.model import gguf_split, repack
+from engine.model.embedding import GGMLRows
 from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
 
@@ -390,16 +391,40 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
-    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True):
-        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it, else None. The
-        token embedding also remembers its rows in the file, for exact lookups."""
+    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True,
+               head: bool = False):
+        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it (or `head`: the output
+        head of a packed model, dense types as q8), else None."""
         t, raw = self._rows(name, row_perm_heads)
-        if not repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt):
+        if not (head or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
             return None
-        out = repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
-        if name == "token_embd.weight" and t.tensor_type.name not in ("F64", "BF16"):
-            out.source = (raw, t.tensor_type)
-        return out
+        return repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
+
+    def embedding_rows(self, name: str) -> GGMLRows:
+        """The table as a copy of its ggml rows (engine.model.embedding)."""
+        t = self._by_name[name]
+        return GGMLRows.copy_of(self.raw(name), t.tensor_type, tuple(t.shape))
+
+    def release(self, name: str | None = None) -> None:
+        """Drop the mapped file's pages of one tensor (None: of every tensor) from this process's resident set
+        once they have been copied or packed: they stay in the OS page cache, and a later read maps them
+        again, but the process no longer counts the file in its RSS (madvise DONTNEED on unwritten
+        private pages)."""
+        for t in self.tensors if name is None else [self._by_name[name]]:
+            m = self._maps.get(t.name, self._map)
+            start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+            stop = min(len(m), -(-(t.offset + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
+            if stop > start and hasattr(m, "madvise"):
+                m.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    def close(self) -> None:
+        """Unmap the file (and its split parts) where no tensor views them any more; else drop their pages."""
+        for m in {id(m): m for m in [self._map, *self._maps.values()]}.values():
+            try:
+                m.close()
+            except BufferError:  # a view is still alive somewhere: keep the map, give its pages back
+                if hasattr(m, "madvise"):
+                    m.madvise(mmap.MADV_DONTNEED)
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)
@@ -466,6 +491,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
     total = sum(t.nbytes for t, _ in todo) or 1
     types = {name: t.tensor_type.name for t, name in todo}
     keep_dense = _keeps_dense_copy(config, fmt, types.get)
+    tied = "lm_head.weight" not in types  # the token embedding is the output head too
+    packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo)
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -474,13 +501,19 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        kept = gf.packed(t.name, heads, fmt, keep_dense)
-        state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
-        if kept is not None:
-            release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
+        table = repack.gguf_table(name, tied, packs)
+        if table == "rows":
+            state[name] = gf.embedding_rows(t.name)
+        else:
+            kept = gf.packed(t.name, heads, fmt, keep_dense, head=table == "head")
+            state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+            if kept is not None:
+                release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
+        gf.release(t.name)  # copied or packed: the file's pages need not stay resident
         done += t.nbytes
         if progress:
             progress(done / total)
     _check_names(path, expected, state, unexpected)
     _check_shapes(path, config, state)
+    gf.close()  # nothing loaded views the file: unmap it
     return config, state

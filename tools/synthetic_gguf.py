@@ -69,7 +69,8 @@ def copy_default_tokenizer(w, meta: dict | None = None, *, chat_template: str | 
     meta = meta or GGUFFile(default_model_path()).metadata
     tokens = meta["tokenizer.ggml.tokens"]
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    if meta.get("tokenizer.ggml.pre"):
+        w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
     extra = max(0, (pad_to or 0) - len(tokens))
     if chat_tokens is None:
         w.add_token_list(list(tokens) + [f"<unused_{i}>" for i in range(extra)])
@@ -106,7 +107,8 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
                       seed: int = 0, *, arch: str = "llama", chat_template: str | bool = True,
                       chat_tokens: tuple[str, ...] | None = None, bos: str | None = None, eos: str | None = None,
                       vocab: int | None = None,
-                      split_max_tensors: int = 0, pad_vocab: bool = False, tied: bool = False) -> Path:
+                      split_max_tensors: int = 0, pad_vocab: bool = False, tied: bool = False,
+                      pre: str | None = None) -> Path:
     """Write a llama-architecture GGUF of `layers` random layers of `shape`, quantized by `quant` (a ggml
     type name or Q4_K_M); tensors are generated and quantized one at a time.
 
@@ -115,12 +117,14 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     makes a file whose vocabulary and embedding disagree, unless pad_vocab pads the vocabulary with unused
     tokens to it); tied: no output.weight, the token embedding is the head (and takes the head's type in the
     Q4_K_M recipe); K-quants on rows that are no multiple of 256 fall back as llama.cpp's (k_quant_fallback);
-    split_max_tensors > 0 writes a split set
+    pre: another tokenizer.ggml.pre ("" writes none); split_max_tensors > 0 writes a split set
     (name-00001-of-0000N.gguf ..., llama.cpp's gguf-split layout) and returns its first file."""
     import gguf
 
     s = SHAPES[shape]
     meta = GGUFFile(default_model_path()).metadata
+    if pre is not None:
+        meta = {**meta, "tokenizer.ggml.pre": pre}
     vocab = vocab or len(meta["tokenizer.ggml.tokens"])
     h, inter, heads, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])

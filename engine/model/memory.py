@@ -166,7 +166,7 @@ def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
             total += t.nbytes
         elif table == "head" or t.name in packed:
             kernel = kernels_of.get(t.name) or repack.kernel_format(t.dtype, fmt)
-            total += repack.packed_nbytes(kernel, t.shape) + (4 * t.numel if dense_copy else 0)
+            total += repack.packed_storage_bytes(kernel, t.shape) + (4 * t.numel if dense_copy else 0)
             if repack.fused_into(t.name, packed) and not c.fused_projections:  # one scale pad per fused matrix
                 total -= (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple

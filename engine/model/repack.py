@@ -31,6 +31,7 @@ environment variable PAGEDECK_DENSE_COPY=0 turns it off for every model (the est
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -102,11 +103,15 @@ def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
 
 
 def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
-    """Bytes of an (N, K) matrix in kernel format "q4" or "q8" (codes, fp16 scales, q4's fp16 minimums, each
-    scale buffer SCALE_PAD values longer): the storage the loader allocates."""
+    """Bytes of an (N, K) matrix in kernel format "q4" or "q8" (codes, fp16 scales, q4's fp16 minimums)."""
     n, k = int(shape[0]), int(shape[-1])
-    scales = 2 * (n * k // GROUP + SCALE_PAD)
-    return (n * k // 2 + 2 * scales) if kernel == "q4" else (n * k + scales)
+    groups = n * k // GROUP
+    return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
+
+
+def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
+    """The storage the loader allocates for it: packed_nbytes plus each scale buffer's SCALE_PAD values."""
+    return packed_nbytes(kernel, shape) + (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
 
 
 def dense_copy_enabled() -> bool:
@@ -120,9 +125,11 @@ def keeps_dense_copy(packed_params: int) -> bool:
 
 
 def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",
-                keep_dense: bool = True) -> PackedLinear:
+                keep_dense: bool = True, done: Callable[[int, int], None] | None = None) -> PackedLinear:
     """A GGUF matrix (N rows of ggml bytes) in its kernel format, written tile by tile into the final packed
-    tensors: loading holds the packed result and one tile's temporaries, never (N, K) codes or fp32."""
+    tensors: loading holds the packed result and one tile's temporaries, never (N, K) codes or fp32.
+    done(r0, r1) is told when rows [r0, r1) have been read for the last time (the loader lets their pages
+    of the mapped file go, so the file and its packed form are not both resident)."""
     n, k = shape
     if k % GROUP:
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
@@ -139,11 +146,15 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
             else:
                 codes, scale[r0:r0 + step] = q8_quantize(dequantize(tile, qtype, (tile.shape[0], k)))
             qs[r0:r0 + step] = q8_pack(codes)  # code + 128 (the kernel's u8 x s8 form)
+            if done is not None:
+                done(r0, min(r0 + step, n))
         return Q8Linear.from_packed(qs, scale, exact, keep_dense)
     qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // GROUP)
     for r0 in range(0, n, step):
         codes, scale[r0:r0 + step], minimum[r0:r0 + step] = q4_parts(rows[r0:r0 + step], qtype, k)
         qs[r0:r0 + step] = pack_nibbles(codes)
+        if done is not None:
+            done(r0, min(r0 + step, n))
     out = Q4Linear.from_packed(qs, scale, minimum)
     out.dense = exact  # exact, also for Q4_K (whose packed scales are fp16-rounded)
     return out

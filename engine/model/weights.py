@@ -398,7 +398,13 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         if not (head or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
             return None
-        return repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
+        row_bytes = raw.shape[1] if raw.dim() == 2 else 0
+
+        def done(r0: int, r1: int) -> None:  # rows read: their file pages may go (permuted rows are a copy)
+            if row_perm_heads is None:
+                self._drop_pages(name, t.offset + r0 * row_bytes, t.offset + r1 * row_bytes)
+
+        return repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense, done)
 
     def embedding_rows(self, name: str) -> GGMLRows:
         """The table as a copy of its ggml rows (engine.model.embedding)."""
@@ -411,11 +417,16 @@ class GGUFFile:
         again, but the process no longer counts the file in its RSS (madvise DONTNEED on unwritten
         private pages)."""
         for t in self.tensors if name is None else [self._by_name[name]]:
-            m = self._maps.get(t.name, self._map)
-            start = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
-            stop = min(len(m), -(-(t.offset + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
-            if stop > start and hasattr(m, "madvise"):
-                m.madvise(mmap.MADV_DONTNEED, start, stop - start)
+            self._drop_pages(t.name, t.offset, t.offset + t.nbytes)
+
+    def _drop_pages(self, name: str, start: int, stop: int) -> None:
+        """madvise(DONTNEED) the pages of bytes [start, stop) of the map holding tensor `name` (whole pages
+        around them: a neighbour's page dropped too is read back from the page cache when next touched)."""
+        m = self._maps.get(name, self._map)
+        start = start // mmap.PAGESIZE * mmap.PAGESIZE
+        stop = min(len(m), -(-stop // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if stop > start and hasattr(m, "madvise"):
+            m.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
     def close(self) -> None:
         """Unmap the file (and its split parts) where no tensor views them any more; else drop their pages."""

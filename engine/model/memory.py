@@ -102,7 +102,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
                     chunk_tokens: int | None = None) -> MemoryEstimate:
     """Estimate from headers only (see the module docstring); `source` may be a path, a ModelInfo or None
     (the default model)."""
-    from . import qlinear, repack
+    from . import qlinear
 
     if source is None:
         source = default_model_path()

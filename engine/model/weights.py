@@ -262,8 +262,9 @@ class SkippedArray:
 class GGUFFile:
     """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped.
 
-    header_only=True leaves metadata arrays longer than 64 entries (the vocabulary, scores, merges)
-    undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file."""
+    header_only=True leaves the tokenizer's metadata arrays longer than 64 entries (the vocabulary, scores,
+    merges) undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file, and
+    loading the weights holds no vocabulary (the tokenizer reads it)."""
 
     _SKIP_OVER = 64
 
@@ -302,6 +303,7 @@ class GGUFFile:
             key = self._string()
             (vtype,) = struct.unpack_from("<I", buf, self._pos)
             self._pos += 4
+            self._skipping = self.header_only and key.startswith("tokenizer.")  # per-layer arrays stay decoded
             self.metadata[key] = self._value(vtype)
         raw = []
         for _ in range(n_tensors):
@@ -347,7 +349,7 @@ class GGUFFile:
         if vtype == _ARRAY:
             etype, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
-            if self.header_only and count > self._SKIP_OVER and etype != _ARRAY:
+            if self._skipping and count > self._SKIP_OVER and etype != _ARRAY:
                 return self._skip_array(etype, count)
             if etype == _STRING:
                 return [self._string() for _ in range(count)]
@@ -487,7 +489,7 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
-    gf = GGUFFile(path)
+    gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
     expected = expected_tensor_names(config)

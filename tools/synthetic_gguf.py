@@ -21,8 +21,21 @@ from tools.ggml_writers import quantize
 
 # A tiny shape (tests: a model that loads in a moment) beside the benchmarks' real ones.
 SHAPES = {**BENCH_SHAPES, "tiny": dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, rope_theta=10000.0)}
+                                       num_key_value_heads=2, head_dim=16, rope_theta=10000.0),
+          # Gemma 3 270M's layer shapes (its 18 layers, 262k vocabulary and tied head via --layers 18
+          # --vocab 262144 --tied); the tensors stay llama's. Its 640-wide rows are no multiple of 256, so
+          # the Q4_K_M recipe falls back as llama.cpp's does (k_quant_fallback): Q5_0 / Q8_0 there.
+          "gemma3-270m": dict(hidden_size=640, intermediate_size=2048, num_attention_heads=4,
+                              num_key_value_heads=1, head_dim=256, rope_theta=1000000.0)}
 _CONTROL = 3  # llama.cpp's token type of special (control) tokens
+_UNUSED = 5  # llama.cpp's token type of unused (padding) tokens
+# llama.cpp's replacement for a K-quant on rows whose length is no multiple of its 256-weight super-block
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_1"}
+
+
+def k_quant_fallback(qtype: str, row_length: int) -> str:
+    """The type llama.cpp writes for `qtype` on rows of `row_length` weights (itself where it fits)."""
+    return _K_FALLBACK.get(qtype, qtype) if row_length % 256 else qtype
 
 
 EOS_ID = 16  # the last of SmolLM2's 17 special tokens: family vocabularies put their EOS there
@@ -47,27 +60,30 @@ def family_vocabulary(tokens: list[str], chat_tokens: tuple[str, ...], bos: str 
 
 def copy_default_tokenizer(w, meta: dict | None = None, *, chat_template: str | bool = True,
                            chat_tokens: tuple[str, ...] | None = None, bos: str | None = None,
-                           eos: str | None = None) -> None:
+                           eos: str | None = None, pad_to: int | None = None) -> None:
     """Write the embedded SmolLM2 tokenizer (vocabulary, merges, special ids, chat template) into a GGUFWriter.
 
     chat_template: True keeps SmolLM2's, False writes none, a string writes that one. chat_tokens: write
-    family_vocabulary(chat_tokens, bos, eos) instead of SmolLM2's own (BOS token 0, EOS token 0 or EOS_ID)."""
+    family_vocabulary(chat_tokens, bos, eos) instead of SmolLM2's own (BOS token 0, EOS token 0 or EOS_ID).
+    pad_to: a bigger vocabulary, SmolLM2's followed by unused "<unused_N>" tokens up to this many."""
     meta = meta or GGUFFile(default_model_path()).metadata
     tokens = meta["tokenizer.ggml.tokens"]
     w.add_tokenizer_model(meta["tokenizer.ggml.model"])
-    w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    if meta.get("tokenizer.ggml.pre"):
+        w.add_tokenizer_pre(meta["tokenizer.ggml.pre"])
+    extra = max(0, (pad_to or 0) - len(tokens))
     if chat_tokens is None:
-        w.add_token_list(tokens)
+        w.add_token_list(list(tokens) + [f"<unused_{i}>" for i in range(extra)])
         w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
         w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
     else:
-        w.add_token_list(family_vocabulary(tokens, chat_tokens, bos, eos))
+        w.add_token_list(family_vocabulary(tokens, chat_tokens, bos, eos) + [f"<unused_{i}>" for i in range(extra)])
         w.add_bos_token_id(0)
         w.add_eos_token_id(0 if eos is None else EOS_ID)
     types = list(meta["tokenizer.ggml.token_type"])
     for i in range(1, 1 + len(chat_tokens or ())):
         types[i] = _CONTROL
-    w.add_token_types(types)
+    w.add_token_types(types + [_UNUSED] * extra)
     w.add_token_merges(meta["tokenizer.ggml.merges"])
     if chat_template is True:
         w.add_chat_template(meta["tokenizer.chat_template"])
@@ -91,18 +107,24 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
                       seed: int = 0, *, arch: str = "llama", chat_template: str | bool = True,
                       chat_tokens: tuple[str, ...] | None = None, bos: str | None = None, eos: str | None = None,
                       vocab: int | None = None,
-                      split_max_tensors: int = 0) -> Path:
+                      split_max_tensors: int = 0, pad_vocab: bool = False, tied: bool = False,
+                      pre: str | None = None) -> Path:
     """Write a llama-architecture GGUF of `layers` random layers of `shape`, quantized by `quant` (a ggml
     type name or Q4_K_M); tensors are generated and quantized one at a time.
 
     arch names general.architecture (the tensors stay llama's); chat_template / chat_tokens / bos / eos as
     copy_default_tokenizer; vocab: the embedding's rows (default: the vocabulary's size; another number
-    makes a file whose vocabulary and embedding disagree); split_max_tensors > 0 writes a split set
+    makes a file whose vocabulary and embedding disagree, unless pad_vocab pads the vocabulary with unused
+    tokens to it); tied: no output.weight, the token embedding is the head (and takes the head's type in the
+    Q4_K_M recipe); K-quants on rows that are no multiple of 256 fall back as llama.cpp's (k_quant_fallback);
+    pre: another tokenizer.ggml.pre ("" writes none); split_max_tensors > 0 writes a split set
     (name-00001-of-0000N.gguf ..., llama.cpp's gguf-split layout) and returns its first file."""
     import gguf
 
     s = SHAPES[shape]
     meta = GGUFFile(default_model_path()).metadata
+    if pre is not None:
+        meta = {**meta, "tokenizer.ggml.pre": pre}
     vocab = vocab or len(meta["tokenizer.ggml.tokens"])
     h, inter, heads, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
@@ -123,9 +145,12 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     w.add_vocab_size(vocab)
     if quant == "Q4_K_M":
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    copy_default_tokenizer(w, meta, chat_template=chat_template, chat_tokens=chat_tokens, bos=bos, eos=eos)
+    copy_default_tokenizer(w, meta, chat_template=chat_template, chat_tokens=chat_tokens, bos=bos, eos=eos,
+                           pad_to=vocab if pad_vocab else None)
     g = torch.Generator().manual_seed(seed)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output.weight": (vocab, h)}
+    if tied:
+        del shapes["output.weight"]
     for i in range(layers):
         shapes.update({f"blk.{i}.attn_q.weight": (heads * hd, h), f"blk.{i}.attn_k.weight": (kv * hd, h),
                        f"blk.{i}.attn_v.weight": (kv * hd, h), f"blk.{i}.attn_output.weight": (h, heads * hd),
@@ -137,7 +162,9 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
             w.add_tensor(name, np.ones(shp, dtype=np.float32))
             continue
         t = torch.randn(shp, generator=g) * 0.02
-        qtype = gguf.GGMLQuantizationType[q4_k_m_type(name, layers) if quant == "Q4_K_M" else quant]
+        recipe = "output.weight" if tied and name == "token_embd.weight" else name  # tied: the head's type
+        qtype = gguf.GGMLQuantizationType[k_quant_fallback(
+            q4_k_m_type(recipe, layers) if quant == "Q4_K_M" else quant, shp[-1])]
         w.add_tensor(name, quantize(t, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -156,9 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quant", default="Q4_K_M", help="Q4_K_M or a ggml type name (Q4_K, Q8_0, ...)")
     ap.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     ap.add_argument("--split-max-tensors", type=int, default=0, help="write a split set, this many tensors a file")
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="vocabulary size: SmolLM2's tokens padded with unused ones (e.g. 262144, Gemma 3's)")
+    ap.add_argument("--tied", action="store_true", help="no output.weight: the token embedding is the head")
     args = ap.parse_args(argv)
     path = write_random_gguf(args.out, args.shape, args.layers, args.quant, chat_template=not args.no_chat_template,
-                             split_max_tensors=args.split_max_tensors)
+                             split_max_tensors=args.split_max_tensors, vocab=args.vocab,
+                             pad_vocab=args.vocab is not None, tied=args.tied)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return 0
 

@@ -19,6 +19,7 @@ import torch
 from ..cache.paged_cache import PagedCache
 from ..contract import WEIGHT_NAMES
 from ..model.batch import Batch
+from ..model.memory import estimate_memory
 from ..model.model import Model
 from .measure import copy_bandwidth
 from .serving import decode_weight_bytes
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    estimate = estimate_memory(args.model, weights=args.weights).weights_bytes
     base = peak = _anon_bytes()
     done = threading.Event()
 
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{bandwidth / 1e9:.1f} GB/s copy bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
     print(f"anonymous memory: +{(peak - base) / 1e6:.0f} MB at the peak of loading ({(peak - base) / file_bytes:.2f}x "
           f"the {file_bytes / 1e6:.0f} MB file), +{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
-          f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x)")
+          f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x; estimated before "
+          f"loading: {estimate / 1e6:.0f} MB)")
     return 0
 

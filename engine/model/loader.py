@@ -16,6 +16,7 @@ from kernels.packed import q4_supported
 
 from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS, is_gguf
 from .config import ModelConfig
+from .embedding import GGMLRows
 from .memory import check_fits
 from .qlinear import PackedLinear, Q8Linear, cat_packed
 from .weights import default_model_path, load_weights, release_freed_memory
@@ -45,8 +46,8 @@ class Layer:
 @dataclass
 class ModelWeights:
     """What a Model computes with, as the loader built it."""
-    embed: torch.Tensor | PackedLinear
-    lm_head: torch.Tensor | PackedLinear  # the embedding itself where tied (and unpacked)
+    embed: torch.Tensor | PackedLinear | GGMLRows  # GGMLRows: an untied GGUF table beside packed layers
+    lm_head: torch.Tensor | PackedLinear  # the embedding itself where tied
     norm: torch.Tensor
     layers: list[Layer]
     weight_format: str  # "dense", or the packed format asked for ("packed", "q8") where a matrix is packed
@@ -110,10 +111,10 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
     def get(name: str) -> torch.Tensor:
         if name not in w:
             raise ValueError(f"weights are missing tensor {name!r}")
-        if isinstance(w[name], PackedLinear):
+        if isinstance(w[name], (PackedLinear, GGMLRows)):
             if device.type != "cpu":
-                raise ValueError(f"packed weights ({w[name].format}) run on the CPU only (CPU kernels); load "
-                                 "with weights='dense' on a GPU")
+                raise ValueError(f"packed weights ({type(w[name]).__name__}) run on the CPU only (CPU kernels); "
+                                 "load with weights='dense' on a GPU")
             return w[name]
         return w[name].to(device=device, dtype=dtype)
 
@@ -163,9 +164,12 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
     if isinstance(head, PackedLinear):
         lm_head = head
     elif packed:
-        # the output head is a decode step's largest matrix: 8-bit like the GGUF's Q8_0 embedding, its
-        # prompt-row weights the dense head itself (an F16 output in a quantized GGUF, or a dense embedding)
-        lm_head = Q8Linear.quantize(head)
+        # (a state dict built in memory; the GGUF loader packs a dense head itself) the output head is a decode
+        # step's largest matrix: 8-bit, its prompt-row weights the dense head itself where the layers keep theirs
+        dense_copy = all(t.dense is not None for lr in layers for t in lr.weights() if isinstance(t, PackedLinear))
+        lm_head = Q8Linear.quantize(head, keep_dense=dense_copy)
     else:
-        lm_head = kernels.pad_embedding(head)
+        lm_head = kernels.pad_embedding(head)  # a copy where the vocabulary is padded
+        if head is embed and lm_head is not head:  # tied: the embedding is a view of the padded head, not a second table
+            embed = lm_head[: embed.shape[0]]
     return ModelWeights(embed, lm_head, norm, layers, weight_format)

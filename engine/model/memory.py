@@ -102,7 +102,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
                     chunk_tokens: int | None = None) -> MemoryEstimate:
     """Estimate from headers only (see the module docstring); `source` may be a path, a ModelInfo or None
     (the default model)."""
-    from . import qlinear, repack
+    from . import qlinear
 
     if source is None:
         source = default_model_path()
@@ -113,20 +113,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     elt = _DTYPE_BYTES[dtype]
     fmt = resolve_weights(weights, info.kind, device)
-    packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
-    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt)
-    dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
-    weight_bytes = 0
-    stored = {t.name: t for t in info.tensors}
-    head = next((stored[n] for n in ("output.weight", "lm_head.weight", "token_embd.weight",
-                                     "model.embed_tokens.weight") if n in stored), None)
-    if packed and head is not None and head.name not in packed:  # Model adds a q8 copy of a dense head
-        weight_bytes += repack.packed_nbytes("q8", head.shape)
-    for t in info.tensors:
-        if t.name in packed:
-            weight_bytes += repack.packed_nbytes(kernels_of[t.name], t.shape) + (4 * t.numel if dense_copy else 0)
-        elif _used(t.name):
-            weight_bytes += t.numel * elt
+    weight_bytes = weights_bytes(info, fmt, elt)
     cache = kv_cache_bytes(c, cache_tokens, kv_quant, elt)
     chunk = chunk_tokens or (2048 if device.startswith("cuda") else 256)
     qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
@@ -151,6 +138,42 @@ def estimate_download(file_bytes: int, kind: str = "gguf", device: str = "cpu") 
     runtime = RUNTIME_BYTES if not device.startswith("cuda") else 700 << 20
     return MemoryEstimate(file_bytes * widen, 0, 0, runtime, available_bytes(device), device,
                           resolve_weights("auto", kind, device), 0, None, file_bytes, kind)
+
+
+def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
+    """Bytes the loaded weights hold in format `fmt` (dense ones `elt` bytes a weight): the loader's rules per
+    tensor (engine.model.repack), so it equals Model.memory_bytes() after loading."""
+    import kernels
+    from kernels.packed import SCALE_PAD
+
+    from . import repack
+
+    c = info.config
+    packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
+    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt)
+    dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
+    names = {t.name for t in info.tensors}
+    tied = c.tie_word_embeddings or not names & {"output.weight", "lm_head.weight"}
+    head = "token_embd.weight" if "token_embd.weight" in names else "model.embed_tokens.weight"
+    if not tied:
+        head = "output.weight" if "output.weight" in names else "lm_head.weight"
+    total = 0
+    for t in info.tensors:
+        if not _used(t.name) or (tied and t.name in ("output.weight", "lm_head.weight")):
+            continue  # tied: the loader drops a stored head
+        table = repack.gguf_table(t.name, tied, bool(packed)) if info.kind == "gguf" else None
+        if table == "rows":  # the file's own blocks (engine.model.embedding)
+            total += t.nbytes
+        elif table == "head" or t.name in packed:
+            kernel = kernels_of.get(t.name) or repack.kernel_format(t.dtype, fmt)
+            total += repack.packed_storage_bytes(kernel, t.shape) + (4 * t.numel if dense_copy else 0)
+            if repack.fused_into(t.name, packed) and not c.fused_projections:  # one scale pad per fused matrix
+                total -= (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
+        elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
+            total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt
+        else:
+            total += t.numel * elt
+    return total
 
 
 def check_fits(source: str | Path | ModelInfo | None, **kwargs) -> MemoryEstimate:

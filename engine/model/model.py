@@ -19,6 +19,7 @@ from ..cache.spec import CacheSpec
 from . import image_attention, loader
 from .batch import Batch
 from .config import ModelConfig
+from .embedding import GGMLRows
 from .loader import Layer, ModelWeights
 from .qlinear import PackedLinear, RowSplit, linear
 from .rotary import Rotary
@@ -118,13 +119,27 @@ class Model:
         return sum(t.numel() for t in self._weights() if not (head_copy and t is self.lm_head))
 
     def memory_bytes(self) -> int:
-        """Bytes the weights hold (packed matrices: their blocks, plus a dense copy where one is kept)."""
-        total = 0
+        """Bytes the loaded weights hold: every distinct storage behind them, counted once (a tied table that is
+        both embedding and head, a packed matrix's blocks, scales and dense copy where one is kept, an
+        embedding kept as its file's rows). The figure the estimate (engine.estimate_memory) predicts, the
+        app shows and tools.memory_table compares with resident memory; a tensor still viewing the mapped
+        file would count the whole file here."""
+        seen, total = set(), 0
         for t in self._weights():
             if isinstance(t, PackedLinear):
-                total += t.nbytes() if t.dense is self.embed else t.memory_bytes()  # a q8 head over the embedding
+                parts = [*t.blocks, t.dense, *(getattr(t, "_int4", None) or ())]
+            elif isinstance(t, GGMLRows):
+                parts = t.tensors()
             else:
-                total += t.numel() * t.element_size()
+                parts = [t]
+            for part in parts:
+                if part is None:
+                    continue
+                storage = part.untyped_storage()
+                key = (part.device, storage.data_ptr())
+                if key not in seen:
+                    seen.add(key)
+                    total += storage.nbytes()
         return total
 
     def decode_bytes(self) -> int:
@@ -133,10 +148,21 @@ class Model:
         tensors = [self.norm, self.lm_head] + [t for layer in self.layers for t in layer.weights()]
         return sum(t.nbytes() if isinstance(t, PackedLinear) else t.numel() * t.element_size() for t in tensors)
 
+    def embedding(self, ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings of token ids (scaled where the architecture scales them, as Gemma does): rows
+        of a dense table, of a packed head's table (tied), or decoded from the file's rows (GGMLRows)."""
+        if isinstance(self.embed, (PackedLinear, GGMLRows)):
+            x = self.embed.embedding(ids)
+        else:
+            x = F.embedding(ids, self.embed)
+        return x * self.embed_scale if self.embed_scale is not None else x
+
     def head_is_embedding(self) -> bool:
         """Whether the output head is the embedding table (tied), or a packed copy over it."""
-        h = self.lm_head
-        return h is self.embed or (isinstance(h, PackedLinear) and h.dense is self.embed)
+        h, e = self.lm_head, self.embed
+        if isinstance(h, torch.Tensor) and isinstance(e, torch.Tensor):  # the embedding a view of the padded head
+            return h.untyped_storage().data_ptr() == e.untyped_storage().data_ptr()
+        return h is e or (isinstance(h, PackedLinear) and h.dense is e)
 
     @torch.inference_mode()
     def forward(self, batch: Batch, cache, lora: "LoRAApply | None" = None,
@@ -154,9 +180,7 @@ class Model:
         ids = batch.input_ids
         if batch.mm_rows is not None:  # placeholder ids (>= 1e9): any row will do, it is replaced below
             ids = ids.masked_fill(ids >= self.vocab_size, 0)
-        x = self.embed.embedding(ids) if isinstance(self.embed, PackedLinear) else F.embedding(ids, self.embed)
-        if self.embed_scale is not None:
-            x = x * self.embed_scale
+        x = self.embedding(ids)
         if batch.mm_rows is not None:
             # embedding vectors go in as given: transformers scales only the token table's rows (Gemma
             # scales inside its embedding module, before the image features are scattered in)

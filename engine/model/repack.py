@@ -10,8 +10,12 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   * Q5_K, Q6_K and every other type (Q2_K, Q3_K, Q5_0/1, IQ*): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
-  * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head gets a q8 copy
-    too (a decode step's largest matrix; Model does it, over the dense weights as its prompt-row copy).
+  * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
+    too (a decode step's largest matrix), with the dense copy for prompt rows only where the rule below
+    keeps one.
+  Embedding tables (engine.model.embedding): an untied token embedding is kept as the file's own blocks
+  (GGMLRows, no kernel format: a lookup decodes a few rows); a tied one is the packed output head, whose
+  rows serve the lookups too, so the table is held once.
   Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) are
   all q8 (qlinear.cat_packed).
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
@@ -21,13 +25,18 @@ prompt rows (the default 135M model: ~0.5 GB, so its prompts run at full sgemm s
 model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory stays
 near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
 on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
+The copy is a speed-for-memory trade (the default model: ~5.5x its file with it, ~1.2x without); the
+environment variable PAGEDECK_DENSE_COPY=0 turns it off for every model (the estimate follows it too).
 """
 from __future__ import annotations
+
+import os
+from collections.abc import Callable
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.packed import GROUP, pack_nibbles, padded_scales, q8_pack, q8_quantize
+from kernels.packed import GROUP, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
 
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
@@ -56,6 +65,27 @@ def keeps_packed(name: str, dtype: str, ndim: int, fmt: str) -> bool:
     return fmt == "q8" or dtype not in _DENSE
 
 
+def fused_into(name: str, packed: set[str] | dict) -> bool:
+    """Whether `name` is a later part of a fused group (k and v of q|k|v, up of gate|up) whose first part is
+    in `packed` too: its packed scales then join the first part's buffer (one SCALE_PAD for the group)."""
+    for group in _FUSED:
+        for part in group[1:]:
+            if name.endswith(part) and name[: -len(part)] + group[0] in packed:
+                return True
+    return False
+
+
+def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
+    """How a GGUF's embedding and head are held where any matrix is packed (`packs`): "rows" for an untied
+    token embedding (engine.model.embedding.GGMLRows, the file's blocks), "head" for the output head and a
+    tied embedding (packed, dense types as q8); None for every other tensor, or when nothing is packed."""
+    if not packs:
+        return None
+    if name.endswith(("embed_tokens.weight", "token_embd.weight")):
+        return "head" if tied else "rows"
+    return "head" if name.endswith(("lm_head.weight", "output.weight")) else None
+
+
 def kernel_format(dtype: str, fmt: str) -> str:
     """"q4" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
     return "q4" if fmt == "packed" and dtype in Q4_TYPES else "q8"
@@ -80,21 +110,31 @@ def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
     return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
 
 
+def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
+    """The storage the loader allocates for it: packed_nbytes plus each scale buffer's SCALE_PAD values."""
+    return packed_nbytes(kernel, shape) + (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
+
+
+def dense_copy_enabled() -> bool:
+    """False when PAGEDECK_DENSE_COPY is 0/off/no/false: no model keeps the dense copy for prompt rows."""
+    return os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower() not in ("0", "off", "no", "false")
+
+
 def keeps_dense_copy(packed_params: int) -> bool:
     """The dense-copy rule (module docstring) for a model with this many packed weights."""
-    return packed_params * 4 <= DENSE_COPY_MAX_BYTES
+    return dense_copy_enabled() and packed_params * 4 <= DENSE_COPY_MAX_BYTES
 
 
 def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",
-                keep_dense: bool = True) -> PackedLinear:
+                keep_dense: bool = True, done: Callable[[int, int], None] | None = None) -> PackedLinear:
     """A GGUF matrix (N rows of ggml bytes) in its kernel format, written tile by tile into the final packed
-    tensors: loading holds the packed result and one tile's temporaries, never (N, K) codes or fp32."""
+    tensors: loading holds the packed result and one tile's temporaries, never (N, K) codes or fp32.
+    done(r0, r1) is told when rows [r0, r1) have been read for the last time (the loader lets their pages
+    of the mapped file go, so the file and its packed form are not both resident)."""
     n, k = shape
     if k % GROUP:
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
-    rows, step = raw.reshape(n, -1), tile_rows(k)
-    if qtype.name in _DENSE:
-        return Q8Linear.quantize(dequantize(rows, qtype, (n, k)), keep_dense)
+    rows, step = raw.reshape(n, -1), tile_rows(k)  # dense types (F16, F32, BF16) become q8 tile by tile too
     exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits
     if fast is not None:
@@ -111,11 +151,15 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
             else:
                 codes, scale[r0:r0 + step] = q8_quantize(dequantize(tile, qtype, (tile.shape[0], k)))
             qs[r0:r0 + step] = q8_pack(codes)  # code + 128 (the kernel's u8 x s8 form)
+            if done is not None:
+                done(r0, min(r0 + step, n))
         return Q8Linear.from_packed(qs, scale, exact, keep_dense)
     qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // GROUP)
     for r0 in range(0, n, step):
         codes, scale[r0:r0 + step], minimum[r0:r0 + step] = q4_parts(rows[r0:r0 + step], qtype, k)
         qs[r0:r0 + step] = pack_nibbles(codes)
+        if done is not None:
+            done(r0, min(r0 + step, n))
     out = Q4Linear.from_packed(qs, scale, minimum)
     out.dense = exact  # exact, also for Q4_K (whose packed scales are fp16-rounded)
     return out

@@ -25,8 +25,11 @@ _GPT4O_SPLIT = (  # Phi-4-mini
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's split where tokenizer.ggml.pre is "default" or missing: punctuation runs, GPT-2's words,
+# digit runs, then those cut into threes (not GPT-2's own split, which "gpt2" names)
+_DEFAULT_SPLITS = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]"]
 PRE_SPLITS = {
-    "default": [_GPT2_SPLIT], "gpt2": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT],
+    "default": _DEFAULT_SPLITS, "gpt2": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT],
     "smollm": [r"\p{N}", _GPT2_SPLIT],  # digits one by one, then GPT-2
     "llama3": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT],
     "smaug-bpe": [_LLAMA3_SPLIT], "dbrx": [_LLAMA3_SPLIT], "falcon3": [_LLAMA3_SPLIT],

@@ -23,6 +23,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from engine.contract import check_model_path, is_gguf
 from engine.model.ggml_blocks import dequantizable, dequantize
 from engine.model import gguf_split, repack, vlm_text
+from engine.model.embedding import GGMLRows
 from engine.model.qlinear import Q8Linear
 from engine.model.config import ModelConfig
 
@@ -260,8 +261,9 @@ class SkippedArray:
 class GGUFFile:
     """A GGUF file's metadata (decoded values) and tensor table, with its data memory-mapped.
 
-    header_only=True leaves metadata arrays longer than 64 entries (the vocabulary, scores, merges)
-    undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file."""
+    header_only=True leaves the tokenizer's metadata arrays longer than 64 entries (the vocabulary, scores,
+    merges) undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file, and
+    loading the weights holds no vocabulary (the tokenizer reads it)."""
 
     _SKIP_OVER = 64
 
@@ -300,6 +302,7 @@ class GGUFFile:
             key = self._string()
             (vtype,) = struct.unpack_from("<I", buf, self._pos)
             self._pos += 4
+            self._skipping = self.header_only and key.startswith("tokenizer.")  # per-layer arrays stay decoded
             self.metadata[key] = self._value(vtype)
         raw = []
         for _ in range(n_tensors):
@@ -345,7 +348,7 @@ class GGUFFile:
         if vtype == _ARRAY:
             etype, count = struct.unpack_from("<IQ", self._map, self._pos)
             self._pos += 12
-            if self.header_only and count > self._SKIP_OVER and etype != _ARRAY:
+            if self._skipping and count > self._SKIP_OVER and etype != _ARRAY:
                 return self._skip_array(etype, count)
             if etype == _STRING:
                 return [self._string() for _ in range(count)]
@@ -389,16 +392,51 @@ class GGUFFile:
         t, raw = self._rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
-    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True):
-        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it, else None. The
-        token embedding also remembers its rows in the file, for exact lookups."""
+    def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True,
+               head: bool = False):
+        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it (or `head`: the output
+        head of a packed model, dense types as q8), else None."""
         t, raw = self._rows(name, row_perm_heads)
-        if not repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt):
+        if not (head or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
             return None
-        out = repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense)
-        if name == "token_embd.weight" and t.tensor_type.name not in ("F64", "BF16"):
-            out.source = (raw, t.tensor_type)
-        return out
+        row_bytes = raw.shape[1] if raw.dim() == 2 else 0
+
+        def done(r0: int, r1: int) -> None:  # rows read: their file pages may go (permuted rows are a copy)
+            if row_perm_heads is None:
+                self._drop_pages(name, t.offset + r0 * row_bytes, t.offset + r1 * row_bytes)
+
+        return repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense, done)
+
+    def embedding_rows(self, name: str) -> GGMLRows:
+        """The table as a copy of its ggml rows (engine.model.embedding)."""
+        t = self._by_name[name]
+        return GGMLRows.copy_of(self.raw(name), t.tensor_type, tuple(t.shape))
+
+    def release(self, name: str | None = None) -> None:
+        """Drop the mapped file's pages of one tensor (None: of every tensor) from this process's resident set
+        once they have been copied or packed: they stay in the OS page cache, and a later read maps them
+        again, but the process no longer counts the file in its RSS (madvise DONTNEED on unwritten
+        private pages)."""
+        for t in self.tensors if name is None else [self._by_name[name]]:
+            self._drop_pages(t.name, t.offset, t.offset + t.nbytes)
+
+    def _drop_pages(self, name: str, start: int, stop: int) -> None:
+        """madvise(DONTNEED) the pages of bytes [start, stop) of the map holding tensor `name` (whole pages
+        around them: a neighbour's page dropped too is read back from the page cache when next touched)."""
+        m = self._maps.get(name, self._map)
+        start = start // mmap.PAGESIZE * mmap.PAGESIZE
+        stop = min(len(m), -(-stop // mmap.PAGESIZE) * mmap.PAGESIZE)
+        if stop > start and hasattr(m, "madvise"):
+            m.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    def close(self) -> None:
+        """Unmap the file (and its split parts) where no tensor views them any more; else drop their pages."""
+        for m in {id(m): m for m in [self._map, *self._maps.values()]}.values():
+            try:
+                m.close()
+            except BufferError:  # a view is still alive somewhere: keep the map, give its pages back
+                if hasattr(m, "madvise"):
+                    m.madvise(mmap.MADV_DONTNEED)
 
     def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
         t = self._by_name.get(name)
@@ -459,7 +497,7 @@ def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
-    gf = GGUFFile(path)
+    gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
     expected = expected_tensor_names(config)
@@ -475,6 +513,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
     total = sum(t.nbytes for t, _ in todo) or 1
     types = {name: t.tensor_type.name for t, name in todo}
     keep_dense = _keeps_dense_copy(config, fmt, types.get)
+    tied = "lm_head.weight" not in types  # the token embedding is the output head too
+    packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo)
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -483,13 +523,19 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: P
             heads = config.num_heads
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
-        kept = gf.packed(t.name, heads, fmt, keep_dense)
-        state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
-        if kept is not None:
-            release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
+        table = repack.gguf_table(name, tied, packs)
+        if table == "rows":
+            state[name] = gf.embedding_rows(t.name)
+        else:
+            kept = gf.packed(t.name, heads, fmt, keep_dense, head=table == "head")
+            state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+            if kept is not None:
+                release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
+        gf.release(t.name)  # copied or packed: the file's pages need not stay resident
         done += t.nbytes
         if progress:
             progress(done / total)
     _check_names(path, expected, state, unexpected)
     _check_shapes(path, config, state)
+    gf.close()  # nothing loaded views the file: unmap it
     return config, state

@@ -40,10 +40,6 @@ BPE_SPECIAL = ["<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n", 
 
 # llama.cpp's names (llama-vocab.cpp) among pagedeck's pre-tokenizers; "gpt2" is pagedeck's alias only
 LLAMACPP_PRES = sorted(set(PRE_SPLITS) - {"gpt2"})
-XFAIL_PRE = {"default": "llama.cpp's 'default' pre-tokenizer is four regexes (punctuation runs, GPT-2, digit runs, "
-                        "digit triples); pagedeck reads it as GPT-2's (being changed on another branch)"}
-
-
 def bpe_gguf(path, pre: str):
     """A vocabulary-only GGUF: the default model's BPE vocabulary and merges under pre-tokenizer `pre`."""
     import gguf
@@ -116,8 +112,7 @@ def compare(cases, case: str):
                                      [tok.decode([i], True) for i in expected])
 
 
-@pytest.mark.parametrize("pre", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=XFAIL_PRE[p]))
-                                 if p in XFAIL_PRE else p for p in LLAMACPP_PRES])
+@pytest.mark.parametrize("pre", LLAMACPP_PRES)
 def test_byte_level_bpe_tokenizes_like_llama_cpp(cases, pre):
     compare(cases, f"bpe-{pre}")
 

@@ -138,3 +138,22 @@ def gemma3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
     out = model.get_image_features(pixel_values=pixel_values)
     feats = out.pooler_output if hasattr(out, "pooler_output") else out
     return feats.reshape(-1, feats.shape[-1])
+
+
+def write_tiny_vlm_folder(folder: str | Path, kind: str = "idefics3", seed: int = 0, split: bool = True) -> Path:
+    """A whole tiny VLM folder a real `python -m engine serve` or the app loads: the model, its tokenizer
+    and its image processor's preprocessor_config.json (small sizes: Idefics3 splits an image bigger than
+    64 px into 64 px tiles plus the global view; Gemma 3 reads 64 x 64)."""
+    from transformers import Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "idefics3":
+        write_tiny_idefics3(folder, seed)
+        processor = Idefics3ImageProcessorPil(size={"longest_edge": 128}, max_image_size={"longest_edge": IMAGE_SIZE},
+                                              do_image_splitting=split)
+    else:
+        write_tiny_gemma3_vlm(folder, seed)
+        processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor.save_pretrained(folder)
+    return folder

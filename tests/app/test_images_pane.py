@@ -187,7 +187,7 @@ def test_a_remote_server_that_sees_images_gets_the_chat_s_images(qtbot, loop, st
             await wait_until(lambda: pane.session.task is not None and pane.session.task.done(), 60, "the reply")
             assert store.messages(pane.session.chat_id)[-1].stats.state == "done"
         first, second = [m.stats.prompt_tokens for m in store.messages(pane.session.chat_id) if m.role == "assistant"]
-        assert first > 16 and second > first + 16 + 4  # the second picture (16 image tokens) and the first reply
+        assert first > 16 and second > first + 16 + 4  # the second picture (a global view alone is 16 image tokens) and the first reply
         await backend.close()
 
     run(loop, body(seeing.url))

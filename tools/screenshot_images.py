@@ -16,12 +16,20 @@ from pathlib import Path
 SMALL_CACHE = 16 * 256  # 16 pages: big cells on the page map
 
 
+def _reply_state(session) -> tuple[str, str | None]:
+    """(text so far, error) of a chat's newest reply, live while it streams."""
+    reply = session.messages[-1]
+    live = session.live(reply.id)
+    if live is not None:
+        return live[0], live[1].error
+    return reply.content, reply.stats.error if reply.stats is not None else None
+
+
 async def image_shared_pages(outdir: Path, seconds: float, data_dir: Path, picture: bytes,
                              vlm: Path | None = None) -> list[Path]:
     from dataclasses import replace
 
     from app.window.main_window import MainWindow
-    from tools.screenshots import _reply_state
 
     tiny = vlm is None
     with tempfile.TemporaryDirectory(prefix="pagedeck-tiny-vlm-") as scratch:

@@ -142,16 +142,16 @@ def gemma3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
 
 def write_tiny_vlm_folder(folder: str | Path, kind: str = "idefics3", seed: int = 0, split: bool = True) -> Path:
     """A whole tiny VLM folder a real `python -m engine serve` or the app loads: the model, its tokenizer
-    and its image processor's preprocessor_config.json (small sizes: Idefics3 scales an image to 256 px and splits it into
-    64 px tiles plus the global view; Gemma 3 reads 64 x 64)."""
+    and its image processor's preprocessor_config.json (small sizes: Idefics3 scales an image to 256 px and
+    splits it into 64 px tiles plus the global view; Gemma 3 reads 64 x 64)."""
     from transformers import Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if kind == "idefics3":
         write_tiny_idefics3(folder, seed, max_position_embeddings=2048)  # room for a few 256 px images
-        processor = Idefics3ImageProcessorPil(size={"longest_edge": 4 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
-                                              do_image_splitting=split)
+        processor = Idefics3ImageProcessorPil(size={"longest_edge": 4 * IMAGE_SIZE},
+                                              max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=split)
     else:
         write_tiny_gemma3_vlm(folder, seed)
         processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})

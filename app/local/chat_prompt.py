@@ -54,7 +54,8 @@ def image_prompt(tokenizer: Any, vision: Any, history: list[dict], settings: Cha
         + engine_messages(history)
     template = tokenizer.chat_template
     messages = template_messages(messages, template, tool_call_format(template), tools)
-    extra = render_kwargs(tools, template, enable_thinking=settings.thinking if supports_thinking_switch(template) else None)
+    thinking = settings.thinking if supports_thinking_switch(template) else None
+    extra = render_kwargs(tools, template, enable_thinking=thinking)
     ids, embeddings = engine.image_prompt(messages, tokenizer, vision, **extra)
     if partial:
         ids = ids.new_tensor([ids[0].tolist() + encode(tokenizer, partial)[0].tolist()])

@@ -163,7 +163,8 @@ def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, fa
     return torch.tensor([ids], dtype=torch.long), embeddings
 
 
-def image_token_count(image: Any, tokenizer: Any, vision: VisionEncoder, family: ImageFamily | str | None = None) -> int:
+def image_token_count(image: Any, tokenizer: Any, vision: VisionEncoder,
+                      family: ImageFamily | str | None = None) -> int:
     """The prompt tokens one image costs on this model: its marker's expansion (tile tags, placeholders,
     the global view) tokenized. engine.vision's encoder lays the image out without running its network
     (cheap enough for a UI to ask on attach); another encoder encodes it (cached for the send)."""

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from app.core.backend import BackendSwitch
-from tests.app.support import loaded_service, loop, run, store, wait_until  # noqa: F401
+from tests.app.support import loaded_service, loop, run, store, tiny_model, wait_until  # noqa: F401
 from tests.app.test_images_pane import SETTINGS, make_pane
 
 pytestmark = pytest.mark.timeout(300)
@@ -57,6 +57,39 @@ def test_a_vision_model_in_the_app_sees_images_and_two_chats_share_the_image_s_p
             await wait_until(lambda: seen.append(sum(service.snapshot()["page_shared"]))
                              or all(p.session.task.done() for p in panes), 120, "both replies")
             assert max(seen) >= 1
+        finally:
+            await service.close()
+
+    run(loop, body())
+
+
+def test_a_vision_model_beside_a_text_model_sees_images_in_its_chats(qtbot, loop, store, tiny_model,
+                                                                     tiny_vlm_folder, tmp_path):  # noqa: F811
+    """Compare mode: the main model reads text only, the model loaded beside it sees images; a chat on the
+    second gets its picture priced and answered, a chat on the main one is refused."""
+    async def body():
+        service = await loaded_service(tiny_model)
+        try:
+            assert await service.load_beside(tiny_vlm_folder)
+            on_vlm = replace(SETTINGS, model=str(tiny_vlm_folder))
+            assert service.sees_images() is False and service.sees_images(on_vlm) is True
+            picture = noisy_picture(tmp_path / "p.png", (64, 64))
+            assert service.image_tokens(Image.open(picture).convert("RGB")) is None
+            cost = service.image_tokens(Image.open(picture).convert("RGB"), on_vlm)
+            assert cost is not None and cost >= 16
+            pane = make_pane(qtbot, store, BackendSwitch(service), "beside")
+            pane.session.set_settings(on_vlm)
+            pane.attachments.add_files([picture])
+            assert pane.attachments.summary.text() == f"1 image attached · {cost} tok"
+            pane.prompt.setPlainText("What is it?")
+            pane.submit()
+            await wait_until(lambda: pane.session.task.done(), 120, "the reply on the model beside")
+            reply = store.messages(pane.session.chat_id)[-1]
+            assert reply.stats.state == "done" and reply.stats.prompt_tokens > cost
+            assert f"prompt incl. 1 image: {cost} tok" in pane.view.toPlainText()
+            main = make_pane(qtbot, store, BackendSwitch(service), "main")
+            main.attachments.add_files([picture])
+            assert "cannot see images" in main.error.text()
         finally:
             await service.close()
 

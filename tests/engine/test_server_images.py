@@ -4,6 +4,7 @@ share the prompt cache's pages for the same image (not for another), equal the e
 in this process, and whose bad images are 400s naming the problem, other requests running on."""
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from PIL import Image
 
 from engine.vision.image_input import data_url
 from tests.engine.test_image_input import huge_png
+from tests.tiny_vlms import write_tiny_vlm_folder
 from tools.processes import free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,20 +94,27 @@ class Served:
         return self.folder.name
 
 
-@pytest.fixture(scope="module")
-def seeing(tiny_vlm_folder):
-    """The tiny VLM served by a real server process: it loads the folder's vision tower at start."""
+@contextlib.contextmanager
+def served_process(folder: Path):
+    """A real `python -m engine serve` process of a model folder; it loads the folder's vision tower at start."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(tiny_vlm_folder),
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(folder),
                              "--port", str(port), "--threads", "1", "--cache-tokens", "2048",
                              "--default-max-tokens", "8"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout=300)
-        yield Served(url, tiny_vlm_folder)
+        yield Served(url, folder)
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def seeing(tiny_vlm_folder):
+    """The tiny SmolVLM served by a real server process."""
+    with served_process(tiny_vlm_folder) as served:
+        yield served
 
 
 def picture(seed: int, size=(100, 70)) -> Image.Image:
@@ -139,8 +148,8 @@ def engine_answer(folder: Path, messages: list[dict], max_tokens: int) -> str:
     return text
 
 
-def ask(client, model: str, image_png: bytes, text: str = "What is in this picture?", **extra):
-    return client.chat.completions.create(model=model, max_tokens=6, temperature=0, messages=[
+def ask(client, model: str, image_png: bytes, text: str = "What is in this picture?", max_tokens: int = 6, **extra):
+    return client.chat.completions.create(model=model, max_tokens=max_tokens, temperature=0, messages=[
         {"role": "user", "content": [{"type": "text", "text": text},
                                      {"type": "image_url", "image_url": {"url": data_url(image_png, "image/png")}}]}],
         **extra)
@@ -236,3 +245,19 @@ def test_bad_images_are_400s_naming_the_problem_and_others_keep_running(seeing):
             {"role": "user", "content": "hi"}])
     runner.join(120)
     assert results and results[0].choices[0].finish_reason in ("length", "stop")
+
+
+def test_gemma3_through_the_server_answers_as_the_engine_does(tmp_path):
+    """A tiny random Gemma 3 VLM served the same way: its greedy answer is the engine's own, and the
+    same picture again is served from the cache's pages."""
+    folder = write_tiny_vlm_folder(tmp_path / "tiny-gemma3", "gemma3")
+    image = picture(9, (80, 50))
+    with served_process(folder) as served:
+        client = served.client()
+        out = ask(client, served.model_name, png_of(image), max_tokens=8)
+        again = ask(client, served.model_name, png_of(image))
+    mine = engine_answer(folder, [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                                               {"type": "image", "image": image}]}], 8)
+    assert out.choices[0].message.content == mine and mine
+    assert out.usage.prompt_tokens > 16  # 16 image tokens and their markers, and the text
+    assert again.usage.prompt_tokens_details.cached_tokens >= out.usage.prompt_tokens - 1

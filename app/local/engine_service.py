@@ -25,6 +25,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
 from app.local.chat_prompt import ChatPrompt, has_images, image_prompt, prompt_text
+from app.local.image_costs import ImageCosts
 from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
@@ -85,6 +86,7 @@ class EngineService(QObject):
         super().__init__(parent)
         self.model = self.tokenizer = self.cache = self.generator = None
         self.vision = None  # the main model's vision encoder (engine.load_vision): it sees images
+        self._image_costs = ImageCosts()  # attached images' prompt tokens, per vision encoder
         self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
         self.info: dict | None = None
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
@@ -244,31 +246,26 @@ class EngineService(QObject):
         """Whether the chat's model sees images (it has a vision encoder); None before any model (unknown yet)."""
         if self.generator is None:
             return None
+        slot = self._beside_of(settings)
+        return slot.vision is not None if slot is not None else bool(self.model_can_see_images)
+
+    def _beside_of(self, settings: ChatSettings | None) -> ModelSlot | None:
         want = settings.model if settings is not None else None
-        if want is not None and want in self.beside and (self.info is None or want != self.info["path"]):
-            return self.beside[want].vision is not None
-        return bool(self.model_can_see_images)
+        return self.beside.get(want) if want is not None and (self.info is None or want != self.info["path"]) else None
 
     def _vision_of(self, settings: ChatSettings | None) -> Any:
         """The vision encoder of the chat's model (None: it reads text only, or it is not loaded)."""
-        want = settings.model if settings is not None else None
-        if want is not None and want in self.beside and (self.info is None or want != self.info["path"]):
-            return self.beside[want].vision
-        return self.vision
+        slot = self._beside_of(settings)
+        return slot.vision if slot is not None else self.vision
 
     def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:  # Backend
         """The prompt tokens an attached image costs on the chat's model, from its vision encoder's layout
         (tiles and global view, with their tags); None where the model has no encoder."""
-        vision = self._vision_of(settings)
         try:
             tokenizer = self._engine_of(settings)[0]
         except ModelNotLoaded:
             return None
-        if vision is None or tokenizer is None:
-            return None
-        import engine
-
-        return engine.image_token_count(image.pil() if hasattr(image, "pil") else image, tokenizer, vision)
+        return self._image_costs.cost(image, tokenizer, self._vision_of(settings))
 
     def set_chat_format(self, choice: str) -> dict:
         """Use another prompt format for the running model from the next reply on (ValueError: unknown or

@@ -215,7 +215,11 @@ class EngineService(QObject):
         if req.draft_model is not None:
             dm = engine.Model.load(req.draft_model)
             draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
-        vision = engine.load_vision(req.path) if req.path is not None else None  # an HF VLM, or mmproj beside a GGUF
+        try:  # an HF VLM's vision tower, or an mmproj beside a GGUF; one that can't load leaves the model text-only
+            vision = engine.load_vision(req.path) if req.path is not None else None
+        except Exception as exc:  # noqa: BLE001 - the language model still serves text
+            log.warning("the vision encoder of %s did not load, the model reads text only: %s", req.path, exc)
+            vision = None
         return model, tokenizer, cache, draft, vision
 
     def _choose_format(self, tokenizer, path: str | None) -> str | None:

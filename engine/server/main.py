@@ -114,7 +114,11 @@ def load_vision_of(path) -> object | None:
         return None
     from ..vision import load_vision
 
-    return load_vision(path)
+    try:
+        return load_vision(path)
+    except Exception as exc:  # noqa: BLE001 - the language model still serves text
+        print(f"the vision encoder did not load, serving text only: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ _EXPORTS = {  # public name -> module that defines it
     "JSONSchemaFilter": ".generator.filters", "RegexFilter": ".generator.filters",
     "DynamicGenerator": ".generator.generator", "DynamicJob": ".generator.job",
     "MMEmbedding": ".generator.embeddings", "encode_with_embeddings": ".generator.embeddings",
-    "image_prompt": ".generator.image_prompt",
+    "image_prompt": ".generator.image_prompt", "image_token_count": ".generator.image_prompt",
+    "load_vision": ".vision",
     "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
     "LoRA": ".model.lora", "LoRASet": ".model.lora",
     "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .generator.filters import ChoiceFilter, Filter, GrammarFilter, JSONSchemaFilter, RegexFilter
     from .generator.generator import DynamicGenerator
     from .generator.embeddings import MMEmbedding, encode_with_embeddings
-    from .generator.image_prompt import image_prompt
+    from .generator.image_prompt import image_prompt, image_token_count
     from .generator.job import DynamicJob
     from .model.chat_format import ChatFormat, chat_format_choices, check_chat_format
     from .model.config import ModelConfig
@@ -44,6 +45,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .model.memory import ModelTooLarge, check_fits, estimate_download, estimate_memory
     from .model.model import Model
     from .model.tokenizer import Tokenizer
+    from .vision import load_vision
 
 
 def __getattr__(name: str):

@@ -36,6 +36,15 @@ def tiny_llama_folder(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_vlm_folder(tmp_path_factory):
+    """One tiny random SmolVLM (Idefics3) folder for the whole run: model, tokenizer with its chat template,
+    image processor config (a real server or the app loads its vision tower)."""
+    from tests.tiny_vlms import write_tiny_vlm_folder
+
+    return write_tiny_vlm_folder(tmp_path_factory.mktemp("tiny-vlm") / "tiny-smolvlm")
+
+
 @pytest.fixture(autouse=True)
 def _private_preferences(tmp_path_factory, monkeypatch):
     """Every test gets its own preferences file (app.preferences.preferences): none reads or writes the user's."""

@@ -78,7 +78,7 @@ def write_vlm_tokenizer(folder: str | Path, special: list[str], template: str) -
     return tok.get_vocab_size()
 
 
-def write_tiny_idefics3(folder: str | Path, seed: int = 0, tie: bool = False):
+def write_tiny_idefics3(folder: str | Path, seed: int = 0, tie: bool = False, **text: object):
     """An Idefics3ForConditionalGeneration (SmolVLM's architecture) folder with a tokenizer that knows the
     image tokens and SmolVLM's chat template; returns (path, the HF model)."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration
@@ -86,7 +86,7 @@ def write_tiny_idefics3(folder: str | Path, seed: int = 0, tie: bool = False):
     folder = Path(folder)
     vocab = write_vlm_tokenizer(folder, IDEFICS3_TOKENS, IDEFICS3_TEMPLATE)
     image_id = default_tokenizer().vocab_size + 1  # "<image>"
-    cfg = Idefics3Config(vision_config=_vision(), text_config=_text(vocab, model_type="llama", tie_word_embeddings=tie),
+    cfg = Idefics3Config(vision_config=_vision(), text_config=_text(vocab, model_type="llama", tie_word_embeddings=tie, **text),
                          scale_factor=2, image_token_id=image_id, tie_word_embeddings=tie)
     model = Idefics3ForConditionalGeneration(cfg).eval()
     _spread(model, False, seed)
@@ -138,3 +138,22 @@ def gemma3_features(model, pixel_values: torch.Tensor) -> torch.Tensor:
     out = model.get_image_features(pixel_values=pixel_values)
     feats = out.pooler_output if hasattr(out, "pooler_output") else out
     return feats.reshape(-1, feats.shape[-1])
+
+
+def write_tiny_vlm_folder(folder: str | Path, kind: str = "idefics3", seed: int = 0, split: bool = True) -> Path:
+    """A whole tiny VLM folder a real `python -m engine serve` or the app loads: the model, its tokenizer
+    and its image processor's preprocessor_config.json (small sizes: Idefics3 scales an image to 256 px and
+    splits it into 64 px tiles plus the global view; Gemma 3 reads 64 x 64)."""
+    from transformers import Gemma3ImageProcessorPil, Idefics3ImageProcessorPil
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "idefics3":
+        write_tiny_idefics3(folder, seed, max_position_embeddings=2048)  # room for a few 256 px images
+        processor = Idefics3ImageProcessorPil(size={"longest_edge": 4 * IMAGE_SIZE},
+                                              max_image_size={"longest_edge": IMAGE_SIZE}, do_image_splitting=split)
+    else:
+        write_tiny_gemma3_vlm(folder, seed)
+        processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+    processor.save_pretrained(folder)
+    return folder

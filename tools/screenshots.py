@@ -18,7 +18,8 @@ chat template: the chat and the Model tab name the fallback format the model's v
 batch-run.png (`--batch-only`) is the Batch tab running a template over twelve product reviews.
 app-image-chat.png (`--images-only`) is a chat with images on the default (text-only) model: a stored
 picture shown as a thumbnail with the model's real reply (it was told the image is not shown to it),
-a new picture attached in the tray, and the clear refusal when it is sent.
+a new picture attached in the tray, and the clear refusal when it is sent; `--images-only` also writes
+app-image-shared-pages.png (tools.screenshot_images): two chats on one picture sharing its pages.
 """
 from __future__ import annotations
 
@@ -394,7 +395,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-only", action="store_true",
                         help="only batch-run.png: the Batch tab mid-run (needs the model)")
     parser.add_argument("--images-only", action="store_true",
-                        help="only app-image-chat.png: a chat with attached images (needs the model)")
+                        help="only app-image-chat.png (a chat with attached images on the text-only default model) "
+                             "and app-image-shared-pages.png (two chats on the same picture, a vision model)")
+    parser.add_argument("--vlm", type=Path, metavar="FOLDER",
+                        help="the vision model of app-image-shared-pages.png (default: a tiny random SmolVLM)")
     parser.add_argument("--size", default="1920x1080", help="window size WxH (the screen it is shown for)")
     parser.add_argument("--theme", choices=("light", "dark"), default="light",
                         help="the app's theme for the main-window shots (dark ones are named ...-dark-N.png)")
@@ -424,7 +428,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.format_only:
                 saved += loop.run_until_complete(_prompt_format_chat(args.outdir, args.seconds, Path(data_dir)))
             elif args.images_only:
+                from tools.screenshot_images import image_shared_pages
+
                 saved += loop.run_until_complete(_image_chat(args.outdir, args.seconds, Path(data_dir) / "images"))
+                saved += loop.run_until_complete(image_shared_pages(
+                    args.outdir, args.seconds, Path(data_dir) / "vlm", _demo_picture(320, 320), args.vlm))
             elif args.batch_only:
                 saved += loop.run_until_complete(_batch_run(args.outdir, args.seconds, Path(data_dir) / "batch"))
             else:

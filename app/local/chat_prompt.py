@@ -15,6 +15,7 @@ import re
 from typing import Any
 from weakref import WeakKeyDictionary
 
+from app.core.images import engine_messages
 from app.core.store import ChatSettings
 from engine.chat import render_kwargs, supports_thinking_switch, template_messages, tool_call_format
 
@@ -32,6 +33,33 @@ def prompt_text(tokenizer: Any, history: list[dict], settings: ChatSettings, too
     messages = template_messages(messages, template, tool_call_format(template), tools)
     extra = render_kwargs(tools, template, enable_thinking=settings.thinking if supports_thinking_switch(template) else None)
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra) + (partial or "")
+
+
+def has_images(history: list[dict]) -> bool:
+    """Whether a history entry carries attached images (app.core.images.with_images)."""
+    return any(entry.get("images") for entry in history)
+
+
+def image_prompt(tokenizer: Any, vision: Any, history: list[dict], settings: ChatSettings,
+                 tools: list[dict] | None = None) -> tuple[Any, list]:
+    """((1, n) ids, the images' embeddings) of a history whose user entries carry images, for a job with
+    embeddings: the same messages prompt_text renders (system prompt, tools, thinking switch), the images
+    as engine parts (engine_messages), encoded by the model's vision encoder in engine.image_prompt."""
+    import engine
+
+    partial = history[-1]["content"] if history and history[-1]["role"] == "assistant" else None
+    if partial is not None:
+        history = history[:-1]
+    messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) \
+        + engine_messages(history)
+    template = tokenizer.chat_template
+    messages = template_messages(messages, template, tool_call_format(template), tools)
+    thinking = settings.thinking if supports_thinking_switch(template) else None
+    extra = render_kwargs(tools, template, enable_thinking=thinking)
+    ids, embeddings = engine.image_prompt(messages, tokenizer, vision, **extra)
+    if partial:
+        ids = ids.new_tensor([ids[0].tolist() + encode(tokenizer, partial)[0].tolist()])
+    return ids, embeddings
 
 
 def encode(tokenizer: Any, text: str):

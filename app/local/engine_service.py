@@ -24,7 +24,8 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
-from app.local.chat_prompt import ChatPrompt, prompt_text
+from app.local.chat_prompt import ChatPrompt, has_images, image_prompt, prompt_text
+from app.local.image_costs import ImageCosts
 from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
@@ -84,6 +85,8 @@ class EngineService(QObject):
     def __init__(self, parent: QObject | None = None, metrics_interval_ms: int = 100):
         super().__init__(parent)
         self.model = self.tokenizer = self.cache = self.generator = None
+        self.vision = None  # the main model's vision encoder (engine.load_vision): it sees images
+        self._image_costs = ImageCosts()  # attached images' prompt tokens, per vision encoder
         self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
         self.info: dict | None = None
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
@@ -150,7 +153,7 @@ class EngineService(QObject):
                 loop.call_soon_threadsafe(self.load_stage.emit, text)
 
             t0 = time.perf_counter()
-            model, tokenizer, cache, draft = await asyncio.to_thread(self._build, req, progress, stage)
+            model, tokenizer, cache, draft, vision = await asyncio.to_thread(self._build, req, progress, stage)
             self._format_problem = self._choose_format(tokenizer, req.path)
             import engine
 
@@ -169,6 +172,7 @@ class EngineService(QObject):
             return False
         await self._retire()
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
+        self.vision, self.model_can_see_images = vision, vision is not None
         self._prompt = None  # a prompt encoded by the previous tokenizer
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
@@ -211,7 +215,12 @@ class EngineService(QObject):
         if req.draft_model is not None:
             dm = engine.Model.load(req.draft_model)
             draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
-        return model, tokenizer, cache, draft
+        try:  # an HF VLM's vision tower, or an mmproj beside a GGUF; one that can't load leaves the model text-only
+            vision = engine.load_vision(req.path) if req.path is not None else None
+        except Exception as exc:  # noqa: BLE001 - the language model still serves text
+            log.warning("the vision encoder of %s did not load, the model reads text only: %s", req.path, exc)
+            vision = None
+        return model, tokenizer, cache, draft, vision
 
     def _choose_format(self, tokenizer, path: str | None) -> str | None:
         """Apply the prompt format remembered for this model; a choice that no longer works (a custom file
@@ -235,15 +244,32 @@ class EngineService(QObject):
     def prompt_format(self) -> dict | None:  # Backend
         return self.chat_format_info()
 
-    model_can_see_images = False  # a vision model (an mmproj beside it) sets this when it loads
+    model_can_see_images = False  # set when the main model loads with a vision encoder (HF VLM, or mmproj beside it)
 
     def sees_images(self, settings: ChatSettings | None = None) -> bool | None:  # Backend
-        """False until a model that sees images is loaded; None before any model (unknown yet)."""
-        return bool(self.model_can_see_images) if self.generator is not None else None
+        """Whether the chat's model sees images (it has a vision encoder); None before any model (unknown yet)."""
+        if self.generator is None:
+            return None
+        slot = self._beside_of(settings)
+        return slot.vision is not None if slot is not None else bool(self.model_can_see_images)
+
+    def _beside_of(self, settings: ChatSettings | None) -> ModelSlot | None:
+        want = settings.model if settings is not None else None
+        return self.beside.get(want) if want is not None and (self.info is None or want != self.info["path"]) else None
+
+    def _vision_of(self, settings: ChatSettings | None) -> Any:
+        """The vision encoder of the chat's model (None: it reads text only, or it is not loaded)."""
+        slot = self._beside_of(settings)
+        return slot.vision if slot is not None else self.vision
 
     def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:  # Backend
-        """Unknown until the vision encoder says what an image costs."""
-        return None
+        """The prompt tokens an attached image costs on the chat's model, from its vision encoder's layout
+        (tiles and global view, with their tags); None where the model has no encoder."""
+        try:
+            tokenizer = self._engine_of(settings)[0]
+        except ModelNotLoaded:
+            return None
+        return self._image_costs.cost(image, tokenizer, self._vision_of(settings))
 
     def set_chat_format(self, choice: str) -> dict:
         """Use another prompt format for the running model from the next reply on (ValueError: unknown or
@@ -318,7 +344,7 @@ class EngineService(QObject):
         self._loading_beside = True
         try:
             req = LoadRequest.from_dict({"path": path, "cache_tokens": cache_tokens or self.request["cache_tokens"]})
-            model, tokenizer, cache, _ = await asyncio.to_thread(self._build, req, lambda _f: None)
+            model, tokenizer, cache, _, vision = await asyncio.to_thread(self._build, req, lambda _f: None)
             import engine
 
             generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
@@ -331,7 +357,7 @@ class EngineService(QObject):
             self._loading_beside = False
         info = {"name": model.name, "path": path, "params": model.num_parameters(), "cache_tokens": cache.max_tokens,
                 "pages": cache.num_pages, "memory_bytes": model.memory_bytes() + cache.memory_bytes()}
-        self.beside[path] = ModelSlot(path, tokenizer, cache, generator, info)
+        self.beside[path] = ModelSlot(path, tokenizer, cache, generator, info, vision)
         self.models_changed.emit(self.models())
         return True
 
@@ -371,9 +397,21 @@ class EngineService(QObject):
         The last history encoded is kept (app.local.chat_prompt): fitting a chat into the context asks
         for that history less its oldest turns, and the job for the one it kept, and those ids are cut
         from it, so a send tokenizes its prompt once."""
+        return self._prompt_of(history, settings, tools)[0]
+
+    def _prompt_of(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
+        """(ids, image embeddings or None): a history with images on a model that sees them goes through
+        its vision encoder (engine.image_prompt); otherwise the text prompt (images ignored: with_images
+        already turned them into notes for a text-only model)."""
         tokenizer = self._engine_of(settings)[0]
         if tokenizer is None:
             raise RuntimeError("no model is loaded yet")
+        vision = self._vision_of(settings)
+        if vision is not None and has_images(history):
+            return image_prompt(tokenizer, vision, history, settings, tools)
+        return self._text_ids(tokenizer, history, settings, tools), None
+
+    def _text_ids(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None):
         last = self._prompt
         if last is not None and last.tokenizer is tokenizer:
             ids = last.ids_of(history, settings, tools)
@@ -428,7 +466,7 @@ class EngineService(QObject):
         import engine
 
         tokenizer, generator = self._engine_of(settings)
-        ids = self.prompt_ids(history, settings, tools)
+        ids, embeddings = self._prompt_of(history, settings, tools)
         stops = sorted(tokenizer.stop_token_ids) + list(settings.stop_strings)
         gen_settings = settings.sampler_settings()
 
@@ -437,7 +475,7 @@ class EngineService(QObject):
         job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
             generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
             seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
-            stop_on_loops=settings.stop_on_loops,
+            stop_on_loops=settings.stop_on_loops, **({"embeddings": embeddings} if embeddings else {}),
         )
         self._jobs[identifier] = job
         return job, ids.shape[-1]

@@ -26,6 +26,7 @@ class ModelSlot:
     cache: Any
     generator: Any
     info: dict
+    vision: Any = None  # the model's vision encoder (engine.load_vision), None: it reads text only
 
     @property
     def name(self) -> str:

@@ -78,7 +78,7 @@ class LocalServer(QObject):
         from engine.server import ServedModel
         from engine.server.main import model_id
 
-        self.server.served = ServedModel(s.generator, s.tokenizer, model_id(s.model))
+        self.server.served = ServedModel(s.generator, s.tokenizer, model_id(s.model), vision=getattr(s, "vision", None))
 
 
 class ServerPanel(QWidget):

@@ -161,3 +161,18 @@ def image_prompt(messages: list[dict], tokenizer: Any, vision: VisionEncoder, fa
     ids = fill_image_tokens(ids, image_token_id if image_token_id is not None else -1,
                             [e.token_ids for e in embeddings])
     return torch.tensor([ids], dtype=torch.long), embeddings
+
+
+def image_token_count(image: Any, tokenizer: Any, vision: VisionEncoder,
+                      family: ImageFamily | str | None = None) -> int:
+    """The prompt tokens one image costs on this model: its marker's expansion (tile tags, placeholders,
+    the global view) tokenized. engine.vision's encoder lays the image out without running its network
+    (cheap enough for a UI to ask on attach); another encoder encodes it (cached for the send)."""
+    if not isinstance(family, ImageFamily):
+        family = image_family(family or getattr(vision, "kind", None) or getattr(tokenizer, "arch", None))
+    if hasattr(vision, "preprocess") and hasattr(vision, "tokens_per_tile"):
+        _, segments = vision.preprocess(image)
+        text = "".join(before + vision.placeholder * vision.tokens_per_tile + after for before, after in segments)
+    else:
+        text = image_embedding(image, vision, family)[1]
+    return int(tokenizer.encode(text, encode_special_tokens=True).shape[-1])

@@ -211,7 +211,9 @@ class OpenAIServer:
         body = await _json_body(request)
         images = await load_request_images(body, served, allow_remote=self.allow_remote_images,
                                            limits=self.image_limits) if kind == "chat" else None
-        req = parse_request(kind, body, served, self.default_max_tokens, images)
+        # with images the vision encoder runs in parse_request: off the event loop, so other streams go on
+        req = (await asyncio.to_thread(parse_request, kind, body, served, self.default_max_tokens, images) if images
+               else parse_request(kind, body, served, self.default_max_tokens, images))
         builders = ResponseBuilder.choices(req, request_id(kind), served.tokenizer)
         self.requests_total += 1
         self.requests_running += 1

@@ -74,6 +74,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         torch.set_num_threads(args.threads)
     model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
     tokenizer = Tokenizer.load(args.model)
+    vision = await asyncio.to_thread(load_vision_of, args.model)  # None: a text-only model
     chat_format = tokenizer.set_chat_format(args.chat_template)
     cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)
     generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
@@ -81,12 +82,13 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         for name, path in loras.items():
             await generator.load_lora(path, name)
         await generator.run_on_worker(lambda g: g.warmup())
-        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model))
+        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model), vision=vision)
         server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens,
                               allow_remote_images=getattr(args, "allow_remote_images", False))
         url = await server.start(args.host, args.port)
         print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"
               + f" · prompt format: {chat_format.label}"
+              + (f" · sees images ({vision.kind})" if vision is not None else "")
               + (" · API key required" if args.api_key else ""), file=sys.stderr, flush=True)
         if ready is not None:
             ready(url)
@@ -103,6 +105,20 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
             await server.stop()
     finally:
         await generator.close()
+
+
+def load_vision_of(path) -> object | None:
+    """The model's vision encoder (an HF VLM folder's vision tower, or an mmproj GGUF beside the model
+    GGUF), or None: no model path (the embedded default) or a text-only model."""
+    if not path:
+        return None
+    from ..vision import load_vision
+
+    try:
+        return load_vision(path)
+    except Exception as exc:  # noqa: BLE001 - the language model still serves text
+        print(f"the vision encoder did not load, serving text only: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

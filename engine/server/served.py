@@ -24,12 +24,39 @@ class ServedModel:
     name: str
     created: int = field(default_factory=lambda: int(time.time()))
     can_see_images: bool = False  # a vision model: chat requests may hold image_url parts
+    vision: Any = None  # engine.vision.VisionEncoder of the model (engine.vision.load_vision), or None
+
+    def __post_init__(self) -> None:
+        if self.vision is not None:
+            self.can_see_images = True
 
     def encode_chat(self, messages: list[dict], plan: Any) -> tuple[Any, Any]:
         """(prompt ids, image embeddings) of chat messages holding {"type": "image", "image": PIL image}
-        parts; only a model that can see images has it (server/image_requests refuses images otherwise)."""
-        raise ApiError(400, f"this model cannot see images: {self.name} reads text only", "messages",
-                       "model_cannot_see_images")
+        parts; only a model that can see images has it (server/image_requests refuses images otherwise).
+        The model's own template renders them as the text path does (tools, chat_template_kwargs,
+        tool-call history made renderable), then engine.image_prompt expands and fills the images."""
+        if self.vision is None:
+            raise ApiError(400, f"this model cannot see images: {self.name} reads text only", "messages",
+                           "model_cannot_see_images")
+        from ..chat import render_kwargs, split_images, starts_in_reasoning, template_messages, tool_call_format
+        from ..generator.image_prompt import image_prompt
+
+        template = self.tokenizer.chat_template
+        fmt = (plan.tool_format if plan is not None else None) or tool_call_format(template)
+        tools = plan.tools if plan is not None else None
+        prepared = template_messages(messages, template, fmt, tools)
+        kwargs = render_kwargs(tools, template, **(plan.template_kwargs if plan is not None else {}))
+        try:
+            if plan is not None and plan.markers is not None:
+                text = self.tokenizer.apply_chat_template(split_images(prepared)[0], add_generation_prompt=True,
+                                                          **kwargs)
+                plan.in_reasoning = starts_in_reasoning(text, plan.markers)
+            return image_prompt(prepared, self.tokenizer, self.vision, **kwargs)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - jinja2 raise_exception(), an image the encoder refuses, ...
+            raise ApiError(400, f"the model's chat template or vision encoder rejected the messages: {exc}",
+                           "messages") from None
 
     @property
     def max_seq_len(self) -> int:

@@ -1,21 +1,24 @@
-"""Image parts over real HTTP with the official openai client: a text-only model's clear 400 from a real
-`python -m engine serve` process, and the bad-image 400s of a model that sees images (the served model's
-encode_chat hook gets the decoded PIL images), other requests running on through both."""
+"""Image parts over real HTTP with the official openai client and real `python -m engine serve` processes:
+a text-only model's clear 400; a tiny random SmolVLM folder served with its vision tower, whose answers
+share the prompt cache's pages for the same image (not for another), equal the engine's own greedy answer
+in this process, and whose bad images are 400s naming the problem, other requests running on."""
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 from PIL import Image
 
 from engine.vision.image_input import data_url
 from tests.engine.test_image_input import huge_png
-from tests.server_support import ServerThread
+from tests.tiny_vlms import write_tiny_vlm_folder
 from tools.processes import free_port, stop, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,47 +80,139 @@ def test_openapi_describes_image_parts(serve):
     assert '"const": "image_url"' in text and "model_cannot_see_images" in text and "--allow-remote-images" in text
 
 
+class Served:
+    """A real `python -m engine serve` process of a vision model."""
+
+    def __init__(self, url: str, folder: Path):
+        self.url, self.folder = url, folder
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    @property
+    def model_name(self) -> str:
+        return self.folder.name
+
+
+@contextlib.contextmanager
+def served_process(folder: Path):
+    """A real `python -m engine serve` process of a model folder; it loads the folder's vision tower at start."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(folder),
+                             "--port", str(port), "--threads", "1", "--cache-tokens", "2048",
+                             "--default-max-tokens", "8"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, timeout=300)
+        yield Served(url, folder)
+    finally:
+        stop(proc)
+
+
 @pytest.fixture(scope="module")
-def seeing(tiny_llama_folder):
-    """A served model that sees images, standing in for a vision model: its encode_chat (the hook the
-    vision engine fills) records the images it is handed and encodes the text parts with the real tokenizer."""
-    with ServerThread(tiny_llama_folder) as s:
-        served, seen = s.served, []
+def seeing(tiny_vlm_folder):
+    """The tiny SmolVLM served by a real server process."""
+    with served_process(tiny_vlm_folder) as served:
+        yield served
 
-        def encode_chat(messages, plan):
-            seen.append([p["image"] for m in messages if isinstance(m["content"], list)
-                         for p in m["content"] if p["type"] == "image"])
-            text = " ".join(p.get("text", "") if isinstance(m["content"], list) else m["content"]
-                            for m in messages for p in (m["content"] if isinstance(m["content"], list) else [{}]))
-            return served.tokenizer.encode(text or "x"), None
 
-        served.can_see_images = True
-        served.encode_chat = encode_chat
-        s.seen = seen
-        yield s
+def picture(seed: int, size=(100, 70)) -> Image.Image:
+    """A noisy RGB picture (a flat one would give every tile the same features)."""
+    g = np.random.default_rng(seed)
+    return Image.fromarray(g.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8), "RGB")
+
+
+def png_of(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def engine_answer(folder: Path, messages: list[dict], max_tokens: int) -> str:
+    """The engine's own greedy answer in this process: image_prompt over the model's template, then a
+    DynamicJob with the embeddings, stopping where the server stops."""
+    from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer, image_prompt
+    from engine.vision import load_vision
+
+    model, tok = Model.load(folder), Tokenizer.load(folder)
+    ids, embeddings = image_prompt(messages, tok, load_vision(folder))
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=1024, page_size=256), tok)
+    gen.enqueue(DynamicJob(ids, max_tokens, gen_settings=SamplerSettings.greedy(), embeddings=embeddings,
+                           stop_conditions=sorted(tok.stop_token_ids)))
+    text = ""
+    while gen.num_remaining_jobs():
+        for r in gen.iterate():
+            if r["stage"] == "streaming":
+                text += r.get("text", "")
+    return text
+
+
+def ask(client, model: str, image_png: bytes, text: str = "What is in this picture?", max_tokens: int = 6, **extra):
+    return client.chat.completions.create(model=model, max_tokens=max_tokens, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "text", "text": text},
+                                     {"type": "image_url", "image_url": {"url": data_url(image_png, "image/png")}}]}],
+        **extra)
+
+
+def test_a_vision_model_answers_and_shares_pages_of_the_same_image(seeing):
+    client, model = seeing.client(), seeing.model_name
+    assert client.models.list().data[0].id == model
+    a, b = png_of(picture(1)), png_of(picture(2))
+    first = ask(client, model, a)
+    assert first.choices[0].finish_reason in ("length", "stop") and first.choices[0].message.role == "assistant"
+    n = first.usage.prompt_tokens
+    assert n > 13 * 16  # 100 x 70 px scaled to 256 x 179: 4 x 3 tiles of 64 px and the global view, 16 tokens each
+    again = ask(client, model, a)
+    assert again.usage.prompt_tokens == n
+    assert again.usage.prompt_tokens_details.cached_tokens >= n - 1  # all of it but the token fed for logits
+    assert again.choices[0].message.content == first.choices[0].message.content
+    other = ask(client, model, b)
+    assert other.usage.prompt_tokens == n  # the same layout
+    before_image = len(seeing_prefix(seeing.folder, picture(2)))
+    assert 0 < other.usage.prompt_tokens_details.cached_tokens <= before_image  # the text before it, not the image
+
+
+def seeing_prefix(folder: Path, image: Image.Image) -> list[int]:
+    """The test question's prompt ids before the image's first placeholder (what two images may share:
+    the template's text and the tile's row/column tag)."""
+    from engine import Tokenizer, image_prompt
+    from engine.vision import load_vision
+
+    ids, (embedding,) = image_prompt([{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"}, {"type": "image", "image": image}]}],
+        Tokenizer.load(folder), load_vision(folder), cache=None)
+    ids = ids[0].tolist()
+    return ids[: ids.index(embedding.token_ids[0])]
+
+
+def test_greedy_answer_through_the_server_equals_the_engine_s_own(seeing):
+    """Two images (a PNG and an animated GIF: its first frame) and a system prompt: the server's greedy
+    reply is the engine's own for the same decoded images."""
+    client, model = seeing.client(), seeing.model_name
+    gif = io.BytesIO()
+    frames = [picture(5, (90, 60)), picture(6, (90, 60))]
+    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:], duration=50)
+    png = png_of(picture(4, (40, 30)))
+    out = client.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": "You see images."},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png, "image/png")}},
+                                     {"type": "text", "text": "and"},
+                                     {"type": "image_url", "image_url": {"url": data_url(gif.getvalue(), "image/gif"),
+                                                                         "detail": "high"}}]}])
+    from engine.vision.image_input import decode_image
+
+    mine = engine_answer(seeing.folder, [
+        {"role": "system", "content": "You see images."},
+        {"role": "user", "content": [{"type": "image", "image": decode_image(png)}, {"type": "text", "text": "and"},
+                                     {"type": "image", "image": decode_image(gif.getvalue())}]}], 8)
+    assert out.choices[0].message.content == mine and mine
 
 
 def bad_request(client, model, url) -> dict:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=model, max_tokens=4, messages=[image_message(url)])
     return info.value.body
-
-
-def test_images_reach_the_engine_decoded(seeing):
-    client = seeing.client()
-    gif = io.BytesIO()
-    frames = [Image.new("RGB", (8, 8), c) for c in ((255, 0, 0), (0, 0, 255))]
-    frames[0].save(gif, "GIF", save_all=True, append_images=frames[1:], duration=50)
-    out = client.chat.completions.create(model=seeing.model_name, max_tokens=3, messages=[
-        {"role": "system", "content": "You see images."},
-        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(png((40, 30)), "image/png")}},
-                                     {"type": "text", "text": "and"},
-                                     {"type": "image_url", "image_url": {"url": data_url(gif.getvalue(), "image/gif"),
-                                                                         "detail": "high"}}]}])
-    assert out.choices[0].finish_reason in ("length", "stop")
-    images = seeing.seen[-1]
-    assert [im.size for im in images] == [(40, 30), (8, 8)] and all(im.mode == "RGB" for im in images)
-    assert images[0].getpixel((1, 1)) == (10, 200, 30) and images[1].getpixel((1, 1)) == (255, 0, 0)
 
 
 def test_bad_images_are_400s_naming_the_problem_and_others_keep_running(seeing):
@@ -150,3 +245,19 @@ def test_bad_images_are_400s_naming_the_problem_and_others_keep_running(seeing):
             {"role": "user", "content": "hi"}])
     runner.join(120)
     assert results and results[0].choices[0].finish_reason in ("length", "stop")
+
+
+def test_gemma3_through_the_server_answers_as_the_engine_does(tmp_path):
+    """A tiny random Gemma 3 VLM served the same way: its greedy answer is the engine's own, and the
+    same picture again is served from the cache's pages."""
+    folder = write_tiny_vlm_folder(tmp_path / "tiny-gemma3", "gemma3")
+    image = picture(9, (80, 50))
+    with served_process(folder) as served:
+        client = served.client()
+        out = ask(client, served.model_name, png_of(image), max_tokens=8)
+        again = ask(client, served.model_name, png_of(image))
+    mine = engine_answer(folder, [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                                               {"type": "image", "image": image}]}], 8)
+    assert out.choices[0].message.content == mine and mine
+    assert out.usage.prompt_tokens > 16  # 16 image tokens and their markers, and the text
+    assert again.usage.prompt_tokens_details.cached_tokens >= out.usage.prompt_tokens - 1

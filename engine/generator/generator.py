@@ -24,6 +24,7 @@ from ..model.model import Model
 from ..sampling.draw import draw_cfg, draw_verified
 from ..sampling.pool import SamplingPool
 from .adapters import Adapters
+from .heap_trim import HeapTrim
 from .job import DynamicJob, JobContext
 from .metrics import GeneratorMetrics
 from .prefill_sharing import follows_prefill
@@ -106,6 +107,7 @@ class DynamicGenerator:
         self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self._serials = itertools.count()
+        self.heap = HeapTrim()  # freed step temporaries back to the OS now and then (a long run's RSS stays flat)
         for c in (cache, draft_cache):  # last: a generator that fails to build claims nothing
             if c is not None:
                 c.claimed = True
@@ -178,8 +180,10 @@ class DynamicGenerator:
         self.counters.record_step(len(plan), n_prefill, n_tokens - n_prefill, elapsed, elapsed - t_forward)
         if self.step_budget is not None:
             self.step_budget.record(n_prefill, n_tokens - n_prefill, elapsed)
-        if not self.active and not self.pending:
+        idle = not self.active and not self.pending
+        if idle:
             self.defrag_cache()
+        self.heap.after_step(idle)
         return results
 
     def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:

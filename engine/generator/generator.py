@@ -36,6 +36,17 @@ if TYPE_CHECKING:
     from ..model.tokenizer import Tokenizer
 
 
+def page_copier(*caches: PagedCache | None):
+    """copy_fn for the page table: partial-page reuse copies a page's K/V in every cache (main and draft)."""
+    live = [c for c in caches if c is not None]
+
+    def copy_page(src: int, dst: int, n: int) -> None:
+        for cache in live:
+            cache.copy_page(src, dst, n)
+
+    return copy_page
+
+
 class DynamicGenerator:
     def __init__(
         self,
@@ -95,7 +106,10 @@ class DynamicGenerator:
         self.filter_background_eval = filter_background_eval
         self.vocab_size = min(model.vocab_size, tokenizer.vocab_size)
         self.draft_cache = draft_cache
-        self.pagetable = PageTable(cache.num_pages, cache.page_size, self._copy_page)
+        # A function of the caches, not a bound method: the table then holds no reference back to the
+        # generator, whose model and cache go at once when the last reference to it does (a reload frees the
+        # old model then, not at some later full garbage collection).
+        self.pagetable = PageTable(cache.num_pages, cache.page_size, page_copier(cache, draft_cache))
         self.drafter = ModelDrafter(draft_model, draft_cache, self.pagetable) if draft_model is not None else None
         self.use_ngram_draft = use_ngram_draft
         self.max_draft_batch_size = max_draft_batch_size
@@ -364,9 +378,7 @@ class DynamicGenerator:
             self.pagetable.apply_order(order)
 
     def _copy_page(self, src: int, dst: int, n: int) -> None:
-        for cache in (self.cache, self.draft_cache):
-            if cache is not None:
-                cache.copy_page(src, dst, n)
+        self.pagetable.copy_fn(src, dst, n)
 
     def reset_page_table(self) -> None:
         """Forget the prompt cache."""

@@ -23,7 +23,7 @@ from ..model.weights import release_freed_memory
 class HeapTrim:
     def __init__(self, idle_period: float = 2.0, busy_period: float = 15.0, clock=time.monotonic):
         self.idle_period, self.busy_period, self.clock = idle_period, busy_period, clock
-        self.last = clock()
+        self.last = float("-inf")  # the first drain trims (e.g. a reload just freed the old model)
         self.trims = 0
 
     def after_step(self, idle: bool) -> bool:

@@ -132,8 +132,9 @@ def test_load_while_replies_run_asks_first(qtbot, loop, store, tiny_model):
 
 def test_a_reload_lets_the_old_model_and_cache_go(qtbot, loop, store, tiny_model):
     """After what a long session does (replies in tiles and tabs, a regenerate, a branch opened and deleted, a
-    reply through a remote server) and a reload, nothing holds the previous Model, PagedCache or generator:
-    weak references to them die at the next collection, so their memory can come back."""
+    reply through a remote server) and a reload, nothing holds the previous Model, PagedCache, generator or
+    tokenizer, and no reference cycle does either: they go when the new model replaces them (weak references
+    die with the garbage collector off), so their memory comes back at once."""
     import gc
     import weakref
 
@@ -162,16 +163,20 @@ def test_a_reload_lets_the_old_model_and_cache_go(qtbot, loop, store, tiny_model
         await asyncio.sleep(0.3)  # metrics snapshots reach the dashboard and the page map
         old = {type(o).__name__: weakref.ref(o) for o in (service.model, service.cache, service.generator,
                                                           service.generator._generator, service.tokenizer)}
-        assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
-        panes[1].send("and on the new model")
-        await wait_until(lambda: not panes[1].session.running, 60, "a reply on the new model")
-        await asyncio.sleep(0.3)
-        for _ in range(3):
-            gc.collect()
-            await asyncio.sleep(0.05)  # deleteLater()s and queued signals run
-        alive = {name: ref() for name, ref in old.items() if ref() is not None}
+        gc.disable()  # they must go by reference counting at the swap, not at some later full collection
+        try:
+            assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+            panes[1].send("and on the new model")
+            await wait_until(lambda: not panes[1].session.running, 60, "a reply on the new model")
+            await asyncio.sleep(0.3)  # deleteLater()s and queued signals run
+            alive = {name: ref() for name, ref in old.items() if ref() is not None}
+        finally:
+            gc.enable()
         holders = {name: sorted({type(h).__name__ for h in gc.get_referrers(obj)}) for name, obj in alive.items()}
-        assert not alive, f"still alive after the reload: {holders}"
+        del alive
+        gc.collect()
+        kept = [name for name, ref in old.items() if ref() is not None]
+        assert not holders, f"still alive after the reload: {holders}; after a full collection: {kept}"
         await service.close()
 
     with ServerThread(tiny_model, cache_tokens=2048) as remote:

@@ -55,17 +55,23 @@ def _self_rss() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def test_a_dry_job_does_not_keep_its_tokenizer_alive(tiny_llama_folder):
+def test_a_dropped_generator_lets_its_model_cache_and_tokenizer_go_at_once(tiny_llama_folder):
     """DRY's sequence breakers are strings mapped to token ids once per tokenizer; that cache held the
-    tokenizer itself (an lru_cache of 16), so each model reload in the app left one more tokenizer behind."""
+    tokenizer itself (an lru_cache of 16), so each model reload in the app left one more tokenizer behind.
+    And the page table held the generator (a bound method), a cycle that kept the model and the cache until
+    a full garbage collection: with the collector off, everything must go with the last reference."""
     model, tokenizer = Model.load(tiny_llama_folder), Tokenizer.load(tiny_llama_folder)
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=256, page_size=16), tokenizer)
     dry = SamplerSettings(dry_multiplier=0.8, xtc_probability=0.5, xtc_threshold=0.1)
     assert gen.generate("a b a b a b", max_new_tokens=4, gen_settings=dry, seed=1, completion_only=True) is not None
-    ref = weakref.ref(tokenizer)
-    del gen, tokenizer
-    gc.collect()
-    assert ref() is None, f"the tokenizer is still held by {[type(r).__name__ for r in gc.get_referrers(ref())]}"
+    refs = {type(o).__name__: weakref.ref(o) for o in (gen, model, gen.cache, tokenizer)}
+    gc.disable()
+    try:
+        del gen, model, tokenizer
+        alive = [name for name, ref in refs.items() if ref() is not None]
+    finally:
+        gc.enable()
+    assert not alive, f"still alive without a collection: {alive}"
 
 
 def test_heap_freed_during_steps_goes_back_to_the_os_when_the_queue_drains(tiny_llama_folder):

@@ -24,6 +24,7 @@ from tests.server_support import ServerThread
 
 REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
 FULL = "PAGEDECK_SOAK_REPLIES" in os.environ
+RELOAD_EVERY = int(os.environ.get("PAGEDECK_SOAK_RELOAD_EVERY", "150"))  # a shorter run can reload more often
 FRAME_MS = 1000 / 60
 PROMPTS = ["Say hi.", "Name a colour.", "Count to three.", "One word for happy?", "What is 2+2?",
            "Name a fruit.", "Say goodbye.", "A short greeting, please."]
@@ -82,8 +83,8 @@ async def session(window, remote_url: str, replies: int) -> dict:
     probe = StallProbe()
     samples, warm_at = [], max(8, replies // 4)
     # A reload before warm-up (its one-time cost is not judged); the long run reloads every 150 replies after
-    # it as well, and each must cost nothing more (measured: 50-150 MB per reload so far, see the README)
-    reload_at = {warm_at // 2} | set(range(150, replies, 150))
+    # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
+    reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))
     for i in range(replies):
         pane = panes[i % 8]
         if i % 5 == 0:  # tiles of 2-4 and tabs, taking turns, the current chat changing
@@ -105,12 +106,15 @@ async def session(window, remote_url: str, replies: int) -> dict:
             await asyncio.sleep(0)
             window.chat_list.delete([branch_id])
         if i + 1 == warm_at or (i + 1) % max(10, replies // 10) == 0 or i + 1 == replies:
+            window.chats.set_view("tabs")  # counted in one view: tiles show more widgets than tabs, by design
+            await asyncio.sleep(0)
             gc.collect()
             await asyncio.sleep(0.05)  # deleteLater()s run
             samples.append((i + 1, round(rss_mb(), 1), live_qt_objects(window)))
     probe.timer.stop()
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
     return {"replies": replies, "samples (replies, RSS MB, Qt objects)": samples, "warm_at": warm_at,
+            "reloads_at": sorted(reload_at),
             "stall_p99_ms": round(probe.p99_ms(), 1), "stall_max_ms": round(max(probe.lateness or [0]) * 1000, 1),
             "probe_ticks": len(probe.lateness)}
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.app.support import loop, run, wait_until  # noqa: F401
+from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
 REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
@@ -150,3 +150,26 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
         assert result["stall_p99_ms"] < FRAME_MS, result
     else:  # a gross one at once: a reload that kept the old model (~0.5-1 GB) or a transcript per reply
         assert end[1] - warm[1] <= 150, f"RSS grew {end[1] - warm[1]:.0f} MB in {end[0] - warm[0]} replies"
+
+
+def test_remote_connections_leave_no_poller_behind(qtbot, loop, store, tiny_llama_folder):
+    """Each remote connection polls the server's metrics through its own poller; one that outlived its
+    connection (kept by its Qt parent, with its timer and last task) added Qt objects per connect, which the
+    long run's flat Qt-object count would catch only after hundreds of replies."""
+    from app.remote.remote_mode import RemoteMetricsPoller
+    from tests.app.support import make_window
+
+    async def body(url: str) -> None:
+        win = make_window(qtbot, store)
+        for _ in range(4):
+            assert await win.remote.connect(url)
+            await asyncio.sleep(0.1)  # a poll or two
+            await win.remote.disconnect()
+            await asyncio.sleep(0)  # deleteLater()s run
+        await asyncio.sleep(0.05)
+        gc.collect()
+        left = win.remote.findChildren(RemoteMetricsPoller)
+        assert left == [], f"{len(left)} pollers left after 4 connections"
+
+    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote:
+        run(loop, body(remote.url + "/v1"), 120)

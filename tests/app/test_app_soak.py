@@ -92,10 +92,15 @@ async def session(window, remote_url: str, replies: int) -> dict:
             window.chats.open_chat(pane.session.chat_id)
         if i in reload_at:  # the same model again: a new generator under the same chats
             assert await window.loader.load_model({"path": None, "cache_tokens": 8 * 512})
-        if i % 20 == 10:  # one reply through a remote server, then back to the local model
+        if i % 20 == 10:  # one reply through a remote server, then back to the local model; in a chat of its
+            # own, deleted after (the tiny server's 512-token context can't take a long chat's history)
+            side = window.new_chat("remote")
+            side.session.set_settings(settings)
             assert await window.remote.connect(remote_url)
-            await reply(pane, lambda: pane.session.send(PROMPTS[i % 8]))
+            await reply(side, lambda: side.session.send(PROMPTS[i % 8]))
             await window.remote.disconnect()
+            window.chat_list.delete([side.session.chat_id])
+            await asyncio.sleep(0)
         elif i % 10 == 3 and pane.session.messages:
             await reply(pane, pane.session.regenerate)
         else:

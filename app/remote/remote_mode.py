@@ -145,6 +145,7 @@ class RemoteMode(QObject):
             self.poller.stop()
             await self.poller.client.close()
             self.handles.dashboard.follow_local()
+            self.poller.deleteLater()  # its parent (this mode) would keep it, its timer and last task, per connection
             self.poller = None
         await backend.close()
 

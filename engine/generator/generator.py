@@ -24,6 +24,7 @@ from ..model.model import Model
 from ..sampling.draw import draw_cfg, draw_verified
 from ..sampling.pool import SamplingPool
 from .adapters import Adapters
+from .heap_trim import HeapTrim
 from .job import DynamicJob, JobContext
 from .embeddings import FIRST_ID
 from .metrics import GeneratorMetrics
@@ -35,6 +36,17 @@ from .step_budget import StepBudget
 
 if TYPE_CHECKING:
     from ..model.tokenizer import Tokenizer
+
+
+def page_copier(*caches: PagedCache | None):
+    """copy_fn for the page table: partial-page reuse copies a page's K/V in every cache (main and draft)."""
+    live = [c for c in caches if c is not None]
+
+    def copy_page(src: int, dst: int, n: int) -> None:
+        for cache in live:
+            cache.copy_page(src, dst, n)
+
+    return copy_page
 
 
 class DynamicGenerator:
@@ -96,7 +108,10 @@ class DynamicGenerator:
         self.filter_background_eval = filter_background_eval
         self.vocab_size = min(model.vocab_size, tokenizer.vocab_size)
         self.draft_cache = draft_cache
-        self.pagetable = PageTable(cache.num_pages, cache.page_size, self._copy_page)
+        # A function of the caches, not a bound method: the table then holds no reference back to the
+        # generator, whose model and cache go at once when the last reference to it does (a reload frees the
+        # old model then, not at some later full garbage collection).
+        self.pagetable = PageTable(cache.num_pages, cache.page_size, page_copier(cache, draft_cache))
         self.drafter = ModelDrafter(draft_model, draft_cache, self.pagetable) if draft_model is not None else None
         self.use_ngram_draft = use_ngram_draft
         self.max_draft_batch_size = max_draft_batch_size
@@ -108,6 +123,7 @@ class DynamicGenerator:
         self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self._serials = itertools.count()
+        self.heap = HeapTrim()  # freed step temporaries back to the OS now and then (a long run's RSS stays flat)
         for c in (cache, draft_cache):  # last: a generator that fails to build claims nothing
             if c is not None:
                 c.claimed = True
@@ -183,8 +199,10 @@ class DynamicGenerator:
         self.counters.record_step(len(plan), n_prefill, n_tokens - n_prefill, elapsed, elapsed - t_forward)
         if self.step_budget is not None:
             self.step_budget.record(n_prefill, n_tokens - n_prefill, elapsed)
-        if not self.active and not self.pending:
+        idle = not self.active and not self.pending
+        if idle:
             self.defrag_cache()
+        self.heap.after_step(idle)
         return results
 
     def _forward(self, plan: list[ScheduledSeq]) -> tuple[torch.Tensor, tuple[int, ...], float, int]:
@@ -372,9 +390,7 @@ class DynamicGenerator:
             self.pagetable.apply_order(order)
 
     def _copy_page(self, src: int, dst: int, n: int) -> None:
-        for cache in (self.cache, self.draft_cache):
-            if cache is not None:
-                cache.copy_page(src, dst, n)
+        self.pagetable.copy_fn(src, dst, n)
 
     def reset_page_table(self) -> None:
         """Forget the prompt cache."""

@@ -6,7 +6,8 @@ small-op cost is a few microseconds where torch's is tens, and the sampler runs 
 
 from __future__ import annotations
 
-from functools import lru_cache
+import threading
+import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -181,8 +182,32 @@ def _pieces(tokenizer: Any) -> Sequence[str] | None:
     return pieces
 
 
-@lru_cache(maxsize=16)
+# tokenizer -> {strings: ids}. Keyed weakly: a cache that held tokenizers (an lru_cache did) kept every
+# model's tokenizer alive after the model was unloaded, one per reload up to its size.
+_ids_cache: "weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], frozenset[int]]]" = weakref.WeakKeyDictionary()
+_ids_lock = threading.Lock()
+IDS_PER_TOKENIZER = 16  # distinct string sets remembered per tokenizer
+
+
 def _ids_containing(tokenizer: Any, strings: tuple[str, ...]) -> frozenset[int]:
+    """Cached per tokenizer, as long as the tokenizer lives (a tokenizer that can't be weakly referenced
+    is not cached)."""
+    try:
+        with _ids_lock:
+            known = _ids_cache.setdefault(tokenizer, {})
+            hit = known.get(strings)
+    except TypeError:
+        return _compute_ids_containing(tokenizer, strings)
+    if hit is None:
+        hit = _compute_ids_containing(tokenizer, strings)
+        with _ids_lock:
+            known[strings] = hit
+            while len(known) > IDS_PER_TOKENIZER:
+                known.pop(next(iter(known)))
+    return hit
+
+
+def _compute_ids_containing(tokenizer: Any, strings: tuple[str, ...]) -> frozenset[int]:
     pieces = _pieces(tokenizer)
     if pieces is not None:
         return frozenset(i for i, p in enumerate(pieces) if p and any(s in p for s in strings))

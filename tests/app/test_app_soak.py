@@ -19,11 +19,12 @@ import time
 
 import pytest
 
-from tests.app.support import loop, run, wait_until  # noqa: F401
+from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
 REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
 FULL = "PAGEDECK_SOAK_REPLIES" in os.environ
+RELOAD_EVERY = int(os.environ.get("PAGEDECK_SOAK_RELOAD_EVERY", "150"))  # a shorter run can reload more often
 FRAME_MS = 1000 / 60
 PROMPTS = ["Say hi.", "Name a colour.", "Count to three.", "One word for happy?", "What is 2+2?",
            "Name a fruit.", "Say goodbye.", "A short greeting, please."]
@@ -82,8 +83,8 @@ async def session(window, remote_url: str, replies: int) -> dict:
     probe = StallProbe()
     samples, warm_at = [], max(8, replies // 4)
     # A reload before warm-up (its one-time cost is not judged); the long run reloads every 150 replies after
-    # it as well, and each must cost nothing more (measured: 50-150 MB per reload so far, see the README)
-    reload_at = {warm_at // 2} | set(range(150, replies, 150))
+    # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
+    reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))
     for i in range(replies):
         pane = panes[i % 8]
         if i % 5 == 0:  # tiles of 2-4 and tabs, taking turns, the current chat changing
@@ -91,10 +92,15 @@ async def session(window, remote_url: str, replies: int) -> dict:
             window.chats.open_chat(pane.session.chat_id)
         if i in reload_at:  # the same model again: a new generator under the same chats
             assert await window.loader.load_model({"path": None, "cache_tokens": 8 * 512})
-        if i % 20 == 10:  # one reply through a remote server, then back to the local model
+        if i % 20 == 10:  # one reply through a remote server, then back to the local model; in a chat of its
+            # own, deleted after (the tiny server's 512-token context can't take a long chat's history)
+            side = window.new_chat("remote")
+            side.session.set_settings(settings)
             assert await window.remote.connect(remote_url)
-            await reply(pane, lambda: pane.session.send(PROMPTS[i % 8]))
+            await reply(side, lambda: side.session.send(PROMPTS[i % 8]))
             await window.remote.disconnect()
+            window.chat_list.delete([side.session.chat_id])
+            await asyncio.sleep(0)
         elif i % 10 == 3 and pane.session.messages:
             await reply(pane, pane.session.regenerate)
         else:
@@ -105,12 +111,15 @@ async def session(window, remote_url: str, replies: int) -> dict:
             await asyncio.sleep(0)
             window.chat_list.delete([branch_id])
         if i + 1 == warm_at or (i + 1) % max(10, replies // 10) == 0 or i + 1 == replies:
+            window.chats.set_view("tabs")  # counted in one view: tiles show more widgets than tabs, by design
+            await asyncio.sleep(0)
             gc.collect()
             await asyncio.sleep(0.05)  # deleteLater()s run
             samples.append((i + 1, round(rss_mb(), 1), live_qt_objects(window)))
     probe.timer.stop()
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
     return {"replies": replies, "samples (replies, RSS MB, Qt objects)": samples, "warm_at": warm_at,
+            "reloads_at": sorted(reload_at),
             "stall_p99_ms": round(probe.p99_ms(), 1), "stall_max_ms": round(max(probe.lateness or [0]) * 1000, 1),
             "probe_ticks": len(probe.lateness)}
 
@@ -146,3 +155,26 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
         assert result["stall_p99_ms"] < FRAME_MS, result
     else:  # a gross one at once: a reload that kept the old model (~0.5-1 GB) or a transcript per reply
         assert end[1] - warm[1] <= 150, f"RSS grew {end[1] - warm[1]:.0f} MB in {end[0] - warm[0]} replies"
+
+
+def test_remote_connections_leave_no_poller_behind(qtbot, loop, store, tiny_llama_folder):
+    """Each remote connection polls the server's metrics through its own poller; one that outlived its
+    connection (kept by its Qt parent, with its timer and last task) added Qt objects per connect, which the
+    long run's flat Qt-object count would catch only after hundreds of replies."""
+    from app.remote.remote_mode import RemoteMetricsPoller
+    from tests.app.support import make_window
+
+    async def body(url: str) -> None:
+        win = make_window(qtbot, store)
+        for _ in range(4):
+            assert await win.remote.connect(url)
+            await asyncio.sleep(0.1)  # a poll or two
+            await win.remote.disconnect()
+            await asyncio.sleep(0)  # deleteLater()s run
+        await asyncio.sleep(0.05)
+        gc.collect()
+        left = win.remote.findChildren(RemoteMetricsPoller)
+        assert left == [], f"{len(left)} pollers left after 4 connections"
+
+    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote:
+        run(loop, body(remote.url + "/v1"), 120)

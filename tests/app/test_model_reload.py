@@ -1,5 +1,7 @@
 """Loading a model while the app runs: the LoRA panel follows the engine after a reload, a failed load's
 message stays in the status bar, and a load while replies run asks first."""
+import asyncio
+
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
@@ -126,3 +128,56 @@ def test_load_while_replies_run_asks_first(qtbot, loop, store, tiny_model):
         await service.close()
 
     run(loop, body())
+
+
+def test_a_reload_lets_the_old_model_and_cache_go(qtbot, loop, store, tiny_model):
+    """After what a long session does (replies in tiles and tabs, a regenerate, a branch opened and deleted, a
+    reply through a remote server) and a reload, nothing holds the previous Model, PagedCache, generator or
+    tokenizer, and no reference cycle does either: they go when the new model replaces them (weak references
+    die with the garbage collector off), so their memory comes back at once."""
+    import gc
+    import weakref
+
+    from tests.server_support import ServerThread
+
+    async def body(remote_url: str):
+        win = make_window(qtbot, store, await loaded_service(tiny_model))
+        service = win.service
+        panes = [win.new_chat(f"reload {i}") for i in range(3)]
+        win.chats.set_view("tiles", 3)
+        for pane in panes:
+            pane.session.set_settings(ChatSettings(max_new_tokens=4, seed=3))
+            pane.send("hello there")
+            await wait_until(lambda: not pane.session.running, 60, "the reply")
+        await panes[0].session.regenerate()
+        await wait_until(lambda: not panes[0].session.running, 60, "the regenerated reply")
+        branch_id = panes[1].session.branch(panes[1].session.messages[-1].id)
+        win.chats.open_chat(branch_id)
+        await asyncio.sleep(0)
+        win.chat_list.delete([branch_id])
+        win.chats.set_view("tabs")
+        assert await win.remote.connect(remote_url)
+        panes[2].send("through the remote server")
+        await wait_until(lambda: not panes[2].session.running, 60, "the remote reply")
+        await win.remote.disconnect()
+        await asyncio.sleep(0.3)  # metrics snapshots reach the dashboard and the page map
+        old = {type(o).__name__: weakref.ref(o) for o in (service.model, service.cache, service.generator,
+                                                          service.generator._generator, service.tokenizer)}
+        gc.disable()  # they must go by reference counting at the swap, not at some later full collection
+        try:
+            assert await win.loader.load_model({"path": str(tiny_model), "cache_tokens": TINY_CACHE_TOKENS})
+            panes[1].send("and on the new model")
+            await wait_until(lambda: not panes[1].session.running, 60, "a reply on the new model")
+            await asyncio.sleep(0.3)  # deleteLater()s and queued signals run
+            alive = {name: ref() for name, ref in old.items() if ref() is not None}
+        finally:
+            gc.enable()
+        holders = {name: sorted({type(h).__name__ for h in gc.get_referrers(obj)}) for name, obj in alive.items()}
+        del alive
+        gc.collect()
+        kept = [name for name, ref in old.items() if ref() is not None]
+        assert not holders, f"still alive after the reload: {holders}; after a full collection: {kept}"
+        await service.close()
+
+    with ServerThread(tiny_model, cache_tokens=2048) as remote:
+        run(loop, body(remote.url + "/v1"), 200)

@@ -169,8 +169,8 @@ def with_images(history: list[dict], messages: list[Message], images_of: Callabl
     return out
 
 
-def openai_messages(history: list[dict]) -> list[dict]:
-    """History entries with `images` as OpenAI content parts (text first, then each image as a data: URL)."""
+def _with_parts(history: list[dict], image_part) -> list[dict]:
+    """History entries with `images` as content parts: the text first, then `image_part(image)` for each."""
     out = []
     for entry in history:
         images = entry.get("images")
@@ -178,24 +178,20 @@ def openai_messages(history: list[dict]) -> list[dict]:
             out.append(entry)
             continue
         parts = [{"type": "text", "text": entry["content"]}] if entry.get("content") else []
-        parts += [{"type": "image_url", "image_url": {"url": im.data_url()}} for im in images]
+        parts += [image_part(im) for im in images]
         out.append({k: v for k, v in entry.items() if k != "images"} | {"content": parts})
     return out
+
+
+def openai_messages(history: list[dict]) -> list[dict]:
+    """History entries with `images` as OpenAI content parts (text first, then each image as a data: URL)."""
+    return _with_parts(history, lambda im: {"type": "image_url", "image_url": {"url": im.data_url()}})
 
 
 def engine_messages(history: list[dict]) -> list[dict]:
     """History entries with `images` as the engine's chat parts: {"type": "image", "image": PIL RGB image}
     (what engine's image-aware chat encoding takes), text part first."""
-    out = []
-    for entry in history:
-        images = entry.get("images")
-        if not images:
-            out.append(entry)
-            continue
-        parts = [{"type": "text", "text": entry["content"]}] if entry.get("content") else []
-        parts += [{"type": "image", "image": im.pil()} for im in images]
-        out.append({k: v for k, v in entry.items() if k != "images"} | {"content": parts})
-    return out
+    return _with_parts(history, lambda im: {"type": "image", "image": im.pil()})
 
 
 def png_bytes(width: int, height: int, colour: tuple[int, int, int]) -> bytes:

@@ -39,18 +39,7 @@ class Gemma3Preprocessor:
         p = cls(height=int(size.get("height", image_size)), width=int(size.get("width", image_size)))
         if config.get("do_pan_and_scan"):
             raise ValueError("pan-and-scan preprocessing is not supported")
-        for key in ("do_rescale", "do_normalize"):
-            if key in config:
-                setattr(p, key, bool(config[key]))
-        if config.get("resample") is not None:
-            p.resample = int(config["resample"])
-        if config.get("rescale_factor") is not None:
-            p.rescale_factor = float(config["rescale_factor"])
-        for key in ("image_mean", "image_std"):
-            if config.get(key) is not None:
-                value = config[key]
-                setattr(p, key, [float(v) for v in (value if isinstance(value, list) else [value] * 3)])
-        return p
+        return image_ops.read_processor_config(p, config, ("do_rescale", "do_normalize"))
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
         """float32 pixel values [1, 3, height, width] (transformers' pixel_values for one image)."""

@@ -52,18 +52,8 @@ class Idefics3Preprocessor:
         max_size = config.get("max_image_size") or {}
         if "longest_edge" in max_size:
             p.tile_size = int(max_size["longest_edge"])
-        for key in ("do_resize", "do_image_splitting", "do_rescale", "do_normalize"):
-            if key in config:
-                setattr(p, key, bool(config[key]))
-        if config.get("resample") is not None:
-            p.resample = int(config["resample"])
-        if config.get("rescale_factor") is not None:
-            p.rescale_factor = float(config["rescale_factor"])
-        for key in ("image_mean", "image_std"):
-            if config.get(key) is not None:
-                value = config[key]
-                setattr(p, key, [float(v) for v in (value if isinstance(value, list) else [value] * 3)])
-        return p
+        return image_ops.read_processor_config(p, config, ("do_resize", "do_image_splitting", "do_rescale",
+                                                           "do_normalize"))
 
     def tiles(self, image: Image.Image) -> tuple[list[Image.Image], int, int]:
         """The RGB tiles (row by row, then the global image) and the (rows, cols) grid; (0, 0) when unsplit."""

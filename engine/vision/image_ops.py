@@ -36,3 +36,20 @@ def to_pixels(image: Image.Image, rescale_factor: float, mean, std) -> np.ndarra
     mean = np.asarray(mean, dtype=np.float32)
     std = np.asarray(std, dtype=np.float32)
     return ((x.T - mean) / std).T
+
+
+def read_processor_config(p, config: dict, flags: tuple[str, ...]):
+    """Set a preprocessor's flags, resample filter, rescale factor and mean/std from a
+    preprocessor_config.json dict where the file gives them (transformers' keys); returns `p`."""
+    for key in flags:
+        if key in config:
+            setattr(p, key, bool(config[key]))
+    if config.get("resample") is not None:
+        p.resample = int(config["resample"])
+    if config.get("rescale_factor") is not None:
+        p.rescale_factor = float(config["rescale_factor"])
+    for key in ("image_mean", "image_std"):
+        if config.get(key) is not None:
+            value = config[key]
+            setattr(p, key, [float(v) for v in (value if isinstance(value, list) else [value] * 3)])
+    return p

@@ -199,14 +199,17 @@ def _content(content: Any, where: str, images: Images, index: int, model_name: s
     raise bad_request(f"{where}.content must be a string or a list of text parts", f"{where}.content")
 
 
-def _prompt(prompt: Any, tok: Any) -> tuple[str, torch.Tensor]:
-    """A completions prompt: a string, or one string / one token-id list in a list (n prompts: 400)."""
+def _prompt(prompt: Any, tok: Any, nested: bool = False) -> tuple[str, torch.Tensor]:
+    """A completions prompt: a string, a token-id list, or one string / one token-id list in a list (n
+    prompts: 400; a list inside that one is ids only, as the schema says)."""
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if min(prompt) < 0 or max(prompt) >= tok.vocab_size:
             raise bad_request(f"prompt token ids must be in [0, {tok.vocab_size})", "prompt")
         return tok.decode(prompt, decode_special_tokens=True), torch.tensor([prompt], dtype=torch.long)
+    if nested and isinstance(prompt, list):
+        raise bad_request("a list inside prompt must hold token ids (integers)", "prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
-        return _prompt(prompt[0], tok)
+        return _prompt(prompt[0], tok, nested=True)
     if isinstance(prompt, list):
         raise bad_request("prompt must be one string or one list of token ids (several prompts: send several "
                           "requests)", "prompt")

@@ -259,6 +259,7 @@ def test_bad_input_gets_an_openai_error_and_nothing_breaks(server, body, status,
 
 def test_completion_bad_input_and_unknown_route(server):
     assert post(server.url + "/v1/completions", {"prompt": ["a", "b"]})[0] == 400
+    assert post(server.url + "/v1/completions", {"prompt": [["a"]]})[0] == 400  # nested: token ids only
     assert post(server.url + "/v1/completions", {"prompt": "a", "suffix": "z"})[0] == 400
     assert post(server.url + "/v1/completions", {"prompt": [10**9]})[0] == 400
     status, body = post(server.url + "/v1/no-such-route", {})

@@ -66,7 +66,7 @@ def test_the_description_covers_every_request_field_and_every_route(serve):
 def test_schemathesis_finds_no_server_error_and_no_response_off_the_description(serve, tmp_path):
     out = subprocess.run(
         [str(ST), "run", serve + "/openapi.json", "--checks", CHECKS, "--phases", "examples,coverage,fuzzing",
-         "--max-examples", "25", "--max-time", "150", "--workers", "1", "--seed", "1", "--no-shrink",
+         "--max-examples", "25", "--max-time", "60", "--workers", "1", "--seed", "1", "--no-shrink",
          "--request-timeout", "60", "--suppress-health-check", "all", "--warnings", "off"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300)
     summary = out.stdout[out.stdout.rfind("SUMMARY"):]

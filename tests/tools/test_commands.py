@@ -11,7 +11,7 @@ import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = {"simulated_workload", "processes", "logits", "ggml_writers", "llamacpp_peer",
-           "qgemm_bench"}  # modules tools and tests import, not commands
+           "qgemm_bench", "screenshot_images"}  # modules tools and tests import, not commands
 TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name not in HELPERS)
 # `make test-vllm`: its arguments go to pytest, and any run builds a ~3.5 GB venv first, so no --help here.
 NO_HELP = {"vllm_server"}
@@ -19,7 +19,8 @@ NO_HELP = {"vllm_server"}
 
 def test_every_tool_is_listed_here():
     assert TOOLS == ["compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "fake_hub",
-                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "mmproj_gguf", "qmatmul_bench", "sampling_bench",
+                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "memory_table", "mmproj_gguf", "qmatmul_bench",
+                     "sampling_bench",
                      "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
                      "vllm_server", "weight_quality"]
 

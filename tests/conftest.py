@@ -49,3 +49,13 @@ def tiny_vlm_folder(tmp_path_factory):
 def _private_preferences(tmp_path_factory, monkeypatch):
     """Every test gets its own preferences file (app.preferences.preferences): none reads or writes the user's."""
     monkeypatch.setenv("PAGEDECK_SETTINGS", str(tmp_path_factory.mktemp("prefs") / "pagedeck.ini"))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_chat_colours():
+    """Every test starts with no chat colour held: windows earlier tests left open (not yet collected) still
+    hold theirs in the process-wide book, and with the 16-colour palette full two new chats could share one."""
+    from app.core.chat_colours import CHAT_COLOURS
+
+    CHAT_COLOURS._slot.clear(), CHAT_COLOURS._holds.clear(), CHAT_COLOURS._labels.clear()
+    yield

@@ -17,58 +17,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
-from app.local.chat_prompt import ChatPrompt, has_images, image_prompt, prompt_text
+from app.local.chat_jobs import ChatJobs
+from app.local.chat_prompt import ChatPrompt
 from app.local.image_costs import ImageCosts
-from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
-from engine.contract import DEFAULT_CACHE_TOKENS
-from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
-from engine.contract import model_path_problem
+from app.local.lora_control import LoraControl
+from app.local.model_build import LoadRequest, build_model
+from app.local.model_slots import ModelNotLoaded, ModelSlot, ModelsBeside
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class LoadRequest:
-    """What the model panel asks for (its load_requested dict, checked)."""
-
-    path: str | None = None
-    cache_tokens: int = DEFAULT_CACHE_TOKENS
-    kv_quant: str | None = None  # checked by engine.PagedCache (the error reaches load_failed)
-    weights: str = "auto"  # engine.Model.load's weights: auto = 4-bit GGUF matmuls on a CPU
-    draft_model: str | None = None
-    use_ngram: bool = False
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "LoadRequest":
-        unknown = set(d) - {"path", "cache_tokens", "kv_quant", "weights", "draft_model", "use_ngram"}
-        if unknown:
-            raise ValueError(f"unknown model load options: {sorted(unknown)}")
-        d = {k: v for k, v in d.items() if not (k == "cache_tokens" and v is None)}  # None = the default size
-        req = cls(**d)
-        req.path = req.path or None  # "" from an empty path box means the default model, not "."
-        req.draft_model = req.draft_model or None
-        if isinstance(req.cache_tokens, bool) or not isinstance(req.cache_tokens, int) or req.cache_tokens < PAGE_SIZE:
-            raise ValueError(f"cache_tokens must be an int >= {PAGE_SIZE} (one page), got {req.cache_tokens!r}")
-        for prefix, path in (("", req.path), ("draft model: ", req.draft_model)):
-            problem = model_path_problem(path) if path is not None else None
-            if problem is not None:
-                raise FileNotFoundError(prefix + problem)
-        return req
-
-
-COMPILING = "Compiling kernels for this CPU (first start, ~1 min)…"
-LOADING = "Loading model…"
-
-
-class EngineService(QObject):
-    """Signals carry plain Python objects so panels never see engine types."""
+class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
+    """Signals carry plain Python objects so panels never see engine types. Its parts live beside it, each
+    a mixin over this object's state: chat jobs (app.local.chat_jobs), models beside the main one
+    (app.local.model_slots), LoRA adapters (app.local.lora_control); the load itself is app.local.model_build."""
 
     load_progress = Signal(float)
     load_stage = Signal(str)  # what a load is doing now: COMPILING (first start only), then LOADING
@@ -179,48 +148,12 @@ class EngineService(QObject):
         self._timer.start()
         return True
 
-    async def _until_idle(self) -> None:
-        while self._jobs:
-            self._idle = asyncio.get_running_loop().create_future()
-            await self._idle
-
-    def _forget_job(self, identifier: Any):
-        job = self._jobs.pop(identifier, None)
-        if not self._jobs and self._idle is not None and not self._idle.done():
-            self._idle.set_result(None)
-        return job
-
     async def wait_loaded(self) -> None:
         """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
         if self.loading and self._load_done is not None:
             await self._load_done.wait()
 
-    @staticmethod
-    def _build(req: LoadRequest, progress, stage=lambda text: None) -> tuple:
-        """Runs on a worker thread: everything slow (compiling the CPU kernels on a first start, reading weights,
-        allocating the cache), saying which stage it is in."""
-        import engine
-
-        if not engine.cpu_kernels_built():  # once per machine and kernel version: say so, it takes a minute
-            stage(COMPILING)
-            engine.build_cpu_kernels()
-        stage(LOADING)
-        # the whole load (weights, cache, activations) against free memory, from headers, before allocating
-        engine.check_fits(req.path, cache_tokens=req.cache_tokens, kv_quant=req.kv_quant,
-                   weights=req.weights)
-        model = engine.Model.load(req.path, progress=progress, weights=req.weights)
-        tokenizer = engine.Tokenizer.load(req.path)
-        cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)
-        draft = None
-        if req.draft_model is not None:
-            dm = engine.Model.load(req.draft_model)
-            draft = (dm, engine.PagedCache(dm, max_tokens=req.cache_tokens, page_size=PAGE_SIZE))
-        try:  # an HF VLM's vision tower, or an mmproj beside a GGUF; one that can't load leaves the model text-only
-            vision = engine.load_vision(req.path) if req.path is not None else None
-        except Exception as exc:  # noqa: BLE001 - the language model still serves text
-            log.warning("the vision encoder of %s did not load, the model reads text only: %s", req.path, exc)
-            vision = None
-        return model, tokenizer, cache, draft, vision
+    _build = staticmethod(build_model)  # runs on a worker thread (app.local.model_build)
 
     def _choose_format(self, tokenizer, path: str | None) -> str | None:
         """Apply the prompt format remembered for this model; a choice that no longer works (a custom file
@@ -252,15 +185,6 @@ class EngineService(QObject):
             return None
         slot = self._beside_of(settings)
         return slot.vision is not None if slot is not None else bool(self.model_can_see_images)
-
-    def _beside_of(self, settings: ChatSettings | None) -> ModelSlot | None:
-        want = settings.model if settings is not None else None
-        return self.beside.get(want) if want is not None and (self.info is None or want != self.info["path"]) else None
-
-    def _vision_of(self, settings: ChatSettings | None) -> Any:
-        """The vision encoder of the chat's model (None: it reads text only, or it is not loaded)."""
-        slot = self._beside_of(settings)
-        return slot.vision if slot is not None else self.vision
 
     def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:  # Backend
         """The prompt tokens an attached image costs on the chat's model, from its vision encoder's layout
@@ -320,250 +244,6 @@ class EngineService(QObject):
         await self._retire()
         for path in list(self.beside):
             await self.unload_beside(path)
-
-    # --- models beside the main one -------------------------------------------------------------
-
-    def models(self) -> list[tuple[str | None, str]]:
-        """(path, name) of every loaded model: the main one first (path None), then those beside it."""
-        main = [(None, self.info["name"])] if self.info is not None else []
-        return main + [(path, slot.name) for path, slot in self.beside.items()]
-
-    async def load_beside(self, path: str | Path, cache_tokens: int | None = None) -> bool:
-        """Load a second (third...) model with its own generator and cache; False (and load_failed) when it
-        cannot load or does not fit in the memory the loaded models leave."""
-        path = str(path)
-        if self.generator is None or self.info is None:
-            self.load_failed.emit("load a main model before loading another beside it")
-            return False
-        if self.loading or self._loading_beside:
-            self.load_failed.emit("a model is already loading; wait for it to finish")
-            return False
-        if path == self.info["path"] or path in self.beside:
-            self.load_failed.emit(f"{Path(path).name} is already loaded")
-            return False
-        self._loading_beside = True
-        try:
-            req = LoadRequest.from_dict({"path": path, "cache_tokens": cache_tokens or self.request["cache_tokens"]})
-            model, tokenizer, cache, _, vision = await asyncio.to_thread(self._build, req, lambda _f: None)
-            import engine
-
-            generator = engine.DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
-        except Exception as exc:  # noqa: BLE001 - the models already loaded keep serving
-            log.warning("loading a model beside %s failed: %s", self.info["name"], exc)
-            self.load_failed.emit(f"Could not load {Path(path).name} beside {self.info['name']}: "
-                                  f"{type(exc).__name__}: {exc}")
-            return False
-        finally:
-            self._loading_beside = False
-        info = {"name": model.name, "path": path, "params": model.num_parameters(), "cache_tokens": cache.max_tokens,
-                "pages": cache.num_pages, "memory_bytes": model.memory_bytes() + cache.memory_bytes()}
-        self.beside[path] = ModelSlot(path, tokenizer, cache, generator, info, vision)
-        self.models_changed.emit(self.models())
-        return True
-
-    async def unload_beside(self, path: str) -> None:
-        """Close a model loaded beside the main one (its running replies end as stopped)."""
-        slot = self.beside.pop(path, None)
-        if slot is None:
-            return
-        if self.metrics_model == path:
-            self.metrics_model = None
-        for identifier, job in list(self._jobs.items()):
-            if job.generator is slot.generator:
-                await self._forget_job(identifier).cancel()
-        await slot.generator.close()
-        self.models_changed.emit(self.models())
-
-    def show_metrics(self, path: str | None) -> None:
-        """The dashboard follows this model's generator (None: the main model)."""
-        self.metrics_model = path if path in self.beside else None
-
-    def _engine_of(self, settings: ChatSettings | None) -> tuple[Any, Any]:
-        """(tokenizer, generator) of the model these settings name; ModelNotLoaded if it is not loaded."""
-        want = settings.model if settings is not None else None
-        if want is None or (self.info is not None and want == self.info["path"]):
-            return self.tokenizer, self.generator
-        slot = self.beside.get(want)
-        if slot is None:
-            raise not_loaded(want)
-        return slot.tokenizer, slot.generator
-
-    # --- jobs ----------------------------------------------------------------------------------
-
-    def prompt_ids(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
-        """Chat template over system prompt + history, encoded (the (1, n) ids go straight to the job).
-        A trailing assistant message is continued: its text follows the generation prompt, unclosed.
-
-        The last history encoded is kept (app.local.chat_prompt): fitting a chat into the context asks
-        for that history less its oldest turns, and the job for the one it kept, and those ids are cut
-        from it, so a send tokenizes its prompt once."""
-        return self._prompt_of(history, settings, tools)[0]
-
-    def _prompt_of(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
-        """(ids, image embeddings or None): a history with images on a model that sees them goes through
-        its vision encoder (engine.image_prompt); otherwise the text prompt (images ignored: with_images
-        already turned them into notes for a text-only model)."""
-        tokenizer = self._engine_of(settings)[0]
-        if tokenizer is None:
-            raise RuntimeError("no model is loaded yet")
-        vision = self._vision_of(settings)
-        if vision is not None and has_images(history):
-            return image_prompt(tokenizer, vision, history, settings, tools)
-        return self._text_ids(tokenizer, history, settings, tools), None
-
-    def _text_ids(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None):
-        last = self._prompt
-        if last is not None and last.tokenizer is tokenizer:
-            ids = last.ids_of(history, settings, tools)
-            if ids is not None:
-                return ids
-        self._prompt = ChatPrompt(tokenizer, history, settings, tools)
-        return self._prompt.ids
-
-    continues_replies = True  # prompt_ids continues a trailing assistant message (ChatSession.continue_reply)
-    runs_tools = True  # the chat template renders the tools; the chat parses the model's calls from its text
-
-    def count_tokens(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> int | None:
-        """Prompt tokens of that history; None before a model is loaded."""
-        try:
-            tokenizer = self._engine_of(settings)[0]
-        except ModelNotLoaded:
-            return None  # the send says which model is missing
-        if tokenizer is None:
-            return None
-        return self.prompt_ids(history, settings, tools).shape[-1]
-
-    def chat_template(self, settings: ChatSettings | None = None) -> str | None:
-        """The chat template source of the chat's model (None before it is loaded)."""
-        try:
-            tokenizer = self._engine_of(settings)[0]
-        except ModelNotLoaded:
-            return None
-        return tokenizer.chat_template if tokenizer is not None else None
-
-    def render_prompt(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str | None:
-        """The prompt's text (a reasoning template may end it inside an open think block)."""
-        tokenizer = self._engine_of(settings)[0]
-        if tokenizer is None:
-            return None
-        return prompt_text(tokenizer, history, settings, tools)
-
-    def context_limit(self, settings: ChatSettings | None = None) -> int | None:
-        """The most tokens one reply's sequence may hold (prompt + reply) on the chat's model; None before
-        a model is loaded (or when the chat's model is not loaded)."""
-        try:
-            generator = self._engine_of(settings)[1]
-        except ModelNotLoaded:
-            return None
-        return generator.max_seq_len if generator is not None else None
-
-    def start_job(self, identifier: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
-        """Enqueue one reply; returns (job, prompt token count). Must run on the event loop."""
-        if self.generator is None:
-            raise RuntimeError("no model is loaded yet" if not self.loading else "the model is still loading")
-        if identifier in self._jobs:
-            raise RuntimeError(f"chat {identifier} already has a reply running")
-        import engine
-
-        tokenizer, generator = self._engine_of(settings)
-        ids, embeddings = self._prompt_of(history, settings, tools)
-        stops = sorted(tokenizer.stop_token_ids) + list(settings.stop_strings)
-        gen_settings = settings.sampler_settings()
-
-        loras = None if settings.loras is None else [tuple(pair) for pair in settings.loras]
-        filters = self._filters(settings)
-        job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
-            generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
-            seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
-            stop_on_loops=settings.stop_on_loops, **({"embeddings": embeddings} if embeddings else {}),
-        )
-        self._jobs[identifier] = job
-        return job, ids.shape[-1]
-
-    def _filters(self, settings: ChatSettings) -> list | None:
-        """The job's constrained-decoding filters. JSON mode: the reply is one JSON object (a fresh filter per
-        job: filters hold the job's state)."""
-        import engine
-
-        return [engine.JSONSchemaFilter({"type": "object"})] if settings.json_mode else None
-
-    def job_ended(self, identifier: Any) -> None:
-        self._forget_job(identifier)
-
-    async def cancel(self, identifier: Any) -> bool:
-        """Cancel a chat's reply; when this returns its pages are back with the generator.
-        False if that chat has no job (yet)."""
-        job = self._forget_job(identifier)
-        if job is None:
-            return False
-        await job.cancel()
-        return True
-
-    @property
-    def running(self) -> list:
-        return list(self._jobs)
-
-    # --- LoRA ----------------------------------------------------------------------------------
-
-    def loaded_adapters(self) -> list[str]:
-        return [] if self.generator is None else list(self.generator.adapters().folders)
-
-    adapter_names = loaded_adapters  # Backend
-
-    def _adapter_folders(self) -> dict[str, str]:
-        """name -> folder of every adapter loaded from disk (the panel's or an API client's): a reload loads
-        them into the new generator."""
-        if self.generator is None:
-            return {}
-        return {name: folder for name, folder in self.generator.adapters().folders.items() if folder}
-
-    async def load_adapter(self, path: str | Path, failed: str | None = None, name: str | None = None) -> bool:
-        """Load a PEFT folder into the generator (read off the loop) under its folder name; a reload loads
-        the same folders into the new model."""
-        if self.generator is None:
-            self.lora_failed.emit("load a model before loading LoRA adapters")
-            return False
-        try:
-            await self.generator.load_lora(str(path), name)
-        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
-            what = failed or f"Could not load LoRA adapter {Path(path).name}"
-            self.lora_failed.emit(f"{what}: {type(exc).__name__}: {exc}")
-            return False
-        self.loras_loaded.emit(self.loaded_adapters())
-        return True
-
-    async def unload_adapter(self, name: str) -> bool:
-        """Unload an adapter; returns once its last running reply has ended (new replies can't name it)."""
-        if self.generator is None:
-            return False
-        try:
-            await self.generator.unload_lora(name)
-        except Exception as exc:  # noqa: BLE001 - e.g. it is in the default set
-            self.lora_failed.emit(f"Could not unload LoRA adapter {name}: {exc}")
-            return False
-        self.loras_loaded.emit(self.loaded_adapters())
-        return True
-
-    async def apply_loras(self, pairs: list[tuple[str, float]], failed: str = "Could not apply LoRA set") -> bool:
-        """Set the default set (folders or loaded names) for chats that name none: at once when idle, else
-        pending until running jobs finish (new default-set replies defer meanwhile)."""
-        if self.generator is None:
-            self.lora_failed.emit("load a model before applying LoRA adapters")
-            return False
-        wanted = [(str(p), float(s)) for p, s in pairs]
-        previous, self.chat_loras = self.chat_loras, tuple(wanted)
-        self.loras_pending.emit(True)
-        try:
-            await self.generator.set_loras([p for p, _ in wanted] or None, [s for _, s in wanted] or None)
-        except Exception as exc:  # noqa: BLE001 - shown in the panel, never raised into the loop
-            self.chat_loras = previous
-            self.lora_failed.emit(f"{failed}: {type(exc).__name__}: {exc}")
-            return False
-        finally:
-            self.loras_pending.emit(False)
-        self.loras_active.emit([name for name, _ in self.generator.adapters().default])
-        self.loras_loaded.emit(self.loaded_adapters())
-        return True
 
     # --- metrics -------------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.core.state import AppState
 from app.core.tasks import spawn
-from app.local.engine_service import COMPILING, EngineService
+from app.local.engine_service import EngineService
+from app.local.model_build import COMPILING
 from app.window.status import StatusLine
 from engine.contract import model_path_problem
 

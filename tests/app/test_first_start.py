@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.local.engine_service import COMPILING, LOADING
+from app.local.model_build import COMPILING, LOADING
 from tests.app.support import TINY_CACHE_TOKENS, loop, make_window, run, store, tiny_model  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]

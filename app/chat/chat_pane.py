@@ -1,9 +1,7 @@
 """A chat pane: transcript, prompt box and reply controls over one ChatSession.
 
-Repaints are paced by one RenderScheduler for all panes: a streaming pane re-renders at most
-MAX_RENDER_HZ (less often if its renders get slow), hidden panes not at all (they catch up when shown),
-and a tick stops rendering once it has spent its time budget, so eight streaming panes never stall the
-UI thread in one go.
+What the user does in it (buttons, links, the prompt box) is app.chat.pane_actions (PaneActions, a
+mixin over the pane); its repaints are paced by app.chat.render_scheduler, one for all panes.
 
 The transcript follows a streaming reply to its end (its stats line included) until the user scrolls
 up, and again once they scroll back to the bottom. Nothing in a pane can change its minimum size: every
@@ -11,98 +9,28 @@ text that varies (title, state, context meter, banner, error) is an ElidedLabel.
 """
 from __future__ import annotations
 
-import time
-
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QDialog, QFileDialog, QHBoxLayout, QMenu, QPlainTextEdit, QPushButton, QStyle, QTabWidget, QTextBrowser,
-    QToolButton, QVBoxLayout, QWidget,
+    QHBoxLayout, QMenu, QPushButton, QStyle, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.chat.attachments import Attachments, carries_image, shown_images
+from app.chat.attachments import Attachments, shown_images
 from app.chat.chat_session import ChatSession
-from app.chat.code_blocks import COPY_VERB
+from app.chat.pane_actions import PaneActions
 from app.chat.pane_extras import PinnedList, QueueList
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, CompactButtons, ElidedLabel, activity_icon
+from app.chat.prompt_edit import PromptEdit
+from app.chat.render_scheduler import RenderScheduler
 from app.chat.reply_display import shown
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
 from app.core.formatting import stats_text
 from app.core.images import cannot_see_message, image_tokens, sees_images
-from app.core.tasks import spawn
-from app.panels.chat_tools_dialog import ChatToolsDialog
-from app.panels.settings_dialog import SettingsDialog
 from app.panels.tool_approval import ask_approval
 
-MAX_RENDER_HZ = 20
-TICK_MS = 15
-TICK_BUDGET_S = 0.010
-RENDER_SHARE_LIMIT = 10  # a pane waits at least 10x its last render time: rendering stays <= ~10% of the thread
 
-
-class RenderScheduler(QObject):
-    """Renders dirty panes, the longest-waiting first, within a per-tick time budget."""
-
-    def __init__(self, parent: QObject | None = None):
-        super().__init__(parent)
-        self._dirty: dict["ChatPane", float] = {}  # pane -> when it became dirty
-        self._last: dict["ChatPane", float] = {}
-        self._cost: dict["ChatPane", float] = {}  # last render's duration: slow panes render less often
-        self._timer = QTimer(self)
-        self._timer.setInterval(TICK_MS)
-        self._timer.timeout.connect(self._tick)
-
-    def mark(self, pane: "ChatPane") -> None:
-        self._dirty.setdefault(pane, time.perf_counter())
-        if not self._timer.isActive():
-            self._timer.start()
-
-    def forget(self, pane: "ChatPane") -> None:
-        self._dirty.pop(pane, None)
-        self._last.pop(pane, None)
-        self._cost.pop(pane, None)
-
-    def _tick(self) -> None:
-        start = now = time.perf_counter()
-        for pane in sorted(self._dirty, key=self._dirty.get):
-            if not pane.isVisible():
-                continue  # rendered on show
-            interval = max(1.0 / MAX_RENDER_HZ, RENDER_SHARE_LIMIT * self._cost.get(pane, 0.0))
-            if now - self._last.get(pane, 0.0) < interval:
-                continue
-            del self._dirty[pane]
-            self._last[pane] = now
-            pane.render_stream()
-            self._cost[pane] = time.perf_counter() - now
-            now = time.perf_counter()
-            if now - start > TICK_BUDGET_S:
-                break
-        if not any(p.isVisible() for p in self._dirty):
-            self._timer.stop()
-
-
-class PromptEdit(QPlainTextEdit):
-    """Enter sends, Shift+Enter inserts a newline."""
-
-    submitted = Signal()
-    attachments: Attachments | None = None  # a pasted or dropped image goes there, not into the text
-
-    def canInsertFromMimeData(self, source) -> bool:  # noqa: N802
-        return (self.attachments is not None and carries_image(source)) or super().canInsertFromMimeData(source)
-
-    def insertFromMimeData(self, source) -> None:  # noqa: N802
-        if self.attachments is None or not self.attachments.add_mime(source):
-            super().insertFromMimeData(source)
-
-    def keyPressEvent(self, e: QKeyEvent) -> None:
-        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not e.modifiers() & Qt.KeyboardModifier.ShiftModifier:
-            self.submitted.emit()
-            return
-        super().keyPressEvent(e)
-
-
-class ChatPane(QWidget):
+class ChatPane(PaneActions, QWidget):
     focused = Signal(object)  # self, when the user interacts with it (tile view tracks the latest)
     branched = Signal(int)  # id of a new chat made by "branch" on one of this chat's messages
 
@@ -221,138 +149,6 @@ class ChatPane(QWidget):
         session.settings_changed.connect(self.update_meter)
         session.activity_changed.connect(self._activity)
         self.rebuild()
-
-    # --- user actions --------------------------------------------------------------------------
-
-    def submit(self) -> None:
-        text, images = self.prompt.toPlainText(), list(self.attachments.images)
-        if not text.strip() and not images:
-            return
-        self.focused.emit(self)
-        self._show_error("")
-        if self.editing is not None:
-            message_id, self.editing = self.editing, None
-            self.banner.hide()
-            self.prompt.clear()
-            spawn(self.session.edit(message_id, text), self._show_error)
-            return
-        self.prompt.clear()
-        try:
-            if self.editing_queued is not None:
-                item_id, self.editing_queued = self.editing_queued, None
-                self.banner.hide()
-                self.session.edit_queued(item_id, text)
-            else:
-                self.session.submit(text, images)  # queued while a reply runs (text only)
-                self.attachments.clear()
-        except Exception as exc:  # noqa: BLE001
-            if images:  # not sent (a model that can't see images, a reply running): the draft stays
-                self.prompt.setPlainText(text)
-            self._show_error(str(exc))
-
-    def send(self, text: str) -> None:
-        """Send `text` as if typed into the prompt box and Enter pressed."""
-        self.prompt.setPlainText(text)
-        self.submit()
-
-    def stop(self) -> None:
-        """Stop the reply; the next queued message (if any) goes out then."""
-        async def stop_then_next() -> None:
-            await self.session.stop()
-            self.session.send_next()
-        spawn(stop_then_next(), self._show_error)
-
-    def escape(self) -> None:
-        if self.editing is not None or self.editing_queued is not None:
-            self.editing = self.editing_queued = None
-            self.banner.hide()
-            self.prompt.clear()
-        else:
-            self.stop()
-
-    def regenerate(self) -> None:
-        self._show_error("")
-        spawn(self.session.regenerate(), self._show_error)
-
-    def regenerate_n(self, n: int) -> None:
-        """Answer the last user message n times at once; the replies are its versions ‹ 1/n ›."""
-        self._show_error("")
-        spawn(self.session.regenerate_n(n), self._show_error)
-
-    def continue_reply(self) -> None:
-        self._show_error("")
-        spawn(self.session.continue_reply(), self._show_error)
-
-    def branch(self, message_id: int) -> int | None:
-        """Make a new chat sharing this one's history up to `message_id` (the window opens it)."""
-        try:
-            chat_id = self.session.branch(message_id)
-        except (ValueError, KeyError) as exc:
-            self._show_error(str(exc))
-            return None
-        self.branched.emit(chat_id)
-        return chat_id
-
-    def show_alternative(self, message_id: int, step: int) -> None:
-        try:
-            self.session.select_alternative(message_id, step)
-        except RuntimeError as exc:
-            self._show_error(str(exc))
-
-    def copy_last(self) -> None:
-        replies = [m for m in self.session.messages if m.role == "assistant"]
-        if replies:
-            self._copy(replies[-1].id)
-
-    def open_settings(self) -> None:
-        dlg = SettingsDialog(self.session.settings, f"Settings — {self.session.chat.title}", self,
-                             adapters=self.session.backend.adapter_names())
-        if dlg.exec() == QDialog.DialogCode.Accepted:
-            self.session.set_settings(dlg.settings())
-
-    def open_tools(self) -> ChatToolsDialog:
-        """The chat's MCP tools and thinking switch (non-blocking: the tools are listed while it is open)."""
-        from app.agent.reply_rounds import thinks
-
-        dlg = ChatToolsDialog(self.session.settings, self.session.tools, thinks(self.session.backend.chat_template(self.session.settings)),
-                              self.session.chat.title, self)
-        dlg.accepted.connect(lambda: self.session.set_settings(dlg.settings()))
-        dlg.open()
-        self.tools_dialog = dlg
-        return dlg
-
-    def start_edit(self, message_id: int) -> None:
-        msg = next((m for m in self.session.messages if m.id == message_id), None)
-        if msg is None or msg.role != "user":
-            return
-        self.editing, self.editing_queued = message_id, None
-        self.prompt.setPlainText(msg.content)
-        self.prompt.setFocus()
-        self.banner.setText("Editing a message: sending makes a new version of it; the old one stays as an "
-                            "alternative (Esc cancels).")
-        self.banner.show()
-
-    def start_queued_edit(self, item) -> None:
-        self.editing, self.editing_queued = None, item.id
-        self.prompt.setPlainText(item.content)
-        self.prompt.setFocus()
-        self.banner.setText("Editing a queued message: Enter saves it in the queue (Esc cancels).")
-        self.banner.show()
-
-    def pick_document(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Pin a document", "", "Documents (*.txt *.md *.pdf);;All files (*)")
-        if path:
-            self.pin_document(path)
-
-    def pin_document(self, path: str) -> bool:
-        """Pin a text or PDF file to this chat; a refusal (too big, unreadable) shows as the pane's error."""
-        try:
-            self.session.pin_document(path)
-        except ValueError as exc:
-            self._show_error(str(exc))
-            return False
-        self._show_error("")
-        return True
 
     # --- rendering -----------------------------------------------------------------------------
 
@@ -525,39 +321,6 @@ class ChatPane(QWidget):
     def _scrolled(self, value: int) -> None:
         if not self._scrolling:  # the user moved it: follow only while they are at the end
             self._follow = value >= self.view.verticalScrollBar().maximum() - 4
-
-    def _anchor(self, url: QUrl) -> None:
-        self.focused.emit(self)
-        verb, _, ident = url.path().partition("/") if url.scheme() == "pd" else ("", "", "")
-        if not ident.isdigit():
-            return
-        message_id = int(ident)
-        if verb == "copy":
-            self._copy(message_id)
-        elif verb == COPY_VERB:  # a code block's Copy link: its exact text
-            QGuiApplication.clipboard().setText(self.transcript.code_blocks.text(message_id))
-        elif verb == "edit":
-            self.start_edit(message_id)
-        elif verb == "regen":
-            self.regenerate()
-        elif verb == "continue":
-            self.continue_reply()
-        elif verb == "branch":
-            self.branch(message_id)
-        elif verb == "think":  # fold a reply's thinking open or shut, where the user is reading
-            self.expanded ^= {message_id}
-            at = self.view.verticalScrollBar().value()
-            self.rebuild()
-            self._follow = False
-            self.view.verticalScrollBar().setValue(at)
-        elif verb in ("prev", "next"):
-            self.show_alternative(message_id, -1 if verb == "prev" else 1)
-
-    def _copy(self, message_id: int) -> None:
-        live = self.session.live(message_id)
-        msg = next((m for m in self.session.messages if m.id == message_id), None)
-        text = live[0] if live else (msg.content if msg else "")
-        QGuiApplication.clipboard().setText(text)
 
     def _show_error(self, text: str) -> None:
         self.error.setText(text)

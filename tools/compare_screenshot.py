@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from tools.screenshots import _until_streamed, qt_session, save_grab
+from tools.screenshot_session import qt_session, save_grab, until_streamed
 
 QUESTION = "In two sentences: what should a visitor to the harbour do first?"
 DOCUMENT = ("Harbour guide. The ferry leaves the north pier every hour. The fish market opens at six and "
@@ -58,7 +58,7 @@ async def _compare(outdir: Path, seconds: float, data_dir: Path, size: tuple[int
             if all(p.session.messages for p in panes):
                 break
             await asyncio.sleep(0.1)
-        await _until_streamed([p.session for p in panes], 60, seconds)
+        await until_streamed([p.session for p in panes], 60, seconds)
         await asyncio.sleep(0.2)  # let the loop paint
         path = outdir / "app-compare-4.png"
         save_grab(window, path)

@@ -13,16 +13,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
+from tools.screenshot_session import reply_state
+
 SMALL_CACHE = 16 * 256  # 16 pages: big cells on the page map
-
-
-def _reply_state(session) -> tuple[str, str | None]:
-    """(text so far, error) of a chat's newest reply, live while it streams."""
-    reply = session.messages[-1]
-    live = session.live(reply.id)
-    if live is not None:
-        return live[0], live[1].error
-    return reply.content, reply.stats.error if reply.stats is not None else None
 
 
 async def image_shared_pages(outdir: Path, seconds: float, data_dir: Path, picture: bytes,
@@ -64,7 +57,7 @@ async def image_shared_pages(outdir: Path, seconds: float, data_dir: Path, pictu
             service = window.service
             while loop.time() < deadline:  # both replies streaming, the picture's page held by both
                 snap = service.snapshot()
-                states = [_reply_state(p.session) for p in panes]
+                states = [reply_state(p.session) for p in panes]
                 if any(error for _, error in states):
                     raise SystemExit(f"a chat failed, no screenshot taken: {next(e for _, e in states if e)}")
                 streamed = all(len(text) > 80 for text, _ in states)

@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from tools.screenshot_session import qt_session, save_grab, until_streamed
 from tools.simulated_workload import CHATS, SimulatedWorkload
 
 PROMPTS = (
@@ -40,30 +39,6 @@ PROMPTS = (
     "Show how SQL window functions compute a running total, then a rank per group.",
     "Write a short poem about autumn leaves in the style of a haiku sequence.",
 )
-
-def save_grab(widget, path: Path) -> Path:
-    """Write what `widget` shows now to `path` (PNG); OSError if it could not be written."""
-    if not widget.grab().save(str(path)):
-        raise OSError(f"could not write screenshot {path}")
-    return path
-
-
-@contextlib.contextmanager
-def qt_session(prefix: str):
-    """The app's Qt event loop and a scratch data folder (preferences and history there, never the
-    user's), for a tool that drives the real window: yields (loop, data folder)."""
-    from PySide6.QtWidgets import QApplication
-
-    from app.window.event_loop import QtEventLoop
-
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    loop = QtEventLoop(app)
-    asyncio.set_event_loop(loop)
-    with tempfile.TemporaryDirectory(prefix=prefix) as data_dir, loop:
-        os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")
-        yield loop, Path(data_dir)
-
-
 
 def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: int = 512,
                               size: tuple[int, int] = (560, 980)) -> Path:
@@ -92,32 +67,6 @@ def save_dashboard_screenshot(path: Path, seconds: float = 75.0, pages_total: in
     save_grab(dock, path)
     dock.close()
     return path
-
-
-def _reply_state(session) -> tuple[str, str | None]:
-    """(text so far, error) of a chat's newest reply, live while it streams."""
-    reply = session.messages[-1]
-    live = session.live(reply.id)
-    if live is not None:
-        return live[0], live[1].error
-    return reply.content, reply.stats.error if reply.stats is not None else None
-
-
-async def _until_streamed(sessions: list, min_chars: int, timeout: float) -> None:
-    """Wait until every reply shows `min_chars` of text (or one ends, or time runs out); fail on errors.
-
-    Waiting on text rather than a fixed delay keeps the shots mid-stream on a fast GPU and a slow CPU alike.
-    """
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        states = [_reply_state(s) for s in sessions]
-        errors = [e for _, e in states if e]
-        if errors:
-            raise SystemExit(f"a chat failed while streaming, no screenshot taken: {errors[0]}")
-        if any(not s.running for s in sessions) or all(len(t) >= min_chars for t, _ in states):
-            return
-        await asyncio.sleep(0.1)
 
 
 async def _discover(outdir: Path, data_dir: Path, size: tuple[int, int], tag: str, theme: str) -> list[Path]:
@@ -186,7 +135,7 @@ async def _stream_main_window(outdir: Path, seconds: float, data_dir: Path, size
         sessions = [p.session for p in panes]
         saved = []
         for i, min_chars in enumerate((120, 400)):
-            await _until_streamed(sessions, min_chars, seconds / 2)
+            await until_streamed(sessions, min_chars, seconds / 2)
             await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
             name = f"{tag or f'{size[0]}x{size[1]}'}{'-dark' if theme == 'dark' else ''}-{i + 1}"
             shots = [(f"app-streaming-{name}.png", window), (f"dashboard-live-{name}.png", window.dashboard)]
@@ -228,7 +177,7 @@ async def _stream_lora_chats(outdir: Path, seconds: float, data_dir: Path) -> li
         for pane, prompt in panes:
             pane.prompt.setPlainText(prompt)
             pane.submit()
-        await _until_streamed([p.session for p, _ in panes], 200, seconds)
+        await until_streamed([p.session for p, _ in panes], 200, seconds)
         await asyncio.sleep(0.1)  # let the loop paint; processEvents() here would re-enter the running tasks
         path = outdir / "app-lora-chats.png"
         save_grab(window, path)
@@ -261,7 +210,7 @@ async def _prompt_format_chat(outdir: Path, seconds: float, data_dir: Path) -> l
         pane.session.set_settings(replace(pane.session.settings, max_new_tokens=60, temperature=0.0))
         pane.prompt.setPlainText("What is the capital of France? Answer in one sentence.")
         pane.submit()
-        await _until_streamed([pane.session], 10, seconds)
+        await until_streamed([pane.session], 10, seconds)
         while pane.session.running:
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.2)  # let the loop paint

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from tools.screenshots import qt_session
+from tools.screenshot_session import qt_session
 
 CALC = Path(__file__).resolve().parents[1] / "tests" / "data" / "mcp_servers" / "calc.py"
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1234, "b": 4321}}\n</tool_call>'

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from typing import Any, Mapping
 
-from app.core.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
+from app.core.chat_settings import ADVANCED_SAMPLER_FIELDS, ChatSettings
 
 PRESET_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty") + ADVANCED_SAMPLER_FIELDS
 _DEFAULTS = {name: getattr(ChatSettings(), name) for name in PRESET_FIELDS}
 
-# Every built-in keeps the chat default's DRY (store.LOOP_SAFE_DRY): without it the small default model
+# Every built-in keeps the chat default's DRY (chat_settings.LOOP_SAFE_DRY): without it the small default model
 # loops on everyday prompts, and a low temperature (Precise) loops the most.
 BUILTIN_PRESETS: dict[str, dict[str, Any]] = {
     # Near-deterministic: facts, code, extraction.

@@ -28,7 +28,7 @@ from typing import Any
 
 from app.core.images import openai_messages
 from app.core.remote_client import RemoteClient, RemoteError
-from app.core.store import LOOP_SAFE_DRY, ChatSettings
+from app.core.chat_settings import LOOP_SAFE_DRY, ChatSettings
 from engine.chat import ToolCall
 
 _DONE = object()

@@ -11,7 +11,7 @@ import pytest
 
 from app.core.presets import BUILTIN_PRESETS, PRESET_FIELDS, preset_of
 from app.core.remote_backend import chat_body
-from app.core.store import ADVANCED_SAMPLER_FIELDS, ChatSettings
+from app.core.chat_settings import ADVANCED_SAMPLER_FIELDS, ChatSettings
 from app.preferences.preferences import Preferences
 from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401 - fixtures
 

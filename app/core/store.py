@@ -6,7 +6,7 @@ head (`chats.head_id`). "Branch from here" copies the path up to a message into 
 where it came from (`chats.branch_of`), so either chat can be deleted or exported on its own.
 
 WAL with synchronous=NORMAL makes every commit survive a killed process, so a reply's partial text
-saved while it streams (see ChatSession) is on disk within the save interval; only an OS crash can
+saved while it streams (see app.chat.reply_run) is on disk within the save interval; only an OS crash can
 lose more. The store is used from one thread (the Qt/asyncio thread) per process.
 """
 from __future__ import annotations

@@ -24,8 +24,9 @@ from typing import Any, Callable
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.core.store import ChatSettings
-from app.local.chat_prompt import ChatPrompt, has_images, image_prompt, prompt_text
+from app.local.chat_prompt import ChatPrompt, has_images, prompt_text
 from app.local.image_costs import ImageCosts
+from app.local.image_prompts import ImagePrompts
 from app.local.model_slots import ModelNotLoaded, ModelSlot, not_loaded
 from engine.contract import DEFAULT_CACHE_TOKENS
 from engine.contract import DEFAULT_PAGE_SIZE as PAGE_SIZE
@@ -87,6 +88,7 @@ class EngineService(QObject):
         self.model = self.tokenizer = self.cache = self.generator = None
         self.vision = None  # the main model's vision encoder (engine.load_vision): it sees images
         self._image_costs = ImageCosts()  # attached images' prompt tokens, per vision encoder
+        self._image_prompts = ImagePrompts()  # image prompts made off the loop (prepare_images)
         self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
         self.info: dict | None = None
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
@@ -174,6 +176,7 @@ class EngineService(QObject):
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
         self.vision, self.model_can_see_images = vision, vision is not None
         self._prompt = None  # a prompt encoded by the previous tokenizer
+        self._image_prompts.clear()
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
         self._timer.start()
@@ -408,8 +411,20 @@ class EngineService(QObject):
             raise RuntimeError("no model is loaded yet")
         vision = self._vision_of(settings)
         if vision is not None and has_images(history):
-            return image_prompt(tokenizer, vision, history, settings, tools)
+            return self._image_prompts.of(tokenizer, vision, history, settings, tools)
         return self._text_ids(tokenizer, history, settings, tools), None
+
+    async def prepare_images(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        """Encode the history's images on a worker thread (app.local.image_prompts), so the count and the
+        job that follow on the loop find its prompt made; nothing for a history without images or a model
+        that reads text only. The encoder's errors are raised."""
+        try:
+            tokenizer = self._engine_of(settings)[0]
+        except ModelNotLoaded:
+            return  # start_job says which model is missing
+        vision = self._vision_of(settings)
+        if tokenizer is not None and vision is not None and has_images(history):
+            await self._image_prompts.prepare(tokenizer, vision, history, settings, tools)
 
     def _text_ids(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None):
         last = self._prompt

@@ -100,6 +100,17 @@ def start(port: int, extra: tuple[str, ...] = (), log_name: str = "server.log") 
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def start_vision(port: int, folder: Path, log_name: str = "vision.log") -> subprocess.Popen:
+    """`vllm serve` of a vision-language model folder (tests/tiny_vlms.py's tiny SmolVLM) for the image
+    tests: plain chat, two images a prompt at most."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [str(VENV / "bin" / "vllm"), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--limit-mm-per-prompt", '{"image": 2}']
+    out = open(WORK / log_name, "w")
+    log(f"starting vLLM on {folder.name}, port {port} (log: {WORK / log_name})")
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def stop(proc: subprocess.Popen) -> None:
     stop_group(proc)
     log(f"vLLM stopped (exit {proc.returncode})")

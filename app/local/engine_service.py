@@ -415,9 +415,7 @@ class EngineService(QObject):
         return self._text_ids(tokenizer, history, settings, tools), None
 
     async def prepare_images(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
-        """Encode the history's images on a worker thread (app.local.image_prompts), so the count and the
-        job that follow on the loop find its prompt made; nothing for a history without images or a model
-        that reads text only. The encoder's errors are raised."""
+        """Make a history's image prompt on a worker thread (app.local.image_prompts) for the count and job."""
         try:
             tokenizer = self._engine_of(settings)[0]
         except ModelNotLoaded:

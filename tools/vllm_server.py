@@ -8,6 +8,9 @@ metadata of a package named `vllm`), and an HF folder made from the default GGUF
 (GgufConfig(dequantize=True), then save_pretrained; the chat template survives). Each step writes a
 stamp when it completed, so an interrupted build resumes instead of trusting half a venv.
 
+tests/integration/test_remote_vllm_images.py starts a second server of its own (`start_vision`) for a tiny
+random SmolVLM; the whole run took 393 s on a loaded 2-core machine (41 s of it the one-time model folder).
+
 Run: `.venv/bin/python -m tools.vllm_server [pytest args]`; `--serve-only` just serves.
 """
 from __future__ import annotations

@@ -201,3 +201,31 @@ def test_a_failing_encoder_fails_only_its_reply_with_a_message_and_keeps_the_mes
         assert all(t is not threading.main_thread() for t, _ in watched.calls)
 
     run(loop, body())
+
+
+def test_a_prepared_prompt_is_the_one_made_on_the_loop_and_only_its_own_history_and_settings_find_it(
+        tiny_vlm_folder, tmp_path):
+    """app.local.image_prompts: the worker's prompt ids equal those made in place, and a different system prompt, thinking switch, tool list or history is made anew."""
+    from app.core.images import attach_file
+    from app.local.image_prompts import ImagePrompts
+    from engine import Tokenizer
+    from engine.vision import load_vision
+
+    tokenizer, vision = Tokenizer.load(tiny_vlm_folder), load_vision(tiny_vlm_folder)
+    watched = Watched(vision)
+    history = [{"role": "user", "content": "What is it?",
+                "images": [attach_file(noisy_picture(tmp_path / "d.png", (90, 60), seed=11))]}]
+    prompts = ImagePrompts()
+    asyncio.run(prompts.prepare(tokenizer, vision, history, SETTINGS))
+    prepared = prompts.get(tokenizer, vision, history, SETTINGS)
+    assert prepared is not None and watched.calls and watched.calls[0][0] is not threading.main_thread()
+    fresh = ImagePrompts().of(tokenizer, vision, history, SETTINGS)  # made here (the encoder's cache holds it)
+    assert prepared[0].tolist() == fresh[0].tolist()
+    assert len(prepared[1]) == 1 and prepared[1][0].embeddings.shape[0] > 16
+    tool = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for settings, tools, other in ((replace(SETTINGS, system_prompt="Be brief."), None, history),
+                                   (replace(SETTINGS, thinking=not SETTINGS.thinking), None, history),
+                                   (SETTINGS, tool, history),
+                                   (SETTINGS, None, [{**history[0], "content": "And now?"}])):
+        assert prompts.get(tokenizer, vision, other, settings, tools) is None
+    assert prompts.get(tokenizer, vision, [dict(history[0])], SETTINGS) is prepared  # an equal history finds it

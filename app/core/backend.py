@@ -63,6 +63,10 @@ class Backend(Protocol):
     def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:
         """Prompt tokens one attached image (app.core.images.AttachedImage) costs; None when unknown."""
 
+    async def prepare_images(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        """Optional: encode the history's images off the event loop before count_tokens and start_job read
+        its prompt (a local vision model; the encoder's errors are raised)."""
+
 
 class BackendSwitch:
     """The Backend the chats hold: forwards to the current one; a running reply stays with its own."""
@@ -125,3 +129,8 @@ class BackendSwitch:
     def image_tokens(self, image: Any, settings: ChatSettings | None = None) -> int | None:
         fn = getattr(self.current, "image_tokens", None)
         return fn(image, settings) if fn is not None else None
+
+    async def prepare_images(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        fn = getattr(self.current, "prepare_images", None)
+        if fn is not None:
+            await fn(history, settings, tools)

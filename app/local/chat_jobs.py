@@ -11,7 +11,7 @@ import asyncio
 from typing import Any
 
 from app.core.store import ChatSettings
-from app.local.chat_prompt import ChatPrompt, has_images, image_prompt, prompt_text
+from app.local.chat_prompt import ChatPrompt, has_images, prompt_text
 from app.local.model_slots import ModelNotLoaded
 
 
@@ -47,8 +47,18 @@ class ChatJobs:
             raise RuntimeError("no model is loaded yet")
         vision = self._vision_of(settings)
         if vision is not None and has_images(history):
-            return image_prompt(tokenizer, vision, history, settings, tools)
+            return self._image_prompts.of(tokenizer, vision, history, settings, tools)
         return self._text_ids(tokenizer, history, settings, tools), None
+
+    async def prepare_images(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> None:
+        """Make a history's image prompt on a worker thread (app.local.image_prompts) for the count and job."""
+        try:
+            tokenizer = self._engine_of(settings)[0]
+        except ModelNotLoaded:
+            return  # start_job says which model is missing
+        vision = self._vision_of(settings)
+        if tokenizer is not None and vision is not None and has_images(history):
+            await self._image_prompts.prepare(tokenizer, vision, history, settings, tools)
 
     def _text_ids(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None):
         last = self._prompt

@@ -27,6 +27,7 @@ from app.core.store import ChatSettings
 from app.local.chat_jobs import ChatJobs
 from app.local.chat_prompt import ChatPrompt
 from app.local.image_costs import ImageCosts
+from app.local.image_prompts import ImagePrompts
 from app.local.lora_control import LoraControl
 from app.local.model_build import LoadRequest, build_model
 from app.local.model_slots import ModelNotLoaded, ModelSlot, ModelsBeside
@@ -56,6 +57,7 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         self.model = self.tokenizer = self.cache = self.generator = None
         self.vision = None  # the main model's vision encoder (engine.load_vision): it sees images
         self._image_costs = ImageCosts()  # attached images' prompt tokens, per vision encoder
+        self._image_prompts = ImagePrompts()  # image prompts made off the loop (prepare_images)
         self.chat_loras: tuple = ()  # the LoRA panel's default set: [(adapter path or name, scale)]
         self.info: dict | None = None
         self.request: dict | None = None  # the LoadRequest (as a dict) of the model running now
@@ -143,6 +145,7 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         self.model, self.tokenizer, self.cache, self.generator = model, tokenizer, cache, generator
         self.vision, self.model_can_see_images = vision, vision is not None
         self._prompt = None  # a prompt encoded by the previous tokenizer
+        self._image_prompts.clear()
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
         self._timer.start()

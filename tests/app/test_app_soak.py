@@ -19,29 +19,22 @@ import time
 
 import pytest
 
+from tests.app.soak_meter import sample, slope_per_1000
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
 REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
 FULL = "PAGEDECK_SOAK_REPLIES" in os.environ
 RELOAD_EVERY = int(os.environ.get("PAGEDECK_SOAK_RELOAD_EVERY", "150"))  # a shorter run can reload more often
+# Each chat is replaced by a fresh one after this many replies of its own (0: never), so what the chats hold
+# stops growing after warm-up and any growth left is a leak, not longer transcripts; staggered, one chat at
+# a time, so the content stays about level between samples
+ROTATE = int(os.environ.get("PAGEDECK_SOAK_ROTATE", "4" if FULL else "0"))
+LEAK_MB_PER_1000 = 20
 FRAME_MS = 1000 / 60
 PROMPTS = ["Say hi.", "Name a colour.", "Count to three.", "One word for happy?", "What is 2+2?",
            "Name a fruit.", "Say goodbye.", "A short greeting, please."]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600 if FULL else 900)]
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
-def live_qt_objects(window) -> int:
-    """C++ QObjects under the window plus every top-level widget (dialogs, menus)."""
-    from PySide6.QtCore import QObject
-    from PySide6.QtWidgets import QApplication
-
-    return len(window.findChildren(QObject)) + len(QApplication.topLevelWidgets())
 
 
 class StallProbe:
@@ -73,20 +66,30 @@ async def reply(pane, action) -> None:
     assert last.role == "assistant" and last.stats.state == "done", (last.stats, last.content)
 
 
-async def session(window, remote_url: str, replies: int) -> dict:
+async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dict:
     from app.core.store import ChatSettings
 
-    settings = ChatSettings(max_new_tokens=6, seed=1, system_prompt="")
-    panes = [window.new_chat(f"soak {i}") for i in range(8)]
-    for p in panes:
-        p.session.set_settings(settings)
+    settings = ChatSettings(max_new_tokens=6, seed=1, system_prompt="")  # short replies: 500 fit in ~30 min
+
+    def fresh_chat(k: int):
+        pane = window.new_chat(f"soak {k}")
+        pane.session.set_settings(settings)
+        return pane
+
+    panes = [fresh_chat(k) for k in range(8)]
     probe = StallProbe()
-    samples, warm_at = [], max(8, replies // 4)
+    samples, warm_at = [], max(8, replies // 4, 8 * rotate + 8 if rotate else 0)
+    every = 10 if replies <= 200 else 25
     # A reload before warm-up (its one-time cost is not judged); the long run reloads every 150 replies after
     # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
     reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))
+    start = time.perf_counter()
     for i in range(replies):
-        pane = panes[i % 8]
+        k = i % 8
+        if rotate and i >= 8 and (i // 8 + k) % rotate == 0:  # a fresh chat for this one, two chats a round
+            window.chat_list.delete([panes[k].session.chat_id])
+            panes[k] = fresh_chat(k)
+        pane = panes[k]
         if i % 5 == 0:  # tiles of 2-4 and tabs, taking turns, the current chat changing
             window.chats.set_view("tiles", 2 + i % 3) if i % 10 == 0 else window.chats.set_view("tabs")
             window.chats.open_chat(pane.session.chat_id)
@@ -110,16 +113,17 @@ async def session(window, remote_url: str, replies: int) -> dict:
             window.chats.open_chat(branch_id)
             await asyncio.sleep(0)
             window.chat_list.delete([branch_id])
-        if i + 1 == warm_at or (i + 1) % max(10, replies // 10) == 0 or i + 1 == replies:
+        if i + 1 == warm_at or (i + 1) % every == 0 or i + 1 == replies:
             window.chats.set_view("tabs")  # counted in one view: tiles show more widgets than tabs, by design
             await asyncio.sleep(0)
             gc.collect()
             await asyncio.sleep(0.05)  # deleteLater()s run
-            samples.append((i + 1, round(rss_mb(), 1), live_qt_objects(window)))
+            samples.append(sample(window, i + 1, time.perf_counter() - start))
+            print(f"app soak: {json.dumps(samples[-1])}", flush=True)  # progress, to watch a long run
     probe.timer.stop()
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
-    return {"replies": replies, "samples (replies, RSS MB, Qt objects)": samples, "warm_at": warm_at,
-            "reloads_at": sorted(reload_at),
+    return {"replies": replies, "rotate": rotate, "samples": samples, "warm_at": warm_at,
+            "reloads_at": sorted(reload_at), "seconds": round(time.perf_counter() - start),
             "stall_p99_ms": round(probe.p99_ms(), 1), "stall_max_ms": round(max(probe.lateness or [0]) * 1000, 1),
             "probe_ticks": len(probe.lateness)}
 
@@ -138,23 +142,24 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
         window.resize(1600, 900)
         window.show()
         try:
-            return await session(window, remote_url, REPLIES)
+            return await session(window, remote_url, REPLIES, ROTATE)
         finally:
             await window.shutdown()
 
-    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote:
+    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote, capsys.disabled():
         result = run(loop, body(remote.url + "/v1"), 3 * 3600 if FULL else 800)
-    with capsys.disabled():
-        print(f"\napp soak: {json.dumps(result)}")
-    samples = [s for s in result["samples (replies, RSS MB, Qt objects)"] if s[0] >= result["warm_at"]]
+        samples = [s for s in result.pop("samples") if s["replies"] >= result["warm_at"]]
+        result.update({f"after warm-up, {key} per 1000 replies": round(slope_per_1000(samples, key), 1)
+                       for key in ("rss", "heap", "kept", "qt", "wrappers", "doc_chars")})
+        print(f"app soak: {json.dumps(result)}")
     warm, end = samples[0], samples[-1]
-    per_1000 = (end[1] - warm[1]) / max(1, end[0] - warm[0]) * 1000
-    assert end[2] <= warm[2] + 20, f"Qt objects grew from {warm[2]} to {end[2]}"
-    if FULL:  # a slow leak shows only over hundreds of replies
-        assert per_1000 <= 20, f"RSS grew {per_1000:.1f} MB per 1000 replies after warm-up"
+    assert end["qt"] <= warm["qt"] + 20, f"Qt objects grew from {warm['qt']} to {end['qt']}"
+    if FULL and ROTATE:  # a slow leak shows only over hundreds of replies, with the chats' content level
+        per_1000 = result["after warm-up, rss per 1000 replies"]
+        assert per_1000 <= LEAK_MB_PER_1000, f"RSS grew {per_1000:.1f} MB per 1000 replies after warm-up"
         assert result["stall_p99_ms"] < FRAME_MS, result
     else:  # a gross one at once: a reload that kept the old model (~0.5-1 GB) or a transcript per reply
-        assert end[1] - warm[1] <= 150, f"RSS grew {end[1] - warm[1]:.0f} MB in {end[0] - warm[0]} replies"
+        assert end["rss"] - warm["rss"] <= 150, f"RSS grew {end['rss'] - warm['rss']:.0f} MB in {end['replies'] - warm['replies']} replies"
 
 
 def test_remote_connections_leave_no_poller_behind(qtbot, loop, store, tiny_llama_folder):

@@ -10,6 +10,7 @@ legitimately hold, so that growth from longer chats (data) can be told from grow
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import gc
 
@@ -34,9 +35,16 @@ _MALLINFO2 = _mallinfo2()
 MB = 1024 * 1024
 
 
-def rss_mb() -> float:
+def status_mb(*keys: str) -> list[float]:
+    """Fields of /proc/self/status in MB: VmRSS, and its parts RssAnon (heap, stacks) and RssFile (mapped
+    files: the model's weights when mapped, libraries)."""
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        found = dict(line.split(":", 1) for line in f)
+    return [int(found[k].split()[0]) / 1024 for k in keys]
+
+
+def rss_mb() -> float:
+    return status_mb("VmRSS")[0]
 
 
 def heap_mb() -> tuple[float, float]:
@@ -55,9 +63,15 @@ def live_qt_objects(window) -> int:
     return len(window.findChildren(QObject)) + len(QApplication.topLevelWidgets())
 
 
-def qt_wrappers() -> int:
-    """Python objects of PySide6 types the collector tracks (wrappers kept alive from Python)."""
-    return sum(1 for o in gc.get_objects() if str(getattr(type(o), "__module__", "")).startswith("PySide6"))
+def qt_wrappers() -> collections.Counter:
+    """Python objects of PySide6 types the collector tracks (wrappers kept alive from Python), by type."""
+    return collections.Counter(type(o).__qualname__ for o in gc.get_objects()
+                               if str(getattr(type(o), "__module__", "")).startswith("PySide6"))
+
+
+def grown(before: collections.Counter, after: collections.Counter, top: int = 8) -> dict:
+    """The types whose count grew most from before to after."""
+    return dict((after - before).most_common(top))
 
 
 def content(window) -> dict:
@@ -72,10 +86,18 @@ def content(window) -> dict:
             "doc_blocks": sum(d.blockCount() for d in docs)}
 
 
-def sample(window, replies: int, seconds: float) -> dict:
+def sample(window, replies: int, seconds: float, wrappers: collections.Counter | None = None) -> dict:
+    """One row of figures; `wrappers` (if given) is updated to the wrapper counts by type."""
     in_use, kept = heap_mb()
-    return {"replies": replies, "s": round(seconds, 1), "rss": round(rss_mb(), 1), "heap": round(in_use, 1),
-            "kept": round(kept, 1), "qt": live_qt_objects(window), "wrappers": qt_wrappers(), **content(window)}
+    by_type = qt_wrappers()
+    if wrappers is not None:
+        wrappers.clear()
+        wrappers.update(by_type)
+    rss, anon, mapped = status_mb("VmRSS", "RssAnon", "RssFile")
+    return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "anon": round(anon, 1),
+            "file": round(mapped, 1), "heap": round(in_use, 1),
+            "kept": round(kept, 1), "qt": live_qt_objects(window), "wrappers": sum(by_type.values()),
+            **content(window)}
 
 
 def slope_per_1000(samples: list[dict], key: str) -> float:

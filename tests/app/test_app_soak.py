@@ -12,6 +12,7 @@ timing is a benchmark, not a `make test` check on a shared machine).
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import os
@@ -19,7 +20,7 @@ import time
 
 import pytest
 
-from tests.app.soak_meter import sample, slope_per_1000
+from tests.app.soak_meter import grown, sample, slope_per_1000
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
@@ -84,6 +85,7 @@ async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dic
     # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
     reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))
     start = time.perf_counter()
+    wrappers_now, wrappers_warm = collections.Counter(), collections.Counter()
     for i in range(replies):
         k = i % 8
         if rotate and i >= 8 and (i // 8 + k) % rotate == 0:  # a fresh chat for this one, two chats a round
@@ -118,14 +120,16 @@ async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dic
             await asyncio.sleep(0)
             gc.collect()
             await asyncio.sleep(0.05)  # deleteLater()s run
-            samples.append(sample(window, i + 1, time.perf_counter() - start))
+            samples.append(sample(window, i + 1, time.perf_counter() - start, wrappers_now))
+            if i + 1 == warm_at:
+                wrappers_warm = collections.Counter(wrappers_now)
             print(f"app soak: {json.dumps(samples[-1])}", flush=True)  # progress, to watch a long run
     probe.timer.stop()
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
     return {"replies": replies, "rotate": rotate, "samples": samples, "warm_at": warm_at,
             "reloads_at": sorted(reload_at), "seconds": round(time.perf_counter() - start),
             "stall_p99_ms": round(probe.p99_ms(), 1), "stall_max_ms": round(max(probe.lateness or [0]) * 1000, 1),
-            "probe_ticks": len(probe.lateness)}
+            "probe_ticks": len(probe.lateness), "wrappers grown after warm-up": grown(wrappers_warm, wrappers_now)}
 
 
 def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot, loop, tmp_path, tiny_llama_folder,
@@ -150,7 +154,7 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
         result = run(loop, body(remote.url + "/v1"), 3 * 3600 if FULL else 800)
         samples = [s for s in result.pop("samples") if s["replies"] >= result["warm_at"]]
         result.update({f"after warm-up, {key} per 1000 replies": round(slope_per_1000(samples, key), 1)
-                       for key in ("rss", "heap", "kept", "qt", "wrappers", "doc_chars")})
+                       for key in ("rss", "anon", "file", "heap", "kept", "qt", "wrappers", "doc_chars")})
         print(f"app soak: {json.dumps(result)}")
     warm, end = samples[0], samples[-1]
     assert end["qt"] <= warm["qt"] + 20, f"Qt objects grew from {warm['qt']} to {end['qt']}"

@@ -63,10 +63,20 @@ def live_qt_objects(window) -> int:
     return len(window.findChildren(QObject)) + len(QApplication.topLevelWidgets())
 
 
-def qt_wrappers() -> collections.Counter:
-    """Python objects of PySide6 types the collector tracks (wrappers kept alive from Python), by type."""
-    return collections.Counter(type(o).__qualname__ for o in gc.get_objects()
-                               if str(getattr(type(o), "__module__", "")).startswith("PySide6"))
+def qt_wrappers() -> tuple[collections.Counter, int]:
+    """Python objects of PySide6 types the collector tracks, by type, whose C++ object lives; and the number
+    of those whose C++ object is gone. The dead ones are the meter's own: the wrappers findChildren() makes
+    are kept by the window's wrapper after their objects are deleted (seen with gc.get_referrers)."""
+    import shiboken6
+
+    live, dead = collections.Counter(), 0
+    for o in gc.get_objects():
+        if str(getattr(type(o), "__module__", "")).startswith("PySide6"):
+            if shiboken6.isValid(o):
+                live[type(o).__qualname__] += 1
+            else:
+                dead += 1
+    return live, dead
 
 
 def grown(before: collections.Counter, after: collections.Counter, top: int = 8) -> dict:
@@ -89,7 +99,7 @@ def content(window) -> dict:
 def sample(window, replies: int, seconds: float, wrappers: collections.Counter | None = None) -> dict:
     """One row of figures; `wrappers` (if given) is updated to the wrapper counts by type."""
     in_use, kept = heap_mb()
-    by_type = qt_wrappers()
+    by_type, dead = qt_wrappers()
     if wrappers is not None:
         wrappers.clear()
         wrappers.update(by_type)
@@ -97,14 +107,16 @@ def sample(window, replies: int, seconds: float, wrappers: collections.Counter |
     return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "anon": round(anon, 1),
             "file": round(mapped, 1), "heap": round(in_use, 1),
             "kept": round(kept, 1), "qt": live_qt_objects(window), "wrappers": sum(by_type.values()),
+            "dead_wrappers": dead,
             **content(window)}
 
 
-def slope_per_1000(samples: list[dict], key: str) -> float:
-    """Least-squares growth of samples[key] per 1000 replies (0 with fewer than two samples)."""
-    if len(samples) < 2:
-        return 0.0
-    xs, ys = [s["replies"] for s in samples], [s[key] for s in samples]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return 0.0 if den == 0 else sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den * 1000
+def growth_split(samples: list[dict], reloads: list[int], key: str) -> tuple[float, float]:
+    """(growth of samples[key] per 1000 replies between reloads, mean step across a reload): from
+    consecutive samples, those spanning a reload apart."""
+    steps = [(b["replies"] - a["replies"], b[key] - a[key], any(a["replies"] <= r < b["replies"] for r in reloads))
+             for a, b in zip(samples, samples[1:])]
+    replies = sum(n for n, _, spans in steps if not spans)
+    across = [d for _, d, spans in steps if spans]
+    return (sum(d for _, d, spans in steps if not spans) / max(1, replies) * 1000,
+            sum(across) / len(across) if across else 0.0)

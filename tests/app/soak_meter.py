@@ -2,7 +2,8 @@
 legitimately hold, so that growth from longer chats (data) can be told from growth that nothing explains
 (a leak).
 
-- RSS (/proc/self/status) and glibc's heap (mallinfo2: in use = arena chunks in use + mmapped chunks;
+- RSS (/proc/self/status), threads, Python's allocated blocks (its own arenas are mmapped, outside
+  glibc's figures) and glibc's heap (mallinfo2: in use = arena chunks in use + mmapped chunks;
   kept = freed chunks the arenas keep), so a growth in RSS can be told from fragmentation;
 - live Qt objects under the window (C++ QObjects) and the Python wrappers of Qt types the collector tracks;
 - the chats' content: open chats, messages, characters of their text, characters and blocks of their
@@ -13,6 +14,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import gc
+import sys
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -99,14 +101,17 @@ def content(window) -> dict:
 def sample(window, replies: int, seconds: float, wrappers: collections.Counter | None = None) -> dict:
     """One row of figures; `wrappers` (if given) is updated to the wrapper counts by type."""
     in_use, kept = heap_mb()
+    qt = live_qt_objects(window)  # first: the wrappers it makes for objects not yet wrapped are then counted
     by_type, dead = qt_wrappers()
     if wrappers is not None:
         wrappers.clear()
         wrappers.update(by_type)
     rss, anon, mapped = status_mb("VmRSS", "RssAnon", "RssFile")
+    threads = int(status_mb("Threads")[0] * 1024)
     return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "anon": round(anon, 1),
-            "file": round(mapped, 1), "heap": round(in_use, 1),
-            "kept": round(kept, 1), "qt": live_qt_objects(window), "wrappers": sum(by_type.values()),
+            "file": round(mapped, 1), "heap": round(in_use, 1), "py_blocks": sys.getallocatedblocks(),
+            "threads": threads,
+            "kept": round(kept, 1), "qt": qt, "wrappers": sum(by_type.values()),
             "dead_wrappers": dead,
             **content(window)}
 

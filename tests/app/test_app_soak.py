@@ -178,7 +178,7 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
     with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote, capsys.disabled():
         result = run(loop, body(remote.url + "/v1"), 3 * 3600 if FULL else 800)
         samples = [s for s in result.pop("samples") if s["replies"] >= result["warm_at"]]
-        for key in ("rss", "anon", "heap", "kept", "qt", "wrappers", "dead_wrappers", "doc_chars"):
+        for key in ("rss", "anon", "heap", "kept", "py_blocks", "threads", "qt", "wrappers", "dead_wrappers", "doc_chars"):
             between, step = growth_split(samples, result["reloads_at"], key)
             result[f"{key}: per 1000 replies between reloads, per reload"] = [round(between, 1), round(step, 1)]
         print(f"app soak: {json.dumps(result)}")

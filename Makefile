@@ -79,9 +79,13 @@ bench-peers: $(VENV)/.peers
 soak: $(STAMP)
 	$(BIN)/python -m engine soak --clients 64 --duration 600
 
-# The app for hours: 500 replies across 8 chats (tests/app/test_app_soak.py): memory and Qt objects flat, stall p99 < 1 frame.
+# The app for hours: 500 short replies across 8 chats (tests/app/test_app_soak.py; ~10-20 min on 2 cores), a line
+# of figures every 25 replies to watch it: memory and Qt objects flat after warm-up, stall p99 < 1 frame.
+# SOAK_REPLIES=N for another length.
+SOAK_REPLIES ?= 500
 soak-app: $(STAMP)
-	PAGEDECK_SOAK_REPLIES=500 QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -s tests/app/test_app_soak.py
+	PAGEDECK_SOAK_REPLIES=$(SOAK_REPLIES) QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider -s \
+		-k many_replies tests/app/test_app_soak.py
 
 clean:
 	rm -rf $(VENV) .vllm build dist *.egg-info

@@ -103,6 +103,11 @@ class ChatArea(QStackedWidget):
         session, pane = self.sessions.pop(chat_id, None), self.panes.pop(chat_id, None)
         if session is not None and session.task is not None:
             session.task.cancel()  # records it stopped; the chat row goes right after
+            # the session goes once its last reply recorded its end (a child of this area that nothing else
+            # deletes: it kept the chat's messages and, through its signals, the pane's Python side)
+            session.task.add_done_callback(lambda _t: session.deleteLater())
+        elif session is not None:
+            session.deleteLater()
         if pane is not None:
             self.scheduler.forget(pane)
             pane.deleteLater()

@@ -2,16 +2,20 @@
 switches between tiles and tabs, regenerate, branch (and deleting the branch), a model reload and remote
 connect/disconnect (a real pagedeck server on loopback), while a 10 ms QTimer probes UI stalls.
 
-Oracles: after warm-up the process's memory and the number of live Qt objects stay flat (the same work
-repeated must not leave objects or memory behind), every reply ends "done", no page stays referenced.
-The stall p99 is reported (and asserted only by `make soak-app`, which sets PAGEDECK_SOAK_REPLIES=500:
-timing is a benchmark, not a `make test` check on a shared machine).
+Oracles: after warm-up the number of live Qt objects and of Python wrappers of Qt objects stay flat, every
+reply ends "done", no page stays referenced. `make soak-app` (PAGEDECK_SOAK_REPLIES=500) also replaces each
+chat by a fresh one after 4 replies of its own (PAGEDECK_SOAK_ROTATE), so that what the chats hold stays level
+and growth is a leak, not longer transcripts, and asserts: RSS and the heap in use grow at most 20 MB per 1000
+replies between reloads and 30 MB per reload, and the stall p99 is under one 60 Hz frame (timing is a
+benchmark, not a `make test` check on a shared machine). At the end the 8 chats are deleted to measure
+what they held (heap and RSS freed, against their transcripts' characters).
 
     make soak-app     # 500 replies; figures in the README
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import os
@@ -19,29 +23,23 @@ import time
 
 import pytest
 
+from tests.app.soak_meter import content, grown, growth_split, heap_mb, rss_mb, sample
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
 REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
 FULL = "PAGEDECK_SOAK_REPLIES" in os.environ
 RELOAD_EVERY = int(os.environ.get("PAGEDECK_SOAK_RELOAD_EVERY", "150"))  # a shorter run can reload more often
+# Each chat is replaced by a fresh one after this many replies of its own (0: never), so what the chats hold
+# stops growing after warm-up and any growth left is a leak, not longer transcripts; staggered, one chat at
+# a time, so the content stays about level between samples
+ROTATE = int(os.environ.get("PAGEDECK_SOAK_ROTATE", "4" if FULL else "0"))
+LEAK_MB_PER_1000 = 20  # after warm-up, between reloads, with the chats' content level
+RELOAD_MB = 30  # a reload's mean step (glibc keeps part of the load's freed heap; the old model is ~0.5-1 GB)
 FRAME_MS = 1000 / 60
 PROMPTS = ["Say hi.", "Name a colour.", "Count to three.", "One word for happy?", "What is 2+2?",
            "Name a fruit.", "Say goodbye.", "A short greeting, please."]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3 * 3600 if FULL else 900)]
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
-def live_qt_objects(window) -> int:
-    """C++ QObjects under the window plus every top-level widget (dialogs, menus)."""
-    from PySide6.QtCore import QObject
-    from PySide6.QtWidgets import QApplication
-
-    return len(window.findChildren(QObject)) + len(QApplication.topLevelWidgets())
 
 
 class StallProbe:
@@ -73,20 +71,50 @@ async def reply(pane, action) -> None:
     assert last.role == "assistant" and last.stats.state == "done", (last.stats, last.content)
 
 
-async def session(window, remote_url: str, replies: int) -> dict:
+async def content_held(window, chat_ids: list[int]) -> dict:
+    """What the chats open at the end hold: the heap in use and RSS before and after deleting them (and
+    trimming the heap), with the transcript characters they had: longer chats legitimately hold more."""
+    from engine.model.weights import release_freed_memory
+
+    async def settle():
+        for _ in range(3):
+            await asyncio.sleep(0.05)
+            gc.collect()
+        release_freed_memory()
+
+    await settle()
+    chars, (heap, _), rss = content(window)["doc_chars"], heap_mb(), rss_mb()
+    window.chat_list.delete(chat_ids)
+    await settle()
+    (heap_after, _), rss_after = heap_mb(), rss_mb()
+    return {"doc_chars": chars, "heap_mb": round(heap - heap_after, 1), "rss_mb": round(rss - rss_after, 1)}
+
+
+async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dict:
     from app.core.store import ChatSettings
 
-    settings = ChatSettings(max_new_tokens=6, seed=1, system_prompt="")
-    panes = [window.new_chat(f"soak {i}") for i in range(8)]
-    for p in panes:
-        p.session.set_settings(settings)
+    settings = ChatSettings(max_new_tokens=6, seed=1, system_prompt="")  # short replies: 500 fit in ~30 min
+
+    def fresh_chat(k: int):
+        pane = window.new_chat(f"soak {k}")
+        pane.session.set_settings(settings)
+        return pane
+
+    panes = [fresh_chat(k) for k in range(8)]
     probe = StallProbe()
-    samples, warm_at = [], max(8, replies // 4)
+    samples, warm_at = [], max(8, replies // 4, 8 * rotate + 8 if rotate else 0)
+    every = 10 if replies <= 200 else 25
     # A reload before warm-up (its one-time cost is not judged); the long run reloads every 150 replies after
     # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
     reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))
+    start = time.perf_counter()
+    wrappers_now, wrappers_warm = collections.Counter(), collections.Counter()
     for i in range(replies):
-        pane = panes[i % 8]
+        k = i % 8
+        if rotate and i >= 8 and (i // 8 + k) % rotate == 0:  # a fresh chat for this one, two chats a round
+            window.chat_list.delete([panes[k].session.chat_id])
+            panes[k] = fresh_chat(k)
+        pane = panes[k]
         if i % 5 == 0:  # tiles of 2-4 and tabs, taking turns, the current chat changing
             window.chats.set_view("tiles", 2 + i % 3) if i % 10 == 0 else window.chats.set_view("tabs")
             window.chats.open_chat(pane.session.chat_id)
@@ -110,18 +138,23 @@ async def session(window, remote_url: str, replies: int) -> dict:
             window.chats.open_chat(branch_id)
             await asyncio.sleep(0)
             window.chat_list.delete([branch_id])
-        if i + 1 == warm_at or (i + 1) % max(10, replies // 10) == 0 or i + 1 == replies:
+        if i + 1 == warm_at or (i + 1) % every == 0 or i + 1 == replies:
             window.chats.set_view("tabs")  # counted in one view: tiles show more widgets than tabs, by design
             await asyncio.sleep(0)
             gc.collect()
             await asyncio.sleep(0.05)  # deleteLater()s run
-            samples.append((i + 1, round(rss_mb(), 1), live_qt_objects(window)))
+            samples.append(sample(window, i + 1, time.perf_counter() - start, wrappers_now))
+            if i + 1 == warm_at:
+                wrappers_warm = collections.Counter(wrappers_now)
+            print(f"app soak: {json.dumps(samples[-1])}", flush=True)  # progress, to watch a long run
     probe.timer.stop()
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
-    return {"replies": replies, "samples (replies, RSS MB, Qt objects)": samples, "warm_at": warm_at,
-            "reloads_at": sorted(reload_at),
+    held = await content_held(window, [p.session.chat_id for p in panes])
+    return {"replies": replies, "rotate": rotate, "samples": samples, "warm_at": warm_at,
+            "reloads_at": sorted(reload_at), "seconds": round(time.perf_counter() - start),
             "stall_p99_ms": round(probe.p99_ms(), 1), "stall_max_ms": round(max(probe.lateness or [0]) * 1000, 1),
-            "probe_ticks": len(probe.lateness)}
+            "probe_ticks": len(probe.lateness), "wrappers grown after warm-up": grown(wrappers_warm, wrappers_now),
+            "content held": held}
 
 
 def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot, loop, tmp_path, tiny_llama_folder,
@@ -138,23 +171,29 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
         window.resize(1600, 900)
         window.show()
         try:
-            return await session(window, remote_url, REPLIES)
+            return await session(window, remote_url, REPLIES, ROTATE)
         finally:
             await window.shutdown()
 
-    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote:
+    with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote, capsys.disabled():
         result = run(loop, body(remote.url + "/v1"), 3 * 3600 if FULL else 800)
-    with capsys.disabled():
-        print(f"\napp soak: {json.dumps(result)}")
-    samples = [s for s in result["samples (replies, RSS MB, Qt objects)"] if s[0] >= result["warm_at"]]
+        samples = [s for s in result.pop("samples") if s["replies"] >= result["warm_at"]]
+        for key in ("rss", "anon", "heap", "kept", "py_blocks", "threads", "qt", "wrappers", "dead_wrappers", "doc_chars"):
+            between, step = growth_split(samples, result["reloads_at"], key)
+            result[f"{key}: per 1000 replies between reloads, per reload"] = [round(between, 1), round(step, 1)]
+        print(f"app soak: {json.dumps(result)}")
     warm, end = samples[0], samples[-1]
-    per_1000 = (end[1] - warm[1]) / max(1, end[0] - warm[0]) * 1000
-    assert end[2] <= warm[2] + 20, f"Qt objects grew from {warm[2]} to {end[2]}"
-    if FULL:  # a slow leak shows only over hundreds of replies
-        assert per_1000 <= 20, f"RSS grew {per_1000:.1f} MB per 1000 replies after warm-up"
+    assert end["qt"] <= warm["qt"] + 20, f"Qt objects grew from {warm['qt']} to {end['qt']}"
+    assert end["wrappers"] <= warm["wrappers"] + 50, f"Qt wrappers grew from {warm['wrappers']} to {end['wrappers']}"
+    if FULL and ROTATE:  # a slow leak shows only over hundreds of replies, with the chats' content level
+        for key in ("rss", "heap"):
+            between, step = result[f"{key}: per 1000 replies between reloads, per reload"]
+            assert between <= LEAK_MB_PER_1000, f"{key} grew {between:.1f} MB per 1000 replies between reloads"
+            assert step <= RELOAD_MB, f"{key} grew {step:.1f} MB per reload"
         assert result["stall_p99_ms"] < FRAME_MS, result
     else:  # a gross one at once: a reload that kept the old model (~0.5-1 GB) or a transcript per reply
-        assert end[1] - warm[1] <= 150, f"RSS grew {end[1] - warm[1]:.0f} MB in {end[0] - warm[0]} replies"
+        grew = end["rss"] - warm["rss"]
+        assert grew <= 150, f"RSS grew {grew:.0f} MB in {end['replies'] - warm['replies']} replies"
 
 
 def test_remote_connections_leave_no_poller_behind(qtbot, loop, store, tiny_llama_folder):

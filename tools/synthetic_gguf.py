@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from engine.bench.synthetic import SHAPES as BENCH_SHAPES
-from engine.model.weights import GGUFFile, default_model_path
+from engine.model.gguf_file import GGUFFile
+from engine.model.weights import default_model_path
 from tools.ggml_writers import quantize
 
 

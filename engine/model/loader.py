@@ -19,7 +19,8 @@ from .config import ModelConfig
 from .embedding import GGMLRows
 from .memory import check_fits
 from .qlinear import PackedLinear, Q8Linear, cat_packed
-from .weights import default_model_path, load_weights, release_freed_memory
+from .heap import release_freed_memory
+from .weights import default_model_path, load_weights
 
 
 @dataclass

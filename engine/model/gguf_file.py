@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from engine.model import gguf_split, repack
 from engine.model.embedding import GGMLRows
 from engine.model.ggml_blocks import dequantize
+from engine.model.gguf_strings import read_strings, skip_strings
 
 _GGUF_VALUE = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
@@ -138,7 +139,8 @@ class GGUFFile:
             if self._skipping and count > self._SKIP_OVER and etype != _ARRAY:
                 return self._skip_array(etype, count)
             if etype == _STRING:
-                return [self._string() for _ in range(count)]
+                strings, self._pos = read_strings(self._map, self._pos, count)
+                return strings
             if etype == _ARRAY:
                 return [self._value(_ARRAY) for _ in range(count)]
             fmt = _GGUF_VALUE[etype]
@@ -155,10 +157,7 @@ class GGUFFile:
 
     def _skip_array(self, etype: int, count: int) -> SkippedArray:
         if etype == _STRING:
-            unpack, pos = struct.unpack_from, self._pos
-            for _ in range(count):
-                pos += 8 + unpack("<Q", self._map, pos)[0]
-            self._pos = pos
+            self._pos = skip_strings(self._map, self._pos, count)
         else:
             self._pos += struct.calcsize(_GGUF_VALUE[etype]) * count
         if self._pos > len(self._map):

@@ -175,14 +175,14 @@ class GGUFFile:
     def tensor(self, name: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                row_perm_heads: int | None = None) -> torch.Tensor:
         """Dequantized tensor; row_perm_heads undoes llama.cpp's q/k rotary row order on the raw rows."""
-        t, raw = self._rows(name, row_perm_heads)
+        t, raw = self.rows(name, row_perm_heads)
         return dequantize(raw.to(device), t.tensor_type, t.shape, dtype)
 
     def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True,
                head: bool = False):
         """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it (or `head`: the output
         head of a packed model, dense types as q8), else None."""
-        t, raw = self._rows(name, row_perm_heads)
+        t, raw = self.rows(name, row_perm_heads)
         if not (head or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
             return None
         row_bytes = raw.shape[1] if raw.dim() == 2 else 0
@@ -224,7 +224,8 @@ class GGUFFile:
                 if hasattr(m, "madvise"):
                     m.madvise(mmap.MADV_DONTNEED)
 
-    def _rows(self, name: str, row_perm_heads: int | None) -> tuple[GGUFTensorInfo, torch.Tensor]:
+    def rows(self, name: str, row_perm_heads: int | None = None) -> tuple[GGUFTensorInfo, torch.Tensor]:
+        """The tensor's info and its raw rows (a view of the file; a copy where q/k rows are unpermuted)."""
         t = self._by_name.get(name)
         if t is None:
             raise ValueError(f"{self.path} has no tensor {name!r}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import repack
+from engine.model import fused_q4, repack
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantizable
 from engine.model.gguf_file import GGUFFile, GGUFTensorInfo
@@ -78,6 +78,8 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     keep_dense = keeps_dense_copy(config, fmt, types.get)
     tied = "lm_head.weight" not in types  # the token embedding is the output head too
     packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo)
+    fused = fused_q4.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
+    expected = list(dict.fromkeys(fused[n].name if n in fused else n for n in expected))
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -87,7 +89,11 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
         table = repack.gguf_table(name, tied, packs)
-        if table == "rows":
+        if name in fused:  # written into its rows of the fused matrix, which joins the state once complete
+            whole = fused[name].write(name, gf.rows(t.name, heads)[1])
+            if whole is not None:
+                state[fused[name].name] = whole
+        elif table == "rows":
             state[name] = gf.embedding_rows(t.name)
         else:
             kept = gf.packed(t.name, heads, fmt, keep_dense, head=table == "head")

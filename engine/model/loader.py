@@ -120,7 +120,7 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         return w[name].to(device=device, dtype=dtype)
 
     def fused(names: list[str], stored_fused: str):
-        if c.fused_projections:
+        if c.fused_projections or stored_fused in w:  # stored fused, or fused while reading (engine.model.fused_q4)
             return get(stored_fused)
         parts = [get(n) for n in names]
         for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice

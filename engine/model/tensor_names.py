@@ -34,8 +34,8 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
     return names
 
 
-def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor name -> shape for every weight of a config."""
+def tensor_shapes(c: ModelConfig, names: list[str] | None = None) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape for every weight of a config (or for `names`, fused ones among them)."""
     q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
     by_suffix = {  # longest suffixes first: "qkv_proj.weight" also ends in "v_proj.weight"
         "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
@@ -46,13 +46,15 @@ def tensor_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
         "layernorm.weight": (h,), "norm.weight": (h,),
     }
-    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in expected_tensor_names(c)}
+    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in (expected_tensor_names(c) if names is None else names)}
+
 
 def keeps_dense_copy(config: ModelConfig, fmt: str, stored_type) -> bool:
     """repack's dense-copy rule over the matrices this format packs (stored_type: HF name -> ggml type)."""
     packed = sum(torch.Size(shape).numel() for name, shape in tensor_shapes(config).items()
                  if repack.keeps_packed(name, stored_type(name) or "F32", len(shape), fmt))
     return repack.keeps_dense_copy(packed)
+
 
 def check_names(source: Path, expected: list[str], state: dict, unexpected: list[str]) -> None:
     missing = [n for n in expected if n not in state]
@@ -68,6 +70,7 @@ def check_names(source: Path, expected: list[str], state: dict, unexpected: list
 
 
 def check_shapes(source: Path, c: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    for name, shape in tensor_shapes(c).items():
+    """Every tensor of a state dict that passed check_names (the loader may have fused some) has its shape."""
+    for name, shape in tensor_shapes(c, list(state)).items():
         if tuple(state[name].shape) != shape:
             raise ValueError(f"{source}: tensor {name} has shape {tuple(state[name].shape)}, expected {shape}")

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers peers soak soak-app clean
+.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers bench-big peers soak soak-app clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +73,15 @@ peers: $(VENV)/.peers
 bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --weights packed --threads 2 --peer llama.cpp --repeats 3
 	$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3
+
+# The speed goals' big synthetic GGUFs (8B-shaped 8 and 32 layers, 3B-shaped; Q4_K_M), built once into
+# ~/.cache/pagedeck-bench (tools.bench_big), each against llama.cpp, then the paste test on the 8-layer file. Long.
+bench-big: $(VENV)/.peers
+	$(BIN)/python -m tools.bench_big build
+	for f in $$($(BIN)/python -m tools.bench_big build); do \
+		$(BIN)/python -m engine bench --model $$f --weights packed --threads 2 --peer llama.cpp --repeats 3 || exit 1; done
+	$(BIN)/python -m engine bench --model $$($(BIN)/python -m tools.bench_big build llama3-8b-8L) --paste 2000 \
+		--weights packed --threads 2 --repeats 3
 
 # The long, rough server run: 64 clients for 10 minutes on the default model (engine.bench.soak; exits 1 on an
 # error it did not ask for, a leak or pages left referenced).

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from engine.bench.synthetic import SHAPES as BENCH_SHAPES
-from engine.model.weights import GGUFFile, default_model_path
+from engine.model.gguf_file import GGUFFile
+from engine.model.weights import default_model_path
 from tools.ggml_writers import quantize
 
 
@@ -26,7 +27,15 @@ SHAPES = {**BENCH_SHAPES, "tiny": dict(hidden_size=64, intermediate_size=128, nu
           # --vocab 262144 --tied); the tensors stay llama's. Its 640-wide rows are no multiple of 256, so
           # the Q4_K_M recipe falls back as llama.cpp's does (k_quant_fallback): Q5_0 / Q8_0 there.
           "gemma3-270m": dict(hidden_size=640, intermediate_size=2048, num_attention_heads=4,
-                              num_key_value_heads=1, head_dim=256, rope_theta=1000000.0)}
+                              num_key_value_heads=1, head_dim=256, rope_theta=1000000.0),
+          # Llama 3.2 3B (28 layers, a 128,256-token vocabulary and a tied head: --layers 28 --vocab 128256
+          # --tied, as `make bench-big` builds it)
+          "llama3.2-3b": dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=24,
+                              num_key_value_heads=8, head_dim=128, rope_theta=500000.0),
+          # a tiny shape whose rows are 256 wide: the K-quants themselves, no fallback (tests of the Q4_K_M
+          # recipe's mixed and all-Q4_K fused groups)
+          "tiny-256": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=64, rope_theta=10000.0)}
 _CONTROL = 3  # llama.cpp's token type of special (control) tokens
 _UNUSED = 5  # llama.cpp's token type of unused (padding) tokens
 # llama.cpp's replacement for a K-quant on rows whose length is no multiple of its 256-weight super-block

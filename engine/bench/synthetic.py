@@ -9,7 +9,7 @@ import torch
 from ..model.config import ModelConfig
 from ..model.loader import default_device, default_dtype
 from ..model.model import Model
-from ..model.weights import tensor_shapes
+from ..model.tensor_names import tensor_shapes
 
 # Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
 # random-weight GGUFs (which take the default tokenizer's vocabulary instead of the model's).

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 
-from ..model.weights import release_freed_memory
+from ..model.heap import release_freed_memory
 
 
 class HeapTrim:

@@ -72,7 +72,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
 
 def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
     from . import tokenizer_gguf
-    from .weights import GGUFFile
+    from .gguf_file import GGUFFile
 
     try:
         info.file_bytes = path.stat().st_size

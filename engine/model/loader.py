@@ -19,7 +19,8 @@ from .config import ModelConfig
 from .embedding import GGMLRows
 from .memory import check_fits
 from .qlinear import PackedLinear, Q8Linear, cat_packed
-from .weights import default_model_path, load_weights, release_freed_memory
+from .heap import release_freed_memory
+from .weights import default_model_path, load_weights
 
 
 @dataclass
@@ -119,7 +120,7 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         return w[name].to(device=device, dtype=dtype)
 
     def fused(names: list[str], stored_fused: str):
-        if c.fused_projections:
+        if c.fused_projections or stored_fused in w:  # stored fused, or fused while reading (engine.model.fused_q4)
             return get(stored_fused)
         parts = [get(n) for n in names]
         for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice

@@ -119,7 +119,7 @@ class Tokenizer:
     @classmethod
     def _from_gguf(cls, path: Path) -> Tokenizer:
         from engine.model import tokenizer_gguf
-        from engine.model.weights import GGUFFile
+        from engine.model.gguf_file import GGUFFile
 
         meta = GGUFFile(path).metadata
         tok = tokenizer_gguf.from_gguf(meta, str(path))

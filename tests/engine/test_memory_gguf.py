@@ -12,7 +12,7 @@ from engine import Model
 from engine.model import memory, repack
 from engine.model.embedding import GGMLRows
 from engine.model.qlinear import PackedLinear
-from engine.model.weights import GGUFFile
+from engine.model.gguf_file import GGUFFile
 from tools.synthetic_gguf import write_random_gguf
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from engine.model.tokenizer import Tokenizer
-from engine.model.weights import GGUFFile, default_model_path
+from engine.model.gguf_file import GGUFFile
+from engine.model.weights import default_model_path
 from tests.tiny_models import default_tokenizer, hf_default_tokenizer
 
 TEXTS = [

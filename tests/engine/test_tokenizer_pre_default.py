@@ -4,7 +4,7 @@ pre-tokenizer does (punctuation runs, GPT-2's words, digit runs cut into threes)
 import pytest
 
 from engine.model.tokenizer_gguf import from_gguf
-from engine.model.weights import GGUFFile
+from engine.model.gguf_file import GGUFFile
 from tools.llamacpp_peer import run_jobs
 from tools.synthetic_gguf import write_random_gguf
 

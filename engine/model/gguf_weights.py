@@ -1,0 +1,110 @@
+"""Reading a GGUF file into an HF-named state dict: llama.cpp's tensor names mapped to HF's, q/k rows back in
+rotate_half order, quantized matrices packed for the CPU kernels (engine.model.repack) or dequantized."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.model import fused_q4, repack
+from engine.model.config import ModelConfig
+from engine.model.ggml_blocks import dequantizable
+from engine.model.gguf_file import GGUFFile, GGUFTensorInfo
+from engine.model.heap import release_freed_memory
+from engine.model.tensor_names import check_names, check_shapes, expected_tensor_names, keeps_dense_copy
+
+Progress = Callable[[float], None] | None
+
+# ---------------------------------------------------------------- GGUF -> HF names
+
+_GGUF_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+# Gemma 2/3 (sandwich norms): HF's post_attention_layernorm is the attention output's norm there.
+_GGUF_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                        "post_ffw_norm": "post_feedforward_layernorm"}
+_GGUF_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# folded into config.rope_scaling
+_GGUF_IGNORED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+
+
+def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
+    """HF name of a GGUF tensor name, or None when it has no HF counterpart here. The config decides the
+    names that depend on the layout: Gemma's sandwich norms, Phi-3's fused gate|up in ffn_up."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        mapped = _GGUF_LAYER_NAMES.get(part)
+        if config is not None and config.sandwich_norm:
+            mapped = _GGUF_SANDWICH_NAMES.get(part, mapped)
+        if config is not None and config.fused_projections and part == "ffn_up":
+            mapped = "mlp.gate_up_proj"
+        return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
+    mapped = _GGUF_GLOBAL_NAMES.get(base)
+    return f"{mapped}.{suffix}" if mapped else None
+
+
+def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
+    """Refuse a file up front, in one line naming the tensor and its type, when a tensor the model needs is
+    of a ggml type we cannot decode (Q8_K, integer types...), rather than failing halfway through loading."""
+    for t in tensors:
+        if not dequantizable(t.tensor_type):
+            raise ValueError(f"{path}: tensor {t.name} is stored as ggml type {t.tensor_type.name}, which pagedeck "
+                             f"cannot read")
+
+
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
+    gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
+    config = ModelConfig.from_gguf(gf)
+    permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
+    expected = expected_tensor_names(config)
+    wanted = set(expected)
+    todo, unexpected = [], []
+    for t in gf.tensors:
+        name = hf_name(t.name, config)
+        if name in wanted:
+            todo.append((t, name))
+        elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):
+            unexpected.append(t.name)
+    _check_types(path, [t for t, _ in todo])
+    total = sum(t.nbytes for t, _ in todo) or 1
+    types = {name: t.tensor_type.name for t, name in todo}
+    keep_dense = keeps_dense_copy(config, fmt, types.get)
+    tied = "lm_head.weight" not in types  # the token embedding is the output head too
+    packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo)
+    fused = fused_q4.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
+    expected = list(dict.fromkeys(fused[n].name if n in fused else n for n in expected))
+    done = 0
+    state: dict[str, torch.Tensor] = {}
+    for t, name in todo:
+        heads = None
+        if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
+            heads = config.num_heads
+        elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
+            heads = config.num_kv_heads
+        table = repack.gguf_table(name, tied, packs)
+        if name in fused:  # written into its rows of the fused matrix, which joins the state once complete
+            whole = fused[name].write(name, gf.rows(t.name, heads)[1])
+            if whole is not None:
+                state[fused[name].name] = whole
+        elif table == "rows":
+            state[name] = gf.embedding_rows(t.name)
+        else:
+            kept = gf.packed(t.name, heads, fmt, keep_dense, head=table == "head")
+            state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
+            if kept is not None:
+                release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
+        gf.release(t.name)  # copied or packed: the file's pages need not stay resident
+        done += t.nbytes
+        if progress:
+            progress(done / total)
+    check_names(path, expected, state, unexpected)
+    check_shapes(path, config, state)
+    gf.close()  # nothing loaded views the file: unmap it
+    return config, state

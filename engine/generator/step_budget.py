@@ -18,7 +18,8 @@ Spent every step (each step one chunk of D/p tokens), a step takes o + D, so r =
 iff o <= D, which needs the decoders' rows to share the chunk's weight pass (one forward, the same
 kernel). Saved for k+1 decode steps and spent in one chunk of (k+1)*D/p tokens, a cycle takes
 k*D + o + (k+1)*D, so r = 2 + (o - D)/((k+1)*D): for o > D (no sharing: the goals can't both hold) it
-approaches 2 as chunks grow, and the chunk is made just big enough that r <= 2 * (1 + tolerance). The
+approaches 2 as chunks grow, and the chunk is made just big enough that r <= 2 * (1 + tolerance) (at most
+max_save_steps decode steps' share, so a mixed step's pause stays bounded). The
 budget tries spending every step first and saves only once that mode's measured o exceeds D.
 Alone (nobody decoding), prefill takes the whole token budget: then throughput is all that matters.
 """
@@ -33,9 +34,9 @@ class StepBudget:
     """Decides each step's prefill token budget; fed with every step's measured time."""
 
     def __init__(self, max_tokens: int, share: float = 1.0, min_tokens: int = 8, first_tokens: int = 16,
-                 smoothing: float = 0.25, tolerance: float = 0.05):
-        if max_tokens < 1 or min_tokens < 1 or first_tokens < 1:
-            raise ValueError("token budgets must be positive")
+                 smoothing: float = 0.25, tolerance: float = 0.05, max_save_steps: int = 32):
+        if max_tokens < 1 or min_tokens < 1 or first_tokens < 1 or max_save_steps < 1:
+            raise ValueError("token budgets and max_save_steps must be positive")
         if share <= 0 or tolerance <= 0:
             raise ValueError(f"share and tolerance must be > 0, got {share}, {tolerance}")
         self.max_tokens = max_tokens
@@ -45,6 +46,9 @@ class StepBudget:
         self.first_tokens = min(first_tokens, max_tokens)  # before anything is measured
         self.smoothing = smoothing
         self.tolerance = tolerance
+        # a saved chunk is at most this many decode steps' share: one noisy step measured as a huge o can't
+        # stall the decoders for seconds (a chunk's pause is ~o + steps x D)
+        self.max_save_steps = max_save_steps
         self.decode_s: float | None = None  # D: a decode-only step
         self.token_s: float | None = None  # p: a prompt token's seconds when prefilling alone
         self.mixed_token_s: float | None = None  # (t - D) / c of mixed steps: p's stand-in until p is measured
@@ -66,6 +70,7 @@ class StepBudget:
         o = self.overhead_s[SAVE] if self.overhead_s[SAVE] is not None else self.overhead_s[EVERY]
         d = self.decode_s
         steps = max(1, math.ceil((o - d) / (2 * self.tolerance * d))) if o is not None and d else 1
+        steps = min(steps, self.max_save_steps)
         return max(self.min_tokens, min(self.max_tokens, math.ceil(steps * self.earned())))
 
     def tokens(self, decoding: int, waiting: int | None = None) -> int:
@@ -84,8 +89,9 @@ class StepBudget:
     def record(self, prefill_tokens: int, decoding: int, seconds: float) -> None:
         """One finished step: its prefill tokens, sequences decoding, and wall time."""
         if not decoding:
-            if prefill_tokens:
-                self.token_s = self._average(self.token_s, seconds / prefill_tokens)
+            if prefill_tokens:  # weighed by its tokens: a short prompt's per-token cost says little
+                weight = min(1.0, prefill_tokens / 64)
+                self.token_s = self._average(self.token_s, seconds / prefill_tokens, weight)
             return
         earn = self.earned()
         if prefill_tokens == 0:
@@ -118,5 +124,5 @@ class StepBudget:
         arriving after a quiet stretch starts with one chunk, never a stall."""
         return float(max(self.target(), math.ceil(self.earned())))
 
-    def _average(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def _average(self, old: float | None, new: float, weight: float = 1.0) -> float:
+        return new if old is None else old + self.smoothing * weight * (new - old)

@@ -90,10 +90,12 @@ def test_credit_saved_in_a_quiet_stretch_buys_one_chunk_not_a_stall():
     for _ in range(10_000):  # decoders alone for a long while
         b.record(0, 3, D)
     assert b.tokens(3) <= b.target() + b.earned()
+    b.overhead_s[SAVE] = 1e3  # one absurd step (a machine stalled for seconds)
+    assert b.target() == 32 * b.earned()  # max_save_steps decode steps' share, not the whole token budget
 
 
 @pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(max_tokens=8, share=0), dict(max_tokens=8, min_tokens=0),
-                                    dict(max_tokens=8, tolerance=0)])
+                                    dict(max_tokens=8, tolerance=0), dict(max_tokens=8, max_save_steps=0)])
 def test_bad_budgets_are_refused(kwargs):
     with pytest.raises(ValueError):
         StepBudget(**kwargs)

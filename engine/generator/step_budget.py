@@ -54,8 +54,9 @@ class StepBudget:
         self.mixed_token_s: float | None = None  # (t - D) / c of mixed steps: p's stand-in until p is measured
         self.overhead_s: dict[str, float | None] = {EVERY: None, SAVE: None}  # o, per mode
         self.credit = 0.0  # prompt tokens the decoding chats' steps have earned and prefill not yet spent
-        self.mode = EVERY
+        self.mode = EVERY  # then SAVE for good once 3 mixed steps measured o > D (one noisy step doesn't)
         self._step_mode = EVERY
+        self._samples = {EVERY: 0, SAVE: 0}
 
     # ---- the rule ---------------------------------------------------------------------------------
     def earned(self) -> float:
@@ -105,7 +106,8 @@ class StepBudget:
         p = self.token_s if self.token_s is not None else self.mixed_token_s
         mode = self._step_mode
         self.overhead_s[mode] = self._average(self.overhead_s[mode], max(seconds - prefill_tokens * p, 0.0))
-        if self.mode == EVERY and self.overhead_s[EVERY] > self.decode_s:
+        self._samples[mode] += 1
+        if self.mode == EVERY and self._samples[EVERY] >= 3 and self.overhead_s[EVERY] > self.decode_s:
             self.mode = SAVE  # the decoders' rows don't share the chunk's pass: amortize o over bigger chunks
 
     def predicted_ratio(self) -> float | None:

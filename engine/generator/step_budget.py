@@ -26,6 +26,8 @@ Alone (nobody decoding), prefill takes the whole token budget: then throughput i
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 
 EVERY, SAVE = "every step", "saved"
 
@@ -49,7 +51,8 @@ class StepBudget:
         # a saved chunk is at most this many decode steps' share: one noisy step measured as a huge o can't
         # stall the decoders for seconds (a chunk's pause is ~o + steps x D)
         self.max_save_steps = max_save_steps
-        self.decode_s: float | None = None  # D: a decode-only step
+        self.decode_s: float | None = None  # D: a decode-only step, the median of the last 9 (one stall moves it not)
+        self._decodes: deque[float] = deque(maxlen=9)
         self.token_s: float | None = None  # p: a prompt token's seconds when prefilling alone
         self.mixed_token_s: float | None = None  # (t - D) / c of mixed steps: p's stand-in until p is measured
         self.overhead_s: dict[str, float | None] = {EVERY: None, SAVE: None}  # o, per mode
@@ -96,7 +99,8 @@ class StepBudget:
             return
         earn = self.earned()
         if prefill_tokens == 0:
-            self.decode_s = self._average(self.decode_s, seconds)
+            self._decodes.append(seconds)
+            self.decode_s = statistics.median(self._decodes)
             self.credit = min(self.credit + earn, self._cap())
             return
         if self.decode_s is None:

@@ -94,6 +94,14 @@ def test_credit_saved_in_a_quiet_stretch_buys_one_chunk_not_a_stall():
     assert b.target() == 32 * b.earned()  # max_save_steps decode steps' share, not the whole token budget
 
 
+def test_one_stalled_decode_step_does_not_buy_a_huge_chunk():
+    b = measured(StepBudget(2048))
+    for _ in range(4):
+        b.record(0, 3, D)
+    b.record(0, 3, 90 * D)  # the machine stalled for a moment (a 1.8 s step bought a 1705-token chunk)
+    assert b.decode_s == pytest.approx(D) and b.earned() == pytest.approx(D / P)
+
+
 @pytest.mark.parametrize("kwargs", [dict(max_tokens=0), dict(max_tokens=8, share=0), dict(max_tokens=8, min_tokens=0),
                                     dict(max_tokens=8, tolerance=0), dict(max_tokens=8, max_save_steps=0)])
 def test_bad_budgets_are_refused(kwargs):

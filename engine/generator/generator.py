@@ -1,8 +1,8 @@
 """DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
 
 One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
-gives every prefilling job one page-aligned chunk (within a shared per-step budget in time, see
-step_budget.py, so a long prompt never stalls the other chats' decoding for long), and decodes one token for
+gives every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo
+time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike), and decodes one token for
 every decoding job, all in one varlen forward pass. Jobs join and leave at any step, each with its own LoRA
 adapters (adapters.py).
 """
@@ -68,7 +68,7 @@ class DynamicGenerator:
         min_sampling_threads: int = 3,
         filter_background_eval: bool = True,
         max_draft_batch_size: int = 16,  # drafting still paid at 16 (n-gram, 85 % acceptance): README
-        prefill_slowdown: float | None = 1.6,  # while others decode, a prefill step takes <= this x a decode step
+        prefill_share: float | None = 1.0,  # while others decode, prefill gets this x their solo-time share
     ):
         if draft_model is None and draft_cache is not None:
             raise ValueError("draft_cache was given without a draft_model")
@@ -94,15 +94,15 @@ class DynamicGenerator:
         self.max_seq_len = max_seq_len or min(cache.max_tokens, model.config.max_position_embeddings)
         self.rotary = model.rotary_for(self.max_seq_len)  # this generator's, never the shared model's
         self.max_batch_size = max_batch_size or min(cache.num_pages, 128)
-        # With the step budget in time, a step prefills big chunks only while nobody decodes; without it, a CPU
-        # step of 256 prompt tokens already stalls every decoding chat for ~1 s.
-        big = prefill_slowdown is not None or model.device.type == "cuda"
+        # With the step budget, a step prefills big chunks only while nobody decodes; without it, a CPU step
+        # of 256 prompt tokens already stalls every decoding chat for ~1 s.
+        big = prefill_share is not None or model.device.type == "cuda"
         self.max_chunk_size = max_chunk_size or (2048 if big else 256)
         if self.max_chunk_size < 1 or self.max_batch_size < 1:
             raise ValueError("max_chunk_size and max_batch_size must be positive")
         self.max_q_size = max_q_size
         # None: every step may prefill max_chunk_size tokens whatever it costs the decoding jobs
-        self.step_budget = StepBudget(self.max_chunk_size, prefill_slowdown) if prefill_slowdown is not None else None
+        self.step_budget = StepBudget(self.max_chunk_size, prefill_share) if prefill_share is not None else None
         self.num_draft_tokens = num_draft_tokens
         self.max_ngram = max_ngram
         self.filter_background_eval = filter_background_eval
@@ -294,7 +294,10 @@ class DynamicGenerator:
         """What each active sequence feeds this step: a prefill chunk, or its last token (plus drafts)."""
         plan: list[ScheduledSeq] = []
         n_decoding = sum(not job.prefilling for job in self.active)
-        budget = self.step_budget.tokens(n_decoding) if self.step_budget is not None else self.max_chunk_size
+        budget = self.max_chunk_size
+        if self.step_budget is not None:
+            waiting = sum(s.prompt_len - 1 - s.kv_len for job in self.active if job.prefilling for s in job.seqs)
+            budget = self.step_budget.tokens(n_decoding, waiting)
         ps = self.page_size
         decoding = []
         for job in self.active:

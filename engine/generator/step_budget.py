@@ -1,68 +1,134 @@
-"""How many prompt tokens a step may prefill: a budget in time, not tokens.
+"""How many prompt tokens a step may prefill while other chats decode: a fair share in solo time.
 
-A prefill chunk rides in the same forward as every other chat's decode token, so a big chunk stalls them
-all (a 256-token chunk made a CPU step ~1 s, measured). While others decode, prefill is paid for in time:
-every step they decode in earns (slowdown - 1) x a decode-only step of credit, and a step that prefills
-spends what its prefill added to it (measured). Over any stretch the others' steps then take ~slowdown x a
-decode-only step on average, i.e. they keep ~1/slowdown of their decode rate.
+Two goals hold over a paste (a long prompt arriving while chats decode): the decoders keep >= 1/2 of their
+decode rate, and the paste's first token comes within 2x of the time its prefill takes alone. Measured:
+D, a decode-only step, and p, a prompt token's cost when prefilling alone. Over a paste of N tokens that
+took T seconds, in which the decoders decoded S tokens each: they kept S*D/T of their rate, and the paste
+took r = T/(N*p) times its solo time.
 
-Credit is saved until it buys a chunk of at least `min_tokens`: a step that prefills anything also pays a
-fixed cost (on the CPU it leaves the fused all-layers decode call), so a budget spent every step bought 1-6
-tokens a step, each paying that cost: the others kept 25 % and a 2000-token paste took 182 s (measured
-before this rule). Saving is capped at `save_steps` steps' credit, so a paste arriving after a long quiet
-stretch can't stall the others for long. The costs come from the steps themselves (this device, this model,
-this batch): an exponential average of the decode-only step time and of the extra seconds per prefill token.
+The fair share rule: every step the decoders decode in earns the prefill `share` x D/p tokens of credit
+(what a solo prefill does in one decode step's time), and a chunk spends its tokens. So N*p ~ share*S*D,
+and with share = 1, kept = 1/r: both goals hold exactly when either does, i.e. when T <= 2*S*D. Among
+chunk schedules with that split this is the max-min choice: a bigger share speeds the paste by exactly
+what it slows the decoders (and the reverse).
+
+Whether T <= 2*S*D is possible depends on `o`, a mixed step's time beyond its chunk's solo cost (the
+decoders' rows, the step's fixed costs, a small chunk's poorer kernel efficiency): measured on the steps.
+Spent every step (each step one chunk of D/p tokens), a step takes o + D, so r = 1 + o/D: both goals hold
+iff o <= D, which needs the decoders' rows to share the chunk's weight pass (one forward, the same
+kernel). Saved for k+1 decode steps and spent in one chunk of (k+1)*D/p tokens, a cycle takes
+k*D + o + (k+1)*D, so r = 2 + (o - D)/((k+1)*D): for o > D (no sharing: the goals can't both hold) it
+approaches 2 as chunks grow, and the chunk is made just big enough that r <= 2 * (1 + tolerance) (at most
+max_save_steps decode steps' share, so a mixed step's pause stays bounded). The
+budget tries spending every step first and saves only once that mode's measured o exceeds D.
 Alone (nobody decoding), prefill takes the whole token budget: then throughput is all that matters.
 """
 from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+EVERY, SAVE = "every step", "saved"
 
 
 class StepBudget:
     """Decides each step's prefill token budget; fed with every step's measured time."""
 
-    def __init__(self, max_tokens: int, slowdown: float = 2.0, min_tokens: int = 64, first_tokens: int = 16,
-                 smoothing: float = 0.25, save_steps: int = 16):
-        if max_tokens < 1 or min_tokens < 1 or not 1 <= first_tokens or save_steps < 1:
-            raise ValueError("token budgets and save_steps must be positive")
-        if slowdown <= 1.0:
-            raise ValueError(f"slowdown must be > 1 (a step may take that many decode steps' time), got {slowdown}")
+    def __init__(self, max_tokens: int, share: float = 1.0, min_tokens: int = 8, first_tokens: int = 16,
+                 smoothing: float = 0.25, tolerance: float = 0.05, max_save_steps: int = 32):
+        if max_tokens < 1 or min_tokens < 1 or first_tokens < 1 or max_save_steps < 1:
+            raise ValueError("token budgets and max_save_steps must be positive")
+        if share <= 0 or tolerance <= 0:
+            raise ValueError(f"share and tolerance must be > 0, got {share}, {tolerance}")
         self.max_tokens = max_tokens
-        self.slowdown = slowdown
-        self.min_tokens = min(min_tokens, max_tokens)  # the smallest chunk worth a prefill step's fixed cost
+        self.share = share
+        # the smallest chunk worth a prefill step: the CPU kernels' GEMM path starts at 8 rows
+        self.min_tokens = min(min_tokens, max_tokens)
         self.first_tokens = min(first_tokens, max_tokens)  # before anything is measured
         self.smoothing = smoothing
-        self.save_steps = save_steps
-        self.decode_s: float | None = None  # a decode-only step
-        self.token_s: float | None = None  # the time one prefill token adds to a step
-        self.credit = 0.0  # seconds of prefill the decoding chats have paid for and not yet received
+        self.tolerance = tolerance
+        # a saved chunk is at most this many decode steps' share: one noisy step measured as a huge o can't
+        # stall the decoders for seconds (a chunk's pause is ~o + steps x D)
+        self.max_save_steps = max_save_steps
+        self.decode_s: float | None = None  # D: a decode-only step, the median of the last 9 (one stall moves it not)
+        self._decodes: deque[float] = deque(maxlen=9)
+        self.token_s: float | None = None  # p: a prompt token's seconds when prefilling alone
+        self.mixed_token_s: float | None = None  # (t - D) / c of mixed steps: p's stand-in until p is measured
+        self.overhead_s: dict[str, float | None] = {EVERY: None, SAVE: None}  # o, per mode
+        self.credit = 0.0  # prompt tokens the decoding chats' steps have earned and prefill not yet spent
+        self.mode = EVERY  # then SAVE for good once 3 mixed steps measured o > D (one noisy step doesn't)
+        self._step_mode = EVERY
+        self._samples = {EVERY: 0, SAVE: 0}
 
-    def tokens(self, decoding: int) -> int:
-        """Prefill tokens for the next step, given how many sequences decode in it (0: save credit)."""
+    # ---- the rule ---------------------------------------------------------------------------------
+    def earned(self) -> float:
+        """Tokens one decode step earns the prefill: share x what a solo prefill does in a decode step."""
+        p = self.token_s if self.token_s is not None else self.mixed_token_s
+        return self.share * self.decode_s / p if self.decode_s is not None and p else 0.0
+
+    def target(self) -> int:
+        """The chunk the credit is saved up to before it is spent (see the module docstring)."""
+        if self.mode == EVERY:
+            return self.min_tokens
+        o = self.overhead_s[SAVE] if self.overhead_s[SAVE] is not None else self.overhead_s[EVERY]
+        d = self.decode_s
+        steps = max(1, math.ceil((o - d) / (2 * self.tolerance * d))) if o is not None and d else 1
+        steps = min(steps, self.max_save_steps)
+        return max(self.min_tokens, min(self.max_tokens, math.ceil(steps * self.earned())))
+
+    def tokens(self, decoding: int, waiting: int | None = None) -> int:
+        """Prefill tokens for the next step, given how many sequences decode in it and how many prompt tokens
+        wait to be prefilled (None: unknown; a prompt's last chunk is not saved for past its end)."""
         if decoding == 0:
             return self.max_tokens
-        if self.decode_s is None or self.token_s is None:
-            return self.first_tokens
-        affordable = min(self.max_tokens, int(self.credit / self.token_s))
-        if affordable >= self.min_tokens:
-            return affordable
-        return max(1, affordable) if self.credit >= self._cap() else 0  # saved all it may: always progress
+        earn = self.earned()
+        if earn == 0.0:
+            return self.first_tokens  # nothing measured yet: a small first chunk
+        self._step_mode = self.mode
+        available = self.credit + earn  # the decoders decode in this step too
+        target = self.target() if waiting is None else min(self.target(), max(waiting, 1))
+        return min(self.max_tokens, int(available)) if available >= target else 0
 
     def record(self, prefill_tokens: int, decoding: int, seconds: float) -> None:
         """One finished step: its prefill tokens, sequences decoding, and wall time."""
-        if decoding and self.decode_s is not None:
-            self.credit = min(self.credit + (self.slowdown - 1.0) * self.decode_s, self._cap())
-        if prefill_tokens == 0:
-            if decoding:
-                self.decode_s = self._average(self.decode_s, seconds)
+        if not decoding:
+            if prefill_tokens:  # weighed by its tokens: a short prompt's per-token cost says little
+                weight = min(1.0, prefill_tokens / 64)
+                self.token_s = self._average(self.token_s, seconds / prefill_tokens, weight)
             return
-        base = self.decode_s if decoding and self.decode_s is not None else 0.0
-        extra = max(seconds - base, 0.0)
-        self.token_s = self._average(self.token_s, extra / prefill_tokens)
-        if decoding:
-            self.credit -= extra  # may go negative: the next steps repay an overrun before prefilling again
+        earn = self.earned()
+        if prefill_tokens == 0:
+            self._decodes.append(seconds)
+            self.decode_s = statistics.median(self._decodes)
+            self.credit = min(self.credit + earn, self._cap())
+            return
+        if self.decode_s is None:
+            return  # the first chunk (first_tokens): nothing to compare it with yet
+        self.credit = max(0.0, min(self.credit + earn - prefill_tokens, self._cap()))
+        self.mixed_token_s = self._average(self.mixed_token_s, max(seconds - self.decode_s, 0.0) / prefill_tokens)
+        p = self.token_s if self.token_s is not None else self.mixed_token_s
+        mode = self._step_mode
+        self.overhead_s[mode] = self._average(self.overhead_s[mode], max(seconds - prefill_tokens * p, 0.0))
+        self._samples[mode] += 1
+        if self.mode == EVERY and self._samples[EVERY] >= 3 and self.overhead_s[EVERY] > self.decode_s:
+            self.mode = SAVE  # the decoders' rows don't share the chunk's pass: amortize o over bigger chunks
+
+    def predicted_ratio(self) -> float | None:
+        """r (and 1/kept, with share = 1) the measured costs predict for the current mode, or None."""
+        o, d = self.overhead_s[self.mode], self.decode_s
+        if o is None or d is None:
+            return None
+        if self.mode == EVERY:
+            return 1.0 + o / d
+        earn = self.earned()
+        steps = max(1.0, self.target() / earn) if earn else 1.0
+        return 2.0 + (o - d) / (steps * d)
 
     def _cap(self) -> float:
-        return self.save_steps * (self.slowdown - 1.0) * (self.decode_s or 0.0)
+        """Credit is saved up to one target chunk, no more: while nothing prefills it stops there, so a paste
+        arriving after a quiet stretch starts with one chunk, never a stall."""
+        return float(max(self.target(), math.ceil(self.earned())))
 
-    def _average(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def _average(self, old: float | None, new: float, weight: float = 1.0) -> float:
+        return new if old is None else old + self.smoothing * weight * (new - old)

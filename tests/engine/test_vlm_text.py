@@ -181,7 +181,7 @@ def test_gemma3_generator_keeps_an_image_in_one_prefill_chunk(gemma3):
     ids, embs = image_prompt(chat(img, "Describe it."), tok, HFGemma3Vision(hf))
     ref = all_logits(model, ids[0].tolist(), embs)[-1]
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=256, page_size=PAGE), tok, max_chunk_size=8,
-                           prefill_slowdown=None)
+                           prefill_share=None)
     job = DynamicJob(ids, 3, gen_settings=SamplerSettings.greedy(), embeddings=embs, return_logits=True)
     gen.enqueue(job)
     first = None

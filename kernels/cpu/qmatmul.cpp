@@ -364,7 +364,7 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 #ifdef PD_AVX2
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
 // computes the gate and the up panel of the same columns, then silu(gate) * up.
-template <bool Q4>
+template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout, Act act, int64_t p0, int64_t p1,
                   float* y) {
   using gemm::kCols;
@@ -374,16 +374,16 @@ void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout,
     const int64_t n0 = pi * kCols;
     const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
     if (act == kNone) {
-      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
-      gemm::panel_rows<Q4>(panel, a, M, y + n0, Nout, cols);
+      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
+      gemm::panel_rows<F>(panel, a, M, y + n0, Nout, cols);
       continue;
     }
     gate.resize(M * kCols);
     up.resize(M * kCols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
-    gemm::panel_rows<Q4>(panel, a, M, gate.data(), kCols, cols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0 + Nout, cols, panel);
-    gemm::panel_rows<Q4>(panel, a, M, up.data(), kCols, cols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
+    gemm::panel_rows<F>(panel, a, M, gate.data(), kCols, cols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0 + Nout, cols, panel);
+    gemm::panel_rows<F>(panel, a, M, up.data(), kCols, cols);
     for (int64_t m = 0; m < M; ++m) {
       silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
       std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
@@ -425,7 +425,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = !q6 && M >= gemm_rows();  // q6 takes the per-row path at every row count
+  const bool big = M >= gemm_rows();
 #else
   const bool big = false;
 #endif
@@ -436,13 +436,15 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const Act ac = (Act)act;
 #ifdef PD_AVX2
   if (big) {
-    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp};
+    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp, a.xs16.data()};
     const int64_t panels = (Nout + gemm::kCols - 1) / gemm::kCols;
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       if (q4) {
-        gemm_compute<true>(w, ga, M, Nout, ac, p0, p1, out);
+        gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
+      } else if (q6) {
+        gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
       } else {
-        gemm_compute<false>(w, ga, M, Nout, ac, p0, p1, out);
+        gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
       }
     });
     return y;

@@ -17,6 +17,7 @@ from engine.model.ggml_blocks import dequantize, q6_k_affine
 from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni, quantized_activations, random_q4
+from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q6_k
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
@@ -86,8 +87,8 @@ def test_extreme_codes_scales_and_activations_sum_exactly():
 
 
 def test_a_rows_result_never_depends_on_the_other_rows():
-    """Tiles of 4 activation rows, single rows and thread splits give the same bits: batch invariance (q6 takes
-    the per-row path at every row count, prompt rows included)."""
+    """Tiles of 4 activation rows, single rows, the GEMM path (from 8 rows) and thread splits give the same bits:
+    batch invariance."""
     w = random_q6(70, 1024, 2)
     x = torch.randn(41, 1024)
     together = w(x)
@@ -100,6 +101,22 @@ def test_a_rows_result_never_depends_on_the_other_rows():
         assert torch.equal(w(x), together)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("N,K,M", [(40, 1024, 23), (5, 256, 16), (33, 768, 9)])  # a last panel of 8, 5, 1 columns
+def test_gemm_path_gives_the_per_row_paths_bits(N, K, M):
+    """Prompt rows (qgemm.h: the codes of a panel of 16 weight rows unpacked once, the halves of 16 summed
+    apart) must give the per-row path's bits for every element."""
+    w = random_q6(N, K, N * K, "random bytes")
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
+    x[1, 7] = 40.0
+    x[2] = 0.0
+    gemm = _call(w, x, None, "1")
+    assert torch.equal(gemm, _call(w, x, None, "1000000"))
+    expected = reference_q6(x, w)
+    torch.testing.assert_close(gemm.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    if N % 2 == 0:
+        assert torch.equal(_call(w, x, "swiglu", "1"), _call(w, x, "swiglu", "1000000"))
 
 
 def test_swiglu_epilogue_is_silu_of_gate_times_up():

@@ -8,7 +8,7 @@
 // with x the int8 activations and xs their sums per 16 (quantize_rows); a super-block is one group of 8 blocks
 // of the q8 kernel, so the float part is q8's: acc (lane b) = fma(S_b, d * d_x[b], acc), result hsum(acc) +
 // hsum(0). The same sequence for every (row, column), whatever the tile or thread split, so results never
-// depend on the batch.
+// depend on the batch; prompt rows (qgemm.h) compute the same integers and the same float sequence.
 #pragma once
 
 #include "common.h"

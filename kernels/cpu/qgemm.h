@@ -1,4 +1,4 @@
-// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q8 weights.
+// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q6/q8 weights.
 //
 // The decode path (qmatmul.cpp's dot_tile) meets one weight row at a time and reduces every block's integer
 // dot product horizontally; with many activation rows that is load- and shuffle-bound. Here a panel of kCols

@@ -6,6 +6,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   minimums like d: w = d * code + m, code 0..15 (GGUF Q4_1; Q4_0 is m = -8d);
 - q8: qs uint8 (N, K) = code + 128 (the kernel multiplies u8 by s8), m None: w = d * code, code int8 (GGUF
   Q8_0's rule, symmetric, d = max|w| / 127 per block).
+- q6: qs uint8 (N, K/256 * 210): GGUF Q6_K super-blocks as the file stores them (6.56 bits a weight:
+  w = d * sc * (code - 32), int8 sc per 16 weights, fp16 d per 256, all inside the block), d an empty fp16
+  tensor, m None (kernels/cpu/q6.h).
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -22,6 +25,8 @@ GROUP = 32  # GGUF block size = the kernels' group size
 SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
 QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
+Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
+NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
 
 def padded_scales(n: int, groups: int) -> torch.Tensor:
@@ -132,6 +137,6 @@ def int4_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor]) -> t
 
 
 def stack_entry(blocks: tuple) -> list[torch.Tensor]:
-    """One matrix of kernels.decode_layers' weight list: (qs, d, m), an empty tensor standing for q8's m."""
+    """One matrix of kernels.decode_layers' weight list: (qs, d, m), an empty tensor standing for q8's and q6's m."""
     qs, d, m = blocks
     return [qs, d, m if m is not None else d.new_empty(0)]

@@ -4,6 +4,8 @@
 `--prompt-rows 128,512` instead times the prompt-rows (GEMM) path against the per-weight-row path on
 random Q4 matrices of Llama-3-8B's shapes (PAGEDECK_QGEMM_ROWS switches paths per call; both give the same
 bits), alternating the two round by round, in process CPU time (robust on a shared machine) and wall time.
+`--q6` times the q6 format (Q6_K super-blocks as stored) against the q8 they used to become, one-row calls
+on Llama-3-8B's down and output-head shapes (tools.q6_bench), the same way, with GB/s.
 
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
@@ -40,10 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
+    ap.add_argument("--q6", action="store_true", help="q6 vs q8 one-row calls on 8B shapes (rows: first of --rows)")
     args = ap.parse_args(argv)
     ops = cpu_ext.ops()
     if ops is None:
         raise SystemExit("pagedeck's CPU kernels are not available here")
+    if args.q6:
+        from tools.q6_bench import run as q6_run
+
+        return q6_run(int(args.rows.split(",")[0]), int(args.threads.split(",")[-1]), args.rounds)
     if args.prompt_rows:
         from tools.qgemm_bench import run as gemm_run
 

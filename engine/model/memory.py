@@ -168,7 +168,7 @@ def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
             kernel = kernels_of.get(t.name) or repack.kernel_format(t.dtype, fmt)
             total += repack.packed_storage_bytes(kernel, t.shape) + (4 * t.numel if dense_copy else 0)
             if repack.fused_into(t.name, packed) and not c.fused_projections:  # one scale pad per fused matrix
-                total -= (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
+                total -= repack.scale_buffers(kernel) * 2 * SCALE_PAD
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
             total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt
         else:

@@ -2,9 +2,10 @@
 
 Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
 token, their 4-bit blocks ~70 MB. The formats ("q4": GGUF Q4_1/Q4_0, Q4_K's sub-blocks via
-engine.model.repack; "q8": GGUF Q8_0, or any other weight quantized to it at load), their layouts and the
-kernel that multiplies them are kernels.packed's; this module is the nn-level use of them. Without pagedeck's
-CPU kernels q4 falls back to torch's int4 kernel (bf16 activations) and q8 to dense rows.
+engine.model.repack; "q6": GGUF Q6_K's own super-blocks; "q8": GGUF Q8_0, or any other weight quantized to it
+at load), their layouts and the kernel that multiplies them are kernels.packed's; this module is the nn-level
+use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q6 and q8
+to dense rows.
 
 In a model that keeps a dense fp32 copy (`dense`; engine.model.repack.keeps_dense_copy: small models, like
 the default one) prompt rows take it (RowSplit), every one of them, whatever the chunk size: a prompt
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 
 import kernels
 from kernels import cpu_ext
-from kernels.packed import (GROUP, check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
-                             padded_scales, q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul)
+from kernels.packed import (GROUP, NO_SCALES, Q6_BYTES, Q6_SUPER, check_blocks, int4_available, int4_matmul,
+                             int4_weight, pack_nibbles, pad_scales, padded_scales, q4_dequantize, q4_supported,
+                             q8_dequantize, q8_pack, q8_quantize, qmatmul)
+
+from .ggml_blocks import dequantize
 
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 TILE_WEIGHTS = 1 << 20  # weights per conversion tile while loading (tile_rows)
@@ -45,8 +50,6 @@ class PackedLinear:
     - `dense_rows(start, stop)` / `dequantize(dtype)`: the exact weights the blocks encode.
     - `blocks` -> (qs, d, m): the packed layout kernels.packed multiplies (its module docstring); they are
       what a decode-sized call reads (nbytes(), decode_bytes(), the roofline).
-    - `source`: optionally the GGUF's own rows of this matrix (a view of the mapped file) and their type:
-      embedding lookups then decode exactly the file's rows (engine.model.repack sets it).
     Rows are independent: a row's output never depends on the other rows of the call (batch invariance)."""
 
     format = ""
@@ -54,7 +57,6 @@ class PackedLinear:
     def __init__(self, shape: tuple[int, int], dense: torch.Tensor | None):
         self.shape = shape
         self.dense = dense  # fp32 copy for prompt rows (see the module docstring)
-        self.source = None  # (raw GGUF rows, GGMLQuantizationType) for exact embedding lookups
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as fp32."""
@@ -64,19 +66,11 @@ class PackedLinear:
         return self.dense_rows(0, self.shape[0]).to(dtype)
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
-        """The rows of token ids (an embedding table kept packed): from the dense copy, else the file's own
-        rows, else decoded from the blocks."""
+        """The rows of token ids (an embedding table kept packed): from the dense copy, else decoded from the
+        blocks."""
         if self.dense is not None:
             return F.embedding(ids, self.dense)
-        flat = ids.reshape(-1)
-        if self.source is not None:
-            from .ggml_blocks import dequantize
-
-            raw, qtype = self.source
-            rows = dequantize(raw.index_select(0, flat), qtype, (flat.numel(), self.shape[1]))
-        else:
-            rows = self._gather(flat)
-        return rows.view(*ids.shape, self.shape[1])
+        return self._gather(ids.reshape(-1)).view(*ids.shape, self.shape[1])
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -203,6 +197,9 @@ class Q8Linear(PackedLinear):
         if ops is not None and isinstance(p, Q4Linear):  # kernels/cpu/repack.cpp: same bits, one pass
             ops.q4_to_q8(p.qs, p.scale, p.minimum, qs, scale)
             return cls.from_packed(qs, scale, p.dense, p.dense is not None)
+        if ops is not None and isinstance(p, Q6Linear):
+            ops.q6_k_to_q8(p.qs, qs, scale)
+            return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         for r0 in range(0, N, rows):
             codes, scale[r0:r0 + rows] = q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
             qs[r0:r0 + rows] = q8_pack(codes)
@@ -242,6 +239,37 @@ class Q8Linear(PackedLinear):
         return self.qs, self.scale, None
 
 
+class Q6Linear(PackedLinear):
+    """GGUF Q6_K super-blocks kept as the file stores them (kernels.packed's q6): w = d * sc * (code - 32),
+    6.56 bits a weight (as q8 they took 8.5), decoded exactly as gguf does."""
+
+    format = "q6"
+
+    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
+        n, row_bytes = qs.shape
+        if qs.dtype != torch.uint8 or row_bytes % Q6_BYTES:
+            raise ValueError(f"q6 rows must be uint8 Q6_K super-blocks ({Q6_BYTES} bytes each), got "
+                             f"{qs.dtype} {tuple(qs.shape)}")
+        self.qs = qs.contiguous()
+        super().__init__((n, row_bytes // Q6_BYTES * Q6_SUPER), dense)
+
+    @classmethod
+    def cat(cls, parts: list["Q6Linear"], consume: bool = False) -> "Q6Linear":
+        """Stack along the output dim: the super-blocks as they are (see _stack)."""
+        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+        return cls(_stack(parts, "qs", consume), dense)
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return dequantize(self.qs[start:stop], GGMLQuantizationType.Q6_K, (stop - start, self.shape[1]))
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.qs[ids], GGMLQuantizationType.Q6_K, (ids.numel(), self.shape[1]))
+
+    @property
+    def blocks(self) -> tuple:
+        return self.qs, NO_SCALES, None
+
+
 def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
     """torch.cat of the parts' `attr` tensors along rows. With `consume` (the loader, which gives the parts up)
     each part's tensor is dropped as soon as it is copied; the result's pages are touched only as they fill,
@@ -261,7 +289,7 @@ def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
 
 def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear:
     """Stack packed weights along the output dim: one format as is; mixed formats (a Q4_K_M file's Q4_K q/k
-    beside a Q6_K v) all become q8, the q4 parts re-quantized from their exact weights. `consume`: the parts
+    beside a Q6_K v) all become q8, each part re-quantized from its exact weights. `consume`: the parts
     are given up and emptied while they are copied (loading; see _stack)."""
     kinds = {type(p) for p in parts}
     if len(kinds) == 1:

@@ -1,4 +1,4 @@
-"""Stored matrices into the CPU kernels' two formats (engine.model.qlinear's q4 and q8): which tensors a
+"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q6 and q8): which tensors a
 weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
 weights="packed" (auto for a GGUF on a CPU), per ggml type:
@@ -7,7 +7,9 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
     products rounded to fp16 (the kernel's scale type), so exact but for that rounding (relative 2^-11 of
     each product at most; tests/engine/test_repack.py measures the weights' error against gguf's decoder).
   * Q8_0 -> q8, exact.
-  * Q5_K, Q6_K and every other type (Q2_K, Q3_K, Q5_0/1, IQ*): the exact decode re-quantized as Q8_0, per 32
+  * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
+    Q4_K_M file's output head and half its ffn_down are Q6_K).
+  * Q5_K and every other type (Q2_K, Q3_K, Q5_0/1, IQ*): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
   * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
@@ -36,16 +38,16 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.packed import GROUP, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
+from kernels.packed import GROUP, Q6_BYTES, Q6_SUPER, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
 
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import PackedLinear, Q4Linear, Q8Linear, tile_rows
+from .qlinear import PackedLinear, Q4Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
 Q = GGMLQuantizationType
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; every other type becomes q8
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; Q6_K as q6, every other type q8
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
@@ -87,8 +89,10 @@ def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
 
 
 def kernel_format(dtype: str, fmt: str) -> str:
-    """"q4" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
-    return "q4" if fmt == "packed" and dtype in Q4_TYPES else "q8"
+    """"q4", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
+    if fmt == "packed" and dtype in Q4_TYPES:
+        return "q4"
+    return "q6" if fmt == "packed" and dtype == "Q6_K" else "q8"
 
 
 def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
@@ -104,15 +108,23 @@ def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
 
 
 def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
-    """Bytes of an (N, K) matrix in kernel format "q4" or "q8" (codes, fp16 scales, q4's fp16 minimums)."""
+    """Bytes of an (N, K) matrix in kernel format "q4", "q6" or "q8" (codes, fp16 scales, q4's fp16 minimums;
+    q6's super-blocks hold their scales)."""
     n, k = int(shape[0]), int(shape[-1])
     groups = n * k // GROUP
+    if kernel == "q6":
+        return n * k // Q6_SUPER * Q6_BYTES
     return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
+
+
+def scale_buffers(kernel: str) -> int:
+    """Padded fp16 scale buffers a matrix of this format holds (q4: scale and minimum, q8: scale, q6: none)."""
+    return {"q4": 2, "q8": 1}.get(kernel, 0)
 
 
 def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
     """The storage the loader allocates for it: packed_nbytes plus each scale buffer's SCALE_PAD values."""
-    return packed_nbytes(kernel, shape) + (2 if kernel == "q4" else 1) * 2 * SCALE_PAD
+    return packed_nbytes(kernel, shape) + scale_buffers(kernel) * 2 * SCALE_PAD
 
 
 def dense_copy_enabled() -> bool:
@@ -136,6 +148,13 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
     rows, step = raw.reshape(n, -1), tile_rows(k)  # dense types (F16, F32, BF16) become q8 tile by tile too
     exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
+    if kernel_format(qtype.name, fmt) == "q6":  # the file's super-blocks, copied
+        qs = torch.empty(rows.shape, dtype=torch.uint8)
+        for r0 in range(0, n, step):
+            qs[r0:r0 + step] = rows[r0:r0 + step]
+            if done is not None:
+                done(r0, min(r0 + step, n))
+        return Q6Linear(qs, exact)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits
     if fast is not None:
         fast.dense = exact

@@ -1,4 +1,4 @@
-// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q8 weights.
+// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q6/q8 weights.
 //
 // The decode path (qmatmul.cpp's dot_tile) meets one weight row at a time and reduces every block's integer
 // dot product horizontally; with many activation rows that is load- and shuffle-bound. Here a panel of kCols
@@ -16,6 +16,7 @@
 #pragma once
 
 #include "common.h"
+#include "q6.h"
 
 #ifdef PD_AVX2
 #include <vector>
@@ -25,22 +26,27 @@ namespace gemm {
 
 constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
 constexpr int kRows = 4;   // activation rows per register tile
+constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2;  // formats (qmatmul.cpp's Format)
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
-// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum, integer sum isum.
+// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum, integer sum isum; q6: xs16, the
+// integer sums per 16 (stride 2 nbp).
 struct Act {
   const int8_t* q;
   const float *d, *s, *c;
   const int32_t* isum;
   int64_t nb, nbp;
+  const int16_t* xs16;
 };
 
 // A panel of up to kCols weight rows, unpacked: codes[(j * 8 + t) * kCols + col] holds weights 4t..4t+3 of
 // block j (q4: codes 0..15; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale and
-// (q4) z = m + 8 d; columns past the panel's rows are zero.
+// (q4) z = m + 8 d; columns past the panel's rows are zero. q6: codes 0..63, dw the super-block's d, slo / shi
+// the int8 scales of the block's two halves of 16.
 struct Panel {
   std::vector<int32_t> codes;
   std::vector<float> dw, zw;
+  std::vector<int32_t> slo, shi;
 };
 
 // r[c] = the 8 code words (t = 0..7) of one block of column c; afterwards r[t] = word t of columns 0..7
@@ -62,11 +68,27 @@ inline void transpose8(__m256i r[8]) {
   }
 }
 
-inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, bool q4, int64_t n0,
+// the 32 codes (0..63) of block j of a q6 row
+inline __m256i q6_codes(const uint8_t* row, int64_t j) {
+  const uint8_t* sb = row + j / 8 * q6::kBytes;
+  const int n = (int)(j % 8) / 4, k = (int)(j % 4);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32 * (k & 1)));
+  const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+  const __m128i hs = _mm_cvtsi32_si128(2 * k), ls = _mm_cvtsi32_si128(k < 2 ? 0 : 4);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, ls), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, hs), m2), 4));
+}
+
+inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
+  const bool q4 = fmt == kQ4, q6f = fmt == kQ6;
+  const int64_t q6row = nb / 8 * q6::kBytes;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
+  p.slo.assign(q6f ? nb * kCols : 0, 0);
+  p.shi.assign(q6f ? nb * kCols : 0, 0);
   const __m128i low = _mm_set1_epi8(0x0F);
   for (int g = 0; g < kCols; g += 8) {  // 8 columns at a time: one block of each, transposed to [step][column]
     for (int64_t j = 0; j < nb; ++j) {
@@ -75,6 +97,8 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
         const int64_t n = n0 + g + c;
         if (g + c >= cols) {
           r[c] = _mm256_setzero_si256();
+        } else if (q6f) {
+          r[c] = q6_codes(qs + n * q6row, j);
         } else if (q4) {
           const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + (n * nb + j) * 16));
           r[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
@@ -87,7 +111,16 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
     }
   }
-  for (int c = 0; c < cols; ++c) {
+  for (int c = 0; c < cols && q6f; ++c) {
+    const uint8_t* row = qs + (n0 + c) * q6row;
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* sb = row + j / 8 * q6::kBytes;
+      p.dw[j * kCols + c] = q6::scale_d(sb);
+      p.slo[j * kCols + c] = (int8_t)sb[192 + 2 * (j % 8)];
+      p.shi[j * kCols + c] = (int8_t)sb[192 + 2 * (j % 8) + 1];
+    }
+  }
+  for (int c = 0; c < cols && !q6f; ++c) {
     const int64_t n = n0 + c;
     for (int64_t j = 0; j < nb; ++j) {
       const float dw = half_to_float(d[n * nb + j]);
@@ -105,7 +138,7 @@ constexpr bool kVnni = false;
 
 // acc += 4-byte dot products of weight codes w (u8; q8 AVX2: the s8 codes wq with |wq| = aw) and the broadcast
 // activation word x (s8).
-template <bool Q4>
+template <bool Q4>  // Q4: codes below 128 (q4 and q6)
 inline __m256i step(__m256i acc, __m256i w, __m256i aw, __m256i x) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   (void)aw;
@@ -119,22 +152,32 @@ inline __m256i step(__m256i acc, __m256i w, __m256i aw, __m256i x) {
 }
 
 // out[r * ldo + c] for activation rows m0..m0+R and the panel's first `cols` columns.
-template <int R, bool Q4>
+// q6: the steps of each half of 16 sum apart, S = slo (sum_lo - 32 xs_lo) + shi (sum_hi - 32 xs_hi): the per-row
+// path's exact integer.
+template <int R, int F>
 inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+  constexpr bool Q4 = F == kQ4, U8 = F != kQ8;
   alignas(32) float acc[R][8][kCols] = {}, mins[R][8][kCols] = {};
   const int64_t nb = a.nb;
   const __m256i offset = _mm256_set1_epi8((char)0x80);
   for (int64_t j = 0; j < nb; ++j) {
-    __m256i sums[R][2];
-    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    __m256i sums[R][2], lo[R][2];
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
     const int32_t* wp = p.codes.data() + j * 8 * kCols;
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = a.q + ((m0 + r) * nb + j) * kBlock;
     for (int t = 0; t < 8; ++t) {
+      if (F == kQ6 && t == 4) {
+        for (int r = 0; r < R; ++r)
+          for (int h = 0; h < 2; ++h) {
+            lo[r][h] = sums[r][h];
+            sums[r][h] = _mm256_setzero_si256();
+          }
+      }
       __m256i w0 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols));
       __m256i w1 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols + 8));
       __m256i a0 = w0, a1 = w1;
-      if (!Q4 && !kVnni) {  // q8 codes back to s8, and their magnitudes
+      if (!U8 && !kVnni) {  // q8 codes back to s8, and their magnitudes
         w0 = _mm256_xor_si256(w0, offset);
         w1 = _mm256_xor_si256(w1, offset);
         a0 = _mm256_sign_epi8(w0, w0);
@@ -144,8 +187,8 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
         int32_t word;
         std::memcpy(&word, xq[r] + 4 * t, 4);
         const __m256i x = _mm256_set1_epi32(word);
-        sums[r][0] = step<Q4>(sums[r][0], w0, a0, x);
-        sums[r][1] = step<Q4>(sums[r][1], w1, a1, x);
+        sums[r][0] = step<U8>(sums[r][0], w0, a0, x);
+        sums[r][1] = step<U8>(sums[r][1], w1, a1, x);
       }
     }
     const int l = (int)(j & 7);
@@ -153,9 +196,17 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * a.nbp + j;
       const __m256 dx = _mm256_set1_ps(a.d[at]);
-      const __m256i fix = _mm256_set1_epi32(!Q4 && kVnni ? 128 * a.isum[at] : 0);  // q8: the + 128 of the codes
+      const __m256i fix = _mm256_set1_epi32(F == kQ8 && kVnni ? 128 * a.isum[at] : 0);  // q8: the + 128 of the codes
       for (int h = 0; h < 2; ++h) {
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], fix));
+        __m256i isums = _mm256_sub_epi32(sums[r][h], fix);
+        if (F == kQ6) {
+          const __m256i slo = _mm256_loadu_si256((const __m256i*)(p.slo.data() + j * kCols + 8 * h));
+          const __m256i shi = _mm256_loadu_si256((const __m256i*)(p.shi.data() + j * kCols + 8 * h));
+          const __m256i xlo = _mm256_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm256_set1_epi32(32 * a.xs16[2 * at + 1]);
+          isums = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(lo[r][h], xlo), slo),
+                                   _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][h], xhi), shi));
+        }
+        const __m256 s = _mm256_cvtepi32_ps(isums);
         float* ap = acc[r][l] + 8 * h;
         _mm256_store_ps(ap, _mm256_fmadd_ps(s, _mm256_mul_ps(dw[h], dx), _mm256_load_ps(ap)));
         if (Q4) {
@@ -180,14 +231,14 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
 }
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
-template <bool Q4>
+template <int F>
 inline void panel_rows(const Panel& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
-  for (; m + kRows <= M; m += kRows) tile<kRows, Q4>(p, a, m, out + m * ldo, ldo, cols);
+  for (; m + kRows <= M; m += kRows) tile<kRows, F>(p, a, m, out + m * ldo, ldo, cols);
   switch (M - m) {
-    case 3: tile<3, Q4>(p, a, m, out + m * ldo, ldo, cols); break;
-    case 2: tile<2, Q4>(p, a, m, out + m * ldo, ldo, cols); break;
-    case 1: tile<1, Q4>(p, a, m, out + m * ldo, ldo, cols); break;
+    case 3: tile<3, F>(p, a, m, out + m * ldo, ldo, cols); break;
+    case 2: tile<2, F>(p, a, m, out + m * ldo, ldo, cols); break;
+    case 1: tile<1, F>(p, a, m, out + m * ldo, ldo, cols); break;
     default: break;
   }
 }

@@ -4,6 +4,7 @@
 //   q4: w = d * q + m, q in 0..15 (16 bytes of nibbles a block: low nibbles are weights 0..15, high 16..31,
 //       GGUF's Q4_0/Q4_1 order), d and m fp16 per block.
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
+//   q6: GGUF Q6_K super-blocks as the file stores them (q6.h), no separate scales.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -13,6 +14,7 @@
 // depend on the batch.
 #include "common.h"
 #include "ops.h"
+#include "q6.h"
 #include "qgemm.h"
 
 #include <torch/library.h>
@@ -27,11 +29,12 @@ enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
 constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
-// exact sum s, c = 8 d sum(q), isum = sum(q)
+// exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
 struct QuantAct {
   std::vector<int8_t> q;
   std::vector<float> d, s, c;
   std::vector<int32_t> isum;
+  std::vector<int16_t> xs16;
   int64_t nbp = 0;
 };
 
@@ -43,7 +46,7 @@ QuantAct& scratch() {
 // pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
 // so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
 // (an odd last block stays as it is).
-void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs) {
+void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
   const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
   a.nbp = nbp;
   a.q.resize(M * K);
@@ -51,6 +54,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
   a.s.assign(M * nbp, 0.0f);
   a.c.assign(M * nbp, 0.0f);
   a.isum.assign(M * nbp, 0);
+  a.xs16.assign(sums16 ? M * nbp * 2 : 0, 0);
   for (int64_t blk = 0; blk < M * nb; ++blk) {
     const int64_t r = blk / nb * nbp + blk % nb;
     const float* v = x + blk * kBlock;
@@ -76,6 +80,12 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
     const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
     a.isum[r] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
+      __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      t = _mm_hadd_epi32(t, t);
+      a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
+      a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
+    }
     a.c[r] = 8.0f * d * (float)a.isum[r];
 #else
     float amax = 0.0f, sum = 0.0f;
@@ -93,6 +103,12 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
     }
     a.isum[r] = isum;
     a.c[r] = 8.0f * d * (float)isum;
+    if (sums16) {
+      int32_t lo = 0;
+      for (int i = 0; i < 16; ++i) lo += q[i];
+      a.xs16[2 * r] = (int16_t)lo;
+      a.xs16[2 * r + 1] = (int16_t)(isum - lo);
+    }
 #endif
   }
 #ifdef PD_AVX2
@@ -110,9 +126,11 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2 };
+
 struct Weights {
   const uint8_t* qs;
-  const uint16_t* d;
+  const uint16_t* d;  // q4 and q8
   const uint16_t* m;  // q4 only
   int64_t K, nb;
   bool q4;
@@ -302,22 +320,27 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
 // Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
 // DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
 // prefetching did not win that back.
-template <bool Q4>
+template <int F>
 void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
+  if (F == kQ6) {
+    q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
+    return;
+  }
+  constexpr bool Q4 = F == kQ4;
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) dot_tile<4, 1, Q4>(w, n, a, m, out + m, 1);
   for (; m < M; ++m) dot_tile<1, 1, Q4>(w, n, a, m, out + m, 1);
 }
 
 // y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
-template <bool Q4>
+template <int F>
 void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1, float* y) {
   thread_local std::vector<float> buf, gate, up;
   buf.resize(M);
   const int64_t len = n1 - n0;
   if (act == kNone) {
     for (int64_t n = n0; n < n1; ++n) {
-      weight_row<Q4>(w, a, M, n, buf.data());
+      weight_row<F>(w, a, M, n, buf.data());
       for (int64_t m = 0; m < M; ++m) y[m * Nout + n] = buf[m];
     }
     return;
@@ -325,11 +348,11 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
   gate.resize(M * len);
   up.resize(M * len);
   for (int64_t n = n0; n < n1; ++n) {  // gate rows, then up rows: each pass streams its own half of W
-    weight_row<Q4>(w, a, M, n, buf.data());
+    weight_row<F>(w, a, M, n, buf.data());
     for (int64_t m = 0; m < M; ++m) gate[m * len + n - n0] = buf[m];
   }
   for (int64_t n = n0; n < n1; ++n) {
-    weight_row<Q4>(w, a, M, n + Nout, buf.data());
+    weight_row<F>(w, a, M, n + Nout, buf.data());
     for (int64_t m = 0; m < M; ++m) up[m * len + n - n0] = buf[m];
   }
   for (int64_t m = 0; m < M; ++m) {
@@ -341,7 +364,7 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 #ifdef PD_AVX2
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
 // computes the gate and the up panel of the same columns, then silu(gate) * up.
-template <bool Q4>
+template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout, Act act, int64_t p0, int64_t p1,
                   float* y) {
   using gemm::kCols;
@@ -351,16 +374,16 @@ void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout,
     const int64_t n0 = pi * kCols;
     const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
     if (act == kNone) {
-      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
-      gemm::panel_rows<Q4>(panel, a, M, y + n0, Nout, cols);
+      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
+      gemm::panel_rows<F>(panel, a, M, y + n0, Nout, cols);
       continue;
     }
     gate.resize(M * kCols);
     up.resize(M * kCols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0, cols, panel);
-    gemm::panel_rows<Q4>(panel, a, M, gate.data(), kCols, cols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, Q4, n0 + Nout, cols, panel);
-    gemm::panel_rows<Q4>(panel, a, M, up.data(), kCols, cols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
+    gemm::panel_rows<F>(panel, a, M, gate.data(), kCols, cols);
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0 + Nout, cols, panel);
+    gemm::panel_rows<F>(panel, a, M, up.data(), kCols, cols);
     for (int64_t m = 0; m < M; ++m) {
       silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
       std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
@@ -385,14 +408,16 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const bool q4 = m.has_value();
   const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), nb = K / kBlock;
   TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && qs.size(1) == (q4 ? K / 2 : K) &&
+  // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q8 rows K bytes
+  const bool q6 = !q4 && K % q6::kSuper == 0 && qs.dim() == 2 && qs.size(1) == K / q6::kSuper * q6::kBytes;
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || qs.size(1) == (q4 ? K / 2 : K)) &&
                   qs.scalar_type() == at::kByte,
               "packed weights do not match x's K or the format");
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
   };
-  TORCH_CHECK(padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(q6 || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(act == kNone || (act == kSwiGLU && N % 2 == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
@@ -404,20 +429,22 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #else
   const bool big = false;
 #endif
-  quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big);
-  Weights w{(const uint8_t*)qs.data_ptr(), (const uint16_t*)d.data_ptr(),
+  quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
+  Weights w{(const uint8_t*)qs.data_ptr(), q6 ? nullptr : (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
 #ifdef PD_AVX2
   if (big) {
-    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp};
+    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp, a.xs16.data()};
     const int64_t panels = (Nout + gemm::kCols - 1) / gemm::kCols;
     at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
       if (q4) {
-        gemm_compute<true>(w, ga, M, Nout, ac, p0, p1, out);
+        gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
+      } else if (q6) {
+        gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
       } else {
-        gemm_compute<false>(w, ga, M, Nout, ac, p0, p1, out);
+        gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
       }
     });
     return y;
@@ -426,9 +453,11 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const int64_t grain = std::max<int64_t>(16, Nout / (4 * at::get_num_threads()));
   at::parallel_for(0, Nout, grain, [&](int64_t n0, int64_t n1) {
     if (q4) {
-      compute<true>(w, a, M, Nout, ac, n0, n1, out);
+      compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
+    } else if (q6) {
+      compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
     } else {
-      compute<false>(w, a, M, Nout, ac, n0, n1, out);
+      compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
     }
   });
   return y;

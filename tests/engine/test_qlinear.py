@@ -36,10 +36,11 @@ def test_every_type_repacks_faithfully_and_multiplies_closely(qtype, keep_dense)
     rows, cols = 200, 512
     raw, exact = quantized(qtype, rows, cols, int(qtype))
     w = repack.from_blocks(raw, qtype, (rows, cols), keep_dense=keep_dense)
-    assert w.format == ("q4" if qtype in Q4_TYPES else "q8") and (w.dense is not None) == keep_dense
+    assert w.format == ("q4" if qtype in Q4_TYPES else "q6" if qtype == QT.Q6_K else "q8")
+    assert (w.dense is not None) == keep_dense
     dq = w.dequantize()
     err = ((dq - exact).abs().amax(1) / exact.abs().amax(1)).max().item()
-    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0):
+    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q6_K):
         assert err == 0, err
     elif qtype == QT.Q4_K:
         assert 0 < err < 2e-3, err  # fp16 scale and minimum products (2^-11 relative each)

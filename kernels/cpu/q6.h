@@ -1,0 +1,125 @@
+// The q6 format of qmatmul: GGUF Q6_K super-blocks kept as the file stores them (210 bytes a 256 weights: 128
+// bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d), w = d * sc[i / 16] * (q - 32).
+// Re-quantizing them to q8 (as pagedeck did) cost 8.5 bits a weight instead of 6.56, and batch-1 decode
+// streams every weight once a token.
+//
+// Per 32-weight block b of a super-block the integer sum is exact:
+//   S_b = sc[2b] * sum_{i<16} q_i x_i + sc[2b+1] * sum_{i>=16} q_i x_i - 32 * (sc[2b] xs[2b] + sc[2b+1] xs[2b+1])
+// with x the int8 activations and xs their sums per 16 (quantize_rows); a super-block is one group of 8 blocks
+// of the q8 kernel, so the float part is q8's: acc (lane b) = fma(S_b, d * d_x[b], acc), result hsum(acc) +
+// hsum(0). The same sequence for every (row, column), whatever the tile or thread split, so results never
+// depend on the batch; prompt rows (qgemm.h) compute the same integers and the same float sequence.
+#pragma once
+
+#include "common.h"
+
+namespace pagedeck {
+namespace q6 {
+
+constexpr int64_t kSuper = 256, kBytes = 210;
+
+// code (0..63) of weight i of one super-block
+inline int code(const uint8_t* sb, int i) {
+  const int n = i / 128, l = i % 128, k = l / 32, t = l % 32;
+  const uint8_t* ql = sb + 64 * n + 32 * (k & 1);
+  const int low = (k < 2) ? (ql[t] & 0x0F) : (ql[t] >> 4);
+  return low | (((sb[128 + 32 * n + t] >> (2 * k)) & 3) << 4);
+}
+
+inline float scale_d(const uint8_t* sb) {
+  uint16_t h;
+  std::memcpy(&h, sb + 208, 2);
+  return half_to_float(h);
+}
+
+#ifdef PD_AVX2
+// byte shuffles turning sixteen int8 scales into block b's [sc[2b] x 8, sc[2b+1] x 8]
+inline __m128i scale_shuffle(int b) {
+  return _mm_set_epi8(2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b,
+                      2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b);
+}
+
+// out[r] = weight row n . activation rows m0..m0+MT (xq: int8 (M, K) natural order; dx: scales (M, nbp);
+// xs: int16 sums per 16 (M, 2 nbp)).
+template <int MT>
+inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const int16_t* xs, int64_t K,
+                 int64_t nbp, int64_t m0, float* out) {
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = row + s * kBytes;
+    const __m128i sc8 = _mm_loadu_si128((const __m128i*)(sb + 192));
+    __m256i half[MT][2];
+    for (int n = 0; n < 2; ++n) {
+      const __m256i q0 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n));
+      const __m256i q1 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32));
+      const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+      __m256i c[4];
+      c[0] = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+      c[1] = _mm256_or_si256(_mm256_and_si256(q1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+      c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+      c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+      __m256i sc[4];
+      for (int k = 0; k < 4; ++k) sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_shuffle(4 * n + k)));
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* x = xq + (m0 + r) * K + s * kSuper + 128 * n;
+        __m256i v[4];
+        for (int k = 0; k < 4; ++k)
+          v[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[k], _mm256_loadu_si256((const __m256i*)(x + 32 * k))),
+                                   sc[k]);
+        // [A0 A1 A2 A3 | B0 B1 B2 B3]: A_k = lanes 0-3 of block k (its first 16 weights), B_k lanes 4-7
+        half[r][n] = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      }
+    }
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m256 d = _mm256_set1_ps(scale_d(sb));
+    for (int r = 0; r < MT; ++r) {
+      const __m256i lo = _mm256_permute2x128_si256(half[r][0], half[r][1], 0x20);
+      const __m256i hi = _mm256_permute2x128_si256(half[r][0], half[r][1], 0x31);
+      const int64_t at = (m0 + r) * nbp + s * 8;
+      const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)(xs + 2 * at)));
+      const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_slli_epi32(corr, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_loadu_ps(dx + at)), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(_mm256_setzero_ps());
+}
+#else
+template <int MT>
+inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const int16_t* xs, int64_t K,
+                 int64_t nbp, int64_t m0, float* out) {
+  for (int r = 0; r < MT; ++r) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* sb = row + s * kBytes;
+      const int8_t* sc = (const int8_t*)(sb + 192);
+      const float d = scale_d(sb);
+      for (int b = 0; b < 8; ++b) {
+        int32_t sum = 0;
+        for (int i = 0; i < 32; ++i)
+          sum += sc[2 * b + i / 16] * (code(sb, 32 * b + i) - 32) * xq[(m0 + r) * K + s * kSuper + 32 * b + i];
+        acc += (float)sum * (d * dx[(m0 + r) * nbp + s * 8 + b]);
+      }
+    }
+    (void)xs;
+    out[r] = acc;
+  }
+}
+#endif
+
+// out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
+inline void weight_row(const uint8_t* qs, int64_t K, const int8_t* xq, const float* dx, const int16_t* xs, int64_t nbp,
+                       int64_t M, int64_t n, float* out) {
+  const int64_t nsb = K / kSuper;
+  const uint8_t* row = qs + n * nsb * kBytes;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
+  for (; m < M; ++m) tile<1>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
+}
+
+}  // namespace q6
+}  // namespace pagedeck

@@ -132,3 +132,24 @@ def test_an_ollama_model_with_a_projector_layer_sees_images(pair, tmp_path):
     torch.testing.assert_close(emb, ref_emb, atol=EXACT, rtol=0)
     torch.testing.assert_close(logits, ref_logits, atol=EXACT, rtol=0)
     assert load_vision(found.mmproj).kind == kind  # the projector blob named directly
+
+
+def test_engine_serve_on_the_gguf_pair_answers_an_image_url_as_the_hf_folder(pair):
+    """A real `python -m engine serve --model <the text GGUF>` loads the mmproj beside it and answers an
+    OpenAI image_url request with the HF folder's own greedy reply."""
+    from engine.vision.image_input import data_url, decode_image
+    from tests.engine.test_server_images import engine_answer, picture, png_of, served_process
+
+    kind, hf, _, model, _ = pair
+    png = png_of(picture(21, (90, 60)))
+    with served_process(model) as served:
+        client = served.client()
+        name = client.models.list().data[0].id
+        out = client.chat.completions.create(model=name, max_tokens=6, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                         {"type": "image_url", "image_url": {"url": data_url(png, "image/png")}}]}])
+    mine = engine_answer(hf, [{"role": "user", "content": [{"type": "text", "text": "What is in this picture?"},
+                                                           {"type": "image", "image": decode_image(png)}]}], 6)
+    assert out.choices[0].message.content == mine and mine
+    per_image = 13 * 16 if kind == "idefics3" else 16  # 90 x 60 -> 256 x 171: 4 x 3 tiles + global; Gemma: 16
+    assert out.usage.prompt_tokens > per_image

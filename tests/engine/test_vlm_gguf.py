@@ -153,3 +153,30 @@ def test_engine_serve_on_the_gguf_pair_answers_an_image_url_as_the_hf_folder(pai
     assert out.choices[0].message.content == mine and mine
     per_image = 13 * 16 if kind == "idefics3" else 16  # 90 x 60 -> 256 x 171: 4 x 3 tiles + global; Gemma: 16
     assert out.usage.prompt_tokens > per_image
+
+
+def test_llama_cpp_reads_the_text_gguf_as_pagedeck_does(pair, tmp_path):
+    """llama.cpp itself (tools.llamacpp_peer, in a process of its own) loads the text GGUF, tokenizes the
+    image chat's expanded prompt (tile tags and image tokens as control tokens) into pagedeck's ids, and
+    gives its logits on them (the image tokens' own embeddings: text only) within test_fidelity_llamacpp's
+    F32 bounds (KL mean 1e-4, 1e-3 at a position: llama.cpp keeps its K/V cache in F16)."""
+    import numpy as np
+
+    from tests.llamacpp_fidelity import kl
+    from tools.llamacpp_peer import run_jobs
+
+    kind, hf, _, model, _ = pair
+    tok = Tokenizer.load(model)
+    ids, _ = image_prompt(chat(image(13)), tok, load_vision(model), cache=None)
+    image_id = tok.token_to_id("<image>" if kind == "idefics3" else "<image_soft_token>")
+    ids = [image_id if t >= FIRST_ID else t for t in ids[0].tolist()]
+    text = tok.decode(ids, decode_special_tokens=True)
+    out = tmp_path / "logits.npy"
+    tokenized, logits = run_jobs([{"op": "tokenize", "model": str(model), "texts": [text], "special": True},
+                                  {"op": "logits", "model": str(model), "ids": ids, "out": str(out)}], tmp_path)
+    assert tokenized["ok"] and logits["ok"], (tokenized, logits)
+    assert tokenized["ids"] == [ids]
+    ours = all_logits(Model.load(model, device="cpu", dtype=torch.float32), ids, [])
+    theirs = torch.from_numpy(np.load(out))[:, : ours.shape[1]]
+    divergence = kl(theirs, ours)
+    assert divergence.mean() < 1e-4 and divergence.max() < 1e-3, (divergence.mean(), divergence.max())

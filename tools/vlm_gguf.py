@@ -58,6 +58,7 @@ def write_vlm_text_gguf(folder: str | Path, out: str | Path, dtype: str = "f32")
     if arch == "gemma3":
         rope = rope.get("full_attention", rope)  # llama.cpp keeps the local layers' base at 10000
     theta = rope.get("rope_theta", c.get("rope_theta", 10000.0))
+    out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), arch)
     w.add_name(folder.name)
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else

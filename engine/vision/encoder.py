@@ -2,10 +2,10 @@
 
 `encode(image)` returns one `ImageTokens` per run of placeholder tokens the model's processor writes for the
 image (Idefics3: one per tile, then the global image; Gemma 3: the image, then one per pan-and-scan crop).
-Each carries the text around its run and the run's embeddings; `layout(parts)` is the whole text that replaces the chat template's image marker, with
-placeholders exactly where the embeddings go. Which kind of model it is decides the preprocessing
-(engine.vision.idefics3_processor, engine.vision.gemma3_processor) and the network (engine.vision.idefics3,
-engine.vision.gemma3); where the weights came from (HF folder or mmproj GGUF) does not matter past loading.
+Each carries the text around its run and the run's embeddings; `layout(parts)` is the whole text that
+replaces the chat template's image marker, with placeholders exactly where the embeddings go. Which kind
+of model it is decides the preprocessing (engine.vision.idefics3_processor, engine.vision.gemma3_processor)
+and the network (engine.vision.idefics3, engine.vision.gemma3); where the weights came from (HF folder or mmproj GGUF) does not matter past loading.
 """
 
 from __future__ import annotations

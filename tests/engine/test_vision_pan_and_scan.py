@@ -16,7 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
-from engine import Model, Tokenizer, image_prompt, load_vision
+from engine import Model, Tokenizer, image_prompt, image_token_count, load_vision
 from engine.generator.embeddings import FIRST_ID
 from engine.vision.gemma3_processor import Gemma3Preprocessor
 from tests.engine.test_vlm_text import ATOL, RTOL, all_logits, chat
@@ -90,6 +90,9 @@ def test_a_chat_with_a_pan_and_scan_image_matches_the_full_model(gemma3, size):
     assert sum(t >= FIRST_ID for t in ids) == (1 + SIZES[size]) * GEMMA3_IMAGE_TOKENS
     text = tok.decode([t if t < FIRST_ID else tok.token_to_id("<image_soft_token>") for t in ids], True)
     assert hf_layout(SIZES[size]) + "Describe it." in text
+    vision = load_vision(path)  # what the app prices an attached image at: the same tokens
+    layout_ids = tok.encode(hf_layout(SIZES[size]), encode_special_tokens=True)
+    assert image_token_count(img, tok, vision) == layout_ids.shape[1]
     image_id = hf.config.image_token_id
     hf_ids = torch.tensor([[image_id if t >= FIRST_ID else t for t in ids]])
     pv = processor(images=[img], return_tensors="pt")["pixel_values"]

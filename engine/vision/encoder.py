@@ -5,7 +5,8 @@ image (Idefics3: one per tile, then the global image; Gemma 3: the image, then o
 Each carries the text around its run and the run's embeddings; `layout(parts)` is the whole text that
 replaces the chat template's image marker, with placeholders exactly where the embeddings go. Which kind
 of model it is decides the preprocessing (engine.vision.idefics3_processor, engine.vision.gemma3_processor)
-and the network (engine.vision.idefics3, engine.vision.gemma3); where the weights came from (HF folder or mmproj GGUF) does not matter past loading.
+and the network (engine.vision.idefics3, engine.vision.gemma3); where the weights came from (HF folder or
+mmproj GGUF) does not matter past loading.
 """
 
 from __future__ import annotations

@@ -157,3 +157,37 @@ def write_tiny_vlm_folder(folder: str | Path, kind: str = "idefics3", seed: int 
         processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor.save_pretrained(folder)
     return folder
+
+
+def write_gguf_pair(hf_folder: str | Path, out_folder: str | Path, stem: str, dtype: str = "f32") -> tuple[Path, Path]:
+    """The pair LM Studio downloads for a VLM, from an HF VLM folder: `<stem>.gguf` (the language model and
+    tokenizer, tools.vlm_gguf) and `mmproj-<stem>.gguf` (the vision side, tools.mmproj_gguf) in out_folder
+    (LM Studio keeps them in models/<publisher>/<model>/)."""
+    from tools.mmproj_gguf import write_mmproj
+    from tools.vlm_gguf import write_vlm_text_gguf
+
+    out_folder = Path(out_folder)
+    out_folder.mkdir(parents=True, exist_ok=True)
+    model = write_vlm_text_gguf(hf_folder, out_folder / f"{stem}.gguf", dtype)
+    return model, write_mmproj(hf_folder, out_folder / f"mmproj-{stem}.gguf", dtype)
+
+
+def write_ollama_store(root: str | Path, model_gguf: Path, projector_gguf: Path, name: str = "tiny-vlm") -> Path:
+    """An Ollama model store (OLLAMA_MODELS) holding one VLM: its GGUF and projector as content-addressed
+    blobs and the manifest listing them as the model and projector layers; returns the model's blob."""
+    import hashlib
+    import json
+    import shutil
+
+    root = Path(root)
+    (root / "blobs").mkdir(parents=True, exist_ok=True)
+    layers = []
+    for path, media in ((model_gguf, "model"), (projector_gguf, "projector")):
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copyfile(path, root / "blobs" / f"sha256-{digest}")
+        layers.append({"mediaType": f"application/vnd.ollama.image.{media}", "digest": f"sha256:{digest}",
+                       "size": path.stat().st_size})
+    manifest = root / "manifests" / "registry.ollama.ai" / "library" / name / "latest"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"schemaVersion": 2, "layers": layers}))
+    return root / "blobs" / layers[0]["digest"].replace(":", "-")

@@ -1,11 +1,12 @@
 """`VisionEncoder`: a PIL image in, the language model's image embeddings and their prompt layout out.
 
 `encode(image)` returns one `ImageTokens` per run of placeholder tokens the model's processor writes for the
-image (Idefics3: one per tile, then the global image; Gemma 3: one). Each carries the text around its run and
-the run's embeddings; `layout(parts)` is the whole text that replaces the chat template's image marker, with
-placeholders exactly where the embeddings go. Which kind of model it is decides the preprocessing
-(engine.vision.idefics3_processor, engine.vision.gemma3_processor) and the network (engine.vision.idefics3,
-engine.vision.gemma3); where the weights came from (HF folder or mmproj GGUF) does not matter past loading.
+image (Idefics3: one per tile, then the global image; Gemma 3: the image, then one per pan-and-scan crop).
+Each carries the text around its run and the run's embeddings; `layout(parts)` is the whole text that
+replaces the chat template's image marker, with placeholders exactly where the embeddings go. Which kind
+of model it is decides the preprocessing (engine.vision.idefics3_processor, engine.vision.gemma3_processor)
+and the network (engine.vision.idefics3, engine.vision.gemma3); where the weights came from (HF folder or
+mmproj GGUF) does not matter past loading.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class VisionEncoder:
         if self.kind == IDEFICS3:
             pixels, rows, cols = self.preprocessor.preprocess(image)
             return pixels, idefics3_processor.layout_segments(rows, cols)
-        return self.preprocessor.preprocess(image), [(gemma3_processor.BEFORE, gemma3_processor.AFTER)]
+        pixels = self.preprocessor.preprocess(image)
+        return pixels, gemma3_processor.layout_segments(pixels.shape[0] - 1)
 
     @torch.inference_mode()
     def embed(self, pixels: np.ndarray) -> torch.Tensor:

@@ -70,7 +70,7 @@ def is_mmproj(path: str | Path) -> bool:
     """A GGUF whose architecture is clip.cpp's and that holds a vision encoder."""
     try:
         reader = GGUFReader(str(path))
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError, KeyError, TypeError):  # not a GGUF, or a truncated one
         return False
     return _field(reader, "general.architecture") == "clip" and bool(_field(reader, Keys.Clip.HAS_VISION_ENCODER))
 

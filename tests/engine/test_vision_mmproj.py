@@ -80,7 +80,9 @@ def test_found_beside_a_model_gguf(folders, tiny_llama_folder, tmp_path):
     assert torch.equal(_embeddings(encoder, image), _embeddings(load_mmproj(mmproj), image))
 
 
-def test_ollama_blobs_are_skipped(folders, tmp_path):
+def test_an_ollama_blob_without_a_projector_layer_reads_text_only(folders, tmp_path):
+    """In Ollama's store only a manifest's projector layer is a model's projector (test_vlm_gguf has one),
+    not an mmproj file that happens to lie among the blobs."""
     blobs = tmp_path / "blobs"
     blobs.mkdir()
     model = blobs / "sha256-0123abcd"

@@ -87,7 +87,7 @@ def test_gemma3_generator_with_quantized_kv_and_chunked_prefill(gemma3, prompt, 
     ids, embs, *_ = prompt
     one_shot = all_logits(model, ids, embs, kv_quant)[-1]
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=256, page_size=PAGE, kv_quant=kv_quant), tok,
-                           max_chunk_size=8, prefill_slowdown=None)
+                           max_chunk_size=8, prefill_share=None)
     gen.enqueue(DynamicJob(torch.tensor([ids]), 4, gen_settings=SamplerSettings.greedy(), embeddings=embs,
                            return_logits=True))
     first, tokens = None, []

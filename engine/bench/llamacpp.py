@@ -78,26 +78,28 @@ class LlamaCpp:
             raise RuntimeError("llama.cpp could not trim the sequence")
 
     def decode(self, entries: list[tuple[int, list[int], int]]) -> list[int]:
-        """entries: (seq id, tokens, start position); returns each entry's greedy next token."""
+        """entries: (seq id, tokens, start position); returns each entry's greedy next token. A step of more
+        than MAX_BATCH tokens goes in MAX_BATCH-token calls, in order, as llama-server splits by n_batch."""
+        flat = [(seq, tok, start + k, e if k == len(tokens) - 1 else -1)
+                for e, (seq, tokens, start) in enumerate(entries) for k, tok in enumerate(tokens)]
+        out = [0] * len(entries)
         b = self.batch
-        out_rows = []
-        n = 0
-        for seq, tokens, start in entries:
-            for k, tok in enumerate(tokens):
-                if n == MAX_BATCH:
-                    raise ValueError(f"more than {MAX_BATCH} tokens in one step")
+        for at in range(0, len(flat), MAX_BATCH):
+            part = flat[at : at + MAX_BATCH]
+            for n, (seq, tok, pos, last) in enumerate(part):
                 b.token[n] = tok
-                b.pos[n] = start + k
+                b.pos[n] = pos
                 b.n_seq_id[n] = 1
                 b.seq_id[n][0] = seq
-                b.logits[n] = k == len(tokens) - 1
-                n += 1
-            out_rows.append(n - 1)
-        b.n_tokens = n
-        rc = self.L.llama_decode(self.ctx, b)
-        if rc != 0:
-            raise RuntimeError(f"llama_decode failed ({rc})")
-        return [self._argmax(i) for i in out_rows]
+                b.logits[n] = last >= 0
+            b.n_tokens = len(part)
+            rc = self.L.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed ({rc})")
+            for n, (_, _, _, last) in enumerate(part):
+                if last >= 0:
+                    out[last] = self._argmax(n)
+        return out
 
     def logits(self, row: int) -> np.ndarray:
         """The logits of the row-th output of the last decode (a view of llama.cpp's buffer)."""

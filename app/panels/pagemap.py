@@ -244,8 +244,9 @@ class PageMapWidget(QWidget):
         self._owners = {int(k): v for k, v in (owners or {}).items()}
         self._hold(set(self._owners.values()))
         by_chat = shown is states  # by adapter, codes are adapter-set ids coloured by id, not chat slots
-        self.pages.set_slots({serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()}
-                             if by_chat else {})
+        # a chat deleted while its stopped reply still holds pages has given its colour back: serial % n then
+        slots = {serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()} if by_chat else {}
+        self.pages.set_slots({serial: slot for serial, slot in slots.items() if slot is not None})
         changed = self.pages.load(shown, shared)
         if changed:
             self._show(resized)

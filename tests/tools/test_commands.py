@@ -18,11 +18,11 @@ NO_HELP = {"vllm_server"}
 
 
 def test_every_tool_is_listed_here():
-    assert TOOLS == ["compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "fake_hub",
+    assert TOOLS == ["bench_big", "compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "fake_hub",
                      "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "memory_table", "mmproj_gguf", "qmatmul_bench",
                      "sampling_bench",
                      "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
-                     "vllm_server", "weight_quality"]
+                     "vllm_server", "vlm_gguf", "weight_quality"]
 
 
 @pytest.mark.parametrize("command", [["tools." + name] for name in TOOLS if name not in NO_HELP]

@@ -22,6 +22,16 @@ from ..model.lora_batch import LoRABatch
 Pairs = tuple[tuple[LoRA, float], ...]  # a job's adapters and scales, as resolved by a generator
 
 
+class AdapterUnavailable(ValueError):
+    """A job names an adapter this generator does not serve (never loaded, or being unloaded). Raised when
+    the job is made and again when it is queued, since an unload may land in between; a server answers it
+    as an unknown model (404), never as an engine failure."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
 def lora_request(loras: Any) -> tuple[tuple[LoRA | str, float], ...] | None:
     """Check DynamicJob's loras= argument: None (the generator's default set) or a list whose items are
     (adapter, scale) pairs or bare adapters (scale 1), an adapter being a loaded LoRA or its name; names and
@@ -138,22 +148,22 @@ class Adapters:
         return pairs, self._root(pairs)
 
     def check(self, request: tuple | None) -> Pairs:
-        """The adapters a job would run, or a ValueError naming the one it can't; changes nothing, so any
-        thread may call it."""
+        """The adapters a job would run, or a ValueError naming the one it can't (AdapterUnavailable for one
+        not served); changes nothing, so any thread may call it."""
         if request is None:
             return self.default
         pairs = []
         for adapter, scale in request:
             name = adapter if isinstance(adapter, str) else adapter.name
             if name not in self.loaded:
-                raise ValueError(f"LoRA adapter {name!r} is not loaded into this generator "
+                raise AdapterUnavailable(name, f"LoRA adapter {name!r} is not loaded into this generator "
                                  f"(load it with load_lora first; loaded: {sorted(self.loaded) or 'none'})")
             lora = self.loaded[name]
             if isinstance(adapter, LoRA) and adapter.content_hash != lora.content_hash:
                 raise ValueError(f"the LoRA adapter named {name!r} in this generator has other weights than "
                                  f"the one given")
             if name in self.unloading:
-                raise ValueError(f"LoRA adapter {name!r} is being unloaded; it takes no new jobs")
+                raise AdapterUnavailable(name, f"LoRA adapter {name!r} is being unloaded; it takes no new jobs")
             pairs.append((lora, scale))
         return tuple(pairs)
 

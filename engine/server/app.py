@@ -27,6 +27,7 @@ from typing import Any, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from ..generator.adapters import AdapterUnavailable
 from ..generator.async_api import DynamicJobAsync
 from ..vision.image_input import ImageLimits
 from .errors import ApiError, bad_request
@@ -318,10 +319,9 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str, index: int
                                return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter),
                                decode_special_tokens=req.plan is not None and req.plan.decode_special,
                                **({"embeddings": req.embeddings} if req.embeddings is not None else {}))
+    except AdapterUnavailable as exc:  # unloaded since resolve: as if unknown
+        raise _adapter_gone(exc) from None
     except ValueError as exc:  # e.g. prompt + max_tokens needs more pages than the whole cache
-        if req.adapter is not None and "LoRA adapter" in str(exc):  # unloaded since resolve: as if unknown
-            raise ApiError(404, f"The model `{req.adapter}` does not exist: {exc}", "model",
-                           "model_not_found") from None
         raise bad_request(str(exc), "max_tokens") from None
     except RuntimeError as exc:  # the generator closed: the app is loading another model
         raise ApiError(503, f"the model is being replaced: {exc}", code="model_not_loaded") from None
@@ -361,11 +361,19 @@ async def _choice_results(jobs: list[DynamicJobAsync]):
             t.cancel()
 
 
+def _adapter_gone(exc: AdapterUnavailable) -> ApiError:
+    """The 404 of a request whose adapter was unloaded after the request named it: as if never loaded."""
+    return ApiError(404, f"The model `{exc.name}` does not exist: {exc}", "model", "model_not_found")
+
+
 async def _results(job: DynamicJobAsync):
-    """The job's results; an engine failure becomes a 500-class API error instead of a traceback."""
+    """The job's results; an engine failure becomes a 500-class API error instead of a traceback. An adapter
+    unloaded between the job's making and its queueing is the same 404 as one unloaded before."""
     try:
         async for r in job:
             yield r
+    except AdapterUnavailable as exc:
+        raise _adapter_gone(exc) from None
     except Exception as exc:  # noqa: BLE001 - an engine bug still answers in OpenAI's shape, logged
         log.exception("generation failed")
         raise ApiError(500, f"generation failed: {type(exc).__name__}: {exc}") from None

@@ -192,3 +192,23 @@ def test_unloading_an_adapter_lets_its_running_request_finish(tiny_llama_folder,
         with pytest.raises(openai.NotFoundError, match="`ada` does not exist"):
             client.chat.completions.create(model="ada", messages=q, max_tokens=4)
         wait_for(lambda: not server.generator.adapters().folders, "the adapter to be dropped")
+
+
+def test_an_adapter_unloaded_between_a_requests_check_and_its_queueing_is_a_404(tiny_llama_folder, adapters):
+    """A request checks its adapter when its job is made; an unload queued before the job reaches the
+    generator wins, and the request hears the unknown-model 404 an earlier unload gives, not a 500."""
+    q = [{"role": "user", "content": "Which adapter am I talking to?"}]
+    with ServerThread(tiny_llama_folder, adapters={"ada": adapters["ada"]}) as server:
+        client = server.client()
+        with ThreadPoolExecutor(2) as pool:
+            with server.hold_generator():  # the unload runs first, then the already-checked job's enqueue
+                unloaded = pool.submit(post, server.url + "/v1/unload_lora_adapter", {"lora_name": "ada"})
+                wait_for(lambda: len(server.generator._commands) == 1, "the unload queued")
+                asked = pool.submit(lambda: client.chat.completions.create(
+                    model="ada", messages=q, max_tokens=4, temperature=0))
+                wait_for(lambda: len(server.generator._commands) == 2, "the job queued behind the unload")
+            assert unloaded.result()[0] == 200
+            with pytest.raises(openai.NotFoundError, match="`ada` does not exist"):
+                asked.result()
+        assert client.chat.completions.create(model=server.model_name, messages=q, max_tokens=2).choices
+        wait_for(lambda: server.snapshot()["pages_referenced"] == 0, "the pages back")

@@ -89,7 +89,8 @@ soak: $(STAMP)
 	$(BIN)/python -m engine soak --clients 64 --duration 600
 
 # The app for hours: 500 short replies across 8 chats (tests/app/test_app_soak.py; ~10-20 min on 2 cores), a line
-# of figures every 25 replies to watch it: memory and Qt objects flat after warm-up, stall p99 < 1 frame.
+# of figures every 25 replies to watch it: memory and Qt objects flat after warm-up, streaming stall p99 < 1 frame
+# (user actions and the meter reported apart; PAGEDECK_SOAK_WATCH=1 says what the Qt thread did in each late tick).
 # SOAK_REPLIES=N for another length.
 SOAK_REPLIES ?= 500
 soak-app: $(STAMP)

@@ -26,6 +26,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.core.store import ChatSettings
 from app.local.chat_jobs import ChatJobs
 from app.local.chat_prompt import ChatPrompt
+from app.local.gil_share import share_gil_with_ui
 from app.local.image_costs import ImageCosts
 from app.local.image_prompts import ImagePrompts
 from app.local.lora_control import LoraControl
@@ -77,6 +78,7 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         self._timer = QTimer(self)
         self._timer.setInterval(metrics_interval_ms)
         self._timer.timeout.connect(self._push_metrics)
+        share_gil_with_ui()  # the generator thread shares the GIL with this (the Qt) thread
 
     # --- model ---------------------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def test_fused_parts_concatenate_and_mixed_formats_become_q8():
                                      "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_up.weight": "Q4_K",
                                      "blk.0.ffn_gate.weight": "Q4_K"}, "packed")
     assert formats == {"blk.0.attn_q.weight": "q8", "blk.0.attn_k.weight": "q8", "blk.0.attn_v.weight": "q8",
-                       "blk.0.ffn_up.weight": "q4", "blk.0.ffn_gate.weight": "q4"}
+                       "blk.0.ffn_up.weight": "q4k", "blk.0.ffn_gate.weight": "q4k"}
 
 
 def test_bad_shapes_and_formats_are_refused(tiny_llama_folder):

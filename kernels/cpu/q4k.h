@@ -47,11 +47,17 @@ inline int code(const uint8_t* sb, int i) {
 }
 
 #ifdef PD_AVX2
-// dw = d * sc and z = 8 dw - dmin m of the super-block's 8 sub-blocks, in lanes 0..7
+// dw = d * sc and z = 8 dw - dmin m of the super-block's 8 sub-blocks, in lanes 0..7. The 6-bit fields are
+// regrouped in four 32-bit words (ggml's kmask trick: sc0..7 then m0..7) and enter a vector without a store
+// (16 byte stores read back as one vector stalled store forwarding on every super-block).
 inline void affine(const uint8_t* sb, __m256& dw, __m256& z) {
-  alignas(16) uint8_t sm[16];
-  scale_mins(sb, sm);
-  const __m128i v = _mm_load_si128((const __m128i*)sm);
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, sb + 4, 12);
+  const uint32_t m47 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  const uint32_t m03 = u[1] & k1;
+  const uint32_t s47 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  const __m128i v = _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)(u[0] & k1));
   const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
   const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
   dw = _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), sc);

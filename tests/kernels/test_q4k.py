@@ -204,7 +204,7 @@ def test_q4_k_file_gives_llama_cpps_logits(tmp_path):
     from tests.engine.test_fidelity_llamacpp import check
     from tests.llamacpp_fidelity import build
 
-    files = build(tmp_path, [("llama", "Q4_K")])
+    files = build(tmp_path, [("llama", "F32"), ("llama", "Q4_K")])  # F32: the kl_ref bound
     model = Model.load(files.paths["llama", "Q4_K"], weights="packed")
     formats = {m.format for layer in model.layers for m in vars(layer).values() if hasattr(m, "format")}
     assert "q4k" in formats, formats

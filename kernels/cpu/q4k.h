@@ -73,33 +73,39 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {  // codes below 16: no int16 sat
 #endif
 }
 
-// out[r] = weight row . activation rows m0..m0+MT (xq: int8 (M, K) natural order; dx, sx, cx: per block,
-// stride nbp)
+// out[r] = weight row . activation rows m0..m0+MT (xq: int8 (M, K) in quantize_rows' pair layout, each pair
+// of blocks (j, j+1) as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]; dx, sx, cx: per block, stride nbp).
+// Bytes 0..15 of a 32-byte nibble chunk hold weights 0..15 of both its blocks (low nibbles block j, high
+// j+1): one 128-bit broadcast load shifted by 0 | 4 per half meets the pair's first 32 activation bytes, no
+// cross-lane shuffle, and each pair's dot product lands as q4's does (lanes 0-3 block j, 4-7 block j+1), so
+// 8 blocks reduce in 3 hadds as in dot_tile.
 template <int MT>
 inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const float* sx,
                  const float* cx, int64_t K, int64_t nbp, int64_t m0, float* out) {
   __m256 acc[MT], mins[MT];
   for (int r = 0; r < MT; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), shift = _mm256_setr_epi64x(0, 0, 4, 4);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
     _mm_prefetch((const char*)(sb + 2048), _MM_HINT_T0);
-    __m256i h[MT][4];
+    __m256i q[MT][4];
     for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + 16 + 32 * c));
-      const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      const __m128i* p = (const __m128i*)(sb + 16 + 32 * c);
+      const __m256i a = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(p)), shift), m4);
+      const __m256i b = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(p + 1)), shift), m4);
       for (int r = 0; r < MT; ++r) {
         const int8_t* x = xq + (m0 + r) * K + s * kSuper + 64 * c;
-        h[r][c] = _mm256_hadd_epi32(dot_u8s8(lo, _mm256_loadu_si256((const __m256i*)x)),
-                                    dot_u8s8(hi, _mm256_loadu_si256((const __m256i*)(x + 32))));
+        q[r][c] = _mm256_add_epi32(dot_u8s8(a, _mm256_loadu_si256((const __m256i*)x)),
+                                   dot_u8s8(b, _mm256_loadu_si256((const __m256i*)(x + 32))));
       }
     }
     __m256 dw, z;
     affine(sb, dw, z);
     for (int r = 0; r < MT; ++r) {
-      // [b0 b1 b2 b3 | b0 b1 b2 b3] (halves of each block's 8 partial sums), then the same for b4..b7
-      const __m256i a = _mm256_hadd_epi32(h[r][0], h[r][1]), b = _mm256_hadd_epi32(h[r][2], h[r][3]);
-      const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+      // [b0 b2 b4 b6 | b1 b3 b5 b7], then block order
+      const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[r][0], q[r][1]), _mm256_hadd_epi32(q[r][2], q[r][3]));
+      const __m256i sums = _mm256_permutevar8x32_epi32(h, order);
       const int64_t at = (m0 + r) * nbp + s * 8;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, _mm256_loadu_ps(dx + at)), acc[r]);
       mins[r] = _mm256_fmadd_ps(z, _mm256_loadu_ps(sx + at), mins[r]);

@@ -447,7 +447,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #else
   const bool big = false;
 #endif
-  quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
+  quantize_rows(x.data_ptr<float>(), M, K, a, (q4 || q4k) && !big, q6);  // q4k.h reads pairs too
   Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k ? nullptr : (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();

@@ -6,7 +6,8 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   * Q4_K -> q4k: the file's super-blocks as they are (exact, 4.5 bits a weight, its d * sc and dmin * m
     multiplied in fp32). As q4 (one fp16 scale and minimum per 32, 5 bits a weight) a decode step of an
     8B-shaped Q4_K_M file read ~7 % more bytes and the resident weights were larger than the file. q4 of
-    Q4_K (the products rounded to fp16) is what weights="q4"-era code paths and mixed groups still build.
+    Q4_K (q4_parts, kernels/cpu/repack.cpp's q4_k_repack: the products rounded to fp16) is still built where
+    Q4_K is fused beside Q4_0/Q4_1 parts, and on a mixed group's way to q8.
   * Q8_0 -> q8, exact.
   * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
     Q4_K_M file's output head and half its ffn_down are Q6_K).
@@ -20,7 +21,7 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   (GGMLRows, no kernel format: a lookup decodes a few rows); a tied one is the packed output head, whose
   rows serve the lookups too, so the table is held once.
   Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) are
-  all q8 (qlinear.cat_packed).
+  all q8 (qlinear.cat_packed); Q4_K parts beside Q4_0/Q4_1 ones are all q4.
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
 Dense copy: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 keeps that copy for

@@ -9,6 +9,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q6: qs uint8 (N, K/256 * 210): GGUF Q6_K super-blocks as the file stores them (6.56 bits a weight:
   w = d * sc * (code - 32), int8 sc per 16 weights, fp16 d per 256, all inside the block), d an empty fp16
   tensor, m None (kernels/cpu/q6.h).
+- q4k: qs uint8 (N, K/256 * 144): GGUF Q4_K super-blocks as the file stores them (4.5 bits a weight:
+  w = d * sc * code - dmin * m, 6-bit sc and m per 32 weights, fp16 d and dmin per 256), d an empty fp16
+  tensor, m None (kernels/cpu/q4k.h).
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -26,6 +29,7 @@ SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carr
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
 QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
 Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
+Q4K_BYTES = 144  # q4k: bytes per Q4_K super-block (of Q6_SUPER weights)
 NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
 

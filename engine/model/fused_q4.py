@@ -1,11 +1,10 @@
-"""Fused q|k|v and gate|up matrices whose parts are all Q4_K, repacked straight into the fused q4 matrix.
+"""Fused q|k|v and gate|up matrices whose parts are all Q4_K, written straight into the fused q4k matrix.
 
-The loader used to pack each part on its own and then stack the parts (engine.model.qlinear.cat_packed):
-a second write of every byte of the fused matrices (~0.5 s of CPU on an 8-layer 8B-shaped Q4_K_M file,
-its gate|up alone 60 MB a layer) and a zero-filled scale buffer per part. Here the C++ repacker
-(kernels/cpu/repack.cpp's q4_k_repack, the one engine.model.repack_fast calls) writes each part into its
-rows of the fused codes and scales, allocated once; only the scale buffers' SCALE_PAD tail is zeroed (the
-repacker writes every other byte). The bits are those of packing the parts and stacking them.
+The loader used to pack each part on its own and then stack the parts (engine.model.qlinear.cat_packed): a
+second write of every byte of the fused matrices (gate|up alone is 60 MB a layer of an 8B-shaped Q4_K_M
+file). Here each part's super-blocks (q4k keeps the file's Q4_K bytes) are copied once from the mapped
+file into their rows of the fused matrix, allocated once. The bits are those of packing the parts and
+stacking them.
 
 Mixed groups (a Q4_K_M file's Q4_K q/k beside a Q6_K v) and models keeping a dense copy still go through
 cat_packed: which format a mixed group becomes is its rule.
@@ -17,20 +16,12 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.packed import GROUP, SCALE_PAD
+from kernels.packed import Q4K_BYTES
 
-from .qlinear import Q4Linear
+from .qlinear import Q4KLinear
 
 FUSED_NAMES = {("q_proj.weight", "k_proj.weight", "v_proj.weight"): "qkv_proj.weight",
                ("gate_proj.weight", "up_proj.weight"): "gate_up_proj.weight"}
-
-
-def _scales(n: int, groups: int) -> torch.Tensor:
-    """fp16 (n, groups) scales in a buffer SCALE_PAD values longer (kernels.packed.padded_scales' layout),
-    only the padding zeroed: the repacker writes every scale."""
-    buf = torch.empty(n * groups + SCALE_PAD, dtype=torch.float16)
-    buf[n * groups:] = 0
-    return buf[: n * groups].view(n, groups)
 
 
 class FusedQ4:
@@ -40,23 +31,21 @@ class FusedQ4:
         self.name, self.parts = name, parts
         self.offsets = dict(zip(parts, [sum(rows[:i]) for i in range(len(rows) + 1)]))
         self.ends = {p: self.offsets[p] + r for p, r in zip(parts, rows)}
-        n = sum(rows)
-        self.qs = torch.empty(n, k // 2, dtype=torch.uint8)
-        self.scale, self.minimum = _scales(n, k // GROUP), _scales(n, k // GROUP)
+        self.qs = torch.empty(sum(rows), k // 256 * Q4K_BYTES, dtype=torch.uint8)
         self.todo = set(parts)
 
-    def write(self, part: str, raw: torch.Tensor) -> Q4Linear | None:
-        """Repack the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
+    def write(self, part: str, raw: torch.Tensor) -> Q4KLinear | None:
+        """Copy the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
         r0, r1 = self.offsets[part], self.ends[part]
-        cpu_ext.ops().q4_k_repack(raw.contiguous(), self.qs[r0:r1], self.scale[r0:r1], self.minimum[r0:r1])
+        self.qs[r0:r1] = raw.reshape(r1 - r0, -1)
         self.todo.discard(part)
-        return None if self.todo else Q4Linear.from_packed(self.qs, self.scale, self.minimum)
+        return None if self.todo else Q4KLinear(self.qs)
 
 
 def plan(stored: dict[str, tuple[GGMLQuantizationType, tuple[int, ...]]], fmt: str,
          keep_dense: bool) -> dict[str, FusedQ4]:
     """{part's HF name: the fused matrix it is written into} for every q|k|v and gate|up group of `stored`
-    (HF name -> (ggml type, shape)) whose parts all pack as Q4_K -> q4 through the C++ repacker; empty
+    (HF name -> (ggml type, shape)) whose parts all pack as Q4_K -> q4k; empty
     where the kernels are not built, where a dense copy is kept or for unfused layouts."""
     if keep_dense or fmt != "packed" or cpu_ext.ops() is None:
         return {}

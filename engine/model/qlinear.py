@@ -2,7 +2,7 @@
 
 Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
 token, their 4-bit blocks ~70 MB. The formats ("q4": GGUF Q4_1/Q4_0, Q4_K's sub-blocks via
-engine.model.repack; "q6": GGUF Q6_K's own super-blocks; "q8": GGUF Q8_0, or any other weight quantized to it
+engine.model.repack; "q6": GGUF Q6_K's own super-blocks; "q4k": GGUF Q4_K's own super-blocks; "q8": GGUF Q8_0, or any other weight quantized to it
 at load), their layouts and the kernel that multiplies them are kernels.packed's; this module is the nn-level
 use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q6 and q8
 to dense rows.
@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType
 
 import kernels
 from kernels import cpu_ext
-from kernels.packed import (GROUP, NO_SCALES, Q6_BYTES, Q6_SUPER, check_blocks, int4_available, int4_matmul,
+from kernels.packed import (GROUP, NO_SCALES, Q4K_BYTES, Q6_BYTES, Q6_SUPER, check_blocks, int4_available, int4_matmul,
                              int4_weight, pack_nibbles, pad_scales, padded_scales, q4_dequantize, q4_supported,
                              q8_dequantize, q8_pack, q8_quantize, qmatmul)
 
@@ -200,6 +200,10 @@ class Q8Linear(PackedLinear):
         if ops is not None and isinstance(p, Q6Linear):
             ops.q6_k_to_q8(p.qs, qs, scale)
             return cls.from_packed(qs, scale, p.dense, p.dense is not None)
+        if ops is not None and isinstance(p, Q4KLinear):  # through q4, the bits mixed groups had before q4k
+            q4 = p.to_q4()
+            ops.q4_to_q8(q4.qs, q4.scale, q4.minimum, qs, scale)
+            return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         for r0 in range(0, N, rows):
             codes, scale[r0:r0 + rows] = q8_quantize(p.dense_rows(r0, min(r0 + rows, N)))
             qs[r0:r0 + rows] = q8_pack(codes)
@@ -270,6 +274,47 @@ class Q6Linear(PackedLinear):
         return self.qs, NO_SCALES, None
 
 
+class Q4KLinear(PackedLinear):
+    """GGUF Q4_K super-blocks kept as the file stores them (kernels.packed's q4k): w = d * sc * code - dmin * m,
+    4.5 bits a weight (as q4 they took 5, with fp16-rounded d * sc and dmin * m), decoded exactly as gguf does."""
+
+    format = "q4k"
+
+    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
+        n, row_bytes = qs.shape
+        if qs.dtype != torch.uint8 or row_bytes % Q4K_BYTES:
+            raise ValueError(f"q4k rows must be uint8 Q4_K super-blocks ({Q4K_BYTES} bytes each), got "
+                             f"{qs.dtype} {tuple(qs.shape)}")
+        self.qs = qs.contiguous()
+        super().__init__((n, row_bytes // Q4K_BYTES * Q6_SUPER), dense)
+
+    @classmethod
+    def cat(cls, parts: list["Q4KLinear"], consume: bool = False) -> "Q4KLinear":
+        """Stack along the output dim: the super-blocks as they are (see _stack)."""
+        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+        return cls(_stack(parts, "qs", consume), dense)
+
+    def to_q4(self) -> Q4Linear:
+        """As q4 (fp16 d*sc and -dmin*m per 32; kernels/cpu/repack.cpp's q4_k_repack): for groups fused with
+        Q4_0/Q4_1 parts, and on the way to q8."""
+        N, K = self.shape
+        qs, scale, minimum = torch.empty(N, K // 2, dtype=torch.uint8), padded_scales(N, K // GROUP), padded_scales(N, K // GROUP)
+        cpu_ext.ops().q4_k_repack(self.qs, qs, scale, minimum)
+        out = Q4Linear.from_packed(qs, scale, minimum)
+        out.dense = self.dense
+        return out
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return dequantize(self.qs[start:stop], GGMLQuantizationType.Q4_K, (stop - start, self.shape[1]))
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.qs[ids], GGMLQuantizationType.Q4_K, (ids.numel(), self.shape[1]))
+
+    @property
+    def blocks(self) -> tuple:
+        return self.qs, NO_SCALES, None
+
+
 def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
     """torch.cat of the parts' `attr` tensors along rows. With `consume` (the loader, which gives the parts up)
     each part's tensor is dropped as soon as it is copied; the result's pages are touched only as they fill,
@@ -294,6 +339,8 @@ def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear
     kinds = {type(p) for p in parts}
     if len(kinds) == 1:
         return kinds.pop().cat(parts, consume)
+    if kinds == {Q4Linear, Q4KLinear} and cpu_ext.ops() is not None:  # Q4_K beside Q4_0/Q4_1: all q4, as before q4k
+        return Q4Linear.cat([p if isinstance(p, Q4Linear) else p.to_q4() for p in parts], consume)
     as_q8 = [p if isinstance(p, Q8Linear) else Q8Linear.requantize(p) for p in parts]
     return Q8Linear.cat(as_q8, consume)  # a kept dense copy stays each part's exact weights
 

@@ -1,11 +1,13 @@
-"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q6 and q8): which tensors a
+"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q4k, q6 and q8): which tensors a
 weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
 weights="packed" (auto for a GGUF on a CPU), per ggml type:
   * Q4_0, Q4_1 -> q4, exact (Q4_0's w = d(q - 8) is minimum -8d).
-  * Q4_K -> q4 with one (scale, minimum) per 32-weight sub-block: scale = d*sc and minimum = -dmin*m, the
-    products rounded to fp16 (the kernel's scale type), so exact but for that rounding (relative 2^-11 of
-    each product at most; tests/engine/test_repack.py measures the weights' error against gguf's decoder).
+  * Q4_K -> q4k: the file's super-blocks as they are (exact, 4.5 bits a weight, its d * sc and dmin * m
+    multiplied in fp32). As q4 (one fp16 scale and minimum per 32, 5 bits a weight) a decode step of an
+    8B-shaped Q4_K_M file read ~7 % more bytes and the resident weights were larger than the file. q4 of
+    Q4_K (q4_parts, kernels/cpu/repack.cpp's q4_k_repack: the products rounded to fp16) is still built where
+    Q4_K is fused beside Q4_0/Q4_1 parts, and on a mixed group's way to q8.
   * Q8_0 -> q8, exact.
   * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
     Q4_K_M file's output head and half its ffn_down are Q6_K).
@@ -19,7 +21,7 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   (GGMLRows, no kernel format: a lookup decodes a few rows); a tied one is the packed output head, whose
   rows serve the lookups too, so the table is held once.
   Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) are
-  all q8 (qlinear.cat_packed).
+  all q8 (qlinear.cat_packed); Q4_K parts beside Q4_0/Q4_1 ones are all q4.
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
 Dense copy: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 keeps that copy for
@@ -38,16 +40,17 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels.packed import GROUP, Q6_BYTES, Q6_SUPER, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
+from kernels.packed import GROUP, Q4K_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
 
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import PackedLinear, Q4Linear, Q6Linear, Q8Linear, tile_rows
+from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
 Q = GGMLQuantizationType
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # kept as q4 under weights="packed"; Q6_K as q6, every other type q8
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit under weights="packed" (Q4_K as q4k, the others q4); Q6_K as q6,
+# every other type q8
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
@@ -89,7 +92,9 @@ def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
 
 
 def kernel_format(dtype: str, fmt: str) -> str:
-    """"q4", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
+    """"q4", "q4k", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
+    if fmt == "packed" and dtype == "Q4_K":
+        return "q4k"
     if fmt == "packed" and dtype in Q4_TYPES:
         return "q4"
     return "q6" if fmt == "packed" and dtype == "Q6_K" else "q8"
@@ -102,8 +107,9 @@ def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
         for group in _FUSED:
             if n.endswith(group[0]):
                 names = [n[: -len(group[0])] + part for part in group]
-                if len({out.get(m) for m in names if m in out}) > 1:
-                    out.update({m: "q8" for m in names if m in out})
+                kinds = {out.get(m) for m in names if m in out}
+                if len(kinds) > 1:  # Q4_K beside Q4_0/Q4_1 parts goes back to q4 (cat_packed), else all q8
+                    out.update({m: "q4" if kinds == {"q4", "q4k"} else "q8" for m in names if m in out})
     return out
 
 
@@ -114,6 +120,8 @@ def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
     groups = n * k // GROUP
     if kernel == "q6":
         return n * k // Q6_SUPER * Q6_BYTES
+    if kernel == "q4k":
+        return n * k // Q6_SUPER * Q4K_BYTES
     return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
 
 
@@ -148,13 +156,13 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
     rows, step = raw.reshape(n, -1), tile_rows(k)  # dense types (F16, F32, BF16) become q8 tile by tile too
     exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
-    if kernel_format(qtype.name, fmt) == "q6":  # the file's super-blocks, copied
+    if kernel_format(qtype.name, fmt) in ("q6", "q4k"):  # the file's super-blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):
             qs[r0:r0 + step] = rows[r0:r0 + step]
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return Q6Linear(qs, exact)
+        return (Q6Linear if qtype == Q.Q6_K else Q4KLinear)(qs, exact)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits
     if fast is not None:
         fast.dense = exact

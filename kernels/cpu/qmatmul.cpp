@@ -5,6 +5,7 @@
 //       GGUF's Q4_0/Q4_1 order), d and m fp16 per block.
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
 //   q6: GGUF Q6_K super-blocks as the file stores them (q6.h), no separate scales.
+//   q4k: GGUF Q4_K super-blocks as the file stores them (q4k.h), no separate scales.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -14,6 +15,7 @@
 // depend on the batch.
 #include "common.h"
 #include "ops.h"
+#include "q4k.h"
 #include "q6.h"
 #include "qgemm.h"
 
@@ -126,7 +128,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2 };
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3 };
 
 struct Weights {
   const uint8_t* qs;
@@ -326,6 +328,10 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
     q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
     return;
   }
+  if (F == kQ4K) {
+    q4k::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.nbp, M, n, out);
+    return;
+  }
   constexpr bool Q4 = F == kQ4;
   int64_t m = 0;
   for (; m + 4 <= M; m += 4) dot_tile<4, 1, Q4>(w, n, a, m, out + m, 1);
@@ -362,28 +368,39 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 }
 
 #ifdef PD_AVX2
+// q4k's panels come from q4k.h's unpacker and then take the q4 tile (the same arithmetic)
+template <int F>
+void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
+  if (F == kQ4K) {
+    q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
+  } else {
+    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
+  }
+}
+
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
 // computes the gate and the up panel of the same columns, then silu(gate) * up.
 template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout, Act act, int64_t p0, int64_t p1,
                   float* y) {
   using gemm::kCols;
+  constexpr int G = F == kQ4K ? (int)gemm::kQ4 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up;
   for (int64_t pi = p0; pi < p1; ++pi) {
     const int64_t n0 = pi * kCols;
     const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
     if (act == kNone) {
-      gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
-      gemm::panel_rows<F>(panel, a, M, y + n0, Nout, cols);
+      unpack<F>(w, n0, cols, panel);
+      gemm::panel_rows<G>(panel, a, M, y + n0, Nout, cols);
       continue;
     }
     gate.resize(M * kCols);
     up.resize(M * kCols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
-    gemm::panel_rows<F>(panel, a, M, gate.data(), kCols, cols);
-    gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0 + Nout, cols, panel);
-    gemm::panel_rows<F>(panel, a, M, up.data(), kCols, cols);
+    unpack<F>(w, n0, cols, panel);
+    gemm::panel_rows<G>(panel, a, M, gate.data(), kCols, cols);
+    unpack<F>(w, n0 + Nout, cols, panel);
+    gemm::panel_rows<G>(panel, a, M, up.data(), kCols, cols);
     for (int64_t m = 0; m < M; ++m) {
       silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
       std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
@@ -410,14 +427,15 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
   // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q8 rows K bytes
   const bool q6 = !q4 && K % q6::kSuper == 0 && qs.dim() == 2 && qs.size(1) == K / q6::kSuper * q6::kBytes;
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || qs.size(1) == (q4 ? K / 2 : K)) &&
+  const bool q4k = !q4 && K % q4k::kSuper == 0 && qs.dim() == 2 && qs.size(1) == K / q4k::kSuper * q4k::kBytes;
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || qs.size(1) == (q4 ? K / 2 : K)) &&
                   qs.scalar_type() == at::kByte,
               "packed weights do not match x's K or the format");
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
   };
-  TORCH_CHECK(q6 || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(q6 || q4k || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(act == kNone || (act == kSwiGLU && N % 2 == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
@@ -429,8 +447,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #else
   const bool big = false;
 #endif
-  quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
-  Weights w{(const uint8_t*)qs.data_ptr(), q6 ? nullptr : (const uint16_t*)d.data_ptr(),
+  quantize_rows(x.data_ptr<float>(), M, K, a, (q4 || q4k) && !big, q6);  // q4k.h reads pairs too
+  Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k ? nullptr : (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
@@ -443,6 +461,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
         gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
       } else if (q6) {
         gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
+      } else if (q4k) {
+        gemm_compute<kQ4K>(w, ga, M, Nout, ac, p0, p1, out);
       } else {
         gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
       }
@@ -456,6 +476,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
       compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
     } else if (q6) {
       compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
+    } else if (q4k) {
+      compute<kQ4K>(w, a, M, Nout, ac, n0, n1, out);
     } else {
       compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
     }

@@ -1,4 +1,4 @@
-"""All-Q4_K q|k|v and gate|up groups repacked straight into their fused matrix (engine.model.fused_q4) give
+"""All-Q4_K q|k|v and gate|up groups copied straight into their fused q4k matrix (engine.model.fused_q4) give
 the bits of packing each part and stacking them (qlinear.cat_packed), in a Q4_K_M file whose mixed groups
 (Q6_K v) still take cat_packed; the memory estimate stays byte for byte."""
 
@@ -9,7 +9,7 @@ from engine import Model
 from engine.cache.paged_cache import PagedCache
 from engine.model import fused_q4, memory
 from engine.model.batch import Batch
-from engine.model.qlinear import Q4Linear, Q8Linear
+from engine.model.qlinear import Q4KLinear, Q8Linear
 from kernels import cpu_ext
 from tools.synthetic_gguf import write_random_gguf
 
@@ -37,12 +37,14 @@ def test_fused_while_reading_matches_stacking(path, monkeypatch):
     monkeypatch.setattr(fused_q4, "plan", lambda *a: {})
     stacked = Model.load(path, weights="packed")
     for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
-        assert isinstance(a.gate_up, Q4Linear)
-        assert isinstance(a.qkv, Q8Linear if i in (0, 3, 6, 7) else Q4Linear)
+        assert isinstance(a.gate_up, Q4KLinear)
+        assert isinstance(a.qkv, Q8Linear if i in (0, 3, 6, 7) else Q4KLinear)
         for name in ("qkv", "gate_up"):
             x, y = getattr(a, name), getattr(b, name)
             assert type(x) is type(y) and x.shape == y.shape
             assert all(torch.equal(p, q) for p, q in zip(_bits(x), _bits(y))), (i, name)
+            if not isinstance(x, Q8Linear):  # q4k: no separate scales
+                continue
             # the SCALE_PAD tail behind the scales is zero, as the kernels expect
             tail = x.scale.untyped_storage().nbytes() // 2 - x.scale.numel()
             pad = torch.empty(0, dtype=torch.float16).set_(x.scale.untyped_storage())[x.scale.numel():]

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QT
 from engine import Model, Tokenizer
 from engine.model import qlinear, repack
 from engine.model.ggml_blocks import dequantize
-from engine.model.qlinear import Q4Linear, Q8Linear, RowSplit, cat_packed, linear
+from engine.model.qlinear import Q4KLinear, Q4Linear, Q8Linear, RowSplit, cat_packed, linear
 from tests.tiny_models import q4_k_m, write_tiny_gguf
 from tools.ggml_writers import quantize as quantize_ggml
 from tools.logits import forward_tokens
@@ -36,13 +36,14 @@ def test_every_type_repacks_faithfully_and_multiplies_closely(qtype, keep_dense)
     rows, cols = 200, 512
     raw, exact = quantized(qtype, rows, cols, int(qtype))
     w = repack.from_blocks(raw, qtype, (rows, cols), keep_dense=keep_dense)
-    assert w.format == ("q4" if qtype in Q4_TYPES else "q6" if qtype == QT.Q6_K else "q8")
+    assert w.format == ("q4k" if qtype == QT.Q4_K else "q4" if qtype in Q4_TYPES else "q6" if qtype == QT.Q6_K
+                        else "q8")
     assert (w.dense is not None) == keep_dense
     dq = w.dequantize()
     err = ((dq - exact).abs().amax(1) / exact.abs().amax(1)).max().item()
-    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q6_K):
+    if qtype in (QT.Q4_0, QT.Q4_1, QT.Q8_0, QT.Q6_K, QT.Q4_K):
         assert err == 0, err
-    elif qtype == QT.Q4_K:
+    elif qtype == QT.Q4_K:  # never: q4k keeps the file's blocks
         assert 0 < err < 2e-3, err  # fp16 scale and minimum products (2^-11 relative each)
     else:
         assert 0 < err <= 1 / 127, err  # half a Q8_0 step of the block's max, + its fp16 scale (subnormal in tiny rows)
@@ -87,11 +88,12 @@ def test_fused_parts_concatenate_and_mixed_formats_become_q8():
     a, b = part(QT.Q4_K, 64, 1), part(QT.Q4_1, 32, 2)
     both = cat_packed([a, b])
     assert isinstance(both, Q4Linear) and both.shape == (96, 256)
-    torch.testing.assert_close(both.dequantize(), torch.cat([a.dequantize(), b.dequantize()]), atol=0, rtol=0)
+    # q4k beside q4 parts goes to q4 (fp16 sub-block scale products), as Q4_K was before q4k
+    torch.testing.assert_close(both.dequantize(), torch.cat([a.to_q4().dequantize(), b.dequantize()]), atol=0, rtol=0)
     v = part(QT.Q6_K, 32, 3)  # a Q4_K_M layer's q|k|v
     mixed = cat_packed([a, v])
     assert isinstance(mixed, Q8Linear) and mixed.shape == (96, 256)
-    exact = torch.cat([a.dequantize(), v.dequantize()])
+    exact = torch.cat([a.to_q4().dequantize(), v.dequantize()])  # mixed groups' q8 is q8 of q4 (the old bits)
     assert ((mixed.dequantize() - exact).abs().amax(1) <= exact.abs().amax(1) / 127).all()
     for second, expected in ((part(QT.Q4_1, 32, 2), both), (part(QT.Q6_K, 32, 3), mixed)):
         given_up = [part(QT.Q4_K, 64, 1), second]  # loading gives its parts up: emptied as they are copied
@@ -103,7 +105,7 @@ def test_fused_parts_concatenate_and_mixed_formats_become_q8():
                                      "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_up.weight": "Q4_K",
                                      "blk.0.ffn_gate.weight": "Q4_K"}, "packed")
     assert formats == {"blk.0.attn_q.weight": "q8", "blk.0.attn_k.weight": "q8", "blk.0.attn_v.weight": "q8",
-                       "blk.0.ffn_up.weight": "q4", "blk.0.ffn_gate.weight": "q4"}
+                       "blk.0.ffn_up.weight": "q4k", "blk.0.ffn_gate.weight": "q4k"}
 
 
 def test_bad_shapes_and_formats_are_refused(tiny_llama_folder):
@@ -215,7 +217,7 @@ def test_tiny_gguf_of_each_type_follows_its_dense_form(wide_llama_folder, tmp_pa
     assert q.weight_format == "packed" and q.layers[0].qkv.dense is None and q.embed.dense is None
     torch.testing.assert_close(q.layers[0].qkv.dequantize(), dense.layers[0].qkv, atol=0.02, rtol=0.01)  # HF row order
     if qtype == "Q4_K_M":
-        assert isinstance(q.layers[1].qkv, Q8Linear) and isinstance(q.layers[1].gate_up, Q4Linear)  # v: Q6_K
+        assert isinstance(q.layers[1].qkv, Q8Linear) and isinstance(q.layers[1].gate_up, Q4KLinear)  # v: Q6_K
     ids = torch.randint(10, 1000, (1, 24), generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(q.embed.embedding(ids), F.embedding(ids, dense.embed), atol=0, rtol=0)
     a, b = decode_logits(dense, ids), decode_logits(q, ids)

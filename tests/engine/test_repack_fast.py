@@ -10,7 +10,8 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from engine.model import repack_fast
-from engine.model.repack import from_blocks
+from engine.model.qlinear import Q4Linear
+from engine.model.repack import from_blocks, q4_parts
 from kernels import cpu_ext
 from kernels.packed import q8_quantize
 from tools.ggml_writers import quantize_q4_k, quantize_q6_k
@@ -52,8 +53,11 @@ def test_repackers_give_the_torch_routes_bits(qtype, kernel, source):
         rows = _random_blocks(n, k, 144 if qtype == Q.Q4_K else 210, (0, 2) if qtype == Q.Q4_K else (208,), 7)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel)
     assert fast is not None
-    fmt = "q8" if kernel == "q8" else "packed"  # weights="packed" keeps Q6_K as q6 (no repacking)
-    slow = _torch_route(lambda: from_blocks(rows, qtype, (n, k), fmt, keep_dense=False))
+    if qtype == Q.Q4_K:  # weights="packed" keeps Q4_K as q4k: q4 of Q4_K is the mixed groups' way to q8
+        codes, scale, minimum = q4_parts(rows, qtype, k)
+        slow = Q4Linear(codes, scale, minimum, keep_dense=False)
+    else:  # weights="packed" keeps Q6_K as q6 (no repacking)
+        slow = _torch_route(lambda: from_blocks(rows, qtype, (n, k), "q8", keep_dense=False))
     assert type(fast) is type(slow)
     for a, b in zip(fast.blocks, slow.blocks):
         assert (a is None) == (b is None)

@@ -2,6 +2,7 @@
 table is held once; an untied embedding stays the file's blocks; the mapped file is let go after loading;
 without the dense copy for prompt rows a file loads in about its own size."""
 
+import gc
 import numpy as np
 import pytest
 import torch
@@ -121,3 +122,31 @@ def test_dense_copy_switch_is_read_by_the_rule(monkeypatch):
     assert repack.keeps_dense_copy(1000)
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "off")
     assert not repack.keeps_dense_copy(1000)
+
+
+def _rss_kb() -> dict[str, int]:
+    """This process's resident set split into anonymous and file-backed pages (/proc/self/smaps_rollup), in kB."""
+    out = {}
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Rss", "Anonymous"):
+                out[key] = int(value.split()[0])
+    return {"anon": out["Anonymous"], "file": out["Rss"] - out["Anonymous"]}
+
+
+def test_loading_leaves_no_file_pages_and_no_second_copy_resident(files, tmp_path, monkeypatch):
+    """After loading, the file's pages are out of the resident set (copied or packed, then dropped or unmapped)
+    and the anonymous memory added is the packed weights, not weights plus the file's rows held twice."""
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    Model.load(files["tied-q4_0"], weights="auto")  # kernels and lazy imports mapped before the baseline
+    path = write_random_gguf(tmp_path / "big.gguf", "tiny-256", 2, "Q8_0", vocab=60_000, pad_vocab=True)  # ~35 MB, untied head
+    size_kb = path.stat().st_size // 1024
+    gc.collect()
+    before = _rss_kb()
+    model = Model.load(path, weights="auto")
+    gc.collect()
+    after = _rss_kb()
+    assert after["file"] - before["file"] < 0.05 * size_kb  # the file's pages are not left resident
+    weights_kb = model.memory_bytes() // 1024
+    assert after["anon"] - before["anon"] < weights_kb + 0.1 * size_kb  # no second copy kept beside the packed one

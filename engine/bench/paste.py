@@ -116,6 +116,8 @@ def run_once(model: Model, tok: Tokenizer, paste: int, others: int, share: float
         o = budget.overhead_s[budget.mode]
         out.update(mode=budget.mode, decode_ms=1e3 * (budget.decode_s or 0), token_ms=1e3 * (budget.token_s or 0),
                    overhead_ms=1e3 * (o or 0), predicted_ratio=budget.predicted_ratio() or 0.0)
+        line = budget.cost_line() or (0.0, 0.0)  # a mixed step's fitted cost A + B*c, and the save length it chose
+        out.update(line_a_ms=1e3 * line[0], line_b_ms=1e3 * line[1], fitted_steps=budget.steps_fitted or 0)
     return out
 
 
@@ -149,6 +151,9 @@ def run_paste_bench(args: argparse.Namespace) -> int:
           f"({m['prefill_steps']}) | {m['median_chunk']} / {m['max_chunk']} | {m.get('mode')}, "
           f"{m.get('decode_ms', 0):.1f} / {m.get('token_ms', 0):.2f} / {m.get('overhead_ms', 0):.1f}, "
           f"{m.get('predicted_ratio', 0):.2f} |")
+    if m.get("fitted_steps"):
+        print(f"mixed step fitted as {m['line_a_ms']:.1f} ms + {m['line_b_ms']:.2f} ms/token; "
+              f"saved for {m['fitted_steps']} decode step(s) per chunk")
     if args.json:
         print(json.dumps({"paste": args.paste, "others": args.paste_others, "weights": model.weight_format,
                           "threads": torch.get_num_threads(), "medians": m, "runs": runs}))

@@ -21,6 +21,15 @@ k*D + o + (k+1)*D, so r = 2 + (o - D)/((k+1)*D): for o > D (no sharing: the goal
 approaches 2 as chunks grow, and the chunk is made just big enough that r <= 2 * (1 + tolerance) (at most
 max_save_steps decode steps' share, so a mixed step's pause stays bounded). The
 budget tries spending every step first and saves only once that mode's measured o exceeds D.
+
+o measured as t - c*p is inflated by small chunks: p comes from big solo chunks, and a small chunk costs more
+per token (a step's fixed costs, the kernels' poorer efficiency on few rows). So once the mixed steps span
+chunk sizes (a big one at least `spread` x a small one), the budget fits their cost as a line, t(c) = A + B*c
+(least squares over the last `window` mixed steps), and picks the schedule from it: saving for k decode
+steps and spending k x D/p tokens, a cycle takes (k-1)*D + A + B*c, so kept(k) = k*D / cycle and
+r(k) = cycle / (c*p); k is the smallest with min(kept, 1/r) >= 1/(2 (1 + tolerance)), or else the one
+maximizing it (bounded pauses). k = 1 is spending every step. The decoders' share is in the cycle's decode steps: a schedule that
+ignored it (big chunks every step) would predict, and get, kept far below the target.
 Alone (nobody decoding), prefill takes the whole token budget: then throughput is all that matters.
 """
 from __future__ import annotations
@@ -36,7 +45,8 @@ class StepBudget:
     """Decides each step's prefill token budget; fed with every step's measured time."""
 
     def __init__(self, max_tokens: int, share: float = 1.0, min_tokens: int = 8, first_tokens: int = 16,
-                 smoothing: float = 0.25, tolerance: float = 0.05, max_save_steps: int = 32):
+                 smoothing: float = 0.25, tolerance: float = 0.05, max_save_steps: int = 32, window: int = 48,
+                 spread: float = 1.5):
         if max_tokens < 1 or min_tokens < 1 or first_tokens < 1 or max_save_steps < 1:
             raise ValueError("token budgets and max_save_steps must be positive")
         if share <= 0 or tolerance <= 0:
@@ -60,6 +70,46 @@ class StepBudget:
         self.mode = EVERY  # then SAVE for good once 3 mixed steps measured o > D (one noisy step doesn't)
         self._step_mode = EVERY
         self._samples = {EVERY: 0, SAVE: 0}
+        self._mixed: deque[tuple[int, float]] = deque(maxlen=window)  # (chunk tokens, seconds) of mixed steps
+        self.spread = spread
+        self.steps_fitted: int | None = None  # k from the fitted cost line, None until the chunks span sizes
+
+    # ---- the fitted cost of a mixed step -----------------------------------------------------------------
+    def cost_line(self) -> tuple[float, float] | None:
+        """(A, B): a mixed step's seconds as A + B*c, least squares over the last mixed steps; None until
+        their chunks span sizes (one size alone can't tell a step's fixed cost from its per-token cost)."""
+        if len(self._mixed) < 4:
+            return None
+        cs = [c for c, _ in self._mixed]
+        if max(cs) < self.spread * min(cs):
+            return None
+        mc = statistics.fmean(cs)
+        mt = statistics.fmean(t for _, t in self._mixed)
+        sxx = sum((c - mc) ** 2 for c in cs)
+        b = sum((c - mc) * (t - mt) for c, t in self._mixed) / sxx
+        b = max(b, 0.0)
+        return max(mt - b * mc, 0.0), b
+
+    def fitted_schedule(self, steps: int) -> tuple[float, float] | None:
+        """(kept, r) the cost line predicts when saving for `steps` decode steps, or None."""
+        line, earn, d = self.cost_line(), self.earned(), self.decode_s
+        p = self.token_s if self.token_s is not None else self.mixed_token_s
+        if line is None or not earn or not d or not p:
+            return None
+        c = min(self.max_tokens, max(self.min_tokens, steps * earn))
+        cycle = (steps - 1) * d + line[0] + line[1] * c
+        return steps * d / cycle, cycle / (c * p)
+
+    def _fit_steps(self) -> int | None:
+        """The smallest k whose min(kept, 1/r) on the cost line meets the goals within the tolerance, else the best."""
+        scores = []
+        for k in range(1, self.max_save_steps + 1):
+            pred = self.fitted_schedule(k)
+            if pred is None:
+                return None
+            scores.append(min(pred[0], 1.0 / pred[1]))
+        enough = min(max(scores), 0.5 / (1 + self.tolerance))  # the goals within the tolerance, else the best
+        return next(k for k, s in enumerate(scores, 1) if s >= enough)
 
     # ---- the rule ---------------------------------------------------------------------------------
     def earned(self) -> float:
@@ -71,6 +121,8 @@ class StepBudget:
         """The chunk the credit is saved up to before it is spent (see the module docstring)."""
         if self.mode == EVERY:
             return self.min_tokens
+        if self.steps_fitted is not None:
+            return max(self.min_tokens, min(self.max_tokens, math.ceil(self.steps_fitted * self.earned())))
         o = self.overhead_s[SAVE] if self.overhead_s[SAVE] is not None else self.overhead_s[EVERY]
         d = self.decode_s
         steps = max(1, math.ceil((o - d) / (2 * self.tolerance * d))) if o is not None and d else 1
@@ -111,11 +163,20 @@ class StepBudget:
         mode = self._step_mode
         self.overhead_s[mode] = self._average(self.overhead_s[mode], max(seconds - prefill_tokens * p, 0.0))
         self._samples[mode] += 1
-        if self.mode == EVERY and self._samples[EVERY] >= 3 and self.overhead_s[EVERY] > self.decode_s:
+        self._mixed.append((prefill_tokens, seconds))
+        fitted = self._fit_steps()
+        if fitted is not None:  # the cost line decides, either way; kept while the window holds one size
+            self.steps_fitted = fitted
+            self.mode = EVERY if fitted == 1 else SAVE
+        elif self.steps_fitted is None and self.mode == EVERY and self._samples[EVERY] >= 3 and self.overhead_s[EVERY] > self.decode_s:
             self.mode = SAVE  # the decoders' rows don't share the chunk's pass: amortize o over bigger chunks
 
     def predicted_ratio(self) -> float | None:
         """r (and 1/kept, with share = 1) the measured costs predict for the current mode, or None."""
+        if self.steps_fitted is not None:
+            pred = self.fitted_schedule(self.steps_fitted if self.mode == SAVE else 1)
+            if pred is not None:
+                return pred[1]
         o, d = self.overhead_s[self.mode], self.decode_s
         if o is None or d is None:
             return None

@@ -162,3 +162,45 @@ def test_generator_interleaves_chunks_with_every_decode_step(tiny, o):
     old.iterate()
     old.iterate()
     assert old.metrics()["prefill_tokens_step"] == 64  # the fixed token budget, whatever it costs
+
+
+def small_chunk_step(c):
+    """A mixed step whose chunk is under the kernels' efficient path (16 rows) pays 0.9 D extra; the decoders'
+    rows otherwise ride in the chunk's pass (0.3 D)."""
+    return 0.3 * D + c * P + (0.9 * D if c < 16 else 0.0)
+
+
+@pytest.mark.parametrize("spread", [1.5, float("inf")])
+def test_small_chunks_costing_more_per_token_are_outgrown(spread):
+    """o = t - c*p measured on D/p-token chunks (1.2 D) overstates what a bigger chunk costs beyond its tokens;
+    the cost line over the sizes seen picks chunks that clear both goals. spread = inf: no line (the old
+    budget, o per mode), which misses them."""
+    b = measured(StepBudget(2048, spread=spread))
+    kept, r, chunks = paste(b, 4000, small_chunk_step)
+    if spread == float("inf"):
+        assert b.steps_fitted is None and not (kept >= 0.5 and r <= 2.0), (kept, r)
+    else:
+        assert b.steps_fitted is not None, b.cost_line()
+        assert kept >= 0.5 and r <= 2.0, (kept, r, b.steps_fitted)
+
+
+def test_the_fitted_schedule_counts_the_decoders_share():
+    """Where a mixed step costs a full decode step plus a fixed cost (A > D), the line says save: a chunk every
+    step would hold the decoders far under half their rate. Fails if the cycle's decode steps were ignored."""
+    b = measured(StepBudget(2048))
+    kept, r, chunks = paste(b, 4000, lambda c: 2.0 * D + c * P)
+    assert b.steps_fitted is not None and b.steps_fitted > 1 and b.mode == SAVE
+    every_kept, _ = b.fitted_schedule(1)
+    assert every_kept < 0.4  # spending every step: D / (2D + D)
+    assert kept >= 1 / (2.0 * 1.05 + 0.05) and r <= 2.0 * 1.05 + 0.05, (kept, r)
+    assert b.fitted_schedule(b.steps_fitted)[0] == pytest.approx(kept, rel=0.1)  # the line predicts the run
+
+
+def test_the_cost_line_is_least_squares_and_needs_a_spread():
+    b = measured(StepBudget(2048))
+    for c in (10, 10, 10, 11):
+        b._mixed.append((c, 0.01 + 0.002 * c))
+    assert b.cost_line() is None  # one size: fixed and per-token cost can't be told apart
+    b._mixed.extend([(40, 0.01 + 0.08), (80, 0.01 + 0.16)])
+    a, slope = b.cost_line()
+    assert a == pytest.approx(0.01) and slope == pytest.approx(0.002)

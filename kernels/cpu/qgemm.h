@@ -7,6 +7,9 @@
 // panel, kCols x K bytes, stays in L2 while every activation row passes over it), and a register tile of
 // kRows activation rows x kCols columns accumulates with one broadcast 4-byte activation word against one
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
+// With AVX-512 VNNI, q4 and q8 take tile512 (one zmm of all 16 columns a step) and q4 panels unpack with
+// 512-bit permutes (unpack_q4_block, unpack_scales16); q6 keeps the 256-bit tile. Another format feeds the
+// same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as unpack_panel documents.
 //
 // Results are bit-identical to dot_tile's: the block sums are exact integers either way, and the float part
 // repeats dot_tile's per-element sequence exactly: per block j, lane j % 8 of the element's accumulator
@@ -26,7 +29,13 @@ namespace gemm {
 
 constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
 constexpr int kRows = 4;   // activation rows per register tile
-constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2;  // formats (qmatmul.cpp's Format)
+constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2;
+#ifndef PD_GEMM_CHUNK
+#define PD_GEMM_CHUNK 64
+#endif
+#ifndef PD_GEMM_ROWS512
+#define PD_GEMM_ROWS512 4  // activation rows per 512-bit register tile
+#endif  // formats (qmatmul.cpp's Format)
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
 // order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum, integer sum isum; q6: xs16, the
@@ -80,6 +89,75 @@ inline __m256i q6_codes(const uint8_t* row, int64_t j) {
                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, hs), m2), 4));
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define PD_GEMM512 1
+// T[L] = [X[0] lane L, X[1] lane L, X[2] lane L, X[3] lane L] (128-bit lanes): a 4x4 transpose of lanes
+inline void transpose_lanes(const __m512i X[4], __m512i T[4]) {
+  const __m512i u0 = _mm512_shuffle_i64x2(X[0], X[1], 0x44), u1 = _mm512_shuffle_i64x2(X[2], X[3], 0x44);
+  const __m512i v0 = _mm512_shuffle_i64x2(X[0], X[1], 0xEE), v1 = _mm512_shuffle_i64x2(X[2], X[3], 0xEE);
+  T[0] = _mm512_shuffle_i64x2(u0, u1, 0x88);
+  T[1] = _mm512_shuffle_i64x2(u0, u1, 0xDD);
+  T[2] = _mm512_shuffle_i64x2(v0, v1, 0x88);
+  T[3] = _mm512_shuffle_i64x2(v0, v1, 0xDD);
+}
+
+// q4 codes of block j of 16 full columns: word t < 4 of a column = the low nibbles of its raw dword t, word
+// t + 4 the high ones. Four columns a vector (one per lane), a dword transpose in each, then across lanes.
+inline void unpack_q4_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i X[4], T[4];
+  for (int g = 0; g < 4; ++g) {
+    const uint8_t* b = qs + ((n0 + 4 * g) * nb + j) * 16;
+    const int64_t st = nb * 16;
+    __m512i A = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)b));
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + st)), 1);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 2 * st)), 2);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 3 * st)), 3);
+    X[g] = _mm512_permutexvar_epi32(tr, A);
+  }
+  transpose_lanes(X, T);
+  for (int t = 0; t < 4; ++t) {
+    _mm512_storeu_si512((void*)(dst + t * kCols), _mm512_and_si512(T[t], low));
+    _mm512_storeu_si512((void*)(dst + (t + 4) * kCols), _mm512_and_si512(_mm512_srli_epi16(T[t], 4), low));
+  }
+}
+
+// dw[(j + i) * kCols + c] = d of column c, block j + i, for 16 full columns and blocks j..j+15 (zw: fma(8, dw, m)
+// as the scalar loop): 16 loads of 16 fp16 scales, a 16x16 transpose
+inline void unpack_scales16(const uint16_t* d, const uint16_t* m, int64_t nb, int64_t n0, int64_t j, float* dw,
+                            float* zw) {
+  auto transposed = [&](const uint16_t* src, __m512 out[16]) {
+    __m512 r[16];
+    for (int c = 0; c < 16; ++c) r[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + (n0 + c) * nb + j)));
+    __m512i B[4][4];  // B[q][e] lane L: rows 4q..4q+3 of column 4L + e
+    for (int q = 0; q < 4; ++q) {
+      const __m512 a0 = _mm512_unpacklo_ps(r[4 * q], r[4 * q + 1]), a1 = _mm512_unpackhi_ps(r[4 * q], r[4 * q + 1]);
+      const __m512 a2 = _mm512_unpacklo_ps(r[4 * q + 2], r[4 * q + 3]),
+                   a3 = _mm512_unpackhi_ps(r[4 * q + 2], r[4 * q + 3]);
+      B[q][0] = _mm512_castpd_si512(_mm512_unpacklo_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2)));
+      B[q][1] = _mm512_castpd_si512(_mm512_unpackhi_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2)));
+      B[q][2] = _mm512_castpd_si512(_mm512_unpacklo_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3)));
+      B[q][3] = _mm512_castpd_si512(_mm512_unpackhi_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3)));
+    }
+    for (int e = 0; e < 4; ++e) {
+      const __m512i X[4] = {B[0][e], B[1][e], B[2][e], B[3][e]};
+      __m512i T[4];
+      transpose_lanes(X, T);
+      for (int L = 0; L < 4; ++L) out[4 * L + e] = _mm512_castsi512_ps(T[L]);
+    }
+  };
+  __m512 vd[16];
+  transposed(d, vd);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dw + (j + i) * kCols, vd[i]);
+  if (!m) return;
+  __m512 vm[16];
+  transposed(m, vm);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(zw + (j + i) * kCols, _mm512_fmadd_ps(eight, vd[i], vm[i]));
+}
+#endif
+
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
   const bool q4 = fmt == kQ4, q6f = fmt == kQ6;
@@ -90,7 +168,18 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
   p.slo.assign(q6f ? nb * kCols : 0, 0);
   p.shi.assign(q6f ? nb * kCols : 0, 0);
   const __m128i low = _mm_set1_epi8(0x0F);
-  for (int g = 0; g < kCols; g += 8) {  // 8 columns at a time: one block of each, transposed to [step][column]
+#ifdef PD_GEMM512
+  const bool fast = cols == kCols && !q6f;
+  if (fast && q4)
+    for (int64_t j = 0; j < nb; ++j) unpack_q4_block(qs, nb, n0, j, p.codes.data() + j * 8 * kCols);
+  int64_t scaled = 0;  // blocks whose scales are unpacked
+  if (fast)
+    for (; scaled + 16 <= nb; scaled += 16) unpack_scales16(d, q4 ? m : nullptr, nb, n0, scaled, p.dw.data(), p.zw.data());
+  for (int g = 0; g < kCols && !(fast && q4); g += 8) {
+#else
+  const int64_t scaled = 0;
+  for (int g = 0; g < kCols; g += 8) {
+#endif  // 8 columns at a time: one block of each, transposed to [step][column]
     for (int64_t j = 0; j < nb; ++j) {
       __m256i r[8];
       for (int c = 0; c < 8; ++c) {
@@ -122,7 +211,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
   }
   for (int c = 0; c < cols && !q6f; ++c) {
     const int64_t n = n0 + c;
-    for (int64_t j = 0; j < nb; ++j) {
+    for (int64_t j = scaled; j < nb; ++j) {
       const float dw = half_to_float(d[n * nb + j]);
       p.dw[j * kCols + c] = dw;
       if (q4) p.zw[j * kCols + c] = std::fma(8.0f, dw, half_to_float(m[n * nb + j]));
@@ -230,17 +319,106 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
   }
 }
 
+#ifdef PD_GEMM512
+// The same tile with 512-bit vectors: one zmm holds the panel's 16 columns, so a step is one weight load and,
+// per activation row, one dpbusd with the activation word broadcast from memory ({1to16}). Every lane does
+// the ymm tile's operations in its order (the same bits). Zen 4 retires one zmm dpbusd a cycle against two
+// ymm ones, but half the loads, broadcasts and epilogue instructions per multiply-add (kernels/PERF.md).
+template <int R, int F>
+inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+  constexpr bool Q4 = F == kQ4;
+  // lane l of an element's accumulators takes blocks l, l + 8, l + 16, ... in order, so the lanes run one
+  // after another with their accumulators in registers (the per-row path's order within each lane)
+  alignas(64) float acc[R][8][kCols] = {}, mins[R][8][kCols] = {};
+  const int64_t nb = a.nb;
+  const int8_t* xrow[R];
+  for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
+  for (int64_t j0 = 0; j0 < nb; j0 += PD_GEMM_CHUNK)
+  for (int l = 0; l < 8; ++l) {
+    __m512 va[R], vm[R];
+    for (int r = 0; r < R; ++r) {
+      va[r] = _mm512_load_ps(acc[r][l]);
+      vm[r] = _mm512_load_ps(mins[r][l]);
+    }
+    const int64_t j1 = std::min<int64_t>(nb, j0 + PD_GEMM_CHUNK);
+    for (int64_t j = j0 + l; j < j1; j += 8) {
+      __m512i sums[R], lo[R];
+      for (int r = 0; r < R; ++r) sums[r] = lo[r] = _mm512_setzero_si512();
+      const int32_t* wp = p.codes.data() + j * 8 * kCols;
+      for (int t = 0; t < 8; ++t) {
+        if (F == kQ6 && t == 4) {
+          for (int r = 0; r < R; ++r) {
+            lo[r] = sums[r];
+            sums[r] = _mm512_setzero_si512();
+          }
+        }
+        const __m512i w = _mm512_loadu_si512((const void*)(wp + t * kCols));
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, xrow[r] + j * kBlock + 4 * t, 4);
+          sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(word));
+        }
+      }
+      const __m512 dw = _mm512_loadu_ps(p.dw.data() + j * kCols);
+      const __m512 zw = Q4 ? _mm512_loadu_ps(p.zw.data() + j * kCols) : dw;
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (m0 + r) * a.nbp + j;
+        __m512i isums = sums[r];
+        if (F == kQ8) isums = _mm512_sub_epi32(isums, _mm512_set1_epi32(128 * a.isum[at]));  // the + 128 of the codes
+        if (F == kQ6) {
+          const __m512i slo = _mm512_loadu_si512((const void*)(p.slo.data() + j * kCols));
+          const __m512i shi = _mm512_loadu_si512((const void*)(p.shi.data() + j * kCols));
+          const __m512i xlo = _mm512_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm512_set1_epi32(32 * a.xs16[2 * at + 1]);
+          isums = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(lo[r], xlo), slo),
+                                   _mm512_mullo_epi32(_mm512_sub_epi32(sums[r], xhi), shi));
+        }
+        va[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isums), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r]);
+        if (Q4) vm[r] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(a.c[at]), _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), vm[r]));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      _mm512_store_ps(acc[r][l], va[r]);
+      _mm512_store_ps(mins[r][l], vm[r]);
+    }
+  }
+  auto hsum8 = [](float (*v)[kCols]) {  // hsum's pairing, column-wise
+    auto L = [&](int l) { return _mm512_load_ps(v[l]); };
+    return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L(0), L(4)), _mm512_add_ps(L(2), L(6))),
+                         _mm512_add_ps(_mm512_add_ps(L(1), L(5)), _mm512_add_ps(L(3), L(7))));
+  };
+  const __mmask16 keep = (__mmask16)((1u << cols) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, keep, _mm512_add_ps(hsum8(acc[r]), hsum8(mins[r])));
+}
+constexpr int kRows512 = PD_GEMM_ROWS512;
+#endif
+
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
+// q6 keeps the 256-bit tile: its zmm form (two vpmulld a block and row) ran 0.7x as fast at 512 rows.
+template <int F>
+constexpr bool kWide = F != kQ6;
+
+template <int F, int R = 1>
+inline void rows_tail(const Panel& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {
+#ifdef PD_GEMM512
+  if constexpr (kWide<F>) {
+    if (left == R) return tile512<R, F>(p, a, m, out, ldo, cols);
+    if constexpr (R + 1 < kRows512) rows_tail<F, R + 1>(p, a, m, left, out, ldo, cols);
+    return;
+  }
+#endif
+  if (left == R) return tile<R, F>(p, a, m, out, ldo, cols);
+  if constexpr (R + 1 < kRows) rows_tail<F, R + 1>(p, a, m, left, out, ldo, cols);
+}
+
 template <int F>
 inline void panel_rows(const Panel& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
+#ifdef PD_GEMM512
+  if constexpr (kWide<F>)
+    for (; m + kRows512 <= M; m += kRows512) tile512<kRows512, F>(p, a, m, out + m * ldo, ldo, cols);
+#endif
   for (; m + kRows <= M; m += kRows) tile<kRows, F>(p, a, m, out + m * ldo, ldo, cols);
-  switch (M - m) {
-    case 3: tile<3, F>(p, a, m, out + m * ldo, ldo, cols); break;
-    case 2: tile<2, F>(p, a, m, out + m * ldo, ldo, cols); break;
-    case 1: tile<1, F>(p, a, m, out + m * ldo, ldo, cols); break;
-    default: break;
-  }
+  if (M > m) rows_tail<F>(p, a, m, M - m, out + m * ldo, ldo, cols);
 }
 
 }  // namespace gemm

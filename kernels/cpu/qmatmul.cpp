@@ -21,6 +21,7 @@
 
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <vector>
 
@@ -455,16 +456,24 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #ifdef PD_AVX2
   if (big) {
     const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp, a.xs16.data()};
-    const int64_t panels = (Nout + gemm::kCols - 1) / gemm::kCols;
-    at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-      if (q4) {
-        gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
-      } else if (q6) {
-        gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
-      } else if (q4k) {
-        gemm_compute<kQ4K>(w, ga, M, Nout, ac, p0, p1, out);
-      } else {
-        gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
+    // Panels go out in chunks from a shared counter, not in one fixed share per thread: on a machine shared
+    // with other processes a descheduled thread's half held the call up (a 512-row prefill ran at one
+    // thread's speed). Every element's arithmetic is the same whichever thread takes its panel.
+    const int64_t panels = (Nout + gemm::kCols - 1) / gemm::kCols, threads = at::get_num_threads();
+    const int64_t chunk = std::max<int64_t>(1, panels / (8 * threads));
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+      for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
+        const int64_t p1 = std::min(panels, p0 + chunk);
+        if (q4) {
+          gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
+        } else if (q6) {
+          gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
+        } else if (q4k) {
+          gemm_compute<kQ4K>(w, ga, M, Nout, ac, p0, p1, out);
+        } else {
+          gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
+        }
       }
     });
     return y;

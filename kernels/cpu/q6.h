@@ -49,6 +49,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float*
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
+    for (int b = 0; b < 256; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
     const __m128i sc8 = _mm_loadu_si128((const __m128i*)(sb + 192));
     __m256i half[MT][2];
     for (int n = 0; n < 2; ++n) {

@@ -223,8 +223,16 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
   for (int r = 0; r < MT; ++r)
     for (int c = 0; c < NT; ++c) acc[r][c] = mins[r][c] = _mm256_setzero_ps();
   const int64_t nb = w.nb;
+  const int64_t bpb = Q4 ? 16 : 32;  // code bytes a block
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
     const int64_t len = std::min<int64_t>(8, nb - j0);
+    {  // the weight streams kPrefetch bytes of codes ahead (on into the next rows)
+      const char* q = (const char*)(w.qs + (n0 * nb + j0) * bpb) + kPrefetch;
+      for (int64_t b = 0; b < 8 * bpb; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+      const int64_t ahead = kPrefetch / bpb;
+      _mm_prefetch((const char*)(w.d + n0 * nb + j0 + ahead), _MM_HINT_T0);
+      if (Q4) _mm_prefetch((const char*)(w.m + n0 * nb + j0 + ahead), _MM_HINT_T0);
+    }
     __m256i half[MT][NT], sums[MT][NT];
     for (int k = 0; k < 4; ++k) {
       const int64_t j = j0 + 2 * k;
@@ -417,6 +425,20 @@ int64_t gemm_rows() {
   return v && *v ? std::atoll(v) : 8;
 }
 
+// Output rows per chunk of the per-row path: small enough that the threads finish together (a chunk is the
+// most one thread can be left doing alone), large enough that a chunk streams a few tens of KB of weights
+// from one place. PAGEDECK_ROW_CHUNK overrides it (benchmarks compare splits in one process; 0: one range
+// per thread, the split before chunks).
+int64_t row_chunk(int64_t Nout, int64_t M) {
+  const char* v = std::getenv("PAGEDECK_ROW_CHUNK");
+  if (v && *v) {
+    const int64_t forced = std::atoll(v);
+    const int64_t threads = at::get_num_threads();
+    return forced > 0 ? forced : (Nout + threads - 1) / threads;
+  }
+  return M > 1 ? 8 : 16;
+}
+
 }  // namespace
 
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
@@ -479,16 +501,24 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     return y;
   }
 #endif
-  const int64_t grain = std::max<int64_t>(16, Nout / (4 * at::get_num_threads()));
-  at::parallel_for(0, Nout, grain, [&](int64_t n0, int64_t n1) {
-    if (q4) {
-      compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
-    } else if (q6) {
-      compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
-    } else if (q4k) {
-      compute<kQ4K>(w, a, M, Nout, ac, n0, n1, out);
-    } else {
-      compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
+  // Output rows go in chunks taken from a shared counter (ggml's scheme), not in one fixed range per thread:
+  // on a shared machine a thread that loses its core for a while no longer leaves the other waiting at the
+  // join with its whole half still to do. Each row's result is the same whichever thread computes it.
+  const int64_t chunk = row_chunk(Nout, M), chunks = (Nout + chunk - 1) / chunk;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, [&](int64_t, int64_t) {
+    for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+         c = next.fetch_add(1, std::memory_order_relaxed)) {
+      const int64_t n0 = c * chunk, n1 = std::min(Nout, n0 + chunk);
+      if (q4) {
+        compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
+      } else if (q6) {
+        compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
+      } else if (q4k) {
+        compute<kQ4K>(w, a, M, Nout, ac, n0, n1, out);
+      } else {
+        compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
+      }
     }
   });
   return y;

@@ -243,56 +243,55 @@ class Q8Linear(PackedLinear):
         return self.qs, self.scale, None
 
 
-class Q6Linear(PackedLinear):
-    """GGUF Q6_K super-blocks kept as the file stores them (kernels.packed's q6): w = d * sc * (code - 32),
-    6.56 bits a weight (as q8 they took 8.5), decoded exactly as gguf does."""
+class SuperBlockLinear(PackedLinear):
+    """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of Q6_SUPER weights
+    each, their scales inside the blocks, decoded exactly as gguf does."""
 
-    format = "q6"
+    format: str
+    BLOCK_BYTES: int
+    QTYPE: GGMLQuantizationType
 
     def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
         n, row_bytes = qs.shape
-        if qs.dtype != torch.uint8 or row_bytes % Q6_BYTES:
-            raise ValueError(f"q6 rows must be uint8 Q6_K super-blocks ({Q6_BYTES} bytes each), got "
-                             f"{qs.dtype} {tuple(qs.shape)}")
+        if qs.dtype != torch.uint8 or row_bytes % self.BLOCK_BYTES:
+            raise ValueError(f"{self.format} rows must be uint8 {self.QTYPE.name} super-blocks ({self.BLOCK_BYTES} "
+                             f"bytes each), got {qs.dtype} {tuple(qs.shape)}")
         self.qs = qs.contiguous()
-        super().__init__((n, row_bytes // Q6_BYTES * Q6_SUPER), dense)
+        super().__init__((n, row_bytes // self.BLOCK_BYTES * Q6_SUPER), dense)
 
     @classmethod
-    def cat(cls, parts: list["Q6Linear"], consume: bool = False) -> "Q6Linear":
+    def cat(cls, parts: list["SuperBlockLinear"], consume: bool = False) -> "SuperBlockLinear":
         """Stack along the output dim: the super-blocks as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
         return cls(_stack(parts, "qs", consume), dense)
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return dequantize(self.qs[start:stop], GGMLQuantizationType.Q6_K, (stop - start, self.shape[1]))
+        return dequantize(self.qs[start:stop], self.QTYPE, (stop - start, self.shape[1]))
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.qs[ids], GGMLQuantizationType.Q6_K, (ids.numel(), self.shape[1]))
+        return dequantize(self.qs[ids], self.QTYPE, (ids.numel(), self.shape[1]))
 
     @property
     def blocks(self) -> tuple:
         return self.qs, NO_SCALES, None
 
 
-class Q4KLinear(PackedLinear):
-    """GGUF Q4_K super-blocks kept as the file stores them (kernels.packed's q4k): w = d * sc * code - dmin * m,
-    4.5 bits a weight (as q4 they took 5, with fp16-rounded d * sc and dmin * m), decoded exactly as gguf does."""
+class Q6Linear(SuperBlockLinear):
+    """GGUF Q6_K super-blocks (kernels.packed's q6): w = d * sc * (code - 32), 6.56 bits a weight (as q8 they
+    took 8.5)."""
+
+    format = "q6"
+    BLOCK_BYTES = Q6_BYTES
+    QTYPE = GGMLQuantizationType.Q6_K
+
+
+class Q4KLinear(SuperBlockLinear):
+    """GGUF Q4_K super-blocks (kernels.packed's q4k): w = d * sc * code - dmin * m, 4.5 bits a weight (as q4
+    they took 5, with fp16-rounded d * sc and dmin * m)."""
 
     format = "q4k"
-
-    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
-        n, row_bytes = qs.shape
-        if qs.dtype != torch.uint8 or row_bytes % Q4K_BYTES:
-            raise ValueError(f"q4k rows must be uint8 Q4_K super-blocks ({Q4K_BYTES} bytes each), got "
-                             f"{qs.dtype} {tuple(qs.shape)}")
-        self.qs = qs.contiguous()
-        super().__init__((n, row_bytes // Q4K_BYTES * Q6_SUPER), dense)
-
-    @classmethod
-    def cat(cls, parts: list["Q4KLinear"], consume: bool = False) -> "Q4KLinear":
-        """Stack along the output dim: the super-blocks as they are (see _stack)."""
-        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        return cls(_stack(parts, "qs", consume), dense)
+    BLOCK_BYTES = Q4K_BYTES
+    QTYPE = GGMLQuantizationType.Q4_K
 
     def to_q4(self) -> Q4Linear:
         """As q4 (fp16 d*sc and -dmin*m per 32; kernels/cpu/repack.cpp's q4_k_repack): for groups fused with
@@ -303,16 +302,6 @@ class Q4KLinear(PackedLinear):
         out = Q4Linear.from_packed(qs, scale, minimum)
         out.dense = self.dense
         return out
-
-    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return dequantize(self.qs[start:stop], GGMLQuantizationType.Q4_K, (stop - start, self.shape[1]))
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.qs[ids], GGMLQuantizationType.Q4_K, (ids.numel(), self.shape[1]))
-
-    @property
-    def blocks(self) -> tuple:
-        return self.qs, NO_SCALES, None
 
 
 def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:

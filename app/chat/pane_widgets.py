@@ -20,24 +20,40 @@ ACTIVITY = {
 
 
 class ElidedLabel(QLabel):
-    """One line of text, elided to the label's width; text() is the whole text (also its tooltip)."""
+    """One line of text, elided to the label's width; text() is the whole text (also its tooltip).
+
+    It paints the elided line itself instead of handing it to QLabel.setText: QLabel asks its layout again at
+    every text change, and a streaming pane changes its state and context meter at every repaint, so each
+    token's request climbed ChatPane -> splitter -> ChatArea -> MainWindow and relaid out the whole window.
+    Here a new text only repaints the label; the layout is asked only when the size hint changes.
+    """
 
     def __init__(self, text: str = "", parent: QWidget | None = None,
                  mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight):
         super().__init__(parent)
         self._full = ""
+        self._shown = ""
         self._mode = mode
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.setText(text)
 
     def setText(self, text: str) -> None:  # noqa: N802 (Qt naming)
-        self._full = " ".join(str(text).split())  # one line: newlines would change the height
+        full = " ".join(str(text).split())  # one line: newlines would change the height
+        if full == self._full:
+            return
+        hint = self.sizeHint()
+        self._full = full
         self.setToolTip(text if text else "")
         self._elide()
-        self.updateGeometry()
+        if self.sizeHint() != hint:
+            self.updateGeometry()
 
     def text(self) -> str:
         return self._full
+
+    def shown(self) -> str:
+        """The text as drawn: elided ("…") to the label's width."""
+        return self._shown
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802
         m = self.contentsMargins()
@@ -56,7 +72,17 @@ class ElidedLabel(QLabel):
     def _elide(self) -> None:
         m = self.contentsMargins()
         width = max(0, self.width() - m.left() - m.right() - 2)
-        super().setText(self.fontMetrics().elidedText(self._full, self._mode, width))
+        shown = self.fontMetrics().elidedText(self._full, self._mode, width)
+        if shown != self._shown:
+            self._shown = shown
+            self.update()
+
+    def paintEvent(self, event) -> None:  # noqa: N802
+        super().paintEvent(event)  # the frame and the style sheet's background (QLabel's own text is empty)
+        p = QPainter(self)
+        self.style().drawItemText(p, self.contentsRect(), int(self.alignment()), self.palette(), self.isEnabled(),
+                                  self._shown, self.foregroundRole())
+        p.end()
 
 
 class ColourSwatch(QWidget):

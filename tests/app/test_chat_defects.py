@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
-from PySide6.QtWidgets import QApplication, QLabel, QSplitter
+from PySide6.QtWidgets import QApplication, QSplitter
 
 from app.core.store import ChatSettings, ReplyStats
 from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
@@ -59,7 +59,7 @@ def test_nothing_in_a_pane_changes_the_minimum_size(qtbot, store):
     assert [p.minimumSizeHint() for p in panes] == pane_before
     # Small enough that 2x2 tiles plus the docks fit a 1024-px-wide window.
     assert before.width() <= 2 * 300 + 10, before
-    assert "…" in QLabel.text(panes[0].title) and panes[0].title.toolTip() == TITLE_48
+    assert "…" in panes[0].title.shown() and panes[0].title.toolTip() == TITLE_48
 
 
 def test_stop_is_disabled_once_a_reply_is_done_stopped_or_failed(qtbot, loop, store, tiny_model):

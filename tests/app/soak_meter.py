@@ -117,11 +117,26 @@ def sample(window, replies: int, seconds: float, wrappers: collections.Counter |
 
 
 def growth_split(samples: list[dict], reloads: list[int], key: str) -> tuple[float, float]:
-    """(growth of samples[key] per 1000 replies between reloads, mean step across a reload): from
-    consecutive samples, those spanning a reload apart."""
-    steps = [(b["replies"] - a["replies"], b[key] - a[key], any(a["replies"] <= r < b["replies"] for r in reloads))
-             for a, b in zip(samples, samples[1:])]
-    replies = sum(n for n, _, spans in steps if not spans)
-    across = [d for _, d, spans in steps if spans]
-    return (sum(d for _, d, spans in steps if not spans) / max(1, replies) * 1000,
-            sum(across) / len(across) if across else 0.0)
+    """(growth of samples[key] per 1000 replies between reloads, mean step across a reload).
+
+    The growth is a least-squares slope over every sample, each stretch between two reloads with its own
+    level (a fixed-effects fit): a sum of first-to-last differences per stretch would hang on a few
+    samples each, and RSS swings a few MB from one sample to the next (a sampler's or a step's buffers
+    freed or not yet), which over a few hundred replies reads as tens of MB per 1000. A steady leak moves
+    every sample, so the slope sees it with all of them. The step is the mean change over the sample
+    intervals that span a reload."""
+    segments: list[list[tuple[int, float]]] = [[]]
+    for a, b in zip([None, *samples], samples):
+        if a is not None and any(a["replies"] <= r < b["replies"] for r in reloads):
+            segments.append([])
+        segments[-1].append((b["replies"], b[key]))
+    sxy = sxx = 0.0
+    for seg in segments:
+        if len(seg) < 2:
+            continue
+        mx, my = sum(x for x, _ in seg) / len(seg), sum(y for _, y in seg) / len(seg)
+        sxy += sum((x - mx) * (y - my) for x, y in seg)
+        sxx += sum((x - mx) ** 2 for x, _ in seg)
+    across = [b[key] - a[key] for a, b in zip(samples, samples[1:])
+              if any(a["replies"] <= r < b["replies"] for r in reloads)]
+    return (sxy / sxx * 1000 if sxx else 0.0, sum(across) / len(across) if across else 0.0)

@@ -132,7 +132,7 @@ async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dic
     panes = [fresh_chat(k) for k in range(8)]
     probe = StallProbe()
     samples, warm_at = [], max(8, replies // 4, 8 * rotate + 8 if rotate else 0)
-    every = 10 if replies <= 200 else 25
+    every = 10  # the leak judge's slope needs many samples (tests/app/test_soak_meter.py)
     # A reload before warm-up (its one-time cost is not judged); the long run reloads every 150 replies after
     # it as well, and each must cost nothing more (the old model goes at the swap, its heap is trimmed)
     reload_at = {warm_at // 2} | set(range(RELOAD_EVERY, replies, RELOAD_EVERY))

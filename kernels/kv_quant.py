@@ -16,12 +16,29 @@ shareable and prefix-cacheable exactly as in the fp16 cache."""
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
 
 FORMATS = {"q8": 8, "q6": 6, "q4": 4}
 DEFAULT_GROUP = 32
+LAZY_MIN_BYTES = 1 << 20
+
+
+def lazy_zeros(*shape: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Zeros that take memory only where written. A pool sized for the whole context (8,192 tokens of a big
+    model: 0.5-1 GB) would otherwise be resident at creation, however few pages the chats use: on the CPU a
+    pool of LAZY_MIN_BYTES or more lives in an anonymous map, whose pages the kernel hands out zero-filled on
+    first touch (torch.zeros writes, so makes every page resident; torch.empty may reuse dirty heap)."""
+    device = torch.device(device)
+    numel = math.prod(shape)
+    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    if device.type != "cpu" or nbytes < LAZY_MIN_BYTES:
+        return torch.zeros(*shape, dtype=dtype, device=device)
+    buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: counted as RssAnon
+    return torch.frombuffer(buf, dtype=dtype, count=numel).view(*shape)  # the tensor keeps the map alive
 
 
 def qmax(fmt: str) -> int:
@@ -109,9 +126,9 @@ class QuantizedPool:
         _check_format(fmt, head_dim, group_size)
         lead = (num_pages, page_size, num_heads)
         data_cols, high_cols, scale_cols = _columns(fmt, head_dim, group_size)
-        data = torch.zeros(*lead, data_cols, dtype=torch.uint8, device=device)
-        high = torch.zeros(*lead, high_cols, dtype=torch.uint8, device=device) if high_cols else None
-        scales = torch.zeros(*lead, scale_cols, dtype=torch.float16, device=device)
+        data = lazy_zeros(*lead, data_cols, dtype=torch.uint8, device=device)
+        high = lazy_zeros(*lead, high_cols, dtype=torch.uint8, device=device) if high_cols else None
+        scales = lazy_zeros(*lead, scale_cols, dtype=torch.float16, device=device)
         rot = rotation_matrix(head_dim).to(device) if rotate else None
         return cls(fmt, data, high, scales, group_size, head_dim, rot)
 
@@ -185,7 +202,7 @@ def make_pool(
 ):
     """What PagedCache allocates per layer and per K/V: a plain tensor (kv_quant None) or a QuantizedPool."""
     if kv_quant is None:
-        return torch.zeros(num_pages, page_size, num_heads, head_dim, dtype=dtype, device=device)
+        return lazy_zeros(num_pages, page_size, num_heads, head_dim, dtype=dtype, device=device)
     return QuantizedPool.empty(kv_quant, num_pages, page_size, num_heads, head_dim, device=device, rotate=rotate)
 
 

@@ -2,7 +2,9 @@
 
 One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
 gives every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo
-time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike), and decodes one token for
+time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike; only chats that were
+already decoding when the prompt arrived are shielded so: prompts queued together go in at full speed, first come
+first served), and decodes one token for
 every decoding job, all in one varlen forward pass. Jobs join and leave at any step, each with its own LoRA
 adapters (adapters.py).
 """
@@ -293,11 +295,10 @@ class DynamicGenerator:
     def _plan(self) -> list[ScheduledSeq]:
         """What each active sequence feeds this step: a prefill chunk, or its last token (plus drafts)."""
         plan: list[ScheduledSeq] = []
-        n_decoding = sum(not job.prefilling for job in self.active)
         budget = self.max_chunk_size
         if self.step_budget is not None:
             waiting = sum(s.prompt_len - 1 - s.kv_len for job in self.active if job.prefilling for s in job.seqs)
-            budget = self.step_budget.tokens(n_decoding, waiting)
+            budget = self.step_budget.tokens(self._shielded(), waiting)
         ps = self.page_size
         decoding = []
         for job in self.active:
@@ -326,6 +327,16 @@ class DynamicGenerator:
         # Sequences with the same adapter set side by side: the LoRA step sees one segment per set.
         first: dict[bytes, int] = {}
         return sorted(plan, key=lambda e: first.setdefault(e.job.lora_root, len(first)))
+
+    def _shielded(self) -> int:
+        """Decoding jobs the step budget protects from the prefills: those whose first token came before the
+        oldest prefilling job was queued. Eight chats sent at once are all prefilled at full speed (the first
+        to finish would otherwise slow the others' prompts to a fair share, and the eight would decode in two
+        smaller batches); a paste arriving while chats stream is shared with them."""
+        arrived = min((job.time_enqueue for job in self.active if job.prefilling), default=None)
+        if arrived is None:
+            return sum(not job.prefilling for job in self.active)
+        return sum(not job.prefilling and job.time_first_token < arrived for job in self.active)
 
     def _draft(self, jobs: list[DynamicJob]) -> list[list[int]]:
         """Draft tokens per decoding job, or none when speculation is off or the batch is too large to gain."""

@@ -204,3 +204,26 @@ def test_the_cost_line_is_least_squares_and_needs_a_spread():
     b._mixed.extend([(40, 0.01 + 0.08), (80, 0.01 + 0.16)])
     a, slope = b.cost_line()
     assert a == pytest.approx(0.01) and slope == pytest.approx(0.002)
+
+
+def test_prompts_queued_together_are_prefilled_at_full_speed_first_come_first_served(tiny):
+    """Four chats sent at once: the first to get its token does not shield itself from the three prompts queued
+    beside it (they would go in at a fair share while it decodes, and the four decode in staggered batches);
+    a prompt queued after a chat started decoding is shared with it."""
+    model, tok = tiny
+    gen = DynamicGenerator(model, PagedCache(model, max_tokens=2048, page_size=16), tok, max_chunk_size=64)
+    gen.step_budget = GivenCosts(64, 0.5 * D)
+    gen.step_budget.record(64, 0, 64 * P)  # measured: a solo prefill and a decode-only step
+    gen.step_budget.record(0, 2, D)
+    chats = [DynamicJob(torch.randint(10, 400, (1, 65)), 20, gen_settings=GREEDY) for _ in range(4)]
+    gen.enqueue(chats)
+    chunks = []
+    while any(c in gen.pending or c.prefilling for c in chats):
+        gen.iterate()
+        chunks.append(gen.metrics()["prefill_tokens_step"])
+    assert chunks == [65] * 4, chunks  # one whole prompt a step (its last token rides along, sampled)
+    paste_job = DynamicJob(torch.randint(10, 400, (1, 300)), 2, gen_settings=GREEDY)
+    gen.enqueue(paste_job)
+    gen.iterate()
+    gen.iterate()
+    assert 0 < gen.metrics()["prefill_tokens_step"] < 64  # a paste after they stream: its fair share

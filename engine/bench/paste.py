@@ -160,7 +160,7 @@ def run_paste_bench(args: argparse.Namespace) -> int:
           f"ran in chunks of {m['solo_chunk']} tokens")
     if m.get("line_b_ms"):
         print(f"mixed step fitted as A + B*c = {m['line_a_ms']:.1f} ms + {m['line_b_ms']:.3f} ms/token "
-              f"(A = {m['a_over_d']:.2f} D, B = {m['b_over_p']:.2f} p; both goals reachable iff A <= D (2 - B/p): "
+              f"(A = {m['a_over_d']:.2f} D, B = {m['b_over_p']:.2f} p; both goals reachable iff p A <= D (p + k (p - B)) for some k: "
               f"{'yes' if m['reachable'] else 'no'}); chunk target {m['chunk_target']} tokens, saved for "
               f"{m['steps_fitted'] or 1} decode step(s); predicted kept {m['predicted_kept']:.0%}, r "
               f"{m['predicted_r']:.2f}")

@@ -102,14 +102,17 @@ class StepBudget:
         return steps * d / cycle, cycle / (c * p)
 
     def _fit_steps(self) -> int | None:
-        """The smallest k whose min(kept, 1/r) on the cost line meets the goals within the tolerance, else the best."""
+        """The smallest k whose min(kept, 1/r) on the cost line meets the goals (within the tolerance where no k
+        does), else the best."""
         scores = []
         for k in range(1, self.max_save_steps + 1):
             pred = self.fitted_schedule(k)
             if pred is None:
                 return None
             scores.append(min(pred[0], 1.0 / pred[1]))
-        enough = min(max(scores), 0.5 / (1 + self.tolerance))  # the goals within the tolerance, else the best
+        # the goals themselves where some k reaches them (the measured p understates a long paste's, so no slack
+        # is spent there), else within the tolerance, else the best
+        enough = 0.5 if max(scores) >= 0.5 else min(max(scores), 0.5 / (1 + self.tolerance))
         return next(k for k, s in enumerate(scores, 1) if s >= enough)
 
     # ---- the rule ---------------------------------------------------------------------------------
@@ -195,7 +198,9 @@ class StepBudget:
         cycle = (k-1)*D + A + B*k*D/p. With B = p that is k / (2k - 1 + A/D): above 1/2 for every k iff
         A < D (the decoders' rows and the step's fixed costs fit in one decode step's time: they share the
         chunk's weight pass), best at k = 1; below 1/2 for every k iff A > D (a second pass), best as k grows.
-        In general both goals are reachable at k = 1 iff A <= D * (2 - B/p)."""
+        In general k reaches both iff p*A <= D * (p + k*(p - B)): at k = 1 iff A <= D * (2 - B/p); where B < p
+        (a big chunk's tokens cheaper than the solo reference's) saving longer helps. `reachable`: some
+        k <= max_save_steps does."""
         d, earn = self.decode_s, self.earned()
         p = self.token_s if self.token_s is not None else self.mixed_token_s
         line = self.cost_line()
@@ -210,7 +215,7 @@ class StepBudget:
             out["why"] = "nothing measured yet"
             return out
         a, b = line
-        reachable = a <= d * (2.0 - b / p)
+        reachable = any(p * a <= d * (p + k * (p - b)) for k in range(1, self.max_save_steps + 1))
         k = self.steps_fitted or 1
         kept, r = self.fitted_schedule(k, line) or (0.0, 0.0)
         out.update(line_a_ms=1e3 * a, line_b_ms=1e3 * b, a_over_d=a / d, b_over_p=b / p, reachable=reachable,
@@ -219,7 +224,8 @@ class StepBudget:
                        "the decoders ride in the chunk's pass; a chunk of one decode step's share every step"
                        if reachable and k == 1 else
                        f"both goals reachable; saved for {k} decode steps per chunk" if reachable else
-                       f"a second pass (A > D (2 - B/p)): kept = 1/r < 1/2 for every k; saved for {k} "
+                       f"unreachable (p A > D (p + k (p - B)) for every k: a second pass, or fixed costs over "
+                       f"a decode step): kept = 1/r < 1/2; saved for {k} "
                        f"decode steps per chunk, the smallest within {self.tolerance:.0%} of the goals or the best")))
         return out
 

@@ -230,3 +230,14 @@ def test_the_decoders_keep_their_bound_and_the_paste_its_steps(passes):
         assert kept * r == pytest.approx(1.0, rel=0.05)
         assert max(chunks) * P + 1.3 * D <= 1.1 * (b.max_save_steps + 2) * D * 1.1  # a chunk's pause is bounded
     assert why["predicted_kept"] == pytest.approx(kept, rel=0.1), why  # the explained model predicts the run
+
+
+def test_big_chunks_cheaper_than_the_reference_make_saving_reach_both_goals():
+    """The 8B-shaped model's measured line (A = 1.28 D, B = 0.88 p): one decode step's share every step keeps
+    the decoders under half (1 / 2.16), but saving for k >= 3 reaches both goals; explain() says so."""
+    b = measured(StepBudget(2048))
+    kept, r, _ = paste(b, 4000, lambda c: 1.28 * D + 0.88 * c * P)
+    why = b.explain()
+    assert why["reachable"] and b.steps_fitted is not None and b.steps_fitted >= 3, why
+    assert b.fitted_schedule(1)[0] < 0.5
+    assert kept >= 0.5 and r <= 2.0, (kept, r, why)

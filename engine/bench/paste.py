@@ -74,8 +74,9 @@ class _Chats:
         return sum(self.counts.values())
 
 
-def solo_ttft(model: Model, tok: Tokenizer, paste: int, others: int, seed: int) -> float:
-    """The paste's prompt (the same ids as run_once's) prefilled alone: enqueue to first token."""
+def solo_ttft(model: Model, tok: Tokenizer, paste: int, others: int, seed: int) -> tuple[float, int]:
+    """The paste's prompt (the same ids as run_once's) prefilled alone: enqueue to first token, and the
+    chunk size it prefilled in (a generator without a step budget: its max_chunk_size)."""
     g = torch.Generator().manual_seed(seed)
     vocab = min(model.vocab_size, tok.vocab_size)
     for _ in range(others):
@@ -86,7 +87,7 @@ def solo_ttft(model: Model, tok: Tokenizer, paste: int, others: int, seed: int) 
     gen.enqueue(job)
     while not any(r["job"] is job and r["stage"] == "streaming" for r in gen.iterate()):
         pass
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, gen.max_chunk_size
 
 
 def run_once(model: Model, tok: Tokenizer, paste: int, others: int, share: float | None, seed: int) -> dict:
@@ -106,24 +107,28 @@ def run_once(model: Model, tok: Tokenizer, paste: int, others: int, share: float
         control.step()
     control_s = time.perf_counter() - t0
     control.gen.clear_queue()
-    solo = solo_ttft(model, tok, paste, others, seed)
+    solo, solo_chunk = solo_ttft(model, tok, paste, others, seed)
     without, during = (control.decoded() - base) / others / control_s, tokens / others / ttft
     spent = [c for c in chunks if c]
     out = {"decode_tok_s_without": without, "decode_tok_s_during": during, "ratio": during / without,
            "paste_ttft_s": ttft, "solo_ttft_s": solo, "ttft_ratio": ttft / solo, "steps": len(chunks),
-           "prefill_steps": len(spent), "median_chunk": statistics.median(spent), "max_chunk": max(spent)}
-    if budget is not None:
+           "prefill_steps": len(spent), "median_chunk": statistics.median(spent), "max_chunk": max(spent), "solo_chunk": solo_chunk}
+    if budget is not None:  # the cost model the budget fitted and why it chose its chunks
         o = budget.overhead_s[budget.mode]
-        out.update(mode=budget.mode, decode_ms=1e3 * (budget.decode_s or 0), token_ms=1e3 * (budget.token_s or 0),
-                   overhead_ms=1e3 * (o or 0), predicted_ratio=budget.predicted_ratio() or 0.0)
-        line = budget.cost_line() or (0.0, 0.0)  # a mixed step's fitted cost A + B*c, and the save length it chose
-        out.update(line_a_ms=1e3 * line[0], line_b_ms=1e3 * line[1], fitted_steps=budget.steps_fitted or 0)
+        out.update(budget.explain(), overhead_ms=1e3 * (o or 0), predicted_ratio=budget.predicted_ratio() or 0.0)
     return out
 
 
 def _median(runs: list[dict], key: str):
     values = [r[key] for r in runs]
     return statistics.median(values) if isinstance(values[0], (int, float)) else max(set(values), key=values.count)
+
+
+def weight_passes(model: Model) -> int:
+    """Passes over the weights a mixed step makes: 2 where prompt rows take a dense fp32 copy and decode rows
+    the packed kernels (engine.model.qlinear RowSplit), else 1 (every row in one GEMM). With one pass the
+    decoders' rows ride in the chunk's step nearly free; with two, the step budget's A exceeds D."""
+    return 2 if model.weight_format != "dense" and getattr(model, "prompt_dense", False) else 1
 
 
 def run_paste_bench(args: argparse.Namespace) -> int:
@@ -151,9 +156,15 @@ def run_paste_bench(args: argparse.Namespace) -> int:
           f"({m['prefill_steps']}) | {m['median_chunk']} / {m['max_chunk']} | {m.get('mode')}, "
           f"{m.get('decode_ms', 0):.1f} / {m.get('token_ms', 0):.2f} / {m.get('overhead_ms', 0):.1f}, "
           f"{m.get('predicted_ratio', 0):.2f} |")
-    if m.get("fitted_steps"):
-        print(f"mixed step fitted as {m['line_a_ms']:.1f} ms + {m['line_b_ms']:.2f} ms/token; "
-              f"saved for {m['fitted_steps']} decode step(s) per chunk")
+    print(f"mixed steps: {weight_passes(model)} pass(es) over the weights; the solo prefill (the TTFT reference) "
+          f"ran in chunks of {m['solo_chunk']} tokens")
+    if m.get("line_b_ms"):
+        print(f"mixed step fitted as A + B*c = {m['line_a_ms']:.1f} ms + {m['line_b_ms']:.3f} ms/token "
+              f"(A = {m['a_over_d']:.2f} D, B = {m['b_over_p']:.2f} p; both goals reachable iff p A <= D (p + k (p - B)) for some k: "
+              f"{'yes' if m['reachable'] else 'no'}); chunk target {m['chunk_target']} tokens, saved for "
+              f"{m['steps_fitted'] or 1} decode step(s); predicted kept {m['predicted_kept']:.0%}, r "
+              f"{m['predicted_r']:.2f}")
+        print(f"why: {m['why']}")
     if args.json:
         print(json.dumps({"paste": args.paste, "others": args.paste_others, "weights": model.weight_format,
                           "threads": torch.get_num_threads(), "medians": m, "runs": runs}))

@@ -90,9 +90,10 @@ class StepBudget:
         b = max(b, 0.0)
         return max(mt - b * mc, 0.0), b
 
-    def fitted_schedule(self, steps: int) -> tuple[float, float] | None:
-        """(kept, r) the cost line predicts when saving for `steps` decode steps, or None."""
-        line, earn, d = self.cost_line(), self.earned(), self.decode_s
+    def fitted_schedule(self, steps: int, line: tuple[float, float] | None = None) -> tuple[float, float] | None:
+        """(kept, r) the cost line (the fitted one unless given) predicts when saving for `steps` decode
+        steps, or None."""
+        line, earn, d = line or self.cost_line(), self.earned(), self.decode_s
         p = self.token_s if self.token_s is not None else self.mixed_token_s
         if line is None or not earn or not d or not p:
             return None
@@ -101,14 +102,17 @@ class StepBudget:
         return steps * d / cycle, cycle / (c * p)
 
     def _fit_steps(self) -> int | None:
-        """The smallest k whose min(kept, 1/r) on the cost line meets the goals within the tolerance, else the best."""
+        """The smallest k whose min(kept, 1/r) on the cost line meets the goals (within the tolerance where no k
+        does), else the best."""
         scores = []
         for k in range(1, self.max_save_steps + 1):
             pred = self.fitted_schedule(k)
             if pred is None:
                 return None
             scores.append(min(pred[0], 1.0 / pred[1]))
-        enough = min(max(scores), 0.5 / (1 + self.tolerance))  # the goals within the tolerance, else the best
+        # the goals themselves where some k reaches them (the measured p understates a long paste's, so no slack
+        # is spent there), else within the tolerance, else the best
+        enough = 0.5 if max(scores) >= 0.5 else min(max(scores), 0.5 / (1 + self.tolerance))
         return next(k for k, s in enumerate(scores, 1) if s >= enough)
 
     # ---- the rule ---------------------------------------------------------------------------------
@@ -185,6 +189,45 @@ class StepBudget:
         earn = self.earned()
         steps = max(1.0, self.target() / earn) if earn else 1.0
         return 2.0 + (o - d) / (steps * d)
+
+    def explain(self) -> dict:
+        """The measured cost model and why it picks its chunks: D, p, the fitted line A + B*c, whether both
+        goals are reachable on it, the save length k and chunk it chose, and the kept / r it predicts.
+
+        On the line, saving for k decode steps with a chunk of k*D/p tokens gives kept = 1/r = k*D / cycle,
+        cycle = (k-1)*D + A + B*k*D/p. With B = p that is k / (2k - 1 + A/D): above 1/2 for every k iff
+        A < D (the decoders' rows and the step's fixed costs fit in one decode step's time: they share the
+        chunk's weight pass), best at k = 1; below 1/2 for every k iff A > D (a second pass), best as k grows.
+        In general k reaches both iff p*A <= D * (p + k*(p - B)): at k = 1 iff A <= D * (2 - B/p); where B < p
+        (a big chunk's tokens cheaper than the solo reference's) saving longer helps. `reachable`: some
+        k <= max_save_steps does."""
+        d, earn = self.decode_s, self.earned()
+        p = self.token_s if self.token_s is not None else self.mixed_token_s
+        line = self.cost_line()
+        out: dict = {"mode": self.mode, "decode_ms": 1e3 * (d or 0.0), "token_ms": 1e3 * (p or 0.0),
+                     "earned_tokens": earn, "chunk_target": self.target() if earn else 0,
+                     "steps_fitted": self.steps_fitted or 0, "line_a_ms": 0.0, "line_b_ms": 0.0, "a_over_d": 0.0,
+                     "b_over_p": 0.0, "reachable": False, "predicted_kept": 0.0, "predicted_r": 0.0}
+        o = self.overhead_s[self.mode]
+        if line is None and o is not None:
+            line = (o, p)  # one chunk size seen: the line through it with B = p (A is then o, t - c*p)
+        if line is None or not d or not p:
+            out["why"] = "nothing measured yet"
+            return out
+        a, b = line
+        reachable = any(p * a <= d * (p + k * (p - b)) for k in range(1, self.max_save_steps + 1))
+        k = self.steps_fitted or 1
+        kept, r = self.fitted_schedule(k, line) or (0.0, 0.0)
+        out.update(line_a_ms=1e3 * a, line_b_ms=1e3 * b, a_over_d=a / d, b_over_p=b / p, reachable=reachable,
+                   predicted_kept=kept, predicted_r=r,
+                   why=(f"A = {a / d:.2f} D, B = {b / p:.2f} p: " + (
+                       "the decoders ride in the chunk's pass; a chunk of one decode step's share every step"
+                       if reachable and k == 1 else
+                       f"both goals reachable; saved for {k} decode steps per chunk" if reachable else
+                       f"unreachable (p A > D (p + k (p - B)) for every k: a second pass, or fixed costs over "
+                       f"a decode step): kept = 1/r < 1/2; saved for {k} "
+                       f"decode steps per chunk, the smallest within {self.tolerance:.0%} of the goals or the best")))
+        return out
 
     def _cap(self) -> float:
         """Credit is saved up to one target chunk, no more: while nothing prefills it stops there, so a paste

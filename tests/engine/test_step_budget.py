@@ -227,3 +227,40 @@ def test_prompts_queued_together_are_prefilled_at_full_speed_first_come_first_se
     gen.iterate()
     gen.iterate()
     assert 0 < gen.metrics()["prefill_tokens_step"] < 64  # a paste after they stream: its fair share
+
+
+ONE_PASS = lambda c: 0.7 * D + c * P  # noqa: E731  decode rows in the chunk's GEMM: A = 0.7 D
+TWO_PASS = lambda c: 1.3 * D + 1.1 * c * P  # noqa: E731  a second pass for the decode rows: A = 1.3 D, B = 1.1 p
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_the_decoders_keep_their_bound_and_the_paste_its_steps(passes):
+    """A simulated 2000-token paste beside 3 decoders. One weight pass (A < D): both goals, a chunk of one
+    decode step's share every step. Two passes (A > D (2 - B/p)): the explained model says unreachable, and
+    the schedule sits on the frontier kept = 1/r, within the tolerance of 1/2 on both sides, never starving
+    the decoders. Either way the paste takes about N*p/D steps (one per decode step's share), no more."""
+    n = 2000
+    b = measured(StepBudget(2048))
+    kept, r, chunks = paste(b, n, ONE_PASS if passes == 1 else TWO_PASS)
+    why = b.explain()
+    assert len(chunks) <= 1.05 * n * P / D + b.max_save_steps, len(chunks)
+    if passes == 1:
+        assert why["reachable"] and why["a_over_d"] == pytest.approx(0.7, rel=0.05), why
+        assert b.mode == EVERY and (b.steps_fitted or 1) == 1 and kept >= 0.5 and r <= 2.0, (kept, r, why)
+    else:
+        assert not why["reachable"] and why["a_over_d"] == pytest.approx(1.3, rel=0.05), why
+        assert kept >= 0.5 / 1.08 and r <= 2.0 * 1.08, (kept, r, why)
+        assert kept * r == pytest.approx(1.0, rel=0.05)
+        assert max(chunks) * P + 1.3 * D <= 1.1 * (b.max_save_steps + 2) * D * 1.1  # a chunk's pause is bounded
+    assert why["predicted_kept"] == pytest.approx(kept, rel=0.1), why  # the explained model predicts the run
+
+
+def test_big_chunks_cheaper_than_the_reference_make_saving_reach_both_goals():
+    """The 8B-shaped model's measured line (A = 1.28 D, B = 0.88 p): one decode step's share every step keeps
+    the decoders under half (1 / 2.16), but saving for k >= 3 reaches both goals; explain() says so."""
+    b = measured(StepBudget(2048))
+    kept, r, _ = paste(b, 4000, lambda c: 1.28 * D + 0.88 * c * P)
+    why = b.explain()
+    assert why["reachable"] and b.steps_fitted is not None and b.steps_fitted >= 3, why
+    assert b.fitted_schedule(1)[0] < 0.5
+    assert kept >= 0.5 and r <= 2.0, (kept, r, why)

@@ -77,16 +77,73 @@ inline void transpose8(__m256i r[8]) {
   }
 }
 
-// the 32 codes (0..63) of block j of a q6 row
-inline __m256i q6_codes(const uint8_t* row, int64_t j) {
-  const uint8_t* sb = row + j / 8 * q6::kBytes;
-  const int n = (int)(j % 8) / 4, k = (int)(j % 4);
-  const __m256i q = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32 * (k & 1)));
-  const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
-  const __m128i hs = _mm_cvtsi32_si128(2 * k), ls = _mm_cvtsi32_si128(k < 2 ? 0 : 4);
+// q6 panel: one pass over each super-block of a column (its 192 code bytes read once, as q6::tile reads them,
+// instead of 64 bytes per block and a variable shift), the 8 blocks of 8 columns transposed together; d
+// converted once per super-block instead of once per block. The same codes and scales as q6_codes.
+inline void unpack_q6_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, Panel& p) {
+  const int64_t nsb = nb / 8, q6row = nsb * q6::kBytes;
   const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
-  return _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, ls), m4),
-                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, hs), m2), 4));
+  for (int g = 0; g < kCols; g += 8) {
+    for (int64_t s = 0; s < nsb; ++s) {
+      __m256i blk[8][8];  // [block of the super-block][column]
+      for (int c = 0; c < 8; ++c) {
+        if (g + c >= cols) {
+          for (int b = 0; b < 8; ++b) blk[b][c] = _mm256_setzero_si256();
+          continue;
+        }
+        const uint8_t* sb = qs + (n0 + g + c) * q6row + s * q6::kBytes;
+        for (int n = 0; n < 2; ++n) {
+          const __m256i q0 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n));
+          const __m256i q1 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32));
+          const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+          blk[4 * n][c] = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+          blk[4 * n + 1][c] = _mm256_or_si256(_mm256_and_si256(q1, m4),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+          blk[4 * n + 2][c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+          blk[4 * n + 3][c] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
+                                              _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+        }
+      }
+      for (int b = 0; b < 8; ++b) {
+        transpose8(blk[b]);
+        int32_t* dst = p.codes.data() + (s * 8 + b) * 8 * kCols + g;
+        for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), blk[b][t]);
+      }
+    }
+  }
+  int c0 = 0;  // full groups of 8 columns: the scales' bytes gathered one dword (sc[2b], sc[2b + 1], ...) a column
+  for (; c0 + 8 <= cols; c0 += 8) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)q6row));
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* base = qs + (n0 + c0) * q6row + s * q6::kBytes;
+      // bytes 206..209: sc[14], sc[15] and d (never read past the super-block)
+      const __m256i top = _mm256_i32gather_epi32((const int*)(base + 206), idx, 1);
+      const __m256i dh = _mm256_srli_epi32(top, 16);
+      const __m256 d = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dh), _mm256_extracti128_si256(dh, 1)));
+      for (int b = 0; b < 8; ++b) {
+        const __m256i x = b == 7 ? top : _mm256_i32gather_epi32((const int*)(base + 192 + 2 * b), idx, 1);
+        const int64_t at = (s * 8 + b) * kCols + c0;
+        _mm256_storeu_ps(p.dw.data() + at, d);
+        _mm256_storeu_si256((__m256i*)(p.slo.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 24), 24));
+        _mm256_storeu_si256((__m256i*)(p.shi.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 16), 24));
+      }
+    }
+  }
+  for (int c = c0; c < cols; ++c) {
+    const uint8_t* row = qs + (n0 + c) * q6row;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* sb = row + s * q6::kBytes;
+      const float d = q6::scale_d(sb);
+      const int8_t* sc = (const int8_t*)(sb + 192);
+      for (int b = 0; b < 8; ++b) {
+        const int64_t at = (s * 8 + b) * kCols + c;
+        p.dw[at] = d;
+        p.slo[at] = sc[2 * b];
+        p.shi[at] = sc[2 * b + 1];
+      }
+    }
+  }
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
@@ -161,15 +218,15 @@ inline void unpack_scales16(const uint16_t* d, const uint16_t* m, int64_t nb, in
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
   const bool q4 = fmt == kQ4, q6f = fmt == kQ6;
-  const int64_t q6row = nb / 8 * q6::kBytes;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
   p.slo.assign(q6f ? nb * kCols : 0, 0);
   p.shi.assign(q6f ? nb * kCols : 0, 0);
+  if (q6f) return unpack_q6_panel(qs, nb, n0, cols, p);
   const __m128i low = _mm_set1_epi8(0x0F);
 #ifdef PD_GEMM512
-  const bool fast = cols == kCols && !q6f;
+  const bool fast = cols == kCols;
   if (fast && q4)
     for (int64_t j = 0; j < nb; ++j) unpack_q4_block(qs, nb, n0, j, p.codes.data() + j * 8 * kCols);
   int64_t scaled = 0;  // blocks whose scales are unpacked
@@ -186,8 +243,6 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
         const int64_t n = n0 + g + c;
         if (g + c >= cols) {
           r[c] = _mm256_setzero_si256();
-        } else if (q6f) {
-          r[c] = q6_codes(qs + n * q6row, j);
         } else if (q4) {
           const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + (n * nb + j) * 16));
           r[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
@@ -200,16 +255,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
     }
   }
-  for (int c = 0; c < cols && q6f; ++c) {
-    const uint8_t* row = qs + (n0 + c) * q6row;
-    for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* sb = row + j / 8 * q6::kBytes;
-      p.dw[j * kCols + c] = q6::scale_d(sb);
-      p.slo[j * kCols + c] = (int8_t)sb[192 + 2 * (j % 8)];
-      p.shi[j * kCols + c] = (int8_t)sb[192 + 2 * (j % 8) + 1];
-    }
-  }
-  for (int c = 0; c < cols && !q6f; ++c) {
+  for (int c = 0; c < cols; ++c) {
     const int64_t n = n0 + c;
     for (int64_t j = scaled; j < nb; ++j) {
       const float dw = half_to_float(d[n * nb + j]);

@@ -57,6 +57,14 @@ def heap_mb() -> tuple[float, float]:
     return (m.uordblks + m.hblkhd) / MB, m.fordblks / MB
 
 
+def _malloc_mapped_mb() -> float:
+    """MB in blocks glibc serves by their own mappings (mallinfo2 hblkhd)."""
+    return _MALLINFO2().hblkhd / MB
+
+
+_MALLOC_MAPPED_MB = _malloc_mapped_mb if _MALLINFO2 is not None else None
+
+
 def live_qt_objects(window) -> int:
     """C++ QObjects under the window plus every top-level widget (dialogs, menus)."""
     from PySide6.QtCore import QObject

@@ -51,4 +51,4 @@ def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
     return bool(lib.mallopt(M_MMAP_THRESHOLD, size))
 
 
-fix_mmap_threshold()  # before the first model's blocks: imported with the engine (its loaders use this module)
+fix_mmap_threshold()  # before the first model's blocks: engine.Model, its loaders and the generator import this module

@@ -4,7 +4,8 @@ import ctypes
 
 import pytest
 
-import engine  # noqa: F401 - what the app and the server import first
+import engine
+engine.Model  # what loading a model imports first (engine imports its parts lazily)
 from engine.model.heap import MMAP_THRESHOLD, fix_mmap_threshold
 from tests.app.soak_meter import _MALLOC_MAPPED_MB
 

@@ -4,14 +4,13 @@ import ctypes
 
 import pytest
 
-import engine
-engine.Model  # what loading a model imports first (engine imports its parts lazily)
 from engine.model.heap import MMAP_THRESHOLD, fix_mmap_threshold
 from tests.app.soak_meter import _MALLOC_MAPPED_MB
 
 
 @pytest.mark.skipif(_MALLOC_MAPPED_MB is None, reason="glibc >= 2.33 only (mallinfo2)")
 def test_a_large_block_freed_does_not_raise_the_mmap_threshold():
+    """engine.model.heap is imported (and the threshold fixed) by engine.Model, the loaders and the generator."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]

@@ -151,6 +151,9 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         self.info = self._info(req, time.perf_counter() - t0)
         self.request = asdict(req)
         self._timer.start()
+        # the old model went at the swap: give its freed heap (~0.7 GB on the default model) back now, on the
+        # generator's thread; its own trims run only after a step, so without a reply it stayed resident
+        await generator.run_on_worker(lambda g: g.heap.trim())
         return True
 
     async def wait_loaded(self) -> None:

@@ -57,6 +57,14 @@ def heap_mb() -> tuple[float, float]:
     return (m.uordblks + m.hblkhd) / MB, m.fordblks / MB
 
 
+def _malloc_mapped_mb() -> float:
+    """MB in blocks glibc serves by their own mappings (mallinfo2 hblkhd)."""
+    return _MALLINFO2().hblkhd / MB
+
+
+_MALLOC_MAPPED_MB = _malloc_mapped_mb if _MALLINFO2 is not None else None
+
+
 def live_qt_objects(window) -> int:
     """C++ QObjects under the window plus every top-level widget (dialogs, menus)."""
     from PySide6.QtCore import QObject
@@ -67,8 +75,9 @@ def live_qt_objects(window) -> int:
 
 def qt_wrappers() -> tuple[collections.Counter, int]:
     """Python objects of PySide6 types the collector tracks, by type, whose C++ object lives; and the number
-    of those whose C++ object is gone. The dead ones are the meter's own: the wrappers findChildren() makes
-    are kept by the window's wrapper after their objects are deleted (seen with gc.get_referrers)."""
+    of those whose C++ object is gone. The dead ones are mostly the meter's own: the wrappers findChildren()
+    makes are kept by the window's wrapper after their objects are deleted (seen with gc.get_referrers), so
+    the long run scans only now and then (`sample`'s scan_qt)."""
     import shiboken6
 
     live, dead = collections.Counter(), 0
@@ -98,45 +107,68 @@ def content(window) -> dict:
             "doc_blocks": sum(d.blockCount() for d in docs)}
 
 
-def sample(window, replies: int, seconds: float, wrappers: collections.Counter | None = None) -> dict:
-    """One row of figures; `wrappers` (if given) is updated to the wrapper counts by type."""
+def sample(window, replies: int, seconds: float, wrappers: collections.Counter | None = None,
+           scan_qt: bool = True) -> dict:
+    """One row of figures; `wrappers` (if given) is updated to the wrapper counts by type. `scan_qt` False
+    leaves out the Qt object and wrapper counts (None): findChildren() wraps every object not wrapped yet and
+    the window's wrapper keeps those wrappers after their objects die (the 8 chats' widgets, replaced every
+    few replies), so a scan every 10 replies left ~9,400 dead wrappers per 1000 replies - heap the meter
+    added to the process it measures (2 with no scans, the same run). `rss_found` is the
+    RSS as the sample finds it: it includes whatever the steps freed since the generator's last trim (it
+    trims when the queue drains, at most every 2 s), so it swings with the sample's phase against that
+    timer; `rss` is read after a trim of our own, what the process cannot give back: the figure judged."""
+    from engine.model.weights import release_freed_memory
+
+    rss_found = rss_mb()
+    release_freed_memory()
     in_use, kept = heap_mb()
-    qt = live_qt_objects(window)  # first: the wrappers it makes for objects not yet wrapped are then counted
-    by_type, dead = qt_wrappers()
-    if wrappers is not None:
+    qt = live_qt_objects(window) if scan_qt else None  # first: the wrappers it makes are then counted
+    by_type, dead = qt_wrappers() if scan_qt else (None, None)
+    if wrappers is not None and by_type is not None:
         wrappers.clear()
         wrappers.update(by_type)
     rss, anon, mapped = status_mb("VmRSS", "RssAnon", "RssFile")
     threads = int(status_mb("Threads")[0] * 1024)
-    return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "anon": round(anon, 1),
+    return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "rss_found": round(rss_found, 1),
+            "anon": round(anon, 1),
             "file": round(mapped, 1), "heap": round(in_use, 1), "py_blocks": sys.getallocatedblocks(),
             "threads": threads,
-            "kept": round(kept, 1), "qt": qt, "wrappers": sum(by_type.values()),
+            "kept": round(kept, 1), "qt": qt, "wrappers": None if by_type is None else sum(by_type.values()),
             "dead_wrappers": dead,
             **content(window)}
 
 
 def growth_split(samples: list[dict], reloads: list[int], key: str) -> tuple[float, float]:
-    """(growth of samples[key] per 1000 replies between reloads, mean step across a reload).
+    """(growth of samples[key] per 1000 replies between reloads, mean step across a reload): from
+    consecutive samples, those spanning a reload apart."""
+    steps = [(b["replies"] - a["replies"], b[key] - a[key], any(a["replies"] <= r < b["replies"] for r in reloads))
+             for a, b in zip(samples, samples[1:])]
+    replies = sum(n for n, _, spans in steps if not spans)
+    across = [d for _, d, spans in steps if spans]
+    return (sum(d for _, d, spans in steps if not spans) / max(1, replies) * 1000,
+            sum(across) / len(across) if across else 0.0)
 
-    The growth is a least-squares slope over every sample, each stretch between two reloads with its own
-    level (a fixed-effects fit): a sum of first-to-last differences per stretch would hang on a few
-    samples each, and RSS swings a few MB from one sample to the next (a sampler's or a step's buffers
-    freed or not yet), which over a few hundred replies reads as tens of MB per 1000. A steady leak moves
-    every sample, so the slope sees it with all of them. The step is the mean change over the sample
-    intervals that span a reload."""
-    segments: list[list[tuple[int, float]]] = [[]]
-    for a, b in zip([None, *samples], samples):
-        if a is not None and any(a["replies"] <= r < b["replies"] for r in reloads):
-            segments.append([])
-        segments[-1].append((b["replies"], b[key]))
-    sxy = sxx = 0.0
-    for seg in segments:
-        if len(seg) < 2:
+
+def slope_between(samples: list[dict], reloads: list[int], key: str, settle: int = 10) -> float:
+    """Least-squares growth of samples[key] per 1000 replies between reloads: one slope shared by every
+    stretch between two reloads, each stretch with its own level, so a reload's step is not counted as
+    growth. Every sample weighs in, where the sum of consecutive steps (`growth_split`) is the difference
+    of each stretch's two end samples and moves with either one's noise. A stretch starts `settle` replies
+    after its reload: the new generator builds its working buffers over its first few replies (measured
+    engine-only on the default model: +17 MB heap in use, +3-9 MB RSS in the first 10 replies after a
+    reload, flat over the next 60), a one-off cost of the reload that its own bound judges."""
+    stretches = collections.defaultdict(list)
+    for s in samples:
+        before = [r for r in reloads if r < s["replies"]]
+        if before and s["replies"] - before[-1] < settle:
             continue
-        mx, my = sum(x for x, _ in seg) / len(seg), sum(y for _, y in seg) / len(seg)
-        sxy += sum((x - mx) * (y - my) for x, y in seg)
-        sxx += sum((x - mx) ** 2 for x, _ in seg)
-    across = [b[key] - a[key] for a, b in zip(samples, samples[1:])
-              if any(a["replies"] <= r < b["replies"] for r in reloads)]
-    return (sxy / sxx * 1000 if sxx else 0.0, sum(across) / len(across) if across else 0.0)
+        stretches[len(before)].append((s["replies"], s[key]))
+    sxy = sxx = 0.0
+    for points in stretches.values():
+        if len(points) < 2:
+            continue
+        mx = sum(x for x, _ in points) / len(points)
+        my = sum(y for _, y in points) / len(points)
+        sxy += sum((x - mx) * (y - my) for x, y in points)
+        sxx += sum((x - mx) ** 2 for x, _ in points)
+    return sxy / sxx * 1000 if sxx else 0.0

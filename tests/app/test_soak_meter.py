@@ -1,37 +1,67 @@
-"""The app soak's leak judge: a slope per 1000 replies over every sample, each stretch between reloads at its
-own level, and the mean step across a reload."""
+"""The app soak's meter: RSS read after a trim really leaves out the heap freed but kept, and the
+between-reloads slope counts growth, not a reload's step or one noisy sample."""
 from __future__ import annotations
 
-import random
-import statistics
+import ctypes
 
-from tests.app.soak_meter import growth_split
+import pytest
 
-REPLIES = range(125, 501, 10)  # the long run's warm-up and samples
-RELOADS = [150, 300, 450]
-
-
-def samples(leak_per_1000: float, reload_step: float, noise: float, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    out = []
-    for n in REPLIES:
-        level = 1600 + leak_per_1000 * n / 1000 + reload_step * sum(r < n for r in RELOADS)
-        out.append({"replies": n, "rss": level + rng.uniform(-noise, noise)})
-    return out
+from engine.model.heap import release_freed_memory
+from tests.app.soak_meter import growth_split, heap_mb, slope_between, status_mb
 
 
-def test_a_steady_leak_is_measured_through_sample_noise_and_reload_steps():
-    """Samples that swing +-3 MB: the slope over all of them is unbiased and its spread far below the 20 MB
-    bound; the sum of first-to-last differences per stretch had twice the spread (~15 MB per 1000)."""
-    runs = [growth_split(samples(20.0, 15.0, noise=3.0, seed=seed), RELOADS, "rss") for seed in range(50)]
-    between = [b for b, _ in runs]
-    assert abs(statistics.mean(between) - 20.0) < 3.0
-    assert statistics.stdev(between) < 10.0
-    assert all(abs(step - 15.0) < 6.0 for _, step in runs)
+def _rows(values, every=25):
+    return [{"replies": every * (i + 1), "rss": v} for i, v in enumerate(values)]
 
 
-def test_no_leak_reads_near_zero_and_reload_steps_are_not_counted_as_growth():
-    between, step = growth_split(samples(0.0, 20.0, noise=0.0), RELOADS, "rss")
-    assert abs(between) < 1e-9 and abs(step - 20.0) < 1e-9
-    between, _ = growth_split(samples(40.0, 0.0, noise=0.0), RELOADS, "rss")
-    assert abs(between - 40.0) < 1e-9  # exact without noise
+def test_slope_ignores_reload_steps_and_levels_each_stretch():
+    # flat at 1600 MB, a reload after reply 100 steps it to 1615: no growth between reloads
+    rows = _rows([1600, 1600, 1600, 1600, 1615, 1615, 1615, 1615])
+    assert slope_between(rows, [100], "rss", settle=0) == pytest.approx(0.0)
+    # the same with real growth of 40 MB per 1000 replies (1 MB per 25) in both stretches
+    rows = _rows([1600 + i for i in range(4)] + [1620 + i for i in range(4, 8)])
+    assert slope_between(rows, [100], "rss", settle=0) == pytest.approx(40.0)
+
+
+def test_slope_is_not_two_end_samples():
+    # flat, each sample a few MB off (the phase of the sample against the generator's trim), the stretch's
+    # first sample low and its last high: the endpoint sum reads that as growth, the slope over all far less
+    noise = [0, 3, -3, 3, -3, 6]
+    rows = _rows([1600 + n for n in noise] + [1615 + n for n in noise])
+    endpoints, _ = growth_split(rows, [150], "rss")
+    assert endpoints == pytest.approx(12 / 250 * 1000)  # 48 MB per 1000
+    assert slope_between(rows, [150], "rss", settle=0) < endpoints / 2
+
+
+def test_slope_leaves_the_new_generators_first_replies_to_the_reload():
+    # the first sample after the reload (5 replies in) has not yet the new generator's buffers
+    rows = [{"replies": r, "rss": v} for r, v in [(50, 1600), (75, 1600), (100, 1600), (105, 1605),
+                                                  (125, 1612), (150, 1612), (175, 1612)]]
+    assert slope_between(rows, [100], "rss", settle=0) > 20
+    assert slope_between(rows, [100], "rss", settle=10) == pytest.approx(0.0)
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+def test_trim_gives_back_heap_freed_but_kept():
+    """What the meter judges (RSS after release_freed_memory) leaves out freed heap that glibc kept: 64 MB
+    of 64 KiB blocks (below the mmap threshold: heap chunks) freed under one block still in use, so the
+    heap's top can't shrink by itself, stay resident until the trim."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    release_freed_memory()
+    blocks = [libc.malloc(64 * 1024) for _ in range(1024)]
+    assert all(blocks)
+    for b in blocks:
+        ctypes.memset(b, 1, 64 * 1024)  # resident
+    for b in blocks[:-1]:
+        libc.free(b)
+    try:
+        kept_before = heap_mb()[1]
+        anon_before = status_mb("RssAnon")[0]
+        release_freed_memory()
+        anon_after = status_mb("RssAnon")[0]
+        assert kept_before >= 60, kept_before  # glibc keeps the freed blocks...
+        assert anon_before - anon_after >= 48, (anon_before, anon_after)  # ...and the trim gives them back
+    finally:
+        libc.free(blocks[-1])

@@ -1,0 +1,29 @@
+"""A reload gives the old model's freed heap back to the OS at once, not at the new model's first reply:
+the generator trims only after a step, so a reloaded app left idle kept the old model resident (~0.7 GB
+on the default model)."""
+import pytest
+
+from tests.app.soak_meter import status_mb
+from tests.app.support import loop, run  # noqa: F401
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def test_reload_without_replies_leaves_no_old_model_resident(qtbot, loop):
+    from app.local.engine_service import EngineService
+
+    async def body():
+        service = EngineService()
+        request = {"path": None, "cache_tokens": 8 * 512}  # the default model, as the app soak loads it
+        try:
+            assert await service.load(request)
+            anon = status_mb("RssAnon")[0]
+            held = service.model.memory_bytes() / 2**20
+            for _ in range(2):
+                assert await service.load(request)
+                grew = status_mb("RssAnon")[0] - anon
+                assert grew < held / 4, f"RSS grew {grew:.0f} MB at a reload (the model holds {held:.0f} MB)"
+        finally:
+            await service.close()
+
+    run(loop, body(), 240)

@@ -151,10 +151,11 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
       const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       const __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
       const __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
-      for (int r = 0; r < MT; ++r) {
+      for (int r = 0; r < MT; ++r) {  // two independent madds a chunk: no 8-deep dpwssd latency chain
         const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper + 64 * c;
-        isum[r] = madd_acc(isum[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)x)), slo);
-        isum[r] = madd_acc(isum[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 32))), shi);
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)x)), slo);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 32))), shi);
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
       }
     }
     const float d = half_at(sb), dmin = half_at(sb + 2);

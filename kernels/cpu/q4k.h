@@ -170,6 +170,56 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
   }
   for (int r = 0; r < MT; ++r) out[r] = acc[r];
 }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// tile's integers with 512-bit registers: 64 nibble bytes (chunks 2k and 2k+1) a load, the low nibbles
+// (sub-blocks 4k, 4k+2) meeting x[128k : +32] | x[128k+64 : +32], the high ones (4k+1, 4k+3) the other halves;
+// the same exact I and J, so the same bits (the scale broadcasts are one vpermw per register)
+template <int MT>
+inline void tile512(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
+  float acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  auto idx = [](int u, int v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)u)), _mm256_set1_epi16((short)v), 1);
+  };
+  const __m512i ix[4] = {idx(0, 2), idx(1, 3), idx(4, 6), idx(5, 7)};
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = row + s * kBytes;
+    _mm_prefetch((const char*)(sb + kPrefetch), _MM_HINT_T0);
+    const __m128i v = scales(sb);
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(v));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+    __m512i isum[MT];
+    for (int r = 0; r < MT; ++r) isum[r] = _mm512_setzero_si512();
+    for (int k = 0; k < 2; ++k) {
+      const __m512i raw = _mm512_loadu_si512((const void*)(sb + 16 + 64 * k));
+      const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      const __m512i slo = _mm512_permutexvar_epi16(ix[2 * k], sc16), shi = _mm512_permutexvar_epi16(ix[2 * k + 1], sc16);
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper + 128 * k;
+        const __m512i x0 = _mm512_loadu_si512((const void*)x), x1 = _mm512_loadu_si512((const void*)(x + 64));
+        const __m512i xl = _mm512_shuffle_i64x2(x0, x1, 0x44), xh = _mm512_shuffle_i64x2(x0, x1, 0xEE);
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(lo, xl), slo);
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(hi, xh), shi);
+      }
+    }
+    const float d = half_at(sb), dmin = half_at(sb + 2);
+    for (int r = 0; r < MT; ++r) {
+      const int64_t at = (m0 + r) * nsb + s;
+      const __m128i bs = _mm_loadu_si128((const __m128i*)(a.bs.data() + at * 8));
+      const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(isum[r]), _mm512_extracti64x4_epi64(isum[r], 1));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(i8), _mm256_extracti128_si256(i8, 1));
+      t = _mm_hadd_epi32(t, _mm_madd_epi16(bs, mn16));  // [I01, I23, J01, J23]
+      t = _mm_hadd_epi32(t, t);                          // [I, J, I, J]
+      acc[r] = step(acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1), d, dmin, a.d[at]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r] = acc[r];
+}
+#define PD_Q4K_TILE tile512
+#else
+#define PD_Q4K_TILE tile
+#endif
 #else
 template <int MT>
 inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
@@ -192,6 +242,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
     out[r] = acc;
   }
 }
+#define PD_Q4K_TILE tile
 #endif
 
 // out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
@@ -199,8 +250,8 @@ inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, i
   const int64_t nsb = K / kSuper;
   const uint8_t* row = qs + n * nsb * kBytes;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, a, K, m, out + m);
-  for (; m < M; ++m) tile<1>(row, nsb, a, K, m, out + m);
+  for (; m + 4 <= M; m += 4) PD_Q4K_TILE<4>(row, nsb, a, K, m, out + m);
+  for (; m < M; ++m) PD_Q4K_TILE<1>(row, nsb, a, K, m, out + m);
 }
 
 #ifdef PD_AVX2

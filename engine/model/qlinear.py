@@ -287,7 +287,8 @@ class Q6Linear(SuperBlockLinear):
 
 class Q4KLinear(SuperBlockLinear):
     """GGUF Q4_K super-blocks (kernels.packed's q4k): w = d * sc * code - dmin * m, 4.5 bits a weight (as q4
-    they took 5, with fp16-rounded d * sc and dmin * m)."""
+    they took 5, with fp16-rounded d * sc and dmin * m). Multiplied as llama.cpp's Q4_K x Q8_K: activations
+    quantized per 256, the 6-bit scales and minimums applied as integers (kernels/cpu/q4k.h)."""
 
     format = "q4k"
     BLOCK_BYTES = Q4K_BYTES

@@ -1,18 +1,23 @@
 // The q4k format of qmatmul: GGUF Q4_K super-blocks kept as the file stores them (144 bytes a 256 weights:
 // fp16 d and dmin, 12 bytes of 6-bit scales sc and minimums m per 32, 128 bytes of nibbles, the low nibbles of
-// bytes 32c..32c+31 being sub-block 2c and the high ones sub-block 2c+1), w = d sc q - dmin m. Repacking them
-// into q4 (fp16 scale and minimum per 32: 5 bits a weight, Q4_K's own 4.5) made every decode step read ~7 %
-// more bytes and rounded d * sc and dmin * m to fp16; here they are exact fp32 products.
+// bytes 32c..32c+31 being sub-block 2c and the high ones sub-block 2c+1), w = d sc q - dmin m.
 //
-// The arithmetic is q4's (qmatmul.cpp's dot_tile), centred: per sub-block b, with dw = d * sc_b and
-// z = 8 dw - dmin m_b (w = dw (q - 8) + z), acc (lane b) = fma(S_b, dw * d_x, acc), mins = fma(z, s_x, mins)
-// then fnmadd(dw, c_x, mins), result hsum(acc) + hsum(mins), S_b the exact integer sum of q x, s_x the exact
-// fp32 block sum of x and c_x = 8 d_x isum_x (quantize_rows). A super-block is one group of 8 blocks, so the
-// GEMM path (qgemm.h's q4 tile, fed by unpack_panel below) repeats the sequence bit for bit.
+// The arithmetic is llama.cpp's Q4_K x Q8_K: activations quantized per 256 (quantize_k: one fp32 scale d_x a
+// super-block, int8 codes, and bs_b = the integer sum of sub-block b's 32 codes), the 6-bit scales and
+// minimums applied as integers,
+//   I = sum_b sc_b (q_b . x_b),   J = sum_b m_b bs_b       (exact int32)
+// and fp32 only once a super-block: acc = fma(I, d d_x, acc), then acc = fnmadd(J, dmin d_x, acc), the result
+// the last acc. The old arithmetic (fp32 d * sc per 32 and an fp32 multiply-add per 32-block) held the GEMM to
+// about half of vpdpbusd's peak. The per-row path (tile) and the GEMM path (gemm_tile, over panels from
+// unpack_panel) build the same integers and then run this one fp32 chain per output element, so their bits
+// are the same for any batch, row order or thread count.
 #pragma once
 
 #include "common.h"
 #include "qgemm.h"
+
+#include <algorithm>
+#include <vector>
 
 namespace pagedeck {
 namespace q4k {
@@ -46,83 +51,222 @@ inline int code(const uint8_t* sb, int i) {
   return (b & 1) ? (v >> 4) : (v & 0x0F);
 }
 
+// Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
+// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's codes (|bs| <= 32 * 127).
+struct ActK {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bs;
+  int64_t nsb = 0;
+};
+
+inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
+  const int64_t nsb = K / kSuper;
+  a.nsb = nsb;
+  a.q.resize(M * K);
+  a.d.resize(M * nsb);
+  a.bs.resize(M * nsb * 8);
+  for (int64_t sbi = 0; sbi < M * nsb; ++sbi) {
+    const float* v = x + sbi * kSuper;
+    int8_t* q = a.q.data() + sbi * kSuper;
 #ifdef PD_AVX2
-// dw = d * sc and z = 8 dw - dmin m of the super-block's 8 sub-blocks, in lanes 0..7. The 6-bit fields are
-// regrouped in four 32-bit words (ggml's kmask trick: sc0..7 then m0..7) and enter a vector without a store
-// (16 byte stores read back as one vector stalled store forwarding on every super-block).
-inline void affine(const uint8_t* sb, __m256& dw, __m256& z) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < kSuper; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    const float amax = hmax(mx);
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int b = 0; b < 8; ++b) {
+      const float* u = v + 32 * b;
+      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u), inv));
+      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 8), inv));
+      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 16), inv));
+      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 24), inv));
+      __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+      p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
+      _mm256_storeu_si256((__m256i*)(q + 32 * b), p);
+      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+      a.bs[sbi * 8 + b] = (int16_t)_mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
+    }
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int b = 0; b < 8; ++b) {
+      int32_t s = 0;
+      for (int i = 32 * b; i < 32 * b + 32; ++i) s += q[i] = (int8_t)std::nearbyint(v[i] * inv);
+      a.bs[sbi * 8 + b] = (int16_t)s;
+    }
+#endif
+    a.d[sbi] = amax / 127.0f;
+  }
+}
+
+// The fp32 chain every output element runs, one step a super-block (both paths)
+inline float step(float acc, int32_t I, int32_t J, float d, float dmin, float dx) {
+  acc = std::fma((float)I, d * dx, acc);
+  return std::fma(-(float)J, dmin * dx, acc);
+}
+
+#ifdef PD_AVX2
+// the super-block's sc0..7 (bytes 0..7) and m0..7 (bytes 8..15), ggml's kmask regrouping without a store
+inline __m128i scales(const uint8_t* sb) {
   constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
   uint32_t u[3];
   std::memcpy(u, sb + 4, 12);
   const uint32_t m47 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
   const uint32_t m03 = u[1] & k1;
   const uint32_t s47 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-  const __m128i v = _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)(u[0] & k1));
-  const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-  const __m256 mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
-  dw = _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), sc);
-  const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(half_at(sb + 2)), mn);
-  z = _mm256_fmsub_ps(_mm256_set1_ps(8.0f), dw, dm);
+  return _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)(u[0] & k1));
 }
 
-inline __m256i dot_u8s8(__m256i u, __m256i s) {  // codes below 16: no int16 saturation
+// acc + the int16 pairs of p times the int16 scale s (vpdpwssd where there is AVX512-VNNI)
+inline __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpwssd_epi32(acc, p, s);
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
 #endif
 }
 
-// out[r] = weight row . activation rows m0..m0+MT (xq: int8 (M, K) in quantize_rows' pair layout, each pair
-// of blocks (j, j+1) as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]; dx, sx, cx: per block, stride nbp).
-// Bytes 0..15 of a 32-byte nibble chunk hold weights 0..15 of both its blocks (low nibbles block j, high
-// j+1): one 128-bit broadcast load shifted by 0 | 4 per half meets the pair's first 32 activation bytes, no
-// cross-lane shuffle, and each pair's dot product lands as q4's does (lanes 0-3 block j, 4-7 block j+1), so
-// 8 blocks reduce in 3 hadds as in dot_tile.
+// out[r] = weight row . activation rows m0..m0+MT. Per 32 nibble bytes c: the low nibbles (sub-block 2c) meet
+// x[64c : 64c+32], the high ones x[64c+32 : 64c+64]; maddubs gives int16 pairs (at most 2 * 15 * 127) and
+// one madd with the sub-block's scale broadcast as int16 adds sc_b times them into I's int32 lanes.
 template <int MT>
-inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const float* sx,
-                 const float* cx, int64_t K, int64_t nbp, int64_t m0, float* out) {
-  __m256 acc[MT], mins[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = mins[r] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), shift = _mm256_setr_epi64x(0, 0, 4, 4);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
+  float acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
-    _mm_prefetch((const char*)(sb + 2048), _MM_HINT_T0);
-    __m256i q[MT][4];
+    _mm_prefetch((const char*)(sb + kPrefetch), _MM_HINT_T0);
+    const __m128i v = scales(sb);
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+    __m256i isum[MT];
+    for (int r = 0; r < MT; ++r) isum[r] = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
-      const __m128i* p = (const __m128i*)(sb + 16 + 32 * c);
-      const __m256i a = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(p)), shift), m4);
-      const __m256i b = _mm256_and_si256(_mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128(p + 1)), shift), m4);
-      for (int r = 0; r < MT; ++r) {
-        const int8_t* x = xq + (m0 + r) * K + s * kSuper + 64 * c;
-        q[r][c] = _mm256_add_epi32(dot_u8s8(a, _mm256_loadu_si256((const __m256i*)x)),
-                                   dot_u8s8(b, _mm256_loadu_si256((const __m256i*)(x + 32))));
+      const __m256i raw = _mm256_loadu_si256((const __m256i*)(sb + 16 + 32 * c));
+      const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      const __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+      const __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
+      for (int r = 0; r < MT; ++r) {  // two independent madds a chunk: no 8-deep dpwssd latency chain
+        const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper + 64 * c;
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i*)x)), slo);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i*)(x + 32))), shi);
+        isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(p0, p1));
       }
     }
-    __m256 dw, z;
-    affine(sb, dw, z);
+    const float d = half_at(sb), dmin = half_at(sb + 2);
     for (int r = 0; r < MT; ++r) {
-      // [b0 b2 b4 b6 | b1 b3 b5 b7], then block order
-      const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[r][0], q[r][1]), _mm256_hadd_epi32(q[r][2], q[r][3]));
-      const __m256i sums = _mm256_permutevar8x32_epi32(h, order);
-      const int64_t at = (m0 + r) * nbp + s * 8;
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dw, _mm256_loadu_ps(dx + at)), acc[r]);
-      mins[r] = _mm256_fmadd_ps(z, _mm256_loadu_ps(sx + at), mins[r]);
-      mins[r] = _mm256_fnmadd_ps(dw, _mm256_loadu_ps(cx + at), mins[r]);
+      const int64_t at = (m0 + r) * nsb + s;
+      const __m128i bs = _mm_loadu_si128((const __m128i*)(a.bs.data() + at * 8));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(isum[r]), _mm256_extracti128_si256(isum[r], 1));
+      t = _mm_hadd_epi32(t, _mm_madd_epi16(bs, mn16));  // [I01, I23, J01, J23]
+      t = _mm_hadd_epi32(t, t);                          // [I, J, I, J]
+      acc[r] = step(acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1), d, dmin, a.d[at]);
     }
   }
-  for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(mins[r]);
+  for (int r = 0; r < MT; ++r) out[r] = acc[r];
+}
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// tile's integers with 512-bit registers: 64 nibble bytes (chunks 2k and 2k+1) a load, the low nibbles
+// (sub-blocks 4k, 4k+2) meeting x[128k : +32] | x[128k+64 : +32], the high ones (4k+1, 4k+3) the other halves;
+// the same exact I and J, so the same bits (the scale broadcasts are one vpermw per register)
+template <int MT>
+inline void tile512(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
+  float acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  auto idx = [](int u, int v) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)u)), _mm256_set1_epi16((short)v), 1);
+  };
+  const __m512i ix[4] = {idx(0, 2), idx(1, 3), idx(4, 6), idx(5, 7)};
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* sb = row + s * kBytes;
+    _mm_prefetch((const char*)(sb + kPrefetch), _MM_HINT_T0);
+    const __m128i v = scales(sb);
+    const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(v));
+    const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+    __m512i isum[MT];
+    for (int r = 0; r < MT; ++r) isum[r] = _mm512_setzero_si512();
+    for (int k = 0; k < 2; ++k) {
+      const __m512i raw = _mm512_loadu_si512((const void*)(sb + 16 + 64 * k));
+      const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      const __m512i slo = _mm512_permutexvar_epi16(ix[2 * k], sc16), shi = _mm512_permutexvar_epi16(ix[2 * k + 1], sc16);
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper + 128 * k;
+        const __m512i x0 = _mm512_loadu_si512((const void*)x), x1 = _mm512_loadu_si512((const void*)(x + 64));
+        const __m512i xl = _mm512_shuffle_i64x2(x0, x1, 0x44), xh = _mm512_shuffle_i64x2(x0, x1, 0xEE);
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(lo, xl), slo);
+        isum[r] = _mm512_dpwssd_epi32(isum[r], _mm512_maddubs_epi16(hi, xh), shi);
+      }
+    }
+    const float d = half_at(sb), dmin = half_at(sb + 2);
+    for (int r = 0; r < MT; ++r) {
+      const int64_t at = (m0 + r) * nsb + s;
+      const __m128i bs = _mm_loadu_si128((const __m128i*)(a.bs.data() + at * 8));
+      const __m256i i8 = _mm256_add_epi32(_mm512_castsi512_si256(isum[r]), _mm512_extracti64x4_epi64(isum[r], 1));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(i8), _mm256_extracti128_si256(i8, 1));
+      t = _mm_hadd_epi32(t, _mm_madd_epi16(bs, mn16));  // [I01, I23, J01, J23]
+      t = _mm_hadd_epi32(t, t);                          // [I, J, I, J]
+      acc[r] = step(acc[r], _mm_cvtsi128_si32(t), _mm_extract_epi32(t, 1), d, dmin, a.d[at]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r] = acc[r];
+}
+#define PD_Q4K_TILE tile512
+#else
+#define PD_Q4K_TILE tile
+#endif
+#else
+template <int MT>
+inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
+  for (int r = 0; r < MT; ++r) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* sb = row + s * kBytes;
+      uint8_t sm[16];
+      scale_mins(sb, sm);
+      const int64_t at = (m0 + r) * nsb + s;
+      int32_t I = 0, J = 0;
+      for (int b = 0; b < 8; ++b) {
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += code(sb, 32 * b + i) * a.q[(m0 + r) * K + s * kSuper + 32 * b + i];
+        I += sm[b] * dot;
+        J += sm[8 + b] * a.bs[at * 8 + b];
+      }
+      acc = step(acc, I, J, half_at(sb), half_at(sb + 2), a.d[at]);
+    }
+    out[r] = acc;
+  }
+}
+#define PD_Q4K_TILE tile
+#endif
+
+// out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
+inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t n, float* out) {
+  const int64_t nsb = K / kSuper;
+  const uint8_t* row = qs + n * nsb * kBytes;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) PD_Q4K_TILE<4>(row, nsb, a, K, m, out + m);
+  for (; m < M; ++m) PD_Q4K_TILE<1>(row, nsb, a, K, m, out + m);
 }
 
-// The GEMM path's panel (qgemm.h's q4 layout) of rows n0..n0+cols of a q4k matrix: codes 0..15 of block j
-// at [j][4-byte step][column], dw and z per block and column (the per-row path's fp32 values).
+#ifdef PD_AVX2
+// The GEMM path's panel of rows n0..n0+cols (qgemm.h's Panel, q4k's own meaning of its fields):
+// codes[(j * 8 + t) * kCols + col] = codes 4t..4t+3 (0..15) of sub-block j (qgemm.h's q4 layout),
+// slo[j * kCols + col] = sc_j, shi[(4 s + i) * kCols + col] = m_2i | m_2i+1 << 16 (int16 pairs of super-block s),
+// dw / zw[s * kCols + col] = d / dmin; columns past `cols` are zero.
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
   using gemm::kCols;
-  const int64_t row_bytes = nb / 8 * kBytes;
+  const int64_t nsb = nb / 8, row_bytes = nsb * kBytes;
   p.codes.resize(nb * 8 * kCols);
-  p.dw.assign(nb * kCols, 0.0f);
-  p.zw.assign(nb * kCols, 0.0f);
+  p.dw.assign(nsb * kCols, 0.0f);
+  p.zw.assign(nsb * kCols, 0.0f);
+  p.slo.assign(nb * kCols, 0);
+  p.shi.assign(nsb * 4 * kCols, 0);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int g = 0; g < kCols; g += 8) {
     for (int64_t j = 0; j < nb; ++j) {
@@ -141,55 +285,157 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
     }
   }
-  alignas(32) float dw[8], z[8];
   for (int c = 0; c < cols; ++c) {
     const uint8_t* row = qs + (n0 + c) * row_bytes;
-    for (int64_t s = 0; s < nb / 8; ++s) {
-      __m256 vd, vz;
-      affine(row + s * kBytes, vd, vz);
-      _mm256_store_ps(dw, vd);
-      _mm256_store_ps(z, vz);
-      for (int b = 0; b < 8; ++b) {
-        p.dw[(8 * s + b) * kCols + c] = dw[b];
-        p.zw[(8 * s + b) * kCols + c] = z[b];
-      }
-    }
-  }
-}
-#else
-template <int MT>
-inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const float* sx,
-                 const float* cx, int64_t K, int64_t nbp, int64_t m0, float* out) {
-  for (int r = 0; r < MT; ++r) {
-    float acc = 0.0f, mins = 0.0f;
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* sb = row + s * kBytes;
       uint8_t sm[16];
       scale_mins(sb, sm);
-      const float d = half_at(sb), dmin = half_at(sb + 2);
-      for (int b = 0; b < 8; ++b) {
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i) sum += code(sb, 32 * b + i) * xq[(m0 + r) * K + s * kSuper + 32 * b + i];
-        const int64_t at = (m0 + r) * nbp + s * 8 + b;
-        const float dw = d * (float)sm[b], z = std::fma(8.0f, dw, -(dmin * (float)sm[8 + b]));
-        acc += (float)sum * (dw * dx[at]);
-        mins += z * sx[at] - dw * cx[at];
+      p.dw[s * kCols + c] = half_at(sb);
+      p.zw[s * kCols + c] = half_at(sb + 2);
+      for (int b = 0; b < 8; ++b) p.slo[(8 * s + b) * kCols + c] = sm[b];
+      for (int i = 0; i < 4; ++i) p.shi[(4 * s + i) * kCols + c] = sm[8 + 2 * i] | (int32_t)sm[9 + 2 * i] << 16;
+    }
+  }
+}
+
+// out[r * ldo + col] for activation rows m0..m0+R and the panel's first `cols` columns, 8 columns a vector
+// (h = 0, 1): per sub-block 8 dot-product steps (qgemm.h's step), then I += sc * sums (vpmulld); per
+// super-block J from four int16-pair multiply-adds of m against bs, then step's fp32 chain, lane-wise.
+template <int R>
+inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
+  using gemm::kCols;
+  const int64_t nsb = a.nsb;
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < nsb; ++s) {
+    __m256i I[R][2], J[R][2];
+    for (int r = 0; r < R; ++r) I[r][0] = I[r][1] = J[r][0] = J[r][1] = _mm256_setzero_si256();
+    for (int b = 0; b < 8; ++b) {
+      const int64_t j = 8 * s + b;
+      const int32_t* wp = p.codes.data() + j * 8 * kCols;
+      __m256i sums[R][2];
+      for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+      for (int t = 0; t < 8; ++t) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols + 8));
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, a.q.data() + (m0 + r) * K + j * 32 + 4 * t, 4);
+          const __m256i x = _mm256_set1_epi32(word);
+          sums[r][0] = gemm::step<true>(sums[r][0], w0, w0, x);
+          sums[r][1] = gemm::step<true>(sums[r][1], w1, w1, x);
+        }
+      }
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sc = _mm256_loadu_si256((const __m256i*)(p.slo.data() + j * kCols + 8 * h));
+        for (int r = 0; r < R; ++r) I[r][h] = _mm256_add_epi32(I[r][h], _mm256_mullo_epi32(sums[r][h], sc));
       }
     }
-    out[r] = acc + mins;
+    for (int i = 0; i < 4; ++i)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i mw = _mm256_loadu_si256((const __m256i*)(p.shi.data() + (4 * s + i) * kCols + 8 * h));
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, a.bs.data() + ((m0 + r) * nsb + s) * 8 + 2 * i, 4);
+          J[r][h] = madd_acc(J[r][h], mw, _mm256_set1_epi32(word));
+        }
+      }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_loadu_ps(p.dw.data() + s * kCols + 8 * h), dm = _mm256_loadu_ps(p.zw.data() + s * kCols + 8 * h);
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(a.d[(m0 + r) * nsb + s]);
+        acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[r][h]), _mm256_mul_ps(d, dx), acc[r][h]);
+        acc[r][h] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(J[r][h]), _mm256_mul_ps(dm, dx), acc[r][h]);
+      }
+    }
   }
+  for (int r = 0; r < R; ++r) {
+    alignas(32) float res[kCols];
+    _mm256_store_ps(res, acc[r][0]);
+    _mm256_store_ps(res + 8, acc[r][1]);
+    std::memcpy(out + r * ldo, res, cols * sizeof(float));
+  }
+}
+
+#ifdef PD_GEMM512
+// The same tile with one zmm of all 16 columns (lane-wise the same operations, so the same bits)
+template <int R>
+inline void gemm_tile512(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo,
+                         int cols) {
+  using gemm::kCols;
+  const int64_t nsb = a.nsb;
+  __m512 acc[R];
+  const int8_t* xrow[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = _mm512_setzero_ps();
+    xrow[r] = a.q.data() + (m0 + r) * K;
+  }
+  for (int64_t s = 0; s < nsb; ++s) {
+    __m512i I[R], J[R];
+    for (int r = 0; r < R; ++r) I[r] = J[r] = _mm512_setzero_si512();
+    for (int b = 0; b < 8; ++b) {
+      const int64_t j = 8 * s + b;
+      const int32_t* wp = p.codes.data() + j * 8 * kCols;
+      __m512i sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+      for (int t = 0; t < 8; ++t) {
+        const __m512i w = _mm512_loadu_si512((const void*)(wp + t * kCols));
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, xrow[r] + j * 32 + 4 * t, 4);
+          sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(word));
+        }
+      }
+      const __m512i sc = _mm512_loadu_si512((const void*)(p.slo.data() + j * kCols));
+      for (int r = 0; r < R; ++r) I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(sums[r], sc));
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512i mw = _mm512_loadu_si512((const void*)(p.shi.data() + (4 * s + i) * kCols));
+      for (int r = 0; r < R; ++r) {
+        int32_t word;
+        std::memcpy(&word, a.bs.data() + ((m0 + r) * nsb + s) * 8 + 2 * i, 4);
+        J[r] = _mm512_dpwssd_epi32(J[r], mw, _mm512_set1_epi32(word));
+      }
+    }
+    const __m512 d = _mm512_loadu_ps(p.dw.data() + s * kCols), dm = _mm512_loadu_ps(p.zw.data() + s * kCols);
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(a.d[(m0 + r) * nsb + s]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(d, dx), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(J[r]), _mm512_mul_ps(dm, dx), acc[r]);
+    }
+  }
+  const __mmask16 keep = (__mmask16)((1u << cols) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, keep, acc[r]);
 }
 #endif
 
-// out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
-inline void weight_row(const uint8_t* qs, int64_t K, const int8_t* xq, const float* dx, const float* sx,
-                       const float* cx, int64_t nbp, int64_t M, int64_t n, float* out) {
-  const int64_t nsb = K / kSuper;
-  const uint8_t* row = qs + n * nsb * kBytes;
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, xq, dx, sx, cx, K, nbp, m, out + m);
-  for (; m < M; ++m) tile<1>(row, nsb, xq, dx, sx, cx, K, nbp, m, out + m);
+template <int R = 1>
+inline void rows_tail(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m, int64_t left, float* out,
+                      int64_t ldo, int cols) {
+  if (left == R) {
+#ifdef PD_GEMM512
+    return gemm_tile512<R>(p, a, K, m, out, ldo, cols);
+#else
+    return gemm_tile<R>(p, a, K, m, out, ldo, cols);
+#endif
+  }
+  if constexpr (R + 1 < gemm::kRows) rows_tail<R + 1>(p, a, K, m, left, out, ldo, cols);
 }
+
+// out (M rows, stride ldo) = activation rows . the panel's columns
+inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
+  int64_t m = 0;
+  for (; m + gemm::kRows <= M; m += gemm::kRows) {
+#ifdef PD_GEMM512
+    gemm_tile512<gemm::kRows>(p, a, K, m, out + m * ldo, ldo, cols);
+#else
+    gemm_tile<gemm::kRows>(p, a, K, m, out + m * ldo, ldo, cols);
+#endif
+  }
+  if (M > m) rows_tail(p, a, K, m, M - m, out + m * ldo, ldo, cols);
+}
+#endif
 
 }  // namespace q4k
 }  // namespace pagedeck

@@ -9,7 +9,8 @@
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
 // With AVX-512 VNNI, q4 and q8 take tile512 (one zmm of all 16 columns a step) and q4 panels unpack with
 // 512-bit permutes (unpack_q4_block, unpack_scales16); q6 keeps the 256-bit tile. Another format feeds the
-// same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as unpack_panel documents.
+// same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as unpack_panel documents; q4k fills a Panel
+// with its own meaning of the fields and runs its own tile (q4k.h: integer sub-block scales).
 //
 // Results are bit-identical to dot_tile's: the block sums are exact integers either way, and the float part
 // repeats dot_tile's per-element sequence exactly: per block j, lane j % 8 of the element's accumulator

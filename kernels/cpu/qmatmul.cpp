@@ -39,6 +39,7 @@ struct QuantAct {
   std::vector<int32_t> isum;
   std::vector<int16_t> xs16;
   int64_t nbp = 0;
+  q4k::ActK k;  // q4k's activations (per 256, q4k.h's quantize_k) instead of the per-32 ones
 };
 
 QuantAct& scratch() {
@@ -338,7 +339,7 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
     return;
   }
   if (F == kQ4K) {
-    q4k::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.nbp, M, n, out);
+    q4k::weight_row(w.qs, w.K, a.k, M, n, out);
     return;
   }
   constexpr bool Q4 = F == kQ4;
@@ -377,7 +378,7 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 }
 
 #ifdef PD_AVX2
-// q4k's panels come from q4k.h's unpacker and then take the q4 tile (the same arithmetic)
+// q4k's panels come from q4k.h's unpacker and take q4k.h's own tile (integer sub-block scales)
 template <int F>
 void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
   if (F == kQ4K) {
@@ -390,26 +391,33 @@ void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
 // computes the gate and the up panel of the same columns, then silu(gate) * up.
 template <int F>
-void gemm_compute(const Weights& w, const gemm::Act& a, int64_t M, int64_t Nout, Act act, int64_t p0, int64_t p1,
-                  float* y) {
+void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int64_t M, int64_t Nout, Act act,
+                  int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr int G = F == kQ4K ? (int)gemm::kQ4 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up;
+  auto rows = [&](float* o, int64_t ldo, int cols) {
+    if constexpr (F == kQ4K) {
+      q4k::panel_rows(panel, ak, w.K, M, o, ldo, cols);
+    } else {
+      gemm::panel_rows<G>(panel, a, M, o, ldo, cols);
+    }
+  };
   for (int64_t pi = p0; pi < p1; ++pi) {
     const int64_t n0 = pi * kCols;
     const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
     if (act == kNone) {
       unpack<F>(w, n0, cols, panel);
-      gemm::panel_rows<G>(panel, a, M, y + n0, Nout, cols);
+      rows(y + n0, Nout, cols);
       continue;
     }
     gate.resize(M * kCols);
     up.resize(M * kCols);
     unpack<F>(w, n0, cols, panel);
-    gemm::panel_rows<G>(panel, a, M, gate.data(), kCols, cols);
+    rows(gate.data(), kCols, cols);
     unpack<F>(w, n0 + Nout, cols, panel);
-    gemm::panel_rows<G>(panel, a, M, up.data(), kCols, cols);
+    rows(up.data(), kCols, cols);
     for (int64_t m = 0; m < M; ++m) {
       silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
       std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
@@ -470,7 +478,11 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #else
   const bool big = false;
 #endif
-  quantize_rows(x.data_ptr<float>(), M, K, a, (q4 || q4k) && !big, q6);  // q4k.h reads pairs too
+  if (q4k) {
+    q4k::quantize_k(x.data_ptr<float>(), M, K, a.k);
+  } else {
+    quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
+  }
   Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k ? nullptr : (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();
@@ -488,13 +500,13 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
       for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
         const int64_t p1 = std::min(panels, p0 + chunk);
         if (q4) {
-          gemm_compute<kQ4>(w, ga, M, Nout, ac, p0, p1, out);
+          gemm_compute<kQ4>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q6) {
-          gemm_compute<kQ6>(w, ga, M, Nout, ac, p0, p1, out);
+          gemm_compute<kQ6>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q4k) {
-          gemm_compute<kQ4K>(w, ga, M, Nout, ac, p0, p1, out);
+          gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else {
-          gemm_compute<kQ8>(w, ga, M, Nout, ac, p0, p1, out);
+          gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         }
       }
     });

@@ -17,11 +17,11 @@ _local = threading.local()
 
 
 def get(weights: int) -> torch.Tensor:
-    """A flat fp32 buffer of min(weights, MAX_WEIGHTS) values or more, this thread's, reused across calls."""
-    want = min(weights, MAX_WEIGHTS)
+    """A flat fp32 buffer of `weights` values or more (callers ask for at most MAX_WEIGHTS, or one slab of 64
+    rows of a very wide matrix), this thread's, reused across calls."""
     buf = getattr(_local, "buf", None)
-    if buf is None or buf.numel() < want:
-        buf = _local.buf = torch.empty(want, dtype=torch.float32)
+    if buf is None or buf.numel() < weights:
+        buf = _local.buf = torch.empty(weights, dtype=torch.float32)
     return buf
 
 

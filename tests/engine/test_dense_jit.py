@@ -26,7 +26,7 @@ def test_each_exact_format_decodes_the_files_weights_bit_for_bit(qtype, monkeypa
     assert torch.equal(out, exact)
     x = torch.randn(37, cols)
     assert torch.equal(linear(x, w, rows=RowSplit(torch.arange(37), 37)), torch.nn.functional.linear(x, exact))
-    monkeypatch.setattr(scratch, "MAX_WEIGHTS", 64 * cols)  # a matrix wider than the scratch: slabs of 64 rows
+    monkeypatch.setattr(scratch, "MAX_WEIGHTS", 64 * cols)  # a matrix taller than the scratch holds: 64-row slabs
     monkeypatch.setattr(scratch._local, "buf", None, raising=False)
     one = x[:1]
     torch.testing.assert_close(linear(one, w, rows=RowSplit(torch.arange(1), 1)),

@@ -7,8 +7,9 @@ at load), their layouts and the kernel that multiplies them are kernels.packed's
 use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q6 and q8
 to dense rows.
 
-In a model that keeps a dense fp32 copy (`dense`; engine.model.repack.keeps_dense_copy: small models, like
-the default one) prompt rows take it (RowSplit), every one of them, whatever the chunk size: a prompt
+In a model with dense prompt rows (engine.model.repack.keeps_dense_copy: small models, like the default
+one) prompt rows take the exact fp32 weights (RowSplit): decoded just in time into a reused scratch buffer
+(`jit_dense`, dense_product), or a kept fp32 copy (`dense`) where the packed format isn't exact, every one of them, whatever the chunk size: a prompt
 token's K/V and logits are then the dense model's, so they never depend on how the prompt was chunked
 (engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the prefix
 cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the default

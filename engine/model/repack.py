@@ -24,13 +24,16 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   all q8 (qlinear.cat_packed); Q4_K parts beside Q4_0/Q4_1 ones are all q4.
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
-Dense copy: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 keeps that copy for
-prompt rows (the default 135M model: ~0.5 GB, so its prompts run at full sgemm speed and give the dense
-model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory stays
-near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
-on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
-The copy is a speed-for-memory trade (the default model: ~5.5x its file with it, ~1.2x without); the
-environment variable PAGEDECK_DENSE_COPY=0 turns it off for every model (the estimate follows it too).
+Dense prompt rows: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 gives prompt
+rows the file's exact fp32 weights (the default 135M model: its prompts run at sgemm speed and give the
+dense model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory
+stays near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never on free memory,
+so the same model always loads (and answers) the same way, and the estimate knows it. Where a matrix's
+kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K, Q4_K)
+no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
+bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
+fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
+dense prompt rows off for every model (the estimate follows both).
 """
 from __future__ import annotations
 

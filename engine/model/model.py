@@ -64,7 +64,7 @@ class Model:
                             or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
                             or c.rotary_dims != c.head_dim or any(layer.window for layer in self.layers))
         packed_weights = [t for layer in self.layers for t in layer.weights() if isinstance(t, PackedLinear)]
-        self.prompt_dense = bool(packed_weights) and all(t.dense is not None for t in packed_weights)
+        self.prompt_dense = bool(packed_weights) and all(t.prompt_dense for t in packed_weights)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.decode_stack = _decode_stack(self.layers)
@@ -279,7 +279,7 @@ class Model:
         vocabulary for one prompt's last token). On CPU, 8-15 rows of a dense head are padded to 16: MKL's
         sgemm for this wide, flat shape is ~1.5x slower at those row counts than at 16 (kernels/PERF.md)."""
         if isinstance(self.lm_head, PackedLinear):
-            logits = linear(x, self.lm_head, rows=rows if self.lm_head.dense is not None else None)
+            logits = linear(x, self.lm_head, rows=rows if self.lm_head.prompt_dense else None)
             return F.pad(logits, (0, self.padded_vocab - logits.shape[1]))
         n = x.shape[0]
         if x.device.type == "cpu" and 8 <= n < 16:

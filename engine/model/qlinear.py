@@ -7,8 +7,9 @@ at load), their layouts and the kernel that multiplies them are kernels.packed's
 use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q6 and q8
 to dense rows.
 
-In a model that keeps a dense fp32 copy (`dense`; engine.model.repack.keeps_dense_copy: small models, like
-the default one) prompt rows take it (RowSplit), every one of them, whatever the chunk size: a prompt
+In a model with dense prompt rows (engine.model.repack.keeps_dense_copy: small models, like the default
+one) prompt rows take the exact fp32 weights (RowSplit): decoded just in time into a reused scratch buffer
+(`jit_dense`, dense_product), or a kept fp32 copy (`dense`) where the packed format isn't exact, every one of them, whatever the chunk size: a prompt
 token's K/V and logits are then the dense model's, so they never depend on how the prompt was chunked
 (engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the prefix
 cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the default
@@ -30,6 +31,7 @@ from kernels.packed import (GROUP, NO_SCALES, Q4K_BYTES, Q6_BYTES, Q6_SUPER, che
                              int4_weight, pack_nibbles, pad_scales, padded_scales, q4_dequantize, q4_supported,
                              q8_dequantize, q8_pack, q8_quantize, qmatmul)
 
+from . import scratch
 from .ggml_blocks import dequantize
 
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
@@ -57,6 +59,16 @@ class PackedLinear:
     def __init__(self, shape: tuple[int, int], dense: torch.Tensor | None):
         self.shape = shape
         self.dense = dense  # fp32 copy for prompt rows (see the module docstring)
+        self.jit_dense = False  # prompt rows take the exact weights decoded just in time (no copy kept)
+
+    @property
+    def prompt_dense(self) -> bool:
+        """Whether prompt rows take the exact dense weights: the kept copy, or decoded just in time."""
+        return self.dense is not None or self.jit_dense
+
+    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Rows [start, stop) as fp32 written into `out` (a scratch view): the same bits as dense_rows."""
+        out.copy_(self.dense_rows(start, stop))
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) as fp32."""
@@ -142,13 +154,20 @@ class Q4Linear(PackedLinear):
     def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+        jit = all(p.jit_dense for p in parts)
         out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
                               pad_scales(_stack(parts, "minimum", consume)))
-        out.dense = dense
+        out.dense, out.jit_dense = dense, jit
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         return q4_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+
+    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        ops = cpu_ext.ops()
+        if ops is None:
+            return super().dense_into(start, stop, out)
+        ops.q4_dequantize_into(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         return q4_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
@@ -229,11 +248,20 @@ class Q8Linear(PackedLinear):
     def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        return cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
-                               dense is not None)
+        jit = all(p.jit_dense for p in parts)
+        out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
+                              dense is not None)
+        out.jit_dense = jit
+        return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         return q8_dequantize(self.qs[start:stop], self.scale[start:stop])
+
+    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        ops = cpu_ext.ops()
+        if ops is None:
+            return super().dense_into(start, stop, out)
+        ops.q8_dequantize_into(self.qs[start:stop], self.scale[start:stop], out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         return q8_dequantize(self.qs[ids], self.scale[ids])
@@ -263,7 +291,10 @@ class SuperBlockLinear(PackedLinear):
     def cat(cls, parts: list["SuperBlockLinear"], consume: bool = False) -> "SuperBlockLinear":
         """Stack along the output dim: the super-blocks as they are (see _stack)."""
         dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        return cls(_stack(parts, "qs", consume), dense)
+        jit = all(p.jit_dense for p in parts)
+        out = cls(_stack(parts, "qs", consume), dense)
+        out.jit_dense = jit
+        return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         return dequantize(self.qs[start:stop], self.QTYPE, (stop - start, self.shape[1]))
@@ -327,6 +358,10 @@ def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear
     beside a Q6_K v) all become q8, each part re-quantized from its exact weights. `consume`: the parts
     are given up and emptied while they are copied (loading; see _stack)."""
     kinds = {type(p) for p in parts}
+    if any(p.prompt_dense for p in parts) and (len(kinds) > 1 or len({p.jit_dense for p in parts}) > 1):
+        for p in parts:  # a converted part no longer decodes to its exact weights: the group keeps its copy
+            if p.jit_dense:
+                p.dense, p.jit_dense = p.dequantize(), False
     if len(kinds) == 1:
         return kinds.pop().cat(parts, consume)
     if kinds == {Q4Linear, Q4KLinear} and cpu_ext.ops() is not None:  # Q4_K beside Q4_0/Q4_1: all q4, as before q4k
@@ -371,10 +406,29 @@ def _act(y: torch.Tensor, act: str | None) -> torch.Tensor:
 
 
 def dense_product(x: torch.Tensor, w: PackedLinear, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W.T with W's dense weights: the kept copy, else TILE_ROWS-row tiles decoded on the fly."""
+    """x @ W.T with W's exact dense weights: the kept copy, else decoded just in time into a reused scratch
+    buffer (`scratch`): the whole matrix where it fits, so F.linear sees the same operands as with a copy and
+    gives the same bits; a wider matrix (the default model's 49152-row tied head) in slabs of rows aligned so
+    that MKL's sgemm gives the whole matrix's bits too (slabs of 7281 rows did not at 1-7 rows; multiples of
+    1024 did at 1-96 rows, measured; the tests compare the logits bit for bit)."""
     if w.dense is not None:
         return F.linear(x, w.dense.to(x.dtype), bias)
-    N = w.shape[0]
+    N, K = w.shape
+    if w.jit_dense:
+        step = scratch.MAX_WEIGHTS // K  # slabs start on multiples of 1024 rows (64 for very wide K): MKL's
+        step = step // 1024 * 1024 if step >= 1024 else max(64, step // 64 * 64)  # sgemm then gives the whole
+        buf = scratch.get(min(step, N) * K)  # matrix's bits
+        if step >= N:
+            weights = buf[: N * K].view(N, K)
+            w.dense_into(0, N, weights)
+            return F.linear(x, weights.to(x.dtype), bias)
+        y = x.new_empty(x.shape[0], N)
+        for r0 in range(0, N, step):
+            r1 = min(r0 + step, N)
+            weights = buf[: (r1 - r0) * K].view(r1 - r0, K)
+            w.dense_into(r0, r1, weights)
+            y[:, r0:r1] = F.linear(x, weights.to(x.dtype), None if bias is None else bias[r0:r1])
+        return y
     y = x.new_empty(x.shape[0], N)
     for r0 in range(0, N, TILE_ROWS):
         r1 = min(r0 + TILE_ROWS, N)

@@ -24,13 +24,16 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   all q8 (qlinear.cat_packed); Q4_K parts beside Q4_0/Q4_1 ones are all q4.
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
-Dense copy: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 keeps that copy for
-prompt rows (the default 135M model: ~0.5 GB, so its prompts run at full sgemm speed and give the dense
-model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory stays
-near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never
-on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
-The copy is a speed-for-memory trade (the default model: ~5.5x its file with it, ~1.2x without); the
-environment variable PAGEDECK_DENSE_COPY=0 turns it off for every model (the estimate follows it too).
+Dense prompt rows: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 gives prompt
+rows the file's exact fp32 weights (the default 135M model: its prompts run at sgemm speed and give the
+dense model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory
+stays near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never on free memory,
+so the same model always loads (and answers) the same way, and the estimate knows it. Where a matrix's
+kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K, Q4_K)
+no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
+bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
+fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
+dense prompt rows off for every model (the estimate follows both).
 """
 from __future__ import annotations
 
@@ -136,13 +139,46 @@ def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
 
 
 def dense_copy_enabled() -> bool:
-    """False when PAGEDECK_DENSE_COPY is 0/off/no/false: no model keeps the dense copy for prompt rows."""
+    """False when PAGEDECK_DENSE_COPY is 0/off/no/false: no model gives prompt rows dense weights."""
     return os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower() not in ("0", "off", "no", "false")
 
 
+def dense_copy_forced() -> bool:
+    """True when PAGEDECK_DENSE_COPY is 1/keep/on/yes/true: a small model keeps its fp32 copy (the old way,
+    for comparing) instead of decoding each matrix just in time."""
+    return os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower() in ("1", "keep", "on", "yes", "true")
+
+
 def keeps_dense_copy(packed_params: int) -> bool:
-    """The dense-copy rule (module docstring) for a model with this many packed weights."""
+    """The dense prompt-row rule (module docstring) for a model with this many packed weights: whether its
+    prompt rows take the exact dense weights (kept, or decoded just in time; see keeps_copy)."""
     return dense_copy_enabled() and packed_params * 4 <= DENSE_COPY_MAX_BYTES
+
+
+EXACT_KERNELS = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q6_K": "q6", "Q4_K": "q4k"}
+
+
+def decodes_exactly(dtype: str, kernel: str) -> bool:
+    """Whether a stored type held in this kernel format decodes to the file's exact weights (dense_rows):
+    Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types (q8 of Q5_K,
+    F16...) and Q4_K as q4 (fp16-rounded scales) do not: those keep an fp32 copy for prompt rows."""
+    return EXACT_KERNELS.get(dtype) == kernel
+
+
+def copied(tensors: dict[str, str], kernels: dict[str, str]) -> set[str]:
+    """Which packed tensors ({name: ggml type}, their final kernels) keep an fp32 copy where prompt rows are
+    dense: every one under PAGEDECK_DENSE_COPY=1, else those that don't decode exactly and the other parts of
+    their fused group (qlinear.cat_packed stacks one copy for the whole group)."""
+    if dense_copy_forced():
+        return set(tensors)
+    out = {n for n, d in tensors.items() if not decodes_exactly(d, kernels[n])}
+    for n in list(tensors):
+        for group in _FUSED:
+            if n.endswith(group[0]):
+                names = [n[: -len(group[0])] + part for part in group]
+                if any(m in out for m in names):
+                    out.update(m for m in names if m in tensors)
+    return out
 
 
 def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str = "packed",
@@ -155,7 +191,18 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     if k % GROUP:
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
     rows, step = raw.reshape(n, -1), tile_rows(k)  # dense types (F16, F32, BF16) become q8 tile by tile too
-    exact = dequantize(rows, qtype, (n, k)) if keep_dense else None  # prompt rows: the file's exact weights
+    # prompt rows: the file's exact weights, decoded just in time where the kernel format holds them exactly
+    jit = keep_dense and not dense_copy_forced() and decodes_exactly(qtype.name, kernel_format(qtype.name, fmt))
+    keep_dense = keep_dense and not jit
+    exact = dequantize(rows, qtype, (n, k)) if keep_dense else None
+    out = _from_blocks(rows, qtype, (n, k), fmt, keep_dense, exact, step, done)
+    out.jit_dense = jit
+    return out
+
+
+def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str, keep_dense: bool,
+                 exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
+    n, k = shape
     if kernel_format(qtype.name, fmt) in ("q6", "q4k"):  # the file's super-blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):

@@ -1,0 +1,75 @@
+// Packed rows back to their exact fp32 weights, into a caller's buffer (engine.model.qlinear.dense_product):
+// a small model's prompt rows multiply the dense weights without a kept fp32 copy of the model, one matrix
+// (or slab of rows) decoded just in time into a reused scratch buffer. Bits equal kernels.packed's
+// q4_dequantize / q8_dequantize and gguf's own decode of Q4_0 / Q4_1 / Q8_0 blocks: code * scale is exact
+// in fp32 (4- or 8-bit code times an fp16 scale), so the one rounding left is q4's "+ minimum", as there.
+#include "common.h"
+
+#include <torch/library.h>
+
+namespace pagedeck {
+namespace {
+
+void check_rows(const at::Tensor& t, at::ScalarType type, int64_t n, int64_t cols, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type && t.dim() == 2 && t.size(0) == n && t.size(1) == cols &&
+                  t.stride(1) == 1,
+              name, " must be (", n, ", ", cols, ") rows with unit column stride");
+}
+
+}  // namespace
+
+// q4 rows: qs (n, k / 2) nibbles in GGUF order, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
+void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
+  const int64_t n = qs.size(0), k = qs.size(1) * 2, groups = k / kBlock;
+  check_rows(qs, at::kByte, n, k / 2, "qs");
+  check_rows(scale, at::kHalf, n, groups, "scale");
+  check_rows(minimum, at::kHalf, n, groups, "minimum");
+  check_rows(out, at::kFloat, n, k, "out");
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
+  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+  float* o = out.data_ptr<float>();
+  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0), ostride = out.stride(0);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float d = half_to_float(sp[r * sstride + g]), m = half_to_float(mp[r * mstride + g]);
+        const uint8_t* b = q + r * qstride + g * 16;
+        float* w = o + r * ostride + g * kBlock;
+        for (int t = 0; t < 16; ++t) {
+          w[t] = (float)(b[t] & 0x0F) * d + m;
+          w[t + 16] = (float)(b[t] >> 4) * d + m;
+        }
+      }
+    }
+  });
+}
+
+// q8 rows: qs (n, k) uint8 code + 128, scale (n, k / 32) fp16 -> out (n, k) fp32
+void q8_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, at::Tensor out) {
+  const int64_t n = qs.size(0), k = qs.size(1), groups = k / kBlock;
+  check_rows(qs, at::kByte, n, k, "qs");
+  check_rows(scale, at::kHalf, n, groups, "scale");
+  check_rows(out, at::kFloat, n, k, "out");
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
+  float* o = out.data_ptr<float>();
+  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), ostride = out.stride(0);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const float d = half_to_float(sp[r * sstride + g]);
+        const uint8_t* b = q + r * qstride + g * kBlock;
+        float* w = o + r * ostride + g * kBlock;
+        for (int t = 0; t < kBlock; ++t) w[t] = (float)(int8_t)(b[t] ^ 0x80) * d;
+      }
+    }
+  });
+}
+
+TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("q4_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q4_dequantize_into);
+  lib.def("q8_dequantize_into(Tensor qs, Tensor scale, Tensor(a!) out) -> ()", &q8_dequantize_into);
+}
+
+}  // namespace pagedeck

@@ -24,7 +24,7 @@ import torch
 
 FORMATS = {"q8": 8, "q6": 6, "q4": 4}
 DEFAULT_GROUP = 32
-LAZY_MIN_BYTES = 1 << 20
+LAZY_MIN_BYTES = 64 << 10  # smaller pools (tiny test models) are plain zeros
 
 
 def lazy_zeros(*shape: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:

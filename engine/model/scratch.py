@@ -21,7 +21,8 @@ def get(weights: int) -> torch.Tensor:
     rows of a very wide matrix), this thread's, reused across calls."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.numel() < weights:
-        buf = _local.buf = torch.empty(weights, dtype=torch.float32)
+        with torch.inference_mode(False):  # a normal tensor: writable in and out of inference mode alike
+            buf = _local.buf = torch.empty(weights, dtype=torch.float32)
     return buf
 
 

@@ -110,6 +110,12 @@ inline float step(float acc, int32_t I, int32_t J, float d, float dmin, float dx
 }
 
 #ifdef PD_AVX2
+// kPrefetch bytes ahead, every line of a super-block's 144 bytes: one line a super-block left 56 % of the lines
+// to the hardware prefetchers (the kernel read ~14 GB/s from DRAM on two cores where q8 reads ~30)
+inline void prefetch_super(const uint8_t* sb) {
+  for (int b = 0; b < kBytes; b += 64) _mm_prefetch((const char*)(sb + kPrefetch + b), _MM_HINT_T0);
+}
+
 // the super-block's sc0..7 (bytes 0..7) and m0..7 (bytes 8..15), ggml's kmask regrouping without a store
 inline __m128i scales(const uint8_t* sb) {
   constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
@@ -140,7 +146,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
-    _mm_prefetch((const char*)(sb + kPrefetch), _MM_HINT_T0);
+    prefetch_super(sb);
     const __m128i v = scales(sb);
     const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
@@ -185,7 +191,7 @@ inline void tile512(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, i
   const __m512i ix[4] = {idx(0, 2), idx(1, 3), idx(4, 6), idx(5, 7)};
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
-    _mm_prefetch((const char*)(sb + kPrefetch), _MM_HINT_T0);
+    prefetch_super(sb);
     const __m128i v = scales(sb);
     const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(v));
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));

@@ -141,6 +141,10 @@ def int4_matmul(x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor]) -> t
 
 
 def stack_entry(blocks: tuple) -> list[torch.Tensor]:
-    """One matrix of kernels.decode_layers' weight list: (qs, d, m), an empty tensor standing for q8's and q6's m."""
-    qs, d, m = blocks
-    return [qs, d, m if m is not None else d.new_empty(0)]
+    """One matrix of kernels.decode_layers' weight list: (qs, d, m) of each part (one part but for a matrix
+    kept in several formats), an empty tensor standing for q8's and q6's m."""
+    out = []
+    for i in range(0, len(blocks), 3):
+        qs, d, m = blocks[i:i + 3]
+        out += [qs, d, m if m is not None else d.new_empty(0)]
+    return out

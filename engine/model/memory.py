@@ -150,8 +150,9 @@ def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
 
     c = info.config
     packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
-    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt)
     dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
+    own = repack.mixed_parts_kept(dense_copy)
+    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt, own)
     copies = repack.copied({n: t.dtype for n, t in packed.items()}, kernels_of) if dense_copy else set()
     names = {t.name for t in info.tensors}
     tied = c.tie_word_embeddings or not names & {"output.weight", "lm_head.weight"}
@@ -170,8 +171,8 @@ def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
             copy = t.name in copies or (dense_copy and t.name not in packed  # a dense head packed as q8
                                         and (repack.dense_copy_forced() or not repack.decodes_exactly(t.dtype, kernel)))
             total += repack.packed_storage_bytes(kernel, t.shape) + (4 * t.numel if copy else 0)
-            if repack.fused_into(t.name, packed) and not c.fused_projections:  # one scale pad per fused matrix
-                total -= repack.scale_buffers(kernel) * 2 * SCALE_PAD
+            if repack.fused_into(t.name, packed, kernels_of if own else None) and not c.fused_projections:
+                total -= repack.scale_buffers(kernel) * 2 * SCALE_PAD  # one scale pad per fused matrix
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
             total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt
         else:

@@ -21,7 +21,7 @@ from .batch import Batch
 from .config import ModelConfig
 from .embedding import GGMLRows
 from .loader import Layer, ModelWeights
-from .qlinear import PackedLinear, RowSplit, linear
+from .qlinear import PackedLinear, PartsLinear, RowSplit, linear
 from .rotary import Rotary
 
 if TYPE_CHECKING:
@@ -198,10 +198,10 @@ class Model:
         stack = self.decode_stack if plan.fused and plan.attention is None and lora is None else None
         if stack is not None and (rows is None or rows.prompt_rows is None):  # of_batch: no prompt rows -> None
             # every row packed, every chunk short: all layers in one call, the same kernels as _layers
-            x, residual = kernels.decode_layers(x, stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
+            x, residual = kernels.decode_layers(x, *stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
                                                 batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)
         else:
-            x, residual = self._layers(x, batch, cache, plan, rotary, rows, lora)
+            x, residual = self._layers(x, batch, cache, plan, rotary, rows, lora, packed)
         x = (x + residual).index_select(0, batch.logit_rows)
         x, _ = kernels.rms_norm(x, self.norm, eps, fast=packed)
         head_rows = RowSplit.of_rows(rows.prompt_rows, T, batch.logit_rows) if rows is not None else None
@@ -211,11 +211,13 @@ class Model:
         return logits
 
     def _layers(self, x: torch.Tensor, batch: Batch, cache, plan, rotary: Rotary, rows: RowSplit | None,
-                lora: "LoRAApply | None"):
-        """The decoder layers op by op (returns the last output and the residual stream)."""
+                lora: "LoRAApply | None", packed: bool):
+        """The decoder layers op by op (returns the last output and the residual stream). Packed weights take
+        the fast norm, as kernels.decode_layers does: a row gives the same bits whichever path its step takes
+        (a model without dense prompt rows took the reference norm here, so a row's logits changed with
+        another job's long prompt chunk in the same step)."""
         c = self.config
         eps = c.rms_norm_eps
-        packed = rows is not None
         swiglu = c.hidden_act == "silu" and lora is None  # the packed kernel's fused epilogue
         residual = None
         for i, layer in enumerate(self.layers):
@@ -287,16 +289,17 @@ class Model:
         return F.linear(x, self.lm_head)
 
 
-def _decode_stack(layers: list[Layer]) -> list[torch.Tensor] | None:
-    """kernels.decode_layers' weight list, or None where a layer has what it doesn't do (a dense or biased
-    projection, q/k norms)."""
-    stack = []
+def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int]] | None:
+    """kernels.decode_layers' weight list and part counts, or None where a layer has what it doesn't do (a
+    dense or biased projection, q/k norms, a gate|up in several formats)."""
+    stack, parts = [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        if layer.qkv_bias is not None or layer.q_norm is not None or not all(
+        if layer.qkv_bias is not None or layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear) or not all(
                 isinstance(w, PackedLinear) for w in weights):
             return None
         stack += [layer.input_norm, layer.post_norm]
         for w in weights:
             stack += kernels.packed.stack_entry(w.blocks)
-    return stack
+            parts.append(len(w.parts) if isinstance(w, PartsLinear) else 1)
+    return stack, parts

@@ -336,6 +336,37 @@ class Q4KLinear(SuperBlockLinear):
         return out
 
 
+class PartsLinear(PackedLinear):
+    """Row-stacked parts each kept in its own format (a Q4_K_M file's Q4_K q and k beside its Q6_K v, fused as
+    q|k|v): each part multiplies with its own kernel and the outputs are joined. The group reads the file's
+    own bytes; as one q8 matrix (the rule where prompt rows keep dense weights, cat_packed) it read ~1.8x as
+    many each token and was re-quantized at load. `blocks` is every part's (qs, d, m) in order."""
+
+    format = "parts"
+
+    def __init__(self, parts: list[PackedLinear]):
+        if len({p.shape[1] for p in parts}) != 1 or any(p.prompt_dense for p in parts):
+            raise ValueError("PartsLinear parts must share K and keep no dense prompt rows")
+        self.parts = list(parts)
+        super().__init__((sum(p.shape[0] for p in parts), parts[0].shape[1]), None)
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        out, row = [], 0
+        for p in self.parts:
+            lo, hi = max(start, row), min(stop, row + p.shape[0])
+            if lo < hi:
+                out.append(p.dense_rows(lo - row, hi - row))
+            row += p.shape[0]
+        return torch.cat(out)
+
+    @property
+    def blocks(self) -> tuple:
+        return tuple(t for p in self.parts for t in p.blocks)
+
+    def __call__(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
+        return _act(torch.cat([p(x) for p in self.parts], dim=-1), act)
+
+
 def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
     """torch.cat of the parts' `attr` tensors along rows. With `consume` (the loader, which gives the parts up)
     each part's tensor is dropped as soon as it is copied; the result's pages are touched only as they fill,
@@ -355,9 +386,13 @@ def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
 
 def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear:
     """Stack packed weights along the output dim: one format as is; mixed formats (a Q4_K_M file's Q4_K q/k
-    beside a Q6_K v) all become q8, each part re-quantized from its exact weights. `consume`: the parts
-    are given up and emptied while they are copied (loading; see _stack)."""
+    beside a Q6_K v) stay each in its own (PartsLinear) where the kernels run and no part keeps dense prompt
+    rows, else all become q4 (Q4_K beside Q4_0/Q4_1) or q8, each part re-quantized from its exact weights
+    (engine.model.repack.kernel_formats, the estimate's rule). `consume`: the parts are given up and emptied
+    while they are copied (loading; see _stack)."""
     kinds = {type(p) for p in parts}
+    if len(kinds) > 1 and cpu_ext.ops() is not None and not any(p.prompt_dense for p in parts):
+        return PartsLinear(parts)
     if any(p.prompt_dense for p in parts) and (len(kinds) > 1 or len({p.jit_dense for p in parts}) > 1):
         for p in parts:  # a converted part no longer decodes to its exact weights: the group keeps its copy
             if p.jit_dense:

@@ -20,8 +20,9 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   Embedding tables (engine.model.embedding): an untied token embedding is kept as the file's own blocks
   (GGMLRows, no kernel format: a lookup decodes a few rows); a tied one is the packed output head, whose
   rows serve the lookups too, so the table is held once.
-  Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) are
-  all q8 (qlinear.cat_packed); Q4_K parts beside Q4_0/Q4_1 ones are all q4.
+  Fused matrices (q|k|v, gate|up) whose parts would differ (a Q4_K_M file's Q4_K q/k beside a Q6_K v) keep
+  each part's format (qlinear.PartsLinear); where prompt rows take dense weights (below) they are all q8
+  instead, Q4_K parts beside Q4_0/Q4_1 ones all q4 (qlinear.cat_packed).
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
 Dense prompt rows: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 gives prompt
@@ -73,13 +74,16 @@ def keeps_packed(name: str, dtype: str, ndim: int, fmt: str) -> bool:
     return fmt == "q8" or dtype not in _DENSE
 
 
-def fused_into(name: str, packed: set[str] | dict) -> bool:
+def fused_into(name: str, packed: set[str] | dict, kernels: dict[str, str] | None = None) -> bool:
     """Whether `name` is a later part of a fused group (k and v of q|k|v, up of gate|up) whose first part is
-    in `packed` too: its packed scales then join the first part's buffer (one SCALE_PAD for the group)."""
+    in `packed` too: its packed scales then join the first part's buffer (one SCALE_PAD for the group). With
+    `kernels` ({name: kernel format}, mixed groups kept in parts) a group of mixed formats joins nothing."""
     for group in _FUSED:
         for part in group[1:]:
-            if name.endswith(part) and name[: -len(part)] + group[0] in packed:
-                return True
+            first = name[: -len(part)] + group[0]
+            if name.endswith(part) and first in packed:
+                return kernels is None or all(kernels.get(name[: -len(part)] + p, kernels[first]) == kernels[first]
+                                              for p in group)
     return False
 
 
@@ -103,9 +107,12 @@ def kernel_format(dtype: str, fmt: str) -> str:
     return "q6" if fmt == "packed" and dtype == "Q6_K" else "q8"
 
 
-def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
-    """{name: kernel format} for the packed ones of {stored name: ggml type}, fused parts made to agree."""
+def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False) -> dict[str, str]:
+    """{name: kernel format} for the packed ones of {stored name: ggml type}, fused parts made to agree, unless
+    `own_formats` (mixed_parts_kept: each part of a mixed group keeps its own, qlinear.PartsLinear)."""
     out = {n: kernel_format(d, fmt) for n, d in tensors.items()}
+    if own_formats:
+        return out
     for n in list(out):
         for group in _FUSED:
             if n.endswith(group[0]):
@@ -114,6 +121,14 @@ def kernel_formats(tensors: dict[str, str], fmt: str) -> dict[str, str]:
                 if len(kinds) > 1:  # Q4_K beside Q4_0/Q4_1 parts goes back to q4 (cat_packed), else all q8
                     out.update({m: "q4" if kinds == {"q4", "q4k"} else "q8" for m in names if m in out})
     return out
+
+
+def mixed_parts_kept(dense_copy: bool) -> bool:
+    """Whether a fused group of mixed formats keeps each part's own (qlinear.cat_packed's rule): where the
+    kernels run and prompt rows do not take dense weights."""
+    from kernels import cpu_ext
+
+    return not dense_copy and cpu_ext.available()
 
 
 def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:

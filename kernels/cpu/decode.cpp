@@ -1,10 +1,13 @@
 // Every decoder layer of a decode-sized step in one call: RMSNorm, q|k|v, rotary + K/V write + attention, o,
 // RMSNorm, gate|up with SwiGLU, down, for all layers, without going back to Python between the ~7 kernels of a
 // layer (at batch 1 that dispatch was ~1 ms of a ~9 ms step). The same kernel functions as the per-op path,
-// called in the same order, so both paths give the same bits.
+// called in the same order, so both paths give the same bits. A matrix made of parts in different formats (a
+// Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied by its own
+// kernel and the outputs joined, as engine.model.qlinear.PartsLinear does.
 #include "common.h"
 #include "ops.h"
 
+#include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <tuple>
@@ -13,36 +16,53 @@
 namespace pagedeck {
 namespace {
 
-constexpr int64_t kPerLayer = 14;  // input_norm, post_norm, then (qs, d, m) of qkv, o, gate_up, down
+constexpr int64_t kMatrices = 4;  // per layer: input_norm, post_norm, then (qs, d, m) of each part of qkv, o, gate_up, down
 
 c10::optional<at::Tensor> minimums(const at::Tensor& m) {  // q8 weights have none: an empty tensor
   return m.numel() ? c10::optional<at::Tensor>(m) : c10::nullopt;
 }
 
+// x @ W^T for W given as `parts` (qs, d, m) triples from w on, stacked along the output (act only for one part)
+at::Tensor project(const at::Tensor& x, const at::Tensor* w, int64_t parts, int64_t act) {
+  if (parts == 1) return qmatmul(x, w[0], w[1], minimums(w[2]), act);
+  std::vector<at::Tensor> ys;
+  for (int64_t i = 0; i < parts; ++i) ys.push_back(qmatmul(x, w[3 * i], w[3 * i + 1], minimums(w[3 * i + 2]), 0));
+  return at::cat(ys, 1);
+}
+
 std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::TensorList weights, at::TensorList k_pools,
                                                  at::TensorList v_pools, const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                                                 const at::Tensor& cu_q, const at::Tensor& kv_lens, int64_t Hq,
-                                                 double scale, double eps, int64_t max_q) {
+                                                 const at::Tensor& cu_q, const at::Tensor& kv_lens, at::IntArrayRef parts,
+                                                 int64_t Hq, double scale, double eps, int64_t max_q) {
   const int64_t L = (int64_t)k_pools.size();
-  TORCH_CHECK(L > 0 && (int64_t)weights.size() == L * kPerLayer && (int64_t)v_pools.size() == L,
-              "decode_layers wants ", kPerLayer, " weights and a K and V pool per layer");
+  TORCH_CHECK(L > 0 && (int64_t)parts.size() == L * kMatrices && (int64_t)v_pools.size() == L,
+              "decode_layers wants ", kMatrices, " part counts and a K and V pool per layer");
+  int64_t total = 0;
+  for (int64_t i = 0; i < L * kMatrices; ++i) {
+    TORCH_CHECK(parts[i] >= 1 && (parts[i] == 1 || i % kMatrices != 2), "gate_up must be one part (its SwiGLU)");
+    total += 3 * parts[i];
+  }
+  TORCH_CHECK((int64_t)weights.size() == total + 2 * L, "decode_layers' weights do not match the part counts");
   TORCH_CHECK(cu_q.scalar_type() == at::kInt && cu_q.is_contiguous(), "cu_q must be contiguous int32");
   const int32_t* cu = cu_q.data_ptr<int32_t>();
   for (int64_t b = 0; b + 1 < cu_q.numel(); ++b)
     TORCH_CHECK(cu[b + 1] - cu[b] <= max_q, "decode_layers runs short query chunks only (<= ", max_q, " rows)");
   at::Tensor x = x0;
   c10::optional<at::Tensor> residual;
+  const at::Tensor* w = weights.data();
   for (int64_t l = 0; l < L; ++l) {
-    const at::Tensor* w = weights.data() + l * kPerLayer;
+    const int64_t* n = parts.data() + l * kMatrices;
+    const at::Tensor *qkv_w = w + 2, *o_w = qkv_w + 3 * n[0], *gate_up_w = o_w + 3 * n[1], *down_w = gate_up_w + 3 * n[2];
     auto [h, sum] = rms_norm(x, w[0], eps, residual);
-    const at::Tensor qkv = qmatmul(h, w[2], w[3], minimums(w[4]), 0);
+    const at::Tensor qkv = project(h, qkv_w, n[0], 0);
     auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
                          max_q);
-    x = qmatmul(o, w[5], w[6], minimums(w[7]), 0);
+    x = project(o, o_w, n[1], 0);
     auto [h2, sum2] = rms_norm(x, w[1], eps, sum);
     residual = sum2;
-    x = qmatmul(qmatmul(h2, w[8], w[9], minimums(w[10]), 1), w[11], w[12], minimums(w[13]), 0);
+    x = project(project(h2, gate_up_w, n[2], 1), down_w, n[3], 0);
+    w = down_w + 3 * n[3];
   }
   return {x, *residual};
 }
@@ -62,7 +82,7 @@ int64_t parallel_threads() {
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("parallel_threads() -> int", &parallel_threads);
   lib.def("decode_layers(Tensor x, Tensor[] weights, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor cos, "
-          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, "
+          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, int Hq, float scale, "
           "float eps, int max_q) -> (Tensor, Tensor)",
           &decode_layers);
 }

@@ -1,6 +1,6 @@
 """All-Q4_K q|k|v and gate|up groups copied straight into their fused q4k matrix (engine.model.fused_q4) give
 the bits of packing each part and stacking them (qlinear.cat_packed), in a Q4_K_M file whose mixed groups
-(Q6_K v) still take cat_packed; the memory estimate stays byte for byte."""
+(Q6_K v) still take cat_packed (each part in its own format); the memory estimate stays byte for byte."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from engine import Model
 from engine.cache.paged_cache import PagedCache
 from engine.model import fused_q4, memory
 from engine.model.batch import Batch
-from engine.model.qlinear import Q4KLinear, Q8Linear
+from engine.model.qlinear import PartsLinear, Q4KLinear, Q8Linear
 from kernels import cpu_ext
 from tools.synthetic_gguf import write_random_gguf
 
@@ -38,7 +38,7 @@ def test_fused_while_reading_matches_stacking(path, monkeypatch):
     stacked = Model.load(path, weights="packed")
     for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
         assert isinstance(a.gate_up, Q4KLinear)
-        assert isinstance(a.qkv, Q8Linear if i in (0, 3, 6, 7) else Q4KLinear)
+        assert isinstance(a.qkv, PartsLinear if i in (0, 3, 6, 7) else Q4KLinear)
         for name in ("qkv", "gate_up"):
             x, y = getattr(a, name), getattr(b, name)
             assert type(x) is type(y) and x.shape == y.shape

@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.model import repack, repack_fast
-from engine.model.qlinear import Q4KLinear, Q4Linear, Q8Linear, cat_packed
+from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni
 from tests.kernels.test_q6 import random_q6
@@ -204,11 +204,14 @@ def test_near_the_q4_repack_it_replaced_and_nearer_the_exact_weights(rows_from):
 
 
 def test_fused_parts_stay_q4k_or_become_the_q8_they_were():
-    """All-q4k parts stack as they are; beside a q6 part a q4k part becomes q8 with exactly the bits mixed
-    groups had before q4k (Q4_K -> q4 -> q8)."""
+    """All-q4k parts stack as they are; beside a q6 part a q4k part stays q4k (PartsLinear), or, where prompt
+    rows take dense weights, becomes q8 with exactly the bits mixed groups had before q4k (Q4_K -> q4 -> q8)."""
     a, b = random_q4k(16, 512, 4), random_q4k(8, 512, 5)
     both = cat_packed([a, b])
     assert isinstance(both, Q4KLinear) and torch.equal(both.qs, torch.cat([a.qs, b.qs]))
+    kept = cat_packed([a, random_q6(8, 512, 6)])
+    assert isinstance(kept, PartsLinear) and kept.parts[0] is a
+    a.jit_dense = True  # a small model's part: its prompt rows take the exact weights
     mixed = cat_packed([a, random_q6(8, 512, 6)])
     assert isinstance(mixed, Q8Linear)
     old = Q8Linear.requantize(repack_fast.pack(a.qs, Q.Q4_K, (16, 512), "q4"))

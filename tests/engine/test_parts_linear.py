@@ -1,0 +1,84 @@
+"""Fused groups of mixed formats (a Q4_K_M file's Q4_K q and k beside its Q6_K v) kept part by part
+(qlinear.PartsLinear) where prompt rows take the packed kernels: each part's own output, joined; the
+one-call decode (kernels.decode_layers) gives the per-layer path's bits (which a model without dense prompt
+rows once missed: its per-layer path took the reference norm); the group holds the file's bytes."""
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+import kernels
+from engine import Model
+from engine.cache.paged_cache import PagedCache
+from engine.model import repack
+from engine.model.batch import Batch
+from engine.model.qlinear import PartsLinear, Q4KLinear, Q6Linear, Q8Linear, cat_packed
+from kernels import cpu_ext
+from tools.ggml_writers import quantize as quantize_ggml
+from tools.synthetic_gguf import write_random_gguf
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+
+def part(qtype: QT, rows: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.from_numpy(quantize_ggml(torch.randn(rows, k, generator=g), qtype))
+    return repack.from_blocks(raw, qtype, (rows, k), keep_dense=False)
+
+
+def test_each_part_multiplies_in_its_own_format():
+    q, k, v = part(QT.Q4_K, 64, 512, 1), part(QT.Q4_K, 32, 512, 2), part(QT.Q6_K, 32, 512, 3)
+    qkv = cat_packed([q, k, v])
+    assert isinstance(qkv, PartsLinear) and qkv.shape == (128, 512)
+    assert [type(p) for p in qkv.parts] == [Q4KLinear, Q4KLinear, Q6Linear]
+    assert qkv.nbytes() == q.nbytes() + k.nbytes() + v.nbytes()  # the file's bytes, not q8's ~1.8x
+    assert qkv.nbytes() < Q8Linear.cat([Q8Linear.requantize(p) for p in (q, k, v)]).nbytes()
+    x = torch.randn(5, 512)
+    assert torch.equal(qkv(x), torch.cat([q(x), k(x), v(x)], dim=1))
+    assert torch.equal(qkv(x[None])[0], qkv(x))
+    assert torch.equal(qkv.dequantize(), torch.cat([q.dequantize(), k.dequantize(), v.dequantize()]))
+    assert torch.equal(qkv.dense_rows(50, 100), qkv.dequantize()[50:100])
+    gate_up = cat_packed([part(QT.Q4_K, 32, 512, 4), part(QT.Q6_K, 32, 512, 5)])
+    assert torch.equal(gate_up(x, act="swiglu"), kernels.silu_mul(gate_up(x)))
+
+
+def test_parts_keeping_dense_prompt_rows_still_become_one_format():
+    q = repack.from_blocks(torch.from_numpy(quantize_ggml(torch.randn(32, 256), QT.Q4_K)), QT.Q4_K, (32, 256))
+    v = repack.from_blocks(torch.from_numpy(quantize_ggml(torch.randn(32, 256), QT.Q6_K)), QT.Q6_K, (32, 256))
+    assert q.prompt_dense and isinstance(cat_packed([q, v]), Q8Linear)
+    with pytest.raises(ValueError, match="dense prompt rows"):
+        PartsLinear([q, v])
+
+
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0"])
+def path(tmp_path_factory, request):
+    # 8 layers of llama.cpp's Q4_K_M recipe: attn_v is Q6_K in layers 0, 3, 6 and 7 (mixed q|k|v)
+    return write_random_gguf(tmp_path_factory.mktemp(f"parts-{request.param}") / "m.gguf", "tiny-256", 8,
+                            request.param)
+
+
+def test_one_call_decode_gives_the_per_layer_bits(path, monkeypatch):
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")  # prompt rows packed, as in a model too big for the copy
+    model = Model.load(path, weights="packed")
+    mixed = [isinstance(layer.qkv, PartsLinear) for layer in model.layers]
+    assert mixed == ([i in (0, 3, 6, 7) for i in range(8)] if "Q4_K_M" in str(path) else [False] * 8)
+    stack, parts = model.decode_stack
+    assert parts[:8] == ([3, 1, 1, 1] if mixed[0] else [1, 1, 1, 1]) + [1, 1, 1, 1]
+
+    def decode(one_call: bool) -> list[torch.Tensor]:
+        if not one_call:
+            model.decode_stack = None
+        cache, ids, out = PagedCache(model, max_tokens=64, page_size=16), list(range(3, 12)), []
+        model.forward(Batch.build([(ids, 0, [0])], 16, [len(ids)]), cache)
+        for step in range(4):
+            at = len(ids) + step
+            out.append(model.forward(Batch.build([([20 + step], at, [0])], 16, [1], prompt_seqs=[False]), cache))
+        return out
+
+    one, per_layer = decode(True), decode(False)
+    model.decode_stack = (stack, parts)
+    assert all(torch.equal(a, b) for a, b in zip(one, per_layer))
+    if mixed[0]:  # a stack whose counts miss the parts: refused, not misread
+        model.decode_stack = (stack, [1] * len(parts))
+        with pytest.raises(RuntimeError, match="do not match the part counts"):
+            decode(True)

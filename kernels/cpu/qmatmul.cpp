@@ -153,16 +153,20 @@ inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x
 #endif
 }
 
-// 8 exact int32 partial sums of q8 codes q (stored as u8 = q + 128) times s8 activations x, i.e. of q x. AVX2's
-// maddubs saturates at int16 (255 * 127 * 2 > 32767: silently wrong sums on CPUs without VNNI), so there the
-// codes go back to s8 and multiply as |q| * sign(x, q) (at most 128 * 127 * 2), as llama.cpp does; VNNI's
-// dpbusd sums in int32 and the +128 comes out exactly as 128 * sum(x).
-inline __m256i dot_q8(__m256i u, __m256i x) {
-  const __m256i offset = _mm256_set1_epi8((char)0x80);
+// 8 exact int32 partial sums of q8 codes q (stored as u8 = q + 128) times s8 activations x. AVX2's maddubs
+// saturates at int16 (255 * 127 * 2 > 32767: silently wrong sums on CPUs without VNNI), so there the codes go
+// back to s8 and multiply as |q| * sign(x, q) (at most 128 * 127 * 2), as llama.cpp does: the sums of q x.
+// VNNI's dpbusd sums u x in int32; dot_tile takes the + 128 out once a block as 128 * isum (kQ8Offset).
 #ifdef PD_VNNI
-  const __m256i zero = _mm256_setzero_si256();
-  return _mm256_sub_epi32(_mm256_dpbusd_epi32(zero, u, x), _mm256_dpbusd_epi32(zero, offset, x));
+constexpr bool kQ8Offset = true;
 #else
+constexpr bool kQ8Offset = false;
+#endif
+inline __m256i dot_q8(__m256i u, __m256i x) {
+#ifdef PD_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
+#else
+  const __m256i offset = _mm256_set1_epi8((char)0x80);
   const __m256i q = _mm256_xor_si256(u, offset);
   return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)),
                            _mm256_set1_epi16(1));
@@ -259,7 +263,10 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
       const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(8.0f), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
       for (int r = 0; r < MT; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j0;
-        const __m256 blocks = _mm256_cvtepi32_ps(_mm256_permutevar8x32_epi32(sums[r][c], order));
+        __m256i exact = _mm256_permutevar8x32_epi32(sums[r][c], order);
+        if (!Q4 && kQ8Offset)  // u x - 128 x: the block sums of q x (padding blocks: 0 - 0)
+          exact = _mm256_sub_epi32(exact, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));
+        const __m256 blocks = _mm256_cvtepi32_ps(exact);
         acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
         if (Q4) {  // w = d (q - 8) + z: the block offset z meets the exact sum of x, the -8 d the int8 sum
           mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);

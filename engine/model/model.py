@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import kernels
 
 from ..cache.spec import CacheSpec
-from . import image_attention, loader
+from . import huge_pages, image_attention, loader
 from .batch import Batch
 from .config import ModelConfig
 from .embedding import GGMLRows
@@ -68,6 +68,7 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.decode_stack = _decode_stack(self.layers)
+        self.huge_page_thread = None  # Model.load's background move of the weights onto 2 MB pages
         # Gemma 3 attends both ways within an image's run of embedding rows (engine.model.image_attention)
         self.bidirectional_images = c.arch == "gemma3"
 
@@ -93,7 +94,10 @@ class Model:
         name of "packed". `check_memory` raises engine.ModelTooLarge before loading a model that will not fit."""
         plan = loader.plan_load(path, device, dtype, weights, check_memory)
         config, built = loader.load(plan, progress)
-        return cls(config, built, plan.device, plan.dtype, plan.path)
+        model = cls(config, built, plan.device, plan.dtype, plan.path)
+        if model.device.type == "cpu":  # decode streams every weight each step: onto 2 MB pages, off the load's path
+            model.huge_page_thread = huge_pages.collapse_in_background(model.weight_storages())
+        return model
 
     @classmethod
     def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,
@@ -124,7 +128,11 @@ class Model:
         embedding kept as its file's rows). The figure the estimate (engine.estimate_memory) predicts, the
         app shows and tools.memory_table compares with resident memory; a tensor still viewing the mapped
         file would count the whole file here."""
-        seen, total = set(), 0
+        return sum(storage.nbytes() for storage in self.weight_storages())
+
+    def weight_storages(self) -> list[torch.UntypedStorage]:
+        """Every distinct storage behind the weights, once each (see memory_bytes)."""
+        seen, out = set(), []
         for t in self._weights():
             if isinstance(t, PackedLinear):
                 parts = [*t.blocks, t.dense, *(getattr(t, "_int4", None) or ())]
@@ -139,8 +147,8 @@ class Model:
                 key = (part.device, storage.data_ptr())
                 if key not in seen:
                     seen.add(key)
-                    total += storage.nbytes()
-        return total
+                    out.append(storage)
+        return out
 
     def decode_bytes(self) -> int:
         """Weight bytes one decode step reads: all but an untied embedding table (one row of it), packed

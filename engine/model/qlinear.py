@@ -153,8 +153,7 @@ class Q4Linear(PackedLinear):
     @classmethod
     def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
-        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        jit = all(p.jit_dense for p in parts)
+        dense, jit = _prompt_weights(parts, consume)
         out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
                               pad_scales(_stack(parts, "minimum", consume)))
         out.dense, out.jit_dense = dense, jit
@@ -247,8 +246,7 @@ class Q8Linear(PackedLinear):
     @classmethod
     def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
-        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        jit = all(p.jit_dense for p in parts)
+        dense, jit = _prompt_weights(parts, consume)
         out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
                               dense is not None)
         out.jit_dense = jit
@@ -290,8 +288,7 @@ class SuperBlockLinear(PackedLinear):
     @classmethod
     def cat(cls, parts: list["SuperBlockLinear"], consume: bool = False) -> "SuperBlockLinear":
         """Stack along the output dim: the super-blocks as they are (see _stack)."""
-        dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
-        jit = all(p.jit_dense for p in parts)
+        dense, jit = _prompt_weights(parts, consume)
         out = cls(_stack(parts, "qs", consume), dense)
         out.jit_dense = jit
         return out
@@ -382,6 +379,13 @@ def _stack(parts: list[PackedLinear], attr: str, consume: bool) -> torch.Tensor:
         row += t.shape[0]
         setattr(p, attr, None)
     return out
+
+
+def _prompt_weights(parts: list[PackedLinear], consume: bool) -> tuple[torch.Tensor | None, bool]:
+    """What stacked parts give prompt rows: their kept dense copies stacked (where every part keeps one), and
+    whether every part decodes just in time (the cat methods set both on the result)."""
+    dense = _stack(parts, "dense", consume) if all(p.dense is not None for p in parts) else None
+    return dense, all(p.jit_dense for p in parts)
 
 
 def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear:

@@ -153,15 +153,22 @@ def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
     return packed_nbytes(kernel, shape) + scale_buffers(kernel) * 2 * SCALE_PAD
 
 
+def dense_copy_mode() -> str:
+    """PAGEDECK_DENSE_COPY, read in one place: "off" (0/off/no/false: no model gives prompt rows dense weights),
+    "keep" (1/keep/on/yes/true: a small model keeps its fp32 copy, the old way, for comparing) or "auto"
+    (unset or anything else: the rule in the module docstring, just in time where the format is exact)."""
+    value = os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower()
+    if value in ("0", "off", "no", "false"):
+        return "off"
+    return "keep" if value in ("1", "keep", "on", "yes", "true") else "auto"
+
+
 def dense_copy_enabled() -> bool:
-    """False when PAGEDECK_DENSE_COPY is 0/off/no/false: no model gives prompt rows dense weights."""
-    return os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower() not in ("0", "off", "no", "false")
+    return dense_copy_mode() != "off"
 
 
 def dense_copy_forced() -> bool:
-    """True when PAGEDECK_DENSE_COPY is 1/keep/on/yes/true: a small model keeps its fp32 copy (the old way,
-    for comparing) instead of decoding each matrix just in time."""
-    return os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower() in ("1", "keep", "on", "yes", "true")
+    return dense_copy_mode() == "keep"
 
 
 def keeps_dense_copy(packed_params: int) -> bool:

@@ -221,9 +221,8 @@ class Model:
     def _layers(self, x: torch.Tensor, batch: Batch, cache, plan, rotary: Rotary, rows: RowSplit | None,
                 lora: "LoRAApply | None", packed: bool):
         """The decoder layers op by op (returns the last output and the residual stream). Packed weights take
-        the fast norm, as kernels.decode_layers does: a row gives the same bits whichever path its step takes
-        (a model without dense prompt rows took the reference norm here, so a row's logits changed with
-        another job's long prompt chunk in the same step)."""
+        the fast norm, as kernels.decode_layers does, whether or not prompt rows take dense weights: a row gives
+        the same bits whichever path its step takes (another job's long prompt chunk sends a step here)."""
         c = self.config
         eps = c.rms_norm_eps
         swiglu = c.hidden_act == "silu" and lora is None  # the packed kernel's fused epilogue
@@ -303,8 +302,8 @@ def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int]] |
     stack, parts = [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        if layer.qkv_bias is not None or layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear) or not all(
-                isinstance(w, PackedLinear) for w in weights):
+        if (layer.qkv_bias is not None or layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear)
+                or not all(isinstance(w, PackedLinear) for w in weights)):
             return None
         stack += [layer.input_norm, layer.post_norm]
         for w in weights:

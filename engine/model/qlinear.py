@@ -336,8 +336,8 @@ class Q4KLinear(SuperBlockLinear):
 class PartsLinear(PackedLinear):
     """Row-stacked parts each kept in its own format (a Q4_K_M file's Q4_K q and k beside its Q6_K v, fused as
     q|k|v): each part multiplies with its own kernel and the outputs are joined. The group reads the file's
-    own bytes; as one q8 matrix (the rule where prompt rows keep dense weights, cat_packed) it read ~1.8x as
-    many each token and was re-quantized at load. `blocks` is every part's (qs, d, m) in order."""
+    own bytes; as one q8 matrix (the rule where prompt rows keep dense weights, cat_packed) it would read ~1.8x
+    as many a token and need re-quantizing at load. `blocks` is every part's (qs, d, m) in order."""
 
     format = "parts"
 

@@ -16,7 +16,8 @@
 namespace pagedeck {
 namespace {
 
-constexpr int64_t kMatrices = 4;  // per layer: input_norm, post_norm, then (qs, d, m) of each part of qkv, o, gate_up, down
+// per layer: input_norm, post_norm, then (qs, d, m) of each part of kMatrices matrices: qkv, o, gate_up, down
+constexpr int64_t kMatrices = 4;
 
 c10::optional<at::Tensor> minimums(const at::Tensor& m) {  // q8 weights have none: an empty tensor
   return m.numel() ? c10::optional<at::Tensor>(m) : c10::nullopt;
@@ -33,8 +34,9 @@ at::Tensor project(const at::Tensor& x, const at::Tensor* w, int64_t parts, int6
 std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::TensorList weights, at::TensorList k_pools,
                                                  at::TensorList v_pools, const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& slot_mapping, const at::Tensor& block_table,
-                                                 const at::Tensor& cu_q, const at::Tensor& kv_lens, at::IntArrayRef parts,
-                                                 int64_t Hq, double scale, double eps, int64_t max_q) {
+                                                 const at::Tensor& cu_q, const at::Tensor& kv_lens,
+                                                 at::IntArrayRef parts, int64_t Hq, double scale, double eps,
+                                                 int64_t max_q) {
   const int64_t L = (int64_t)k_pools.size();
   TORCH_CHECK(L > 0 && (int64_t)parts.size() == L * kMatrices && (int64_t)v_pools.size() == L,
               "decode_layers wants ", kMatrices, " part counts and a K and V pool per layer");
@@ -53,7 +55,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
   const at::Tensor* w = weights.data();
   for (int64_t l = 0; l < L; ++l) {
     const int64_t* n = parts.data() + l * kMatrices;
-    const at::Tensor *qkv_w = w + 2, *o_w = qkv_w + 3 * n[0], *gate_up_w = o_w + 3 * n[1], *down_w = gate_up_w + 3 * n[2];
+    const at::Tensor *qkv_w = w + 2, *o_w = qkv_w + 3 * n[0];
+    const at::Tensor *gate_up_w = o_w + 3 * n[1], *down_w = gate_up_w + 3 * n[2];
     auto [h, sum] = rms_norm(x, w[0], eps, residual);
     const at::Tensor qkv = project(h, qkv_w, n[0], 0);
     auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
@@ -82,8 +85,8 @@ int64_t parallel_threads() {
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("parallel_threads() -> int", &parallel_threads);
   lib.def("decode_layers(Tensor x, Tensor[] weights, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor cos, "
-          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, int Hq, float scale, "
-          "float eps, int max_q) -> (Tensor, Tensor)",
+          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, int Hq, "
+          "float scale, float eps, int max_q) -> (Tensor, Tensor)",
           &decode_layers);
 }
 

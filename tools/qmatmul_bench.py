@@ -4,6 +4,9 @@
 `--prompt-rows 128,512` instead times the prompt-rows (GEMM) path against the per-weight-row path on
 random Q4 matrices of Llama-3-8B's shapes (PAGEDECK_QGEMM_ROWS switches paths per call; both give the same
 bits), alternating the two round by round, in process CPU time (robust on a shared machine) and wall time.
+`--stream [--model FILE]` times what a batch-1 decode step streams from memory: each matrix class's one-row
+calls over all layers in order (q|k|v, o, gate|up, down; then the output head), as the step makes them, so the
+weights come from DRAM, not cache; ms a token and GB/s, medians of --rounds, each thread count in turn.
 `--q6` times the q6 format (Q6_K super-blocks as stored) against the q8 they used to become, one-row calls
 on Llama-3-8B's down and output-head shapes (tools.q6_bench), the same way, with GB/s.
 
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
     ap.add_argument("--q6", action="store_true", help="q6 vs q8 one-row calls on 8B shapes (rows: first of --rows)")
+    ap.add_argument("--stream", action="store_true", help="a decode step's weight stream, per matrix class")
+    ap.add_argument("--model", default=None, help="with --stream: a .gguf (default: the embedded model)")
     args = ap.parse_args(argv)
     ops = cpu_ext.ops()
     if ops is None:
@@ -56,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return gemm_run(ops, [int(r) for r in args.prompt_rows.split(",")], int(args.threads.split(",")[0]),
                         args.rounds)
+    if args.stream:
+        return stream(Model.load(args.model, weights="packed"), [int(t) for t in args.threads.split(",")],
+                      args.rounds)
     model = Model.load(weights="packed")
     layer = model.layers[0]
     shapes = {"qkv": (layer.qkv, None), "o": (layer.o, None), "gate_up": (layer.gate_up, "swiglu"),
@@ -91,6 +99,33 @@ def main(argv: list[str] | None = None) -> int:
     print("an empty parallel region (parallel_threads(), with the op call): " +
           ", ".join(f"{statistics.median(v) * 1e6:.1f} us on {t} thread{'s' if t > 1 else ''}"
                     for t, v in region.items()))
+    return 0
+
+
+def stream(model: Model, threads: list[int], rounds: int) -> int:
+    """--stream: per matrix class, one row through every layer's matrix in turn (and the head)."""
+    if model.huge_page_thread is not None:
+        model.huge_page_thread.join()  # the weights as decode reads them once loading has settled
+    classes = {name: [getattr(layer, name) for layer in model.layers] for name in ("qkv", "o", "gate_up", "down")}
+    classes["head"] = [model.lm_head]
+    print(f"{model.name}: one-row calls over all {len(model.layers)} layers, medians of {rounds}")
+    print("| threads | matrices | formats | MB a token | ms a token | GB/s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for t in threads:
+        torch.set_num_threads(t)
+        for name, ws in classes.items():
+            act = "swiglu" if name == "gate_up" else None
+            x = torch.randn(1, ws[0].shape[1])
+            runs = []
+            for _ in range(rounds + 1):
+                start = time.perf_counter()
+                for w in ws:
+                    w(x, act)
+                runs.append(time.perf_counter() - start)
+            sec, nbytes = statistics.median(runs[1:]), sum(w.nbytes() for w in ws)
+            formats = "+".join(sorted({w.format if w.format != "parts" else "|".join(p.format for p in w.parts)
+                                       for w in ws}))
+            print(f"| {t} | {name} | {formats} | {nbytes / 1e6:.0f} | {sec * 1e3:.2f} | {nbytes / sec / 1e9:.1f} |")
     return 0
 
 

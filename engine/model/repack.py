@@ -44,6 +44,7 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from kernels import cpu_ext
 from kernels.packed import GROUP, Q4K_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, pack_nibbles, padded_scales, q8_pack, q8_quantize
 
 from . import repack_fast
@@ -126,8 +127,6 @@ def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False)
 def mixed_parts_kept(dense_copy: bool) -> bool:
     """Whether a fused group of mixed formats keeps each part's own (qlinear.cat_packed's rule): where the
     kernels run and prompt rows do not take dense weights."""
-    from kernels import cpu_ext
-
     return not dense_copy and cpu_ext.available()
 
 

@@ -6,6 +6,8 @@
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
 //   q6: GGUF Q6_K super-blocks as the file stores them (q6.h), no separate scales.
 //   q4k: GGUF Q4_K super-blocks as the file stores them (q4k.h), no separate scales.
+//   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
+//       the same bits as q4k without its per-row horizontal reductions.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -16,6 +18,7 @@
 #include "common.h"
 #include "ops.h"
 #include "q4k.h"
+#include "q4k16.h"
 #include "q6.h"
 #include "qgemm.h"
 
@@ -130,7 +133,7 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3 };
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4 };
 
 struct Weights {
   const uint8_t* qs;
@@ -356,6 +359,23 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
 }
 
 // y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
+// q4k16: y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate and up groups in turn
+void compute_groups(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1,
+                    float* y) {
+  using q4k16::kRows;
+  thread_local std::vector<float> gate, up;
+  gate.resize(M * kRows);
+  up.resize(M * kRows);
+  for (int64_t n = n0; n < n1; n += kRows) {
+    q4k16::group_rows(w.qs, w.K, a.k, M, n / kRows, gate.data());
+    if (act == kSwiGLU) {
+      q4k16::group_rows(w.qs, w.K, a.k, M, (n + Nout) / kRows, up.data());
+      silu_mul(gate.data(), up.data(), M * kRows);
+    }
+    for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * Nout + n, gate.data() + m * kRows, kRows * sizeof(float));
+  }
+}
+
 template <int F>
 void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1, float* y) {
   thread_local std::vector<float> buf, gate, up;
@@ -388,7 +408,9 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 // q4k's panels come from q4k.h's unpacker and take q4k.h's own tile (integer sub-block scales)
 template <int F>
 void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
-  if (F == kQ4K) {
+  if (F == kQ4K16) {
+    q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
+  } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else {
     gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
@@ -401,11 +423,12 @@ template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int64_t M, int64_t Nout, Act act,
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
-  constexpr int G = F == kQ4K ? (int)gemm::kQ4 : F;
+  constexpr bool Q4K = F == kQ4K || F == kQ4K16;
+  constexpr int G = Q4K ? (int)gemm::kQ4 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up;
   auto rows = [&](float* o, int64_t ldo, int cols) {
-    if constexpr (F == kQ4K) {
+    if constexpr (Q4K) {
       q4k::panel_rows(panel, ak, w.K, M, o, ldo, cols);
     } else {
       gemm::panel_rows<G>(panel, a, M, o, ldo, cols);
@@ -461,21 +484,25 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   check_cpu_f32(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be (M, K)");
   const bool q4 = m.has_value();
-  const int64_t M = x.size(0), K = x.size(1), N = qs.size(0), nb = K / kBlock;
+  const int64_t M = x.size(0), K = x.size(1), nb = K / kBlock;
   TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
-  // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q8 rows K bytes
-  const bool q6 = !q4 && K % q6::kSuper == 0 && qs.dim() == 2 && qs.size(1) == K / q6::kSuper * q6::kBytes;
-  const bool q4k = !q4 && K % q4k::kSuper == 0 && qs.dim() == 2 && qs.size(1) == K / q4k::kSuper * q4k::kBytes;
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || qs.size(1) == (q4 ? K / 2 : K)) &&
+  // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q4k of 144, q4k16's groups of
+  // 16 rows K / 256 x 2304 bytes, q8 rows K bytes
+  const bool sup = !q4 && K % q4k::kSuper == 0 && qs.dim() == 2;
+  const int64_t nsb = K / q4k::kSuper;
+  const bool q6 = sup && qs.size(1) == nsb * q6::kBytes, q4k = sup && qs.size(1) == nsb * q4k::kBytes;
+  const bool q4k16 = sup && qs.size(1) == nsb * q4k16::kGroupBytes;
+  const int64_t N = q4k16 ? qs.size(0) * q4k16::kRows : qs.size(0);
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || q4k16 || qs.size(1) == (q4 ? K / 2 : K)) &&
                   qs.scalar_type() == at::kByte,
               "packed weights do not match x's K or the format");
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
   };
-  TORCH_CHECK(q6 || q4k || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(q6 || q4k || q4k16 || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
-  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % 2 == 0), "bad activation");
+  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (q4k16 ? 2 * q4k16::kRows : 2) == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
   at::Tensor y = at::empty({M, Nout}, x.options());
   if (M == 0) return y;
@@ -485,12 +512,12 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
 #else
   const bool big = false;
 #endif
-  if (q4k) {
+  if (q4k || q4k16) {
     q4k::quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
     quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
   }
-  Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k ? nullptr : (const uint16_t*)d.data_ptr(),
+  Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k || q4k16 ? nullptr : (const uint16_t*)d.data_ptr(),
             q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
@@ -512,6 +539,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
           gemm_compute<kQ6>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q4k) {
           gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
+        } else if (q4k16) {
+          gemm_compute<kQ4K16>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else {
           gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         }
@@ -523,7 +552,9 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   // Output rows go in chunks taken from a shared counter (ggml's scheme), not in one fixed range per thread:
   // on a shared machine a thread that loses its core for a while no longer leaves the other waiting at the
   // join with its whole half still to do. Each row's result is the same whichever thread computes it.
-  const int64_t chunk = row_chunk(Nout, M), chunks = (Nout + chunk - 1) / chunk;
+  int64_t chunk = row_chunk(Nout, M);
+  if (q4k16) chunk = (chunk + q4k16::kRows - 1) / q4k16::kRows * q4k16::kRows;  // whole groups
+  const int64_t chunks = (Nout + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, [&](int64_t, int64_t) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
@@ -535,6 +566,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
         compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
       } else if (q4k) {
         compute<kQ4K>(w, a, M, Nout, ac, n0, n1, out);
+      } else if (q4k16) {
+        compute_groups(w, a, M, Nout, ac, n0, n1, out);
       } else {
         compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
       }

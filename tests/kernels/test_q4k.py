@@ -39,7 +39,7 @@ def random_q4k(N: int, K: int, seed: int = 0, source: str = "writer") -> Q4KLine
 
 def gguf_weights(w: Q4KLinear) -> torch.Tensor:
     """gguf-py's own Q4_K decoder: the oracle of the weights."""
-    return torch.from_numpy(gguf_dequantize(w.qs.numpy(), Q.Q4_K).astype(np.float32)).view(w.shape)
+    return torch.from_numpy(gguf_dequantize(w.row_blocks().numpy(), Q.Q4_K).astype(np.float32)).view(w.shape)
 
 
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -85,7 +85,7 @@ def reference_q4k(x: torch.Tensor, w: Q4KLinear) -> torch.Tensor:
     in float32, super-block after super-block."""
     N, K = w.shape
     q, dx, bs = q8_k(x)
-    d, dmin, sc, m, codes = q4_k_fields(w.qs, N, K)
+    d, dmin, sc, m, codes = q4_k_fields(w.row_blocks(), N, K)
     dots = np.einsum("msbi,nsbi->mnsb", q.reshape(*q.shape[:2], 8, 32), codes)
     I = (dots * sc[None]).sum(-1).astype(np.float32)  # (M, N, S)
     J = (bs[:, None] * m[None]).sum(-1).astype(np.float32)
@@ -194,7 +194,7 @@ def test_near_the_q4_repack_it_replaced_and_nearer_the_exact_weights(rows_from):
     weights are gguf's exactly where q4's are not."""
     N, K = 96, 2048
     w = random_q4k(N, K, 11)
-    old = repack_fast.pack(w.qs, Q.Q4_K, (N, K), "q4")
+    old = repack_fast.pack(w.row_blocks(), Q.Q4_K, (N, K), "q4")
     assert isinstance(old, Q4Linear)
     x = torch.randn(12, K, generator=torch.Generator().manual_seed(3))
     a, b = _call(w, x, None, rows_from), _call(old, x, None, rows_from)
@@ -208,22 +208,25 @@ def test_fused_parts_stay_q4k_or_become_the_q8_they_were():
     rows take dense weights, becomes q8 with exactly the bits mixed groups had before q4k (Q4_K -> q4 -> q8)."""
     a, b = random_q4k(16, 512, 4), random_q4k(8, 512, 5)
     both = cat_packed([a, b])
-    assert isinstance(both, Q4KLinear) and torch.equal(both.qs, torch.cat([a.qs, b.qs]))
+    assert isinstance(both, Q4KLinear) and torch.equal(both.row_blocks(), torch.cat([a.row_blocks(), b.row_blocks()]))
     kept = cat_packed([a, random_q6(8, 512, 6)])
     assert isinstance(kept, PartsLinear) and kept.parts[0] is a
     a.jit_dense = True  # a small model's part: its prompt rows take the exact weights
     mixed = cat_packed([a, random_q6(8, 512, 6)])
     assert isinstance(mixed, Q8Linear)
-    old = Q8Linear.requantize(repack_fast.pack(a.qs, Q.Q4_K, (16, 512), "q4"))
+    old = Q8Linear.requantize(repack_fast.pack(a.row_blocks(), Q.Q4_K, (16, 512), "q4"))
     assert torch.equal(mixed.qs[:16], old.qs) and torch.equal(mixed.scale[:16], old.scale)
 
 
-def test_loader_keeps_q4_k_as_q4k():
-    w = random_q4k(12, 768, 7)
+@pytest.mark.parametrize("N", [12, 48])  # rows as the file has them; whole groups of 16 (q4k16)
+def test_loader_keeps_q4_k_as_q4k(N):
+    w = random_q4k(N, 768, 7)
     seen = []
-    got = repack.from_blocks(w.qs, Q.Q4_K, (12, 768), "packed", keep_dense=False, done=lambda r0, r1: seen.append(r1))
-    assert isinstance(got, Q4KLinear) and torch.equal(got.qs, w.qs) and got.qs.data_ptr() != w.qs.data_ptr()
-    assert seen[-1] == 12
+    got = repack.from_blocks(w.row_blocks(), Q.Q4_K, (N, 768), "packed", keep_dense=False,
+                             done=lambda r0, r1: seen.append(r1))
+    assert isinstance(got, Q4KLinear) and got.grouped == (N % 16 == 0)
+    assert torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
+    assert seen[-1] == N
     assert repack.kernel_format("Q4_K", "packed") == "q4k" and repack.kernel_format("Q4_K", "q8") == "q8"
     assert repack.kernel_format("Q4_1", "packed") == "q4"
     formats = repack.kernel_formats({"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
@@ -234,9 +237,9 @@ def test_loader_keeps_q4_k_as_q4k():
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's."""
-    w = random_q4k(40, 1024, 8, "random bytes")
+    w = random_q4k(48, 1024, 8, "random bytes")  # whole groups: the q4k16 kernel
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1))
-    torch.save({"qs": w.qs, "x": x, "y": w(x), "y1": w(x[:3])},
+    torch.save({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])},
                path := os.path.join(os.environ.get("TMPDIR", "/tmp"), f"q4k_bits_{os.getpid()}.pt"))
     check = ("import torch; from engine.model.qlinear import Q4KLinear; d = torch.load(%r); w = Q4KLinear(d['qs']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])" % path)
@@ -244,7 +247,8 @@ def test_the_avx2_build_gives_the_same_bits():
     try:
         run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, run.stderr[-3000:]
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+        q4k16 = os.path.join(os.path.dirname(__file__), "test_q4k16.py")
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, q4k16, "-k",
                               "not avx2_build and not llama_cpp"], env=env, capture_output=True, text=True,
                              timeout=900)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

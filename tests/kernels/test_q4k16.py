@@ -1,0 +1,98 @@
+"""The q4k16 layout (Q4_K rows regrouped 16 at a time, kernels/cpu/q4k16.h): its bytes are the file's rows
+rearranged as the header states (a NumPy statement of the layout), they go back to the same rows; its products
+are q4k's on the same rows bit for bit (per-row path for 1-7 activation rows, GEMM path, SwiGLU), hence
+llama.cpp's Q4_K x Q8_K arithmetic; a row's result never depends on the batch or the thread count; and a
+grouped Q4KLinear decodes, gathers, converts and stacks the same weights as its rows."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from engine.model import repack_fast
+from engine.model.qlinear import Q4KLinear, cat_packed
+from kernels import cpu_ext
+from kernels.packed import NO_SCALES, q4k_group_into, q4k_rows
+from tests.kernels.test_q4k import gguf_weights, random_q4k, reference_q4k
+from tests.kernels.test_qgemm import _call
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+
+def rows_product(rows: torch.Tensor, x: torch.Tensor, act: int = 0) -> torch.Tensor:
+    """q4k's kernel on the file's rows (the format q4k16 must reproduce)."""
+    return cpu_ext.ops().qmatmul(x, rows, NO_SCALES, None, act)
+
+
+def layout(rows: torch.Tensor) -> np.ndarray:
+    """The groups as q4k16.h states them, built in NumPy: per group and super-block 16 d's, 16 dmin's, three
+    4-byte scale words of each row, then 32 4-byte code words of each row."""
+    n, nsb = rows.shape[0], rows.shape[1] // 144
+    b = rows.numpy().reshape(n // 16, 16, nsb, 144).transpose(0, 2, 1, 3)  # (group, super-block, row, byte)
+    words = lambda lo, hi: b[..., lo:hi].reshape(*b.shape[:3], -1, 4).transpose(0, 1, 3, 2, 4)
+    parts = [b[..., 0:2], b[..., 2:4], words(4, 16), words(16, 144)]
+    return np.concatenate([p.reshape(n // 16, nsb, -1) for p in parts], -1).reshape(n // 16, -1)
+
+
+def test_groups_are_the_rows_bytes_as_stated_and_go_back():
+    rows = random_q4k(48, 768, 1, "random bytes").row_blocks()
+    groups = torch.empty(3, 3 * 2304, dtype=torch.uint8)
+    q4k_group_into(rows, groups)
+    assert np.array_equal(groups.numpy(), layout(rows))
+    assert torch.equal(q4k_rows(groups), rows)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 13, 40])
+@pytest.mark.parametrize("rows_from", ["1000000", "1"])  # the per-row path; the GEMM path for every M
+def test_q4k16_gives_q4ks_bits(M, rows_from):
+    w = random_q4k(64, 1024, M, "random bytes")
+    assert w.grouped and w.qs.shape == (4, 4 * 2304)
+    rows = w.row_blocks()
+    x = torch.randn(M, 1024, generator=torch.Generator().manual_seed(M)) * 2
+    x[0, 3] = 50.0
+    got = _call(w, x, None, rows_from)
+    assert torch.equal(got, rows_product(rows, x))
+    assert torch.equal(got, reference_q4k(x, w))
+    assert torch.equal(_call(w, x, "swiglu", rows_from), rows_product(rows, x, 1))
+
+
+def test_a_rows_result_never_depends_on_the_batch_or_the_threads():
+    w = random_q4k(96, 512, 2)
+    x = torch.randn(11, 512)
+    together = w(x)
+    for i in (0, 4, 10):
+        assert torch.equal(w(x[i:i + 1]), together[i:i + 1])
+    assert torch.equal(w(x[1:4]), together[1:4])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(w(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
+    w = random_q4k(48, 512, 3)
+    exact = gguf_weights(w)
+    assert torch.equal(w.dense_rows(5, 37), exact[5:37])
+    ids = torch.tensor([[47, 0, 16], [16, 3, 31]])
+    assert torch.equal(w.embedding(ids), exact[ids])
+    as_rows = repack_fast.pack(w.row_blocks(), Q.Q4_K, w.shape, "q4")
+    q4 = w.to_q4()
+    assert torch.equal(q4.qs, as_rows.qs) and torch.equal(q4.scale, as_rows.scale)
+    other, odd = random_q4k(32, 512, 4), random_q4k(8, 512, 5)
+    both = cat_packed([w, other])
+    assert both.grouped and torch.equal(both.qs, torch.cat([w.qs, other.qs]))
+    mixed = cat_packed([w, odd])  # 56 rows: no whole groups, the rows
+    assert not mixed.grouped and torch.equal(mixed.row_blocks(), torch.cat([w.row_blocks(), odd.row_blocks()]))
+    x = torch.randn(3, 512)
+    assert torch.equal(mixed(x), torch.cat([w(x), odd(x)], 1))
+
+
+def test_bad_groups_are_refused_by_name():
+    with pytest.raises(ValueError, match="q4k16 groups"):
+        Q4KLinear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
+    w = random_q4k(48, 256, 6)  # 48 rows: SwiGLU's halves would split a group
+    with pytest.raises(RuntimeError, match="bad activation"):
+        w(torch.randn(1, 256), "swiglu")

@@ -12,10 +12,10 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q4k: qs uint8 (N, K/256 * 144): GGUF Q4_K super-blocks as the file stores them (4.5 bits a weight:
   w = d * sc * code - dmin * m, 6-bit sc and m per 32 weights, fp16 d and dmin per 256), d an empty fp16
   tensor, m None (kernels/cpu/q4k.h).
-- q4k16: the same Q4_K bytes with rows regrouped Q4K_GROUP at a time, qs uint8 (N/16, K/256 * 2304)
+- q4k16: the same Q4_K super-blocks with rows regrouped GROUP_ROWS at a time, qs uint8 (N/16, K/256 * 2304)
   (kernels/cpu/q4k16.h): one vector holds 16 rows' bytes, so a decode-sized product needs no horizontal
-  reduction (~2x q4k's per-row speed from cache); the same bits as q4k. Built by q4k_group_into where the
-  CPU kernels run and N % 16 == 0; q4k_rows gives the rows back.
+  reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 16 == 0;
+  superblock_rows gives the rows back.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -36,8 +36,7 @@ ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate
 QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
 Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
 Q4K_BYTES = 144  # q4k: bytes per Q4_K super-block (of Q6_SUPER weights)
-Q4K_GROUP = 16  # q4k16: rows a group (kernels/cpu/q4k16.h)
-Q4K_GROUP_BYTES = Q4K_GROUP * Q4K_BYTES  # q4k16: bytes of one super-block of a group
+GROUP_ROWS = 16  # q4k16: rows a group (kernels/cpu/q4k16.h)
 NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
 
@@ -53,21 +52,21 @@ def pad_scales(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def q4k_groupable(n: int) -> bool:
-    """Whether n Q4_K rows are kept as q4k16 groups here: the CPU kernels built, whole groups, and not turned
-    off (PAGEDECK_Q4K16=0 keeps the rows, for benchmarks comparing the two)."""
-    return n % Q4K_GROUP == 0 and os.environ.get("PAGEDECK_Q4K16", "1") != "0" and cpu_ext.ops() is not None
+def groupable(n: int) -> bool:
+    """Whether n rows of Q4_K super-blocks are kept in groups of 16 here: the CPU kernels built, whole
+    groups, and not turned off (PAGEDECK_ROW_GROUPS=0 keeps the rows, for benchmarks comparing the two)."""
+    return n % GROUP_ROWS == 0 and os.environ.get("PAGEDECK_ROW_GROUPS", "1") != "0" and cpu_ext.ops() is not None
 
 
-def q4k_group_into(rows: torch.Tensor, groups: torch.Tensor) -> None:
-    """Q4_K rows (n, K/256 * 144) -> q4k16 groups (n/16, K/256 * 2304), written into `groups`."""
-    cpu_ext.ops().q4k16_pack(rows.contiguous(), groups)
+def group_superblocks(rows: torch.Tensor, groups: torch.Tensor, block_bytes: int) -> None:
+    """Super-block rows (n, K/256 * block_bytes) -> groups (n/16, K/256 * 16 * block_bytes), into `groups`."""
+    cpu_ext.ops().group_superblocks(rows.contiguous(), groups, block_bytes)
 
 
-def q4k_rows(groups: torch.Tensor) -> torch.Tensor:
-    """q4k16 groups (g, K/256 * 2304) -> their Q4_K rows (16 g, K/256 * 144)."""
-    rows = torch.empty(groups.shape[0] * Q4K_GROUP, groups.shape[1] // Q4K_GROUP, dtype=torch.uint8)
-    cpu_ext.ops().q4k16_unpack(groups.contiguous(), rows)
+def superblock_rows(groups: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    """Groups (g, K/256 * 16 * block_bytes) -> their super-block rows (16 g, K/256 * block_bytes)."""
+    rows = torch.empty(groups.shape[0] * GROUP_ROWS, groups.shape[1] // GROUP_ROWS, dtype=torch.uint8)
+    cpu_ext.ops().ungroup_superblocks(groups.contiguous(), rows, block_bytes)
     return rows
 
 

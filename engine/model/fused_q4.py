@@ -3,7 +3,7 @@
 The loader used to pack each part on its own and then stack the parts (engine.model.qlinear.cat_packed): a
 second write of every byte of the fused matrices (gate|up alone is 60 MB a layer of an 8B-shaped Q4_K_M
 file). Here each part's super-blocks (q4k keeps the file's Q4_K bytes) are copied once from the mapped
-file into their rows of the fused matrix (into their q4k16 groups where the kernels run), allocated once.
+file into their rows of the fused matrix (into their groups of 16 rows where the kernels run), allocated once.
 The bits are those of packing the parts and stacking them.
 
 Mixed groups (a Q4_K_M file's Q4_K q/k beside a Q6_K v) and models keeping a dense copy still go through
@@ -16,7 +16,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.packed import Q4K_BYTES, Q4K_GROUP, q4k_group_into, q4k_groupable
+from kernels.packed import GROUP_ROWS, Q4K_BYTES, group_superblocks, groupable
 
 from .qlinear import Q4KLinear
 
@@ -31,8 +31,8 @@ class FusedQ4:
         self.name, self.parts = name, parts
         self.offsets = dict(zip(parts, [sum(rows[:i]) for i in range(len(rows) + 1)]))
         self.ends = {p: self.offsets[p] + r for p, r in zip(parts, rows)}
-        # q4k16 groups where every part is whole groups (each part's rows written as its own groups)
-        self.grouped = all(q4k_groupable(r) for r in rows)
+        # groups of 16 rows where every part is whole groups (each part's rows written as its own groups)
+        self.grouped = all(groupable(r) for r in rows)
         self.qs = (Q4KLinear.empty_groups(sum(rows), k) if self.grouped
                    else torch.empty(sum(rows), k // 256 * Q4K_BYTES, dtype=torch.uint8))
         self.todo = set(parts)
@@ -41,7 +41,7 @@ class FusedQ4:
         """Copy the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
         r0, r1 = self.offsets[part], self.ends[part]
         if self.grouped:
-            q4k_group_into(raw.reshape(r1 - r0, -1), self.qs[r0 // Q4K_GROUP:r1 // Q4K_GROUP])
+            group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS], Q4K_BYTES)
         else:
             self.qs[r0:r1] = raw.reshape(r1 - r0, -1)
         self.todo.discard(part)

@@ -27,10 +27,9 @@ from gguf import GGMLQuantizationType
 
 import kernels
 from kernels import cpu_ext
-from kernels.packed import (GROUP, NO_SCALES, Q4K_BYTES, Q4K_GROUP, Q4K_GROUP_BYTES, Q6_BYTES, Q6_SUPER, check_blocks,
-                             int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales, padded_scales,
-                             q4_dequantize, q4_supported, q4k_group_into, q4k_groupable, q4k_rows, q8_dequantize, q8_pack,
-                             q8_quantize, qmatmul)
+from kernels.packed import (GROUP, GROUP_ROWS, NO_SCALES, Q4K_BYTES, Q6_BYTES, Q6_SUPER, check_blocks, group_superblocks,
+                             groupable, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales, padded_scales,
+                             q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul, superblock_rows)
 
 from . import scratch
 from .ggml_blocks import dequantize
@@ -272,33 +271,69 @@ class Q8Linear(PackedLinear):
 
 class SuperBlockLinear(PackedLinear):
     """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of Q6_SUPER weights
-    each, their scales inside the blocks, decoded exactly as gguf does."""
+    each, their scales inside the blocks, decoded exactly as gguf does.
+
+    A format with GROUPS (q4k) keeps, where the CPU kernels run and N % 16 == 0, its rows regrouped 16 at a
+    time in `qs` (kernels.packed's q4k16: the same bytes, the same bits, a decode kernel without horizontal
+    reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
+    rows straight into groups, kernels.packed.group_superblocks)."""
 
     format: str
     BLOCK_BYTES: int
     QTYPE: GGMLQuantizationType
+    GROUPS = False
 
-    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
+    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None, grouped: bool = False):
         n, row_bytes = qs.shape
-        if qs.dtype != torch.uint8 or row_bytes % self.BLOCK_BYTES:
-            raise ValueError(f"{self.format} rows must be uint8 {self.QTYPE.name} super-blocks ({self.BLOCK_BYTES} "
-                             f"bytes each), got {qs.dtype} {tuple(qs.shape)}")
-        self.qs = qs.contiguous()
+        if grouped:
+            n, row_bytes = n * GROUP_ROWS, row_bytes // GROUP_ROWS
+        if qs.dtype != torch.uint8 or row_bytes % self.BLOCK_BYTES or (grouped and qs.shape[1] % GROUP_ROWS):
+            raise ValueError(f"{self.format} {'groups' if grouped else 'rows'} must be uint8 {self.QTYPE.name} "
+                             f"super-blocks ({self.BLOCK_BYTES} bytes each{', 16 rows a group' if grouped else ''}), "
+                             f"got {qs.dtype} {tuple(qs.shape)}")
+        self.qs, self.grouped = qs.contiguous(), grouped
         super().__init__((n, row_bytes // self.BLOCK_BYTES * Q6_SUPER), dense)
+        if not grouped and self.GROUPS and groupable(n):
+            groups = self.empty_groups(n, self.shape[1])
+            group_superblocks(self.qs, groups, self.BLOCK_BYTES)
+            self.qs, self.grouped = groups, True
+
+    @classmethod
+    def empty_groups(cls, n: int, k: int) -> torch.Tensor:
+        """Uninitialized groups for n rows of k weights (n % 16 == 0), for the loader to fill."""
+        return torch.empty(n // GROUP_ROWS, k // Q6_SUPER * GROUP_ROWS * cls.BLOCK_BYTES, dtype=torch.uint8)
+
+    def row_blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows [start, stop) as the file's super-block rows (ungrouped where they are kept in groups)."""
+        stop = self.shape[0] if stop is None else stop
+        if not self.grouped:
+            return self.qs[start:stop]
+        g0 = start // GROUP_ROWS
+        rows = superblock_rows(self.qs[g0:-(-stop // GROUP_ROWS)], self.BLOCK_BYTES)
+        return rows[start - g0 * GROUP_ROWS: stop - g0 * GROUP_ROWS]
 
     @classmethod
     def cat(cls, parts: list["SuperBlockLinear"], consume: bool = False) -> "SuperBlockLinear":
-        """Stack along the output dim: the super-blocks as they are (see _stack)."""
+        """Stack along the output dim: the super-blocks as they are (see _stack), groups where every part is
+        grouped, else the parts' rows."""
         dense, jit = _prompt_weights(parts, consume)
-        out = cls(_stack(parts, "qs", consume), dense)
+        if all(p.grouped for p in parts):
+            out = cls(_stack(parts, "qs", consume), dense, grouped=True)
+        else:
+            out = cls(torch.cat([p.row_blocks() for p in parts]), dense)
         out.jit_dense = jit
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return dequantize(self.qs[start:stop], self.QTYPE, (stop - start, self.shape[1]))
+        return dequantize(self.row_blocks(start, stop), self.QTYPE, (stop - start, self.shape[1]))
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.qs[ids], self.QTYPE, (ids.numel(), self.shape[1]))
+        if self.grouped:
+            groups, inverse = torch.unique(ids // GROUP_ROWS, return_inverse=True)
+            rows = superblock_rows(self.qs[groups], self.BLOCK_BYTES)[inverse * GROUP_ROWS + ids % GROUP_ROWS]
+        else:
+            rows = self.qs[ids]
+        return dequantize(rows, self.QTYPE, (ids.numel(), self.shape[1]))
 
     @property
     def blocks(self) -> tuple:
@@ -317,66 +352,12 @@ class Q6Linear(SuperBlockLinear):
 class Q4KLinear(SuperBlockLinear):
     """GGUF Q4_K super-blocks (kernels.packed's q4k): w = d * sc * code - dmin * m, 4.5 bits a weight (as q4
     they took 5, with fp16-rounded d * sc and dmin * m). Multiplied as llama.cpp's Q4_K x Q8_K: activations
-    quantized per 256, the 6-bit scales and minimums applied as integers (kernels/cpu/q4k.h).
-
-    Where the CPU kernels run and N % 16 == 0, `qs` holds the rows regrouped 16 at a time (kernels.packed's
-    q4k16: the same bytes, the same bits, a faster decode kernel); `grouped` says which. Give rows, or groups
-    with grouped=True (the loader writes the file's rows straight into groups, kernels.packed.q4k_group_into)."""
+    quantized per 256, the 6-bit scales and minimums applied as integers (kernels/cpu/q4k.h)."""
 
     format = "q4k"
     BLOCK_BYTES = Q4K_BYTES
     QTYPE = GGMLQuantizationType.Q4_K
-
-    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None, grouped: bool = False):
-        self.grouped = grouped
-        if not grouped:
-            super().__init__(qs, dense)
-            if q4k_groupable(self.shape[0]):
-                groups = torch.empty(self.shape[0] // Q4K_GROUP, self.qs.shape[1] * Q4K_GROUP, dtype=torch.uint8)
-                q4k_group_into(self.qs, groups)
-                self.qs, self.grouped = groups, True
-            return
-        g, group_bytes = qs.shape
-        if qs.dtype != torch.uint8 or group_bytes % Q4K_GROUP_BYTES:
-            raise ValueError(f"q4k16 groups must be uint8 (N/16, K/256 * {Q4K_GROUP_BYTES}), got {qs.dtype} "
-                             f"{tuple(qs.shape)}")
-        self.qs = qs.contiguous()
-        PackedLinear.__init__(self, (g * Q4K_GROUP, group_bytes // Q4K_GROUP_BYTES * Q6_SUPER), dense)
-
-    @classmethod
-    def empty_groups(cls, n: int, k: int) -> torch.Tensor:
-        """Uninitialized q4k16 groups for n rows of k weights (n % 16 == 0), for the loader to fill."""
-        return torch.empty(n // Q4K_GROUP, k // Q6_SUPER * Q4K_GROUP_BYTES, dtype=torch.uint8)
-
-    def row_blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows [start, stop) as the file's Q4_K rows (ungrouped where they are kept in groups)."""
-        stop = self.shape[0] if stop is None else stop
-        if not self.grouped:
-            return self.qs[start:stop]
-        g0 = start // Q4K_GROUP
-        return q4k_rows(self.qs[g0:-(-stop // Q4K_GROUP)])[start - g0 * Q4K_GROUP: stop - g0 * Q4K_GROUP]
-
-    @classmethod
-    def cat(cls, parts: list["Q4KLinear"], consume: bool = False) -> "Q4KLinear":
-        """Stack along the output dim: groups as they are where every part is grouped (whole groups), else
-        the parts' rows."""
-        dense, jit = _prompt_weights(parts, consume)
-        if all(p.grouped for p in parts):
-            out = cls(_stack(parts, "qs", consume), dense, grouped=True)
-        else:
-            out = cls(torch.cat([p.row_blocks() for p in parts]), dense)
-        out.jit_dense = jit
-        return out
-
-    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return dequantize(self.row_blocks(start, stop), self.QTYPE, (stop - start, self.shape[1]))
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        if not self.grouped:
-            return super()._gather(ids)
-        groups, inverse = torch.unique(ids // Q4K_GROUP, return_inverse=True)
-        rows = q4k_rows(self.qs[groups])[inverse * Q4K_GROUP + ids % Q4K_GROUP]
-        return dequantize(rows, self.QTYPE, (ids.numel(), self.shape[1]))
+    GROUPS = True
 
     def to_q4(self) -> Q4Linear:
         """As q4 (fp16 d*sc and -dmin*m per 32; kernels/cpu/repack.cpp's q4_k_repack): for groups fused with

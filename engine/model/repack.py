@@ -45,8 +45,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.packed import (GROUP, Q4K_BYTES, Q4K_GROUP, Q6_BYTES, Q6_SUPER, SCALE_PAD, pack_nibbles, padded_scales,
-                            q4k_group_into, q4k_groupable, q8_pack, q8_quantize)
+from kernels.packed import (GROUP, GROUP_ROWS, Q4K_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, group_superblocks, groupable,
+                            pack_nibbles, padded_scales, q8_pack, q8_quantize)
 
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
@@ -225,13 +225,14 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
 def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str, keep_dense: bool,
                  exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
     n, k = shape
-    if qtype == Q.Q4_K and kernel_format(qtype.name, fmt) == "q4k" and q4k_groupable(n):  # copied into groups
-        groups, step = Q4KLinear.empty_groups(n, k), max(Q4K_GROUP, step // Q4K_GROUP * Q4K_GROUP)
+    if kernel_format(qtype.name, fmt) == "q4k" and groupable(n):  # the file's super-blocks, into groups
+        cls = Q4KLinear
+        groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):
-            q4k_group_into(rows[r0:r0 + step], groups[r0 // Q4K_GROUP:(r0 + step) // Q4K_GROUP])
+            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], cls.BLOCK_BYTES)
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return Q4KLinear(groups, exact, grouped=True)
+        return cls(groups, exact, grouped=True)
     if kernel_format(qtype.name, fmt) in ("q6", "q4k"):  # the file's super-blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):

@@ -410,6 +410,7 @@ template <int F>
 void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
   if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
+
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else {
@@ -541,6 +542,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
           gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q4k16) {
           gemm_compute<kQ4K16>(w, ga, a.k, M, Nout, ac, p0, p1, out);
+
         } else {
           gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         }

@@ -7,7 +7,8 @@
 //   q8_quantize:   fp32 rows -> Q8_0 as gguf.quants writes it: d = max|w| / 127, code = round-half-away(w * (1/d)),
 //                  clamped to +-127, scale fp16(d);
 //   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
-//   q4k16_pack / q4k16_unpack: Q4_K rows <-> q4k16's groups of 16 rows (q4k16.h), the same bytes rearranged;
+//   group_superblocks / ungroup_superblocks: Q4_K rows <-> groups of 16 rows (q4k16.h), the same bytes
+//                  rearranged;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 #include "common.h"
@@ -197,42 +198,49 @@ void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& m
   });
 }
 
-// rows (n, k / 256 * 144) Q4_K bytes <-> groups (n / 16, k / 256 * 2304), one group a task
-void q4k16_pack(const at::Tensor& rows, at::Tensor groups) {
+// rows (n, k / 256 * B) super-blocks <-> groups of 16 rows (n / 16, k / 256 * 16 B), B = 144 (Q4_K, q4k16.h; the
+// one grouped format: Q6_K grouped the same way gave a decode step nothing on two cores, kernels/PERF.md); one
+// group a task
+static void check_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block_bytes) {
   check_u8(rows, "rows");
   check_u8(groups, "groups");
-  const int64_t n = rows.size(0), row_bytes = rows.size(1), nsb = row_bytes / q4k::kBytes;
-  TORCH_CHECK(rows.dim() == 2 && row_bytes % q4k::kBytes == 0 && n % q4k16::kRows == 0 && groups.dim() == 2 &&
-                  groups.size(0) == n / q4k16::kRows && groups.size(1) == nsb * q4k16::kGroupBytes,
-              "q4k16 groups want (n / 16, k / 256 * 2304) for Q4_K rows (n, k / 256 * 144), n a multiple of 16");
+  TORCH_CHECK(block_bytes == q4k::kBytes, "groups of 16 rows hold Q4_K super-blocks (144 bytes)");
+  const int64_t n = rows.size(0), row_bytes = rows.size(1);
+  TORCH_CHECK(rows.dim() == 2 && row_bytes % block_bytes == 0 && n % q4k16::kRows == 0 && groups.dim() == 2 &&
+                  groups.size(0) == n / q4k16::kRows && groups.size(1) == row_bytes * q4k16::kRows,
+              "groups of 16 rows want (n / 16, 16 x row bytes) for rows (n, row bytes), n a multiple of 16");
+}
+
+void group_superblocks(const at::Tensor& rows, at::Tensor groups, int64_t block_bytes) {
+  check_groups(rows, groups, block_bytes);
+  const int64_t row_bytes = rows.size(1), nsb = row_bytes / block_bytes, group_bytes = row_bytes * q4k16::kRows;
   const uint8_t* src = rows.data_ptr<uint8_t>();
   uint8_t* dst = groups.data_ptr<uint8_t>();
-  at::parallel_for(0, n / q4k16::kRows, 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      q4k16::pack_group(src + g * q4k16::kRows * row_bytes, row_bytes, nsb, dst + g * nsb * q4k16::kGroupBytes);
+  at::parallel_for(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      q4k16::pack_group(src + g * group_bytes, row_bytes, nsb, dst + g * group_bytes);
+    }
   });
 }
 
-void q4k16_unpack(const at::Tensor& groups, at::Tensor rows) {
-  check_u8(rows, "rows");
-  check_u8(groups, "groups");
-  const int64_t n = rows.size(0), row_bytes = rows.size(1), nsb = row_bytes / q4k::kBytes;
-  TORCH_CHECK(rows.dim() == 2 && row_bytes % q4k::kBytes == 0 && n % q4k16::kRows == 0 && groups.dim() == 2 &&
-                  groups.size(0) == n / q4k16::kRows && groups.size(1) == nsb * q4k16::kGroupBytes,
-              "q4k16 groups want (n / 16, k / 256 * 2304) for Q4_K rows (n, k / 256 * 144), n a multiple of 16");
+void ungroup_superblocks(const at::Tensor& groups, at::Tensor rows, int64_t block_bytes) {
+  check_groups(rows, groups, block_bytes);
+  const int64_t row_bytes = rows.size(1), nsb = row_bytes / block_bytes, group_bytes = row_bytes * q4k16::kRows;
   const uint8_t* src = groups.data_ptr<uint8_t>();
   uint8_t* dst = rows.data_ptr<uint8_t>();
-  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, rows.size(0), 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      for (int64_t s = 0; s < nsb; ++s)
-        q4k16::unpack_super(src + (r / q4k16::kRows * nsb + s) * q4k16::kGroupBytes, (int)(r % q4k16::kRows),
-                            dst + r * row_bytes + s * q4k::kBytes);
+      for (int64_t s = 0; s < nsb; ++s) {
+        const uint8_t* g = src + r / q4k16::kRows * group_bytes + s * block_bytes * q4k16::kRows;
+        uint8_t* o = dst + r * row_bytes + s * block_bytes;
+        q4k16::unpack_super(g, (int)(r % q4k16::kRows), o);
+      }
   });
 }
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
-  lib.def("q4k16_pack(Tensor rows, Tensor(a!) groups) -> ()", &q4k16_pack);
-  lib.def("q4k16_unpack(Tensor groups, Tensor(a!) rows) -> ()", &q4k16_unpack);
+  lib.def("group_superblocks(Tensor rows, Tensor(a!) groups, int block_bytes) -> ()", &group_superblocks);
+  lib.def("ungroup_superblocks(Tensor groups, Tensor(a!) rows, int block_bytes) -> ()", &ungroup_superblocks);
   lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);
   lib.def("q4_k_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_k_repack);
   lib.def("q8_quantize_into(Tensor w, Tensor(a!) codes, Tensor(b!) scale, bool biased) -> ()", &q8_quantize_into);

@@ -247,8 +247,8 @@ def test_the_avx2_build_gives_the_same_bits():
     try:
         run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, run.stderr[-3000:]
-        q4k16 = os.path.join(os.path.dirname(__file__), "test_q4k16.py")
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, q4k16, "-k",
+        groups = os.path.join(os.path.dirname(__file__), "test_row_groups.py")
+        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, groups, "-k",
                               "not avx2_build and not llama_cpp"], env=env, capture_output=True, text=True,
                              timeout=900)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -38,7 +38,7 @@ def reference_q6(x: torch.Tensor, w: Q6Linear) -> torch.Tensor:
     times d_w d_x, summed over blocks (x the kernel's int8 activations)."""
     q, dx, _ = quantized_activations(x)
     M, (N, K) = x.shape[0], w.shape
-    blocks = w.qs.reshape(-1, 210)
+    blocks = w.row_blocks().reshape(-1, 210)
     sc = blocks[:, 192:208].contiguous().view(torch.int8).double()
     d = blocks[:, 208:210].contiguous().view(torch.float16).double()
     codes, _ = q6_k_affine(blocks)  # q - 32, (super-blocks, 16, 16)
@@ -65,7 +65,7 @@ def test_q6_matmul_computes_its_stated_arithmetic(source, N, K, M):
 
 def test_q6_keeps_the_files_exact_weights_and_size():
     w = random_q6(24, 512, 1)
-    exact = dequantize(w.qs, Q.Q6_K, (24, 512))
+    exact = dequantize(w.row_blocks(), Q.Q6_K, (24, 512))
     assert torch.equal(w.dequantize(), exact)
     ids = torch.tensor([3, 23, 3])
     assert torch.equal(w.embedding(ids), exact[ids])
@@ -132,11 +132,11 @@ def test_fused_parts_stay_q6_or_become_the_q8_they_were():
     gave Q6_K matrices before q6 existed (kernels/cpu/repack.cpp's q6_k_to_q8)."""
     a, b = random_q6(16, 512, 4), random_q6(8, 512, 5)
     both = cat_packed([a, b])
-    assert isinstance(both, Q6Linear) and torch.equal(both.qs, torch.cat([a.qs, b.qs]))
+    assert isinstance(both, Q6Linear) and torch.equal(both.row_blocks(), torch.cat([a.row_blocks(), b.row_blocks()]))
     q4 = random_q4(16, 512, 6)
     mixed = cat_packed([q4, b])
     assert isinstance(mixed, Q8Linear)
-    old = repack.from_blocks(b.qs, Q.Q6_K, (8, 512), "q8", keep_dense=False)
+    old = repack.from_blocks(b.row_blocks(), Q.Q6_K, (8, 512), "q8", keep_dense=False)
     assert torch.equal(mixed.qs[16:], old.qs) and torch.equal(mixed.scale[16:], old.scale)
     assert torch.equal(mixed.dense_rows(0, 16), Q8Linear.requantize(q4).dequantize())
     assert isinstance(q4, Q4Linear)
@@ -145,8 +145,9 @@ def test_fused_parts_stay_q6_or_become_the_q8_they_were():
 def test_loader_keeps_q6_k_as_q6():
     w = random_q6(12, 768, 7)
     seen = []
-    got = repack.from_blocks(w.qs, Q.Q6_K, (12, 768), "packed", keep_dense=False, done=lambda r0, r1: seen.append(r1))
-    assert isinstance(got, Q6Linear) and torch.equal(got.qs, w.qs) and got.qs.data_ptr() != w.qs.data_ptr()
+    got = repack.from_blocks(w.row_blocks(), Q.Q6_K, (12, 768), "packed", keep_dense=False,
+                             done=lambda r0, r1: seen.append(r1))
+    assert isinstance(got, Q6Linear) and torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
     assert seen[-1] == 12
     assert repack.kernel_format("Q6_K", "packed") == "q6" and repack.kernel_format("Q6_K", "q8") == "q8"
     formats = repack.kernel_formats({"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
@@ -160,7 +161,7 @@ def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's."""
     w = random_q6(40, 1024, 8)
     x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(1))
-    torch.save({"qs": w.qs, "x": x, "y": w(x)}, path := os.path.join(os.environ.get("TMPDIR", "/tmp"),
+    torch.save({"qs": w.row_blocks(), "x": x, "y": w(x)}, path := os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                                       f"q6_bits_{os.getpid()}.pt"))
     check = ("import torch; from engine.model.qlinear import Q6Linear; d = torch.load(%r); "
              "assert torch.equal(Q6Linear(d['qs'])(d['x']), d['y'])" % path)

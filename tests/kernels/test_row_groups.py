@@ -1,8 +1,8 @@
-"""The q4k16 layout (Q4_K rows regrouped 16 at a time, kernels/cpu/q4k16.h): its bytes are the file's rows
-rearranged as the header states (a NumPy statement of the layout), they go back to the same rows; its products
-are q4k's on the same rows bit for bit (per-row path for 1-7 activation rows, GEMM path, SwiGLU), hence
-llama.cpp's Q4_K x Q8_K arithmetic; a row's result never depends on the batch or the thread count; and a
-grouped Q4KLinear decodes, gathers, converts and stacks the same weights as its rows."""
+"""Q4_K rows regrouped 16 at a time (q4k16, kernels/cpu/q4k16.h): their bytes are the file's rows rearranged
+as the header states (a NumPy statement of the layout) and go back to the same rows; their products are q4k's
+own on the same rows bit for bit (per-row path for 1-7 activation rows, GEMM path, SwiGLU), hence llama.cpp's
+arithmetic (test_q4k.py checks q4k against it); a row's result never depends on the batch or the thread count;
+a grouped matrix decodes, gathers, converts and stacks the same weights as its rows; Q6_K stays in rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,39 +13,51 @@ from gguf import GGMLQuantizationType as Q
 from engine.model import repack_fast
 from engine.model.qlinear import Q4KLinear, cat_packed
 from kernels import cpu_ext
-from kernels.packed import NO_SCALES, q4k_group_into, q4k_rows
+from kernels.packed import NO_SCALES, group_superblocks, superblock_rows
 from tests.kernels.test_q4k import gguf_weights, random_q4k, reference_q4k
+from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
+# the layout's fields in order: (first byte of the row's super-block, bytes, unit): units of `unit` bytes,
+# interleaved across the 16 rows
+FIELDS = [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)]
+
 
 def rows_product(rows: torch.Tensor, x: torch.Tensor, act: int = 0) -> torch.Tensor:
-    """q4k's kernel on the file's rows (the format q4k16 must reproduce)."""
+    """q4k's kernel on the file's rows (what the groups must reproduce)."""
     return cpu_ext.ops().qmatmul(x, rows, NO_SCALES, None, act)
 
 
 def layout(rows: torch.Tensor) -> np.ndarray:
-    """The groups as q4k16.h states them, built in NumPy: per group and super-block 16 d's, 16 dmin's, three
-    4-byte scale words of each row, then 32 4-byte code words of each row."""
+    """The groups as the header states them, built in NumPy: per group and super-block, field by field, unit j
+    of rows 0..15, then unit j + 1 of rows 0..15..."""
     n, nsb = rows.shape[0], rows.shape[1] // 144
     b = rows.numpy().reshape(n // 16, 16, nsb, 144).transpose(0, 2, 1, 3)  # (group, super-block, row, byte)
-    words = lambda lo, hi: b[..., lo:hi].reshape(*b.shape[:3], -1, 4).transpose(0, 1, 3, 2, 4)
-    parts = [b[..., 0:2], b[..., 2:4], words(4, 16), words(16, 144)]
+    parts = [b[..., lo:lo + size].reshape(*b.shape[:3], size // unit, unit).transpose(0, 1, 3, 2, 4)
+             for lo, size, unit in FIELDS]
     return np.concatenate([p.reshape(n // 16, nsb, -1) for p in parts], -1).reshape(n // 16, -1)
 
 
 def test_groups_are_the_rows_bytes_as_stated_and_go_back():
-    rows = random_q4k(48, 768, 1, "random bytes").row_blocks()
+    w = random_q4k(48, 768, 1, "random bytes")
+    rows = w.row_blocks()
     groups = torch.empty(3, 3 * 2304, dtype=torch.uint8)
-    q4k_group_into(rows, groups)
-    assert np.array_equal(groups.numpy(), layout(rows))
-    assert torch.equal(q4k_rows(groups), rows)
+    group_superblocks(rows, groups, 144)
+    assert np.array_equal(groups.numpy(), layout(rows)) and torch.equal(groups, w.qs)
+    assert torch.equal(superblock_rows(groups, 144), rows)
 
 
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 13, 40])
+def test_q6_k_stays_in_rows():
+    """Q6_K grouped the same way gave a decode step nothing on two cores (kernels/PERF.md): rows, as stored."""
+    w = random_q6(48, 512, 1)
+    assert not w.grouped and w.qs.shape == (48, 2 * 210)
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8, 13, 40])
 @pytest.mark.parametrize("rows_from", ["1000000", "1"])  # the per-row path; the GEMM path for every M
-def test_q4k16_gives_q4ks_bits(M, rows_from):
+def test_groups_give_the_rows_bits(M, rows_from):
     w = random_q4k(64, 1024, M, "random bytes")
     assert w.grouped and w.qs.shape == (4, 4 * 2304)
     rows = w.row_blocks()
@@ -91,8 +103,10 @@ def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
 
 
 def test_bad_groups_are_refused_by_name():
-    with pytest.raises(ValueError, match="q4k16 groups"):
+    with pytest.raises(ValueError, match="q4k groups must be uint8"):
         Q4KLinear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
+    with pytest.raises(RuntimeError, match="Q4_K super-blocks"):
+        group_superblocks(torch.zeros(16, 210, dtype=torch.uint8), torch.zeros(1, 3360, dtype=torch.uint8), 210)
     w = random_q4k(48, 256, 6)  # 48 rows: SwiGLU's halves would split a group
     with pytest.raises(RuntimeError, match="bad activation"):
         w(torch.randn(1, 256), "swiglu")

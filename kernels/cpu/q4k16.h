@@ -42,16 +42,20 @@ inline int64_t at(int r, int i) {
   return kCodes + 64 * ((i - 16) / 4) + 4 * r + (i - 16) % 4;
 }
 
-// row-ordered super-blocks <-> one group's; `rows` points at row 0, rows row_bytes apart
-inline void pack_group(const uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* out) {
+// row-ordered super-blocks <-> one group's (Pack: rows -> group); `rows` points at row 0, rows row_bytes apart
+template <bool Pack>
+inline void move_group(uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* grp) {
+  auto move = [](uint8_t* in_group, uint8_t* in_row, size_t n) {
+    Pack ? std::memcpy(in_group, in_row, n) : std::memcpy(in_row, in_group, n);
+  };
   for (int64_t s = 0; s < nsb; ++s)
     for (int r = 0; r < kRows; ++r) {
-      const uint8_t* sb = rows + r * row_bytes + s * q4k::kBytes;
-      uint8_t* o = out + s * kGroupBytes;
-      std::memcpy(o + kD + 2 * r, sb, 2);
-      std::memcpy(o + kDmin + 2 * r, sb + 2, 2);
-      for (int w = 0; w < 3; ++w) std::memcpy(o + kScales + 64 * w + 4 * r, sb + 4 + 4 * w, 4);
-      for (int k = 0; k < 32; ++k) std::memcpy(o + kCodes + 64 * k + 4 * r, sb + 16 + 4 * k, 4);
+      uint8_t* sb = rows + r * row_bytes + s * q4k::kBytes;
+      uint8_t* o = grp + s * kGroupBytes;
+      move(o + kD + 2 * r, sb, 2);
+      move(o + kDmin + 2 * r, sb + 2, 2);
+      for (int w = 0; w < 3; ++w) move(o + kScales + 64 * w + 4 * r, sb + 4 + 4 * w, 4);
+      for (int k = 0; k < 32; ++k) move(o + kCodes + 64 * k + 4 * r, sb + 16 + 4 * k, 4);
     }
 }
 

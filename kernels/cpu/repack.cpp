@@ -201,41 +201,29 @@ void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& m
 // rows (n, k / 256 * B) super-blocks <-> groups of 16 rows (n / 16, k / 256 * 16 B), B = 144 (Q4_K, q4k16.h; the
 // one grouped format: Q6_K grouped the same way gave a decode step nothing on two cores, kernels/PERF.md); one
 // group a task
-static void check_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block_bytes) {
+// one group a task, either way (Pack: rows -> groups)
+template <bool Pack>
+void move_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block_bytes) {
   check_u8(rows, "rows");
   check_u8(groups, "groups");
   TORCH_CHECK(block_bytes == q4k::kBytes, "groups of 16 rows hold Q4_K super-blocks (144 bytes)");
-  const int64_t n = rows.size(0), row_bytes = rows.size(1);
+  const int64_t n = rows.size(0), row_bytes = rows.size(1), group_bytes = row_bytes * q4k16::kRows;
   TORCH_CHECK(rows.dim() == 2 && row_bytes % block_bytes == 0 && n % q4k16::kRows == 0 && groups.dim() == 2 &&
-                  groups.size(0) == n / q4k16::kRows && groups.size(1) == row_bytes * q4k16::kRows,
+                  groups.size(0) == n / q4k16::kRows && groups.size(1) == group_bytes,
               "groups of 16 rows want (n / 16, 16 x row bytes) for rows (n, row bytes), n a multiple of 16");
+  uint8_t *r = (uint8_t*)rows.data_ptr(), *g = (uint8_t*)groups.data_ptr();
+  at::parallel_for(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t i = g0; i < g1; ++i)
+      q4k16::move_group<Pack>(r + i * group_bytes, row_bytes, row_bytes / block_bytes, g + i * group_bytes);
+  });
 }
 
 void group_superblocks(const at::Tensor& rows, at::Tensor groups, int64_t block_bytes) {
-  check_groups(rows, groups, block_bytes);
-  const int64_t row_bytes = rows.size(1), nsb = row_bytes / block_bytes, group_bytes = row_bytes * q4k16::kRows;
-  const uint8_t* src = rows.data_ptr<uint8_t>();
-  uint8_t* dst = groups.data_ptr<uint8_t>();
-  at::parallel_for(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g) {
-      q4k16::pack_group(src + g * group_bytes, row_bytes, nsb, dst + g * group_bytes);
-    }
-  });
+  move_groups<true>(rows, groups, block_bytes);
 }
 
 void ungroup_superblocks(const at::Tensor& groups, at::Tensor rows, int64_t block_bytes) {
-  check_groups(rows, groups, block_bytes);
-  const int64_t row_bytes = rows.size(1), nsb = row_bytes / block_bytes, group_bytes = row_bytes * q4k16::kRows;
-  const uint8_t* src = groups.data_ptr<uint8_t>();
-  uint8_t* dst = rows.data_ptr<uint8_t>();
-  at::parallel_for(0, rows.size(0), 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t s = 0; s < nsb; ++s) {
-        const uint8_t* g = src + r / q4k16::kRows * group_bytes + s * block_bytes * q4k16::kRows;
-        uint8_t* o = dst + r * row_bytes + s * block_bytes;
-        q4k16::unpack_super(g, (int)(r % q4k16::kRows), o);
-      }
-  });
+  move_groups<false>(rows, groups, block_bytes);
 }
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {

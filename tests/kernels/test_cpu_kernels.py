@@ -21,6 +21,22 @@ from tests.kernels.test_oracle import PagedCase
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
 
+def assert_rows_independent(w, x: torch.Tensor, singles, span: tuple[int, int] | None = None) -> None:
+    """w(x)'s rows do not depend on the call: each row of `singles` alone, the rows [span) together, and the
+    whole call on one thread give the bits of the whole call on all threads."""
+    together = w(x)
+    for i in singles:
+        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
+    if span is not None:
+        assert torch.equal(w(x[span[0] : span[1]]), together[span[0] : span[1]])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(w(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def random_q4(N: int, K: int, seed: int = 0) -> Q4Linear:
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8)
@@ -78,16 +94,7 @@ def test_a_rows_result_never_depends_on_the_other_rows(fmt):
     """Row tiles (4x2, 1x4, 1x1) and thread splits must not change a row's bits: batch invariance."""
     w = random_q4(70, 576) if fmt == "q4" else Q8Linear.quantize(torch.randn(70, 576))
     x = torch.randn(13, 576)
-    together = w(x)
-    for i in range(13):
-        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
-    assert torch.equal(w(x[2:9]), together[2:9])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(w, x, range(13), (2, 9))
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

@@ -19,7 +19,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine.model import repack, repack_fast
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q4_k
@@ -154,16 +154,7 @@ def test_extreme_codes_scales_and_activations_sum_exactly():
 def test_a_rows_result_never_depends_on_the_other_rows():
     w = random_q4k(70, 1024, 2, "random bytes")
     x = torch.randn(41, 1024)
-    together = w(x)
-    for i in (0, 5, 13, 40):
-        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
-    assert torch.equal(w(x[2:9]), together[2:9])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(w, x, (0, 5, 13, 40), (2, 9))
 
 
 @pytest.mark.parametrize("N,K,M", [(40, 1024, 23), (5, 256, 16), (33, 768, 9)])  # a last panel of 8, 5, 1 columns

@@ -16,7 +16,7 @@ from engine.model import repack
 from engine.model.ggml_blocks import dequantize, q6_k_affine
 from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, quantized_activations, random_q4
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations, random_q4
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q6_k
 
@@ -91,16 +91,7 @@ def test_a_rows_result_never_depends_on_the_other_rows():
     batch invariance."""
     w = random_q6(70, 1024, 2)
     x = torch.randn(41, 1024)
-    together = w(x)
-    for i in (0, 5, 13, 40):
-        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
-    assert torch.equal(w(x[2:9]), together[2:9])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(w, x, (0, 5, 13, 40), (2, 9))
 
 
 @pytest.mark.parametrize("N,K,M", [(40, 1024, 23), (5, 256, 16), (33, 768, 9)])  # a last panel of 8, 5, 1 columns

@@ -12,7 +12,7 @@ import torch
 
 from engine.model.qlinear import Q8Linear
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, random_q4, reference_matmul
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, reference_matmul
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
@@ -51,15 +51,7 @@ def test_a_prompt_row_equals_the_same_row_alone(fmt):
     """The default switch (8 rows): rows of a 40-row call take the GEMM path, a single row the decode path."""
     w = _weights(fmt, 72, 576)
     x = torch.randn(40, 576)
-    together = w(x)
-    for i in (0, 13, 39):
-        assert torch.equal(w(x[i : i + 1]), together[i : i + 1])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(w, x, (0, 13, 39))
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])

@@ -14,6 +14,7 @@ from engine.model import repack_fast
 from engine.model.qlinear import Q4KLinear, cat_packed
 from kernels import cpu_ext
 from kernels.packed import NO_SCALES, group_superblocks, superblock_rows
+from tests.kernels.test_cpu_kernels import assert_rows_independent
 from tests.kernels.test_q4k import gguf_weights, random_q4k, reference_q4k
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
@@ -72,16 +73,7 @@ def test_groups_give_the_rows_bits(M, rows_from):
 def test_a_rows_result_never_depends_on_the_batch_or_the_threads():
     w = random_q4k(96, 512, 2)
     x = torch.randn(11, 512)
-    together = w(x)
-    for i in (0, 4, 10):
-        assert torch.equal(w(x[i:i + 1]), together[i:i + 1])
-    assert torch.equal(w(x[1:4]), together[1:4])
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(w(x), together)
-    finally:
-        torch.set_num_threads(threads)
+    assert_rows_independent(w, x, (0, 4, 10), (1, 4))
 
 
 def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():

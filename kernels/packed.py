@@ -14,7 +14,7 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   tensor, m None (kernels/cpu/q4k.h).
 - q4k16: the same Q4_K super-blocks with rows regrouped GROUP_ROWS at a time, qs uint8 (N/16, K/256 * 2304)
   (kernels/cpu/q4k16.h): one vector holds 16 rows' bytes, so a decode-sized product needs no horizontal
-  reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 16 == 0;
+  reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 32 == 0;
   superblock_rows gives the rows back.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
@@ -53,9 +53,11 @@ def pad_scales(t: torch.Tensor) -> torch.Tensor:
 
 
 def groupable(n: int) -> bool:
-    """Whether n rows of Q4_K super-blocks are kept in groups of 16 here: the CPU kernels built, whole
-    groups, and not turned off (PAGEDECK_ROW_GROUPS=0 keeps the rows, for benchmarks comparing the two)."""
-    return n % GROUP_ROWS == 0 and os.environ.get("PAGEDECK_ROW_GROUPS", "1") != "0" and cpu_ext.ops() is not None
+    """Whether n rows of Q4_K super-blocks are kept in groups of 16 here: the CPU kernels built, whole groups
+    in each half (a [gate | up] matrix's SwiGLU splits it in halves), and not turned off
+    (PAGEDECK_ROW_GROUPS=0 keeps the rows, for benchmarks comparing the two)."""
+    return (n % (2 * GROUP_ROWS) == 0 and os.environ.get("PAGEDECK_ROW_GROUPS", "1") != "0"
+            and cpu_ext.ops() is not None)
 
 
 def group_superblocks(rows: torch.Tensor, groups: torch.Tensor, block_bytes: int) -> None:

@@ -273,7 +273,7 @@ class SuperBlockLinear(PackedLinear):
     """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of Q6_SUPER weights
     each, their scales inside the blocks, decoded exactly as gguf does.
 
-    A format with GROUPS (q4k) keeps, where the CPU kernels run and N % 16 == 0, its rows regrouped 16 at a
+    A format with GROUPS (q4k) keeps, where the CPU kernels run and N % 32 == 0 (kernels.packed.groupable), its rows regrouped 16 at a
     time in `qs` (kernels.packed's q4k16: the same bytes, the same bits, a decode kernel without horizontal
     reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
     rows straight into groups, kernels.packed.group_superblocks)."""

@@ -209,13 +209,13 @@ def test_fused_parts_stay_q4k_or_become_the_q8_they_were():
     assert torch.equal(mixed.qs[:16], old.qs) and torch.equal(mixed.scale[:16], old.scale)
 
 
-@pytest.mark.parametrize("N", [12, 48])  # rows as the file has them; whole groups of 16 (q4k16)
+@pytest.mark.parametrize("N", [12, 48, 64])  # rows as the file has them; 64: whole groups of 16 in each half (q4k16)
 def test_loader_keeps_q4_k_as_q4k(N):
     w = random_q4k(N, 768, 7)
     seen = []
     got = repack.from_blocks(w.row_blocks(), Q.Q4_K, (N, 768), "packed", keep_dense=False,
                              done=lambda r0, r1: seen.append(r1))
-    assert isinstance(got, Q4KLinear) and got.grouped == (N % 16 == 0)
+    assert isinstance(got, Q4KLinear) and got.grouped == (N % 32 == 0)
     assert torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
     assert seen[-1] == N
     assert repack.kernel_format("Q4_K", "packed") == "q4k" and repack.kernel_format("Q4_K", "q8") == "q8"
@@ -228,7 +228,7 @@ def test_loader_keeps_q4_k_as_q4k(N):
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's."""
-    w = random_q4k(48, 1024, 8, "random bytes")  # whole groups: the q4k16 kernel
+    w = random_q4k(64, 1024, 8, "random bytes")  # whole groups: the q4k16 kernel
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1))
     torch.save({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])},
                path := os.path.join(os.environ.get("TMPDIR", "/tmp"), f"q4k_bits_{os.getpid()}.pt"))

@@ -42,9 +42,9 @@ def layout(rows: torch.Tensor) -> np.ndarray:
 
 
 def test_groups_are_the_rows_bytes_as_stated_and_go_back():
-    w = random_q4k(48, 768, 1, "random bytes")
+    w = random_q4k(64, 768, 1, "random bytes")
     rows = w.row_blocks()
-    groups = torch.empty(3, 3 * 2304, dtype=torch.uint8)
+    groups = torch.empty(4, 3 * 2304, dtype=torch.uint8)
     group_superblocks(rows, groups, 144)
     assert np.array_equal(groups.numpy(), layout(rows)) and torch.equal(groups, w.qs)
     assert torch.equal(superblock_rows(groups, 144), rows)
@@ -77,7 +77,8 @@ def test_a_rows_result_never_depends_on_the_batch_or_the_threads():
 
 
 def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
-    w = random_q4k(48, 512, 3)
+    w = random_q4k(64, 512, 3)
+    assert w.grouped and not random_q4k(48, 512, 3).grouped  # 48 rows: SwiGLU's halves would split a group
     exact = gguf_weights(w)
     assert torch.equal(w.dense_rows(5, 37), exact[5:37])
     ids = torch.tensor([[47, 0, 16], [16, 3, 31]])
@@ -88,7 +89,7 @@ def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
     other, odd = random_q4k(32, 512, 4), random_q4k(8, 512, 5)
     both = cat_packed([w, other])
     assert both.grouped and torch.equal(both.qs, torch.cat([w.qs, other.qs]))
-    mixed = cat_packed([w, odd])  # 56 rows: no whole groups, the rows
+    mixed = cat_packed([w, odd])  # 72 rows: not whole groups in each half, the rows
     assert not mixed.grouped and torch.equal(mixed.row_blocks(), torch.cat([w.row_blocks(), odd.row_blocks()]))
     x = torch.randn(3, 512)
     assert torch.equal(mixed(x), torch.cat([w(x), odd(x)], 1))
@@ -99,6 +100,8 @@ def test_bad_groups_are_refused_by_name():
         Q4KLinear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
     with pytest.raises(RuntimeError, match="Q4_K super-blocks"):
         group_superblocks(torch.zeros(16, 210, dtype=torch.uint8), torch.zeros(1, 3360, dtype=torch.uint8), 210)
-    w = random_q4k(48, 256, 6)  # 48 rows: SwiGLU's halves would split a group
+    rows = random_q4k(48, 256, 6).row_blocks()  # 48 rows as groups: SwiGLU's halves would split a group
+    groups = Q4KLinear.empty_groups(48, 256)
+    group_superblocks(rows, groups, 144)
     with pytest.raises(RuntimeError, match="bad activation"):
-        w(torch.randn(1, 256), "swiglu")
+        Q4KLinear(groups, grouped=True)(torch.randn(1, 256), "swiglu")

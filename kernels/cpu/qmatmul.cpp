@@ -464,18 +464,24 @@ int64_t gemm_rows() {
   return v && *v ? std::atoll(v) : 8;
 }
 
-// Output rows per chunk of the per-row path: small enough that the threads finish together (a chunk is the
-// most one thread can be left doing alone), large enough that a chunk streams a few tens of KB of weights
-// from one place. PAGEDECK_ROW_CHUNK overrides it (benchmarks compare splits in one process; 0: one range
-// per thread, the split before chunks).
-int64_t row_chunk(int64_t Nout, int64_t M) {
+// Output rows per chunk of the per-row path, one activation row: ~kChunkBytes of weights, so that each thread
+// streams long contiguous runs (16-row chunks, 36 KB of a 4096-wide Q4_K matrix, interleaved the two threads'
+// reads every 36 KB: the 8B-shaped file's whole step was 1.22-1.28x slower with them than with 64-256 rows,
+// alternated in one process), but at least 4 chunks a thread so that the threads still finish together on
+// small matrices (a chunk is the most one thread can be left doing alone); several activation rows, 8 rows.
+// PAGEDECK_ROW_CHUNK overrides it (benchmarks compare splits in one process; 0: one range per thread).
+constexpr int64_t kChunkBytes = 512 << 10;
+
+int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes) {
   const char* v = std::getenv("PAGEDECK_ROW_CHUNK");
+  const int64_t threads = at::get_num_threads();
   if (v && *v) {
     const int64_t forced = std::atoll(v);
-    const int64_t threads = at::get_num_threads();
     return forced > 0 ? forced : (Nout + threads - 1) / threads;
   }
-  return M > 1 ? 8 : 16;
+  if (M > 1) return 8;
+  const int64_t rows = std::min(kChunkBytes / std::max<int64_t>(row_bytes, 1), Nout / (4 * threads));
+  return std::max<int64_t>(16, rows / 16 * 16);
 }
 
 }  // namespace
@@ -554,7 +560,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   // Output rows go in chunks taken from a shared counter (ggml's scheme), not in one fixed range per thread:
   // on a shared machine a thread that loses its core for a while no longer leaves the other waiting at the
   // join with its whole half still to do. Each row's result is the same whichever thread computes it.
-  int64_t chunk = row_chunk(Nout, M);
+  int64_t chunk = row_chunk(Nout, M, qs.numel() / N);  // a row's bytes (q4's scales and minimums aside)
   if (q4k16) chunk = (chunk + q4k16::kRows - 1) / q4k16::kRows * q4k16::kRows;  // whole groups
   const int64_t chunks = (Nout + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};

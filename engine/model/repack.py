@@ -226,13 +226,12 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
                  exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
     n, k = shape
     if kernel_format(qtype.name, fmt) == "q4k" and groupable(n):  # the file's super-blocks, into groups
-        cls = Q4KLinear
-        groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
+        groups, step = Q4KLinear.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):
-            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], cls.BLOCK_BYTES)
+            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], Q4K_BYTES)
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return cls(groups, exact, grouped=True)
+        return Q4KLinear(groups, exact, grouped=True)
     if kernel_format(qtype.name, fmt) in ("q6", "q4k"):  # the file's super-blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):

@@ -358,7 +358,6 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
   for (; m < M; ++m) dot_tile<1, 1, Q4>(w, n, a, m, out + m, 1);
 }
 
-// y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
 // q4k16: y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate and up groups in turn
 void compute_groups(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1,
                     float* y) {
@@ -376,6 +375,7 @@ void compute_groups(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout
   }
 }
 
+// y (M, Nout) for rows [n0, n1) of the output; SwiGLU pairs gate row i with up row i + Nout.
 template <int F>
 void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1, float* y) {
   thread_local std::vector<float> buf, gate, up;
@@ -410,7 +410,6 @@ template <int F>
 void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
   if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
-
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else {

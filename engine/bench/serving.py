@@ -18,7 +18,6 @@ Progress goes to stderr; the table and the JSON line go to stdout.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -216,7 +215,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from .synthetic import SYNTHETIC_MODELS, synthetic_model
+    from .synthetic import SYNTHETIC_MODELS, placeholder_tokenizer, synthetic_model
 
     if args.repeats < 1:
         raise ValueError("--repeats must be at least 1")
@@ -230,7 +229,7 @@ def _bench(args: argparse.Namespace) -> int:
     t = time.perf_counter()
     if args.model in SYNTHETIC_MODELS:
         model = synthetic_model(args.model)
-        tokenizer = Tokenizer.load(None)  # random weights: any tokenizer of a smaller vocabulary will do
+        tokenizer = placeholder_tokenizer(model.vocab_size)
     else:
         model = Model.load(args.model, weights=args.weights)
         tokenizer = Tokenizer.load(args.model)

@@ -9,6 +9,7 @@ import torch
 from ..model.config import ModelConfig
 from ..model.loader import default_device, default_dtype
 from ..model.model import Model
+from ..model.tokenizer import Tokenizer
 from ..model.tensor_names import tensor_shapes
 
 # Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
@@ -59,6 +60,17 @@ def random_model(config: ModelConfig, device: torch.device | str | None = None, 
         else:
             weights[name] = torch.empty(shape, dtype=dt, device=dev).normal_(0.0, 0.02, generator=g)
     return Model.from_state_dict(config, weights, dev, dt)
+
+
+def placeholder_tokenizer(vocab_size: int) -> Tokenizer:
+    """A word-level vocabulary `t0` .. `t{vocab_size - 1}` with `t2` as end of text. Random weights give tokens no
+    meaning, so a synthetic model needs only ids that map to some text and one stop token, not a real
+    vocabulary (nor the default model's file, which a bare GPU machine lacks)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    return Tokenizer(HFTokenizer(WordLevel(vocab, unk_token="t0")), eos_token="t2", source="placeholder")
 
 
 def synthetic_model(name: str, device: torch.device | str | None = None) -> Model:

@@ -12,7 +12,7 @@ import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from engine.bench.serving import decode_weight_bytes
-from engine.bench.synthetic import random_model, tensor_shapes
+from engine.bench.synthetic import placeholder_tokenizer, random_model, tensor_shapes
 from engine.cli import build_parser, main, sampler_from_args
 from engine.model.config import ModelConfig
 from tests.tiny_models import write_tiny_model
@@ -236,7 +236,8 @@ def test_random_model_runs_through_the_generator():
     model = random_model(config, device="cpu", dtype=torch.float32)
     assert model.num_parameters() == sum(torch.Size(s).numel() for s in tensor_shapes(config).values())
     assert decode_weight_bytes(model) == model.memory_bytes() - 49216 * 32 * 4  # untied: embedding not read
-    tok = Tokenizer.load(None)
+    tok = placeholder_tokenizer(model.vocab_size)  # what the bench gives a synthetic model: no file needed
+    assert tok.vocab_size == 49216 and tok.stop_token_ids == {2} and tok.decode([5, 7]) == "t5 t7"
     gen = DynamicGenerator(model, PagedCache(model, max_tokens=256, page_size=16), tok)
     job = DynamicJob(torch.tensor([[5, 6, 7, 8]]), 6, gen_settings=SamplerSettings.greedy())
     gen.enqueue(job)

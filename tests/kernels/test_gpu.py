@@ -113,3 +113,109 @@ def test_pointwise_on_gpu(dtype):
     ref.apply_rotary(q2, k2, pos, inv_freq)
     torch.testing.assert_close(q, q2, atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(k, k2, atol=3e-2, rtol=2e-2)
+
+
+# ---------------------------------------------------------------- dequant-matmul and LoRA kernels on the GPU
+
+DEQUANT_TYPES = [8, 2, 3, 12, 13, 14]  # Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K
+
+
+@pytest.mark.parametrize("qtype", DEQUANT_TYPES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_dequant_matmul_on_gpu(qtype, dtype):
+    """The decode GEMV (<= 16 rows) and the prefill GEMM at a Llama-sized K, against the file's exact decode
+    (the gguf package's, on the CPU) times the same activations in float64."""
+    import kernels
+    from tools.ggml_writers import quantize as quantize_ggml
+
+    n, k = 1000, 4096  # n: not a multiple of any block size
+    g = torch.Generator().manual_seed(qtype)
+    w = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    raw = torch.from_numpy(quantize_ggml(w, qtype)).reshape(n, -1).contiguous()
+    dense = ref.dequant_matmul_reference(torch.eye(k), raw, qtype, (n, k)).T.double()  # (n, k) decoded
+    raw_gpu = raw.to(cuda)
+    for m in (1, 3, 16, 17, 64):
+        x = torch.randn(m, k, generator=g).to(dtype)
+        got = kernels.dequant_matmul(x.to(cuda), raw_gpu, qtype, (n, k))  # the Triton kernels on CUDA
+        want = x.double() @ dense.T
+        assert got.shape == (m, n) and not got.isnan().any()
+        err = (got.double().cpu() - want).norm() / want.norm()
+        assert err < 1e-2, f"type {qtype}, {m} rows: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_lora_kernels_on_gpu(dtype):
+    import kernels
+    from kernels import reference_lora
+    from tests.kernels.test_lora_kernels import layout, oracle
+
+    seg_rows = [3, 1, 40, 0, 2]
+    x, a, b, col_scale = layout(5, seg_rows, ranks=[8, 16, 32])
+    want = oracle(x, a, b, col_scale, seg_rows)
+    x, a, b = (t.to(dtype).to(cuda) for t in (x, a, b))
+    plan = kernels.lora_plan(col_scale, seg_rows, device=cuda)
+    s = _triton_ops().lora_shrink(x, a, plan)
+    torch.testing.assert_close(s.float(), reference_lora.lora_shrink(x.float(), a.float(), plan), atol=2e-2,
+                               rtol=2e-2)
+    y = torch.zeros(x.shape[0], b.shape[1], dtype=dtype, device=cuda)
+    _triton_ops().lora_expand(s, b, y, plan)
+    err = (y.double().cpu() - want).norm() / want.norm()
+    assert err < 1e-2, f"relative error {err:.2e}"
+
+
+# ---------------------------------------------------------------- the whole engine on the GPU
+
+def _tiny_engine(device: torch.device, dtype: torch.dtype):
+    """A 2-layer random Llama (weights drawn on the CPU, so every device gets the same ones) with a placeholder
+    vocabulary (the generator needs a tokenizer; the default model's file is not needed)."""
+    from engine import Model
+    from engine.bench.synthetic import placeholder_tokenizer
+    from engine.model.config import ModelConfig
+    from engine.model.tensor_names import tensor_shapes
+
+    config = ModelConfig.from_hf({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+        "bos_token_id": 1, "eos_token_id": 2})
+    g = torch.Generator().manual_seed(7)
+    weights = {name: (torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=g) * 0.08)
+               for name, shape in tensor_shapes(config).items()}
+    model = Model.from_state_dict(config, {k: v.to(dtype).to(device) for k, v in weights.items()}, device, dtype)
+    return model, placeholder_tokenizer(512)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_engine_on_gpu_matches_cpu_forward(dtype):
+    """Prefill logits on the GPU (Triton attention, pointwise kernels) against the CPU fp32 path, and four
+    greedy jobs generated together on the GPU (paged decode, chunked prefill): each token is a top choice of
+    the CPU one-pass forward over the same tokens."""
+    from engine import DynamicGenerator, DynamicJob, PagedCache, SamplerSettings
+    from tests.engine.pagetable_checks import check_released
+    from tools.logits import forward_tokens
+
+    gpu_model, tok = _tiny_engine(cuda, dtype)
+    cpu_model, _ = _tiny_engine(torch.device("cpu"), torch.float32)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 512, (1, n), generator=g) for n in (5, 70, 300, 33)]
+    a, b = forward_tokens(gpu_model, prompts[2]).float().cpu(), forward_tokens(cpu_model, prompts[2])
+    tol = 2e-2 if dtype == torch.float32 else 6e-2
+    assert ((a - b).norm() / b.norm()) < tol
+    gen = DynamicGenerator(gpu_model, PagedCache(gpu_model, max_tokens=2048, page_size=16), tok, max_chunk_size=64)
+    jobs = [DynamicJob(p, 24, gen_settings=SamplerSettings.greedy()) for p in prompts]
+    tokens = {id(j): [] for j in jobs}
+    gen.enqueue(jobs)
+    while gen.num_remaining_jobs():
+        for r in gen.iterate():
+            if r["stage"] == "streaming":
+                tokens[id(r["job"])] += r["token_ids"]
+    margin = 0.02 if dtype == torch.float32 else 0.15
+    for p, j in zip(prompts, jobs):
+        out = tokens[id(j)]
+        assert len(out) == 24
+        full = torch.cat([p, torch.tensor([out])], dim=1)
+        logits = forward_tokens(cpu_model, full)[p.shape[1] - 1: -1]
+        best = logits.max(-1).values
+        picked = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
+        assert ((best - picked) <= margin * logits.std()).all(), f"off the CPU's top choice: {(best - picked).max()}"
+    check_released(gen.pagetable)

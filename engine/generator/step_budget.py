@@ -53,7 +53,7 @@ class StepBudget:
             raise ValueError(f"share and tolerance must be > 0, got {share}, {tolerance}")
         self.max_tokens = max_tokens
         self.share = share
-        # the smallest chunk worth a prefill step: the CPU kernels' GEMM path starts at 8 rows
+        # the smallest chunk worth a prefill step: the CPU kernels' GEMM path starts at 8 rows (32 for Q4_K)
         self.min_tokens = min(min_tokens, max_tokens)
         self.first_tokens = min(first_tokens, max_tokens)  # before anything is measured
         self.smoothing = smoothing

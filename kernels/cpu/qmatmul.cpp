@@ -456,11 +456,16 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int
 }
 #endif
 
-// Rows from which the GEMM path takes over (PAGEDECK_QGEMM_ROWS overrides it: benchmarks and tests compare the
-// two paths in one process; both compute every element identically).
-int64_t gemm_rows() {
+// Rows from which the GEMM path takes over, per format (PAGEDECK_QGEMM_ROWS overrides it for all: benchmarks
+// and tests compare the two paths in one process; both compute every element identically). The GEMM path
+// unpacks every weight into panels once per call, a cost the rows must amortise; q4k's per-row kernel (16-row
+// groups, one dpbusd per 4 codes into each row's lane) is cheap enough that it stays ahead up to ~28 rows: the
+// whole decode step of the 3B- and 8B-shaped Q4_K_M files at 8 rows ran 1.40x / 1.54x faster with it than with
+// the GEMM, 1.20x / 1.20x at 16, 1.05x / 1.13x at 24, and 0.95x on the 3B at 32. q4, q8 and q6 cross near 8.
+int64_t gemm_rows(Format f) {
   const char* v = std::getenv("PAGEDECK_QGEMM_ROWS");
-  return v && *v ? std::atoll(v) : 8;
+  if (v && *v) return std::atoll(v);
+  return f == kQ4K || f == kQ4K16 ? 32 : 8;
 }
 
 // Output rows per chunk of the per-row path, one activation row: ~kChunkBytes of weights, so that each thread
@@ -514,7 +519,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = M >= gemm_rows();
+  const bool big = M >= gemm_rows(q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
 #else
   const bool big = false;
 #endif

@@ -31,7 +31,7 @@ step() {  # step NAME CAP command...: run with the smaller of CAP and what is le
 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; \
   $py -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, \
   torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)'; lscpu | grep 'Model name'"
-step tests 240 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -x -rs
+step tests 240 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -rs
 step dequant 90 $py -m tools.dequant_bench --json "$out/dequant.json"
 step engine 200 $py -m engine bench --model llama3-8b-random --peer transformers --repeats 1 --streams 8
 step attention 150 $py -m tools.kernel_bench --quant none q8 q4 --json "$out/attention.json"

@@ -16,16 +16,17 @@ from engine.bench.measure import copy_bandwidth
 
 SHAPES = {"attn_q": (4096, 4096), "ffn_up": (14336, 4096), "ffn_down": (4096, 14336)}  # (N out, K in)
 TYPES = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8, "Q4_0": 2}
-BLOCK = {12: (256, 144), 14: (256, 210), 8: (32, 34), 2: (32, 18)}
 
 
 def random_blocks(qtype: int, n: int, k: int, device: torch.device) -> torch.Tensor:
     """(n, bytes per row) uint8 blocks with random codes and small finite fp16 scales (the speed of the
     kernel does not depend on the values; NaN scales would only make the outputs useless for a glance)."""
-    per, nbytes = BLOCK[qtype]
+    from kernels.triton_dequant import FORMATS  # (weights, bytes) per block: the kernels' own table
+
+    per, nbytes = FORMATS[qtype]
     raw = torch.randint(0, 256, (n, k // per, nbytes), dtype=torch.uint8, device=device)
     scale = torch.full((n, k // per), 0.01, dtype=torch.float16, device=device).view(torch.uint8).view(n, k // per, 2)
-    if qtype in (12,):
+    if qtype == 12:
         raw[..., 0:2], raw[..., 2:4] = scale, scale  # d, dmin at the front
     elif qtype == 14:
         raw[..., 208:210] = scale  # d at the end

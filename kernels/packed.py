@@ -4,6 +4,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - d: fp16 (N, K/32) scales, in a buffer SCALE_PAD values longer (the kernels load 8 scales at a time);
 - q4: qs uint8 (N, K/2) in GGUF nibble order (the low nibbles are weights 0..15 of a block), m fp16 (N, K/32)
   minimums like d: w = d * code + m, code 0..15 (GGUF Q4_1; Q4_0 is m = -8d);
+- q5: qs uint8 (N, K/32 * 20): 5-bit codes as 16 nibble bytes and 4 bytes of fifth bits a block (pairs of
+  blocks interleaved for the kernel: q5_pack), d and m as q4's: w = d * code + m, code 0..31 (GGUF Q5_1; Q5_0
+  is m = -16d) (kernels/cpu/q5.h);
 - q8: qs uint8 (N, K) = code + 128 (the kernel multiplies u8 by s8), m None: w = d * code, code int8 (GGUF
   Q8_0's rule, symmetric, d = max|w| / 127 per block).
 - q6: qs uint8 (N, K/256 * 210): GGUF Q6_K super-blocks as the file stores them (6.56 bits a weight:
@@ -37,6 +40,7 @@ QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
 Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
 Q4K_BYTES = 144  # q4k: bytes per Q4_K super-block (of Q6_SUPER weights)
 GROUP_ROWS = 16  # q4k16: rows a group (kernels/cpu/q4k16.h)
+Q5_BYTES = 20  # q5: bytes per block of GROUP weights (16 of nibbles, 4 of fifth bits)
 NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
 
@@ -97,6 +101,64 @@ def q4_dequantize(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) 
     n, k = qs.shape[0], qs.shape[1] * 2
     codes = unpack_nibbles(qs).view(n, k // GROUP, GROUP).float()
     return (codes * scale.float()[..., None] + minimum.float()[..., None]).view(n, k)
+
+
+def q5_layout(nibbles: torch.Tensor, fifth: torch.Tensor) -> torch.Tensor:
+    """q5's qs (N, nb * 20) from each block's 16 nibble bytes (N, nb, 16; GGUF order) and 4 bytes of fifth bits
+    (N, nb, 4; bit i of the little-endian word for weight i, GGUF Q5_0/Q5_1's qh): blocks in pairs, both
+    blocks' nibbles and then the pair's bits as 16-bit words [j low, j+1 low, j high, j+1 high] (the low half
+    goes with the low nibbles, weights 0..15); an odd last block as it is (kernels/cpu/q5.h)."""
+    n, nb = nibbles.shape[:2]
+    even = nb // 2 * 2
+    out = torch.empty(n, nb * Q5_BYTES, dtype=torch.uint8)
+    pairs = out[:, : even * Q5_BYTES].view(n, nb // 2, 2 * Q5_BYTES)
+    pairs[..., :32] = nibbles[:, :even].reshape(n, nb // 2, 32)
+    pairs[..., 32:] = fifth[:, :even].reshape(n, nb // 2, 2, 2, 2).transpose(2, 3).reshape(n, nb // 2, 8)
+    if nb % 2:
+        out[:, even * Q5_BYTES: even * Q5_BYTES + 16] = nibbles[:, -1]
+        out[:, even * Q5_BYTES + 16:] = fifth[:, -1]
+    return out
+
+
+def q5_fields(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q5_layout's inverse: (nibbles (N, nb, 16), fifth bits (N, nb, 4))."""
+    n, nb = qs.shape[0], qs.shape[1] // Q5_BYTES
+    even = nb // 2 * 2
+    pairs = qs[:, : even * Q5_BYTES].reshape(n, nb // 2, 2 * Q5_BYTES)
+    nibbles = pairs[..., :32].reshape(n, even, 16)
+    fifth = pairs[..., 32:].reshape(n, nb // 2, 2, 2, 2).transpose(2, 3).reshape(n, even, 4)
+    if nb % 2:
+        last = qs[:, even * Q5_BYTES:]
+        nibbles, fifth = torch.cat([nibbles, last[:, None, :16]], 1), torch.cat([fifth, last[:, None, 16:]], 1)
+    return nibbles, fifth
+
+
+_BITS = torch.arange(8, dtype=torch.uint8)
+
+
+def q5_pack(codes: torch.Tensor) -> torch.Tensor:
+    """(N, K) codes 0..31 -> q5's qs (N, K/32 * 20)."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8)
+    fifth = (((c >> 4) & 1).view(n, k // GROUP, 4, 8) << _BITS).sum(-1, dtype=torch.uint8)
+    return q5_layout(pack_nibbles(c & 15).view(n, k // GROUP, 16), fifth)
+
+
+def q5_codes(qs: torch.Tensor) -> torch.Tensor:
+    """q5's qs (N, K/32 * 20) -> (N, K) codes 0..31 (uint8)."""
+    nibbles, fifth = q5_fields(qs)
+    n, nb = nibbles.shape[:2]
+    low = torch.cat([nibbles & 15, nibbles >> 4], dim=2)
+    high = ((fifth[..., None] >> _BITS) & 1).reshape(n, nb, GROUP)
+    return (low | high << 4).reshape(n, nb * GROUP)
+
+
+def q5_dequantize(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> torch.Tensor:
+    """The fp32 (N, K) weights of q5 rows."""
+    codes = q5_codes(qs)
+    n, k = codes.shape
+    w = codes.view(n, k // GROUP, GROUP).float() * scale.float()[..., None] + minimum.float()[..., None]
+    return w.view(n, k)
 
 
 def q8_pack(codes: torch.Tensor) -> torch.Tensor:

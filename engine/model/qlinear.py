@@ -2,10 +2,10 @@
 
 Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
 token, their 4-bit blocks ~70 MB. The formats ("q4": GGUF Q4_1/Q4_0, Q4_K's sub-blocks via
-engine.model.repack; "q6": GGUF Q6_K's own super-blocks; "q4k": GGUF Q4_K's own super-blocks; "q8": GGUF Q8_0, or any other weight quantized to it
-at load), their layouts and the kernel that multiplies them are kernels.packed's; this module is the nn-level
-use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q6 and q8
-to dense rows.
+engine.model.repack; "q5": GGUF Q5_0/Q5_1; "q6": GGUF Q6_K's own super-blocks; "q4k": GGUF Q4_K's own super-blocks;
+"q8": GGUF Q8_0, or any other weight quantized to it at load), their layouts and the kernel that multiplies them are kernels.packed's; this module is the nn-level
+use of them. Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q5, q6
+and q8 to dense rows.
 
 In a model with dense prompt rows (engine.model.repack.keeps_dense_copy: small models, like the default
 one) prompt rows take the exact fp32 weights (RowSplit): decoded just in time into a reused scratch buffer
@@ -27,9 +27,10 @@ from gguf import GGMLQuantizationType
 
 import kernels
 from kernels import cpu_ext
-from kernels.packed import (GROUP, GROUP_ROWS, NO_SCALES, Q4K_BYTES, Q6_BYTES, Q6_SUPER, check_blocks, group_superblocks,
-                             groupable, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales, padded_scales,
-                             q4_dequantize, q4_supported, q8_dequantize, q8_pack, q8_quantize, qmatmul, superblock_rows)
+from kernels.packed import (GROUP, GROUP_ROWS, NO_SCALES, Q4K_BYTES, Q5_BYTES, Q6_BYTES, Q6_SUPER, check_blocks,
+                             group_superblocks, groupable, int4_available, int4_matmul, int4_weight, pack_nibbles,
+                             pad_scales, padded_scales, q4_dequantize, q4_supported, q5_dequantize, q5_pack,
+                             q8_dequantize, q8_pack, q8_quantize, qmatmul, superblock_rows)
 
 from . import scratch
 from .ggml_blocks import dequantize
@@ -181,6 +182,57 @@ class Q4Linear(PackedLinear):
         if self._int4 is None:
             self._int4 = int4_weight(self.qs, self.scale, self.minimum)
         return int4_matmul(x, self._int4)
+
+
+class Q5Linear(PackedLinear):
+    """5-bit codes with fp16 scale and minimum per 32: w = code * scale + minimum, GGUF Q5_0 (minimum -16 d) and
+    Q5_1 held exactly at 5 bits a weight (as q8 they took 8.5); kernels.packed.q5_layout is the byte order."""
+
+    format = "q5"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor):
+        N, K = codes.shape
+        check_blocks(N, K, scale)
+        if minimum.shape != scale.shape:
+            raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
+        self._set(q5_pack(codes), pad_scales(scale), pad_scales(minimum))
+
+    @classmethod
+    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> "Q5Linear":
+        """Adopt ready parts without copies: qs (N, K/32 * 20) from q5_layout, scale and minimum from
+        padded_scales()."""
+        out = cls.__new__(cls)
+        out._set(qs, scale, minimum)
+        return out
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
+        self.qs, self.scale, self.minimum = qs, scale, minimum
+        super().__init__((qs.shape[0], qs.shape[1] // Q5_BYTES * GROUP), None)
+
+    @classmethod
+    def cat(cls, parts: list["Q5Linear"], consume: bool = False) -> "Q5Linear":
+        """Stack along the output dim: the packed bytes as they are (see _stack)."""
+        dense, jit = _prompt_weights(parts, consume)
+        out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
+                              pad_scales(_stack(parts, "minimum", consume)))
+        out.dense, out.jit_dense = dense, jit
+        return out
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return q5_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+
+    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        ops = cpu_ext.ops()
+        if ops is None:
+            return super().dense_into(start, stop, out)
+        ops.q5_dequantize_into(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return q5_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
+
+    @property
+    def blocks(self) -> tuple:
+        return self.qs, self.scale, self.minimum
 
 
 class Q8Linear(PackedLinear):

@@ -1,4 +1,4 @@
-"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q4k, q6 and q8): which tensors a
+"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q4k, q5, q6 and q8): which tensors a
 weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
 weights="packed" (auto for a GGUF on a CPU), per ggml type:
@@ -8,10 +8,12 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
     8B-shaped Q4_K_M file read ~7 % more bytes and the resident weights were larger than the file. q4 of
     Q4_K (q4_parts, kernels/cpu/repack.cpp's q4_k_repack: the products rounded to fp16) is still built where
     Q4_K is fused beside Q4_0/Q4_1 parts, and on a mixed group's way to q8.
+  * Q5_0, Q5_1 -> q5, exact (5 bits a weight and q4's scales: Q5_0's w = d(q - 16) is minimum -16d). As q8
+    a Gemma-3-270M-like file's Q5_0 q/k/gate/up read 1.55x the bytes a token.
   * Q8_0 -> q8, exact.
   * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
     Q4_K_M file's output head and half its ffn_down are Q6_K).
-  * Q5_K and every other type (Q2_K, Q3_K, Q5_0/1, IQ*): the exact decode re-quantized as Q8_0, per 32
+  * Q5_K and every other type (Q2_K, Q3_K, IQ*): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
   * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
@@ -45,18 +47,18 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.packed import (GROUP, GROUP_ROWS, Q4K_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, group_superblocks, groupable,
-                            pack_nibbles, padded_scales, q8_pack, q8_quantize)
+from kernels.packed import (GROUP, GROUP_ROWS, Q4K_BYTES, Q5_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, group_superblocks,
+                            groupable, pack_nibbles, padded_scales, q5_layout, q8_pack, q8_quantize)
 
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, tile_rows
+from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 1 << 30
 Q = GGMLQuantizationType
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit under weights="packed" (Q4_K as q4k, the others q4); Q6_K as q6,
-# every other type q8
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit under weights="packed" (Q4_K as q4k, the others q4); Q5_0/Q5_1 as
+Q5_TYPES = ("Q5_0", "Q5_1")  # q5, Q6_K as q6, every other type q8
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
@@ -101,9 +103,11 @@ def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
 
 
 def kernel_format(dtype: str, fmt: str) -> str:
-    """"q4", "q4k", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
+    """"q4", "q4k", "q5", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
     if fmt == "packed" and dtype == "Q4_K":
         return "q4k"
+    if fmt == "packed" and dtype in Q5_TYPES:
+        return "q5"
     if fmt == "packed" and dtype in Q4_TYPES:
         return "q4"
     return "q6" if fmt == "packed" and dtype == "Q6_K" else "q8"
@@ -132,20 +136,22 @@ def mixed_parts_kept(dense_copy: bool) -> bool:
 
 
 def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
-    """Bytes of an (N, K) matrix in kernel format "q4", "q6" or "q8" (codes, fp16 scales, q4's fp16 minimums;
-    q6's super-blocks hold their scales)."""
+    """Bytes of an (N, K) matrix in kernel format "q4", "q4k", "q5", "q6" or "q8" (codes, fp16 scales, q4's and
+    q5's fp16 minimums; q6's and q4k's super-blocks hold their scales)."""
     n, k = int(shape[0]), int(shape[-1])
     groups = n * k // GROUP
     if kernel == "q6":
         return n * k // Q6_SUPER * Q6_BYTES
     if kernel == "q4k":
         return n * k // Q6_SUPER * Q4K_BYTES
+    if kernel == "q5":
+        return groups * Q5_BYTES + 2 * 2 * groups
     return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
 
 
 def scale_buffers(kernel: str) -> int:
-    """Padded fp16 scale buffers a matrix of this format holds (q4: scale and minimum, q8: scale, q6: none)."""
-    return {"q4": 2, "q8": 1}.get(kernel, 0)
+    """Padded fp16 scale buffers a matrix of this format holds (q4, q5: scale and minimum, q8: scale, q6: none)."""
+    return {"q4": 2, "q5": 2, "q8": 1}.get(kernel, 0)
 
 
 def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
@@ -177,12 +183,12 @@ def keeps_dense_copy(packed_params: int) -> bool:
     return dense_copy_enabled() and packed_params * 4 <= DENSE_COPY_MAX_BYTES
 
 
-EXACT_KERNELS = {"Q4_0": "q4", "Q4_1": "q4", "Q8_0": "q8", "Q6_K": "q6", "Q4_K": "q4k"}
+EXACT_KERNELS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0": "q8", "Q6_K": "q6", "Q4_K": "q4k"}
 
 
 def decodes_exactly(dtype: str, kernel: str) -> bool:
     """Whether a stored type held in this kernel format decodes to the file's exact weights (dense_rows):
-    Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types (q8 of Q5_K,
+    Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types (q8 of Q5_K,
     F16...) and Q4_K as q4 (fp16-rounded scales) do not: those keep an fp32 copy for prompt rows."""
     return EXACT_KERNELS.get(dtype) == kernel
 
@@ -239,6 +245,8 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
             if done is not None:
                 done(r0, min(r0 + step, n))
         return (Q6Linear if qtype == Q.Q6_K else Q4KLinear)(qs, exact)
+    if kernel_format(qtype.name, fmt) == "q5":
+        return _q5_from_blocks(rows, qtype, (n, k), exact, step, done)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits
     if fast is not None:
         fast.dense = exact
@@ -265,6 +273,28 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
             done(r0, min(r0 + step, n))
     out = Q4Linear.from_packed(qs, scale, minimum)
     out.dense = exact  # exact, also for Q4_K (whose packed scales are fp16-rounded)
+    return out
+
+
+def _q5_from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int],
+                    exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> Q5Linear:
+    """Q5_0 / Q5_1 rows as q5: the file's nibbles and fifth bits moved into q5_layout's order, its d (and Q5_1's
+    m; Q5_0's is -16d, exact in fp16) as the scales, a tile of rows at a time."""
+    n, k = shape
+    g = k // GROUP
+    qs, scale, minimum = torch.empty(n, g * Q5_BYTES, dtype=torch.uint8), padded_scales(n, g), padded_scales(n, g)
+    head = 4 if qtype == Q.Q5_1 else 2  # bytes of d (and m) before the block's qh (4) and nibbles (16)
+    for r0 in range(0, n, step):
+        tile = rows[r0:r0 + step]
+        blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+        d = half(blocks, 0)
+        scale[r0:r0 + step] = d.view(-1, g)
+        minimum[r0:r0 + step] = (half(blocks, 2) if qtype == Q.Q5_1 else -16 * d).view(-1, g)
+        qs[r0:r0 + step] = q5_layout(blocks[:, head + 4:].reshape(-1, g, 16), blocks[:, head:head + 4].reshape(-1, g, 4))
+        if done is not None:
+            done(r0, min(r0 + step, n))
+    out = Q5Linear.from_packed(qs, scale, minimum)
+    out.dense = exact
     return out
 
 

@@ -1,9 +1,11 @@
 // Packed rows back to their exact fp32 weights, into a caller's buffer (engine.model.qlinear.dense_product):
 // a small model's prompt rows multiply the dense weights without a kept fp32 copy of the model, one matrix
 // (or slab of rows) decoded just in time into a reused scratch buffer. Bits equal kernels.packed's
-// q4_dequantize / q8_dequantize and gguf's own decode of Q4_0 / Q4_1 / Q8_0 blocks: code * scale is exact
-// in fp32 (4- or 8-bit code times an fp16 scale), so the one rounding left is q4's "+ minimum", as there.
+// q4_dequantize / q5_dequantize / q8_dequantize and gguf's own decode of Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks:
+// code * scale is exact in fp32 (4- to 8-bit code times an fp16 scale), so the one rounding left is q4's and
+// q5's "+ minimum", as there.
 #include "common.h"
+#include "q5.h"
 
 #include <torch/library.h>
 
@@ -45,6 +47,35 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
   });
 }
 
+// q5 rows: qs (n, k / 32 * 20) in q5.h's layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
+void q5_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
+  const int64_t n = qs.size(0), groups = qs.size(1) / q5::kBytes, k = groups * kBlock;
+  check_rows(qs, at::kByte, n, groups * q5::kBytes, "qs");
+  check_rows(scale, at::kHalf, n, groups, "scale");
+  check_rows(minimum, at::kHalf, n, groups, "minimum");
+  check_rows(out, at::kFloat, n, k, "out");
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
+  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+  float* o = out.data_ptr<float>();
+  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0), ostride = out.stride(0);
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = q + r * qstride;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float d = half_to_float(sp[r * sstride + g]), m = half_to_float(mp[r * mstride + g]);
+        const uint8_t* b = q5::nibbles(row, g);
+        const uint32_t h = q5::fifth_bits(row, groups, g);
+        float* w = o + r * ostride + g * kBlock;
+        for (int t = 0; t < 16; ++t) {
+          w[t] = (float)((b[t] & 0x0F) | ((h >> t) & 1) << 4) * d + m;
+          w[t + 16] = (float)((b[t] >> 4) | ((h >> (t + 16)) & 1) << 4) * d + m;
+        }
+      }
+    }
+  });
+}
+
 // q8 rows: qs (n, k) uint8 code + 128, scale (n, k / 32) fp16 -> out (n, k) fp32
 void q8_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, at::Tensor out) {
   const int64_t n = qs.size(0), k = qs.size(1), groups = k / kBlock;
@@ -69,6 +100,7 @@ void q8_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q4_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q4_dequantize_into);
+  lib.def("q5_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q5_dequantize_into);
   lib.def("q8_dequantize_into(Tensor qs, Tensor scale, Tensor(a!) out) -> ()", &q8_dequantize_into);
 }
 

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "common.h"
+#include "q5.h"
 #include "q6.h"
 
 #ifdef PD_AVX2
@@ -30,7 +31,7 @@ namespace gemm {
 
 constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
 constexpr int kRows = 4;   // activation rows per register tile
-constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2;
+constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ5 = 5;
 #ifndef PD_GEMM_CHUNK
 #define PD_GEMM_CHUNK 64
 #endif
@@ -39,7 +40,7 @@ constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2;
 #endif  // formats (qmatmul.cpp's Format)
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
-// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum, integer sum isum; q6: xs16, the
+// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5: twice it), integer sum isum; q6: xs16, the
 // integer sums per 16 (stride 2 nbp).
 struct Act {
   const int8_t* q;
@@ -50,8 +51,8 @@ struct Act {
 };
 
 // A panel of up to kCols weight rows, unpacked: codes[(j * 8 + t) * kCols + col] holds weights 4t..4t+3 of
-// block j (q4: codes 0..15; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale and
-// (q4) z = m + 8 d; columns past the panel's rows are zero. q6: codes 0..63, dw the super-block's d, slo / shi
+// block j (q4: codes 0..15; q5: 0..31; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale
+// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the super-block's d, slo / shi
 // the int8 scales of the block's two halves of 16.
 struct Panel {
   std::vector<int32_t> codes;
@@ -183,8 +184,8 @@ inline void unpack_q4_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j
 
 // dw[(j + i) * kCols + c] = d of column c, block j + i, for 16 full columns and blocks j..j+15 (zw: fma(8, dw, m)
 // as the scalar loop): 16 loads of 16 fp16 scales, a 16x16 transpose
-inline void unpack_scales16(const uint16_t* d, const uint16_t* m, int64_t nb, int64_t n0, int64_t j, float* dw,
-                            float* zw) {
+inline void unpack_scales16(const uint16_t* d, const uint16_t* m, float centre, int64_t nb, int64_t n0, int64_t j,
+                            float* dw, float* zw) {
   auto transposed = [&](const uint16_t* src, __m512 out[16]) {
     __m512 r[16];
     for (int c = 0; c < 16; ++c) r[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + (n0 + c) * nb + j)));
@@ -211,14 +212,15 @@ inline void unpack_scales16(const uint16_t* d, const uint16_t* m, int64_t nb, in
   if (!m) return;
   __m512 vm[16];
   transposed(m, vm);
-  const __m512 eight = _mm512_set1_ps(8.0f);
-  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(zw + (j + i) * kCols, _mm512_fmadd_ps(eight, vd[i], vm[i]));
+  const __m512 c = _mm512_set1_ps(centre);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(zw + (j + i) * kCols, _mm512_fmadd_ps(c, vd[i], vm[i]));
 }
 #endif
 
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
-  const bool q4 = fmt == kQ4, q6f = fmt == kQ6;
+  const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q6f = fmt == kQ6;
+  const float centre = q5f ? q5::kCentre : 8.0f;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
@@ -232,7 +234,8 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
     for (int64_t j = 0; j < nb; ++j) unpack_q4_block(qs, nb, n0, j, p.codes.data() + j * 8 * kCols);
   int64_t scaled = 0;  // blocks whose scales are unpacked
   if (fast)
-    for (; scaled + 16 <= nb; scaled += 16) unpack_scales16(d, q4 ? m : nullptr, nb, n0, scaled, p.dw.data(), p.zw.data());
+    for (; scaled + 16 <= nb; scaled += 16)
+      unpack_scales16(d, q4 || q5f ? m : nullptr, centre, nb, n0, scaled, p.dw.data(), p.zw.data());
   for (int g = 0; g < kCols && !(fast && q4); g += 8) {
 #else
   const int64_t scaled = 0;
@@ -244,6 +247,8 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
         const int64_t n = n0 + g + c;
         if (g + c >= cols) {
           r[c] = _mm256_setzero_si256();
+        } else if (q5f) {
+          r[c] = q5::codes(qs + n * nb * q5::kBytes, nb, j);
         } else if (q4) {
           const __m128i raw = _mm_loadu_si128((const __m128i*)(qs + (n * nb + j) * 16));
           r[c] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
@@ -261,7 +266,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
     for (int64_t j = scaled; j < nb; ++j) {
       const float dw = half_to_float(d[n * nb + j]);
       p.dw[j * kCols + c] = dw;
-      if (q4) p.zw[j * kCols + c] = std::fma(8.0f, dw, half_to_float(m[n * nb + j]));
+      if (q4 || q5f) p.zw[j * kCols + c] = std::fma(centre, dw, half_to_float(m[n * nb + j]));
     }
   }
 }
@@ -292,7 +297,7 @@ inline __m256i step(__m256i acc, __m256i w, __m256i aw, __m256i x) {
 // path's exact integer.
 template <int R, int F>
 inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
-  constexpr bool Q4 = F == kQ4, U8 = F != kQ8;
+  constexpr bool Q4 = F == kQ4 || F == kQ5, U8 = F != kQ8;
   alignas(32) float acc[R][8][kCols] = {}, mins[R][8][kCols] = {};
   const int64_t nb = a.nb;
   const __m256i offset = _mm256_set1_epi8((char)0x80);
@@ -349,7 +354,7 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
           const __m256 zw = _mm256_loadu_ps(p.zw.data() + j * kCols + 8 * h);
           float* mp = mins[r][l] + 8 * h;
           __m256 v = _mm256_fmadd_ps(zw, _mm256_set1_ps(a.s[at]), _mm256_load_ps(mp));
-          _mm256_store_ps(mp, _mm256_fnmadd_ps(dw[h], _mm256_set1_ps(a.c[at]), v));
+          _mm256_store_ps(mp, _mm256_fnmadd_ps(dw[h], _mm256_set1_ps(F == kQ5 ? a.c[at] + a.c[at] : a.c[at]), v));
         }
       }
     }
@@ -373,7 +378,7 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
 // ymm ones, but half the loads, broadcasts and epilogue instructions per multiply-add (kernels/PERF.md).
 template <int R, int F>
 inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
-  constexpr bool Q4 = F == kQ4;
+  constexpr bool Q4 = F == kQ4 || F == kQ5;
   // lane l of an element's accumulators takes blocks l, l + 8, l + 16, ... in order, so the lanes run one
   // after another with their accumulators in registers (the per-row path's order within each lane)
   alignas(64) float acc[R][8][kCols] = {}, mins[R][8][kCols] = {};
@@ -420,7 +425,10 @@ inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_
                                    _mm512_mullo_epi32(_mm512_sub_epi32(sums[r], xhi), shi));
         }
         va[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isums), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r]);
-        if (Q4) vm[r] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(a.c[at]), _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), vm[r]));
+        if (Q4) {
+          const float c = F == kQ5 ? a.c[at] + a.c[at] : a.c[at];
+          vm[r] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), vm[r]));
+        }
       }
     }
     for (int r = 0; r < R; ++r) {

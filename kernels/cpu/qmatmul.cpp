@@ -8,6 +8,8 @@
 //   q4k: GGUF Q4_K super-blocks as the file stores them (q4k.h), no separate scales.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
 //       the same bits as q4k without its per-row horizontal reductions.
+//   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
+//       (q5.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -19,6 +21,7 @@
 #include "ops.h"
 #include "q4k.h"
 #include "q4k16.h"
+#include "q5.h"
 #include "q6.h"
 #include "qgemm.h"
 
@@ -133,15 +136,18 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4 };
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5 };  // gemm:: shares kQ8, kQ4, kQ6, kQ5
 
 struct Weights {
   const uint8_t* qs;
-  const uint16_t* d;  // q4 and q8
-  const uint16_t* m;  // q4 only
+  const uint16_t* d;  // q4, q5 and q8
+  const uint16_t* m;  // q4 and q5
   int64_t K, nb;
-  bool q4;
 };
+
+// the nibble formats: codes below 16 (q4) or 32 (q5), a minimum per block, products centred (see the top)
+constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5; }
+constexpr float centre(int F) { return F == kQ5 ? q5::kCentre : 8.0f; }
 
 #ifdef PD_AVX2
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -189,11 +195,22 @@ struct Pair {
   int blocks;  // 2, 1 (odd last block), 0 (past the row's end)
 };
 
-template <bool Q4>
+template <int F>
 inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
   const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
   if (left <= 0) return {zero, zero, 0};
-  if (Q4) {
+  if (F == kQ5) {  // q5.h's pair: 32 nibble bytes, then the fifth bits of the low and the high nibbles
+    const uint8_t* p = w.qs + (n * w.nb + j) * q5::kBytes;
+    if (left >= 2) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)p);
+      uint64_t h;
+      std::memcpy(&h, p + 32, 8);
+      return {_mm256_or_si256(_mm256_and_si256(v, low), q5::spread((uint32_t)h)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), q5::spread((uint32_t)(h >> 32))), 2};
+    }
+    return {q5::codes(w.qs + n * w.nb * q5::kBytes, w.nb, j), zero, 1};
+  }
+  if (F == kQ4) {
     if (left >= 2) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(w.qs + (n * w.nb + j) * 16));
       return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 2};
@@ -206,8 +223,9 @@ inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
 }
 
 // int32 partial sums of the pair against activation blocks at x: lanes 0-3 block j, lanes 4-7 block j+1
-template <bool Q4>
+template <int F>
 inline __m256i dot_pair(const Pair& w, const int8_t* x) {
+  constexpr bool Q4 = nibbled(F);
   const __m256i zero = _mm256_setzero_si256();
   if (w.blocks == 0) return zero;
   const __m256i x0 = _mm256_loadu_si256((const __m256i*)x);
@@ -225,13 +243,14 @@ inline __m256i dot_pair(const Pair& w, const int8_t* x) {
 // Blocks go in groups of 8: each block's int32 dot product is reduced exactly (hadd tree) to one lane of a
 // vector, then one fma per group scales the 8 blocks by d_w * d_x. Every (r, c) pair has its own chain
 // of the same operations in the same order, so the tile shape (MT, NT) never changes a result.
-template <int MT, int NT, bool Q4>
+template <int MT, int NT, int F>
 inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
+  constexpr bool Q4 = nibbled(F);
   __m256 acc[MT][NT], mins[MT][NT];
   for (int r = 0; r < MT; ++r)
     for (int c = 0; c < NT; ++c) acc[r][c] = mins[r][c] = _mm256_setzero_ps();
   const int64_t nb = w.nb;
-  const int64_t bpb = Q4 ? 16 : 32;  // code bytes a block
+  const int64_t bpb = F == kQ5 ? q5::kBytes : Q4 ? 16 : 32;  // code bytes a block
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
     const int64_t len = std::min<int64_t>(8, nb - j0);
     {  // the weight streams kPrefetch bytes of codes ahead (on into the next rows)
@@ -245,11 +264,11 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     for (int k = 0; k < 4; ++k) {
       const int64_t j = j0 + 2 * k;
       Pair p[NT];
-      for (int c = 0; c < NT; ++c) p[c] = load_pair<Q4>(w, n0 + c, j, len - 2 * k);
+      for (int c = 0; c < NT; ++c) p[c] = load_pair<F>(w, n0 + c, j, len - 2 * k);
       for (int r = 0; r < MT; ++r) {
         const int8_t* x = a.q.data() + ((m0 + r) * nb + j) * kBlock;
         for (int c = 0; c < NT; ++c) {
-          const __m256i q = dot_pair<Q4>(p[c], x);
+          const __m256i q = dot_pair<F>(p[c], x);
           if (k % 2 == 0) {
             sums[r][c] = q;
           } else if (k == 1) {
@@ -263,7 +282,7 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int c = 0; c < NT; ++c) {
       const __m256 dw = load_halfs(w.d + (n0 + c) * nb + j0);
-      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(8.0f), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
+      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(centre(F)), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
       for (int r = 0; r < MT; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j0;
         __m256i exact = _mm256_permutevar8x32_epi32(sums[r][c], order);
@@ -272,8 +291,10 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         const __m256 blocks = _mm256_cvtepi32_ps(exact);
         acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
         if (Q4) {  // w = d (q - 8) + z: the block offset z meets the exact sum of x, the -8 d the int8 sum
+          __m256 c8 = _mm256_loadu_ps(a.c.data() + at);  // 8 d_x isum; q5's 16 d_x isum is exactly twice it
+          if (F == kQ5) c8 = _mm256_add_ps(c8, c8);
           mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
-          mins[r][c] = _mm256_fnmadd_ps(dw, _mm256_loadu_ps(a.c.data() + at), mins[r][c]);
+          mins[r][c] = _mm256_fnmadd_ps(dw, c8, mins[r][c]);
         }
       }
     }
@@ -304,8 +325,9 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
   }
 }
 #else
-template <int MT, int NT, bool Q4>
+template <int MT, int NT, int F>
 inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
+  constexpr bool Q4 = nibbled(F);
   for (int r = 0; r < MT; ++r) {
     for (int c = 0; c < NT; ++c) {
       const int64_t n = n0 + c;
@@ -316,7 +338,9 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         int32_t s = 0;
         for (int i = 0; i < kBlock; ++i) {
           int wq;
-          if (Q4) {
+          if (F == kQ5) {
+            wq = q5::code(w.qs + n * w.nb * q5::kBytes, w.nb, j, i);
+          } else if (Q4) {
             const uint8_t b = w.qs[(n * w.nb + j) * 16 + (i & 15)];
             wq = i < 16 ? (b & 15) : (b >> 4);
           } else {
@@ -326,7 +350,7 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         }
         const float dw = half_to_float(w.d[n * w.nb + j]);
         acc += (float)s * (dw * a.d[blk]);
-        if (Q4) mins += (half_to_float(w.m[n * w.nb + j]) + 8.0f * dw) * a.s[blk] - dw * a.c[blk];
+        if (Q4) mins += (half_to_float(w.m[n * w.nb + j]) + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
       }
       out[r * ldo + c] = acc + mins;
     }
@@ -352,10 +376,9 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
     return;
   }
-  constexpr bool Q4 = F == kQ4;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) dot_tile<4, 1, Q4>(w, n, a, m, out + m, 1);
-  for (; m < M; ++m) dot_tile<1, 1, Q4>(w, n, a, m, out + m, 1);
+  for (; m + 4 <= M; m += 4) dot_tile<4, 1, F>(w, n, a, m, out + m, 1);
+  for (; m < M; ++m) dot_tile<1, 1, F>(w, n, a, m, out + m, 1);
 }
 
 // q4k16: y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate and up groups in turn
@@ -503,8 +526,9 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const int64_t nsb = K / q4k::kSuper;
   const bool q6 = sup && qs.size(1) == nsb * q6::kBytes, q4k = sup && qs.size(1) == nsb * q4k::kBytes;
   const bool q4k16 = sup && qs.size(1) == nsb * q4k16::kGroupBytes;
+  const bool q5 = q4 && qs.dim() == 2 && qs.size(1) == nb * q5::kBytes;  // minimums and a fifth bit plane
   const int64_t N = q4k16 ? qs.size(0) * q4k16::kRows : qs.size(0);
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || q4k16 || qs.size(1) == (q4 ? K / 2 : K)) &&
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || q4k16 || q5 || qs.size(1) == (q4 ? K / 2 : K)) &&
                   qs.scalar_type() == at::kByte,
               "packed weights do not match x's K or the format");
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
@@ -519,7 +543,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = M >= gemm_rows(q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
+  const bool big = M >= gemm_rows(q5 ? kQ5 : q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
 #else
   const bool big = false;
 #endif
@@ -529,7 +553,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
   }
   Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k || q4k16 ? nullptr : (const uint16_t*)d.data_ptr(),
-            q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb, q4};
+            q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
 #ifdef PD_AVX2
@@ -544,7 +568,9 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
       for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
         const int64_t p1 = std::min(panels, p0 + chunk);
-        if (q4) {
+        if (q5) {
+          gemm_compute<kQ5>(w, ga, a.k, M, Nout, ac, p0, p1, out);
+        } else if (q4) {
           gemm_compute<kQ4>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q6) {
           gemm_compute<kQ6>(w, ga, a.k, M, Nout, ac, p0, p1, out);
@@ -552,7 +578,6 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
           gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q4k16) {
           gemm_compute<kQ4K16>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-
         } else {
           gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         }
@@ -572,7 +597,9 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t n0 = c * chunk, n1 = std::min(Nout, n0 + chunk);
-      if (q4) {
+      if (q5) {
+        compute<kQ5>(w, a, M, Nout, ac, n0, n1, out);
+      } else if (q4) {
         compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
       } else if (q6) {
         compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);

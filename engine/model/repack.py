@@ -27,10 +27,13 @@ weights="packed" (auto for a GGUF on a CPU), per ggml type:
   instead, Q4_K parts beside Q4_0/Q4_1 ones all q4 (qlinear.cat_packed).
 weights="q8": every matrix, dense ones included (HF folders), as Q8_0 of its exact weights.
 
-Dense prompt rows: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 gives prompt
-rows the file's exact fp32 weights (the default 135M model: its prompts run at sgemm speed and give the
-dense model's logits); a bigger one sends prompt rows through the packed kernels too, so resident memory
-stays near the file size (a 7B Q4_K_M: ~1.2x). The rule depends on the model alone, never on free memory,
+Dense prompt rows: a model whose packed matrices take at most DENSE_COPY_MAX_BYTES as fp32 (~190M weights)
+gives prompt rows the file's exact fp32 weights, for their answers: the default 135M model answers "What is
+the capital of France?" with Paris only so (with int8 prompt activations it says "L'Étoile, la Cité...", as
+llama.cpp, int8 throughout, does too). It is not for speed: fp32 sgemm is compute bound and the int8 GEMM ran
+prompt chunks of 8-1024 rows 1.3-3.3x faster than the default model's kept fp32 copy (kernels/PERF.md). A
+bigger model sends prompt rows through the packed kernels too, so resident memory stays near the file size
+(a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone, never on free memory,
 so the same model always loads (and answers) the same way, and the estimate knows it. Where a matrix's
 kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K, Q4_K)
 no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
@@ -55,7 +58,7 @@ from .ggml_blocks import dequantize, half, q4_k_affine
 from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
-DENSE_COPY_MAX_BYTES = 1 << 30
+DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
 Q = GGMLQuantizationType
 Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit under weights="packed" (Q4_K as q4k, the others q4); Q5_0/Q5_1 as
 Q5_TYPES = ("Q5_0", "Q5_1")  # q5, Q6_K as q6, every other type q8

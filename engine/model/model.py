@@ -198,7 +198,7 @@ class Model:
         fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, rotary.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
-        # Prompt rows take the dense copy where the model keeps one (exact, sgemm-fast). A model too big for
+        # Prompt rows take the dense weights where the model keeps them (exact: repack's rule). A model too big for
         # one sends every row through the packed kernels: dense tiles decoded every weight for each chunk (a
         # 32-token follow-up took 2.7 s on 4 layers of a 7B-shaped file, measured), the kernels are 4-90x
         # faster below ~300 rows, and a row still takes one path whatever its chunk.

@@ -13,8 +13,8 @@ one) prompt rows take the exact fp32 weights (RowSplit): decoded just in time in
 token's K/V and logits are then the dense model's, so they never depend on how the prompt was chunked
 (engine.generator.step_budget sizes chunks by measured time) or on how much of it came from the prefix
 cache (a cache hit recomputes only the last prompt token: packed, it flipped a greedy reply of the default
-model after 25 tokens, measured); there fp32 sgemm is also faster than the integer kernels (~2x at 256
-rows). A model too big for a copy sends prompt rows through the packed kernel too (engine.model.model):
+model after 25 tokens, measured). That is for the answers' sake: the int8 kernels run prompt chunks of 8-1024
+rows 1.3-3.3x faster than fp32 sgemm does, even on a kept copy (kernels/PERF.md). A model too big for a copy sends prompt rows through the packed kernel too (engine.model.model):
 decoding dense tiles of every weight for each chunk cost seconds per short follow-up on a 7B. linear() can
 still multiply prompt rows by TILE_ROWS-row dense tiles decoded from the blocks (dense_product; the same
 values, never the whole matrix). Which path a row takes depends on the row alone, never on the batch.

@@ -20,7 +20,7 @@ NO_HELP = {"vllm_server"}
 def test_every_tool_is_listed_here():
     assert TOOLS == ["bench_big", "compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "dequant_bench", "fake_hub",
                      "gil_wait_check",
-                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "memory_table", "mmproj_gguf", "qmatmul_bench",
+                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "memory_table", "mmproj_gguf", "prompt_rows_bench", "qmatmul_bench",
                      "sampling_bench",
                      "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
                      "vllm_server", "vlm_gguf", "weight_quality"]

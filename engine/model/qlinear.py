@@ -118,41 +118,34 @@ class PackedLinear:
         return y if x.dim() == 2 else y.view(*lead, y.shape[-1])
 
 
-class Q4Linear(PackedLinear):
-    """4-bit codes with fp16 scale and minimum per 32: w = code * scale + minimum (engine.model.repack reads
-    them from GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
-
-    format = "q4"
+class AffineLinear(PackedLinear):
+    """Codes with an fp16 scale and minimum per 32 weights, w = code * scale + minimum: the q4 and q5 formats,
+    which differ only in how the codes are laid out (`_codes` packs them, `_decode` gives the weights back,
+    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes)."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
         check_blocks(N, K, scale)
         if minimum.shape != scale.shape:
             raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
-        if not q4_supported():
-            raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
-                               "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
-        self._set(pack_nibbles(codes).contiguous(), pad_scales(scale), pad_scales(minimum),
-                  keep_dense)
+        self._set(self._codes(codes).contiguous(), pad_scales(scale), pad_scales(minimum), keep_dense)
 
     @classmethod
-    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor,
-                    keep_dense: bool = False) -> "Q4Linear":
-        """Adopt ready parts without copies: qs (N, K/2) uint8 in GGUF nibble order, scale and minimum from
-        padded_scales() (the loader fills them tile by tile, so no (N, K) code temporaries exist)."""
+    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = False):
+        """Adopt ready parts without copies: qs in the format's layout, scale and minimum from padded_scales()
+        (the loader fills them tile by tile, so no (N, K) code temporaries exist)."""
         out = cls.__new__(cls)
         out._set(qs, scale, minimum, keep_dense)
         return out
 
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
         self.qs, self.scale, self.minimum = qs, scale, minimum
-        self._int4 = None  # torch's packing, built only if the fallback runs
-        super().__init__((qs.shape[0], qs.shape[1] * 2), None)
+        super().__init__((qs.shape[0], self._weights(qs.shape[1])), None)
         if keep_dense:
             self.dense = self.dequantize()
 
     @classmethod
-    def cat(cls, parts: list["Q4Linear"], consume: bool = False) -> "Q4Linear":
+    def cat(cls, parts: list, consume: bool = False):
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
         dense, jit = _prompt_weights(parts, consume)
         out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
@@ -161,20 +154,42 @@ class Q4Linear(PackedLinear):
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return q4_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+        return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
 
     def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
         ops = cpu_ext.ops()
         if ops is None:
             return super().dense_into(start, stop, out)
-        ops.q4_dequantize_into(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
+        getattr(ops, self._decode_into)(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return q4_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
+        return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
 
     @property
     def blocks(self) -> tuple:
         return self.qs, self.scale, self.minimum
+
+
+class Q4Linear(AffineLinear):
+    """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.repack reads them from
+    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
+
+    format = "q4"
+    _codes, _decode, _decode_into = staticmethod(pack_nibbles), staticmethod(q4_dequantize), "q4_dequantize_into"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
+        if not q4_supported():
+            raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
+                               "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
+        super().__init__(codes, scale, minimum, keep_dense)
+
+    @staticmethod
+    def _weights(code_bytes: int) -> int:
+        return code_bytes * 2
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
+        self._int4 = None  # torch's packing, built only if the fallback runs
+        super()._set(qs, scale, minimum, keep_dense)
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         if not int4_available() or x.device.type != "cpu":
@@ -184,55 +199,17 @@ class Q4Linear(PackedLinear):
         return int4_matmul(x, self._int4)
 
 
-class Q5Linear(PackedLinear):
-    """5-bit codes with fp16 scale and minimum per 32: w = code * scale + minimum, GGUF Q5_0 (minimum -16 d) and
-    Q5_1 held exactly at 5 bits a weight (as q8 they took 8.5); kernels.packed.q5_layout is the byte order."""
+class Q5Linear(AffineLinear):
+    """5-bit codes with fp16 scale and minimum per 32: GGUF Q5_0 (minimum -16 d) and Q5_1 held exactly at 5 bits
+    a weight (as q8 they took 8.5); kernels.packed.q5_layout is the byte order. Without the CPU kernels its
+    products take dense rows."""
 
     format = "q5"
+    _codes, _decode, _decode_into = staticmethod(q5_pack), staticmethod(q5_dequantize), "q5_dequantize_into"
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor):
-        N, K = codes.shape
-        check_blocks(N, K, scale)
-        if minimum.shape != scale.shape:
-            raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
-        self._set(q5_pack(codes), pad_scales(scale), pad_scales(minimum))
-
-    @classmethod
-    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> "Q5Linear":
-        """Adopt ready parts without copies: qs (N, K/32 * 20) from q5_layout, scale and minimum from
-        padded_scales()."""
-        out = cls.__new__(cls)
-        out._set(qs, scale, minimum)
-        return out
-
-    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> None:
-        self.qs, self.scale, self.minimum = qs, scale, minimum
-        super().__init__((qs.shape[0], qs.shape[1] // Q5_BYTES * GROUP), None)
-
-    @classmethod
-    def cat(cls, parts: list["Q5Linear"], consume: bool = False) -> "Q5Linear":
-        """Stack along the output dim: the packed bytes as they are (see _stack)."""
-        dense, jit = _prompt_weights(parts, consume)
-        out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)),
-                              pad_scales(_stack(parts, "minimum", consume)))
-        out.dense, out.jit_dense = dense, jit
-        return out
-
-    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return q5_dequantize(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
-
-    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
-        ops = cpu_ext.ops()
-        if ops is None:
-            return super().dense_into(start, stop, out)
-        ops.q5_dequantize_into(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return q5_dequantize(self.qs[ids], self.scale[ids], self.minimum[ids])
-
-    @property
-    def blocks(self) -> tuple:
-        return self.qs, self.scale, self.minimum
+    @staticmethod
+    def _weights(code_bytes: int) -> int:
+        return code_bytes // Q5_BYTES * GROUP
 
 
 class Q8Linear(PackedLinear):

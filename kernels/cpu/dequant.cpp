@@ -18,12 +18,13 @@ void check_rows(const at::Tensor& t, at::ScalarType type, int64_t n, int64_t col
               name, " must be (", n, ", ", cols, ") rows with unit column stride");
 }
 
-}  // namespace
-
-// q4 rows: qs (n, k / 2) nibbles in GGUF order, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
-void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
-  const int64_t n = qs.size(0), k = qs.size(1) * 2, groups = k / kBlock;
-  check_rows(qs, at::kByte, n, k / 2, "qs");
+// Rows of an affine format (w = code * scale + minimum per block of 32) -> out (n, k) fp32; codes(row, g, c)
+// writes block g's 32 codes of a row of qs into c.
+template <class Codes>
+void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const at::Tensor& scale,
+                 const at::Tensor& minimum, at::Tensor out, Codes codes) {
+  const int64_t n = qs.size(0), k = groups * kBlock;
+  check_rows(qs, at::kByte, n, row_bytes, "qs");
   check_rows(scale, at::kHalf, n, groups, "scale");
   check_rows(minimum, at::kHalf, n, groups, "minimum");
   check_rows(out, at::kFloat, n, k, "out");
@@ -33,45 +34,41 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
   float* o = out.data_ptr<float>();
   const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0), ostride = out.stride(0);
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    uint8_t c[kBlock];
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
         const float d = half_to_float(sp[r * sstride + g]), m = half_to_float(mp[r * mstride + g]);
-        const uint8_t* b = q + r * qstride + g * 16;
+        codes(q + r * qstride, g, c);
         float* w = o + r * ostride + g * kBlock;
-        for (int t = 0; t < 16; ++t) {
-          w[t] = (float)(b[t] & 0x0F) * d + m;
-          w[t + 16] = (float)(b[t] >> 4) * d + m;
-        }
+        for (int t = 0; t < kBlock; ++t) w[t] = (float)c[t] * d + m;
       }
+    }
+  });
+}
+
+}  // namespace
+
+// q4 rows: qs (n, k / 2) nibbles in GGUF order, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
+void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
+  const int64_t groups = qs.size(1) * 2 / kBlock;
+  affine_into(qs, qs.size(1), groups, scale, minimum, out, [](const uint8_t* row, int64_t g, uint8_t* c) {
+    const uint8_t* b = row + g * 16;
+    for (int t = 0; t < 16; ++t) {
+      c[t] = b[t] & 0x0F;
+      c[t + 16] = b[t] >> 4;
     }
   });
 }
 
 // q5 rows: qs (n, k / 32 * 20) in q5.h's layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
 void q5_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
-  const int64_t n = qs.size(0), groups = qs.size(1) / q5::kBytes, k = groups * kBlock;
-  check_rows(qs, at::kByte, n, groups * q5::kBytes, "qs");
-  check_rows(scale, at::kHalf, n, groups, "scale");
-  check_rows(minimum, at::kHalf, n, groups, "minimum");
-  check_rows(out, at::kFloat, n, k, "out");
-  const uint8_t* q = qs.data_ptr<uint8_t>();
-  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
-  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
-  float* o = out.data_ptr<float>();
-  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0), ostride = out.stride(0);
-  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* row = q + r * qstride;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float d = half_to_float(sp[r * sstride + g]), m = half_to_float(mp[r * mstride + g]);
-        const uint8_t* b = q5::nibbles(row, g);
-        const uint32_t h = q5::fifth_bits(row, groups, g);
-        float* w = o + r * ostride + g * kBlock;
-        for (int t = 0; t < 16; ++t) {
-          w[t] = (float)((b[t] & 0x0F) | ((h >> t) & 1) << 4) * d + m;
-          w[t + 16] = (float)((b[t] >> 4) | ((h >> (t + 16)) & 1) << 4) * d + m;
-        }
-      }
+  const int64_t groups = qs.size(1) / q5::kBytes;
+  affine_into(qs, groups * q5::kBytes, groups, scale, minimum, out, [groups](const uint8_t* row, int64_t g, uint8_t* c) {
+    const uint8_t* b = q5::nibbles(row, g);
+    const uint32_t h = q5::fifth_bits(row, groups, g);
+    for (int t = 0; t < 16; ++t) {
+      c[t] = (b[t] & 0x0F) | ((h >> t) & 1) << 4;
+      c[t + 16] = (b[t] >> 4) | ((h >> (t + 16)) & 1) << 4;
     }
   });
 }

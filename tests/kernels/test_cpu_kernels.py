@@ -147,6 +147,21 @@ def _has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
+def run_on_avx2_build(check: str, tests: list[str], deselect: str) -> None:
+    """Under the AVX2-only build (PAGEDECK_CPU_ISA=avx2, what a CPU without VNNI runs): the Python statement
+    `check` (it compares saved results with this build's), then pytest on `tests` with -k `deselect`."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
+    run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, "-k", deselect],
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout
+
+
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_computes_the_same_arithmetic():
     """On a VNNI machine the default build takes dpbusd; the AVX2-only build (PAGEDECK_CPU_ISA=avx2, what a

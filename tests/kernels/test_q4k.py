@@ -6,8 +6,6 @@ and a Q4_K file's logits stay within the fidelity bounds against llama.cpp."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine.model import repack, repack_fast
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q4_k
@@ -234,16 +232,9 @@ def test_the_avx2_build_gives_the_same_bits():
                path := os.path.join(os.environ.get("TMPDIR", "/tmp"), f"q4k_bits_{os.getpid()}.pt"))
     check = ("import torch; from engine.model.qlinear import Q4KLinear; d = torch.load(%r); w = Q4KLinear(d['qs']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])" % path)
-    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
     try:
-        run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
         groups = os.path.join(os.path.dirname(__file__), "test_row_groups.py")
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, groups, "-k",
-                              "not avx2_build and not llama_cpp"], env=env, capture_output=True, text=True,
-                             timeout=900)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert " passed" in run.stdout
+        run_on_avx2_build(check, [__file__, groups], "not avx2_build and not llama_cpp")
     finally:
         os.unlink(path)
 

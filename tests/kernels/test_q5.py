@@ -6,8 +6,6 @@ q5, fused gate|up included, and answer as the file's dense weights do."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,7 +18,7 @@ from engine.model import repack
 from engine.model.qlinear import Q5Linear, cat_packed
 from kernels import cpu_ext
 from kernels.packed import Q5_BYTES, q5_codes, q5_pack
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build, quantized_activations
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize as quantize_ggml
 
@@ -150,14 +148,7 @@ def test_the_avx2_build_gives_the_same_bits():
     check = ("import torch; from engine.model.qlinear import Q5Linear; d = torch.load(%r); "
              "w = Q5Linear.from_packed(d['qs'], d['d'], d['m']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])" % path)
-    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
     try:
-        run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                              "not avx2_build and not gemma_like"], env=env, capture_output=True, text=True,
-                             timeout=900)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert " passed" in run.stdout
+        run_on_avx2_build(check, [__file__], "not avx2_build and not gemma_like")
     finally:
         os.unlink(path)

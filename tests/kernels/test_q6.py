@@ -4,8 +4,6 @@ on both builds (VNNI and AVX2), and against what it replaced (Q6_K re-quantized 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +14,7 @@ from engine.model import repack
 from engine.model.ggml_blocks import dequantize, q6_k_affine
 from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations, random_q4
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build, quantized_activations, random_q4
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q6_k
 
@@ -156,13 +154,7 @@ def test_the_avx2_build_gives_the_same_bits():
                                                                       f"q6_bits_{os.getpid()}.pt"))
     check = ("import torch; from engine.model.qlinear import Q6Linear; d = torch.load(%r); "
              "assert torch.equal(Q6Linear(d['qs'])(d['x']), d['y'])" % path)
-    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
     try:
-        run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
-        run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                              "not avx2_build"], env=env, capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert " passed" in run.stdout
+        run_on_avx2_build(check, [__file__], "not avx2_build")
     finally:
         os.unlink(path)

@@ -33,9 +33,10 @@ the capital of France?" with Paris only so (with int8 prompt activations it says
 llama.cpp, int8 throughout, does too). It is not for speed: fp32 sgemm is compute bound and the int8 GEMM ran
 prompt chunks of 8-1024 rows 1.3-3.3x faster than the default model's kept fp32 copy (kernels/PERF.md). A
 bigger model sends prompt rows through the packed kernels too, so resident memory stays near the file size
-(a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone, never on free memory,
-so the same model always loads (and answers) the same way, and the estimate knows it. Where a matrix's
-kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q8_0 as q8, Q6_K, Q4_K)
+(a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone,
+never on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
+Where a matrix's kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as
+q8, Q6_K, Q4_K)
 no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
 bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
 fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
@@ -60,8 +61,9 @@ from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Li
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
 Q = GGMLQuantizationType
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")  # 4-bit under weights="packed" (Q4_K as q4k, the others q4); Q5_0/Q5_1 as
-Q5_TYPES = ("Q5_0", "Q5_1")  # q5, Q6_K as q6, every other type q8
+# under weights="packed": these as q4 (Q4_K as q4k), Q5_0/Q5_1 as q5, Q6_K as q6, every other type q8
+Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+Q5_TYPES = ("Q5_0", "Q5_1")
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
@@ -191,8 +193,8 @@ EXACT_KERNELS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0":
 
 def decodes_exactly(dtype: str, kernel: str) -> bool:
     """Whether a stored type held in this kernel format decodes to the file's exact weights (dense_rows):
-    Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types (q8 of Q5_K,
-    F16...) and Q4_K as q4 (fp16-rounded scales) do not: those keep an fp32 copy for prompt rows."""
+    Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types
+    (q8 of Q5_K, F16...) and Q4_K as q4 (fp16-rounded scales) do not: those keep an fp32 copy for prompt rows."""
     return EXACT_KERNELS.get(dtype) == kernel
 
 
@@ -293,7 +295,8 @@ def _q5_from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tupl
         d = half(blocks, 0)
         scale[r0:r0 + step] = d.view(-1, g)
         minimum[r0:r0 + step] = (half(blocks, 2) if qtype == Q.Q5_1 else -16 * d).view(-1, g)
-        qs[r0:r0 + step] = q5_layout(blocks[:, head + 4:].reshape(-1, g, 16), blocks[:, head:head + 4].reshape(-1, g, 4))
+        nibbles, fifth = blocks[:, head + 4:].reshape(-1, g, 16), blocks[:, head:head + 4].reshape(-1, g, 4)
+        qs[r0:r0 + step] = q5_layout(nibbles, fifth)
         if done is not None:
             done(r0, min(r0 + step, n))
     out = Q5Linear.from_packed(qs, scale, minimum)

@@ -63,14 +63,15 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
 // q5 rows: qs (n, k / 32 * 20) in q5.h's layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
 void q5_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
   const int64_t groups = qs.size(1) / q5::kBytes;
-  affine_into(qs, groups * q5::kBytes, groups, scale, minimum, out, [groups](const uint8_t* row, int64_t g, uint8_t* c) {
+  auto codes = [groups](const uint8_t* row, int64_t g, uint8_t* c) {
     const uint8_t* b = q5::nibbles(row, g);
     const uint32_t h = q5::fifth_bits(row, groups, g);
     for (int t = 0; t < 16; ++t) {
       c[t] = (b[t] & 0x0F) | ((h >> t) & 1) << 4;
       c[t + 16] = (b[t] >> 4) | ((h >> (t + 16)) & 1) << 4;
     }
-  });
+  };
+  affine_into(qs, groups * q5::kBytes, groups, scale, minimum, out, codes);
 }
 
 // q8 rows: qs (n, k) uint8 code + 128, scale (n, k / 32) fp16 -> out (n, k) fp32

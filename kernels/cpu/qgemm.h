@@ -40,8 +40,8 @@ constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ5 = 5;
 #endif  // formats (qmatmul.cpp's Format)
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
-// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5: twice it), integer sum isum; q6: xs16, the
-// integer sums per 16 (stride 2 nbp).
+// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5 doubles it), integer sum isum;
+// q6: xs16, the integer sums per 16 (stride 2 nbp).
 struct Act {
   const int8_t* q;
   const float *d, *s, *c;

@@ -350,7 +350,8 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         }
         const float dw = half_to_float(w.d[n * w.nb + j]);
         acc += (float)s * (dw * a.d[blk]);
-        if (Q4) mins += (half_to_float(w.m[n * w.nb + j]) + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
+        if (Q4)
+          mins += (half_to_float(w.m[n * w.nb + j]) + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
       }
       out[r * ldo + c] = acc + mins;
     }

@@ -160,46 +160,42 @@ inline void transpose_lanes(const __m512i X[4], __m512i T[4]) {
   T[3] = _mm512_shuffle_i64x2(v0, v1, 0xDD);
 }
 
-// q4 codes of block j of 16 full columns: word t < 4 of a column = the low nibbles of its raw dword t, word
-// t + 4 the high ones. Four columns a vector (one per lane), a dword transpose in each, then across lanes.
-inline void unpack_q4_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
+// T[t] = dword t of the 16 bytes at b + c * st, for the 16 columns c (lane c of each vector): four columns a
+// vector (one per 128-bit lane), a dword transpose in each, then a transpose across lanes.
+inline void words16(const uint8_t* b, int64_t st, __m512i T[4]) {
   const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  __m512i X[4], T[4];
+  __m512i X[4];
   for (int g = 0; g < 4; ++g) {
-    const uint8_t* b = qs + ((n0 + 4 * g) * nb + j) * 16;
-    const int64_t st = nb * 16;
-    __m512i A = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)b));
-    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + st)), 1);
-    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 2 * st)), 2);
-    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 3 * st)), 3);
+    const uint8_t* p = b + 4 * g * st;
+    __m512i A = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)p));
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + st)), 1);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + 2 * st)), 2);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + 3 * st)), 3);
     X[g] = _mm512_permutexvar_epi32(tr, A);
   }
   transpose_lanes(X, T);
+}
+
+// q4 codes of block j of 16 full columns: word t < 4 of a column = the low nibbles of its raw dword t, word
+// t + 4 the high ones.
+inline void unpack_q4_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i T[4];
+  words16(qs + (n0 * nb + j) * 16, nb * 16, T);
   for (int t = 0; t < 4; ++t) {
     _mm512_storeu_si512((void*)(dst + t * kCols), _mm512_and_si512(T[t], low));
     _mm512_storeu_si512((void*)(dst + (t + 4) * kCols), _mm512_and_si512(_mm512_srli_epi16(T[t], 4), low));
   }
 }
 
-// q8 codes of block j of 16 full columns: word t of a column is its stored dword t (u8 = q + 128); each half of
-// 16 bytes goes as unpack_q4_block's. One zmm permute and a lane transpose for what took transpose8's 24 ymm
-// shuffles per 8 columns. A q8 panel's unpack is most of an 8-row call on a 262k x 640 head (~15 of ~20 ms): this
-// made such calls 1.15x faster (20.8 -> 18.1 ms at 8 rows, alternated in one process; kernels/PERF.md).
+// q8 codes of block j of 16 full columns: word t of a column is its stored dword t (u8 = q + 128), each half
+// of 16 bytes through words16. One zmm permute and a lane transpose for what took transpose8's 24 ymm shuffles
+// per 8 columns. A q8 panel's unpack is most of an 8-row call on a 262k x 640 head (~15 of ~20 ms): this made
+// such calls 1.15x faster (20.8 -> 18.1 ms at 8 rows, alternated in one process; kernels/PERF.md).
 inline void unpack_q8_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
-  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-  const int64_t st = nb * 32;
   for (int h = 0; h < 2; ++h) {
-    __m512i X[4], T[4];
-    for (int g = 0; g < 4; ++g) {
-      const uint8_t* b = qs + ((n0 + 4 * g) * nb + j) * 32 + 16 * h;
-      __m512i A = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)b));
-      A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + st)), 1);
-      A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 2 * st)), 2);
-      A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(b + 3 * st)), 3);
-      X[g] = _mm512_permutexvar_epi32(tr, A);
-    }
-    transpose_lanes(X, T);
+    __m512i T[4];
+    words16(qs + (n0 * nb + j) * 32 + 16 * h, nb * 32, T);
     for (int t = 0; t < 4; ++t) _mm512_storeu_si512((void*)(dst + (t + 4 * h) * kCols), T[t]);
   }
 }

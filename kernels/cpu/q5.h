@@ -20,7 +20,8 @@ namespace pagedeck {
 namespace q5 {
 
 constexpr int64_t kBytes = 20;  // bytes a block: 16 of nibbles, 4 of fifth bits
-constexpr float kCentre = 16.0f;
+// The centre of a nibble format's codes (q4: 8, q5: 16); the activations carry c = 8 d_x isum, which q5 doubles.
+constexpr float centre(bool is_q5) { return is_q5 ? 16.0f : 8.0f; }
 
 // block j's nibble bytes in a row
 inline const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + (j & ~int64_t(1)) * kBytes + 16 * (j & 1); }

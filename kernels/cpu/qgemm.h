@@ -52,8 +52,8 @@ struct Act {
 
 // A panel of up to kCols weight rows, unpacked: codes[(j * 8 + t) * kCols + col] holds weights 4t..4t+3 of
 // block j (q4: codes 0..15; q5: 0..31; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale
-// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the super-block's d, slo / shi
-// the int8 scales of the block's two halves of 16.
+// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the
+// super-block's d, slo / shi the int8 scales of the block's two halves of 16.
 struct Panel {
   std::vector<int32_t> codes;
   std::vector<float> dw, zw;
@@ -238,7 +238,7 @@ inline void unpack_scales16(const uint16_t* d, const uint16_t* m, float centre, 
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
   const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q6f = fmt == kQ6;
-  const float centre = q5f ? q5::kCentre : 8.0f;
+  const float centre = q5::centre(q5f);
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);

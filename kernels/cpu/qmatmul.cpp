@@ -147,7 +147,7 @@ struct Weights {
 
 // the nibble formats: codes below 16 (q4) or 32 (q5), a minimum per block, products centred (see the top)
 constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5; }
-constexpr float centre(int F) { return F == kQ5 ? q5::kCentre : 8.0f; }
+constexpr float centre(int F) { return q5::centre(F == kQ5); }
 
 #ifdef PD_AVX2
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

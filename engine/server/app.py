@@ -57,6 +57,7 @@ class OpenAIServer:
         self.default_max_tokens = default_max_tokens
         self.requests_total = 0
         self.requests_running = 0
+        self._releasing: set[asyncio.Task] = set()  # requests' job releases in flight (held: the loop keeps weak refs)
         self.listeners: list[Callable[[], None]] = []  # called when the request counts change
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
@@ -227,8 +228,21 @@ class OpenAIServer:
                 return await self._stream(request, req, jobs, builders, t0, served.name)
             return await self._complete(jobs, builders, t0, served.name)
         finally:
+            # A lost connection cancels this handler, perhaps again while it waits here (a write may meet
+            # the reset before aiohttp's connection_lost does): the release runs as its own task, so every
+            # job is cancelled and the count drops whatever happens to the handler.
+            release = asyncio.ensure_future(self._release(jobs))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
+            await asyncio.shield(release)
+
+    async def _release(self, jobs: list[DynamicJobAsync]) -> None:
+        """Cancel a finished request's jobs (no-op once finished; on disconnect it frees the pages now),
+        then count it out."""
+        try:
             for job in jobs:
-                await job.cancel()  # no-op once finished; on disconnect it frees the pages now
+                await job.cancel()
+        finally:
             self.requests_running -= 1
             self._changed()
 

@@ -6,6 +6,7 @@ checked against each request run alone (dense fp32: batching must not change a g
 """
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import time
@@ -102,6 +103,41 @@ def test_client_disconnect_cancels_the_job_and_frees_its_pages(tiny_llama_folder
         assert metric(scrape(server), "vllm:generation_tokens_total") - before < 450  # stopped, not finished
         ok = server.client().chat.completions.create(model=server.model_name, messages=body["messages"], max_tokens=3)
         assert ok.usage.completion_tokens == 3
+
+
+def test_a_request_cancelled_again_while_it_releases_its_job_still_frees_it(tiny_llama_folder):
+    """A lost connection may cancel a handler that is already releasing its job (a write met the reset first):
+    the second cancellation must not leave the request counted, or its pages held."""
+    def awaiting(coro):  # the coroutine names down a task's await chain
+        while hasattr(coro, "cr_code"):
+            yield coro.cr_code.co_name
+            coro = coro.cr_await
+
+    def handler_tasks():
+        return [t for t in asyncio.all_tasks() if "_generate" in awaiting(t.get_coro())]
+
+    async def cancel_handler():
+        (task,) = handler_tasks()
+        task.cancel()
+        for _ in range(100):  # on to the release, which waits for the held generator
+            await asyncio.sleep(0)
+        assert task in handler_tasks() or not task.done(), "the handler should still be releasing its job"
+        task.cancel()
+
+    with ServerThread(tiny_llama_folder) as server:
+        conn = http.client.HTTPConnection(server.url.removeprefix("http://"), timeout=60)
+        body = {"model": server.model_name, "messages": [{"role": "user", "content": "Go on forever."}],
+                "max_tokens": 450, "stream": True, "ignore_eos": True}
+        conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")
+        with server.hold_generator():
+            server.call(cancel_handler())
+            assert server.server.requests_running == 1  # the job's cancel waits for the worker
+        conn.close()
+        wait_for(lambda: server.server.requests_running == 0, "the server to count the request out")
+        m = server.snapshot()
+        assert m["active_jobs"] == m["pending_jobs"] == m["pages_referenced"] == 0
 
 
 def test_non_streamed_request_cancelled_by_a_client_timeout_frees_its_job(tiny_llama_folder):

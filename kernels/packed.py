@@ -19,6 +19,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   (kernels/cpu/q4k16.h): one vector holds 16 rows' bytes, so a decode-sized product needs no horizontal
   reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 32 == 0;
   superblock_rows gives the rows back.
+- q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8g.h): qs uint8
+  (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
+  count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -39,7 +42,7 @@ ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate
 QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
 Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
 Q4K_BYTES = 144  # q4k: bytes per Q4_K super-block (of Q6_SUPER weights)
-GROUP_ROWS = 16  # q4k16: rows a group (kernels/cpu/q4k16.h)
+GROUP_ROWS = 16  # q4k16 and q8g: rows a group (kernels/cpu/q4k16.h, q8g.h)
 Q5_BYTES = 20  # q5: bytes per block of GROUP weights (16 of nibbles, 4 of fifth bits)
 NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
@@ -169,6 +172,23 @@ def q8_pack(codes: torch.Tensor) -> torch.Tensor:
 def q8_unpack(qs: torch.Tensor) -> torch.Tensor:
     """The kernel's uint8 code + 128 -> int8 codes."""
     return (qs ^ 0x80).view(torch.int8)
+
+
+def q8_group(qs: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q8 rows (qs (N, K), scale (N, K/32), N % 16 == 0) -> q8g groups (qs (N/16, K/32 * 512), d (N/16, K/32 *
+    16)), in place: a group's rows and its groups hold the same bytes, so the returned tensors view the rows'
+    storage, now in group order (needs the CPU kernels, as q8g's product does)."""
+    n, k = qs.shape
+    cpu_ext.ops().q8_group_in_place(qs, scale)
+    return qs.view(n // GROUP_ROWS, k * GROUP_ROWS), scale.view(n // GROUP_ROWS, k // GROUP * GROUP_ROWS)
+
+
+def q8_ungroup(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q8g groups -> q8 rows (qs (N, K), scale (N, K/32), not padded): q8_group's inverse."""
+    g, nb = d.shape[0], d.shape[1] // GROUP_ROWS
+    codes = qs.view(g, nb, 8, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4)
+    scale = d.view(g, nb, GROUP_ROWS).transpose(1, 2)
+    return codes.reshape(g * GROUP_ROWS, nb * GROUP), scale.reshape(g * GROUP_ROWS, nb)
 
 
 def q8_dequantize(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

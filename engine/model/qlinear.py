@@ -31,7 +31,8 @@ from kernels import cpu_ext
 from kernels.packed import (GROUP, GROUP_ROWS, NO_SCALES, Q4K_BYTES, Q5_BYTES, Q6_BYTES, Q6_SUPER, check_blocks,
                              group_superblocks, groupable, int4_available, int4_matmul, int4_weight, pack_nibbles,
                              pad_scales, padded_scales, q4_dequantize, q4_supported, q5_dequantize, q5_pack,
-                             q8_dequantize, q8_pack, q8_quantize, qmatmul, superblock_rows)
+                             q8_dequantize, q8_group, q8_pack, q8_quantize, q8_ungroup, qmatmul,
+                             superblock_rows)
 
 from . import scratch
 from .ggml_blocks import dequantize
@@ -215,7 +216,11 @@ class Q5Linear(AffineLinear):
 
 class Q8Linear(PackedLinear):
     """int8 codes with an fp16 scale per 32: w = code * scale (GGUF Q8_0, or quantize() of any weight);
-    kept as u8 code + 128 for the kernel."""
+    kept as u8 code + 128 for the kernel.
+
+    group() regroups the rows 16 at a time in place (kernels.packed's q8g: the GEMM tiles' own layout, the same
+    bits, no panel to unpack per call; `grouped` says which): for the output head, whose 8-row calls spent
+    most of their time unpacking panels. Row access (dense_rows, embedding rows) reads either layout."""
 
     format = "q8"
 
@@ -259,6 +264,7 @@ class Q8Linear(PackedLinear):
 
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, dense: torch.Tensor | None, keep_dense: bool) -> None:
         self.qs, self.scale = qs, scale  # qs = code + 128: the kernel multiplies u8 by s8
+        self.grouped = False
         super().__init__((qs.shape[0], qs.shape[1]), None)
         if keep_dense:
             self.dense = dense if dense is not None else self.dequantize()
@@ -273,9 +279,28 @@ class Q8Linear(PackedLinear):
         codes, scale = q8_quantize(w)
         return cls(codes, scale, w.float() if keep_dense else None, keep_dense)
 
+    def group(self) -> bool:
+        """Regroup the rows in place where the CPU kernels run, the weights are on the CPU and whole groups fill
+        each half (kernels.packed.groupable); whether it is grouped now."""
+        if not self.grouped and self.qs.device.type == "cpu" and groupable(self.shape[0]):
+            self.qs, self.scale = q8_group(self.qs, self.scale)
+            self.grouped = True
+        return self.grouped
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(qs, scale) of rows [start, stop) in row order (scale unpadded)."""
+        if not self.grouped:
+            return self.qs[start:stop], self.scale[start:stop]
+        g0 = start // GROUP_ROWS
+        qs, scale = q8_ungroup(self.qs[g0:-(-stop // GROUP_ROWS)], self.scale[g0:-(-stop // GROUP_ROWS)])
+        lo = start - g0 * GROUP_ROWS
+        return qs[lo:lo + stop - start], scale[lo:lo + stop - start]
+
     @classmethod
     def cat(cls, parts: list["Q8Linear"], consume: bool = False) -> "Q8Linear":
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see _stack)."""
+        if any(p.grouped for p in parts):
+            raise ValueError("grouped q8 matrices are not stacked: stack the rows, then group the result")
         dense, jit = _prompt_weights(parts, consume)
         out = cls.from_packed(_stack(parts, "qs", consume), pad_scales(_stack(parts, "scale", consume)), dense,
                               dense is not None)
@@ -283,16 +308,21 @@ class Q8Linear(PackedLinear):
         return out
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return q8_dequantize(self.qs[start:stop], self.scale[start:stop])
+        return q8_dequantize(*self.rows(start, stop))
 
     def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
         ops = cpu_ext.ops()
-        if ops is None:
+        if ops is None or self.grouped:
             return super().dense_into(start, stop, out)
         ops.q8_dequantize_into(self.qs[start:stop], self.scale[start:stop], out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return q8_dequantize(self.qs[ids], self.scale[ids])
+        if not self.grouped:
+            return q8_dequantize(self.qs[ids], self.scale[ids])
+        g, r = ids // GROUP_ROWS, ids % GROUP_ROWS
+        nb = self.shape[1] // GROUP  # a group's codes are [block][step][row][4 bytes], its scales [block][row]
+        qs = self.qs.view(-1, nb, 8, GROUP_ROWS, 4)[g, :, :, r].reshape(ids.numel(), self.shape[1])
+        return q8_dequantize(qs, self.scale.view(-1, nb, GROUP_ROWS)[g, :, r])
 
     @property
     def blocks(self) -> tuple:

@@ -54,10 +54,18 @@ struct Act {
 // block j (q4: codes 0..15; q5: 0..31; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale
 // and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the
 // super-block's d, slo / shi the int8 scales of the block's two halves of 16.
+// What the tiles read of a panel: an unpacked Panel's vectors, or weights kept in that layout (q8's row groups).
+struct View {
+  const int32_t* codes;
+  const float *dw, *zw;
+  const int32_t *slo, *shi;
+};
+
 struct Panel {
   std::vector<int32_t> codes;
   std::vector<float> dw, zw;
   std::vector<int32_t> slo, shi;
+  View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data()}; }
 };
 
 // r[c] = the 8 code words (t = 0..7) of one block of column c; afterwards r[t] = word t of columns 0..7
@@ -316,7 +324,7 @@ inline __m256i step(__m256i acc, __m256i w, __m256i aw, __m256i x) {
 // q6: the steps of each half of 16 sum apart, S = slo (sum_lo - 32 xs_lo) + shi (sum_hi - 32 xs_hi): the per-row
 // path's exact integer.
 template <int R, int F>
-inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+inline void tile(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
   constexpr bool Q4 = F == kQ4 || F == kQ5, U8 = F != kQ8;
   alignas(32) float acc[R][8][kCols] = {}, mins[R][8][kCols] = {};
   const int64_t nb = a.nb;
@@ -324,7 +332,7 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
   for (int64_t j = 0; j < nb; ++j) {
     __m256i sums[R][2], lo[R][2];
     for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
-    const int32_t* wp = p.codes.data() + j * 8 * kCols;
+    const int32_t* wp = p.codes + j * 8 * kCols;
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = a.q + ((m0 + r) * nb + j) * kBlock;
     for (int t = 0; t < 8; ++t) {
@@ -353,7 +361,7 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
       }
     }
     const int l = (int)(j & 7);
-    const __m256 dw[2] = {_mm256_loadu_ps(p.dw.data() + j * kCols), _mm256_loadu_ps(p.dw.data() + j * kCols + 8)};
+    const __m256 dw[2] = {_mm256_loadu_ps(p.dw + j * kCols), _mm256_loadu_ps(p.dw + j * kCols + 8)};
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * a.nbp + j;
       const __m256 dx = _mm256_set1_ps(a.d[at]);
@@ -361,8 +369,8 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
       for (int h = 0; h < 2; ++h) {
         __m256i isums = _mm256_sub_epi32(sums[r][h], fix);
         if (F == kQ6) {
-          const __m256i slo = _mm256_loadu_si256((const __m256i*)(p.slo.data() + j * kCols + 8 * h));
-          const __m256i shi = _mm256_loadu_si256((const __m256i*)(p.shi.data() + j * kCols + 8 * h));
+          const __m256i slo = _mm256_loadu_si256((const __m256i*)(p.slo + j * kCols + 8 * h));
+          const __m256i shi = _mm256_loadu_si256((const __m256i*)(p.shi + j * kCols + 8 * h));
           const __m256i xlo = _mm256_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm256_set1_epi32(32 * a.xs16[2 * at + 1]);
           isums = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(lo[r][h], xlo), slo),
                                    _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][h], xhi), shi));
@@ -371,7 +379,7 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
         float* ap = acc[r][l] + 8 * h;
         _mm256_store_ps(ap, _mm256_fmadd_ps(s, _mm256_mul_ps(dw[h], dx), _mm256_load_ps(ap)));
         if (Q4) {
-          const __m256 zw = _mm256_loadu_ps(p.zw.data() + j * kCols + 8 * h);
+          const __m256 zw = _mm256_loadu_ps(p.zw + j * kCols + 8 * h);
           float* mp = mins[r][l] + 8 * h;
           __m256 v = _mm256_fmadd_ps(zw, _mm256_set1_ps(a.s[at]), _mm256_load_ps(mp));
           _mm256_store_ps(mp, _mm256_fnmadd_ps(dw[h], _mm256_set1_ps(F == kQ5 ? a.c[at] + a.c[at] : a.c[at]), v));
@@ -396,8 +404,56 @@ inline void tile(const Panel& p, const Act& a, int64_t m0, float* out, int64_t l
 // per activation row, one dpbusd with the activation word broadcast from memory ({1to16}). Every lane does
 // the ymm tile's operations in its order (the same bits). Zen 4 retires one zmm dpbusd a cycle against two
 // ymm ones, but half the loads, broadcasts and epilogue instructions per multiply-add (kernels/PERF.md).
+// sums[r] += the 4-byte products of step t of block j (codes at wp) with activation row r: one weight load,
+// one dpbusd a row with the activation word broadcast
+template <int R>
+inline void step512(const int32_t* wp, const int8_t* const* xrow, int64_t j, int t, __m512i* sums) {
+  const __m512i w = _mm512_loadu_si512((const void*)(wp + t * kCols));
+  for (int r = 0; r < R; ++r) {
+    int32_t word;
+    std::memcpy(&word, xrow[r] + j * kBlock + 4 * t, 4);
+    sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(word));
+  }
+}
+
+// q8's 512-bit tile: up to 3 activation rows with every lane's accumulator in a register (8 R zmm; q8 has no
+// minimums to accumulate), so the blocks are read in address order, one after another, where tile512's
+// lane-major order (its accumulators would not fit) walks each panel 8 times at a stride. Each lane sees
+// tile512's sequence (the same bits). On a 262k x 640 q8g head (alternated in one process, kernels/PERF.md):
+// 1 row 8.4 -> 5.7 ms (the row-ordered per-row path: 6.0), 2 rows 8.9 -> 5.6, 8 rows 14.1 -> 11.4 (three tiles
+// of 3, 3 and 2 rows; of 4 rows each, 11.5; one row at a time, 13.2).
+template <int R>
+inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+  __m512 va[R][8];
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < 8; ++l) va[r][l] = _mm512_setzero_ps();
+  const int64_t nb = a.nb;
+  const int8_t* xrow[R];
+  for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
+  for (int64_t j = 0; j < nb; ++j) {
+    __m512i sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+    const int32_t* wp = p.codes + j * 8 * kCols;
+    for (int t = 0; t < 8; ++t) step512<R>(wp, xrow, j, t, sums);
+    const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
+    const int l = (int)(j & 7);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (m0 + r) * a.nbp + j;
+      const __m512i isums = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(128 * a.isum[at]));
+      va[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isums), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r][l]);
+    }
+  }
+  const __mmask16 keep = (__mmask16)((1u << cols) - 1);
+  for (int r = 0; r < R; ++r) {  // hsum's pairing; the mins are zeros (q8 has none), added as tile512 does
+    const __m512* v = va[r];
+    const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                                   _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+    _mm512_mask_storeu_ps(out + r * ldo, keep, _mm512_add_ps(s, _mm512_setzero_ps()));
+  }
+}
+
 template <int R, int F>
-inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
   constexpr bool Q4 = F == kQ4 || F == kQ5;
   // lane l of an element's accumulators takes blocks l, l + 8, l + 16, ... in order, so the lanes run one
   // after another with their accumulators in registers (the per-row path's order within each lane)
@@ -416,7 +472,7 @@ inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_
     for (int64_t j = j0 + l; j < j1; j += 8) {
       __m512i sums[R], lo[R];
       for (int r = 0; r < R; ++r) sums[r] = lo[r] = _mm512_setzero_si512();
-      const int32_t* wp = p.codes.data() + j * 8 * kCols;
+      const int32_t* wp = p.codes + j * 8 * kCols;
       for (int t = 0; t < 8; ++t) {
         if (F == kQ6 && t == 4) {
           for (int r = 0; r < R; ++r) {
@@ -424,22 +480,17 @@ inline void tile512(const Panel& p, const Act& a, int64_t m0, float* out, int64_
             sums[r] = _mm512_setzero_si512();
           }
         }
-        const __m512i w = _mm512_loadu_si512((const void*)(wp + t * kCols));
-        for (int r = 0; r < R; ++r) {
-          int32_t word;
-          std::memcpy(&word, xrow[r] + j * kBlock + 4 * t, 4);
-          sums[r] = _mm512_dpbusd_epi32(sums[r], w, _mm512_set1_epi32(word));
-        }
+        step512<R>(wp, xrow, j, t, sums);
       }
-      const __m512 dw = _mm512_loadu_ps(p.dw.data() + j * kCols);
-      const __m512 zw = Q4 ? _mm512_loadu_ps(p.zw.data() + j * kCols) : dw;
+      const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
+      const __m512 zw = Q4 ? _mm512_loadu_ps(p.zw + j * kCols) : dw;
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j;
         __m512i isums = sums[r];
         if (F == kQ8) isums = _mm512_sub_epi32(isums, _mm512_set1_epi32(128 * a.isum[at]));  // the + 128 of the codes
         if (F == kQ6) {
-          const __m512i slo = _mm512_loadu_si512((const void*)(p.slo.data() + j * kCols));
-          const __m512i shi = _mm512_loadu_si512((const void*)(p.shi.data() + j * kCols));
+          const __m512i slo = _mm512_loadu_si512((const void*)(p.slo + j * kCols));
+          const __m512i shi = _mm512_loadu_si512((const void*)(p.shi + j * kCols));
           const __m512i xlo = _mm512_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm512_set1_epi32(32 * a.xs16[2 * at + 1]);
           isums = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(lo[r], xlo), slo),
                                    _mm512_mullo_epi32(_mm512_sub_epi32(sums[r], xhi), shi));
@@ -473,7 +524,7 @@ template <int F>
 constexpr bool kWide = F != kQ6;
 
 template <int F, int R = 1>
-inline void rows_tail(const Panel& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {
+inline void rows_tail(const View& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {
 #ifdef PD_GEMM512
   if constexpr (kWide<F>) {
     if (left == R) return tile512<R, F>(p, a, m, out, ldo, cols);
@@ -486,9 +537,15 @@ inline void rows_tail(const Panel& p, const Act& a, int64_t m, int64_t left, flo
 }
 
 template <int F>
-inline void panel_rows(const Panel& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
+inline void panel_rows(const View& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
 #ifdef PD_GEMM512
+  if constexpr (F == kQ8) {  // three rows a tile, in address order (tile512_seq)
+    for (; m + 3 <= M; m += 3) tile512_seq<3>(p, a, m, out + m * ldo, ldo, cols);
+    if (M - m == 2) tile512_seq<2>(p, a, m, out + m * ldo, ldo, cols);
+    if (M - m == 1) tile512_seq<1>(p, a, m, out + m * ldo, ldo, cols);
+    return;
+  }
   if constexpr (kWide<F>)
     for (; m + kRows512 <= M; m += kRows512) tile512<kRows512, F>(p, a, m, out + m * ldo, ldo, cols);
 #endif

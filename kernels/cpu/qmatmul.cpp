@@ -10,6 +10,8 @@
 //       the same bits as q4k without its per-row horizontal reductions.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
 //       (q5.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
+//   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8g.h; qs (N / 16, K / 32 * 512), d
+//       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -23,6 +25,7 @@
 #include "q4k16.h"
 #include "q5.h"
 #include "q6.h"
+#include "q8g.h"
 #include "qgemm.h"
 
 #include <torch/library.h>
@@ -36,6 +39,8 @@ namespace {
 
 enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
 constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
+constexpr int64_t kGroupRows = 16;  // rows a group of q4k16 and q8g
+static_assert(kGroupRows == q4k16::kRows && kGroupRows == q8g::kRows, "the grouped formats share their SwiGLU rule");
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
 // exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
@@ -136,11 +141,11 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5 };  // gemm:: shares kQ8, kQ4, kQ6, kQ5
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6 };  // gemm:: shares kQ8, kQ4, kQ6, kQ5
 
 struct Weights {
   const uint8_t* qs;
-  const uint16_t* d;  // q4, q5 and q8
+  const uint16_t* d;  // q4, q5, q8 and q8g
   const uint16_t* m;  // q4 and q5
   int64_t K, nb;
 };
@@ -429,9 +434,12 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 }
 
 #ifdef PD_AVX2
-// q4k's panels come from q4k.h's unpacker and take q4k.h's own tile (integer sub-block scales)
+// The panel of output columns n0..n0+cols: unpacked into `panel`, or (q8g) viewed where it lies (its scales
+// converted into `dw`). q4k's panels come from q4k.h's unpacker and take q4k.h's own tile (integer sub-block
+// scales).
 template <int F>
-void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
+gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, std::vector<float>& dw) {
+  if (F == kQ8G) return q8g::view(w.qs, w.d, w.nb, n0 / q8g::kRows, dw);
   if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
   } else if (F == kQ4K) {
@@ -439,6 +447,7 @@ void unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel) {
   } else {
     gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
   }
+  return panel.view();
 }
 
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
@@ -448,30 +457,27 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16;
-  constexpr int G = Q4K ? (int)gemm::kQ4 : F;
+  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G ? (int)gemm::kQ8 : F;
   thread_local gemm::Panel panel;
-  thread_local std::vector<float> gate, up;
-  auto rows = [&](float* o, int64_t ldo, int cols) {
+  thread_local std::vector<float> gate, up, dw;
+  auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
     if constexpr (Q4K) {
       q4k::panel_rows(panel, ak, w.K, M, o, ldo, cols);
     } else {
-      gemm::panel_rows<G>(panel, a, M, o, ldo, cols);
+      gemm::panel_rows<G>(v, a, M, o, ldo, cols);
     }
   };
   for (int64_t pi = p0; pi < p1; ++pi) {
     const int64_t n0 = pi * kCols;
     const int cols = (int)std::min<int64_t>(kCols, Nout - n0);
     if (act == kNone) {
-      unpack<F>(w, n0, cols, panel);
-      rows(y + n0, Nout, cols);
+      rows(unpack<F>(w, n0, cols, panel, dw), y + n0, Nout, cols);
       continue;
     }
     gate.resize(M * kCols);
     up.resize(M * kCols);
-    unpack<F>(w, n0, cols, panel);
-    rows(gate.data(), kCols, cols);
-    unpack<F>(w, n0 + Nout, cols, panel);
-    rows(up.data(), kCols, cols);
+    rows(unpack<F>(w, n0, cols, panel, dw), gate.data(), kCols, cols);
+    rows(unpack<F>(w, n0 + Nout, cols, panel, dw), up.data(), kCols, cols);
     for (int64_t m = 0; m < M; ++m) {
       silu_mul(gate.data() + m * kCols, up.data() + m * kCols, cols);
       std::memcpy(y + m * Nout + n0, gate.data() + m * kCols, cols * sizeof(float));
@@ -522,30 +528,36 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlock;
   TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
   // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q4k of 144, q4k16's groups of
-  // 16 rows K / 256 x 2304 bytes, q8 rows K bytes
+  // 16 rows K / 256 x 2304 bytes, q8 rows K bytes, q8g's groups K / 32 x 512
   const bool sup = !q4 && K % q4k::kSuper == 0 && qs.dim() == 2;
   const int64_t nsb = K / q4k::kSuper;
   const bool q6 = sup && qs.size(1) == nsb * q6::kBytes, q4k = sup && qs.size(1) == nsb * q4k::kBytes;
   const bool q4k16 = sup && qs.size(1) == nsb * q4k16::kGroupBytes;
   const bool q5 = q4 && qs.dim() == 2 && qs.size(1) == nb * q5::kBytes;  // minimums and a fifth bit plane
-  const int64_t N = q4k16 ? qs.size(0) * q4k16::kRows : qs.size(0);
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 && (q6 || q4k || q4k16 || q5 || qs.size(1) == (q4 ? K / 2 : K)) &&
+  const bool q8g = !q4 && qs.dim() == 2 && qs.size(1) == nb * q8g::kBlockBytes;  // 16 K: no other format's
+  const int64_t N = q4k16 ? qs.size(0) * q4k16::kRows : q8g ? qs.size(0) * q8g::kRows : qs.size(0);
+  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 &&
+                  (q6 || q4k || q4k16 || q5 || q8g || qs.size(1) == (q4 ? K / 2 : K)) &&
                   qs.scalar_type() == at::kByte,
               "packed weights do not match x's K or the format");
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
   };
-  TORCH_CHECK(q6 || q4k || q4k16 || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(!q8g || (d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 &&
+                        d.size(0) == qs.size(0) && d.size(1) == nb * q8g::kRows),
+              "q8g scales must be (N/16, K/32 * 16) fp16");
+  TORCH_CHECK(q6 || q4k || q4k16 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
-  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (q4k16 ? 2 * q4k16::kRows : 2) == 0), "bad activation");
+  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (q4k16 || q8g ? 2 * kGroupRows : 2) == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
   at::Tensor y = at::empty({M, Nout}, x.options());
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = M >= gemm_rows(q5 ? kQ5 : q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
+  const bool big = q8g || M >= gemm_rows(q5 ? kQ5 : q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
 #else
+  TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;
 #endif
   if (q4k || q4k16) {
@@ -579,6 +591,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
           gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else if (q4k16) {
           gemm_compute<kQ4K16>(w, ga, a.k, M, Nout, ac, p0, p1, out);
+        } else if (q8g) {
+          gemm_compute<kQ8G>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         } else {
           gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
         }

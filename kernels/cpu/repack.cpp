@@ -9,10 +9,12 @@
 //   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
 //   group_superblocks / ungroup_superblocks: Q4_K rows <-> groups of 16 rows (q4k16.h), the same bytes
 //                  rearranged;
+//   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8g.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 #include "common.h"
 #include "q4k16.h"
+#include "q8g.h"
 
 #include <torch/library.h>
 
@@ -226,7 +228,26 @@ void ungroup_superblocks(const at::Tensor& groups, at::Tensor rows, int64_t bloc
   move_groups<false>(rows, groups, block_bytes);
 }
 
+// q8 rows (qs (N, K) uint8, scale (N, K/32) fp16) regrouped into q8g groups in place (q8g.h); the caller then
+// views them as (N/16, K/32 * 512) and (N/16, K/32 * 16).
+void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
+  const int64_t n = qs.size(0), k = qs.size(1), nb = k / kBlock;
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.scalar_type() == at::kByte && k % kBlock == 0 &&
+                  n % q8g::kRows == 0 && scale.is_contiguous() && scale.scalar_type() == at::kHalf &&
+                  scale.dim() == 2 && scale.size(0) == n && scale.size(1) == nb,
+              "q8_group_in_place takes q8 rows: qs (N, K) uint8 with N % 16 == 0 and scale (N, K/32) fp16");
+  uint8_t* q = qs.data_ptr<uint8_t>();
+  uint16_t* d = (uint16_t*)scale.data_ptr();
+  at::parallel_for(0, n / q8g::kRows, 16, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> tmp(q8g::kRows * k);
+    std::vector<uint16_t> tmp_scales(q8g::kRows * nb);
+    for (int64_t g = g0; g < g1; ++g)
+      q8g::group_in_place(q + g * q8g::kRows * k, d + g * q8g::kRows * nb, nb, tmp.data(), tmp_scales.data());
+  });
+}
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("q8_group_in_place(Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_group_in_place);
   lib.def("group_superblocks(Tensor rows, Tensor(a!) groups, int block_bytes) -> ()", &group_superblocks);
   lib.def("ungroup_superblocks(Tensor groups, Tensor(a!) rows, int block_bytes) -> ()", &ungroup_superblocks);
   lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);

@@ -147,14 +147,21 @@ def _has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-def run_on_avx2_build(check: str, tests: list[str], deselect: str) -> None:
-    """Under the AVX2-only build (PAGEDECK_CPU_ISA=avx2, what a CPU without VNNI runs): the Python statement
-    `check` (it compares saved results with this build's), then pytest on `tests` with -k `deselect`."""
+def run_on_avx2_build(saved: dict, check: str, tests: list[str], deselect: str) -> None:
+    """Under the AVX2-only build (PAGEDECK_CPU_ISA=avx2, what a CPU without VNNI runs): the Python statements
+    `check`, with `d` the tensors `saved` here (this build's results, to compare), then pytest on `tests` with
+    -k `deselect`."""
     import subprocess
     import sys
 
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"avx2_bits_{os.getpid()}.pt")
+    torch.save(saved, path)
     env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
-    run = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True, timeout=900)
+    try:
+        run = subprocess.run([sys.executable, "-c", f"import torch; d = torch.load({path!r}); {check}"], env=env,
+                             capture_output=True, text=True, timeout=900)
+    finally:
+        os.unlink(path)
     assert run.returncode == 0, run.stderr[-3000:]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, "-k", deselect],
                          env=env, capture_output=True, text=True, timeout=900)

@@ -228,15 +228,11 @@ def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's."""
     w = random_q4k(64, 1024, 8, "random bytes")  # whole groups: the q4k16 kernel
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1))
-    torch.save({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])},
-               path := os.path.join(os.environ.get("TMPDIR", "/tmp"), f"q4k_bits_{os.getpid()}.pt"))
-    check = ("import torch; from engine.model.qlinear import Q4KLinear; d = torch.load(%r); w = Q4KLinear(d['qs']); "
-             "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])" % path)
-    try:
-        groups = os.path.join(os.path.dirname(__file__), "test_row_groups.py")
-        run_on_avx2_build(check, [__file__, groups], "not avx2_build and not llama_cpp")
-    finally:
-        os.unlink(path)
+    check = ("from engine.model.qlinear import Q4KLinear; w = Q4KLinear(d['qs']); "
+             "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])")
+    groups = os.path.join(os.path.dirname(__file__), "test_row_groups.py")
+    run_on_avx2_build({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])}, check, [__file__, groups],
+                      "not avx2_build and not llama_cpp")
 
 
 def test_q4_k_file_gives_llama_cpps_logits(tmp_path):

@@ -1,0 +1,55 @@
+// The q8g format of qmatmul: q8 rows regrouped 16 at a time in the GEMM panel's own layout, so that no call
+// unpacks them. A q8 GEMM call on row-ordered weights spends most of its time transposing every block of 16
+// rows into a panel ([block][4-byte step][row]): on a 262k x 640 output head at 8 activation rows ~15 of ~18
+// ms went there, and a decode step with 8 chats pays it every token. Kept in that layout (llama.cpp's CPU
+// "repack" buffers interleave Q8_0 rows for the same reason), the tiles read the weights where they lie: on a
+// random 262144 x 640 q8 matrix (alternated in one process, kernels/PERF.md) 1 row 5.9 -> 5.7 ms, 2 rows 13.3 ->
+// 5.7, 8 rows 19.3 -> 9.5, 16 rows 24.8 -> 15.6 ms against the same rows in row order.
+//
+// A group of 16 rows (r = 0..15) of K weights (nb = K / 32 blocks):
+//   qs (N / 16, nb * 512) uint8: block j's codes at [512 j, 512 j + 512): step t (weights 4t..4t+3 of the
+//       block) of row r at 512 j + 64 t + 4 r, stored u8 = q + 128 as q8 stores them;
+//   d (N / 16, nb * 16) fp16: block j's scale of row r at 16 j + r.
+// Rows become groups in place (group_in_place; kernels/packed.py's q8_group, and q8_ungroup the other way).
+// The arithmetic is q8's GEMM tile's (qgemm.h) on these bytes, so results have the same bits as q8 rows' (the
+// per-row and GEMM paths alike) whatever the batch.
+#pragma once
+
+#include "common.h"
+#include "qgemm.h"
+
+#include <vector>
+
+namespace pagedeck {
+namespace q8g {
+
+constexpr int kRows = 16;
+constexpr int64_t kBlockBytes = kRows * kBlock;  // one block of a group: 512 code bytes
+
+// Group g's 16 rows regrouped where they lie: in both layouts a group's codes are the same 16 x K bytes and its
+// scales the same 16 x nb fp16 values (rows' scale stride nb), only their order differs. tmp: 16 x K bytes and
+// 16 x nb fp16 of scratch.
+inline void group_in_place(uint8_t* codes, uint16_t* scales, int64_t nb, uint8_t* tmp, uint16_t* tmp_scales) {
+  std::memcpy(tmp, codes, kRows * nb * kBlock);
+  std::memcpy(tmp_scales, scales, kRows * nb * sizeof(uint16_t));
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* row = tmp + (r * nb + j) * kBlock;
+      for (int t = 0; t < 8; ++t) std::memcpy(codes + j * kBlockBytes + 64 * t + 4 * r, row + 4 * t, 4);
+      scales[j * kRows + r] = tmp_scales[r * nb + j];
+    }
+}
+
+#ifdef PD_AVX2
+// The tiles' view of group g: its codes where they lie, its scales as fp32 in `dw` (nb x 16 floats; exact).
+inline gemm::View view(const uint8_t* qs, const uint16_t* d, int64_t nb, int64_t g, std::vector<float>& dw) {
+  dw.resize(nb * kRows);
+  const uint16_t* gd = d + g * nb * kRows;
+  for (int64_t i = 0; i < nb * kRows; i += 8)
+    _mm256_storeu_ps(dw.data() + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(gd + i))));
+  return {(const int32_t*)(qs + g * nb * kBlockBytes), dw.data(), dw.data(), nullptr, nullptr};
+}
+#endif
+
+}  // namespace q8g
+}  // namespace pagedeck

@@ -22,7 +22,7 @@ _EXPORTS = {  # public name -> module that defines it
     "load_vision": ".vision",
     "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
     "LoRA": ".model.lora", "LoRASet": ".model.lora",
-    "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
+    "Model": ".model.model", "load_model_and_tokenizer": ".model.model_and_tokenizer", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
     "PageTable": ".cache.pagetable", "SamplerSettings": ".contract", "Tokenizer": ".model.tokenizer",
 }
 __all__ = sorted(_EXPORTS)
@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .model.lora import LoRA, LoRASet
     from .model.memory import ModelTooLarge, check_fits, estimate_download, estimate_memory
     from .model.model import Model
+    from .model.model_and_tokenizer import load_model_and_tokenizer
     from .model.tokenizer import Tokenizer
     from .vision import load_vision
 

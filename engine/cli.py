@@ -200,9 +200,8 @@ def run_generate(args: argparse.Namespace) -> int:
     from .cache.paged_cache import PagedCache
     from .generator.generator import DynamicGenerator
     from .generator.job import DynamicJob
-    from .model.model import Model
     from .model.chat_format import check_chat_format
-    from .model.tokenizer import Tokenizer
+    from .model.model_and_tokenizer import load_model_and_tokenizer
 
     if args.system is not None and args.chat is None:
         raise CLIError("--system needs --chat (a raw --prompt has no system role)")
@@ -210,8 +209,7 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.model is not None:
         check_model_path(args.model)
     check_chat_format(args.chat_template)
-    model = Model.load(args.model, weights=args.weights)
-    tokenizer = Tokenizer.load(args.model)
+    model, tokenizer = load_model_and_tokenizer(args.model, weights=args.weights)
     if args.chat is not None:
         chat_format = tokenizer.set_chat_format(args.chat_template)
         print(f"prompt format: {chat_format.label}", file=sys.stderr)

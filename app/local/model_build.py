@@ -62,8 +62,7 @@ def build_model(req: LoadRequest, progress, stage=lambda text: None) -> tuple:
     # the whole load (weights, cache, activations) against free memory, from headers, before allocating
     engine.check_fits(req.path, cache_tokens=req.cache_tokens, kv_quant=req.kv_quant,
                weights=req.weights)
-    model = engine.Model.load(req.path, progress=progress, weights=req.weights)
-    tokenizer = engine.Tokenizer.load(req.path)
+    model, tokenizer = engine.load_model_and_tokenizer(req.path, progress=progress, weights=req.weights)
     cache = engine.PagedCache(model, max_tokens=req.cache_tokens, page_size=PAGE_SIZE, kv_quant=req.kv_quant)
     draft = None
     if req.draft_model is not None:

@@ -130,11 +130,9 @@ async def _run(args, settings, template: PromptTemplate, todo: list[BatchRow], p
     """Run the rows; returns why the engine stopped the run, or None."""
     from ..cache.paged_cache import PagedCache
     from ..generator.async_api import DynamicGeneratorAsync, DynamicJobAsync
-    from ..model.model import Model
-    from ..model.tokenizer import Tokenizer
+    from ..model.model_and_tokenizer import load_model_and_tokenizer
 
-    model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
-    tokenizer = Tokenizer.load(args.model)
+    model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, args.model, weights=args.weights)
     page_size = DEFAULT_PAGE_SIZE
     cache = PagedCache(model, max_tokens=max(page_size, args.cache_tokens // page_size * page_size), page_size=page_size)
     generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)

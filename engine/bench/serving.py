@@ -32,6 +32,7 @@ from ..contract import SamplerSettings, check_model_path
 from ..generator.generator import DynamicGenerator
 from ..generator.job import DynamicJob
 from ..model.model import Model
+from ..model.model_and_tokenizer import load_model_and_tokenizer
 from ..model.tokenizer import Tokenizer
 from .measure import copy_bandwidth, read_through
 from .workload import Workload, make_workload
@@ -231,8 +232,7 @@ def _bench(args: argparse.Namespace) -> int:
         model = synthetic_model(args.model)
         tokenizer = placeholder_tokenizer(model.vocab_size)
     else:
-        model = Model.load(args.model, weights=args.weights)
-        tokenizer = Tokenizer.load(args.model)
+        model, tokenizer = load_model_and_tokenizer(args.model, weights=args.weights)
     load_s = time.perf_counter() - t
     memory = _process_memory()
     log(f"pagedeck: loaded {model.name} on {model.device} ({model.dtype}, {model.weight_format} weights) "

@@ -58,8 +58,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
     """Build everything, serve until a stop signal (or `ready`'s caller cancels); `ready(url)` once listening."""
     from ..generator.async_api import DynamicGeneratorAsync
     from ..cache.paged_cache import PagedCache
-    from ..model.model import Model
-    from ..model.tokenizer import Tokenizer
+    from ..model.model_and_tokenizer import load_model_and_tokenizer
     from ..model.chat_format import check_chat_format
     from .app import OpenAIServer
     from .served import ServedModel
@@ -72,8 +71,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    model = await asyncio.to_thread(Model.load, args.model, weights=args.weights)
-    tokenizer = Tokenizer.load(args.model)
+    model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, args.model, weights=args.weights)
     vision = await asyncio.to_thread(load_vision_of, args.model)  # None: a text-only model
     chat_format = tokenizer.set_chat_format(args.chat_template)
     cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)

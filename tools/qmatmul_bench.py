@@ -9,6 +9,8 @@ calls over all layers in order (q|k|v, o, gate|up, down; then the output head), 
 weights come from DRAM, not cache; ms a token and GB/s, medians of --rounds, each thread count in turn.
 `--q6` times the q6 format (Q6_K super-blocks as stored) against the q8 they used to become, one-row calls
 on Llama-3-8B's down and output-head shapes (tools.q6_bench), the same way, with GB/s.
+`--q8-groups 262144x640` times q8 rows against the same rows regrouped 16 at a time (q8g, tools.q8g_bench) at
+each of --rows, alternating call by call, on a random matrix of that shape (a 262k-token output head's).
 
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
@@ -46,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
     ap.add_argument("--q6", action="store_true", help="q6 vs q8 one-row calls on 8B shapes (rows: first of --rows)")
+    ap.add_argument("--q8-groups", default="", metavar="NxK", help="q8 rows vs q8g groups on a random N x K matrix")
     ap.add_argument("--stream", action="store_true", help="a decode step's weight stream, per matrix class")
     ap.add_argument("--model", default=None, help="with --stream: a .gguf (default: the embedded model)")
     args = ap.parse_args(argv)
@@ -56,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         from tools.q6_bench import run as q6_run
 
         return q6_run(int(args.rows.split(",")[0]), int(args.threads.split(",")[-1]), args.rounds)
+    if args.q8_groups:
+        from tools.q8g_bench import run as q8g_run
+
+        return q8g_run(args.q8_groups, [int(r) for r in args.rows.split(",")], int(args.threads.split(",")[-1]),
+                       args.rounds)
     if args.prompt_rows:
         from tools.qgemm_bench import run as gemm_run
 

@@ -3,8 +3,9 @@
 // rows into a panel ([block][4-byte step][row]): on a 262k x 640 output head at 8 activation rows ~15 of ~18
 // ms went there, and a decode step with 8 chats pays it every token. Kept in that layout (llama.cpp's CPU
 // "repack" buffers interleave Q8_0 rows for the same reason), the tiles read the weights where they lie: on a
-// random 262144 x 640 q8 matrix (alternated in one process, kernels/PERF.md) 1 row 5.9 -> 5.7 ms, 2 rows 13.3 ->
-// 5.7, 8 rows 19.3 -> 9.5, 16 rows 24.8 -> 15.6 ms against the same rows in row order.
+// random 262144 x 640 q8 matrix against the same rows in row order (`python -m tools.qmatmul_bench --q8-groups
+// 262144x640 --rows 1,2,8 --threads 2`, kernels/PERF.md) 1 row 6.6 -> 6.5 ms, 2 rows 13.3 -> 5.4, 8 rows 16.8
+// -> 9.8.
 //
 // A group of 16 rows (r = 0..15) of K weights (nb = K / 32 blocks):
 //   qs (N / 16, nb * 512) uint8: block j's codes at [512 j, 512 j + 512): step t (weights 4t..4t+3 of the

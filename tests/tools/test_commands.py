@@ -11,7 +11,7 @@ import tools
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = {"simulated_workload", "processes", "logits", "ggml_writers", "llamacpp_peer",
-           "qgemm_bench", "q6_bench", "screenshot_images", "screenshot_session"}  # modules tools and tests import, not commands
+           "qgemm_bench", "q6_bench", "q8g_bench", "screenshot_images", "screenshot_session"}  # modules tools and tests import, not commands
 TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name not in HELPERS)
 # `make test-vllm`: its arguments go to pytest, and any run builds a ~3.5 GB venv first, so no --help here.
 NO_HELP = {"vllm_server"}

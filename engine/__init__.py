@@ -22,7 +22,8 @@ _EXPORTS = {  # public name -> module that defines it
     "load_vision": ".vision",
     "DynamicGeneratorAsync": ".generator.async_api", "DynamicJobAsync": ".generator.async_api",
     "LoRA": ".model.lora", "LoRASet": ".model.lora",
-    "Model": ".model.model", "load_model_and_tokenizer": ".model.model_and_tokenizer", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
+    "Model": ".model.model", "ModelConfig": ".model.config", "PagedCache": ".cache.paged_cache",
+    "load_model_and_tokenizer": ".model.model_and_tokenizer",
     "PageTable": ".cache.pagetable", "SamplerSettings": ".contract", "Tokenizer": ".model.tokenizer",
 }
 __all__ = sorted(_EXPORTS)

@@ -40,7 +40,8 @@ namespace {
 enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
 constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
 constexpr int64_t kGroupRows = 16;  // rows a group of q4k16 and q8g
-static_assert(kGroupRows == q4k16::kRows && kGroupRows == q8g::kRows, "the grouped formats share their SwiGLU rule");
+static_assert(kGroupRows == q4k16::kRows && kGroupRows == q8g::kRows,
+              "the grouped formats share their SwiGLU rule");
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
 // exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
@@ -141,7 +142,8 @@ void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs
 #endif
 }
 
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6 };  // gemm:: shares kQ8, kQ4, kQ6, kQ5
+// gemm:: shares kQ8, kQ4, kQ6 and kQ5
+enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6 };
 
 struct Weights {
   const uint8_t* qs;
@@ -547,7 +549,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(!q8g || (d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 &&
                         d.size(0) == qs.size(0) && d.size(1) == nb * q8g::kRows),
               "q8g scales must be (N/16, K/32 * 16) fp16");
-  TORCH_CHECK(q6 || q4k || q4k16 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
+  TORCH_CHECK(q6 || q4k || q4k16 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
+              " values of padding after them");
   TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
   TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (q4k16 || q8g ? 2 * kGroupRows : 2) == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;

@@ -289,7 +289,7 @@ class Model:
         sgemm for this wide, flat shape is ~1.5x slower at those row counts than at 16 (kernels/PERF.md)."""
         if isinstance(self.lm_head, PackedLinear):
             logits = linear(x, self.lm_head, rows=rows if self.lm_head.prompt_dense else None)
-            pad = self.padded_vocab - logits.shape[1]  # F.pad copies even when it adds nothing (2.7 ms for 8 x 262k)
+            pad = self.padded_vocab - logits.shape[1]  # F.pad copies the logits even when it adds nothing
             return F.pad(logits, (0, pad)) if pad else logits
         n = x.shape[0]
         if x.device.type == "cpu" and 8 <= n < 16:

@@ -2,8 +2,8 @@
 
 Building a tokenizer from a GGUF's vocabulary is real work (a 262k-token BPE vocabulary: ~0.5 s, most of it the
 tokenizers library building its maps) and needs nothing from the weights, so it runs on a helper thread while
-the weights load, whose repacking runs in C++ with the GIL released. On a Gemma-3-270M-shaped file (2 cores,
-kernels/PERF.md) the two took 0.95 s one after the other and take 0.68 s side by side.
+the weights load, whose repacking runs in C++ with the GIL released. On a Gemma-3-270M-shaped file (2 cores)
+`python -m engine bench` timed the load at 0.97 s one after the other and 0.75 s side by side (kernels/PERF.md).
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@
 // panel, kCols x K bytes, stays in L2 while every activation row passes over it), and a register tile of
 // kRows activation rows x kCols columns accumulates with one broadcast 4-byte activation word against one
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
-// With AVX-512 VNNI, q4 and q8 take tile512 (one zmm of all 16 columns a step) and q4 panels unpack with
-// 512-bit permutes (unpack_q4_block, unpack_scales16); q6 keeps the 256-bit tile. Another format feeds the
+// With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512_seq (the same with
+// its accumulators in registers), and q4, q5 and q8 panels unpack with 512-bit permutes (unpack_*_block,
+// unpack_scales16); q6 keeps the 256-bit tile. Another format feeds the
 // same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as unpack_panel documents; q4k fills a Panel
 // with its own meaning of the fields and runs its own tile (q4k.h: integer sub-block scales).
 //
@@ -212,8 +213,7 @@ inline void unpack_q8_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j
 // weight's fifth bit is set. Each column's 32 fifth bits are gathered into its lane (two dword gathers inside
 // the pair's 8 bytes of bits), byte k of every lane is repeated over the lane's 4 bytes, and per code word w
 // (weights 4w..4w+3: half of byte w / 2) one vptestmb gives the byte mask that one masked vpaddb adds 16 under.
-// The same codes as q5::codes, transposed. A 4096 x 640 q5 gate|up at 8 rows: 0.30 -> 0.23 ms a call, 16 rows
-// 0.41 -> 0.33 (alternated in one process against q5::codes + transpose8; 512 rows, multiply-bound, 1.01x).
+// The same codes as q5::codes, transposed (kernels/PERF.md: the q5 share of an 8-row decode step).
 inline void unpack_q5_block(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
   const int64_t st = nb * q5::kBytes;
   const uint8_t* row0 = qs + n0 * st;
@@ -459,10 +459,9 @@ inline void step512(const int32_t* wp, const int8_t* const* xrow, int64_t j, int
 
 // q8's 512-bit tile: up to 3 activation rows with every lane's accumulator in a register (8 R zmm; q8 has no
 // minimums to accumulate), so the blocks are read in address order, one after another, where tile512's
-// lane-major order (its accumulators would not fit) walks each panel 8 times at a stride. Each lane sees
-// tile512's sequence (the same bits). On a 262k x 640 q8g head (alternated in one process, kernels/PERF.md):
-// 1 row 8.4 -> 5.7 ms (the row-ordered per-row path: 6.0), 2 rows 8.9 -> 5.6, 8 rows 14.1 -> 11.4 (three tiles
-// of 3, 3 and 2 rows; of 4 rows each, 11.5; one row at a time, 13.2).
+// lane-major order (its accumulators would not fit) walks each panel 8 times at a stride: with that walk a
+// one-row call on a q8g head was slower than the row-ordered per-row path. Each lane sees tile512's sequence
+// (the same bits).
 template <int R>
 inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
   __m512 va[R][8];
@@ -495,6 +494,7 @@ inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int
 
 template <int R, int F>
 inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
+  static_assert(F != kQ8, "q8 takes tile512_seq");
   constexpr bool Q4 = F == kQ4 || F == kQ5;
   // lane l of an element's accumulators takes blocks l, l + 8, l + 16, ... in order, so the lanes run one
   // after another with their accumulators in registers (the per-row path's order within each lane)
@@ -528,7 +528,6 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j;
         __m512i isums = sums[r];
-        if (F == kQ8) isums = _mm512_sub_epi32(isums, _mm512_set1_epi32(128 * a.isum[at]));  // the + 128 of the codes
         if (F == kQ6) {
           const __m512i slo = _mm512_loadu_si512((const void*)(p.slo + j * kCols));
           const __m512i shi = _mm512_loadu_si512((const void*)(p.shi + j * kCols));
@@ -560,9 +559,10 @@ constexpr int kRows512 = PD_GEMM_ROWS512;
 #endif
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
-// q6 keeps the 256-bit tile: its zmm form (two vpmulld a block and row) ran 0.7x as fast at 512 rows.
+// q6 keeps the 256-bit tile: its zmm form (two vpmulld a block and row) ran 0.7x as fast at 512 rows. q8 takes
+// tile512_seq (panel_rows), never tile512.
 template <int F>
-constexpr bool kWide = F != kQ6;
+constexpr bool kWide = F != kQ6 && F != kQ8;
 
 template <int F, int R = 1>
 inline void rows_tail(const View& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {

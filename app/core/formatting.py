@@ -25,6 +25,8 @@ def human_count(n: float) -> str:
     return f"{n:.0f}"
 
 
+NO_LORA = "no LoRA"  # a reply or chat that runs on the model alone
+
 # How a finished reply's state reads when it ended for a reason the user should know about.
 ENDINGS = {"repetition": "stopped: repeating itself"}
 
@@ -57,5 +59,6 @@ def stats_text(stats: ReplyStats | None) -> str:
 
 
 def adapters_text(pairs: list[tuple[str, float]]) -> str:
-    """A LoRA set as the app shows it: "LoRA ada×1, bob×0.5", or "base model" for none."""
-    return "LoRA " + ", ".join(f"{name}×{scale:g}" for name, scale in pairs) if pairs else "base model"
+    """A LoRA set as the app shows it: "LoRA ada×1, bob×0.5", or "no LoRA" for none (the model as loaded;
+    "base model" would read as the model's kind, as opposed to an instruct model)."""
+    return "LoRA " + ", ".join(f"{name}×{scale:g}" for name, scale in pairs) if pairs else NO_LORA

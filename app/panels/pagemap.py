@@ -207,7 +207,7 @@ class PageMapWidget(QWidget):
         self.legend = QLabel(_legend_html())
         self.legend.setWordWrap(True)
         self.by_adapter = QCheckBox("colour by adapter")
-        self.by_adapter.setToolTip("one colour per LoRA set the page's K/V was computed under (grey: base model)")
+        self.by_adapter.setToolTip("one colour per LoRA set the page's K/V was computed under (grey: no LoRA)")
         self.by_adapter.toggled.connect(self._recolour)
         self.hover_label = QLabel("hover a page to see which chat holds it")
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)

@@ -121,6 +121,7 @@ class ChatArea(QStackedWidget):
             i = self.tabs.indexOf(pane)
             if i >= 0:
                 self.tabs.setTabText(i, title)
+        self.compare.rename(chat_id, title)
         self.chat_list.refresh()
 
     def current_pane(self) -> ChatPane | None:
@@ -152,6 +153,13 @@ class ChatArea(QStackedWidget):
         self.mode, self.tile_count = mode, tiles
         self.view_changed.emit(mode, tiles if mode == "tiles" else 2)
         self._layout()
+
+    def show_tiles(self, tiles: int) -> None:
+        """The View menu's "Tiles: N": N chats side by side, opening new chats where fewer than N are open
+        (N tiles over one chat would show one pane and leave the user to make the others)."""
+        self.set_view("tiles", tiles)
+        while len(self.open_ids) < tiles:
+            self.chat_list.new_chat()  # emits open_requested -> open_chat
 
     def set_compare(self, on: bool) -> None:
         """Compare mode: the tiles (the open chats, up to 4) with the compare bar under them."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QFileDialog, QGridLayout, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget,
 )
 
 from app.chat.chat_pane import ChatPane, PromptEdit
 from app.chat.pane_widgets import ElidedLabel
+from app.core.formatting import NO_LORA
 from app.core.presets import BUILTIN_PRESETS, matching_preset
 from app.core.tasks import spawn
 
@@ -87,7 +89,7 @@ class CompareBar(QWidget):
         columns = 2 if len(panes) == 4 else max(1, len(panes))
         for n, pane in enumerate(panes):
             cid = pane.session.chat_id
-            check = QCheckBox(pane.session.chat.title)
+            check = NameCheck(pane.session.chat.title)
             check.setChecked(was.get(cid, True))
             check.setStyleSheet(f"QCheckBox {{ color: rgb{tuple(pane.swatch.colour()[:3])}; font-weight: bold }}")
             check.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
@@ -98,7 +100,7 @@ class CompareBar(QWidget):
             chip = QWidget()
             line = QHBoxLayout(chip)
             line.setContentsMargins(0, 0, 0, 0)
-            line.addWidget(check, 2)
+            line.addWidget(check, 3)  # the name first: it says which tile the chip is
             self.summaries[cid] = summary = ElidedLabel(settings_summary(pane.session.settings))
             line.addWidget(summary, 2)
             if cid not in self._followed:  # (once per session: the chips are rebuilt with the tiles)
@@ -110,6 +112,15 @@ class CompareBar(QWidget):
         self.winner.clear()
         for pane in panes:
             self.winner.addItem(pane.session.chat.title, pane.session.chat_id)
+
+    def rename(self, chat_id: int, title: str) -> None:
+        """A compared chat's new title (renamed, or titled by its first message): its chip and winner entry."""
+        check = self.checks.get(chat_id)
+        if check is not None:
+            check.set_name(title)
+        index = self.winner.findData(chat_id)
+        if index >= 0:
+            self.winner.setItemText(index, title)
 
     def refresh_models(self, _models=None) -> None:
         """Every chip's model list and settings summary, as they are now."""
@@ -262,11 +273,41 @@ class CompareBar(QWidget):
         return made
 
 
+class NameCheck(QCheckBox):
+    """A compared chat's tick box, named after the chat: the name elided in the middle to the chip's width
+    (its start and end tell chats apart better than its start alone), the whole name in its tooltip and
+    accessible name."""
+
+    def __init__(self, name: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self._name = ""
+        self.set_name(name)
+
+    def name(self) -> str:
+        return self._name
+
+    def set_name(self, name: str) -> None:
+        self._name = name
+        self.setToolTip(name)
+        self.setAccessibleName(f"Send to {name}")
+        self._elide()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        indicator = self.style().pixelMetric(self.style().PixelMetric.PM_IndicatorWidth, None, self)
+        spacing = self.style().pixelMetric(self.style().PixelMetric.PM_CheckBoxLabelSpacing, None, self)
+        room = max(0, self.width() - indicator - spacing - 4)
+        self.setText(self.fontMetrics().elidedText(self._name, Qt.TextElideMode.ElideMiddle, room))
+
+
 def settings_summary(settings) -> str:
     """What sets a pane apart at a glance: its sampler preset (or temperature) and its adapters."""
     preset = matching_preset(settings, BUILTIN_PRESETS) or f"T={settings.temperature:g}"
     loras = ("LoRA " + ", ".join(name for name, _ in settings.loras) if settings.loras
-             else "base model" if settings.loras == () else "default LoRA set")
+             else NO_LORA if settings.loras == () else "default LoRA set")
     return f"{preset} · {loras}"
 
 

@@ -33,7 +33,8 @@ def build_menus(window: QMainWindow, chats: ChatArea, *, new_chat: Callable[[], 
     group = QActionGroup(window)
     view_actions = {}
     for label, mode, n in VIEWS:
-        act = _action(window, view, label, None, lambda _=False, m=mode, k=n: chats.set_view(m, k))
+        act = _action(window, view, label, None,
+                      lambda _=False, m=mode, k=n: chats.show_tiles(k) if m == "tiles" else chats.set_view("tabs"))
         act.setCheckable(True)
         group.addAction(act)
         view_actions[(mode, n)] = act

@@ -93,7 +93,7 @@ def test_chats_with_different_adapters_share_a_batch_and_record_them(qtbot, loop
             chat, messages = store.chat(pane.session.chat_id), store.messages(pane.session.chat_id)
             assert messages[-1].stats.adapter_pairs() == want  # survives in the store
             md, doc = to_markdown(chat, messages), json.loads(to_json(chat, messages))
-            assert ({"ada": "LoRA ada×1", "bob": "LoRA bob×0.5", "base": "base model"}[name]) in md
+            assert ({"ada": "LoRA ada×1", "bob": "LoRA bob×0.5", "base": "no LoRA"}[name]) in md
             assert doc["messages"][-1]["stats"]["adapters"] == [list(p) for p in want]
             assert doc["settings"]["loras"] == [list(p) for p in want]
         texts = {p.session.messages[-1].content for p in panes.values()}

@@ -8,15 +8,20 @@ as complete calls with a round's last result and join the calls parsed from the 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from app.agent.reply_rounds import RoundParser, rounds_markdown
 from app.core.reply_trace import ToolCallRecord
 from engine.chat import ToolCall
 
 
 class LiveReply:
-    def __init__(self, template: str | None, parse_calls: bool):
+    """tool_names: the chat's tools, by the names the model sees (none: the reply's text is all text)."""
+
+    def __init__(self, template: str | None, tool_names: Iterable[str] = ()):
         self.template = template
-        self.parse_calls = parse_calls
+        self.tool_names = tuple(tool_names)
+        self.parse_calls = bool(self.tool_names)
         self.parser = RoundParser(template)
         self.prior = ""  # Markdown of the finished tool rounds (their text and call blocks)
         self._thoughts: list[str] = []  # finished rounds' thinking
@@ -27,7 +32,7 @@ class LiveReply:
         self._calls: list[ToolCall] = []  # the round's calls as a server parsed them
 
     def start_round(self, prompt: str | None) -> None:
-        self.parser = RoundParser(self.template, prompt, self.parse_calls)
+        self.parser = RoundParser(self.template, prompt, self.tool_names)
         self._think_base, self._think_from = self.think_s, None
         self._calls = []
 

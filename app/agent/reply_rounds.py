@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from itertools import groupby
-from typing import Callable
+from typing import Callable, Iterable
 
 from app.core.reply_trace import ToolCallRecord
 from app.core.store import Message
@@ -41,12 +41,14 @@ def thinks(template: str | None) -> bool:
 class RoundParser(ReplyParser):
     """One round of a streaming reply (engine.chat's ReplyParser): raw text in; thinking, answer text and
     complete calls out. `<think>` is split where the template names no markers too (only at the reply's
-    start), and calls are parsed only when the chat has tools."""
+    start), and calls are parsed only when the chat has tools: `tool_names`, the names the model sees
+    (calls in the template's format, and plain JSON naming one of them, as small models write calls)."""
 
-    def __init__(self, template: str | None, prompt: str | None = None, parse_calls: bool = False):
+    def __init__(self, template: str | None, prompt: str | None = None, tool_names: Iterable[str] = ()):
         markers = markers_of(template)
+        names = tuple(tool_names)
         super().__init__(markers, in_reasoning=starts_in_reasoning(prompt or "", markers),
-                         tool_format=tool_call_format(template) if parse_calls else None)
+                         tool_format=tool_call_format(template) if names else None, tool_names=names)
 
     @property
     def in_reasoning(self) -> bool:

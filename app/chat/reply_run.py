@@ -74,7 +74,7 @@ class ReplyRun:
             specs = {"tools": [t.function_spec(name) for name, t in tools.items()]} if tools else {}
             history = with_images(prompt_history(messages, self.trace.calls, template, runs_tools), messages,
                                   self.images.of, sees_images(self.backend, self.settings))
-            tracker.live = LiveReply(template, bool(tools))
+            tracker.live = LiveReply(template, tools)  # (the names the model sees)
             round_ = 0
             if continued:  # the stopped reply's tool rounds come before the text it continues
                 done = self.trace.calls(reply.id)

@@ -143,8 +143,8 @@ class ToolCallFormat:
     def new_id(self) -> str:
         return "call_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(self.id_length))
 
-    def parser(self) -> ToolCallParser:
-        return ToolCallParser(self)
+    def parser(self, names: frozenset[str] | None = None) -> ToolCallParser:
+        return ToolCallParser(self, names)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -311,10 +311,15 @@ class ToolCallParser:
 
     Whitespace between text and a call is dropped (it belongs to the call's layout); a reply with no
     calls keeps all of its text as it came.
+
+    names: the offered functions, when known. A region opened by no marker (Llama's bare JSON at the
+    reply's start) is a call only if it names them: unmarked, `{"name": "Bob", "age": 42}` is an answer.
     """
 
-    def __init__(self, fmt: ToolCallFormat):
+    def __init__(self, fmt: ToolCallFormat, names: frozenset[str] | None = None):
         self.fmt = fmt
+        self.names = names
+        self._unmarked = False  # the current region was opened by a start trigger
         self.content = ""
         self.calls: list[ToolCall] = []
         self._taken = 0
@@ -373,6 +378,8 @@ class ToolCallParser:
                     break
                 region, self._buf = self._buf[:scan.consumed], self._buf[scan.consumed:]
                 self._in_call = False
+                if scan.calls and not self._offered(n for n, _ in scan.calls):
+                    scan.calls = None
                 if self._live is not None:
                     self._end_live(region, scan.calls)
                 elif scan.calls is None:
@@ -386,6 +393,7 @@ class ToolCallParser:
                 out.append(self._text(self._buf[:at]))
                 self._buf = self._buf[at:]
                 self._in_call, self._at_start = True, False
+                self._unmarked = trigger in self.fmt.start_triggers
                 continue
             if self._at_start and not self._buf.strip():
                 self._ws += self._buf  # leading whitespace: a start trigger may still come
@@ -408,13 +416,17 @@ class ToolCallParser:
         live = self._live
         if live is None:
             head = self.fmt.header(self._buf)
-            if head is None:
+            if head is None or not self._offered([head[0]]):
                 return
             live = self._live = LiveCall(len(self.calls), self.fmt.new_id(), *head)
             self._pieces.append(ToolCallPiece(live.index, "", live.id, live.name))
         more = live.advance(self._buf)
         if more:
             self._pieces.append(ToolCallPiece(live.index, more))
+
+    def _offered(self, names) -> bool:
+        """Whether a region's calls may name these functions (an unmarked one: only offered ones)."""
+        return not self._unmarked or self.names is None or all(n in self.names for n in names)
 
     def _end_live(self, region: str, calls: list[tuple[str, str]] | None) -> None:
         """The streamed call's region is complete: the call keeps the arguments text it was sent (the

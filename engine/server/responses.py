@@ -9,7 +9,9 @@ markers: thinking goes to `reasoning_content` (vLLM's field), calls to `tool_cal
 "tool_calls"), the rest to `content`; streamed, each part is a delta of its own field as soon as it is
 decided, so text that might still become a call marker waits for the next token. Calls stream as OpenAI
 and vLLM stream them: a first `tool_calls` delta with the call's index, id, type and name (arguments
-empty), then deltas with only the index and the next piece of the arguments as the model writes them.
+empty), then deltas with only the index and the next piece of the arguments as the model writes them. A
+call written as plain JSON (no markers: engine.chat.json_tool_calls) is a call only once the reply ends
+with it, so it comes whole, in one delta with the last tokens; its JSON is never sent as content.
 """
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ class ResponseBuilder:
         self.cached_tokens = 0
         plan = req.plan
         self.reply = ReplyParser(plan.markers, in_reasoning=plan.in_reasoning, tool_format=plan.tool_format,
-                                 parallel=plan.parallel) \
+                                 parallel=plan.parallel, tool_names=plan.tool_names) \
             if plan is not None and (plan.markers is not None or plan.tool_format is not None) else None
         self.delta = ReplyDelta()  # what the last feed() added, split into reasoning, content and calls
 

@@ -7,7 +7,9 @@ and `include_reasoning` (false: the reply's thinking stays in `content` as raw t
 
 How each choice is served:
 - "none": the tools are left out of the prompt and the reply is plain text (OpenAI: no calls);
-- "auto": the tools are in the prompt, and calls the model writes in its format become `tool_calls`;
+- "auto": the tools are in the prompt, and calls the model writes in its format become `tool_calls`, as
+  do plain JSON calls of an offered function (fenced or bare, ending the reply: engine.chat.
+  json_tool_calls), which small models write instead of their format's markers;
 - "required" / named: as auto, plus a grammar (engine.chat.tool_choice_grammar) that only lets the
   model write a valid call (of that function), so the reply always parses and its arguments validate.
 """
@@ -46,6 +48,11 @@ class ToolPlan:
     @property
     def forced(self) -> bool:
         return self.choice not in ("none", "auto")
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The offered functions' names (a reply's plain JSON naming one of them is a call)."""
+        return frozenset(t["function"]["name"] for t in self.tools or ())
 
 
 def parse_tool_plan(body: dict, tokenizer: Any) -> ToolPlan:

@@ -48,6 +48,7 @@ wheel: $(STAMP)
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m app.core.qt_libs
 	$(BIN)/lint-imports --no-logo
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet --site-dir site  # the docs site (docs/, mkdocs.yml)
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 # A first start on a new machine: the kernels compiled from scratch (~2 min) while the window says so.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,29 @@ def test_wheel_holds_every_module_and_runtime_resource(wheel):
     assert "pagedeck = app.__main__:main" in entry_points
 
 
+def compiled_sources() -> list[str]:
+    """What kernels/cpu_ext.py compiles at first use: its SOURCES and every header they include ("..."),
+    followed through the headers, as paths from the checkout's root."""
+    from kernels import cpu_ext
+
+    todo, seen = [Path(p).resolve() for p in cpu_ext.SOURCES], set()
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo += [(path.parent / name).resolve()
+                     for name in re.findall(r'^\s*#\s*include\s*"([^"]+)"', path.read_text(), re.MULTILINE)]
+    return sorted(p.relative_to(ROOT).as_posix() for p in seen)
+
+
+def test_wheel_holds_every_source_the_cpu_kernels_compile(wheel):
+    """Without them the installed app cannot build its CPU kernels and runs on torch's slower paths, silently."""
+    sources = compiled_sources()
+    assert any(s.endswith(".h") for s in sources) and any(s.endswith(".cpp") for s in sources)
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert [s for s in sources if s not in names] == []
+
+
 def test_installed_wheel_runs_pagedeck_away_from_the_checkout(wheel, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -73,13 +97,19 @@ def test_installed_wheel_runs_pagedeck_away_from_the_checkout(wheel, tmp_path):
 
     probe = ("import json, app, app.window.desktop as d\n"
              "from engine.contract.paths import demo_adapters_folder, find_adapters\n"
+             "from kernels import cpu_ext\n"
              "print(json.dumps({'app': app.__file__, 'adapters': [p.name for p in find_adapters(demo_adapters_folder())],"
-             " 'icons': sorted(p.name for p in d.ICONS.iterdir()), 'launcher': d.launcher()}))")
+             " 'icons': sorted(p.name for p in d.ICONS.iterdir()), 'launcher': d.launcher(),"
+             " 'kernel_sources': [str(p) for p in cpu_ext.SOURCES if p.is_file()]}))")
     seen = json.loads(subprocess.check_output([str(py), "-c", probe], text=True, cwd=tmp_path, env=_env(), timeout=120))
     assert Path(seen["app"]).is_relative_to(venv)
     assert seen["adapters"] == ["bullets", "pirate"]
     assert seen["icons"] == sorted(p.name for p in (ROOT / "resources/icons").iterdir())
     assert seen["launcher"] == [str(pagedeck)]
+    from kernels import cpu_ext
+
+    assert len(seen["kernel_sources"]) == len(cpu_ext.SOURCES)  # the installed kernels find their sources
+    assert all(Path(p).is_relative_to(venv) for p in seen["kernel_sources"])
 
     xdg = tmp_path / "share"
     out = subprocess.run([str(pagedeck), "--install-desktop"], capture_output=True, text=True, cwd=tmp_path,

@@ -50,3 +50,26 @@ def test_every_file_the_readme_links_to_exists():
     links = readme_links((ROOT / "README.md").read_text())
     assert links, "the README links to nothing"
     assert [t for t in links if not (ROOT / t).exists()] == []
+
+
+def _doc_texts() -> dict[str, str]:
+    paths = [ROOT / "README.md", ROOT / "ARCHITECTURE.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for p in paths}
+
+
+def _cli_words() -> set[str]:
+    tree = ast.parse((ROOT / "engine" / "cli.py").read_text())
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+
+
+def test_every_command_the_docs_show_exists():
+    """`python -m tools.NAME` is a module of tools/, `python -m engine CMD` a command of engine/cli.py."""
+    words, wrong = _cli_words(), []
+    for name, text in _doc_texts().items():
+        for tool in re.findall(r"python -m tools\.([a-z_0-9]+)\b(?!\.)", text):
+            if not (ROOT / "tools" / f"{tool}.py").is_file():
+                wrong.append(f"{name}: tools.{tool}")
+        for command in re.findall(r"python -m engine ([a-z][\w-]*)", text):
+            if command not in words:
+                wrong.append(f"{name}: engine {command}")
+    assert wrong == []

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Callable
 
 from PySide6.QtCore import QSize, Qt, Signal
-from PySide6.QtGui import QIcon
+from PySide6.QtGui import QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QPushButton, QVBoxLayout,
-    QWidget,
+    QAbstractItemView, QHBoxLayout, QLineEdit, QListWidget, QListWidgetItem, QMessageBox, QSizePolicy, QToolButton,
+    QVBoxLayout, QWidget,
 )
 
 from app.chat.pane_widgets import ACTIVITY, activity_icon
@@ -43,11 +43,17 @@ class ChatList(QWidget):
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        self.new_btn = QPushButton("New")
-        self.rename_btn = QPushButton("Rename")
-        self.delete_btn = QPushButton("Delete")
+        # Tool buttons (as wide as their text, not a push button's 80-px minimum): the list's dock can give
+        # its width to the tiles on a small screen.
+        self.new_btn = QToolButton(text="New")
+        self.new_btn.setToolTip("New chat (Ctrl+N)")
+        self.rename_btn = QToolButton(text="Rename")
+        self.rename_btn.setToolTip("Rename the selected chat (F2)")
+        self.delete_btn = QToolButton(text="Delete")
+        self.delete_btn.setToolTip("Delete the selected chats (Delete)")
         buttons = QHBoxLayout()
         for b in (self.new_btn, self.rename_btn, self.delete_btn):
+            b.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
             buttons.addWidget(b)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -55,6 +61,9 @@ class ChatList(QWidget):
         layout.addWidget(self.list, 1)
         layout.addLayout(buttons)
 
+        delete = QShortcut(QKeySequence(QKeySequence.StandardKey.Delete), self.list,
+                           context=Qt.ShortcutContext.WidgetShortcut)
+        delete.activated.connect(self.delete_selected)
         self.search.textChanged.connect(lambda _t: self.refresh())
         self.list.itemActivated.connect(self._activated)
         self.list.itemClicked.connect(self._activated)

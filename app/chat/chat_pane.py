@@ -12,7 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QHBoxLayout, QMenu, QPushButton, QStyle, QTabWidget, QTextBrowser, QToolButton, QVBoxLayout, QWidget,
+    QHBoxLayout, QMenu, QPushButton, QStyle, QTabWidget, QTextBrowser, QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
 from app.chat.attachments import Attachments, shown_images
@@ -28,6 +28,9 @@ from app.core.chat_colours import CHAT_COLOURS
 from app.core.formatting import stats_text
 from app.core.images import cannot_see_message, image_tokens, sees_images
 from app.panels.tool_approval import ask_approval
+
+
+STATUS_ROOM = 120  # what the status line's texts keep before the image button gives up its text
 
 
 class ChatPane(PaneActions, QWidget):
@@ -53,8 +56,8 @@ class ChatPane(PaneActions, QWidget):
         self.state.setStyleSheet("color: gray")
         self.meter = ElidedLabel()
         self.meter.setStyleSheet("color: gray")
-        self.prompt_format = ElidedLabel()  # which prompt format the chat is sent in (template / plain text)
-        self.prompt_format.setStyleSheet("color: gray")
+        self.prompt_format = ElidedLabel(parent=self)  # the prompt format (template / plain text): in details
+        self.prompt_format.hide()
         self.settings_btn = QToolButton(text="Settings…")
         self.regen_btn = QToolButton(text="Regenerate")
         self.stop_btn = QToolButton(text="Stop")
@@ -94,32 +97,39 @@ class ChatPane(PaneActions, QWidget):
         bar.rangeChanged.connect(self._range_changed)
         bar.valueChanged.connect(self._scrolled)
 
-        # One status line, always there (so showing a banner or an error never changes the pane's size):
-        # reply state, the editing banner, the last error (whole text in its tooltip), the context meter.
+        # One status line under the message box, always there (so showing a banner or an error never changes
+        # the pane's size): what matters first (reply state, the editing banner, the last error, the context
+        # meter, short where the pane is narrow), then Details (the last reply's whole stats line, the
+        # context, the prompt format), the image button and Send.
         self.banner = ElidedLabel()
         self.banner.setStyleSheet("background: #fff3cd; color: #664d03; padding: 0 3px")
         self.banner.hide()
         self.error = ElidedLabel()
         self.error.setStyleSheet("color: #c0392b")
         self.error.hide()
-        status = QHBoxLayout()
-        for label, stretch in ((self.state, 1), (self.banner, 3), (self.error, 3), (self.prompt_format, 1),
-                               (self.meter, 1)):
-            status.addWidget(label, stretch)
+        self.details_btn = QToolButton()
+        self.details_btn.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxInformation))
+        self.details_btn.setAutoRaise(True)
+        self.details_btn.clicked.connect(self.show_details)
         self.prompt = PromptEdit()
-        self.prompt.setPlaceholderText("Message (Enter to send, Shift+Enter for a new line)")
+        self.prompt.setPlaceholderText("Message — Enter sends")
+        self.prompt.setToolTip("Enter sends · Shift+Enter: a new line · Esc stops the reply")
         self.prompt.setMaximumHeight(90)
         self.send_btn = QPushButton("Send")
+        self.send_btn.setDefault(True)
+        self.send_btn.setMaximumWidth(self.send_btn.fontMetrics().horizontalAdvance("Send") + 28)  # not 80 px
         self.attachments = Attachments(self, lambda images: image_tokens(session.backend, images, session.settings),
                                        lambda: sees_images(session.backend, session.settings))
         self.prompt.attachments = self.attachments
         self.attachments.accept_drops(self, self.view.viewport(), self.prompt.viewport())
         self.attachments.problem.connect(self._show_error)
         self.attachments.changed.connect(self._attachments_changed)
-        row = QHBoxLayout()
-        row.addWidget(self.prompt, 1)
-        row.addWidget(self.attachments.button)
-        row.addWidget(self.send_btn)
+        status = QHBoxLayout()
+        status.setSpacing(4)
+        for label, stretch in ((self.state, 2), (self.banner, 4), (self.error, 4), (self.meter, 2)):
+            status.addWidget(label, stretch)
+        for button in (self.details_btn, self.attachments.button, self.send_btn):
+            status.addWidget(button)
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
@@ -129,11 +139,12 @@ class ChatPane(PaneActions, QWidget):
         layout.addLayout(head)
         layout.addWidget(self.pinned_list)
         layout.addWidget(self.view, 1)
-        layout.addLayout(status)
         layout.addWidget(self.attachments)
-        layout.addLayout(row)
+        layout.addWidget(self.prompt)  # the whole pane wide: a narrow tile still has room to write
+        layout.addLayout(status)
         layout.addWidget(self.queue_list)
 
+        self.footer_buttons = CompactButtons([(self.attachments.button, QStyle.StandardPixmap.SP_DirOpenIcon)])
         self.prompt.submitted.connect(self.submit)
         self.send_btn.clicked.connect(self.submit)
         self.stop_btn.clicked.connect(self.stop)
@@ -207,6 +218,8 @@ class ChatPane(PaneActions, QWidget):
         m = self.layout().contentsMargins()  # the header's fixed parts: margins, colour swatch, "⋯"
         self.header_buttons.fit(self.width() - m.left() - m.right() - self.swatch.width() - 12
                                 - self.more_btn.sizeHint().width())
+        self.footer_buttons.fit(self.width() - m.left() - m.right() - self.send_btn.sizeHint().width()
+                                - self.details_btn.sizeHint().width() - STATUS_ROOM)
 
     def showEvent(self, e) -> None:
         super().showEvent(e)
@@ -236,6 +249,7 @@ class ChatPane(PaneActions, QWidget):
             live = self.session.live(replies[-1].id) if replies else None
             stats = live[1] if live else (replies[-1].stats if replies else None)
         self.state.setText(stats_text(stats).split(" · ")[0] if stats is not None else "")
+        self._update_details()
         self.stop_btn.setEnabled(running)
         self.regen_btn.setEnabled(any(m.role == "user" for m in self.session.messages))
         self.continue_action.setEnabled(self.session.can_continue())
@@ -263,6 +277,7 @@ class ChatPane(PaneActions, QWidget):
         fmt = self.session.backend.prompt_format()
         if fmt is None:
             self.prompt_format.setText("")
+            self._update_details()
             return
         self.prompt_format.setText(f"format: {fmt['short']}")
         tip = f"Prompt format: {fmt['label']}"
@@ -270,6 +285,30 @@ class ChatPane(PaneActions, QWidget):
             tip += ("\nThe chat is sent as plain text for the model to continue (no chat turns): a base model "
                     "completes text rather than answering.")
         self.prompt_format.setToolTip(tip + "\nChange it in the Model tab (Prompt format).")
+        self._update_details()
+
+    def details(self) -> str:
+        """What the status line folds away: the last reply's whole stats line, the context, the prompt format."""
+        replies = [m for m in self.session.messages if m.role == "assistant"]
+        live = self.session.live(replies[-1].id) if replies else None
+        stats = live[1] if live else (replies[-1].stats if replies else None)
+        lines = [f"Last reply: {stats_text(stats)}" if stats is not None else "No reply yet."]
+        if self.meter.text():
+            lines.append(f"Context: {self.meter.text().removeprefix('context ')}")
+        if self.prompt_format.text():
+            lines.append(self.prompt_format.toolTip())
+        return "\n".join(lines)
+
+    def _update_details(self) -> None:
+        text = self.details()
+        if text != self.details_btn.toolTip():
+            self.details_btn.setToolTip(text)
+            self.details_btn.setAccessibleDescription(text)
+
+    def show_details(self) -> None:
+        """The details as a popover under the button (also its tooltip)."""
+        QToolTip.showText(self.details_btn.mapToGlobal(self.details_btn.rect().bottomLeft()), self.details(),
+                          self.details_btn)
 
     def _set_meter(self, used: int | None, dropped: int) -> None:
         limit = self.session.backend.context_limit(self.session.settings)
@@ -277,9 +316,12 @@ class ChatPane(PaneActions, QWidget):
             self.meter.setText("")
             return
         text = f"context {used if used is not None else '?'} / {limit} tok"
+        compact = f"{used if used is not None else '?'}/{_k(limit)}"
         if dropped:
             text += f" · {dropped} oldest messages left out"
-        self.meter.setText(text)
+            compact += f" −{dropped}"
+        self.meter.setText(text, compact)
+        self._update_details()
 
     def _images_of(self, m) -> tuple[list, str]:
         return shown_images(self.session, m)
@@ -325,3 +367,8 @@ class ChatPane(PaneActions, QWidget):
     def _show_error(self, text: str) -> None:
         self.error.setText(text)
         self.error.setVisible(bool(text))
+
+
+def _k(tokens: int) -> str:
+    """A context size as the compact meter shows it: 4096 -> "4k", 131072 -> "128k", 3000 -> "3000"."""
+    return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)

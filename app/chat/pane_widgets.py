@@ -32,17 +32,19 @@ class ElidedLabel(QLabel):
                  mode: Qt.TextElideMode = Qt.TextElideMode.ElideRight):
         super().__init__(parent)
         self._full = ""
+        self._compact = ""
         self._shown = ""
         self._mode = mode
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.setText(text)
 
-    def setText(self, text: str) -> None:  # noqa: N802 (Qt naming)
+    def setText(self, text: str, compact: str = "") -> None:  # noqa: N802 (Qt naming)
+        """Show `text`; where it does not fit, `compact` (a shorter form of it, if given) is drawn instead."""
         full = " ".join(str(text).split())  # one line: newlines would change the height
-        if full == self._full:
+        if full == self._full and compact == self._compact:
             return
         hint = self.sizeHint()
-        self._full = full
+        self._full, self._compact = full, compact
         self.setToolTip(text if text else "")
         self._elide()
         if self.sizeHint() != hint:
@@ -72,7 +74,10 @@ class ElidedLabel(QLabel):
     def _elide(self) -> None:
         m = self.contentsMargins()
         width = max(0, self.width() - m.left() - m.right() - 2)
-        shown = self.fontMetrics().elidedText(self._full, self._mode, width)
+        text = self._full
+        if self._compact and self.fontMetrics().horizontalAdvance(text) > width:
+            text = self._compact
+        shown = self.fontMetrics().elidedText(text, self._mode, width)
         if shown != self._shown:
             self._shown = shown
             self.update()

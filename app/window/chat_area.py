@@ -18,7 +18,7 @@ from app.agent.tool_hub import ToolHub
 from app.core.backend import Backend
 from app.core.store import Store
 from app.window.compare_bar import CompareBar
-from app.window.window_layout import CENTRAL_MINIMUM, grid
+from app.window.window_layout import CENTRAL_MINIMUM, grid, tiles_width
 
 class ChatArea(QStackedWidget):
     """Open chats' panes in tabs or tiles; owns every pane and session the window has opened."""
@@ -195,9 +195,12 @@ class ChatArea(QStackedWidget):
                 self.tabs.addTab(self.panes[chat_id], self.sessions[chat_id].chat.title)
             if current is not None and self.tabs.indexOf(current) >= 0:
                 self.tabs.setCurrentWidget(current)
+            self.setMinimumWidth(CENTRAL_MINIMUM.width())
             self.setCurrentWidget(self.tabs)
         else:
-            tiles = grid(self.tiled())
+            shown = self.tiled()
+            tiles = grid(shown)
+            self.setMinimumWidth(max(CENTRAL_MINIMUM.width(), tiles_width(len(shown))))
             self.tiles.layout().insertWidget(0, tiles, 1)
             tiles.show()  # a layout shows new children of a visible widget only later (queued)
             self.setCurrentWidget(self.tiles)

@@ -2,7 +2,9 @@
 
 A 1280x720 screen must show the whole window: panels scroll instead of raising the window's
 minimum size, the chat area has a fixed minimum instead of the sum of its panes', and a tile narrower than
-its pane squeezes the pane rather than collapsing it.
+its pane squeezes the pane rather than collapsing it. Tiles side by side share their row equally and each
+keeps TILE_MINIMUM's width (a message box a sentence wide): the chat area asks that much of the window,
+whose side docks give it up first (tiles_width).
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QSp
 
 PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
 CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
-TILE_MINIMUM = QSize(200, 150)  # a tile squeezes its pane down to this (the pane's own minimum can be wider)
+TILE_MINIMUM = QSize(250, 150)  # a tile squeezes its pane down to this (the pane's own minimum can be wider)
+SPLITTER_HANDLE = 5  # the tiles' dividers, px
 
 
 def fit_window(window: QMainWindow, available: QRect, restored: bool, side_docks: list[QDockWidget]) -> None:
@@ -42,18 +45,45 @@ def scrolled(widget: QWidget) -> QScrollArea:
     return area
 
 
+def columns(tiles: int) -> int:
+    """How many panes side by side `tiles` tiles make: 1-3 in a row, 4 as 2x2."""
+    return 2 if tiles == 4 else max(1, tiles)
+
+
+def tiles_width(tiles: int) -> int:
+    """The width `tiles` tiles need so that every pane keeps TILE_MINIMUM's width."""
+    n = columns(tiles)
+    return n * TILE_MINIMUM.width() + (n - 1) * SPLITTER_HANDLE
+
+
 def grid(panes: list[QWidget]) -> QSplitter:
-    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable). A pane is squeezed
-    to fit its tile (its text wraps; its header may clip) and never collapses to nothing."""
+    """1-3 panes side by side; 4 as a 2x2 grid of splitters (every divider draggable), sharing the room
+    equally. A pane is squeezed to fit its tile (its text wraps; its header may clip) and never collapses
+    to nothing."""
     if len(panes) == 4:
-        outer = QSplitter(Qt.Orientation.Vertical)
+        outer = _splitter(Qt.Orientation.Vertical)
         for pair in (panes[:2], panes[2:]):
             outer.addWidget(grid(pair))
-        outer.setChildrenCollapsible(False)
+        _equal(outer)
         return outer
-    row = QSplitter(Qt.Orientation.Horizontal)
+    row = _splitter(Qt.Orientation.Horizontal)
     for p in panes:
         p.setMinimumSize(TILE_MINIMUM)  # an explicit minimum overrides the one the pane's contents ask for
         row.addWidget(p)
-    row.setChildrenCollapsible(False)
+    _equal(row)
     return row
+
+
+def _splitter(orientation: Qt.Orientation) -> QSplitter:
+    split = QSplitter(orientation)
+    split.setChildrenCollapsible(False)
+    split.setHandleWidth(SPLITTER_HANDLE)
+    return split
+
+
+def _equal(split: QSplitter) -> None:
+    """Equal shares, now and as the splitter grows or shrinks (not the panes' size hints, which differ
+    with their titles and buttons)."""
+    for i in range(split.count()):
+        split.setStretchFactor(i, 1)
+    split.setSizes([1000] * split.count())

@@ -4,7 +4,8 @@ A model writes its calls as text in the format it was trained on, and its chat t
 (the template renders earlier calls back into the prompt the same way):
 
 - "hermes": `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call (Qwen2.5,
-  Qwen3, Hermes, SmolLM, and the fallback for templates that know no tools at all);
+  Qwen3, Hermes, SmolLM, and the fallback for templates that know no tools at all; the JSON may be
+  fenced as ```json inside the tags);
 - "llama3_json": the whole reply is `{"name": ..., "parameters": {...}}` (several joined by `;`),
   optionally after `<|python_tag|>` (Llama 3.1, 3.2, 3.3);
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral v3 tokenizers);
@@ -108,6 +109,7 @@ def _decode(text: str) -> tuple[object, int] | str:
     return value, offset + end
 
 
+_FENCED = re.compile(r"^```[A-Za-z_]*[ \t]*\n|\n```$")
 # the start of a JSON call object, up to its arguments value (after the format's marker, maybe an array's "[")
 _HEADER = re.compile(r'\s*\[?\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
@@ -165,7 +167,7 @@ class HermesFormat(ToolCallFormat):
             decoded = _decode(text[len(self.START):])  # the model stopped without the closing tag
             calls = _calls_from_value(decoded[0]) if isinstance(decoded, tuple) else None
             return Scan(len(text), calls or [])
-        inner = text[len(self.START):end].strip()
+        inner = _FENCED.sub("", text[len(self.START):end].strip())  # some models fence the JSON inside the tags
         try:
             calls = _calls_from_value(json.loads(inner))
         except json.JSONDecodeError:

@@ -32,6 +32,8 @@ CALLS = [
     ("hermes", 'Calling it.\n```json\n{"name": "now", "arguments": {}}', "Calling it.", [("now", {})]),
     ("hermes", '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>\n```json\n{"name": "get_weather", '
                '"arguments": {"city": "Paris"}}\n```', "", [("now", {}), PARIS]),  # the format's call, then JSON
+    ("hermes", '<tool_call>\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```\n</tool_call>',
+     "", [PARIS]),  # the format's tags around a fenced block
     # Llama 3.2: its own format is `{"name", "parameters"}` at the start; it also writes these
     ("llama3_json", '<|python_tag|>{"type": "function", "name": "get_weather", "parameters": {"city": "Paris"}}',
      "", [PARIS]),

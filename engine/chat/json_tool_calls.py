@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .tool_calls import _decode, _held_suffix
+from .tool_calls import _held_suffix
 
 PYTHON_TAG = "<|python_tag|>"
 FENCE = "```"
@@ -108,6 +108,40 @@ class _Verdict:
     cut: bool = False  # "calls" at the end of the reply: a cut-off call followed
 
 
+class _Brackets:
+    """Where a JSON object or array ends, for one whose start stays put while text arrives: bracket depth
+    outside strings, each character scanned once, so a long held value costs no more as it grows."""
+
+    def __init__(self):
+        self.seen = self.depth = 0
+        self.in_str = self.esc = False
+        self.length: int | None = None
+
+    def end(self, s: str, j: int) -> int | None:
+        """Just past the value that starts at s[j], or None while it is unfinished."""
+        k = j + self.seen
+        while self.length is None and k < len(s):
+            c = s[k]
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                elif c == "\\":
+                    self.esc = True
+                elif c == '"':
+                    self.in_str = False
+            elif c == '"':
+                self.in_str = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.length = k + 1 - j
+            k += 1
+        self.seen = k - j
+        return None if self.length is None else j + self.length
+
+
 class JsonCallParser:
     """Streaming: feed() returns the text that can no longer be (part of) a call; finish() the rest, after
     which `calls` holds the calls found as (name, arguments JSON). Whitespace between text and the calls
@@ -117,6 +151,9 @@ class JsonCallParser:
         self.names = frozenset(names)
         self.calls: list[tuple[str, str]] = []
         self._buf = ""
+        self._offset = 0  # characters of the reply before _buf
+        self._base = 0  # where the text _sequence reads starts in the reply
+        self._values: dict[int, _Brackets] = {}  # held JSON values by where they start in the reply
 
     def feed(self, text: str) -> str:
         self._buf += text
@@ -132,23 +169,27 @@ class JsonCallParser:
             p = self._start(buf, final)
             if p < 0:  # no call can start here: text, but trailing whitespace waits (a call may follow it)
                 keep = 0 if final else len(buf) - len(buf.rstrip(_WS))
-                out.append(buf[:len(buf) - keep])
-                self._buf = buf[len(buf) - keep:]
+                out.append(self._drop(len(buf) - keep))
                 break
+            self._base = self._offset + p
             v = self._sequence(buf[p:], final)
             if v.kind == "text":
-                out.append(buf[:p + v.n])
-                self._buf = buf[p + v.n:]
+                out.append(self._drop(p + v.n))
                 continue
-            head = buf[:p].rstrip(_WS)
-            out.append(head)
+            out.append(buf[:p].rstrip(_WS))
             if v.kind == "open":
-                self._buf = buf[len(head):]
+                self._drop(len(out[-1]))
             else:
                 self.calls += v.calls
-                self._buf = ""
+                self._drop(len(buf))
             break
         return "".join(out)
+
+    def _drop(self, n: int) -> str:
+        """The first n characters of the held text, no longer held."""
+        out, self._buf, self._offset = self._buf[:n], self._buf[n:], self._offset + n
+        self._values = {at: v for at, v in self._values.items() if at >= self._offset}
+        return out
 
     @staticmethod
     def _start(buf: str, final: bool) -> int:
@@ -204,19 +245,21 @@ class JsonCallParser:
             i = m.end()
         elif s[i] == "`":
             return undecided if FENCE.startswith(s[i:]) else _Verdict("text", i + 1 - start)
-        decoded = _decode(s[i:])
-        if decoded == "invalid":
-            return _Verdict("text", max(i - start, 1))
-        if decoded == "incomplete":
+        j = _skip(s, i)
+        end = self._values.setdefault(self._base + j, _Brackets()).end(s, j) if s[j:j + 1] in ("{", "[") else None
+        if end is None:  # unfinished (or no object or array at all)
             head = self._head(s[i:])
             if head == "no":
                 return _Verdict("text", max(i - start, 1))
             if not final:
                 return _Verdict("open")
             return _Verdict("calls", cut=True) if head == "named" else _Verdict("text", len(s) - start)
-        value, end = decoded
+        try:
+            value = json.loads(s[j:end])
+        except json.JSONDecodeError:
+            return _Verdict("text", max(i - start, 1))
         calls = calls_of(value, self.names)
-        j = i + end
+        j = end
         if calls is None:
             return _Verdict("text", j - start)
         if fenced:

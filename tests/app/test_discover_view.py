@@ -1,10 +1,13 @@
 """The Discover view (real widgets) against a local Hub server: search, pick a file, download with progress,
 then Load offered, and the main window loading the download through the Model tab."""
+import threading
+import time
+
 import pytest
 from PySide6.QtCore import Qt
 
 from app.discover.discover_view import DiscoverView
-from app.discover.download import DONE, RUNNING
+from app.discover.download import CANCELLED, DONE, PAUSED, RUNNING
 from app.discover.hub import Hub
 from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401
 from tools.fake_hub import FakeHub
@@ -19,6 +22,72 @@ def gguf_bytes(tmp_path_factory) -> bytes:
 
     tmp = tmp_path_factory.mktemp("viewfiles")
     return write_tiny_gguf(write_tiny_model(tmp / "hf"), tmp / NAME, "Q8_0").read_bytes()
+
+
+class HeldHub(FakeHub):
+    """The local Hub server, sending each file a little at a time and holding back its last RESERVE bytes
+    (one byte every PACE_S) until `release` is set: a download stays mid-way however slow the machine, and
+    bytes keep coming, so the client (which looks for a pause or a cancel between chunks) notices either."""
+
+    PACE_BYTES, PACE_S, RESERVE = 16384, 0.01, 65536
+
+    def __init__(self, repos):
+        super().__init__(repos)
+        self.release = threading.Event()
+        held, base = self, self.server.RequestHandlerClass
+
+        class Handler(base):
+            def _file(self, repo_id, name):
+                self.wfile = _PacedWriter(self.wfile, held)
+                try:
+                    super()._file(repo_id, name)
+                except (BrokenPipeError, ConnectionResetError):  # the client paused or cancelled
+                    self.close_connection = True
+
+        self.server.RequestHandlerClass = Handler
+
+    def stop(self) -> None:
+        self.release.set()
+        super().stop()
+
+
+class _PacedWriter:
+    """A response's writer at HeldHub's pace: headers (small) at once, a body in PACE_BYTES pieces."""
+
+    def __init__(self, raw, hub: HeldHub):
+        self.raw, self.hub = raw, hub
+
+    def write(self, data: bytes) -> None:
+        hub, at = self.hub, 0
+        if len(data) <= hub.PACE_BYTES:  # headers
+            return self.raw.write(data)
+        while at < len(data):
+            left = len(data) - at
+            if hub.release.is_set():
+                n = left
+            elif left > hub.RESERVE:
+                n = min(hub.PACE_BYTES, left - hub.RESERVE)
+            elif left > 1:
+                n = 1  # the body's tail: a byte a beat, the last one only once released
+            else:
+                hub.release.wait()
+                continue
+            self.raw.write(data[at:at + n])
+            self.raw.flush()
+            at += n
+            if at < len(data):
+                time.sleep(hub.PACE_S)
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+@pytest.fixture
+def held_hub(gguf_bytes):
+    server = HeldHub({"tester/Tiny-Llama-GGUF": {NAME: gguf_bytes}, "tester/Tiny-Other-GGUF": {"x-Q4_K_M.gguf": b"GGUF"}})
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
@@ -67,21 +136,33 @@ def test_search_download_progress_and_load(qtbot, hub, tmp_path):
     assert got.args == [str(view.job().path)] and view.job().path.read_bytes() == hub.repos["tester/Tiny-Llama-GGUF"][NAME]
 
 
-def test_pause_then_cancel_from_the_buttons(qtbot, hub, tmp_path):
-    view = DiscoverView(Hub(endpoint=hub.url, token=False), cache_dir=tmp_path / "hub")
+def test_pause_resume_and_cancel_mid_download_from_the_buttons(qtbot, held_hub, tmp_path):
+    """The server holds the file's end back, so each click lands while the file is still coming."""
+    view = DiscoverView(Hub(endpoint=held_hub.url, token=False), cache_dir=tmp_path / "hub")
     qtbot.addWidget(view)
     _search_and_pick(qtbot, view, "tiny")
     qtbot.mouseClick(view.download_button, Qt.MouseButton.LeftButton)
     job = view.job()
-    if job.state == RUNNING:  # the tiny file may finish before a click could pause it
-        job.pause()
-    job.wait(20)
-    if job.state == DONE:
-        pytest.skip("the download finished before it could be paused")
-    view._refresh()
-    assert view.download_button.text() == "Resume" and "Paused at" in view.progress_label.text()
+    qtbot.waitUntil(lambda: job.done_bytes > 0, timeout=20000)
+    assert job.state == RUNNING and view.download_button.text() == "Pause"
+    qtbot.mouseClick(view.download_button, Qt.MouseButton.LeftButton)
+    assert job.wait(20) and job.state == PAUSED
+    qtbot.waitUntil(lambda: view.download_button.text() == "Resume", timeout=5000)
+    paused_at = job.done_bytes
+    assert 0 < paused_at < job.total_bytes and "Paused at" in view.progress_label.text()
+    (partial,) = (tmp_path / "hub").rglob("*.incomplete")
+    assert partial.stat().st_size == paused_at  # every byte received is kept
+
+    qtbot.mouseClick(view.download_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: job.done_bytes > paused_at, timeout=20000)
+    assert job.state == RUNNING and view.download_button.text() == "Pause"
+    assert ("GET", f"/tester/Tiny-Llama-GGUF/resolve/{job.model.revision}/{NAME}", f"bytes={paused_at}-") \
+        in held_hub.requests  # the resume asked for the rest only
+
     qtbot.mouseClick(view.cancel_button, Qt.MouseButton.LeftButton)
-    assert view.job() is None and not list((tmp_path / "hub").rglob("*.incomplete"))
+    assert view.job() is None
+    assert job.wait(20) and job.state == CANCELLED
+    assert not list((tmp_path / "hub").rglob("*.incomplete")) and not job.path.exists()
 
 
 def test_unknown_repository_is_reported_in_the_view(qtbot, hub, tmp_path):

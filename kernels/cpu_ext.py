@@ -9,7 +9,10 @@ The extension is built once per source version with torch.utils.cpp_extension (g
 of compiler time) into torch's extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR, never the
 tree) and loaded as torch.ops.pagedeck.*. Without a compiler, or with PAGEDECK_CPU_KERNELS=0,
 `ops()` returns None and callers use their torch paths. PAGEDECK_CPU_ISA=avx2 builds without AVX-512 and
-VNNI even where the CPU has them (the tests run both integer-dot paths on any machine).
+VNNI even where the CPU has them (the tests run both integer-dot paths on any machine). The packed matmul's
+two path switches, PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK, go into the extension when it loads (its
+set_tuning op): the C++ never reads the environment. The variables are engine.envs's, the one module that
+reads pagedeck's environment (stdlib only, so importing it brings no engine code here).
 
 torch guards a build with a lock file in its build folder and waits, silently and forever, while the file
 exists; a build that was killed (the app closed or crashed during its first start) leaves it behind. A lock
@@ -17,14 +20,16 @@ older than STALE_LOCK_S, far longer than a build takes, is taken as left over an
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import os
 import threading
 import time
 from pathlib import Path
 
 import torch
+
+from engine import envs
 
 SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp", "repack.cpp", "dequant.cpp")]
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every kernel ran on one thread
@@ -35,29 +40,64 @@ LDFLAGS = ["-fopenmp"]
 AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # PAGEDECK_CPU_ISA=avx2
 STALE_LOCK_S = 600.0  # a build takes ~1 min on 2 cores; a lock this old belongs to a build that was killed
 _lock = threading.Lock()
-_state: dict = {}
+_libs: dict = {}  # (PAGEDECK_CPU_KERNELS, PAGEDECK_CPU_ISA) -> the loaded ops, or None
+_current: tuple = ((), None)  # (the variables ops() last saw, its answer)
 log = logging.getLogger(__name__)
 
 
 def enabled() -> bool:
-    return os.environ.get("PAGEDECK_CPU_KERNELS", "1") != "0"
+    return envs.PAGEDECK_CPU_KERNELS
 
 
 def ops():
     """torch.ops.pagedeck after building/loading the extension, or None when it is disabled or can't build.
-    (Called on every packed matmul: the answer is cached per PAGEDECK_CPU_KERNELS value.)"""
-    key = os.environ.get("PAGEDECK_CPU_KERNELS", "1") + os.environ.get("PAGEDECK_CPU_ISA", "")
-    hit = _state.get(key)
-    if hit is not None:
-        return hit[0]
+    Called on every packed matmul: the answer is kept while engine.envs's values stay the same (a test's
+    envs.refresh() may change them); a changed PAGEDECK_QGEMM_ROWS / PAGEDECK_ROW_CHUNK goes into the kernels."""
+    global _current
+    key = (envs.PAGEDECK_CPU_KERNELS, envs.PAGEDECK_CPU_ISA, envs.PAGEDECK_QGEMM_ROWS, envs.PAGEDECK_ROW_CHUNK)
+    seen, answer = _current
+    if seen == key:
+        return answer
     with _lock:
-        if key not in _state:
-            _state[key] = (_load() if enabled() else None,)
-    return _state[key][0]
+        if key[:2] not in _libs:
+            _libs[key[:2]] = _load() if key[0] else None
+        lib = _libs[key[:2]]
+        if lib is not None:
+            lib.set_tuning(key[2], key[3])
+        _current = (key, lib)
+    return lib
+
+
+def set_tuning(**overrides: int | None) -> None:
+    """From now on packed matmuls run with these switches: `qgemm_rows=` in place of PAGEDECK_QGEMM_ROWS (the
+    rows from which the GEMM path runs), `row_chunk=` in place of PAGEDECK_ROW_CHUNK (None: the kernels' own
+    rule); one not given keeps the environment's, and none given restores both. Benchmarks and tests compare
+    the paths in one process this way; both give the same bits, only the time differs."""
+    switches = {"qgemm_rows": envs.PAGEDECK_QGEMM_ROWS, "row_chunk": envs.PAGEDECK_ROW_CHUNK}
+    if set(overrides) - set(switches):
+        raise TypeError(f"unknown switches {sorted(set(overrides) - set(switches))}; known: {sorted(switches)}")
+    switches.update(overrides)
+    ops().set_tuning(switches["qgemm_rows"], switches["row_chunk"])
+
+
+@contextlib.contextmanager
+def tuning(**overrides: int | None):
+    """set_tuning(**overrides) inside the block, the environment's switches after it."""
+    set_tuning(**overrides)
+    try:
+        yield
+    finally:
+        set_tuning()
+
+
+def current_tuning() -> tuple[int | None, int | None]:
+    """(qgemm_rows, row_chunk) as the kernels hold them now; None: their own rule."""
+    unset = -(2 ** 63)  # qmatmul.cpp's kUnset
+    return tuple(None if v == unset else v for v in ops().get_tuning())
 
 
 def cflags() -> list[str]:
-    return CFLAGS + (AVX2_ONLY if os.environ.get("PAGEDECK_CPU_ISA") == "avx2" else [])
+    return CFLAGS + (AVX2_ONLY if envs.PAGEDECK_CPU_ISA == "avx2" else [])
 
 
 def _cpu_flags() -> bytes:

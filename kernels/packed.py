@@ -30,9 +30,9 @@ int4_matmul is torch's own int4 CPU kernel (bf16 activations), the q4 fallback.
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from engine import envs
 
 from . import cpu_ext
 
@@ -63,7 +63,7 @@ def groupable(n: int) -> bool:
     """Whether n rows of Q4_K super-blocks are kept in groups of 16 here: the CPU kernels built, whole groups
     in each half (a [gate | up] matrix's SwiGLU splits it in halves), and not turned off
     (PAGEDECK_ROW_GROUPS=0 keeps the rows, for benchmarks comparing the two)."""
-    return (n % (2 * GROUP_ROWS) == 0 and os.environ.get("PAGEDECK_ROW_GROUPS", "1") != "0"
+    return (n % (2 * GROUP_ROWS) == 0 and envs.PAGEDECK_ROW_GROUPS
             and cpu_ext.ops() is not None)
 
 

@@ -1,7 +1,9 @@
 """Suite-wide set-up: Triton's CPU interpreter and offscreen Qt must be chosen before anything imports them."""
 import os
 
-if os.environ.get("PAGEDECK_TRITON_NATIVE") != "1":
+from engine import envs
+
+if not envs.PAGEDECK_TRITON_NATIVE:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
@@ -43,6 +45,21 @@ def tiny_vlm_folder(tmp_path_factory):
     from tests.tiny_vlms import write_tiny_vlm_folder
 
     return write_tiny_vlm_folder(tmp_path_factory.mktemp("tiny-vlm") / "tiny-smolvlm")
+
+
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's monkeypatch, except that its setenv and delenv of a variable engine.envs defines make envs read
+    that variable again (envs reads each once and keeps it), and so does its undo at the test's end."""
+    for method in ("setenv", "delenv"):
+        def changed(name, *args, _plain=getattr(monkeypatch, method), **kwargs):
+            _plain(name, *args, **kwargs)
+            if name in envs.VARIABLES:
+                envs.refresh(name)
+        setattr(monkeypatch, method, changed)
+    yield monkeypatch
+    monkeypatch.undo()
+    envs.refresh()
 
 
 @pytest.fixture(autouse=True)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
 import platformdirs
+
+from engine import envs
 
 FILES: dict[str, dict] = {
     "llama3-8b-8L": dict(shape="llama3-8b", layers=8),
@@ -28,7 +29,7 @@ ELSEWHERE = [Path("/tmp/ggufmem")]  # where earlier sessions built some of them
 
 def cache_dir() -> Path:
     """PAGEDECK_BENCH_CACHE, else the user cache (~/.cache/pagedeck-bench on Linux)."""
-    return Path(os.environ.get("PAGEDECK_BENCH_CACHE") or platformdirs.user_cache_dir("pagedeck-bench"))
+    return envs.PAGEDECK_BENCH_CACHE or Path(platformdirs.user_cache_dir("pagedeck-bench"))
 
 
 def _params(name: str) -> dict:

@@ -2,7 +2,7 @@
 `python -m tools.qmatmul_bench [--rows 1,8] [--threads 1,2] [--rounds 5]`.
 
 `--prompt-rows 128,512` instead times the prompt-rows (GEMM) path against the per-weight-row path on
-random Q4 matrices of Llama-3-8B's shapes (PAGEDECK_QGEMM_ROWS switches paths per call; both give the same
+random Q4 matrices of Llama-3-8B's shapes (kernels.cpu_ext.set_tuning switches paths per call; both give the same
 bits), alternating the two round by round, in process CPU time (robust on a shared machine) and wall time.
 `--stream [--model FILE]` times what a batch-1 decode step streams from memory: each matrix class's one-row
 calls over all layers in order (q|k|v, o, gate|up, down; then the output head), as the step makes them, so the

@@ -11,6 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine import envs
+
 
 def save_grab(widget, path: Path) -> Path:
     """Write what `widget` shows now to `path` (PNG); OSError if it could not be written."""
@@ -32,6 +34,7 @@ def qt_session(prefix: str):
     asyncio.set_event_loop(loop)
     with tempfile.TemporaryDirectory(prefix=prefix) as data_dir, loop:
         os.environ["PAGEDECK_SETTINGS"] = str(Path(data_dir) / "pagedeck.ini")
+        envs.refresh("PAGEDECK_SETTINGS")  # read it again, were it read before
         yield loop, Path(data_dir)
 
 

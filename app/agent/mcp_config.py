@@ -11,11 +11,12 @@ Errors name the server and the field, so a hand-edited file says what is wrong w
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import platformdirs
+
+from engine import envs
 
 CONFIG_NAME = "mcp.json"
 
@@ -99,8 +100,8 @@ def dump_config(servers: dict[str, McpServerConfig]) -> str:
 
 def config_dir() -> Path:
     """The app's config folder: PAGEDECK_SETTINGS's folder when set (tests), else the user config folder."""
-    env = os.environ.get("PAGEDECK_SETTINGS")
-    return Path(env).parent if env else Path(platformdirs.user_config_dir("pagedeck", appauthor=False))
+    settings = envs.PAGEDECK_SETTINGS
+    return settings.parent if settings is not None else Path(platformdirs.user_config_dir("pagedeck", appauthor=False))
 
 
 def config_path() -> Path:

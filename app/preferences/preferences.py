@@ -9,7 +9,6 @@ sees the same values (QSettings shares them inside a process), so dialogs can op
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,15 @@ from PySide6.QtCore import QSettings
 
 from app.core.presets import BUILTIN_PRESETS, DEFAULT_PRESET, apply_preset
 from app.core.store import ChatSettings
+from engine import envs
 
-SETTINGS_ENV = "PAGEDECK_SETTINGS"
 THEMES = ("system", "light", "dark")
 FONT_SIZES = (6, 40)  # points; 0 means the system's default font size
 
 
 def settings_path() -> Path:
-    env = os.environ.get(SETTINGS_ENV)
-    if env:
-        return Path(env)
+    if envs.PAGEDECK_SETTINGS is not None:
+        return envs.PAGEDECK_SETTINGS
     return Path(platformdirs.user_config_dir("pagedeck", appauthor=False)) / "pagedeck.ini"
 
 

@@ -15,11 +15,12 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
 import sys
 import threading
 
 import torch
+
+from .. import envs
 
 HUGE_PAGE = 2 << 20
 MADV_COLLAPSE = 25  # linux/mman.h
@@ -80,7 +81,7 @@ def collapse(ranges: list[tuple[int, int]]) -> int:
 def collapse_in_background(storages: list[torch.UntypedStorage]) -> threading.Thread | None:
     """Start collapse() of the storages' 2 MB ranges on a daemon thread; None where there is nothing to do."""
     ranges = aligned_ranges(storages)
-    if not ranges or _madvise() is None or os.environ.get("PAGEDECK_HUGE_PAGES", "").strip() == "0":
+    if not ranges or _madvise() is None or not envs.PAGEDECK_HUGE_PAGES:
         return None
     th = threading.Thread(target=collapse, args=(ranges,), name="pagedeck-huge-pages", daemon=True)
     th.start()

@@ -44,7 +44,6 @@ dense prompt rows off for every model (the estimate follows both).
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import torch
@@ -54,6 +53,7 @@ from kernels import cpu_ext
 from kernels.packed import (GROUP, GROUP_ROWS, Q4K_BYTES, Q5_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, group_superblocks,
                             groupable, pack_nibbles, padded_scales, q5_layout, q8_pack, q8_quantize)
 
+from .. import envs
 from . import repack_fast
 from .ggml_blocks import dequantize, half, q4_k_affine
 from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
@@ -165,13 +165,10 @@ def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
 
 
 def dense_copy_mode() -> str:
-    """PAGEDECK_DENSE_COPY, read in one place: "off" (0/off/no/false: no model gives prompt rows dense weights),
-    "keep" (1/keep/on/yes/true: a small model keeps its fp32 copy, the old way, for comparing) or "auto"
-    (unset or anything else: the rule in the module docstring, just in time where the format is exact)."""
-    value = os.environ.get("PAGEDECK_DENSE_COPY", "").strip().lower()
-    if value in ("0", "off", "no", "false"):
-        return "off"
-    return "keep" if value in ("1", "keep", "on", "yes", "true") else "auto"
+    """PAGEDECK_DENSE_COPY (engine.envs parses it): "off" (0/off/no/false: no model gives prompt rows dense
+    weights), "keep" (1/keep/on/yes/true: a small model keeps its fp32 copy, for comparing) or "auto" (unset or
+    anything else: the rule in the module docstring, just in time where the format is exact)."""
+    return envs.PAGEDECK_DENSE_COPY
 
 
 def dense_copy_enabled() -> bool:

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from pathlib import Path
+
+from .. import envs
 
 DEFAULT_PORT = 8399
 DEFAULT_CACHE_TOKENS = 32768  # 128 pages: 16 requests of ~1k tokens each fit at once (budgets are reserved)
@@ -18,7 +19,7 @@ def add_serve_parser(sub, weight_formats) -> None:
     s.add_argument("--model", metavar="PATH", help="HF model folder or .gguf file (default: the embedded SmolLM2)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any free port)")
-    s.add_argument("--api-key", metavar="KEY", default=os.environ.get("PAGEDECK_API_KEY"),
+    s.add_argument("--api-key", metavar="KEY", default=envs.PAGEDECK_API_KEY,
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PAGEDECK_API_KEY, else none)")
     s.add_argument("--weights", choices=weight_formats, default="auto",
                    help="auto (default): a GGUF's 4-bit blocks in the CPU matmuls, else dense; dense: exact fp32")

@@ -33,12 +33,7 @@ namespace gemm {
 constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
 constexpr int kRows = 4;   // activation rows per register tile
 constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ5 = 5;
-#ifndef PD_GEMM_CHUNK
-#define PD_GEMM_CHUNK 64
-#endif
-#ifndef PD_GEMM_ROWS512
-#define PD_GEMM_ROWS512 4  // activation rows per 512-bit register tile
-#endif  // formats (qmatmul.cpp's Format)
+constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
 // order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5 doubles it), integer sum isum;
@@ -502,14 +497,14 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
   const int64_t nb = a.nb;
   const int8_t* xrow[R];
   for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
-  for (int64_t j0 = 0; j0 < nb; j0 += PD_GEMM_CHUNK)
+  for (int64_t j0 = 0; j0 < nb; j0 += kChunk512)
   for (int l = 0; l < 8; ++l) {
     __m512 va[R], vm[R];
     for (int r = 0; r < R; ++r) {
       va[r] = _mm512_load_ps(acc[r][l]);
       vm[r] = _mm512_load_ps(mins[r][l]);
     }
-    const int64_t j1 = std::min<int64_t>(nb, j0 + PD_GEMM_CHUNK);
+    const int64_t j1 = std::min<int64_t>(nb, j0 + kChunk512);
     for (int64_t j = j0 + l; j < j1; j += 8) {
       __m512i sums[R], lo[R];
       for (int r = 0; r < R; ++r) sums[r] = lo[r] = _mm512_setzero_si512();
@@ -555,7 +550,7 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
   const __mmask16 keep = (__mmask16)((1u << cols) - 1);
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, keep, _mm512_add_ps(hsum8(acc[r]), hsum8(mins[r])));
 }
-constexpr int kRows512 = PD_GEMM_ROWS512;
+constexpr int kRows512 = 4;  // activation rows per 512-bit register tile
 #endif
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).

@@ -32,6 +32,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <vector>
 
 namespace pagedeck {
@@ -494,9 +495,15 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int
 // groups, one dpbusd per 4 codes into each row's lane) is cheap enough that it stays ahead up to ~28 rows: the
 // whole decode step of the 3B- and 8B-shaped Q4_K_M files at 8 rows ran 1.40x / 1.54x faster with it than with
 // the GEMM, 1.20x / 1.20x at 16, 1.05x / 1.13x at 24, and 0.95x on the 3B at 32. q4, q8 and q6 cross near 8.
+// The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
+// given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
+// paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
+constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
+std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
+
 int64_t gemm_rows(Format f) {
-  const char* v = std::getenv("PAGEDECK_QGEMM_ROWS");
-  if (v && *v) return std::atoll(v);
+  const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
+  if (forced != kUnset) return forced;
   return f == kQ4K || f == kQ4K16 ? 32 : 8;
 }
 
@@ -509,12 +516,9 @@ int64_t gemm_rows(Format f) {
 constexpr int64_t kChunkBytes = 512 << 10;
 
 int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes) {
-  const char* v = std::getenv("PAGEDECK_ROW_CHUNK");
+  const int64_t forced = forced_row_chunk.load(std::memory_order_relaxed);
   const int64_t threads = at::get_num_threads();
-  if (v && *v) {
-    const int64_t forced = std::atoll(v);
-    return forced > 0 ? forced : (Nout + threads - 1) / threads;
-  }
+  if (forced != kUnset) return forced > 0 ? forced : (Nout + threads - 1) / threads;
   if (M > 1) return 8;
   const int64_t rows = std::min(kChunkBytes / std::max<int64_t>(row_bytes, 1), Nout / (4 * threads));
   return std::max<int64_t>(16, rows / 16 * 16);
@@ -633,7 +637,17 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   return y;
 }
 
+// The two overrides (None: the rule), and what is set now (kUnset where none), for cpu_ext and its tests.
+void set_tuning(c10::optional<int64_t> gemm_rows_from, c10::optional<int64_t> chunk) {
+  forced_gemm_rows.store(gemm_rows_from.value_or(kUnset));
+  forced_row_chunk.store(chunk.value_or(kUnset));
+}
+
+std::vector<int64_t> get_tuning() { return {forced_gemm_rows.load(), forced_row_chunk.load()}; }
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("set_tuning(int? qgemm_rows, int? row_chunk) -> ()", &set_tuning);
+  lib.def("get_tuning() -> int[]", &get_tuning);
   lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int act) -> Tensor", &qmatmul);
 }
 

@@ -21,23 +21,23 @@ import asyncio
 import collections
 import gc
 import json
-import os
 import sys
 import time
 
 import pytest
 
+from engine import envs
 from tests.app.soak_meter import content, grown, growth_split, heap_mb, rss_mb, sample, slope_between
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 from tests.server_support import ServerThread
 
-REPLIES = int(os.environ.get("PAGEDECK_SOAK_REPLIES", "24"))
-FULL = "PAGEDECK_SOAK_REPLIES" in os.environ
-RELOAD_EVERY = int(os.environ.get("PAGEDECK_SOAK_RELOAD_EVERY", "150"))  # a shorter run can reload more often
+FULL = envs.PAGEDECK_SOAK_REPLIES is not None
+REPLIES = envs.PAGEDECK_SOAK_REPLIES if FULL else 24
+RELOAD_EVERY = envs.PAGEDECK_SOAK_RELOAD_EVERY  # a shorter run can reload more often
 # Each chat is replaced by a fresh one after this many replies of its own (0: never), so what the chats hold
 # stops growing after warm-up and any growth left is a leak, not longer transcripts; staggered, one chat at
 # a time, so the content stays about level between samples
-ROTATE = int(os.environ.get("PAGEDECK_SOAK_ROTATE", "4" if FULL else "0"))
+ROTATE = envs.PAGEDECK_SOAK_ROTATE if envs.PAGEDECK_SOAK_ROTATE is not None else 4 if FULL else 0
 LEAK_MB_PER_1000 = 20  # after warm-up, between reloads, with the chats' content level
 RELOAD_MB = 30  # a reload's mean step (glibc keeps part of the load's freed heap; the old model is ~0.5-1 GB)
 FRAME_MS = 1000 / 60
@@ -69,7 +69,7 @@ class StallProbe:
         self.last = time.perf_counter()
         self.timer.start()
         self.watch = None
-        if os.environ.get("PAGEDECK_SOAK_WATCH"):  # what the loop did in each late tick (tests/app/stall_watch.py);
+        if envs.PAGEDECK_SOAK_WATCH:  # what the loop did in each late tick (tests/app/stall_watch.py);
             # a value ending .json: every gap is written there
             from tests.app.stall_watch import StallWatch
 
@@ -191,8 +191,8 @@ async def session(window, remote_url: str, replies: int, rotate: int = 0) -> dic
     if probe.watch is not None:
         probe.watch.stop()
         print(f"app soak stalls: {json.dumps(probe.watch.summary())}", flush=True)
-        if os.environ["PAGEDECK_SOAK_WATCH"].endswith(".json"):  # every gap, to read at leisure
-            with open(os.environ["PAGEDECK_SOAK_WATCH"], "w") as f:
+        if envs.PAGEDECK_SOAK_WATCH.endswith(".json"):  # every gap, to read at leisure
+            with open(envs.PAGEDECK_SOAK_WATCH, "w") as f:
                 json.dump(probe.watch.gaps, f)
     await wait_until(lambda: window.service.snapshot()["pages_referenced"] == 0, 30, "the pages")
     held = await content_held(window, [p.session.chat_id for p in panes])
@@ -217,8 +217,8 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
 
     async def body(remote_url: str) -> dict:
         service = EngineService()
-        if os.environ.get("PAGEDECK_SOAK_SWITCH_INTERVAL"):  # to compare GIL switch intervals (the app sets 1 ms)
-            sys.setswitchinterval(float(os.environ["PAGEDECK_SOAK_SWITCH_INTERVAL"]))
+        if envs.PAGEDECK_SOAK_SWITCH_INTERVAL:  # to compare GIL switch intervals (the app sets 1 ms)
+            sys.setswitchinterval(envs.PAGEDECK_SOAK_SWITCH_INTERVAL)
         assert await service.load({"path": None, "cache_tokens": 8 * 512})
         window = MainWindow(Store.open(tmp_path / "data"), service)
         qtbot.addWidget(window)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.local.model_build import COMPILING, LOADING
+from engine import envs
 from tests.app.support import TINY_CACHE_TOKENS, loop, make_window, run, store, tiny_model  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +67,7 @@ def test_prebuild_command_reports_the_kernels_built():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(os.environ.get("PAGEDECK_TEST_FIRST_START") != "1",
+@pytest.mark.skipif(not envs.PAGEDECK_TEST_FIRST_START,
                     reason="a real kernel compile (~2 min on 2 cores): `make test-first-start` runs it")
 def test_first_start_shows_the_compile_then_the_load(tiny_model, tmp_path):  # noqa: F811
     """An empty torch extension cache (a new machine): the status bar reads COMPILING, then LOADING, the window's

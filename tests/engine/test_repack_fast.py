@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from engine import envs
 from engine.model import repack_fast
 from engine.model.qlinear import Q4Linear
 from engine.model.repack import from_blocks, q4_parts
@@ -21,11 +22,13 @@ pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU 
 
 def _torch_route(fn):
     os.environ["PAGEDECK_CPU_KERNELS"] = "0"
+    envs.refresh("PAGEDECK_CPU_KERNELS")
     try:
         assert cpu_ext.ops() is None
         return fn()
     finally:
         os.environ.pop("PAGEDECK_CPU_KERNELS")
+        envs.refresh("PAGEDECK_CPU_KERNELS")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,6 @@
 Without it nothing here is collected (so plain `make test` neither runs nor "passes" these tests, and
 `pytest tests/integration` alone reports that no tests ran instead of passing).
 """
-import os
+from engine import envs
 
-collect_ignore_glob = [] if os.environ.get("PAGEDECK_VLLM_URL") else ["test_*.py"]
+collect_ignore_glob = [] if envs.PAGEDECK_VLLM_URL else ["test_*.py"]

@@ -1,9 +1,9 @@
 """The remote-backend client tests (tests/remote_cases.py) against a real vLLM CPU server (`make test-vllm`)."""
-import os
 from types import SimpleNamespace
 
 import pytest
 
+from engine import envs
 from tests.remote_cases import *  # noqa: F401,F403 - the shared test functions
 
 pytestmark = pytest.mark.timeout(900)
@@ -11,4 +11,4 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def remote():
-    return SimpleNamespace(url=os.environ["PAGEDECK_VLLM_URL"], key=None)
+    return SimpleNamespace(url=envs.PAGEDECK_VLLM_URL, key=None)

@@ -18,7 +18,6 @@ Reasoning through vLLM, and what of it the default model leaves untested: test_r
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -28,6 +27,7 @@ from app.agent.tool_hub import Approval, ToolHub
 from app.chat.chat_session import ChatSession
 from app.core.remote_backend import RemoteBackend
 from app.core.store import ChatSettings
+from engine import envs
 from tests.app.mcp_support import calc_stdio
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
 
@@ -48,7 +48,7 @@ def _chat(loop, store, tmp_path, tool_choice, force_first: str | None = None):  
         return Approval(True)
 
     async def body():
-        backend = RemoteBackend(os.environ["PAGEDECK_VLLM_URL"])
+        backend = RemoteBackend(envs.PAGEDECK_VLLM_URL)
         await backend.connect()
         backend.tool_choice = tool_choice
         stream_chat = backend.client.stream_chat

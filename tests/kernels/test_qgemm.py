@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,18 +16,13 @@ from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, reference_matmul
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _call(w, x, act, rows_from: str):
-    before = os.environ.get("PAGEDECK_QGEMM_ROWS")
-    os.environ["PAGEDECK_QGEMM_ROWS"] = rows_from
-    try:
+    """w(x) with the GEMM path taken from `rows_from` activation rows on (PAGEDECK_QGEMM_ROWS's override)."""
+    with cpu_ext.tuning(qgemm_rows=int(rows_from)):
         return w(x, act) if act else w(x)
-    finally:
-        if before is None:
-            os.environ.pop("PAGEDECK_QGEMM_ROWS")
-        else:
-            os.environ["PAGEDECK_QGEMM_ROWS"] = before
 
 
 def _weights(fmt: str, N: int, K: int):
@@ -83,6 +79,24 @@ def test_gemm_extreme_codes_sum_exactly(fmt):
     gemm = _call(w, x, None, "1")
     torch.testing.assert_close(gemm.double(), reference_matmul(x, w), rtol=1e-6, atol=1e-6)
     assert torch.equal(gemm, _call(w, x, None, "1000000"))
+
+
+def test_the_path_switches_reach_the_kernels(monkeypatch):
+    """PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK go into the C++ kernels (which never read the environment):
+    when they load in a fresh process, again once engine.envs reads a changed value, and set_tuning overrides
+    them for a block."""
+    code = "from kernels import cpu_ext; print(cpu_ext.current_tuning())"
+    run = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PAGEDECK_QGEMM_ROWS="3",
+                         PAGEDECK_ROW_CHUNK="0"), capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "(3, 0)"
+    monkeypatch.setenv("PAGEDECK_QGEMM_ROWS", "5")
+    monkeypatch.delenv("PAGEDECK_ROW_CHUNK", raising=False)
+    cpu_ext.ops()
+    assert cpu_ext.current_tuning() == (5, None)
+    with cpu_ext.tuning(qgemm_rows=None, row_chunk=64):
+        assert cpu_ext.current_tuning() == (None, 64)
+    assert cpu_ext.current_tuning() == (5, None)
 
 
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")

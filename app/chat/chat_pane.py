@@ -64,6 +64,7 @@ class ChatPane(PaneActions, QWidget):
         self.stop_btn.setToolTip("Stop the reply (Esc)")
         self.more_btn = QToolButton(text="⋯")  # the rarer actions, so the header stays narrow
         self.more_btn.setToolTip("More actions")
+        self.more_btn.setAccessibleName("More actions")
         self.more_btn.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         more = QMenu(self.more_btn)
         self.continue_action = more.addAction("Continue the last reply", self.continue_reply)
@@ -72,8 +73,7 @@ class ChatPane(PaneActions, QWidget):
         replies = more.addMenu("N replies at once")  # versions ‹ 1/N › of the last reply, in one batch
         for n in (2, 3, 4):
             replies.addAction(f"{n} replies", lambda n=n: self.regenerate_n(n))
-        more.addAction("Branch from the last message", lambda: self.branch(self.session.messages[-1].id)
-                       if self.session.messages else None)
+        more.addAction("Branch from the last message", self.branch_last)
         more.addAction("Pin a document…", self.pick_document)
         self.more_btn.setMenu(more)
         head = QHBoxLayout()
@@ -110,11 +110,14 @@ class ChatPane(PaneActions, QWidget):
         self.details_btn = QToolButton()
         self.details_btn.setIcon(self.style().standardIcon(QStyle.StandardPixmap.SP_MessageBoxInformation))
         self.details_btn.setAutoRaise(True)
+        self.details_btn.setAccessibleName("Details")
         self.details_btn.clicked.connect(self.show_details)
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message — Enter sends")
         self.prompt.setToolTip("Enter sends · Shift+Enter: a new line · Esc stops the reply")
         self.prompt.setMaximumHeight(90)
+        self.prompt.setTabChangesFocus(True)  # Tab moves on (a keyboard user is never stuck in the box)
+        self.prompt.setAccessibleDescription("Enter sends; Shift+Enter starts a new line; Esc stops the reply")
         self.send_btn = QPushButton("Send")
         self.send_btn.setDefault(True)
         self.send_btn.setMaximumWidth(self.send_btn.fontMetrics().horizontalAdvance("Send") + 28)  # not 80 px
@@ -145,6 +148,12 @@ class ChatPane(PaneActions, QWidget):
         layout.addWidget(self.queue_list)
 
         self.footer_buttons = CompactButtons([(self.attachments.button, QStyle.StandardPixmap.SP_DirOpenIcon)])
+        # Tab goes through the pane top to bottom: header buttons, the conversation, the message box, the
+        # buttons under it (the image button was made after Send, which would put it last).
+        chain = [self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn, self.view, self.prompt,
+                 self.details_btn, self.attachments.button, self.send_btn]
+        for a, b in zip(chain, chain[1:]):
+            QWidget.setTabOrder(a, b)
         self.prompt.submitted.connect(self.submit)
         self.send_btn.clicked.connect(self.submit)
         self.stop_btn.clicked.connect(self.stop)
@@ -242,7 +251,12 @@ class ChatPane(PaneActions, QWidget):
             [("continue", "continue")] if last and self.session.can_continue() else [])
 
     def update_header(self, stats=None) -> None:
-        self.title.setText(self.session.chat.title)
+        title = self.session.chat.title
+        self.title.setText(title)
+        if self.prompt.accessibleName() != f"Message to {title}":  # the chat's name, so a tile is told apart
+            self.prompt.setAccessibleName(f"Message to {title}")
+            self.view.setAccessibleName(f"Conversation: {title}")
+            self.setAccessibleName(f"Chat: {title}")
         running = self.session.running
         if stats is None:
             replies = [m for m in self.session.messages if m.role == "assistant"]

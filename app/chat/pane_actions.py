@@ -88,6 +88,13 @@ class PaneActions:
         self.branched.emit(chat_id)
         return chat_id
 
+    def branch_last(self) -> int | None:
+        """Branch from the chat's last message (a new chat with the whole history so far)."""
+        if not self.session.messages:
+            self._show_error("Nothing to branch from yet: the chat is empty.")
+            return None
+        return self.branch(self.session.messages[-1].id)
+
     def show_alternative(self, message_id: int, step: int) -> None:
         try:
             self.session.select_alternative(message_id, step)

@@ -130,6 +130,7 @@ class DashboardDock(QDockWidget):
         body = QWidget()
         self.page_map = PageMapWidget()
         self.charts = pg.GraphicsLayoutWidget()
+        self.charts.setAccessibleName("Throughput and cache charts")
         self.charts.setBackground((18, 19, 23))
         self.charts.setMinimumHeight(5 * 80)  # squeezed below this the curves become unreadable
         self.charts.ci.layout.setVerticalSpacing(2)
@@ -231,6 +232,7 @@ class DashboardDock(QDockWidget):
         upper_layout = QVBoxLayout(upper)
         upper_layout.setContentsMargins(0, 0, 0, 0)
         self.model_choice = QComboBox()  # shown with two or more models loaded
+        self.model_choice.setAccessibleName("Model whose metrics are shown")
         self.model_choice.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
         self.model_choice.hide()
         self.model_choice.activated.connect(self._model_activated)
@@ -249,6 +251,7 @@ class DashboardDock(QDockWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(body)
+        scroll.setAccessibleName("Dashboard panel")
         self.setWidget(scroll)
 
     # ----------------------------------------------------------------------------------- feeding

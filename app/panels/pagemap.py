@@ -197,6 +197,7 @@ class PageMapWidget(QWidget):
         self._last: tuple | None = None
         self._hovered: int | None = None
         self.view = pg.GraphicsLayoutWidget()
+        self.view.setAccessibleName("Page map of the KV cache")
         self.view.setBackground(BACKGROUND[:3])
         self.view.ci.setContentsMargins(2, 2, 2, 2)
         self.viewbox = self.view.addViewBox(lockAspect=True, invertY=True, enableMouse=False)

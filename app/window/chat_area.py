@@ -8,7 +8,7 @@ every ticked tile.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QApplication, QSizePolicy, QStackedWidget, QTabWidget, QVBoxLayout, QWidget
 
 from app.chat.chat_list import ChatList
@@ -42,6 +42,8 @@ class ChatArea(QStackedWidget):
         self.tabs = QTabWidget()
         self.tabs.setTabsClosable(True)
         self.tabs.setMovable(True)
+        self.tabs.setAccessibleName("Open chats")
+        self.tabs.tabBar().setAccessibleName("Open chats")
         self.tabs.tabCloseRequested.connect(lambda i: self.close_chat(self.tabs.widget(i).session.chat_id))
         self.tabs.currentChanged.connect(self._tab_changed)
         self.tiles = QWidget()
@@ -129,6 +131,53 @@ class ChatArea(QStackedWidget):
             return self.tabs.currentWidget()
         return self.panes.get(self.recent[0]) if self.recent else None
 
+    def shown_panes(self) -> list[ChatPane]:
+        """The panes the user can reach now: the tiles, or every tab, in their order."""
+        return self.tiled() if self.mode == "tiles" else [self.panes[i] for i in self.open_ids]
+
+    def step_pane(self, step: int) -> ChatPane | None:
+        """Go to the next (1) or previous (-1) tab or tile, round the end; its message box gets the focus."""
+        panes = self.shown_panes()
+        if not panes:
+            return None
+        current = self.current_pane()
+        i = panes.index(current) if current in panes else -step
+        pane = panes[(i + step) % len(panes)]
+        self._touch(pane.session.chat_id)
+        if self.mode == "tabs":
+            self.tabs.setCurrentWidget(pane)
+        pane.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
+        return pane
+
+    def focus_composer(self) -> None:
+        """The cursor into the current chat's message box (the compare bar's while it is shown)."""
+        if self.compare.isVisibleTo(self.tiles) and self.mode == "tiles" and self.compare.prompt.hasFocus():
+            pane = self.current_pane()  # pressed again in the bar: on to the current pane
+        elif self.compare.isVisibleTo(self.tiles) and self.mode == "tiles":
+            self.compare.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
+            return
+        else:
+            pane = self.current_pane()
+        if pane is not None:
+            pane.prompt.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+    def send_to_all(self) -> list[ChatPane]:
+        """Send the message being typed (in the compare bar, else in the current pane) to every pane shown:
+        the ticked tiles in compare mode, else every tile (every tab in tab view); returns them."""
+        compare = self.mode == "tiles" and self.compare.isVisibleTo(self.tiles)
+        source = self.compare.prompt if compare else getattr(self.current_pane(), "prompt", None)
+        if source is None or not source.toPlainText().strip():
+            return []
+        text = source.toPlainText()
+        source.clear()
+        return self.compare.send(text, None if compare else self.shown_panes())
+
+    def stop_all(self) -> None:
+        """Stop every chat's reply (open or not); the queued messages stay queued."""
+        for chat_id, session in self.sessions.items():
+            if session.running and chat_id in self.panes:
+                self.panes[chat_id].stop()
+
     def _touch(self, chat_id: int) -> None:
         self.recent = [chat_id] + [i for i in self.recent if i != chat_id]
 
@@ -160,6 +209,7 @@ class ChatArea(QStackedWidget):
         self.set_view("tiles", tiles)
         while len(self.open_ids) < tiles:
             self.chat_list.new_chat()  # emits open_requested -> open_chat
+        self.focus_composer()
 
     def set_compare(self, on: bool) -> None:
         """Compare mode: the tiles (the open chats, up to 4) with the compare bar under them."""

@@ -48,10 +48,13 @@ class CompareBar(QWidget):
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Compare: one message to every ticked pane (Enter sends)")
         self.prompt.setMaximumHeight(60)
+        self.prompt.setAccessibleName("Compare: message to every ticked pane")
+        self.prompt.setAccessibleDescription("Enter sends to every ticked pane; Shift+Enter starts a new line")
         self.send_btn = QPushButton("Send to all")
         self.pin_btn = QPushButton("Pin document…")
         self.pin_btn.setToolTip("Pin a text or PDF document to every ticked pane's chat (a shared prefix)")
         self.winner = QComboBox()
+        self.winner.setAccessibleName("Winner")
         self.continue_btn = QPushButton("Continue in this one")
         self.branch_btn = QPushButton("Branch the others from it")
         self.message = ElidedLabel()
@@ -94,6 +97,7 @@ class CompareBar(QWidget):
             check.setStyleSheet(f"QCheckBox {{ color: rgb{tuple(pane.swatch.colour()[:3])}; font-weight: bold }}")
             check.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             models = QComboBox()
+            models.setAccessibleName(f"Model for {pane.session.chat.title}")
             models.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
             self._fill_models(models, pane)
             models.activated.connect(lambda _i, p=pane, box=models: self._model_picked(p, box))
@@ -196,10 +200,11 @@ class CompareBar(QWidget):
             self.prompt.clear()
             self.send(text)
 
-    def send(self, text: str) -> list[ChatPane]:
-        """Send `text` to every ticked pane (queued in those still replying); returns them."""
+    def send(self, text: str, panes: list[ChatPane] | None = None) -> list[ChatPane]:
+        """Send `text` to every ticked pane, or to `panes` (queued in those still replying); returns them.
+        Panes whose prompts match up to it go one after the other (see the module docstring)."""
         self.show_message("")
-        panes = self.chosen()
+        panes = self.chosen() if panes is None else panes
         if not panes:
             self.show_message("Tick at least one pane to send to.")
             return []
@@ -218,8 +223,9 @@ class CompareBar(QWidget):
     def _submit(self, pane: ChatPane, text: str) -> None:
         try:
             pane.session.submit(text)
-        except Exception as exc:  # noqa: BLE001 - shown in the bar; the other panes still get it
+        except Exception as exc:  # noqa: BLE001 - shown in the bar and the pane; the other panes still get it
             self.show_message(f"{pane.session.chat.title}: {exc}")
+            pane._show_error(str(exc))
 
     def pick_document(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Pin a document to the ticked panes", "",

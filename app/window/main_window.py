@@ -43,7 +43,10 @@ from app.preferences.preferences_dialog import PreferencesDialog
 from app.preferences.theme import Theme
 from app.remote.remote_mode import RemoteHandles, RemoteMode
 from app.window.chat_area import ChatArea
-from app.window.menus import build_menus
+from app.window.accessibility import name_widgets
+from app.window.command_palette import QuickPick, open_palette
+from app.window.menus import WindowCommands, build_menus
+from app.window.shortcuts_help import ShortcutsHelp
 from app.window.model_loader import ModelLoader
 from app.window.status import StatusLine
 from app.window.store_notice import StoreNotice
@@ -89,8 +92,11 @@ class MainWindow(QMainWindow):
 
         self.local_server = self.remote = None
         self._panels()
-        self.view_actions = build_menus(self, self.chats, new_chat=self.new_chat, export=self.export_current,
-                                        preferences=self.open_preferences, mcp_servers=self.open_mcp_servers)
+        self.view_actions = build_menus(self, self.chats, WindowCommands(
+            new_chat=self.new_chat, export=self.export_current, preferences=self.open_preferences,
+            palette=self.open_palette, shortcuts=self.open_shortcuts, switch_model=self.switch_model,
+            mcp_servers=self.open_mcp_servers))
+        name_widgets(self)
         self._restore_layout()
         s = self.service
         if s.info is not None:  # a service that loaded before this window existed
@@ -103,6 +109,7 @@ class MainWindow(QMainWindow):
         dock = QDockWidget(title, self)
         dock.setObjectName(title)
         dock.setWidget(scrolled(widget) if scroll else widget)
+        dock.widget().setAccessibleName(f"{title} panel")
         self.addDockWidget(area, dock)
         return dock
 
@@ -210,6 +217,29 @@ class MainWindow(QMainWindow):
     def new_chat(self, title: str = "New chat") -> ChatPane:
         chat_id = self.chat_list.new_chat(title)  # emits open_requested -> ChatArea.open_chat
         return self.chats.panes[chat_id]
+
+    def open_palette(self) -> QuickPick:
+        self.palette = open_palette(self)
+        return self.palette
+
+    def open_shortcuts(self) -> ShortcutsHelp:
+        self.shortcuts_help = ShortcutsHelp(self)
+        self.shortcuts_help.show()
+        return self.shortcuts_help
+
+    def switch_model(self) -> QuickPick:
+        """Pick a recent model (or the default one) and load it, as the Model tab's Load does."""
+        panel = self.model_panel
+        entries = [(Path(path).name, path, path) for path in panel.recent.items]
+        entries.append(("Default model", "the embedded default model", ""))
+
+        def load(path: str) -> None:
+            panel.path_edit.setText(path)
+            panel.request_load()
+        self.model_pick = QuickPick("Switch model", entries, load, self, "Type part of a model's name or path…")
+        self.model_pick.open()
+        self.model_pick.search.setFocus()
+        return self.model_pick
 
     def open_mcp_servers(self) -> McpServersDialog:
         dlg = McpServersDialog(self.tools, self)

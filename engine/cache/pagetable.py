@@ -78,6 +78,7 @@ class PageTable:
         return -(-total_len // self.page_size)
 
     def num_unreferenced(self) -> int:
+        """Pages nobody references: free ones and cached ones (the prompt cache gives way to new K/V)."""
         return sum(1 for p in self.pages if p.ref_count == 0)
 
     def prompt_hashes(self, tokens: list[int], root: bytes) -> list[bytes]:
@@ -93,10 +94,15 @@ class PageTable:
 
     def can_allocate_all(self, wants: list[tuple[list[int], int]], root: bytes) -> bool:
         """Room for several sequences at once (a CFG pair); pages they'd share with each other count twice."""
+        return self.pages_to_allocate(wants, root) <= self.num_unreferenced()
+
+    def pages_to_allocate(self, wants: list[tuple[list[int], int]], root: bytes) -> int:
+        """Unreferenced pages that allocating these (tokens, total_len) sequences would take: pages shared with
+        running sequences cost nothing, pages found in the prompt cache cost one each (they stop being free)."""
         needed = 0
         for tokens, total_len in wants:
             needed += self.pages_needed(total_len) - sum(1 for h in self.prompt_hashes(tokens, root) if self._live(h))
-        return needed <= self.num_unreferenced()
+        return needed
 
     def _live(self, h: bytes) -> bool:
         page = self.by_hash.get(h)
@@ -104,7 +110,8 @@ class PageTable:
 
     # ---- allocation -------------------------------------------------------------------------------
     def allocate(self, tokens: list[int], total_len: int, root: bytes, owner: int) -> Allocation:
-        """Pages for a sequence whose prompt is `tokens` and which may grow to total_len tokens.
+        """Pages for a sequence whose prompt is `tokens`, enough for its first total_len tokens (grow adds
+        more as it goes).
 
         Full prompt pages found by hash are shared (referenced) or revived (cached); the rest come from
         the free/cached pool, LRU. A partial match of the next page is copied in (partial-page reuse).
@@ -204,6 +211,25 @@ class PageTable:
         page.access_serial = next(self._serial)
 
     # ---- growth and completion --------------------------------------------------------------------
+    def grow(self, pages: list[CachePage], total_len: int, root: bytes, owner: int) -> bool:
+        """Append pages to a sequence's block table so that it holds total_len tokens; False (and nothing
+        changes) when the pool lacks them. Pages come as allocate takes them: empty ones first, then cached
+        ones, least recently used first. A sequence asks for pages as it is about to write them, so pages
+        are held for what is written, not for what a reply might reach."""
+        n = self.pages_needed(total_len) - len(pages)
+        if n <= 0:
+            return True
+        fresh = self._take_unreferenced(n)
+        if len(fresh) < n:
+            return False
+        for page in fresh:
+            # The chain continues from the last page's name; if that page hasn't filled yet, _complete labels
+            # the new page when it does.
+            prev = pages[-1].phash if pages else root
+            self._assign(page, prev, [], owner, root)
+            pages.append(page)
+        return True
+
     def written(self, pages: list[CachePage], tokens: list[int], kv_len: int, draft_len: int = 0) -> None:
         """Record that a sequence's K/V now covers tokens[:kv_len] (and the draft model's mirrored cache
         tokens[:draft_len]); full pages get hashed and deduplicated."""

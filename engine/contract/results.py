@@ -108,6 +108,9 @@ class Metrics(TypedDict):
     accepted_tokens_total: int
     drafts_total: int  # draft proposals (one per job per drafting step)
     accepted_per_position: list[int]
+    preemptions_total: int  # running jobs that gave their pages back because the cache ran out of pages
+    resumes_total: int  # preempted jobs admitted again (their output goes on exactly)
+    recomputed_tokens_total: int  # K/V tokens lost to preemption (evicted meanwhile) and computed again
     sampling_threads_busy: int
     sampling_threads_max: int
     loras: list[str]  # the default set's adapter names (set_loras)

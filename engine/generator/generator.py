@@ -31,6 +31,7 @@ from .job import DynamicJob, JobContext
 from .embeddings import FIRST_ID
 from .metrics import GeneratorMetrics
 from .mm_inputs import chunk_end, no_placeholders, step_inputs
+from .preemption import PageGrowth
 from .prefill_sharing import follows_prefill
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
@@ -117,11 +118,13 @@ class DynamicGenerator:
         self.drafter = ModelDrafter(draft_model, draft_cache, self.pagetable) if draft_model is not None else None
         self.use_ngram_draft = use_ngram_draft
         self.max_draft_batch_size = max_draft_batch_size
-        self.job_context = JobContext(tokenizer, self.vocab_size, max_ngram if use_ngram_draft else None)
+        self.job_context = JobContext(tokenizer, self.vocab_size, max_ngram if use_ngram_draft else None,
+                                      self.max_seq_len)
         self.pending: deque[DynamicJob] = deque()
         self.active: list[DynamicJob] = []
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
         self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
+        self.growth = PageGrowth(self.pagetable, self.counters)  # pages on demand, preemption when they run out
         self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self._serials = itertools.count()
@@ -132,7 +135,8 @@ class DynamicGenerator:
 
     # ---- queue ------------------------------------------------------------------------------------
     def enqueue(self, job: DynamicJob | list[DynamicJob]) -> int | list[int]:
-        """Queue a job (or several); returns its serial. Its whole page budget is reserved when it starts."""
+        """Queue a job (or several); returns its serial. It starts with pages for its prompt and takes more as
+        it grows (preemption.py: when the cache runs dry, the latest jobs wait for the earliest)."""
         if isinstance(job, list):
             return [self.enqueue(j) for j in job]
         self.check_job(job)
@@ -153,12 +157,14 @@ class DynamicGenerator:
             raise TypeError(f"enqueue takes DynamicJob objects, got {type(job).__name__}")
         if job.serial is not None:
             raise ValueError(f"job {job.serial} is already enqueued (a job runs once; make a new one)")
-        if job.total_len > self.max_seq_len:
+        longest = max(s.prompt_len for s in job.seqs)
+        new = job.max_new_tokens if job.max_new_tokens is not None else self.max_seq_len - longest
+        if new < 1 or longest + new > self.max_seq_len:
             raise ValueError(f"prompt ({job.prompt_len} tokens) + max_new_tokens ({job.max_new_tokens}) exceeds "
                              f"max_seq_len ({self.max_seq_len})")
-        if sum(self.pagetable.pages_needed(job.capacity(s)) for s in job.seqs) > self.cache.num_pages:
-            raise ValueError(f"prompt + max_new_tokens ({job.total_len} tokens) needs more pages than the whole cache "
-                             f"({self.cache.num_pages} pages of {self.page_size})")
+        if sum(self.pagetable.pages_needed(s.prompt_len + new) for s in job.seqs) > self.cache.num_pages:
+            raise ValueError(f"prompt + max_new_tokens ({longest + new} tokens) needs more pages than the whole cache "
+                             f"({self.cache.num_pages} pages of {self.page_size}): it could never finish, even alone")
         tokens = [t for s in job.seqs for t in s.tokens if t < FIRST_ID]  # placeholders: DynamicJob checked them
         if job.embeddings and job.embeddings.hidden != self.model.config.hidden_size:
             raise ValueError(f"the job's embeddings are {job.embeddings.hidden} wide; the model's hidden size is "
@@ -190,6 +196,7 @@ class DynamicGenerator:
         t0 = time.perf_counter()
         results: list[dict] = []
         self._admit(results)
+        self.growth.grow(self.active, self.pending)
         if not self.active:
             return results
         plan = self._plan()
@@ -211,7 +218,7 @@ class DynamicGenerator:
         """One varlen forward for the whole plan (filter masks are evaluated meanwhile); logits on the CPU
         and where each scheduled sequence's rows start in them."""
         batch = Batch.build([(e.tokens, e.start, e.seq.page_ids(e.end, self.pagetable)) for e in plan],
-                            self.page_size, [e.rows for e in plan], self.model.device, [e.prefill for e in plan])
+                            self.page_size, [e.rows for e in plan], self.model.device, [e.prompt_rows for e in plan])
         batch.mm_rows, batch.mm_vectors, batch.mm_blocks = step_inputs(plan, self.model.bidirectional_images,
                                                                         self.model.device)
         t0 = time.perf_counter()
@@ -255,11 +262,15 @@ class DynamicGenerator:
                 rows = [logits[first_row[e] + i] for i in range(len(samples))] if job.return_logits else None
                 result = job.accept_tokens(samples, rows)
                 self.counters.tokens_generated_total += len(result["token_ids"])
-            else:
+            elif job.new_tokens == 0:
                 result = job.prefill_result()
+            else:
+                result = None  # a resumed job refilling lost K/V: nothing to report until it samples again
             for seq in job.seqs:
                 draft_len = seq.draft_kv_len if self.drafter is not None and seq is job.seq else 0
                 self.pagetable.written(seq.pages, seq.tokens, min(seq.kv_len, job.stable_len(seq)), draft_len)
+            if result is None:
+                continue
             results.append(result)
             if result.get("eos"):
                 self._end(job)
@@ -297,14 +308,14 @@ class DynamicGenerator:
         plan: list[ScheduledSeq] = []
         budget = self.max_chunk_size
         if self.step_budget is not None:
-            waiting = sum(s.prompt_len - 1 - s.kv_len for job in self.active if job.prefilling for s in job.seqs)
+            waiting = sum(max(0, s.fill_len - 1 - s.kv_len) for job in self.active if job.prefilling for s in job.seqs)
             budget = self.step_budget.tokens(self._shielded(), waiting)
         ps = self.page_size
         decoding = []
         for job in self.active:
             if job.prefilling:
                 for seq in job.seqs:
-                    start, last = seq.kv_len, seq.prompt_len - 1
+                    start, last = seq.kv_len, seq.fill_len - 1
                     if start >= last or budget <= 0:
                         continue
                     end = min(last, start + budget)
@@ -313,7 +324,7 @@ class DynamicGenerator:
                     if job.embeddings and self.model.bidirectional_images:
                         end = min(last, chunk_end(seq.tokens, start, end, last))  # an image in one step
                     final = end == last and not job.cfg  # the last prompt token rides along and is sampled
-                    toks = seq.tokens[start : seq.prompt_len] if final else seq.tokens[start:end]
+                    toks = seq.tokens[start : seq.fill_len] if final else seq.tokens[start:end]
                     plan.append(ScheduledSeq(job, seq, toks, start, int(final), prefill=True))
                     budget -= len(toks)
             elif job.cfg:
@@ -347,12 +358,14 @@ class DynamicGenerator:
         no_draft = (lambda job: job.filters or job.embeddings) if self.drafter is not None else (lambda job: job.filters)
         wants = [(job, 0 if no_draft(job) else max(0, min(self.num_draft_tokens, job.max_new_tokens - job.new_tokens - 1)))
                  for job in jobs]
+        wants = [(job, self.growth.grow_for_drafts(job, k) if k else 0) for job, k in wants]
         if self.drafter is not None:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [no_placeholders(job.ngram.propose(job.seq.tokens, k)) if k else [] for job, k in wants]
 
     def _admit(self, results: list[dict]) -> None:
-        """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks."""
+        """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks.
+        Preempted jobs wait at the front and are never passed: they resume before anything new starts."""
         waiting: list[DynamicJob] = []
         started_after_wait = False
         for job in list(self.pending):
@@ -360,17 +373,19 @@ class DynamicGenerator:
                 break
             if sum(j.prefilling for j in self.active) >= self.max_q_size:
                 break
-            if follows_prefill(job, self.active, self.page_size):
+            if not job.started and follows_prefill(job, self.active, self.page_size):
                 continue  # its prompt is being prefilled by a running job: reuse those pages once written
-            wants = [(s.tokens, job.capacity(s)) for s in job.seqs]
-            if not self.pagetable.can_allocate_all(wants, job.lora_root):
-                if job.skips >= job.max_skips:
+            if not self.growth.can_admit(job, self.active):
+                if job.started or job.skips >= job.max_skips:
                     break  # this job has waited long enough: nobody else goes ahead of it
                 waiting.append(job)
                 continue
-            allocs = [self.pagetable.allocate(toks, n, job.lora_root, job.serial) for toks, n in wants]
+            resuming = job.started
+            allocs = self.growth.admit(job)
             self.pending.remove(job)
             self.active.append(job)
+            if resuming:
+                continue
             self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
             self.counters.prompt_tokens_total += sum(s.prompt_len for s in job.seqs)
             results.append(job.start(allocs))

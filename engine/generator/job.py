@@ -27,6 +27,7 @@ class JobContext:
     tokenizer: Any
     vocab_size: int  # ids the sampler may draw: min(model, tokenizer)
     max_ngram: int | None = None  # n-gram drafting's longest n-gram; None: no n-gram drafting
+    max_seq_len: int | None = None  # the context: a job without max_new_tokens generates until it is full
 
 
 class DynamicJob:
@@ -35,12 +36,17 @@ class DynamicJob:
 
     embeddings: MMEmbedding objects (engine.generator.embeddings) whose placeholder token_ids the prompt
     holds; the model reads their vectors at those positions (images). Such a job is never drafted by a
-    draft model (it cannot see the images); n-gram drafting still runs, never proposing a placeholder."""
+    draft model (it cannot see the images); n-gram drafting still runs, never proposing a placeholder.
+
+    max_new_tokens=None generates until the context (the generator's max_seq_len) is full: pages are taken as
+    the reply grows, so a long limit costs nothing until it is used. priority orders jobs when the cache runs
+    out of pages (vLLM's convention: lower runs first); among equals, the job enqueued last gives its pages
+    back first and resumes, exactly where it was, once pages free up."""
 
     def __init__(
         self,
         input_ids: torch.Tensor,
-        max_new_tokens: int,
+        max_new_tokens: int | None = None,
         min_new_tokens: int = 0,
         max_skips: int = 4,
         gen_settings: SamplerSettings | None = None,
@@ -58,6 +64,7 @@ class DynamicJob:
         loras: list | None = None,
         stop_on_loops: bool = False,
         embeddings: list | None = None,
+        priority: int = 0,
     ):
         prompts = list(input_ids) if isinstance(input_ids, (list, tuple)) else [input_ids]
         if len(prompts) not in (1, 2):
@@ -67,8 +74,12 @@ class DynamicJob:
                 raise ValueError("input_ids must be a LongTensor of shape (1, n), as Tokenizer.encode returns")
             if ids.shape[1] == 0:
                 raise ValueError("input_ids is empty: the prompt needs at least one token")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                           or max_new_tokens <= 0):
+            raise ValueError(f"max_new_tokens must be a positive int or None (until the context is full), got "
+                             f"{max_new_tokens!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
         if not isinstance(min_new_tokens, int) or min_new_tokens < 0:
             raise ValueError(f"min_new_tokens must be an int >= 0, got {min_new_tokens!r}")
         if max_skips < 0:
@@ -110,7 +121,8 @@ class DynamicJob:
             else:
                 self.stop_tokens.add(cond)
         self.input_ids = prompts[0]
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = max_new_tokens  # None until bind: the room the context leaves
+        self.priority = priority
         self.min_new_tokens = min_new_tokens
         self.max_skips = max_skips
         self.seed = seed
@@ -149,6 +161,8 @@ class DynamicJob:
         self.rejected_draft_tokens = 0
         self.ngram: NgramIndex | None = None
         self.time_enqueue = self.time_start = self.time_first_token = 0.0
+        self.preemptions = 0  # times the job gave its pages back for others and waited to resume
+        self.preempted_kv: list[int] | None = None  # per sequence, tokens of K/V held when last preempted
 
     # ---- lifecycle, driven by the generator -------------------------------------------------------
     @property
@@ -157,13 +171,20 @@ class DynamicJob:
 
     @property
     def total_len(self) -> int:
-        """The longest sequence this job can grow to (each CFG sequence gets its own pages)."""
+        """The longest sequence this job can grow to (each CFG sequence gets its own pages); known once bound
+        when max_new_tokens is None."""
         return max(s.prompt_len for s in self.seqs) + self.max_new_tokens
 
     @property
     def prefilling(self) -> bool:
-        """Still feeding prompt tokens before the last one (which is fed by the decode step)."""
-        return any(s.kv_len < s.prompt_len - 1 for s in self.seqs)
+        """Still feeding prompt tokens (or, resumed after a preemption, lost K/V) before the last one, which
+        the decode step feeds."""
+        return any(s.kv_len < s.fill_len - 1 for s in self.seqs)
+
+    @property
+    def started(self) -> bool:
+        """Admitted once (its sampler, stream and filters exist): a pending started job was preempted."""
+        return self.sampler is not None
 
     def bind(self, context: JobContext, serial: int, loras: tuple = (), lora_root: bytes | None = None) -> None:
         """Join a generator's queue with the adapters it resolved for this job (their set roots the job's
@@ -178,6 +199,10 @@ class DynamicJob:
             last = self.seq.pop_prompt_token()
             self.heal_prefix = pieces[last]
             self.heal_allowed = np.array([p.startswith(self.heal_prefix) for p in pieces[: context.vocab_size]])
+        if self.max_new_tokens is None:
+            if context.max_seq_len is None:
+                raise ValueError("max_new_tokens=None needs a generator that knows its context (max_seq_len)")
+            self.max_new_tokens = context.max_seq_len - max(s.prompt_len for s in self.seqs)
 
     def start(self, allocs: list) -> dict:
         for seq, alloc in zip(self.seqs, allocs):
@@ -199,6 +224,12 @@ class DynamicJob:
         self.time_start = time.perf_counter()
         return self._result("started", cached_tokens=self.cached_tokens, cached_pages=self.cached_pages,
                             prompt_tokens=self.prompt_len, loras=self.lora_names())
+
+    def resume(self, allocs: list) -> None:
+        """Take pages again after a preemption. Everything else (sampler and its random state, text stream,
+        filters, banned-string holds, n-gram index) stayed with the job, so its output goes on exactly."""
+        for seq, alloc in zip(self.seqs, allocs):
+            seq.resume(alloc.pages, alloc.cached_tokens, alloc.draft_tokens)
 
     def lora_names(self) -> list[tuple[str, float]]:
         """(name, scale) of each adapter this job runs, as results report them."""

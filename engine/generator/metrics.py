@@ -20,6 +20,9 @@ class GeneratorMetrics:
     drafted_tokens_total: int = 0
     accepted_tokens_total: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    preemptions_total: int = 0  # running jobs that gave their pages back because the pool ran dry
+    resumes_total: int = 0  # preempted jobs admitted again
+    recomputed_tokens_total: int = 0  # tokens of K/V lost to preemption and computed again on resume
     time_total_s: float = 0.0  # time spent inside iterate()
     batch_size: int = 0  # sequences in the last step
     batch_size_peak: int = 0  # largest batch_size so far (a scrape every few seconds misses short peaks)

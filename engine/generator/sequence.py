@@ -26,6 +26,13 @@ class Sequence:
     pages: list[CachePage] = field(default_factory=list)
     _kv_len: int = 0
     _draft_kv_len: int = 0
+    _fill_len: int | None = None  # tokens fed as a prompt before decoding: the prompt, or all on a resume
+
+    @property
+    def fill_len(self) -> int:
+        """Tokens fed in prefill chunks before decoding starts: the prompt; after a preemption, every token so
+        far (the K/V the prefix cache lost meanwhile is recomputed as if it were a prompt)."""
+        return self.prompt_len if self._fill_len is None else min(self._fill_len, len(self.tokens))
 
     @property
     def kv_len(self) -> int:
@@ -44,6 +51,18 @@ class Sequence:
         self.pages = pages
         self._kv_len = cached_tokens
         self._draft_kv_len = min(draft_tokens, cached_tokens)
+
+    def detach(self) -> list[CachePage]:
+        """Give up the pages (preemption): no K/V is held any more; the tokens stay, and a later attach with
+        resume=True feeds them all again from wherever the prefix cache still holds them."""
+        pages, self.pages = self.pages, []
+        self._kv_len = self._draft_kv_len = 0
+        return pages
+
+    def resume(self, pages: list[CachePage], cached_tokens: int, draft_tokens: int = 0) -> None:
+        """Attach pages after a preemption: tokens[:cached_tokens] are found in the cache, the rest is refed."""
+        self.attach(pages, cached_tokens, draft_tokens)
+        self._fill_len = len(self.tokens)
 
     def pop_prompt_token(self) -> int:
         """Remove the prompt's last token (token healing regenerates it), before any K/V exists."""
@@ -92,3 +111,9 @@ class ScheduledSeq(Generic[Owner]):
     def end(self) -> int:
         """Sequence length once this step's tokens are in."""
         return self.start + len(self.tokens)
+
+    @property
+    def prompt_rows(self) -> int:
+        """How many of the fed tokens are prompt tokens. A resumed job's refill feeds its reply too, whose rows
+        must take the model's path for generated rows (as when they were first decoded) to give the same K/V."""
+        return max(0, min(len(self.tokens), self.seq.prompt_len - self.start)) if self.prefill else 0

@@ -34,13 +34,15 @@ class Batch:
         page_size: int,
         logit_rows_per_seq: list[int] | None = None,
         device: torch.device | str = "cpu",
-        prompt_seqs: list[bool] | None = None,
+        prompt_seqs: list[bool | int] | None = None,
     ) -> "Batch":
         """seqs: (new token ids, start position, page list) per sequence.
 
         logit_rows_per_seq[i] = how many trailing tokens of sequence i need logits (default 1; 0 for none).
         prompt_seqs[i] = sequence i feeds prompt tokens (a prefill chunk) rather than generated ones; the
         model may treat those rows differently (engine/model/qlinear.py), always per sequence, never per batch.
+        An int says how many of its leading tokens are prompt tokens (a chunk that refeeds a preempted job's
+        prompt and reply: its reply's rows take the path they took when they were generated).
         The result's logit_offsets say where each sequence's rows land in the forward's logits.
         """
         ids: list[int] = []
@@ -65,7 +67,8 @@ class Batch:
             rows.extend(range(cu[-1] + n - want, cu[-1] + n))
             offsets.append(len(rows))
             if prompt_seqs is not None and prompt_seqs[i]:
-                prompt.extend(range(cu[-1], cu[-1] + n))
+                k = n if isinstance(prompt_seqs[i], bool) else min(int(prompt_seqs[i]), n)
+                prompt.extend(range(cu[-1], cu[-1] + k))
             cu.append(cu[-1] + n)
             kv_lens.append(start + n)
         return cls(

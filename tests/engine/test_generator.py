@@ -186,10 +186,10 @@ def test_bad_input_raises_clear_errors(tiny):
 
 def test_skipped_big_job_blocks_after_max_skips(tiny):
     gen = make_gen(tiny, max_tokens=128, page_size=16)  # 8 pages
-    hog = DynamicJob(prompt_ids(40), 40, gen_settings=GREEDY)  # 5 pages
+    hog = DynamicJob(prompt_ids(70), 40, gen_settings=GREEDY)  # starts with 5 pages (its prompt and next token)
     # Other seeds than hog's: a prompt starting like hog's would wait for hog's prefill to share it.
-    big = DynamicJob(prompt_ids(60, 1), 40, gen_settings=GREEDY, max_skips=1)  # 7 pages: waits for hog
-    small = [DynamicJob(prompt_ids(5, i + 2), 8, gen_settings=GREEDY) for i in range(3)]  # 1 page each
+    big = DynamicJob(prompt_ids(60, 1), 40, gen_settings=GREEDY, max_skips=1)  # 4 pages + 1 kept for hog: waits
+    small = [DynamicJob(prompt_ids(5, i + 2), 8, gen_settings=GREEDY) for i in range(3)]  # 1 page each (+1 kept)
     gen.enqueue([hog, big] + small)
     gen.iterate()
     assert hog in gen.active and big in gen.pending

@@ -233,6 +233,12 @@ class Seq:
         self.recorded = self.kv_len  # tokens passed to PageTable.written (may lag: held for banned strings)
         self.drafter = drafter  # drafts with a draft model (CFG and filtered jobs never do)
         self.draft_len = alloc.draft_tokens  # tokens whose K/V the draft model's cache holds
+        self.stable = 0  # tokens that can no longer be rewound (recorded before a preemption)
+        self._fill = None  # tokens fed as a prompt: the prompt, or all of them after a resume
+
+    @property
+    def fill_len(self):
+        return self.prompt_len if self._fill is None else min(self._fill, len(self.tokens))
 
     @property
     def generated(self):
@@ -305,7 +311,7 @@ class GenerationMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def start(self, data):
         prompt, program, root = self._prompt(data)
-        total = len(prompt) + len(program)
+        total = self._admission_len(prompt, program)
         owner = self.next_owner
         self.next_owner += 1
         if not self.table.can_allocate(prompt, total, root):
@@ -322,6 +328,15 @@ class GenerationMachine(RuleBasedStateMachine):
         self.draft_kv.check(alloc.pages, prompt, alloc.draft_tokens, root)
         self.live[owner] = Seq(owner, alloc, prompt, program, root, data.draw(st.booleans()))
 
+    def _admission_len(self, prompt, program):
+        """Tokens a new sequence gets pages for: its whole budget (pages reserved up front)."""
+        return len(prompt) + len(program)
+
+    def _room(self, s, n):
+        """Make s's pages hold n tokens; False if s lost its pages instead (preempted). Reserved up front here."""
+        assert len(s.pages) * PS >= n
+        return True
+
     # -- running them
     def _pick(self, data, want):
         owners = sorted(o for o, s in self.live.items() if want(s))
@@ -331,16 +346,18 @@ class GenerationMachine(RuleBasedStateMachine):
         s.recorded = max(s.recorded, min(s.kv_len, len(s.tokens) - hold))
         self.table.written(s.pages, s.tokens, s.recorded, s.draft_len if s.drafter else 0)
 
-    @precondition(lambda self: any(s.kv_len < s.prompt_len - 1 for s in self.live.values()))
+    @precondition(lambda self: any(s.kv_len < s.fill_len - 1 for s in self.live.values()))
     @rule(data=st.data(), budget=st.integers(1, 2 * PS))
     def prefill(self, data, budget):
-        self._prefill(self._pick(data, lambda s: s.kv_len < s.prompt_len - 1), budget)
+        self._prefill(self._pick(data, lambda s: s.kv_len < s.fill_len - 1), budget)
 
     def _prefill(self, s, budget):
-        start, last = s.kv_len, s.prompt_len - 1
+        start, last = s.kv_len, s.fill_len - 1
         end = min(last, start + budget)
         if end < last and (end // PS) * PS > start:
             end = (end // PS) * PS  # chunks end on page boundaries
+        if not self._room(s, end):
+            return
         self.kv.write(s.pages, s.tokens, start, end, s.root)
         if s.drafter:  # the draft model follows, from wherever its cache stops
             self.draft_kv.write(s.pages, s.tokens, min(s.draft_len, start), end, s.root)
@@ -348,11 +365,11 @@ class GenerationMachine(RuleBasedStateMachine):
         s.kv_len = end
         self._record(s)
 
-    @precondition(lambda self: any(s.kv_len >= s.prompt_len - 1 and s.generated < len(s.program)
+    @precondition(lambda self: any(s.kv_len >= s.fill_len - 1 and s.generated < len(s.program)
                                    for s in self.live.values()))
     @rule(data=st.data(), steps=st.integers(1, 2 * PS))
     def decode(self, data, steps):
-        self._decode(data, self._pick(data, lambda s: s.kv_len >= s.prompt_len - 1 and s.generated < len(s.program)),
+        self._decode(data, self._pick(data, lambda s: s.kv_len >= s.fill_len - 1 and s.generated < len(s.program)),
                      steps)
 
     def _decode(self, data, s, steps):
@@ -367,6 +384,8 @@ class GenerationMachine(RuleBasedStateMachine):
             accept = rng.randint(0, k)
             upcoming = s.program[s.generated : s.generated + accept + 1]
             fed = s.tokens + upcoming[:accept] + [100 + i for i in range(k - accept)]  # rejected drafts: other tokens
+            if not self._room(s, len(fed)):
+                break
             n = len(s.tokens)
             if s.drafter and k:  # the draft model catches up, then runs its first k - 1 drafts
                 self.draft_kv.write(s.pages, s.tokens, min(s.draft_len, n - 1), n, s.root)
@@ -377,12 +396,12 @@ class GenerationMachine(RuleBasedStateMachine):
             s.kv_len = len(s.tokens) - 1
             self._record(s, rng.randint(0, 2) if spec else 0)
 
-    @precondition(lambda self: any(len(s.tokens) > max(s.recorded, s.prompt_len) for s in self.live.values()))
+    @precondition(lambda self: any(len(s.tokens) > max(s.recorded, s.stable, s.prompt_len) for s in self.live.values()))
     @rule(data=st.data())
     def rewind(self, data):
         """A banned string: held (unrecorded) tokens are taken back and something else is generated."""
-        s = self._pick(data, lambda s: len(s.tokens) > max(s.recorded, s.prompt_len))
-        n = data.draw(st.integers(1, len(s.tokens) - max(s.recorded, s.prompt_len)))
+        s = self._pick(data, lambda s: len(s.tokens) > max(s.recorded, s.stable, s.prompt_len))
+        n = data.draw(st.integers(1, len(s.tokens) - max(s.recorded, s.stable, s.prompt_len)))
         del s.tokens[len(s.tokens) - n :]
         s.kv_len = min(s.kv_len, len(s.tokens) - 1)
         s.draft_len = min(s.draft_len, s.kv_len)
@@ -394,10 +413,12 @@ class GenerationMachine(RuleBasedStateMachine):
     def run_to_end(self, data, budget):
         """Prefill and generate a sequence's whole program, then finish it (runs that repeat earlier ones)."""
         s = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        while s.kv_len < s.prompt_len - 1:
+        while s.owner in self.live and s.kv_len < s.fill_len - 1:
             self._prefill(s, budget)
-        self._decode(data, s, len(s.program))
-        self._finish(s)
+        if s.owner in self.live:
+            self._decode(data, s, len(s.program))
+        if s.owner in self.live:
+            self._finish(s)
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())

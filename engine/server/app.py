@@ -12,6 +12,10 @@ Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/complet
 /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API), GET /openapi.json (their
 description, engine.server.openapi). With an api_key every /v1 and /pagedeck route needs
 `Authorization: Bearer <key>`; /health, /metrics and /openapi.json stay open, as in vLLM.
+
+With a model pool (engine.server.models_pool, `python -m engine serve`) a request's `model` picks any model
+the pool knows, loaded just in time and held while the request runs; /v1/models lists them all and /metrics
+labels each model's samples. Without one (the app's Server panel) it serves `served` alone.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from ..generator.async_api import DynamicJobAsync
 from ..vision.image_input import ImageLimits
 from .errors import ApiError, bad_request
 from .image_requests import load_request_images
+from .lifetime import request_ttl
 from .openapi import openapi_spec
 from .prometheus import build_registry
 from .requests import GenerationRequest, parse_request
@@ -49,8 +54,9 @@ class OpenAIServer:
 
     def __init__(self, served: ServedModel | None = None, *, api_key: str | None = None,
                  default_max_tokens: int = DEFAULT_MAX_TOKENS, allow_remote_images: bool = False,
-                 image_limits: ImageLimits = ImageLimits()):
+                 image_limits: ImageLimits = ImageLimits(), pool: Any = None):
         self.served = served
+        self.pool = pool  # engine.server.models_pool.ModelPool: requests may name any of its models
         self.allow_remote_images = allow_remote_images  # image_url parts may name http(s) URLs (fetched here)
         self.image_limits = image_limits
         self.api_key = api_key or None
@@ -61,7 +67,7 @@ class OpenAIServer:
         self.listeners: list[Callable[[], None]] = []  # called when the request counts change
         self.url: str | None = None
         self._runner: web.AppRunner | None = None
-        self.registry, self._ttft = build_registry(self._metrics_source)
+        self.registry, self._ttft = build_registry(self._metrics_source, pool)
         # 64 MiB: room for a few images as base64 (each is checked against its own limit)
         self.app = web.Application(middlewares=[self._errors, self._auth], client_max_size=64 * 2**20)
         r = self.app.router
@@ -146,6 +152,9 @@ class OpenAIServer:
         return web.Response(text="")
 
     async def _models(self, request: web.Request) -> web.Response:
+        if self.pool is not None:
+            await self.pool.refresh()
+            return web.json_response({"object": "list", "data": self.pool.model_entries()})
         return web.json_response({"object": "list", "data": self._served().model_entries()})
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -155,12 +164,15 @@ class OpenAIServer:
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi_spec(self.url))
 
-    def _metrics_source(self):
+    def _metrics_source(self) -> list[tuple[dict, str, dict]]:
+        if self.pool is not None:
+            return [(e.served.generator.metrics(), e.name, {"running": e.active, "total": e.requests_total})
+                    for e in self.pool.loaded()]
         served = self.served
         if served is None:
-            return None
+            return []
         server = {"running": self.requests_running, "total": self.requests_total}
-        return served.generator.metrics(), served.name, server
+        return [(served.generator.metrics(), served.name, server)]
 
     async def _pages(self, request: web.Request) -> web.Response:
         m = self._served().generator.metrics()
@@ -209,8 +221,18 @@ class OpenAIServer:
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         t0 = time.perf_counter()
-        served = self._served()
+        if self.pool is None:
+            served = self._served()
+            body = await _json_body(request)
+            request_ttl(body)  # checked as in the pool; one model stays loaded whatever it says
+            return await self._generate_with(request, kind, served, body, t0)
         body = await _json_body(request)
+        ttl = request_ttl(body)
+        async with self.pool.use(body.get("model"), ttl) as served:  # loads it first if need be
+            return await self._generate_with(request, kind, served, body, t0)
+
+    async def _generate_with(self, request: web.Request, kind: str, served: ServedModel, body: dict,
+                             t0: float) -> web.StreamResponse:
         images = await load_request_images(body, served, allow_remote=self.allow_remote_images,
                                            limits=self.image_limits) if kind == "chat" else None
         # with images the vision encoder runs in parse_request: off the event loop, so other streams go on

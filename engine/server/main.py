@@ -1,4 +1,9 @@
-"""`python -m engine serve`: load a model, build one generator and serve it until Ctrl-C / SIGTERM."""
+"""`python -m engine serve`: load a model, serve it and every other model found until Ctrl-C / SIGTERM.
+
+The --model one loads at start and stays loaded (pinned); the others (engine.find_models' list, plus
+--models-dir folders) load when a request names them and unload when idle (--ttl) or to make room
+(--max-memory): engine.server.models_pool.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .. import envs
+from .model_loader import load_vision_of, model_id  # noqa: F401 - serve's names, kept importable from here
 
 DEFAULT_PORT = 8399
 DEFAULT_CACHE_TOKENS = 32768  # 128 pages: 16 requests of ~1k tokens each fit at once (budgets are reserved)
@@ -38,11 +44,16 @@ def add_serve_parser(sub, weight_formats) -> None:
                         "off by default: only data: URLs")
     s.add_argument("--default-max-tokens", type=int, default=1024, metavar="N",
                    help="max_tokens of a chat request that gives none (default 1024, capped by the context)")
-
-
-def model_id(model) -> str:
-    name = str(model.name)
-    return name[: -len(".gguf")] if name.lower().endswith(".gguf") else name
+    s.add_argument("--models-dir", action="append", default=[], metavar="DIR",
+                   help="also serve the models (GGUF files, HF folders) under DIR, loaded when a request names "
+                        "them (repeatable); the usual model folders (HF cache, LM Studio, GPT4All, Ollama) always")
+    s.add_argument("--ttl", type=float, default=None, metavar="SECONDS",
+                   help="unload a model loaded on demand after it has been idle this long (default: never; a "
+                        "request's ttl or keep_alive sets its model's); the --model one stays loaded")
+    s.add_argument("--max-memory", metavar="SIZE", default=None,
+                   help="memory budget of the loaded models, e.g. 12G (default: what is free once the --model "
+                        "one is loaded, plus its share); the least recently used idle model is unloaded to "
+                        "make room for another")
 
 
 def parse_loras(specs: list[str]) -> dict[str, Path]:
@@ -57,38 +68,50 @@ def parse_loras(specs: list[str]) -> dict[str, Path]:
 
 async def serve(args: argparse.Namespace, ready=None) -> None:
     """Build everything, serve until a stop signal (or `ready`'s caller cancels); `ready(url)` once listening."""
-    from ..generator.async_api import DynamicGeneratorAsync
-    from ..cache.paged_cache import PagedCache
-    from ..model.model_and_tokenizer import load_model_and_tokenizer
     from ..model.chat_format import check_chat_format
     from .app import OpenAIServer
-    from .served import ServedModel
+    from .lifetime import parse_size
+    from .model_loader import ModelLoader
+    from .models_pool import ModelPool
 
     if args.cache_tokens < PAGE_SIZE:
         raise ValueError(f"--cache-tokens must be at least one page ({PAGE_SIZE})")
     loras = parse_loras(args.lora)
     check_chat_format(args.chat_template)  # a bad name or a missing file fails before the model loads
+    budget = parse_size(args.max_memory) if getattr(args, "max_memory", None) else None
+    ttl = getattr(args, "ttl", None)
+    if ttl is not None and ttl < 0:
+        raise ValueError(f"--ttl must be >= 0 seconds, got {ttl}")
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
-    model, tokenizer = await asyncio.to_thread(load_model_and_tokenizer, args.model, weights=args.weights)
-    vision = await asyncio.to_thread(load_vision_of, args.model)  # None: a text-only model
-    chat_format = tokenizer.set_chat_format(args.chat_template)
-    cache = PagedCache(model, max_tokens=args.cache_tokens, page_size=PAGE_SIZE)
-    generator = DynamicGeneratorAsync(model=model, cache=cache, tokenizer=tokenizer)
+    loader = ModelLoader(weights=args.weights, cache_tokens=args.cache_tokens, chat_template=args.chat_template,
+                         page_size=PAGE_SIZE)
+    served = await loader.load(args.model, args.served_model_name)
+    generator = served.generator
+    pool = None
     try:
         for name, path in loras.items():
             await generator.load_lora(path, name)
-        await generator.run_on_worker(lambda g: g.warmup())
-        served = ServedModel(generator, tokenizer, args.served_model_name or model_id(model), vision=vision)
+        pool = ModelPool(loader, budget=budget, default_ttl=ttl,
+                         discover=lambda: discover_models(getattr(args, "models_dir", []), loader))
+        pinned = pool.add_loaded(served, args.model)
+        if pool.budget is None:
+            pool.budget = default_budget(pinned.charge)
+        await pool.refresh()
         server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens,
-                              allow_remote_images=getattr(args, "allow_remote_images", False))
+                              allow_remote_images=getattr(args, "allow_remote_images", False), pool=pool)
         url = await server.start(args.host, args.port)
+        vision = served.vision
+        others = len(pool.models) - 1
         print(f"serving {served.name} at {url}/v1 (models: {', '.join(e['id'] for e in served.model_entries())})"
-              + f" · prompt format: {chat_format.label}"
+              + f" · prompt format: {served.tokenizer.chat_format.label}"
               + (f" · sees images ({vision.kind})" if vision is not None else "")
               + (" · API key required" if args.api_key else ""), file=sys.stderr, flush=True)
+        print(f"{others} more model(s) load on demand · memory budget "
+              + (f"{pool.budget / 2**30:.1f} GiB" if pool.budget is not None else "unlimited")
+              + (f" · idle ttl {ttl:g}s" if ttl is not None else ""), file=sys.stderr, flush=True)
         if ready is not None:
             ready(url)
         stop = asyncio.Event()
@@ -103,21 +126,25 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
         finally:
             await server.stop()
     finally:
+        if pool is not None:
+            await pool.close()
         await generator.close()
 
 
-def load_vision_of(path) -> object | None:
-    """The model's vision encoder (an HF VLM folder's vision tower, or an mmproj GGUF beside the model
-    GGUF), or None: no model path (the embedded default) or a text-only model."""
-    if not path:
-        return None
-    from ..vision import load_vision
+def discover_models(folders, loader) -> list:
+    """engine.find_models over the usual folders and `folders`, estimated as `loader` would load them."""
+    from ..model.discovery import find_models
 
-    try:
-        return load_vision(path)
-    except Exception as exc:  # noqa: BLE001 - the language model still serves text
-        print(f"the vision encoder did not load, serving text only: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return None
+    return find_models([Path(f) for f in folders], cache_tokens=loader.cache_tokens, weights=loader.weights)
+
+
+def default_budget(pinned_bytes: int) -> int | None:
+    """What the loaded models may hold by default: the pinned model's share plus what is still free (less
+    the engine's headroom); None when free memory is unknown."""
+    from ..cache.budget import HEADROOM, available_bytes
+
+    free = available_bytes("cpu")
+    return None if free is None else pinned_bytes + int(free * HEADROOM)
 
 
 def run_serve(args: argparse.Namespace) -> int:

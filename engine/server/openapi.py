@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .lifetime import DURATION_PATTERN
 from .requests import CHAT_FIELDS, COMPLETION_FIELDS, MAX_N, MAX_TEMPERATURE, MAX_TOP_LOGPROBS, ROLES
 
 OPENAPI_VERSION = "3.1.0"
@@ -125,6 +126,11 @@ FIELD_SCHEMAS: dict[str, dict] = {
     "user": _nullable({"type": "string"}),
     "response_format": _RESPONSE_FORMAT,
     "ignore_eos": _nullable({"type": "boolean"}),
+    "ttl": _nullable({"type": "number", "minimum": 0,
+                      "description": "seconds the model stays loaded once idle (LM Studio's ttl)"}),
+    "keep_alive": {"anyOf": [{"type": "number"}, {"type": "string", "pattern": DURATION_PATTERN}, _NULL],
+                   "description": "Ollama's keep_alive: seconds or a duration ('5m'); 0 unloads when idle, "
+                                  "negative keeps the model loaded"},
     "echo": _nullable({"type": "boolean"}),
     "top_logprobs": _nullable({"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS}),
 }
@@ -179,7 +185,9 @@ _COMPLETION_RESPONSE = {
 _MODEL = {"type": "object", "required": ["id", "object", "created", "owned_by"],
           "properties": {"id": {"type": "string"}, "object": {"const": "model"}, "created": _INT,
                          "owned_by": {"type": "string"}, "root": {"type": "string"},
-                         "parent": _nullable({"type": "string"}), "max_model_len": _INT}}
+                         "parent": _nullable({"type": "string"}), "max_model_len": _INT,
+                         "loaded": {"type": "boolean"}, "status": {"enum": ["loaded", "loading", "unloaded"]},
+                         "memory_bytes": _INT, "pinned": {"type": "boolean"}}}
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"], "additionalProperties": False,
     "properties": {"error": {

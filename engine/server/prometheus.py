@@ -4,6 +4,8 @@ Where a vLLM metric means the same thing it keeps vLLM's name (and its `model_na
 Grafana board or client built for vLLM reads pagedeck unchanged; what vLLM has no word for is
 `pagedeck:*`. Values are read from generator.metrics() at scrape time (a custom collector), so nothing
 is double-counted and the server adds no work per step. The registry is per server, never the global one.
+A server over a model pool labels every model's samples with its `model_name` and adds the pool's state
+(which models are loaded, their memory, loads and unloads, the budget).
 """
 from __future__ import annotations
 
@@ -18,53 +20,52 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 
 
 class GeneratorCollector:
-    """Turns one metrics() snapshot into metric families at each scrape."""
+    """Turns metrics() snapshots into metric families at each scrape: one sample per served model."""
 
-    def __init__(self, source: Callable[[], tuple[dict, str, dict] | None]):
-        self.source = source  # () -> (generator.metrics(), model name, server stats) or None when no model
+    def __init__(self, source: Callable[[], list[tuple[dict, str, dict]]]):
+        self.source = source  # () -> [(generator.metrics(), model name, server stats)], one per loaded model
 
     def describe(self) -> list:
-        return []  # values depend on the served model: collected only at scrape time
+        return []  # values depend on the served models: collected only at scrape time
 
     def collect(self):
         got = self.source()
-        if got is None:
+        if not got:
             return
-        m, name, server = got
         labels = ["model_name"]
-        values = [name]
 
-        def gauge(metric: str, doc: str, value: float):
-            g = GaugeMetricFamily(metric, doc, labels=labels)
-            g.add_metric(values, float(value))
-            return g
+        def family(kind, metric: str, doc: str, value: Callable[[dict, dict], float]):
+            f = kind(metric, doc, labels=labels)
+            for m, name, server in got:
+                f.add_metric([name], float(value(m, server)))
+            return f
 
-        def counter(metric: str, doc: str, value: float):
-            c = CounterMetricFamily(metric, doc, labels=labels)
-            c.add_metric(values, float(value))
-            return c
+        def gauge(metric: str, doc: str, value: Callable[[dict, dict], float]):
+            return family(GaugeMetricFamily, metric, doc, value)
 
-        total = m["pages_total"] or 1
+        def counter(metric: str, doc: str, value: Callable[[dict, dict], float]):
+            return family(CounterMetricFamily, metric, doc, value)
+
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent (pages referenced by jobs)",
-                    m["pages_referenced"] / total)
+                    lambda m, s: m["pages_referenced"] / (m["pages_total"] or 1))
         yield gauge("vllm:num_requests_running", "Jobs in the running batch (API requests and chats)",
-                    m["active_jobs"])
+                    lambda m, s: m["active_jobs"])
         yield gauge("vllm:num_requests_waiting", "Jobs queued or deferred for a default LoRA swap",
-                    m["pending_jobs"] + m["deferred_jobs"])
-        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
-                      m["prompt_tokens_total"])
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache",
-                      m["prefix_hit_tokens_total"])
-        yield counter("vllm:prompt_tokens", "Prompt tokens of admitted jobs", m["prompt_tokens_total"])
-        yield counter("vllm:generation_tokens", "Generated tokens", m["tokens_generated_total"])
-        yield counter("vllm:spec_decode_num_drafts", "Draft proposals (one per job per drafting step)",
-                      m["drafts_total"])
-        yield counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens", m["drafted_tokens_total"])
-        yield counter("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens", m["accepted_tokens_total"])
+                    lambda m, s: m["pending_jobs"] + m["deferred_jobs"])
+        for metric, doc, key in (
+                ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache", "prompt_tokens_total"),
+                ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix_hit_tokens_total"),
+                ("vllm:prompt_tokens", "Prompt tokens of admitted jobs", "prompt_tokens_total"),
+                ("vllm:generation_tokens", "Generated tokens", "tokens_generated_total"),
+                ("vllm:spec_decode_num_drafts", "Draft proposals (one per job per drafting step)", "drafts_total"),
+                ("vllm:spec_decode_num_draft_tokens", "Drafted tokens", "drafted_tokens_total"),
+                ("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens", "accepted_tokens_total")):
+            yield counter(metric, doc, lambda m, s, key=key: m[key])
         per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                       "Accepted draft tokens by position in the draft", labels=labels + ["position"])
-        for i, v in enumerate(m["accepted_per_position"]):
-            per_pos.add_metric(values + [str(i)], float(v))
+        for m, name, _ in got:
+            for i, v in enumerate(m["accepted_per_position"]):
+                per_pos.add_metric([name, str(i)], float(v))
         yield per_pos
         for key, doc in (("pages_total", "Cache pages"), ("pages_referenced", "Pages referenced by running jobs"),
                          ("pages_cached", "Unreferenced pages kept as prompt cache"), ("pages_free", "Free pages"),
@@ -72,18 +73,53 @@ class GeneratorCollector:
                          ("batch_size_peak", "Largest batch of any step so far"),
                          ("sampling_threads_busy", "Sampling threads busy in the last step"),
                          ("sampling_threads_max", "Sampling thread pool size")):
-            yield gauge(f"pagedeck:{key}", doc, m[key])
-        yield gauge("pagedeck:page_size", "Tokens per cache page", m.get("page_size", 0))
-        yield gauge("pagedeck:jobs_deferred", "Jobs held back for a LoRA swap", m["deferred_jobs"])
-        yield counter("pagedeck:steps", "Generator steps", m["steps_total"])
-        yield gauge("pagedeck:api_requests_running", "API requests being answered", server["running"])
-        yield counter("pagedeck:api_requests", "API requests answered or being answered", server["total"])
+            yield gauge(f"pagedeck:{key}", doc, lambda m, s, key=key: m[key])
+        yield gauge("pagedeck:page_size", "Tokens per cache page", lambda m, s: m.get("page_size", 0))
+        yield gauge("pagedeck:jobs_deferred", "Jobs held back for a LoRA swap", lambda m, s: m["deferred_jobs"])
+        yield counter("pagedeck:steps", "Generator steps", lambda m, s: m["steps_total"])
+        yield gauge("pagedeck:api_requests_running", "API requests being answered", lambda m, s: s["running"])
+        yield counter("pagedeck:api_requests", "API requests answered or being answered", lambda m, s: s["total"])
 
 
-def build_registry(source: Callable[[], Any]) -> tuple[CollectorRegistry, Histogram]:
-    """A private registry with the generator collector and the TTFT histogram the server observes."""
+class PoolCollector:
+    """The model pool's state (python -m engine serve): every model it knows, loaded or not, and its budget."""
+
+    def __init__(self, pool: Any):
+        self.pool = pool  # engine.server.models_pool.ModelPool
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        models = list(self.pool.models.values())
+        loaded = GaugeMetricFamily("pagedeck:model_loaded", "1 when the model is loaded, else 0",
+                                   labels=["model_name"])
+        memory = GaugeMetricFamily("pagedeck:model_memory_bytes", "Memory the model counts against the budget "
+                                   "(the engine's estimate of its weights, cache and activations)",
+                                   labels=["model_name"])
+        loads = CounterMetricFamily("pagedeck:model_loads", "Times the model was loaded", labels=["model_name"])
+        unloads = CounterMetricFamily("pagedeck:model_unloads", "Times the model was unloaded (idle or evicted)",
+                                      labels=["model_name"])
+        for e in models:
+            loaded.add_metric([e.name], 1.0 if e.served is not None else 0.0)
+            memory.add_metric([e.name], float(e.charge))
+            loads.add_metric([e.name], float(e.loads))
+            unloads.add_metric([e.name], float(e.unloads))
+        yield from (loaded, memory, loads, unloads)
+        yield GaugeMetricFamily("pagedeck:memory_used_bytes", "Memory the loaded models count against the budget",
+                                value=float(self.pool.used_bytes()))
+        if self.pool.budget is not None:
+            yield GaugeMetricFamily("pagedeck:memory_budget_bytes", "The memory budget of loaded models",
+                                    value=float(self.pool.budget))
+
+
+def build_registry(source: Callable[[], Any], pool: Any = None) -> tuple[CollectorRegistry, Histogram]:
+    """A private registry with the generator collector (and the pool's, when there is one) and the TTFT
+    histogram the server observes."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GeneratorCollector(source))
+    if pool is not None:
+        registry.register(PoolCollector(pool))
     ttft = Histogram("vllm:time_to_first_token_seconds", "Time from request to first token (API requests)",
                      labelnames=["model_name"], buckets=TTFT_BUCKETS, registry=registry)
     return registry, ttft

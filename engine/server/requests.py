@@ -30,6 +30,7 @@ COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
     "response_format", "min_tokens", "ignore_eos",
+    "ttl", "keep_alive",  # how long the model stays loaded once idle (engine.server.lifetime, the model pool)
 }
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | TOOL_FIELDS
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}

@@ -1,4 +1,5 @@
-"""`python -m app` / `pagedeck`: open the desktop app (one asyncio loop on the Qt thread, via qasync)."""
+"""`python -m app` / `pagedeck`: open the desktop app (one asyncio loop on the Qt thread, via qasync);
+`pagedeck COMMAND ...` runs a terminal command instead (app.cli: ls, get, run, serve, ...)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,13 @@ from engine.contract import model_path_problem
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="pagedeck", description="Chat with several conversations at once, all batched.")
+    from app.cli.commands import commands_help
+
+    p = argparse.ArgumentParser(prog="pagedeck", usage="pagedeck [flags]\n       pagedeck [command] [flags]",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="Chat with several conversations at once, all batched: the desktop app "
+                                            "(flags below), or a command.\n\n" + commands_help(),
+                                epilog='Use "pagedeck [command] --help" for more about a command.')
     p.add_argument("--model", type=Path, default=None,
                    help="Hugging Face model folder or .gguf file (default: the last session's model, "
                         "else the embedded SmolLM2-135M-Instruct)")
@@ -81,6 +88,13 @@ def desktop_command(install: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from app.cli.commands import COMMANDS
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in COMMANDS:
+        from app.cli.main import main as command
+
+        return command(argv)
     args = parse_args(argv)
     if args.install_desktop or args.uninstall_desktop:
         return desktop_command(args.install_desktop)

@@ -3,7 +3,9 @@
 
 Decode speed depends on shapes and formats, not on weight values, so a 7B-shaped Q4_K_M file with a few
 of its layers measures per-layer cost and memory honestly (the roofline scales with the layer count). The
-vocabulary is the embedded SmolLM2 tokenizer's (49,152 tokens), so the file loads and tokenizes.
+vocabulary is the embedded SmolLM2 tokenizer's (49,152 tokens), so the file loads and tokenizes; or, with
+--tokenizer bpe / spm, a real-size one (tools.synthetic_vocab: Qwen 2.5's 151,936-token byte-level BPE, Gemma
+3's 262,144-piece SentencePiece), so the header costs what a real file's does.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ SHAPES = {**BENCH_SHAPES, "tiny": dict(hidden_size=64, intermediate_size=128, nu
           # recipe's mixed and all-Q4_K fused groups)
           "tiny-256": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
                            head_dim=64, rope_theta=10000.0)}
+TOKENIZERS = ("smollm2", "bpe", "spm")
+_REAL_SIZES = {"bpe": 151_936, "spm": 262_144}  # Qwen 2.5's and Gemma 3's vocabularies
 _CONTROL = 3  # llama.cpp's token type of special (control) tokens
 _UNUSED = 5  # llama.cpp's token type of unused (padding) tokens
 # llama.cpp's replacement for a K-quant on rows whose length is no multiple of its 256-weight super-block
@@ -100,6 +104,15 @@ def copy_default_tokenizer(w, meta: dict | None = None, *, chat_template: str | 
         w.add_chat_template(chat_template)
 
 
+def _add_real_size_tokenizer(w, kind: str, size: int, seed: int, pre: str | None) -> None:
+    from tools import synthetic_vocab
+
+    if kind == "bpe":
+        synthetic_vocab.add_bpe_vocabulary(w, size, seed=seed, pre=pre or "qwen2")
+    else:
+        synthetic_vocab.add_spm_vocabulary(w, size, seed=seed)
+
+
 def q4_k_m_type(name: str, n_layers: int) -> str:
     """llama.cpp's Q4_K_M choice for a tensor: Q6_K for the output head and for attn_v / ffn_down of the
     layers its use_more_bits rule picks (the first and last eighth, every third in between), Q4_K else."""
@@ -117,7 +130,7 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
                       chat_tokens: tuple[str, ...] | None = None, bos: str | None = None, eos: str | None = None,
                       vocab: int | None = None,
                       split_max_tensors: int = 0, pad_vocab: bool = False, tied: bool = False,
-                      pre: str | None = None) -> Path:
+                      pre: str | None = None, tokenizer: str = "smollm2") -> Path:
     """Write a llama-architecture GGUF of `layers` random layers of `shape`, quantized by `quant` (a ggml
     type name or Q4_K_M); tensors are generated and quantized one at a time.
 
@@ -127,14 +140,18 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     tokens to it); tied: no output.weight, the token embedding is the head (and takes the head's type in the
     Q4_K_M recipe); K-quants on rows that are no multiple of 256 fall back as llama.cpp's (k_quant_fallback);
     pre: another tokenizer.ggml.pre ("" writes none); split_max_tensors > 0 writes a split set
-    (name-00001-of-0000N.gguf ..., llama.cpp's gguf-split layout) and returns its first file."""
+    (name-00001-of-0000N.gguf ..., llama.cpp's gguf-split layout) and returns its first file. tokenizer:
+    "smollm2" (the embedded vocabulary, as above), "bpe" or "spm" (tools.synthetic_vocab's real-size ones,
+    `vocab` tokens: default 151,936 / 262,144; chat_template as above, SmolLM2's ChatML one for True)."""
     import gguf
 
     s = SHAPES[shape]
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
     meta = GGUFFile(default_model_path()).metadata
     if pre is not None:
         meta = {**meta, "tokenizer.ggml.pre": pre}
-    vocab = vocab or len(meta["tokenizer.ggml.tokens"])
+    vocab = vocab or (len(meta["tokenizer.ggml.tokens"]) if tokenizer == "smollm2" else _REAL_SIZES[tokenizer])
     h, inter, heads, kv, hd = (s["hidden_size"], s["intermediate_size"], s["num_attention_heads"],
                                s["num_key_value_heads"], s["head_dim"])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -154,8 +171,13 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     w.add_vocab_size(vocab)
     if quant == "Q4_K_M":
         w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M)
-    copy_default_tokenizer(w, meta, chat_template=chat_template, chat_tokens=chat_tokens, bos=bos, eos=eos,
-                           pad_to=vocab if pad_vocab else None)
+    if tokenizer == "smollm2":
+        copy_default_tokenizer(w, meta, chat_template=chat_template, chat_tokens=chat_tokens, bos=bos, eos=eos,
+                               pad_to=vocab if pad_vocab else None)
+    else:
+        _add_real_size_tokenizer(w, tokenizer, vocab, seed, pre)
+        if chat_template:
+            w.add_chat_template(meta["tokenizer.chat_template"] if chat_template is True else chat_template)
     g = torch.Generator().manual_seed(seed)
     shapes = {"token_embd.weight": (vocab, h), "output_norm.weight": (h,), "output.weight": (vocab, h)}
     if tied:
@@ -195,10 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=None,
                     help="vocabulary size: SmolLM2's tokens padded with unused ones (e.g. 262144, Gemma 3's)")
     ap.add_argument("--tied", action="store_true", help="no output.weight: the token embedding is the head")
+    ap.add_argument("--tokenizer", choices=TOKENIZERS, default="smollm2",
+                    help="bpe: a Qwen-2.5-sized byte-level BPE (151,936 tokens), spm: a Gemma-3-sized SentencePiece "
+                         "vocabulary (262,144); --vocab sets their size")
     args = ap.parse_args(argv)
     path = write_random_gguf(args.out, args.shape, args.layers, args.quant, chat_template=not args.no_chat_template,
                              split_max_tensors=args.split_max_tensors, vocab=args.vocab,
-                             pad_vocab=args.vocab is not None, tied=args.tied)
+                             pad_vocab=args.vocab is not None and args.tokenizer == "smollm2", tied=args.tied,
+                             tokenizer=args.tokenizer)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return 0
 

@@ -1,4 +1,4 @@
-"""A GGUF file's header (metadata and tensor table) parsed over a memory map, its tensors as views of it.
+"""A GGUF file memory-mapped, its header (engine.model.gguf_header) read once per file, its tensors as views.
 
 Parsed here rather than with gguf.GGUFReader: the reader builds a numpy view per vocabulary string and
 takes ~5 s on the default model, more than the whole load budget. The gguf package still supplies the type
@@ -8,42 +8,19 @@ tables and the fallback dequantizers.
 from __future__ import annotations
 
 import mmap
-import struct
+import os
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES
 
 from engine.model import gguf_split, repack
 from engine.model.embedding import GGMLRows
 from engine.model.ggml_blocks import dequantize
-from engine.model.gguf_strings import read_strings, skip_strings
+from engine.model.gguf_header import PARSE_ERRORS, GGUFTensorInfo, SkippedArray, read_header
 
-_GGUF_VALUE = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-
-
-class GGUFTensorInfo(NamedTuple):
-    name: str
-    shape: tuple[int, ...]  # torch order (rows first)
-    tensor_type: GGMLQuantizationType
-    offset: int  # absolute file offset
-    nbytes: int
-
-
-class SkippedArray:
-    """A long metadata array left undecoded (header-only reads): only its length is known."""
-
-    def __init__(self, count: int):
-        self.count = count
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __repr__(self) -> str:
-        return f"SkippedArray({self.count})"
+__all__ = ["GGUFFile", "GGUFTensorInfo", "SkippedArray"]
 
 
 class GGUFFile:
@@ -51,9 +28,9 @@ class GGUFFile:
 
     header_only=True leaves the tokenizer's metadata arrays longer than 64 entries (the vocabulary, scores,
     merges) undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file, and
-    loading the weights holds no vocabulary (the tokenizer reads it)."""
-
-    _SKIP_OVER = 64
+    loading the weights holds no vocabulary (the tokenizer reads it). Either way the header is parsed once
+    per file (engine.model.gguf_header keeps it), so the estimate, the weights and the tokenizer of one
+    load share one parse."""
 
     def __init__(self, path: str | Path, header_only: bool = False, _part: bool = False):
         self.path = Path(path)
@@ -62,107 +39,26 @@ class GGUFFile:
             with open(self.path, "rb") as f:
                 # copy-on-write map: writable for torch.frombuffer, never writes to the file
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                stat = os.fstat(f.fileno())
         except (OSError, ValueError) as e:
             if self.path.is_file() and self.path.stat().st_size == 0:
                 raise ValueError(f"{self.path} is empty (0 bytes): not a GGUF file") from None
             raise ValueError(f"Cannot open GGUF file {self.path}: {e}") from None
-        try:
-            self._parse()
-        except (struct.error, UnicodeDecodeError, IndexError, OverflowError, MemoryError) as e:
-            raise ValueError(f"{self.path} is not a valid GGUF file (corrupt or truncated header: {e})") from None
+        header = read_header(self.path, self._map, stat)
+        self.metadata = dict(header.metadata)
+        if not header_only:
+            try:
+                for key, value in header.metadata.items():
+                    if isinstance(value, SkippedArray):
+                        self.metadata[key] = value.values(self._map)
+            except PARSE_ERRORS as e:
+                raise ValueError(f"{self.path} is not a valid GGUF file (corrupt or truncated header: {e})") from None
+        self.tensors: list[GGUFTensorInfo] = list(header.tensors)
+        self._by_name = {t.name: t for t in self.tensors}
         self._maps = {}  # tensor name -> the map of the split part holding it (absent: this file's)
         self.parts = [self.path]
         if not _part:  # a split set's first file: its other parts' tensors join this file's
             gguf_split.join_parts(self)
-
-    def _parse(self) -> None:
-        buf = self._map
-        if len(buf) < 24:
-            raise ValueError(f"{self.path} is not a GGUF file: only {len(buf)} bytes")
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{self.path} is not a GGUF file (bad magic {bytes(buf[:4])!r})")
-        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{self.path}: GGUF version {version} is not supported (only 2 and 3)")
-        self._pos = 24
-        self.metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = self._string()
-            (vtype,) = struct.unpack_from("<I", buf, self._pos)
-            self._pos += 4
-            self._skipping = self.header_only and key.startswith("tokenizer.")  # per-layer arrays stay decoded
-            self.metadata[key] = self._value(vtype)
-        raw = []
-        for _ in range(n_tensors):
-            name = self._string()
-            (ndim,) = struct.unpack_from("<I", buf, self._pos)
-            dims = struct.unpack_from(f"<{ndim}Q", buf, self._pos + 4)
-            ttype, offset = struct.unpack_from("<IQ", buf, self._pos + 4 + 8 * ndim)
-            self._pos += 4 + 8 * ndim + 12
-            raw.append((name, tuple(reversed(dims)), ttype, offset))
-        align = int(self.metadata.get("general.alignment", 32))
-        data_start = (self._pos + align - 1) // align * align
-        size = len(buf)
-        self.tensors: list[GGUFTensorInfo] = []
-        for name, shape, ttype, offset in raw:
-            try:
-                qtype = GGMLQuantizationType(ttype)
-            except ValueError:
-                raise ValueError(f"{self.path}: tensor {name} has unknown ggml type {ttype}") from None
-            block, block_bytes = GGML_QUANT_SIZES[qtype]
-            n = int(np.prod(shape)) if shape else 1
-            if shape and shape[-1] % block:
-                raise ValueError(f"{self.path}: tensor {name} row length {shape[-1]} is not a multiple of {block}")
-            info = GGUFTensorInfo(name, shape, qtype, data_start + offset, n // block * block_bytes)
-            if info.offset + info.nbytes > size:
-                raise ValueError(
-                    f"{self.path} is truncated: tensor {name} needs bytes up to {info.offset + info.nbytes}, "
-                    f"file has {size}"
-                )
-            self.tensors.append(info)
-        self._by_name = {t.name: t for t in self.tensors}
-
-    def _string(self) -> str:
-        (n,) = struct.unpack_from("<Q", self._map, self._pos)
-        start = self._pos + 8
-        self._pos = start + n
-        if self._pos > len(self._map):
-            raise struct.error("string runs past the end of the file")
-        return self._map[start:self._pos].decode("utf-8")
-
-    def _value(self, vtype: int) -> Any:
-        if vtype == _STRING:
-            return self._string()
-        if vtype == _ARRAY:
-            etype, count = struct.unpack_from("<IQ", self._map, self._pos)
-            self._pos += 12
-            if self._skipping and count > self._SKIP_OVER and etype != _ARRAY:
-                return self._skip_array(etype, count)
-            if etype == _STRING:
-                strings, self._pos = read_strings(self._map, self._pos, count)
-                return strings
-            if etype == _ARRAY:
-                return [self._value(_ARRAY) for _ in range(count)]
-            fmt = _GGUF_VALUE[etype]
-            width = struct.calcsize(fmt)
-            values = np.frombuffer(self._map, dtype=np.dtype(fmt), count=count, offset=self._pos)
-            self._pos += width * count
-            return values.tolist()
-        fmt = _GGUF_VALUE.get(vtype)
-        if fmt is None:
-            raise ValueError(f"{self.path}: unknown GGUF metadata value type {vtype}")
-        (value,) = struct.unpack_from(fmt, self._map, self._pos)
-        self._pos += struct.calcsize(fmt)
-        return value
-
-    def _skip_array(self, etype: int, count: int) -> SkippedArray:
-        if etype == _STRING:
-            self._pos = skip_strings(self._map, self._pos, count)
-        else:
-            self._pos += struct.calcsize(_GGUF_VALUE[etype]) * count
-        if self._pos > len(self._map):
-            raise struct.error("array runs past the end of the file")
-        return SkippedArray(count)
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""

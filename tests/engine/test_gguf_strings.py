@@ -1,10 +1,15 @@
-"""GGUFFile's metadata against gguf-py's own GGUFReader on files with every metadata array type, and the
-vectorized string-array reader (engine.model.gguf_strings) against the sequential walk on hostile arrays."""
+"""GGUFFile's metadata against gguf-py's own GGUFReader on files with every metadata array type; the
+vectorized string-array reader (engine.model.gguf_strings) against a sequential walk on hostile arrays and
+against gguf-py's string offsets; its memory bounded by the array, not by what follows it."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
+import subprocess
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -75,19 +80,86 @@ def test_every_array_type_matches_gguf_reader(tmp_path, header_only):
 
 
 def test_a_vocabulary_takes_the_vectorized_path(tmp_path, monkeypatch):
-    """A real-looking vocabulary never needs the sequential walk (else the speed-up is gone unnoticed)."""
+    """A real-looking vocabulary is located and decoded by numpy alone: no string's length is read on its
+    own and no array is decoded string by string (else the speed-up is gone unnoticed)."""
     tokens = _vocab(20000, seed=1)
     path = tmp_path / "vocab.gguf"
     _write(path, {"tokenizer.ggml.tokens": (tokens, V.STRING),
                   "tokenizer.ggml.merges": ([f"{a} {b}" for a, b in zip(tokens, tokens[1:])], V.STRING)})
 
-    def walk(*a, **k):
-        raise AssertionError("the vectorized reader fell back to the walk")
+    def one_by_one(*a, **k):
+        raise AssertionError("the vectorized reader stepped through strings one at a time")
 
-    monkeypatch.setattr(gguf_strings, "_walk", walk)
+    monkeypatch.setattr(gguf_strings, "struct", types.SimpleNamespace(unpack_from=one_by_one, error=struct.error))
+    monkeypatch.setattr(gguf_strings, "_decode_each", one_by_one)
     meta = GGUFFile(path).metadata
     assert meta["tokenizer.ggml.tokens"] == tokens
     assert meta["after.string"] == "still here"
+
+
+def _reader_string_ends(path, key: str) -> tuple[int, list[int]]:
+    """gguf-py's own layout of a string array: where its first length lies, and where each string ends
+    (a string's end from its length part: an empty body's view has no address)."""
+    r = GGUFReader(str(path))
+    field = r.fields[key]
+    at = lambda part: part.ctypes.data - r.data.ctypes.data  # noqa: E731
+    count_part = field.parts[4]
+    return at(count_part) + 8, [at(field.parts[i - 1]) + 8 + field.parts[i].size for i in field.data]
+
+
+def _write_raw(path, key: str, strings: list[bytes]) -> None:
+    """A GGUF holding one string array, written byte by byte (GGUFWriter refuses an empty array)."""
+    kv = struct.pack("<Q", len(key)) + key.encode() + struct.pack("<IIQ", 9, 8, len(strings))
+    kv += b"".join(struct.pack("<Q", len(x)) + x for x in strings)
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + kv + b"\0" * 32)
+
+
+@pytest.mark.parametrize("kind", ["empty", "utf8", "262k"])
+def test_string_ends_equal_gguf_readers_offsets(tmp_path, kind):
+    """Where each string of an array ends, as engine.model.gguf_strings finds it, is where gguf-py's reader
+    puts it: an empty array, multi-byte UTF-8 with empty and 256+-byte strings, a 262,144-entry vocabulary."""
+    rng = random.Random(7)
+    values = {"empty": [],
+              "utf8": ["", "é", "漢字", "🙂👍🏽", "", "\u0120" * 130, "ü" * 200, "a", "", "\u2581x" * 90] * 40,
+              "262k": _vocab(262_144, seed=3)}[kind]
+    if kind == "262k":  # a few long whitespace runs, as byte-level BPE vocabularies hold
+        for i in rng.sample(range(len(values)), 20):
+            values[i] = "\u0120" * rng.randint(128, 300)
+    path = tmp_path / f"{kind}.gguf"
+    _write_raw(path, "tokenizer.ggml.tokens", [v.encode() for v in values])
+    pos, expected = _reader_string_ends(path, "tokenizer.ggml.tokens")
+    buf = path.read_bytes()
+    assert gguf_strings.string_ends(buf, pos, len(values)).tolist() == expected
+    assert gguf_strings.decode_strings(buf, pos, gguf_strings.string_ends(buf, pos, len(values))) == values
+
+
+_HEADER_PEAK = """
+import json, sys, tracemalloc
+from engine.model.gguf_file import GGUFFile
+tracemalloc.start()
+gf = GGUFFile(sys.argv[1], header_only=True)
+print(json.dumps({"peak": tracemalloc.get_traced_memory()[1], "count": len(gf.metadata["tokenizer.ggml.merges"])}))
+"""
+
+
+def test_reading_a_header_allocates_by_the_array_not_the_file(tmp_path):
+    """A vocabulary whose last merge is 256 bytes or longer, followed by 64 MB of tensor data: reading the
+    header (in a fresh process) allocates a few MB, however much data follows the array."""
+    tokens = _vocab(30000, seed=2) + ["\u0120" * 64, "\u0120" * 128]
+    merges = [f"{a} {b}" for a, b in zip(tokens, tokens[1:])]  # the last one: 64 + 1 + 128 * 2 bytes
+    path = tmp_path / "long-merge.gguf"
+    w = GGUFWriter(str(path), "llama")
+    w.add_key_value("tokenizer.ggml.tokens", tokens, V.ARRAY, sub_type=V.STRING)
+    w.add_key_value("tokenizer.ggml.merges", merges, V.ARRAY, sub_type=V.STRING)
+    w.add_tensor("t", np.random.default_rng(0).standard_normal(16 << 20).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = subprocess.run([sys.executable, "-c", _HEADER_PEAK, str(path)], capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["count"] == len(merges)
+    assert result["peak"] < 16 << 20, f"reading the header allocated {result['peak'] / 2**20:.0f} MB"
 
 
 def _packed(strings: list[bytes], tail: bytes) -> bytes:

@@ -1,0 +1,102 @@
+"""GGUF tokenizers of real size (tools.synthetic_vocab: a Qwen-2.5-sized byte-level BPE, a Gemma-3-sized
+SentencePiece vocabulary as Gemma and as Llama files carry it) built in bulk by engine.model.tokenizer_gguf
+equal the plain string-by-string construction, token for token on the tokenizer fidelity texts and in
+their whole serialized pipeline, and the bulk build runs no Python code per token."""
+
+from __future__ import annotations
+
+import sys
+
+import gguf
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Tokenizer as HFTokenizer, models
+
+from engine.model import tokenizer_gguf
+from engine.model.gguf_file import GGUFFile
+from tests.engine.test_tokenizer import SPM_TEXTS, TEXTS
+from tools import synthetic_vocab
+
+# the fidelity texts, and runs of whitespace long enough to reach the 128-space tokens
+FIDELITY = TEXTS + SPM_TEXTS + [" " * 130 + "x", "a" + "\n" * 20 + "\t" * 9 + "b", "漢字テスト " * 5]
+
+
+def _reference(meta: dict) -> HFTokenizer:
+    """The tokenizer built one string at a time: each token into the map, each merge split, each split of
+    each SentencePiece token cut and looked up, sorted with Python keys."""
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    reference = HFTokenizer(models.BPE({}, []))
+    if meta["tokenizer.ggml.model"] == "gpt2":
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        reference = HFTokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    else:
+        gemma = meta["general.architecture"].startswith("gemma")
+        if gemma:
+            tokens = [tokenizer_gguf.SPIECE * len(t) if " " in t and not t.strip() and k != 4 else t
+                      for t, k in zip(tokens, types)]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        scores = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, meta["tokenizer.ggml.scores"]))
+        found = []
+        for token, score in scores.items():
+            local = [(token[:i], token[i:], score) for i in range(1, len(token))
+                     if token[:i] in vocab and token[i:] in vocab]
+            local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+            found += local
+        found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+        unk = tokens[meta["tokenizer.ggml.unknown_token_id"]]
+        reference = HFTokenizer(models.BPE(vocab, [(a, b) for a, b, _ in found], unk_token=unk, fuse_unk=True,
+                                           byte_fallback=True))
+    built = tokenizer_gguf.from_gguf(meta, "reference")  # the same normalizer, pre-tokenizer and decoder
+    reference.normalizer, reference.pre_tokenizer, reference.decoder = (
+        built.normalizer, built.pre_tokenizer, built.decoder)
+    reference.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t, k in zip(tokens, types) if k == 3])
+    reference.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == 4])
+    return reference
+
+
+def _vocabulary_file(path, kind: str, arch: str):
+    w = gguf.GGUFWriter(path, arch)
+    (synthetic_vocab.add_bpe_vocabulary if kind == "bpe" else synthetic_vocab.add_spm_vocabulary)(w)
+    w.add_tensor("t", np.ones(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module", params=[("bpe", "qwen2"), ("spm", "gemma3"), ("spm", "llama")],
+                ids=["bpe-151936", "spm-gemma3-262144", "spm-llama-262144"])
+def meta(request, tmp_path_factory):
+    kind, arch = request.param
+    path = _vocabulary_file(tmp_path_factory.mktemp("vocab") / f"{kind}-{arch}.gguf", kind, arch)
+    return GGUFFile(path).metadata
+
+
+def test_real_size_vocabularies_match_the_string_by_string_build(meta):
+    size = len(meta["tokenizer.ggml.tokens"])
+    assert size in (151_936, 262_144)
+    built, reference = tokenizer_gguf.from_gguf(meta, "bulk"), _reference(meta)
+    for text in FIDELITY:
+        for special in (False, True):
+            assert built.encode(text, add_special_tokens=special).ids == \
+                reference.encode(text, add_special_tokens=special).ids, text
+    assert built.to_str() == reference.to_str()  # every merge, in the same order
+
+
+def test_the_bulk_build_runs_no_python_per_token(meta):
+    """Python-level calls (each function, lambda or generator step) while building, counted with a
+    profiler hook: a handful per split length, never one per token or merge."""
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        calls += event == "call"
+
+    sys.setprofile(count)
+    try:
+        tokenizer_gguf.from_gguf(meta, "bulk")
+    finally:
+        sys.setprofile(None)
+    assert calls < 5_000, f"{calls} Python calls building a {len(meta['tokenizer.ggml.tokens'])}-token tokenizer"

@@ -1,4 +1,5 @@
-"""Attaching images in a real chat pane (pytest-qt, offscreen) over a real tiny model and a real store:
+"""Attaching images in a real chat pane (pytest-qt, offscreen) over real tiny models (a text-only one, a
+vision one) and a real store:
 the Image… tray, drops and pastes, the clear refusal of a model that can't see images (nothing stored,
 the draft kept), thumbnails in the transcript, and a remote pagedeck server's 400 shown on the reply."""
 from __future__ import annotations
@@ -114,18 +115,22 @@ def test_text_only_model_refuses_clearly_and_keeps_the_draft(qtbot, loop, store,
     run(loop, body())
 
 
-def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store, tiny_model, tmp_path):  # noqa: F811
+def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store, tiny_vlm_folder, tmp_path):
+    """A tiny random SmolVLM, loaded as the app loads any model (its vision tower found beside it)."""
+    import engine
+
     async def body():
-        service = await loaded_service(tiny_model)
-        service.model_can_see_images = True  # what loading a vision model sets
+        service = await loaded_service(tiny_vlm_folder)
         pane = make_pane(qtbot, store, BackendSwitch(service))
         assert service.sees_images() is True
-        service.image_tokens = lambda image, settings=None: 100  # what the vision encoder will say an image costs
+        picture = write_picture(tmp_path / "a.png", (300, 200))
+        cost = engine.image_token_count(Image.open(picture).convert("RGB"), service.tokenizer, service.vision)
+        assert cost > 16  # the vision encoder's layout: tiles, a global view and their tags
         before = int(pane.meter.text().split()[1])
-        pane.attachments.add_files([write_picture(tmp_path / "a.png", (300, 200))])
+        pane.attachments.add_files([picture])
         assert pane.error.isHidden() or not pane.error.text()
-        assert int(pane.meter.text().split()[1]) == before + 100  # the context meter counts the attached image
-        assert pane.attachments.summary.text() == "1 image attached · 100 tok"
+        assert int(pane.meter.text().split()[1]) == before + cost  # the context meter counts the attached image
+        assert pane.attachments.summary.text() == f"1 image attached · {cost} tok"
         pane.prompt.setPlainText("Describe it")
         pane.submit()
         assert not pane.attachments.images and not pane.prompt.toPlainText()
@@ -136,19 +141,37 @@ def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store,
         resource = pane.view.document().resource(QTextDocument.ResourceType.ImageResource, QUrl(f"pdimg:{user.id}/0"))
         assert isinstance(resource, QImage) and (resource.width(), resource.height()) == (160, 106)  # a thumbnail
         shown = pane.view.toPlainText()
-        assert "300x200 PNG · 100 tok" in shown and "prompt incl. 1 image: 100 tok" in shown  # caption, stats line
+        assert f"300x200 PNG · {cost} tok" in shown and f"prompt incl. 1 image: {cost} tok" in shown  # caption, stats
+        assert store.messages(pane.session.chat_id)[1].stats.prompt_tokens > cost  # the image went into the prompt
         # the branch keeps the image; so does a new version of the message
         branch = pane.session.branch(user.id)
         assert MessageImages(store).of(store.messages(branch)[0].id) == stored
         await pane.session.edit(user.id, "Describe it again")
         await wait_until(lambda: pane.session.task.done(), 60, "the edited reply")
         assert MessageImages(store).of(pane.session.messages[0].id) == stored
-        # an image-only message is a message
-        pane.attachments.add_files([write_picture(tmp_path / "c.png")])
-        pane.submit()
-        await wait_until(lambda: pane.session.task.done(), 60, "the image-only reply")
-        assert pane.session.messages[-2].content == "" and len(MessageImages(store).of(pane.session.messages[-2].id)) == 1
         await service.close()
+
+    run(loop, body())
+
+
+@pytest.mark.xfail(strict=True, reason="open defect: an Idefics3 (SmolVLM) chat template iterates content parts, "
+                   "and the app hands it a message's text as a plain string: the words are rendered as nothing, and "
+                   "an empty text (an image-only message) makes the template raise")
+def test_a_vision_model_reads_the_text_of_messages_without_images(qtbot, loop, store, tiny_vlm_folder, tmp_path):
+    async def body():
+        service = await loaded_service(tiny_vlm_folder)
+        try:
+            few = service.count_tokens([{"role": "user", "content": "Hi"}], SETTINGS)
+            many = service.count_tokens([{"role": "user", "content": "Hi " * 40}], SETTINGS)
+            assert many >= few + 39  # the words are in the prompt
+            pane = make_pane(qtbot, store, BackendSwitch(service))
+            pane.attachments.add_files([write_picture(tmp_path / "c.png")])  # an image-only message is a message
+            pane.submit()
+            await wait_until(lambda: pane.session.task.done(), 60, "the image-only reply")
+            user, reply = store.messages(pane.session.chat_id)
+            assert user.content == "" and len(MessageImages(store).of(user.id)) == 1 and reply.stats.state == "done"
+        finally:
+            await service.close()
 
     run(loop, body())
 

@@ -142,7 +142,8 @@ def spm_vocabulary(size: int = 262_144, seed: int = 0) -> tuple[list[str], list[
             text = bytes(byte_of[c] for c in t).decode("utf-8")
         except (KeyError, UnicodeDecodeError):
             continue
-        if text.strip() and text.count(" ") <= 1 and text.lstrip(" ") == text[text.count(" "):]:
+        controls = any(c < " " and c not in "\n\t" for c in text)  # a vocabulary's pieces hold no NUL, ESC, ...
+        if text.strip() and not controls and text.count(" ") <= 1 and text.lstrip(" ") == text[text.count(" "):]:
             piece(text.replace(" ", "\u2581"))
     pool = list(pieces)
     limit = size - len(GEMMA_TAIL) - len(tokens)

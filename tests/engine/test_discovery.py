@@ -3,7 +3,6 @@ real model files; headers only; unsupported ones listed with their reason; the e
 
 import json
 import shutil
-import time
 
 import gguf
 import pytest
@@ -38,7 +37,7 @@ def home(tmp_path_factory, tiny_llama_folder):
     shutil.copy(gguf_file, gguf_repo / "tiny-Q8_0.gguf")
     moe = write_tiny_model(home / "tmpmoe", "llama")
     cfg = json.loads((moe / "config.json").read_text())
-    (moe / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen3_moe", "num_experts": 8}))
+    (moe / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2_moe", "num_experts": 8}))
     shutil.move(moe, home / ".cache" / "huggingface" / "hub" / "models--acme--moe" / "snapshots" / "r")
     # LM Studio: publisher/repo/file.gguf, with a vision projector and a second split part beside it
     lm = home / ".lmstudio" / "models" / "lmstudio-community" / "tiny-GGUF"
@@ -68,9 +67,7 @@ def test_finds_every_tool_layout(home, tmp_path):
     added = tmp_path / "mine"
     added.mkdir()
     _write_arch_only_gguf(added / "notes-not-a-model.gguf", "whisper")
-    t0 = time.perf_counter()
     found = discovery.find_models([added], env={}, home=home, cache_tokens=2048)
-    elapsed = time.perf_counter() - t0
     by = {(m.source, m.name): m for m in found}
     hf = by[(discovery.HF, "tinyorg/tiny-llama")]
     assert hf.path.name == "abc123" and hf.supported and hf.info.kind == "hf"  # refs/main, not the older one
@@ -90,7 +87,6 @@ def test_finds_every_tool_layout(home, tmp_path):
     names = {m.name for m in found}
     assert not any("mmproj" in n or "00002-of" in n for n in names)
     assert all(m.estimate is not None for m in found if m.supported)
-    assert elapsed < 10  # headers only (generous: a loaded machine); no tensor data is read
 
 
 def test_found_models_load(home):

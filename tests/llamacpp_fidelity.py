@@ -1,6 +1,6 @@
 """Pagedeck's logits beside llama.cpp's on the same tiny GGUFs, one per architecture and one per ggml type:
 the files, the llama.cpp side (tools.llamacpp_peer, one subprocess for all of them) and the measures.
-`python -m tests.llamacpp_fidelity` prints the table the README quotes.
+`python -m tests.llamacpp_fidelity` prints the table docs/models/fidelity.md quotes.
 
 Every file is a tiny random model of tests.tiny_models.write_wide_gguf (rows of 256, so every type fits),
 written F32 and quantized by llama.cpp's own quantizer, one type for every matrix. The sequence is

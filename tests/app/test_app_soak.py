@@ -13,7 +13,7 @@ frame (timing is a benchmark, not a `make test` check on a shared machine). Tick
 apart and reported, not judged; PAGEDECK_SOAK_WATCH records what the loop did in each late tick. At the end the 8 chats are deleted to measure
 what they held (heap and RSS freed, against their transcripts' characters).
 
-    make soak-app     # 500 replies; figures in the README
+    make soak-app     # 500 replies; figures in docs/performance
 """
 from __future__ import annotations
 

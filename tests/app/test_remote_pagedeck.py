@@ -12,6 +12,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 @pytest.fixture(scope="module")
 def remote():
     # dense fp32: the engine promises the same greedy reply for a repeated request (cold, then from the prefix
-    # cache) only there; packed weights may flip a near-tie between the two (README, "Performance")
+    # cache) only there; packed weights may flip a near-tie between the two (docs/performance)
     with ServerThread(None, cache_tokens=8192, page_size=256, api_key="pagedeck-test", weights="dense") as server:
         yield SimpleNamespace(url=server.url, key="pagedeck-test", server=server)

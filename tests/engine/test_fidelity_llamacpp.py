@@ -7,7 +7,7 @@ Thresholds. llama.cpp is not an exact oracle. For a quantized matrix it rounds t
 Q8_0/Q8_1 blocks of 32, to Q8_K blocks of 256 for the K-, I- and T-quants), for BF16 weights it rounds
 them to BF16, and it keeps its K/V cache in F16; random layers amplify that rounding. So the KL from
 llama.cpp's distribution to pagedeck's has a floor per kind of arithmetic, measured on these files
-(`python -m tests.llamacpp_fidelity`, the README's "Fidelity against llama.cpp" table):
+(`python -m tests.llamacpp_fidelity`, the table in docs/models/fidelity.md):
 
   kind                      | KL mean, measured max | KL at one position | top-1 regret | bound (mean, position, regret)
   F32, F16 (no rounding)    | 7.6e-6                | 4.0e-5             | 0.00         | 1e-4, 1e-3, 0.02

@@ -1,7 +1,7 @@
 """The soak bench, short: 16 clients for 20 s against a real `python -m engine serve` on a tiny random model,
 with an adapter loaded and unloaded during the run. Everything the bench does not ask for must be absent (no
 5xx, no broken stream, no error outside OpenAI's shape), every page back at the end, the server healthy.
-The 10-minute, 64-client run on the default model is `make soak` (figures in the README).
+The 10-minute, 64-client run on the default model is `make soak` (figures in docs/server/soak.md).
 
 And what a long run's memory depends on, in process: the same requests repeated leave no Python objects or
 tensors behind, a model's tokenizer is not kept by the sampler's caches once the model is gone, and heap

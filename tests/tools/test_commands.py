@@ -1,4 +1,4 @@
-"""Every command README and kernels/PERF.md document starts: `python -m tools.NAME --help` and the engine's
+"""Every command the docs (docs/) show starts: `python -m tools.NAME --help` and the engine's
 benchmark commands answer with their usage (the full runs are smoke-tested by hand: they take minutes)."""
 import pkgutil
 import subprocess

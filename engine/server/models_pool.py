@@ -28,6 +28,7 @@ from .model_loader import ModelLoader
 from .served import ServedModel
 
 log = logging.getLogger(__name__)
+RESCAN_GAP_S = 2.0  # an unknown name looks in the folders again at most this often (a client may send many)
 
 
 @dataclass(eq=False)
@@ -72,6 +73,7 @@ class ModelPool:
         self._released = asyncio.Event()  # set (and replaced) whenever a request lets go of a model
         self._tasks: set[asyncio.Future] = set()
         self._closed = False
+        self._scanned = float("-inf")  # time.monotonic() of the last refresh
         self.listeners: list[Callable[[], None]] = []  # called when a model loads or unloads
 
     # ---- what exists ----------------------------------------------------------------------------
@@ -86,6 +88,7 @@ class ModelPool:
         """Read the model folders again (off the loop): new files are added, vanished unloaded ones dropped."""
         if self._discover is None:
             return
+        self._scanned = time.monotonic()
         found = await asyncio.to_thread(self._discover)
         known = {self._key(e.path): e for e in self.models.values() if e.served is not None or e.loading
                  or e.pinned}
@@ -155,7 +158,7 @@ class ModelPool:
             for e in self.models.values():
                 if e.served is not None and name in e.served.adapters:
                     return e
-            if attempt == 0:
+            if attempt == 0 and time.monotonic() - self._scanned >= RESCAN_GAP_S:
                 await self.refresh()
         raise self._not_found(name)
 

@@ -147,6 +147,26 @@ def test_unknown_model_is_a_404_in_openais_shape_naming_the_available_ones(route
     assert "no-such-model" in error["message"] and all(n in error["message"] for n in ("main", *NAMES))
 
 
+def test_ttl_and_keep_alive_are_checked_and_read_as_idle_seconds(router):
+    from engine.server.errors import ApiError
+    from engine.server.lifetime import request_ttl
+
+    assert request_ttl({}) == (False, None)
+    assert request_ttl({"ttl": 90}) == (True, 90.0)
+    assert request_ttl({"keep_alive": "1h30m"}) == (True, 5400.0)
+    assert request_ttl({"keep_alive": "250ms"}) == (True, 0.25)
+    assert request_ttl({"keep_alive": 0}) == (True, 0.0)
+    assert request_ttl({"keep_alive": -1}) == (True, None)  # Ollama's "keep it loaded"
+    assert request_ttl({"keep_alive": "-1m"}) == (True, None)
+    for bad in ({"ttl": -1}, {"ttl": "5m"}, {"ttl": True}, {"keep_alive": "soon"}, {"keep_alive": "5m "},
+                {"keep_alive": "1e3"}, {"keep_alive": [1]}, {"ttl": 5, "keep_alive": "5m"}):
+        with pytest.raises(ApiError) as info:
+            request_ttl(bad)
+        assert info.value.status == 400, bad
+    with pytest.raises(openai.BadRequestError, match="keep_alive"):
+        router.complete("main", keep_alive="soon")
+
+
 def test_first_request_loads_a_second_model_while_the_first_keeps_streaming(router, solo):
     assert "alpha" not in router.loaded()
     events: list[str] = []

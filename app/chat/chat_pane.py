@@ -12,7 +12,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QHBoxLayout, QMenu, QPushButton, QStyle, QTabWidget, QTextBrowser, QToolButton, QToolTip, QVBoxLayout, QWidget,
+    QHBoxLayout, QMenu, QPushButton, QSizePolicy, QStyle, QTabWidget, QTextBrowser, QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
 from app.chat.attachments import Attachments, shown_images
@@ -115,7 +115,7 @@ class ChatPane(PaneActions, QWidget):
         self.prompt = PromptEdit()
         self.prompt.setPlaceholderText("Message — Enter sends")
         self.prompt.setToolTip("Enter sends · Shift+Enter: a new line · Esc stops the reply")
-        self.prompt.setMaximumHeight(90)
+        self.prompt.grow(3, 6)
         self.prompt.setTabChangesFocus(True)  # Tab moves on (a keyboard user is never stuck in the box)
         self.prompt.setAccessibleDescription("Enter sends; Shift+Enter starts a new line; Esc stops the reply")
         self.send_btn = QPushButton("Send")
@@ -127,10 +127,16 @@ class ChatPane(PaneActions, QWidget):
         self.attachments.accept_drops(self, self.view.viewport(), self.prompt.viewport())
         self.attachments.problem.connect(self._show_error)
         self.attachments.changed.connect(self._attachments_changed)
+        texts = QWidget()  # ignored width: a banner or an error shown never widens the pane's minimum
+        texts.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        line = QHBoxLayout(texts)
+        line.setContentsMargins(0, 0, 0, 0)
+        line.setSpacing(4)
+        for label, stretch in ((self.state, 3), (self.banner, 6), (self.error, 6), (self.meter, 2)):
+            line.addWidget(label, stretch)
         status = QHBoxLayout()
         status.setSpacing(4)
-        for label, stretch in ((self.state, 2), (self.banner, 4), (self.error, 4), (self.meter, 2)):
-            status.addWidget(label, stretch)
+        status.addWidget(texts, 1)
         for button in (self.details_btn, self.attachments.button, self.send_btn):
             status.addWidget(button)
 

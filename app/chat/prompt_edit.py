@@ -24,6 +24,27 @@ class PromptEdit(QPlainTextEdit):
         if self.attachments is None or not self.attachments.add_mime(source):
             super().insertFromMimeData(source)
 
+    def grow(self, min_lines: int, max_lines: int) -> None:
+        """Be as tall as the text (wrapped lines) between min_lines and max_lines, scrolling past that: a short
+        message leaves the conversation its room, a long one is seen whole while it is written."""
+        self._lines = (min_lines, max_lines)
+        self.document().documentLayout().documentSizeChanged.connect(lambda _size: self._fit_height())
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        low, high = self._lines
+        lines = min(max(int(self.document().size().height()), low), high)  # a plain-text layout counts lines
+        margins = self.contentsMargins()
+        height = (lines * self.fontMetrics().lineSpacing() + 2 * int(self.document().documentMargin())
+                  + margins.top() + margins.bottom() + 2)
+        if height != self.height() or self.minimumHeight() != height:
+            self.setFixedHeight(height)
+
+    def changeEvent(self, e) -> None:  # noqa: N802
+        super().changeEvent(e)
+        if e.type() == QEvent.Type.FontChange and getattr(self, "_lines", None):
+            self._fit_height()
+
     def event(self, e) -> bool:
         """The window's Ctrl+K (command palette) wins over the text box's delete-to-end-of-line."""
         if e.type() == QEvent.Type.ShortcutOverride and e.keyCombination() == PALETTE_KEY:

@@ -1,7 +1,8 @@
 """The command palette (Ctrl+K, Ctrl+Shift+P) and the quick pick it is made of.
 
 QuickPick is a small dialog: a search box over a list; typing filters the list (every word typed must
-appear in an entry, in any order), Up/Down move, Enter picks, Esc closes. The palette fills it with every
+appear in an entry, in any order; entries whose name has them all come before those whose description
+completes them), Up/Down move, Enter picks, Esc closes. The palette fills it with every
 command of the window's menus (collect_actions walks the menu bar, so a command added to a menu is found
 with no list to keep), each with its menu, its keys and what it does; picking one triggers it. The
 "Switch model" command fills one with the recent models.
@@ -55,13 +56,13 @@ class QuickPick(QDialog):
     def filter(self, query: str) -> None:
         words = query.lower().split()
         self.list.clear()
-        for text, detail, value in self.entries:
-            haystack = f"{text} {detail}".lower()
-            if all(w in haystack for w in words):
-                item = QListWidgetItem(f"{text}    {detail}" if detail else text)
-                item.setData(DATA, value)
-                item.setToolTip(detail)
-                self.list.addItem(item)
+        by_name = [e for e in self.entries if all(w in e[0].lower() for w in words)]
+        by_detail = [e for e in self.entries if e not in by_name and all(w in f"{e[0]} {e[1]}".lower() for w in words)]
+        for text, detail, value in by_name + by_detail:  # commands named so first, then those described so
+            item = QListWidgetItem(f"{text}    {detail}" if detail else text)
+            item.setData(DATA, value)
+            item.setToolTip(detail)
+            self.list.addItem(item)
         self.list.setCurrentRow(0)
         self.empty.setVisible(self.list.count() == 0)
 

@@ -21,8 +21,8 @@ class Command:
 
     def sequences(self) -> list[QKeySequence]:
         out: list[QKeySequence] = []
-        for key in self.keys:
-            out.extend(QKeySequence.keyBindings(key) if isinstance(key, QKeySequence.StandardKey)
+        for key in self.keys:  # a standard key: the platform's main binding (not e.g. a keyboard's "New" key)
+            out.extend(QKeySequence.keyBindings(key)[:1] if isinstance(key, QKeySequence.StandardKey)
                        else [QKeySequence(key)])
         return out
 

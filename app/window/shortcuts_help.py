@@ -25,7 +25,7 @@ class ShortcutsHelp(QDialog):
         self.table.setHorizontalHeaderLabels(["Command", "Keys", "What it does"])
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
-        self.table.setWordWrap(False)
+        self.table.setWordWrap(True)
         for r, row in enumerate(rows):
             for c, text in enumerate(row):
                 self.table.setItem(r, c, QTableWidgetItem(text))
@@ -33,13 +33,14 @@ class ShortcutsHelp(QDialog):
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
         header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
         header.setStretchLastSection(True)
+        self.table.resizeRowsToContents()
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("Every command is also in the command palette (Ctrl+K)."))
         layout.addWidget(self.table, 1)
         layout.addWidget(buttons)
-        self.resize(760, 520)
+        self.resize(900, 560)
 
     def rows(self) -> list[tuple[str, str]]:
         return [(self.table.item(r, 0).text(), self.table.item(r, 1).text()) for r in range(self.table.rowCount())]

@@ -129,6 +129,8 @@ def test_the_palette_finds_and_runs_every_command(qtbot, store):
     qtbot.keyClick(palette_win.search, Qt.Key.Key_Return)
     assert len(visible_panes(window)) == 4  # the command ran (and filled four tiles)
     palette_win = window.open_palette()
+    palette_win.search.setText("stop")  # commands named so before those only described so ("Quit ... stopped")
+    assert [row.split("    ")[0] for row in palette_win.shown()][:2] == ["Chat › Stop", "Chat › Stop all"]
     palette_win.search.setText("zzz no such command")
     assert palette_win.shown() == [] and palette_win.empty.isVisibleTo(palette_win)
 

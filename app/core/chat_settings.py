@@ -33,7 +33,7 @@ class ChatSettings:
     top_p: float = _ENGINE.top_p
     min_p: float = _ENGINE.min_p
     repetition_penalty: float = _ENGINE.token_repetition_penalty
-    max_new_tokens: int = 1024
+    max_new_tokens: int | None = None  # None: until the context is full (the engine takes pages as a reply grows)
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     truncate: bool = True  # when the history outgrows the context: drop the oldest turns (system prompt kept)
@@ -80,8 +80,9 @@ class ChatSettings:
             raise ValueError(f"chat setting {exc}") from None
         if not isinstance(self.system_prompt, str):
             raise bad("system_prompt", "must be a string")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise bad("max_new_tokens", "must be an int >= 1")
+        if self.max_new_tokens is not None and (isinstance(self.max_new_tokens, bool)
+                                                or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1):
+            raise bad("max_new_tokens", "must be None (until the context is full) or an int >= 1")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
             raise bad("seed", "must be None (random) or an int >= 0")
         if not all(isinstance(s, str) and s for s in self.stop_strings):

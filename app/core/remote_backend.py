@@ -60,9 +60,10 @@ def chat_body(model: str, history: list[dict], settings: ChatSettings, tools: li
     """The chat request for a chat's history and settings; non-OpenAI sampler keys only when not neutral."""
     messages = ([{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []) + \
         [api_message(m) for m in openai_messages(history)]  # attached images as image_url parts (data: URLs)
-    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": settings.max_new_tokens,
-                            "temperature": settings.temperature, "top_p": settings.top_p,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {"model": model, "messages": messages, "temperature": settings.temperature,
+                            "top_p": settings.top_p, "stream_options": {"include_usage": True}}
+    if settings.max_new_tokens is not None:  # none: the server's default (until the context is full, usually)
+        body["max_tokens"] = settings.max_new_tokens
     if tools:
         body["tools"] = tools
         body["tool_choice"] = round_tool_choice(tool_choice, history)

@@ -55,7 +55,7 @@ class SettingsDialog(QDialog):
         self.top_p = self._double(0.01, 1.0, 0.05)
         self.min_p = self._double(0.0, 0.99, 0.01)
         self.repetition_penalty = self._double(0.5, 3.0, 0.005, decimals=3)
-        self.max_new_tokens = self._int(1, 1 << 20)
+        self.max_new_tokens = self._int(0, 1 << 20, "until the context is full")  # 0: no limit (None)
         self.seed = self._int(-1, 2**31 - 1, "random")
         self.stop_strings = QPlainTextEdit()
         self.stop_strings.setPlaceholderText("one per line; write a newline as \\n")
@@ -153,7 +153,7 @@ class SettingsDialog(QDialog):
 
     def _load(self, s: ChatSettings) -> None:
         self.system_prompt.setPlainText(s.system_prompt)
-        self.max_new_tokens.setValue(s.max_new_tokens)
+        self.max_new_tokens.setValue(s.max_new_tokens or 0)
         self.seed.setValue(-1 if s.seed is None else s.seed)
         self.stop_strings.setPlainText("\n".join(_escape(x) for x in s.stop_strings))
         self.json_mode.setChecked(s.json_mode)
@@ -220,7 +220,7 @@ class SettingsDialog(QDialog):
         return replace(
             self._base,
             system_prompt=self.system_prompt.toPlainText(),
-            max_new_tokens=self.max_new_tokens.value(),
+            max_new_tokens=self.max_new_tokens.value() or None,
             seed=None if self.seed.value() < 0 else self.seed.value(),
             stop_strings=stops,
             json_mode=self.json_mode.isChecked(),

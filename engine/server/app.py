@@ -45,7 +45,9 @@ from .served import ServedModel
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_TOKENS = 1024
+# A request without max_tokens generates until the context is full (or a stop): the generator takes pages as
+# a reply grows, so a long limit reserves nothing (as vLLM and OpenAI default).
+DEFAULT_MAX_TOKENS: int | None = None
 OPEN_PATHS = ("/health", "/metrics", "/openapi.json")
 
 
@@ -53,7 +55,7 @@ class OpenAIServer:
     """Serve `served` (settable at any time; None answers 503) on host:port until stop()."""
 
     def __init__(self, served: ServedModel | None = None, *, api_key: str | None = None,
-                 default_max_tokens: int = DEFAULT_MAX_TOKENS, allow_remote_images: bool = False,
+                 default_max_tokens: int | None = DEFAULT_MAX_TOKENS, allow_remote_images: bool = False,
                  image_limits: ImageLimits = ImageLimits(), pool: Any = None):
         self.served = served
         self.pool = pool  # engine.server.models_pool.ModelPool: requests may name any of its models

@@ -42,8 +42,8 @@ def add_serve_parser(sub, weight_formats) -> None:
     s.add_argument("--allow-remote-images", action="store_true",
                    help="let image_url parts name http(s) URLs, fetched by the server (size and time limited); "
                         "off by default: only data: URLs")
-    s.add_argument("--default-max-tokens", type=int, default=1024, metavar="N",
-                   help="max_tokens of a chat request that gives none (default 1024, capped by the context)")
+    s.add_argument("--default-max-tokens", type=int, default=None, metavar="N",
+                   help="max_tokens of a request that gives none (default: until the context is full)")
     s.add_argument("--models-dir", action="append", default=[], metavar="DIR",
                    help="also serve the models (GGUF files, HF folders) under DIR, loaded when a request names "
                         "them (repeatable); the usual model folders (HF cache, LM Studio, GPT4All, Ollama) always")

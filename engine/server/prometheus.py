@@ -57,6 +57,8 @@ class GeneratorCollector:
                 ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", "prefix_hit_tokens_total"),
                 ("vllm:prompt_tokens", "Prompt tokens of admitted jobs", "prompt_tokens_total"),
                 ("vllm:generation_tokens", "Generated tokens", "tokens_generated_total"),
+                ("vllm:num_preemptions", "Running jobs that gave their pages back (the cache ran dry) and resumed later",
+                 "preemptions_total"),
                 ("vllm:spec_decode_num_drafts", "Draft proposals (one per job per drafting step)", "drafts_total"),
                 ("vllm:spec_decode_num_draft_tokens", "Drafted tokens", "drafted_tokens_total"),
                 ("vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens", "accepted_tokens_total")):

@@ -70,7 +70,7 @@ class GenerationRequest:
         return self.filters if index == 0 or self.new_filters is None else self.new_filters()
 
 
-def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int,
+def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens: int | None,
                   images: Images | None = None) -> GenerationRequest:
     """Check an OpenAI chat (kind "chat") or completions ("completion") body; ApiError(400/404) if bad.
     `images`: the body's image parts decoded (image_requests.load_request_images); a chat with images is
@@ -229,7 +229,8 @@ def _unicode(text: str, param: str) -> str:
     return text
 
 
-def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int) -> int:
+def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int | None) -> int:
+    """The request's completion limit; without one, `default` capped by the context (None: the context's room)."""
     field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     room = max_seq_len - prompt_len
     if room < 1:
@@ -238,7 +239,7 @@ def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, defaul
                           "messages" if kind == "chat" else "prompt", "context_length_exceeded")
     value = body.get(field_name)
     if value is None:
-        return min(room, default)
+        return room if default is None else min(room, default)
     if _not_int(value) or value < 1:
         raise bad_request(f"{field_name} must be an integer >= 1, got {value!r}", field_name)
     if value > room:

@@ -144,3 +144,17 @@ def test_a_job_the_whole_cache_cannot_hold_is_refused_alone(weights):
         gen.iterate()
     assert ok.new_tokens == 20
     check_released(gen.pagetable)
+
+
+def test_drafting_jobs_under_preemption_equal_solo_runs(tiny_llama_folder):
+    """n-gram drafts take pages only where free (never preempting for them) and refilled K/V serves them."""
+    weights = Model.load(tiny_llama_folder), Tokenizer.load(tiny_llama_folder)
+    loop = prompt_ids(8, 50)[0].tolist()
+    prompts = [torch.tensor([loop * (2 + i)]) for i in range(5)]  # repeating: the n-gram index proposes drafts
+    solo = [run(generator(weights, 1024), [DynamicJob(p, 48, gen_settings=GREEDY)])[0][0] for p in prompts]
+    gen = generator(weights, 8 * PS, max_chunk_size=PS, use_ngram_draft=True)
+    squeezed, _ = run(gen, [DynamicJob(p, 48, gen_settings=GREEDY) for p in prompts], checked)
+    assert squeezed == solo
+    m = gen.metrics()
+    assert m["preemptions_total"] > 0 and m["drafted_tokens_total"] > 0
+    check_released(gen.pagetable)

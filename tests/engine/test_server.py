@@ -276,5 +276,18 @@ def test_api_key_is_required_when_set(tiny_llama_folder):
         assert status == 401 and body["error"]["code"] == "invalid_api_key" and "Missing API key" in body["error"]["message"]
         assert post(s.url + "/v1/chat/completions", {"messages": QUESTION, "max_tokens": 2}, key="s3cret")[0] == 200
         with urllib.request.urlopen(s.url + "/metrics") as r:  # open, as in vLLM, for Prometheus scrapers
-            assert metric(r.read().decode(), "pagedeck:api_requests_total") == 1
+            text = r.read().decode()
+            assert metric(text, "pagedeck:api_requests_total") == 1 and metric(text, "vllm:num_preemptions_total") == 0
         assert s.client().models.list().data[0].id == s.model_name
+
+
+def test_a_request_without_max_tokens_may_fill_the_context():
+    """Pages are taken as a reply grows, so a request that names no limit gets the whole room the context
+    leaves (as OpenAI and vLLM); --default-max-tokens still caps it where an operator wants a cap."""
+    from engine.server.app import DEFAULT_MAX_TOKENS
+    from engine.server.requests import _max_tokens
+
+    assert DEFAULT_MAX_TOKENS is None
+    assert _max_tokens({}, "chat", 100, 4096, DEFAULT_MAX_TOKENS) == 3996
+    assert _max_tokens({}, "chat", 100, 4096, 8) == 8
+    assert _max_tokens({"max_tokens": 50}, "chat", 100, 4096, DEFAULT_MAX_TOKENS) == 50

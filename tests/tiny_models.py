@@ -17,6 +17,7 @@ LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "hi
 WEIGHT_STD = 0.25
 WINDOW = 16  # sliding windows shorter than the test prompts, so they matter
 GEMMAS = ("gemma", "gemma2", "gemma3")
+MOE_ARCHS = ("qwen3moe", "mixtral")  # mixture of experts: 8 experts, 2 per token
 # Per-arch shapes and features of the tiny models (query_pre_attn_scalar = head_dim, as llama.cpp assumes
 # for every Gemma but the 27B ones, so the GGUF form computes the same thing).
 _TINY = {
@@ -28,6 +29,10 @@ _TINY = {
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}),
     # Phi-3.5/4-mini-like: LongRoPE past 64 tokens, half the head dims rotated, a sliding window
+    # three layers, the middle one a dense MLP (mlp_only_layers), experts narrower than it
+    "qwen3moe": dict(num_hidden_layers=3, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                     mlp_only_layers=[1], norm_topk_prob=True),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
     "phi3-long": dict(max_position_embeddings=512, original_max_position_embeddings=64, partial_rotary_factor=0.5,
                       sliding_window=24),
 }
@@ -62,9 +67,10 @@ def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: b
     classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
                "gemma": transformers.GemmaConfig, "gemma2": transformers.Gemma2Config,
-               "gemma3": transformers.Gemma3TextConfig, "phi3": transformers.Phi3Config}
+               "gemma3": transformers.Gemma3TextConfig, "phi3": transformers.Phi3Config,
+               "qwen3moe": transformers.Qwen3MoeConfig, "mixtral": transformers.MixtralConfig}
     if arch not in classes:
-        raise ValueError(f"unknown tiny model arch {arch!r}; choose from {ARCHS}")
+        raise ValueError(f"unknown tiny model arch {arch!r}; choose from {ARCHS + MOE_ARCHS}")
     if arch == "phi3":
         kwargs.pop("head_dim")  # Phi-3 has no head_dim field: hidden / heads = 16 anyway
     if rope_scaling is not None:

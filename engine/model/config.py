@@ -15,7 +15,8 @@ import torch
 
 from . import rope, vlm_text
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral")
+MOE_ARCHS = ("qwen3moe", "mixtral")  # mixture-of-experts feed-forward (engine.model.moe)
 SUPPORTED_ROPE_TYPES = rope.SUPPORTED_ROPE_TYPES
 ACTIVATIONS = ("silu", "gelu_tanh")  # gated MLP: SwiGLU, GeGLU
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types values
@@ -30,6 +31,8 @@ _HF_ARCHS = {
     "gemma2": "gemma2", "Gemma2ForCausalLM": "gemma2",
     "gemma3_text": "gemma3", "Gemma3ForCausalLM": "gemma3",
     "phi3": "phi3", "Phi3ForCausalLM": "phi3",
+    "qwen3_moe": "qwen3moe", "Qwen3MoeForCausalLM": "qwen3moe",
+    "mixtral": "mixtral", "MixtralForCausalLM": "mixtral",
 }
 # GGUF `general.architecture` -> our arch name (llama.cpp writes Mistral as "llama").
 _GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")}
@@ -43,10 +46,11 @@ def _unsupported(name: Any, source: str) -> ValueError:
     )
 
 
-def _moe(name: Any, experts: Any) -> NotImplementedError:
+def _moe(name: Any, experts: Any, gguf: bool = False) -> NotImplementedError:
+    what = "in a GGUF file" if gguf else "of a family pagedeck does not run"
     return NotImplementedError(
-        f"{name} is a mixture-of-experts model ({experts} experts); MoE models are not supported yet. "
-        f"Dense models of the supported families ({', '.join(SUPPORTED_ARCHS)}) are.")
+        f"{name} is a mixture-of-experts model ({experts} experts) {what}, which is not supported yet: of MoE "
+        f"models pagedeck runs Qwen3-MoE and Mixtral, from HF safetensors folders only for now.")
 
 
 @dataclass
@@ -82,6 +86,14 @@ class ModelConfig:
     sliding_rope_theta: float | None = None  # sliding layers' own rope base, unscaled (Gemma 3)
     rotary_dim: int | None = None  # rotate only each head's first dims (partial rotary); None: all
     fused_projections: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
+    # Mixture of experts (engine.model.moe): a sparse layer's MLP is a router over num_experts gated MLPs of
+    # moe_intermediate_size, of which each token runs its experts_per_token best (weights renormalised to sum
+    # to 1 where norm_topk_prob). sparse_layers: which layers are sparse (None: all of them, when num_experts).
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    sparse_layers: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -104,6 +116,12 @@ class ModelConfig:
                 raise ValueError(f"layer_types must name {self.num_layers} layers as {SLIDING!r} or {FULL!r}")
             if SLIDING in self.layer_types and not self.sliding_window:
                 raise ValueError("layer_types has sliding-window layers but sliding_window is not set")
+        if self.num_experts:
+            if not 0 < self.experts_per_token <= self.num_experts or self.moe_intermediate_size <= 0:
+                raise ValueError(f"MoE config needs 0 < experts_per_token ({self.experts_per_token}) <= num_experts "
+                                 f"({self.num_experts}) and a positive moe_intermediate_size")
+            if self.sparse_layers is not None and len(self.sparse_layers) != self.num_layers:
+                raise ValueError(f"sparse_layers must name {self.num_layers} layers")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type")
             if kind not in SUPPORTED_ROPE_TYPES:
@@ -124,6 +142,10 @@ class ModelConfig:
     @property
     def attn_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_is_sparse(self, i: int) -> bool:
+        """Whether layer i's MLP is a mixture of experts."""
+        return bool(self.num_experts) and (self.sparse_layers is None or self.sparse_layers[i])
 
     def layer_window(self, i: int) -> int | None:
         """The sliding window of layer i, or None where it attends to everything."""
@@ -163,11 +185,11 @@ class ModelConfig:
         cfg = vlm_text.text_config(cfg)
         name = cfg.get("model_type") or (cfg.get("architectures") or [None])[0]
         experts = next((cfg[k] for k in _MOE_KEYS if cfg.get(k)), None)
-        if experts or "moe" in str(name).lower():
-            raise _moe(name, experts or "several")
         arch = _HF_ARCHS.get(name)
         if arch is None and cfg.get("architectures"):
             arch = _HF_ARCHS.get(cfg["architectures"][0])
+        if (experts or "moe" in str(name).lower()) and arch not in MOE_ARCHS:
+            raise _moe(name, experts or "several")
         if arch is None:
             raise _unsupported(name, "config.json (model_type)")
         try:
@@ -183,7 +205,7 @@ class ModelConfig:
         name = meta.get("general.architecture")
         experts = meta.get(f"{name}.expert_count")
         if experts or "moe" in str(name).lower():
-            raise _moe(name, experts or "several")
+            raise _moe(name, experts or "several", gguf=True)
         arch = _GGUF_ARCHS.get(name)
         if arch is None:
             raise _unsupported(name, "GGUF metadata (general.architecture)")
@@ -212,7 +234,8 @@ def _hf_fields(arch: str, cfg: dict) -> dict:
     act = {"swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}.get(act, act)
     if arch in _GEMMAS and act == "gelu":
         act = "gelu_tanh"  # Gemma 1 configs say "gelu"; transformers runs (and trained) the tanh form
-    sliding = cfg.get("sliding_window") if arch not in ("qwen2", "qwen3") or cfg.get("use_sliding_window") else None
+    qwen = arch in ("qwen2", "qwen3", "qwen3moe")
+    sliding = cfg.get("sliding_window") if not qwen or cfg.get("use_sliding_window") else None
     gemma = arch in _GEMMAS
     return dict(
         arch=arch,
@@ -229,7 +252,7 @@ def _hf_fields(arch: str, cfg: dict) -> dict:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
         # Qwen2 always has q/k/v biases; its config has no flag
         attention_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=arch in ("qwen3", "gemma3"),
+        qk_norm=arch in ("qwen3", "gemma3", "qwen3moe"),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=_as_id_list(cfg.get("eos_token_id")),
@@ -246,7 +269,25 @@ def _hf_fields(arch: str, cfg: dict) -> dict:
         sliding_rope_theta=sliding_rope,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
         fused_projections=arch == "phi3",
+        **_hf_moe_fields(arch, cfg, n_layers),
     )
+
+
+def _hf_moe_fields(arch: str, cfg: dict, n: int) -> dict:
+    """The experts of a Qwen3-MoE or Mixtral config.json. Qwen3-MoE: layer i is sparse unless listed in
+    mlp_only_layers, every decoder_sparse_step-th layer, its experts moe_intermediate_size wide (dense layers
+    intermediate_size); Mixtral: every layer, experts intermediate_size wide, weights always renormalised."""
+    if arch not in MOE_ARCHS:
+        return {}
+    experts = int(next((cfg[k] for k in _MOE_KEYS if cfg.get(k)), 0))
+    if arch == "mixtral":
+        return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True)
+    step, dense = int(cfg.get("decoder_sparse_step", 1) or 1), set(cfg.get("mlp_only_layers") or ())
+    sparse = [i not in dense and (i + 1) % step == 0 for i in range(n)]
+    return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                moe_intermediate_size=int(cfg["moe_intermediate_size"]),
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), sparse_layers=None if all(sparse) else sparse)
 
 
 def _hf_layer_types(arch: str, cfg: dict, n: int) -> list[str] | None:
@@ -258,7 +299,7 @@ def _hf_layer_types(arch: str, cfg: dict, n: int) -> list[str] | None:
     if arch == "gemma3":
         pattern = int(cfg.get("sliding_window_pattern", 6))
         return [SLIDING if (i + 1) % pattern else FULL for i in range(n)]
-    if arch in ("qwen2", "qwen3"):
+    if arch in ("qwen2", "qwen3", "qwen3moe"):
         first = int(cfg.get("max_window_layers", n))
         return [SLIDING if i >= first else FULL for i in range(n)]
     return None  # every layer

@@ -18,6 +18,7 @@ from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS, is_gguf
 from .config import ModelConfig
 from .embedding import GGMLRows
 from .memory import check_fits
+from .moe import MoEBlock, build as build_moe
 from .qlinear import PackedLinear, Q8Linear, cat_packed
 from .heap import release_freed_memory
 from .weights import default_model_path, load_weights
@@ -33,15 +34,17 @@ class Layer:
     o: torch.Tensor
     attn_out_norm: torch.Tensor | None  # sandwich norm on the attention output (Gemma 2/3)
     post_norm: torch.Tensor  # the MLP's input norm
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | None  # None in a sparse layer: its MLP is `moe`
+    down: torch.Tensor | None
     mlp_out_norm: torch.Tensor | None  # sandwich norm on the MLP output
     window: int | None = None  # sliding window of this layer's attention
     sliding_rope: bool = False  # rotate with the sliding layers' own rope base (Gemma 3)
+    moe: MoEBlock | None = None  # a mixture-of-experts MLP (engine.model.moe) in place of gate_up and down
 
     def weights(self) -> list:
         """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes."""
-        return [t for name, t in vars(self).items() if name not in ("window", "sliding_rope") and t is not None]
+        own = [t for name, t in vars(self).items() if name not in ("window", "sliding_rope", "moe") and t is not None]
+        return own + (self.moe.weights() if self.moe is not None else [])
 
 
 @dataclass
@@ -145,6 +148,7 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         if c.attention_bias:
             bias = get(a + "qkv_proj.bias") if c.fused_projections else torch.cat(
                 [get(a + f"{n}_proj.bias") for n in "qkv"])
+        sparse = build_moe(c, p, get, fused) if c.layer_is_sparse(i) else None
         layers.append(Layer(
             input_norm=get(p + "input_layernorm.weight"),
             qkv=fused([a + f"{n}_proj.weight" for n in "qkv"], a + "qkv_proj.weight"),
@@ -154,11 +158,13 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
             o=get(a + "o_proj.weight"),
             attn_out_norm=get(p + "post_attention_layernorm.weight") if sandwich else None,
             post_norm=get(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
-            gate_up=fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "mlp.gate_up_proj.weight"),
-            down=get(p + "mlp.down_proj.weight"),
+            gate_up=None if sparse else fused([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                                              p + "mlp.gate_up_proj.weight"),
+            down=None if sparse else get(p + "mlp.down_proj.weight"),
             mlp_out_norm=get(p + "post_feedforward_layernorm.weight") if sandwich else None,
             window=c.layer_window(i),
             sliding_rope=c.layer_uses_sliding_rope(i),
+            moe=sparse,
         ))
     packed = any(isinstance(t, PackedLinear) for t in [embed, head] + [t for lr in layers for t in lr.weights()])
     weight_format = fmt if packed else "dense"  # a GGUF without quantized matrices loads dense

@@ -46,6 +46,19 @@ _UNSUPPORTED = {
 _KEY = re.compile(r"^(?:.*\.)?layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.(lora_A|lora_B)(?:\.[^.]+)?\.weight$")
 
 
+_MOE_KEY = re.compile(r"layers\.(\d+)\.(?:block_sparse_moe\.|mlp\.(?:experts\.|gate\.|(?:gate|up|down)_proj\.))")
+
+
+def _refuse_experts(key: str, config, where: str) -> None:
+    """Adapters on a mixture-of-experts layer's MLP (its experts, router or the MLP names of a sparse layer)
+    are refused: the engine applies LoRA to dense projections only."""
+    m = _MOE_KEY.search(key) if config.num_experts else None
+    if m is not None and ("experts." in m[0] or "gate." in m[0] or config.layer_is_sparse(int(m[1]))):
+        raise ValueError(f"{where}: tensor {key!r} adapts the mixture-of-experts MLP of layer {m[1]}; LoRA on "
+                         "experts and routers is not supported yet (adapters on attention, or on a dense "
+                         "layer's MLP, are)")
+
+
 class MissingAdapterFile(FileNotFoundError, ValueError):
     """An adapter folder lacks a file PEFT writes (a ValueError too, so callers can catch bad adapters alike)."""
 
@@ -124,6 +137,7 @@ class LoRA:
         geometry = Geometry.of(model)
         pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
         for key, tensor in tensors.items():
+            _refuse_experts(key, model.config, where)
             m = _KEY.match(key)
             if m is None:
                 raise ValueError(f"{where}: unsupported tensor {key!r} (only LoRA A/B weights of "

@@ -1,9 +1,10 @@
-"""The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3) running over the paged K/V cache.
+"""The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, Qwen3-MoE, Mixtral) running over the paged K/V cache.
 
 Weights are kept fused where it saves kernel launches (q|k|v and gate|up), as engine.model.loader builds
 them; everything else is the plain transformer, so a reader can check it against the paper in one sitting. Architectures differ only by
 ModelConfig features: extra norms around attention and MLP (Gemma 2/3), q/k norms, GeGLU, embedding
-scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary.
+scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary, and a
+mixture of experts in place of the MLP (engine.model.moe).
 """
 from __future__ import annotations
 
@@ -243,19 +244,28 @@ class Model:
             if layer.attn_out_norm is not None:
                 x = kernels.rms_norm(x, layer.attn_out_norm, eps)[0]
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual, packed)
-            if swiglu:
-                a = linear(h, layer.gate_up, rows=rows, act="swiglu")
+            if layer.moe is not None:  # a mixture of experts (LoRA adapters never target it: engine.model.lora)
+                x = layer.moe(h)
             else:
-                gu = linear(h, layer.gate_up, rows=rows)
-                if lora is not None:
-                    lora.add(i, "gate_up", h, gu)
-                a = self.act(gu)
-            x = linear(a, layer.down, rows=rows)
-            if lora is not None:
-                lora.add(i, "down", a, x)
+                x = self._mlp(i, layer, h, rows, lora, swiglu)
             if layer.mlp_out_norm is not None:
                 x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
         return x, residual
+
+    def _mlp(self, i: int, layer: Layer, h: torch.Tensor, rows: RowSplit | None, lora: "LoRAApply | None",
+             swiglu: bool) -> torch.Tensor:
+        """A dense layer's gated MLP (and its adapters' updates)."""
+        if swiglu:
+            a = linear(h, layer.gate_up, rows=rows, act="swiglu")
+        else:
+            gu = linear(h, layer.gate_up, rows=rows)
+            if lora is not None:
+                lora.add(i, "gate_up", h, gu)
+            a = self.act(gu)
+        x = linear(a, layer.down, rows=rows)
+        if lora is not None:
+            lora.add(i, "down", a, x)
+        return x
 
     def _attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan,
                    rotary: Rotary) -> torch.Tensor:

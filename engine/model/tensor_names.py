@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import repack
+from engine.model import moe, repack
 from engine.model.config import ModelConfig
 
 
@@ -23,8 +23,11 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
             names += [p + "self_attn.qkv_proj.bias"] if fused else [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        names += [p + "mlp.gate_up_proj.weight"] if fused else [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        names.append(p + "mlp.down_proj.weight")
+        if config.layer_is_sparse(i):
+            names += moe.tensor_names(config, p)
+        else:
+            names += [p + "mlp.gate_up_proj.weight"] if fused else [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            names.append(p + "mlp.down_proj.weight")
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         if config.sandwich_norm:
             names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
@@ -46,7 +49,8 @@ def tensor_shapes(c: ModelConfig, names: list[str] | None = None) -> dict[str, t
         "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
         "layernorm.weight": (h,), "norm.weight": (h,),
     }
-    return {n: next(s for k, s in by_suffix.items() if n.endswith(k)) for n in (expected_tensor_names(c) if names is None else names)}
+    return {n: moe.tensor_shape(c, n) or next(s for k, s in by_suffix.items() if n.endswith(k))
+            for n in (expected_tensor_names(c) if names is None else names)}
 
 
 def keeps_dense_copy(config: ModelConfig, fmt: str, stored_type) -> bool:

@@ -269,11 +269,14 @@ def test_from_hf_reads_v4_layouts_of_gemma3_and_phi3():
 
 
 def test_from_hf_refuses_mixture_of_experts_clearly():
+    """MoE families other than Qwen3-MoE and Mixtral (engine.model.moe) are refused by name."""
     import transformers
 
-    for cfg in (transformers.Qwen3MoeConfig(), transformers.MixtralConfig(), transformers.Qwen2MoeConfig()):
+    for cfg in (transformers.Qwen2MoeConfig(), transformers.GptOssConfig()):
         with pytest.raises(NotImplementedError, match="mixture-of-experts.*not supported yet"):
             ModelConfig.from_hf(cfg.to_dict())
+    for cfg in (transformers.Qwen3MoeConfig(), transformers.MixtralConfig()):
+        assert ModelConfig.from_hf(cfg.to_dict()).num_experts > 1
 
 
 def test_from_gguf_refuses_mixture_of_experts_clearly(tmp_path):

@@ -1,0 +1,111 @@
+"""Mixture-of-experts feed-forward blocks (Qwen3-MoE, Mixtral): the router, the experts, their tensors.
+
+A sparse layer's MLP is a router, a (num_experts, hidden) matrix, and num_experts gated MLPs (SwiGLU, each
+its own [gate | up] and down, moe_intermediate_size wide). Each token's router logits go through a softmax
+over all experts; the token runs its top-k experts and sums their outputs weighted by those probabilities,
+renormalised to sum to 1 where the config says so (Qwen3-MoE's norm_topk_prob; Mixtral always, which is the
+same as its softmax over the top-k logits).
+
+In a batched step the (row, k) choices are flattened and sorted by expert (a stable argsort), so each expert
+that any row chose runs one matmul over exactly its rows, through qlinear.linear (dense or packed weights
+alike); the weighted outputs are scattered back with index_add_. A row's experts depend on its own router
+logits only, and its output is the sum of its experts' rows added in expert order: neither depends on what
+else is in the batch. Experts are kept as one matrix per expert (not a 3-D stack) so a packed format
+applies to each as to any other projection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .qlinear import linear
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+
+# HF tensor names under a layer's prefix: the MLP module, router, and per-expert (gate, up, down) names
+_HF_NAMES = {
+    "qwen3moe": ("mlp.", "gate.weight", ("gate_proj.weight", "up_proj.weight", "down_proj.weight")),
+    "mixtral": ("block_sparse_moe.", "gate.weight", ("w1.weight", "w3.weight", "w2.weight")),
+}
+
+
+@dataclass
+class MoEBlock:
+    """One sparse layer's MLP: a dense router and per-expert [gate | up] and down weights."""
+    router: torch.Tensor  # (num_experts, hidden), always dense: routing is where rounding would flip choices
+    gate_up: list  # per expert: (2 * moe_intermediate, hidden), a tensor or a PackedLinear
+    down: list  # per expert: (hidden, moe_intermediate)
+    top_k: int
+    norm_topk: bool
+
+    def weights(self) -> list:
+        return [self.router, *self.gate_up, *self.down]
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights (T, k) in h's dtype, experts (T, k)) of each row: softmax over all experts in fp32, top-k,
+        renormalised where norm_topk."""
+        probs = torch.softmax(F.linear(h, self.router), dim=-1, dtype=torch.float32)
+        top, experts = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return top.to(h.dtype), experts
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        """The block's output for rows h (T, hidden)."""
+        weights, experts = self.route(h)
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # choices grouped by expert, rows ascending within each
+        rows = order // self.top_k
+        scale = weights.reshape(-1).index_select(0, order).unsqueeze(1)
+        counts = torch.bincount(flat, minlength=len(self.gate_up)).tolist()
+        out = torch.zeros_like(h)
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            sel = rows[start:start + n]
+            a = linear(h.index_select(0, sel), self.gate_up[e], act="swiglu")
+            out.index_add_(0, sel, linear(a, self.down[e]) * scale[start:start + n])
+            start += n
+        return out
+
+
+def tensor_names(config: "ModelConfig", prefix: str) -> list[str]:
+    """The HF tensor names of a sparse layer's MLP (prefix: "model.layers.{i}.")."""
+    module, router, (gate, up, down) = _HF_NAMES[config.arch]
+    p = prefix + module
+    return [p + router] + [p + f"experts.{e}.{n}" for e in range(config.num_experts) for n in (gate, up, down)]
+
+
+def tensor_shape(config: "ModelConfig", name: str) -> tuple[int, int] | None:
+    """The shape of an MoE tensor name (None for any other name)."""
+    if config.arch not in _HF_NAMES:
+        return None
+    module, router, (gate, up, down) = _HF_NAMES[config.arch]
+    h, i = config.hidden_size, config.moe_intermediate_size
+    if f".{module}experts." in name:
+        return (h, i) if name.endswith(down) else (i, h)
+    if name.endswith(module + router):
+        return (config.num_experts, h)
+    return None
+
+
+def build(config: "ModelConfig", prefix: str, get: Callable[[str], object],
+          fuse: Callable[[list[str], str], object]) -> MoEBlock:
+    """A sparse layer's block from the loader's `get` (one tensor) and `fuse` (parts into one matrix,
+    dropping the parts) over an HF-named state dict."""
+    module, router, (gate, up, down) = _HF_NAMES[config.arch]
+    p = prefix + module
+    e_names = [p + f"experts.{e}." for e in range(config.num_experts)]
+    router_w = get(p + router)
+    if not isinstance(router_w, torch.Tensor):
+        raise NotImplementedError(f"{p + router}: a packed (quantized) MoE router is not supported; "
+                                  "load the model with weights='dense'")
+    return MoEBlock(router=router_w,
+                    gate_up=[fuse([e + gate, e + up], e + "gate_up_proj.weight") for e in e_names],
+                    down=[get(e + down) for e in e_names],
+                    top_k=config.experts_per_token, norm_topk=config.norm_topk_prob)

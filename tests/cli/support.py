@@ -9,11 +9,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def cli_env(tmp: Path, **extra: str) -> dict:
-    """HOME, the app's data folder (XDG_DATA_HOME) and the Hub cache under tmp: nothing of the user's is read."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "OLLAMA", "XDG_"))}
-    env.update(HOME=str(tmp / "home"), XDG_DATA_HOME=str(tmp / "data"), XDG_CACHE_HOME=str(tmp / "cache"),
-               HF_HUB_CACHE=str(tmp / "hub"), PROMPT_TOOLKIT_NO_CPR="1", TERM="xterm", **extra)
+def cli_env(tmp: Path, own_home: bool = True, **extra: str) -> dict:
+    """The app's data folder (XDG_DATA_HOME) and the Hub cache under tmp, HOME too unless own_home is False
+    (the built CPU kernels are cached under the real one: a fresh home would compile them again)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "OLLAMA", "XDG_DATA"))}
+    if own_home:
+        env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "cache"))
+    env.update(XDG_DATA_HOME=str(tmp / "data"), HF_HUB_CACHE=str(tmp / "hub"), PROMPT_TOOLKIT_NO_CPR="1",
+               TERM="xterm", **extra)
     return env
 
 

@@ -51,11 +51,11 @@ def charge(folders) -> int:
 
 
 class Served:
-    def __init__(self, url: str, proc: subprocess.Popen):
-        self.url, self.proc = url, proc
+    def __init__(self, url: str, proc: subprocess.Popen | None, timeout: float = 300):
+        self.url, self.proc, self.timeout = url, proc, timeout
 
     def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=self.timeout)
 
     def models(self) -> dict[str, dict]:
         with urllib.request.urlopen(self.url + "/v1/models", timeout=120) as r:
@@ -297,3 +297,118 @@ def wait_for(predicate, what: str, timeout: float = 120) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.2)
+
+
+# ------------------------------------------------------------- in-process: what the loop does meanwhile
+class PoolThread:
+    """The router in this process (its own loop thread, as serve runs it), so a test can hold a load or a
+    model's generator and see what the others do meanwhile."""
+
+    def __init__(self, folders):
+        import asyncio
+
+        self.folders = folders
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.url = self.call(self._start())
+
+    async def _start(self) -> str:
+        from engine.model.discovery import find_models
+        from engine.server import OpenAIServer
+        from engine.server.model_loader import ModelLoader
+        from engine.server.models_pool import ModelPool
+
+        loader = ModelLoader(cache_tokens=CACHE_TOKENS)
+        main = await loader.load(self.folders["main"], "main")
+        home = self.folders["root"] / "home"
+        self.pool = ModelPool(loader, discover=lambda: find_models([self.folders["dir"]], env={}, home=home,
+                                                                  cache_tokens=CACHE_TOKENS))
+        self.pool.add_loaded(main, self.folders["main"])
+        await self.pool.refresh()
+        self.server = OpenAIServer(main, pool=self.pool)
+        return await self.server.start("127.0.0.1", 0)
+
+    def call(self, coro, timeout: float = 300):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        async def stop():
+            await self.server.stop()
+            await self.pool.close()
+            await self.pool.models["main"].served.generator.close()
+
+        self.call(stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
+@pytest.fixture
+def pool_thread(folders):
+    p = PoolThread(folders)
+    yield p
+    p.close()
+
+
+def test_a_model_loading_holds_no_other_model_back(pool_thread, monkeypatch, solo):
+    """alpha's load is stopped inside (reading its weights) until main has streamed a whole reply: a load on
+    the event loop, or one that blocks other requests, would never let main's stream finish."""
+    import engine.model.model_and_tokenizer as mt
+
+    served = Served(pool_thread.url, None, timeout=60)
+    real, entered, gate = mt.load_model_and_tokenizer, threading.Event(), threading.Event()
+
+    def held(*args, **kwargs):
+        entered.set()
+        assert gate.wait(300)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mt, "load_model_and_tokenizer", held)
+    result = {}
+    asking = threading.Thread(target=lambda: result.setdefault("alpha", served.complete("alpha")))
+    asking.start()
+    try:
+        assert entered.wait(120)
+        assert served.models()["alpha"]["status"] == "loading"
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        stream = client.completions.create(model="main", prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        assert "".join(c.choices[0].text for c in stream) == solo("main", 40)
+        assert "alpha" not in result
+    finally:
+        gate.set()
+        asking.join(300)
+    assert result["alpha"] == solo("alpha")
+    assert served.loaded() == {"main", "alpha"}
+
+
+def test_a_model_whose_generator_is_held_holds_no_other_model_back(pool_thread, solo):
+    """beta's generator is stopped between steps and a request to beta waits: gamma's request still gets its
+    whole reply (its own generator), and beta's reply then comes as if nothing happened."""
+    import asyncio
+
+    served = Served(pool_thread.url, None, timeout=60)
+    assert served.complete("beta") == solo("beta")  # loaded
+    beta = pool_thread.pool.models["beta"].served.generator
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(_gen):
+        holding.set()
+        release.wait(300)
+
+    held = asyncio.run_coroutine_threadsafe(beta.run_on_worker(hold), pool_thread.loop)
+    result = {}
+    asking = threading.Thread(target=lambda: result.setdefault("beta", served.complete("beta", 16)))
+    try:
+        assert holding.wait(120)
+        asking.start()
+        wait_for(lambda: pool_thread.pool.models["beta"].active == 1, "beta's request to reach the server")
+        assert served.complete("gamma") == solo("gamma")
+        assert "beta" not in result
+    finally:
+        release.set()
+        held.result(120)
+        asking.join(300)
+    assert result["beta"] == solo("beta", 16)

@@ -213,8 +213,9 @@ def test_cancel_wakes_the_consumer_and_frees_the_pages(tiny, monkeypatch):
 
     held, rest, after_cancel, other_results, final = run(main())
     assert rest[-1]["eos"] and rest[-1]["eos_reason"] == "cancelled"
-    # The 420 tokens reserved for the victim (27 pages of 16) were released by cancel().
-    assert held == 27 and after_cancel["victim_pages"] == 0
+    # The victim held pages for what it had written (its 20-token prompt and first tokens: 2 pages of 16, a few
+    # more if the worker ran on meanwhile; never its 420-token budget's 27), and cancel() released them.
+    assert 2 <= held < 27 and after_cancel["victim_pages"] == 0
     assert after_cancel["pages_referenced"] == after_cancel["other_pages"] and after_cancel["active_jobs"] <= 1
     assert tokens_of(other_results) == expected_other  # the job beside it was not disturbed
     assert final["pages_referenced"] == 0 and final["active_jobs"] == 0 and final["pending_jobs"] == 0

@@ -162,7 +162,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     cfg = json.loads((hf_folder / "config.json").read_text())
     files = sorted(hf_folder.glob("*.safetensors"))
     state = {k: v for f in files for k, v in load_file(f).items()}
-    arch = {"mistral": "llama", "gemma3_text": "gemma3"}.get(cfg["model_type"], cfg["model_type"])
+    arch = {"mistral": "llama", "gemma3_text": "gemma3", "qwen3_moe": "qwen3moe"}.get(cfg["model_type"], cfg["model_type"])
     n_layers, hidden = cfg["num_hidden_layers"], cfg["hidden_size"]
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or hidden // heads
@@ -205,6 +205,15 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
             w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
             w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    if arch == "qwen3moe":  # every layer sparse (llama.cpp's layout), experts stacked into 3-D tensors
+        experts = cfg.get("num_experts") or cfg["num_local_experts"]
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        for i in range(n_layers):
+            for part, gguf_part in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
+                stacked = [state.pop(f"model.layers.{i}.mlp.experts.{e}.{part}.weight") for e in range(experts)]
+                w.add_tensor(f"blk.{i}.ffn_{gguf_part}_exps.weight", torch.stack(stacked).float().numpy())
     if callable(tokenizer):
         tokenizer(w)
     elif tokenizer:

@@ -35,7 +35,8 @@ _HF_ARCHS = {
     "mixtral": "mixtral", "MixtralForCausalLM": "mixtral",
 }
 # GGUF `general.architecture` -> our arch name (llama.cpp writes Mistral as "llama").
-_GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3")}
+_GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe")}
+_GGUF_MOE_ARCHS = ("qwen3moe",)  # MoE GGUF files read (Mixtral's, written as "llama", are not yet)
 _GEMMAS = ("gemma", "gemma2", "gemma3")
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
@@ -50,7 +51,7 @@ def _moe(name: Any, experts: Any, gguf: bool = False) -> NotImplementedError:
     what = "in a GGUF file" if gguf else "of a family pagedeck does not run"
     return NotImplementedError(
         f"{name} is a mixture-of-experts model ({experts} experts) {what}, which is not supported yet: of MoE "
-        f"models pagedeck runs Qwen3-MoE and Mixtral, from HF safetensors folders only for now.")
+        f"models pagedeck runs Qwen3-MoE (HF safetensors folders and GGUF files) and Mixtral (HF folders only).")
 
 
 @dataclass
@@ -204,7 +205,7 @@ class ModelConfig:
         meta = _gguf_metadata(reader)
         name = meta.get("general.architecture")
         experts = meta.get(f"{name}.expert_count")
-        if experts or "moe" in str(name).lower():
+        if (experts or "moe" in str(name).lower()) and name not in _GGUF_MOE_ARCHS:
             raise _moe(name, experts or "several", gguf=True)
         arch = _GGUF_ARCHS.get(name)
         if arch is None:
@@ -355,7 +356,20 @@ def _gguf_fields(arch: str, name: str, meta: dict, reader: Any) -> dict:
         sliding_rope_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
         rotary_dim=rope_dim if rope_dim != head_dim else None,
         fused_projections="blk.0.attn_qkv.weight" in tensors,
+        **_gguf_moe_fields(get, tensors, n_layers),
     )
+
+
+def _gguf_moe_fields(get: Any, tensors: set[str], n: int) -> dict:
+    """A MoE GGUF's experts (llama.cpp's keys); a layer is sparse where it has a router (ffn_gate_inp).
+    llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise (expert_weights_norm)."""
+    experts = get("expert_count", 0)
+    if not experts:
+        return {}
+    sparse = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n)]
+    return dict(num_experts=int(experts), experts_per_token=int(get("expert_used_count")),
+                moe_intermediate_size=int(get("expert_feed_forward_length")),
+                norm_topk_prob=bool(get("expert_weights_norm", True)), sparse_layers=None if all(sparse) else sparse)
 
 
 def _gguf_layer_types(arch: str, pattern: Any, n: int) -> list[str] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import fused_q4, repack
+from engine.model import fused_q4, moe, repack
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantizable
 from engine.model.gguf_file import GGUFFile, GGUFTensorInfo
@@ -25,6 +25,7 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router (the experts: engine.model.moe.gguf_expert_names)
 }
 # Gemma 2/3 (sandwich norms): HF's post_attention_layernorm is the attention output's norm there.
 _GGUF_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -65,15 +66,18 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
     expected = expected_tensor_names(config)
     wanted = set(expected)
-    todo, unexpected = [], []
+    todo, unexpected, stacks = [], [], []
     for t in gf.tensors:
         name = hf_name(t.name, config)
-        if name in wanted:
+        experts = moe.gguf_expert_names(t.name, config)
+        if experts and wanted.issuperset(experts):
+            stacks.append((t, experts))
+        elif name in wanted:
             todo.append((t, name))
         elif t.name not in _GGUF_IGNORED and not (name == "lm_head.weight" and config.tie_word_embeddings):
             unexpected.append(t.name)
-    _check_types(path, [t for t, _ in todo])
-    total = sum(t.nbytes for t, _ in todo) or 1
+    _check_types(path, [t for t, _ in todo + stacks])
+    total = sum(t.nbytes for t, _ in todo + stacks) or 1
     types = {name: t.tensor_type.name for t, name in todo}
     keep_dense = keeps_dense_copy(config, fmt, types.get)
     tied = "lm_head.weight" not in types  # the token embedding is the output head too
@@ -101,6 +105,12 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
             if kept is not None:
                 release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
         gf.release(t.name)  # copied or packed: the file's pages need not stay resident
+        done += t.nbytes
+        if progress:
+            progress(done / total)
+    for t, experts in stacks:  # dequantized, one (rows, cols) view per expert of the 3-D tensor
+        state.update(zip(experts, gf.tensor(t.name, dtype, device).unbind(0)))
+        gf.release(t.name)
         done += t.nbytes
         if progress:
             progress(done / total)

@@ -32,6 +32,9 @@ _HF_NAMES = {
     "mixtral": ("block_sparse_moe.", "gate.weight", ("w1.weight", "w3.weight", "w2.weight")),
 }
 
+# llama.cpp's 3-D expert tensors (experts, rows, cols): which of (gate, up, down) each one stacks
+_GGUF_STACKS = {"ffn_gate_exps": 0, "ffn_up_exps": 1, "ffn_down_exps": 2}
+
 
 @dataclass
 class MoEBlock:
@@ -109,3 +112,14 @@ def build(config: "ModelConfig", prefix: str, get: Callable[[str], object],
                     gate_up=[fuse([e + gate, e + up], e + "gate_up_proj.weight") for e in e_names],
                     down=[get(e + down) for e in e_names],
                     top_k=config.experts_per_token, norm_topk=config.norm_topk_prob)
+
+
+def gguf_expert_names(gguf_name: str, config: "ModelConfig") -> list[str] | None:
+    """The HF names, expert by expert, of the matrices a llama.cpp 3-D expert tensor stacks
+    (blk.{i}.ffn_{gate,up,down}_exps.weight); None for any other tensor name."""
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _GGUF_STACKS or config.arch not in _HF_NAMES:
+        return None
+    module, _, names = _HF_NAMES[config.arch]
+    name = names[_GGUF_STACKS[parts[2]]]
+    return [f"model.layers.{parts[1]}.{module}experts.{e}.{name}" for e in range(config.num_experts)]

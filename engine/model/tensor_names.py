@@ -26,7 +26,8 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
         if config.layer_is_sparse(i):
             names += moe.tensor_names(config, p)
         else:
-            names += [p + "mlp.gate_up_proj.weight"] if fused else [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            mlp = ["mlp.gate_up_proj.weight"] if fused else ["mlp.gate_proj.weight", "mlp.up_proj.weight"]
+            names += [p + n for n in mlp]
             names.append(p + "mlp.down_proj.weight")
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
         if config.sandwich_norm:

@@ -12,7 +12,7 @@ from engine.model.config import ModelConfig
 from engine.model.lora import LoRA
 from tests.engine.test_model_peer import (GREEDY_TOKENS, TINY_ATOL, assert_same_greedy, greedy_hf, hf_logits, hf_model,
                                           prompt_ids)
-from tests.tiny_models import write_tiny_model
+from tests.tiny_models import write_tiny_gguf, write_tiny_model
 from tools.logits import forward_tokens
 
 GREEDY = SamplerSettings.greedy()
@@ -109,23 +109,66 @@ def test_moe_batch_does_not_change_experts_or_output(tiny_moe):
     assert run_greedy(model, tok, prompts, 16) == alone
 
 
+# ---------------------------------------------------------------- GGUF (llama.cpp's layout: 3-D expert tensors)
+
+def test_tiny_qwen3moe_gguf_matches_transformers_on_the_source_folder(tmp_path):
+    """A qwen3moe GGUF (router ffn_gate_inp, experts stacked in ffn_{gate,up,down}_exps, expert_count /
+    expert_used_count / expert_feed_forward_length; every layer sparse, as llama.cpp has it) gives the HF
+    folder's logits and greedy tokens; the memory estimate equals what loading holds."""
+    from engine import estimate_memory
+
+    folder = write_tiny_model(tmp_path / "q", "qwen3moe", tie=True, seed=5, mlp_only_layers=[])
+    path = write_tiny_gguf(folder, tmp_path / "q.gguf", "F32", tokenizer=False)
+    ours, theirs = Model.load(path, device="cpu", dtype=torch.float32), hf_model(folder)
+    c = ours.config
+    assert (c.arch, c.num_experts, c.experts_per_token, c.moe_intermediate_size, c.sparse_layers) == (
+        "qwen3moe", 8, 2, 32, None)
+    ids = prompt_ids(40, seed=6)
+    continuation = greedy_hf(theirs, ids, GREEDY_TOKENS)
+    full = torch.cat([ids, torch.tensor([continuation])], dim=1)
+    a, b = forward_tokens(ours, full), hf_logits(theirs, full)
+    assert (a - b).abs().max().item() < TINY_ATOL, (a - b).abs().max().item()
+    assert_same_greedy(a, ids.shape[1], continuation)
+    assert estimate_memory(path, weights="dense").weights_bytes == ours.memory_bytes()
+
+
+def test_quantized_3d_expert_tensors_dequantize_as_gguf_py_does(tmp_path):
+    import gguf
+
+    from engine.model.gguf_file import GGUFFile
+
+    x = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(0))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    blocks = gguf.quants.quantize(x.numpy(), q8)
+    w = gguf.GGUFWriter(str(tmp_path / "e.gguf"), "qwen3moe")
+    w.add_tensor("blk.0.ffn_up_exps.weight", blocks, raw_dtype=q8)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got = GGUFFile(tmp_path / "e.gguf", header_only=True).tensor("blk.0.ffn_up_exps.weight")
+    assert torch.equal(got, torch.from_numpy(gguf.quants.dequantize(blocks, q8)))
+
+
 # ---------------------------------------------------------------- refusals
 
 def test_other_moe_families_are_refused_by_name():
     cfg = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 32,
            "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,
            "intermediate_size": 64}
-    with pytest.raises(NotImplementedError, match=r"gpt_oss is a mixture-of-experts model \(32 experts\) of a family .*Qwen3-MoE and Mixtral"):
+    with pytest.raises(NotImplementedError,
+                       match=r"gpt_oss is a mixture-of-experts model \(32 experts\) of a family .*Qwen3-MoE .*Mixtral"):
         ModelConfig.from_hf(cfg)
 
 
-def test_gguf_moe_files_are_refused_by_name(tmp_path):
+def test_gguf_moe_files_of_other_families_are_refused_by_name(tmp_path):
+    """Mixtral GGUFs (llama.cpp writes them as "llama" with experts) are not read yet."""
     import gguf
 
     path = tmp_path / "moe.gguf"
-    w = gguf.GGUFWriter(str(path), "qwen3moe")
-    w.add_uint32("qwen3moe.expert_count", 8)
-    w.add_uint32("qwen3moe.expert_used_count", 2)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.expert_count", 8)
+    w.add_uint32("llama.expert_used_count", 2)
     w.add_tensor("token_embd.weight", torch.zeros(16, 8).numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -280,7 +280,8 @@ def test_from_hf_refuses_mixture_of_experts_clearly():
 
 
 def test_from_gguf_refuses_mixture_of_experts_clearly(tmp_path):
-    for arch, extra in (("qwen3moe", {}), ("llama", {"llama.expert_count": 8})):
+    """MoE GGUF files other than qwen3moe (Mixtral's, written as llama; DeepSeek's) are refused by name."""
+    for arch, extra in (("deepseek2", {"deepseek2.expert_count": 64}), ("llama", {"llama.expert_count": 8})):
         w = gguf.GGUFWriter(tmp_path / f"{arch}.gguf", arch)
         w.add_block_count(1)
         for key, value in extra.items():

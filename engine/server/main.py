@@ -98,7 +98,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
                          discover=lambda: discover_models(getattr(args, "models_dir", []), loader))
         pinned = pool.add_loaded(served, args.model)
         if pool.budget is None:
-            pool.budget = default_budget(pinned.charge)
+            pool.budget = default_budget(pinned.charge, loader.device)
         await pool.refresh()
         server = OpenAIServer(served, api_key=args.api_key, default_max_tokens=args.default_max_tokens,
                               allow_remote_images=getattr(args, "allow_remote_images", False), pool=pool)
@@ -135,15 +135,16 @@ def discover_models(folders, loader) -> list:
     """engine.find_models over the usual folders and `folders`, estimated as `loader` would load them."""
     from ..model.discovery import find_models
 
-    return find_models([Path(f) for f in folders], cache_tokens=loader.cache_tokens, weights=loader.weights)
+    return find_models([Path(f) for f in folders], cache_tokens=loader.cache_tokens, weights=loader.weights,
+                       device=loader.device)
 
 
-def default_budget(pinned_bytes: int) -> int | None:
+def default_budget(pinned_bytes: int, device: str = "cpu") -> int | None:
     """What the loaded models may hold by default: the pinned model's share plus what is still free (less
     the engine's headroom); None when free memory is unknown."""
     from ..cache.budget import HEADROOM, available_bytes
 
-    free = available_bytes("cpu")
+    free = available_bytes(device)
     return None if free is None else pinned_bytes + int(free * HEADROOM)
 
 

@@ -54,13 +54,20 @@ class ModelLoader:
             await generator.close()
             raise
 
+    @property
+    def device(self) -> str:
+        """Where Model.load puts a model (and so what the estimates count): "cuda" when there is a GPU, else "cpu"."""
+        from ..model.loader import default_device
+
+        return str(default_device())
+
     def charge_bytes(self, path: str | Path | None) -> int:
         """The model's share of the memory budget: the engine's estimate of its weights (in this loader's
         format), its page pool (cache_tokens) and one prefill's activations; 0 when its headers say nothing."""
         from ..model.memory import estimate_memory
 
         try:
-            est = estimate_memory(path, cache_tokens=self.cache_tokens, weights=self.weights)
+            est = estimate_memory(path, cache_tokens=self.cache_tokens, weights=self.weights, device=self.device)
         except (OSError, ValueError, KeyError):
             return 0
         return est.total_bytes - est.runtime_bytes

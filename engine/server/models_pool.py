@@ -212,6 +212,8 @@ class ModelPool:
             entry.served = served
             entry.loads += 1
             entry.last_used = time.monotonic()
+            if entry.active == 0:  # every request that asked for it has gone: it idles from now
+                self._start_timer(entry)
             self._changed()
         finally:
             entry.reserved = False

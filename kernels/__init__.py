@@ -189,17 +189,18 @@ def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return out
 
 
-def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int], k_caches: list[torch.Tensor],
-                  v_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_table: torch.Tensor,
+def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int], formats: list[int],
+                  k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_table: torch.Tensor,
                   cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int, scale: float, eps: float,
                   plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
     the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
     layer input_norm, post_norm, then packed.stack_entry() of each part of qkv, o, gate_up, down; parts: per
-    layer the number of parts of those four (1 but for a matrix kept in several formats; gate_up always 1).
+    layer the number of parts of those four (1 but for a matrix kept in several formats; gate_up always 1);
+    formats: each part's kernel id (kernels.formats), in the weights' order.
     Returns the last layer's output and the residual stream (their sum is the hidden state)."""
     if not plan.fused or plan.attention is not None:
         raise ValueError("decode_layers needs a fused plan without long prefill chunks")
     cos, sin = plan.rotary
     return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, block_table, cu_q,
-                                        kv_lens, parts, num_heads, scale, eps, _attention.SHORT_Q)
+                                        kv_lens, parts, formats, num_heads, scale, eps, _attention.SHORT_Q)

@@ -1,4 +1,6 @@
 """Packed (quantized) weight layouts and their matmul: what kernels/cpu/qmatmul.cpp and decode.cpp read.
+kernels.formats is the formats' table (names, GGUF types held, block sizes, C++ ids); this module packs and
+unpacks their bytes.
 
 A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K:
 - d: fp16 (N, K/32) scales, in a buffer SCALE_PAD values longer (the kernels load 8 scales at a time);
@@ -35,15 +37,12 @@ import torch
 from engine import envs
 
 from . import cpu_ext
+from .formats import GROUP, GROUP_ROWS, Q5
 
-GROUP = 32  # GGUF block size = the kernels' group size
 SCALE_PAD = 8  # the kernels load 8 fp16 scales at a time, so scale tensors carry 8 more values of storage
 ACTIVATIONS = {None: 0, "swiglu": 1}  # fused epilogues of the kernel: silu(gate) * up for [gate | up] rows
 QUANTIZE_ROWS = 1024  # rows per fp32 temporary while quantizing to q8
-Q6_SUPER, Q6_BYTES = 256, 210  # q6: weights and bytes per Q6_K super-block
-Q4K_BYTES = 144  # q4k: bytes per Q4_K super-block (of Q6_SUPER weights)
-GROUP_ROWS = 16  # q4k16 and q8g: rows a group (kernels/cpu/q4k16.h, q8g.h)
-Q5_BYTES = 20  # q5: bytes per block of GROUP weights (16 of nibbles, 4 of fifth bits)
+_Q5_BYTES = Q5.code_bytes  # q5's bytes a block (16 of nibbles, 4 of fifth bits)
 NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales live inside the super-blocks
 
 
@@ -113,25 +112,25 @@ def q5_layout(nibbles: torch.Tensor, fifth: torch.Tensor) -> torch.Tensor:
     goes with the low nibbles, weights 0..15); an odd last block as it is (kernels/cpu/q5.h)."""
     n, nb = nibbles.shape[:2]
     even = nb // 2 * 2
-    out = torch.empty(n, nb * Q5_BYTES, dtype=torch.uint8)
-    pairs = out[:, : even * Q5_BYTES].view(n, nb // 2, 2 * Q5_BYTES)
+    out = torch.empty(n, nb * _Q5_BYTES, dtype=torch.uint8)
+    pairs = out[:, : even * _Q5_BYTES].view(n, nb // 2, 2 * _Q5_BYTES)
     pairs[..., :32] = nibbles[:, :even].reshape(n, nb // 2, 32)
     pairs[..., 32:] = fifth[:, :even].reshape(n, nb // 2, 2, 2, 2).transpose(2, 3).reshape(n, nb // 2, 8)
     if nb % 2:
-        out[:, even * Q5_BYTES: even * Q5_BYTES + 16] = nibbles[:, -1]
-        out[:, even * Q5_BYTES + 16:] = fifth[:, -1]
+        out[:, even * _Q5_BYTES: even * _Q5_BYTES + 16] = nibbles[:, -1]
+        out[:, even * _Q5_BYTES + 16:] = fifth[:, -1]
     return out
 
 
 def q5_fields(qs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q5_layout's inverse: (nibbles (N, nb, 16), fifth bits (N, nb, 4))."""
-    n, nb = qs.shape[0], qs.shape[1] // Q5_BYTES
+    n, nb = qs.shape[0], qs.shape[1] // _Q5_BYTES
     even = nb // 2 * 2
-    pairs = qs[:, : even * Q5_BYTES].reshape(n, nb // 2, 2 * Q5_BYTES)
+    pairs = qs[:, : even * _Q5_BYTES].reshape(n, nb // 2, 2 * _Q5_BYTES)
     nibbles = pairs[..., :32].reshape(n, even, 16)
     fifth = pairs[..., 32:].reshape(n, nb // 2, 2, 2, 2).transpose(2, 3).reshape(n, even, 4)
     if nb % 2:
-        last = qs[:, even * Q5_BYTES:]
+        last = qs[:, even * _Q5_BYTES:]
         nibbles, fifth = torch.cat([nibbles, last[:, None, :16]], 1), torch.cat([fifth, last[:, None, 16:]], 1)
     return nibbles, fifth
 
@@ -220,12 +219,13 @@ def q8_quantize(w: torch.Tensor, rows: int = QUANTIZE_ROWS) -> tuple[torch.Tenso
     return codes, scale
 
 
-def qmatmul(x: torch.Tensor, blocks: tuple, act: str | None = None) -> torch.Tensor | None:
-    """x (M, K) @ W.T for W packed as `blocks` (qs, d, m) -> (M, N), or (M, N/2) with act="swiglu"
+def qmatmul(x: torch.Tensor, blocks: tuple, fmt: int, act: str | None = None) -> torch.Tensor | None:
+    """x (M, K) @ W.T for W packed as `blocks` (qs, d, m) in the layout of kernel id `fmt` (kernels.formats;
+    the kernel refuses blocks whose shapes are not that layout's) -> (M, N), or (M, N/2) with act="swiglu"
     (silu(gate) * up of a [gate | up] weight); None where the kernels don't run for x (not built, or x not
     fp32 on the CPU): the caller takes its fallback."""
     ops = cpu_ext.ops() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-    return None if ops is None else ops.qmatmul(x.contiguous(), *blocks, ACTIVATIONS[act])
+    return None if ops is None else ops.qmatmul(x.contiguous(), *blocks, fmt, ACTIVATIONS[act])
 
 
 def q4_supported() -> bool:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from gguf import GGMLQuantizationType
 
-# ggml type ids (gguf.GGMLQuantizationType) -> (weights per block, bytes per block)
-FORMATS = {8: (32, 34), 2: (32, 18), 3: (32, 20), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+from .formats import ggml_block
+
+# the GGUF types dequant_tile decodes: ggml type id -> (weights per block, bytes per block), gguf's own sizes
+FORMATS = {GGMLQuantizationType[t].value: ggml_block(t) for t in ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")}
 
 
 @triton.jit

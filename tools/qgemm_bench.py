@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from kernels.formats import Q4
 from kernels import cpu_ext
 from kernels.packed import ACTIVATIONS
 
@@ -38,9 +39,9 @@ def run(ops, rows: list[int], threads: int, rounds: int) -> int:
                 x = torch.randn(m, K)
                 for path, rows_from in PATHS.items():
                     cpu_ext.set_tuning(qgemm_rows=rows_from)
-                    ops.qmatmul(x, *blocks, ACTIVATIONS[act])
+                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
                     c0, w0 = time.process_time(), time.perf_counter()
-                    ops.qmatmul(x, *blocks, ACTIVATIONS[act])
+                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
                     times.setdefault((m, name, path), []).append((time.process_time() - c0,
                                                                   time.perf_counter() - w0))
     cpu_ext.set_tuning()  # the environment's switches again

@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                 for name, (w, act) in shapes.items():
                     x = torch.randn(rows, w.shape[1])
                     reps = 20 if name == "head" else 400
-                    full = _time(lambda: ops.qmatmul(x, *w.blocks, ACTIVATIONS[act]), reps)
-                    fixed = _time(lambda: ops.qmatmul(x, *stub[name].blocks, ACTIVATIONS[act]), reps)
+                    full = _time(lambda: ops.qmatmul(x, *w.blocks, w.kernel_id, ACTIVATIONS[act]), reps)
+                    s = stub[name]
+                    fixed = _time(lambda: ops.qmatmul(x, *s.blocks, s.kernel_id, ACTIVATIONS[act]), reps)
                     times.setdefault((rows, name, t), []).append((full, fixed))
     print(f"{model.name}, packed weights; medians of {args.rounds} alternating rounds")
     print("| rows | matrix | shape | threads | us a call | ns a weight row | GB/s |")

@@ -16,7 +16,8 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.packed import GROUP_ROWS, Q4K_BYTES, group_superblocks, groupable
+from kernels.formats import GROUP_ROWS, Q4K
+from kernels.packed import group_superblocks, groupable
 
 from .qlinear import Q4KLinear
 
@@ -34,14 +35,15 @@ class FusedQ4:
         # groups of 16 rows where every part is whole groups (each part's rows written as its own groups)
         self.grouped = all(groupable(r) for r in rows)
         self.qs = (Q4KLinear.empty_groups(sum(rows), k) if self.grouped
-                   else torch.empty(sum(rows), k // 256 * Q4K_BYTES, dtype=torch.uint8))
+                   else torch.empty(Q4K.qs_shape(sum(rows), k), dtype=torch.uint8))
         self.todo = set(parts)
 
     def write(self, part: str, raw: torch.Tensor) -> Q4KLinear | None:
         """Copy the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
         r0, r1 = self.offsets[part], self.ends[part]
         if self.grouped:
-            group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS], Q4K_BYTES)
+            group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS],
+                              Q4K.code_bytes)
         else:
             self.qs[r0:r1] = raw.reshape(r1 - r0, -1)
         self.todo.discard(part)

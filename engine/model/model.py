@@ -307,10 +307,10 @@ class Model:
         return F.linear(x, self.lm_head)
 
 
-def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int]] | None:
-    """kernels.decode_layers' weight list and part counts, or None where a layer has what it doesn't do (a
-    dense or biased projection, q/k norms, a gate|up in several formats)."""
-    stack, parts = [], []
+def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:
+    """kernels.decode_layers' weight list, part counts and parts' kernel ids, or None where a layer has what it
+    doesn't do (a dense or biased projection, q/k norms, a gate|up in several formats)."""
+    stack, parts, ids = [], [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
         if (layer.qkv_bias is not None or layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear)
@@ -320,4 +320,5 @@ def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int]] |
         for w in weights:
             stack += kernels.packed.stack_entry(w.blocks)
             parts.append(len(w.parts) if isinstance(w, PartsLinear) else 1)
-    return stack, parts
+            ids += w.kernel_ids
+    return stack, parts, ids

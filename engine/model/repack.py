@@ -1,7 +1,8 @@
 """Stored matrices into the CPU kernels' formats (engine.model.qlinear's q4, q4k, q5, q6 and q8): which tensors a
 weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
-weights="packed" (auto for a GGUF on a CPU), per ggml type:
+weights="packed" (auto for a GGUF on a CPU), per ggml type (kernels.formats' table says which format holds
+which type exactly; every other type becomes q8):
   * Q4_0, Q4_1 -> q4, exact (Q4_0's w = d(q - 8) is minimum -8d).
   * Q4_K -> q4k: the file's super-blocks as they are (exact, 4.5 bits a weight, its d * sc and dmin * m
     multiplied in fp32). As q4 (one fp16 scale and minimum per 32, 5 bits a weight) a decode step of an
@@ -49,9 +50,10 @@ from collections.abc import Callable
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from kernels import cpu_ext
-from kernels.packed import (GROUP, GROUP_ROWS, Q4K_BYTES, Q5_BYTES, Q6_BYTES, Q6_SUPER, SCALE_PAD, group_superblocks,
-                            groupable, pack_nibbles, padded_scales, q5_layout, q8_pack, q8_quantize)
+from kernels import cpu_ext, formats
+from kernels.formats import GROUP, GROUP_ROWS
+from kernels.packed import (SCALE_PAD, group_superblocks, groupable, pack_nibbles, padded_scales, q5_layout, q8_pack,
+                            q8_quantize)
 
 from .. import envs
 from . import repack_fast
@@ -61,9 +63,6 @@ from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Li
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
 Q = GGMLQuantizationType
-# under weights="packed": these as q4 (Q4_K as q4k), Q5_0/Q5_1 as q5, Q6_K as q6, every other type q8
-Q4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-Q5_TYPES = ("Q5_0", "Q5_1")
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
 # matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
@@ -108,14 +107,9 @@ def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
 
 
 def kernel_format(dtype: str, fmt: str) -> str:
-    """"q4", "q4k", "q5", "q6" or "q8": the kernel format a stored type becomes (before the fused-parts rule)."""
-    if fmt == "packed" and dtype == "Q4_K":
-        return "q4k"
-    if fmt == "packed" and dtype in Q5_TYPES:
-        return "q5"
-    if fmt == "packed" and dtype in Q4_TYPES:
-        return "q4"
-    return "q6" if fmt == "packed" and dtype == "Q6_K" else "q8"
+    """The kernel format a stored type becomes (before the fused-parts rule): under weights="packed" the one
+    holding it exactly (kernels.formats), else q8."""
+    return formats.holding(dtype, fmt).name
 
 
 def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False) -> dict[str, str]:
@@ -141,22 +135,13 @@ def mixed_parts_kept(dense_copy: bool) -> bool:
 
 
 def packed_nbytes(kernel: str, shape: tuple[int, ...]) -> int:
-    """Bytes of an (N, K) matrix in kernel format "q4", "q4k", "q5", "q6" or "q8" (codes, fp16 scales, q4's and
-    q5's fp16 minimums; q6's and q4k's super-blocks hold their scales)."""
-    n, k = int(shape[0]), int(shape[-1])
-    groups = n * k // GROUP
-    if kernel == "q6":
-        return n * k // Q6_SUPER * Q6_BYTES
-    if kernel == "q4k":
-        return n * k // Q6_SUPER * Q4K_BYTES
-    if kernel == "q5":
-        return groups * Q5_BYTES + 2 * 2 * groups
-    return (n * k // 2 + 2 * 2 * groups) if kernel == "q4" else (n * k + 2 * groups)
+    """Bytes of an (N, K) matrix in kernel format `kernel` (codes and fp16 scale values; kernels.formats)."""
+    return formats.get(kernel).nbytes(int(shape[0]), int(shape[-1]))
 
 
 def scale_buffers(kernel: str) -> int:
     """Padded fp16 scale buffers a matrix of this format holds (q4, q5: scale and minimum, q8: scale, q6: none)."""
-    return {"q4": 2, "q5": 2, "q8": 1}.get(kernel, 0)
+    return formats.get(kernel).scales
 
 
 def packed_storage_bytes(kernel: str, shape: tuple[int, ...]) -> int:
@@ -185,14 +170,11 @@ def keeps_dense_copy(packed_params: int) -> bool:
     return dense_copy_enabled() and packed_params * 4 <= DENSE_COPY_MAX_BYTES
 
 
-EXACT_KERNELS = {"Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q8_0": "q8", "Q6_K": "q6", "Q4_K": "q4k"}
-
-
 def decodes_exactly(dtype: str, kernel: str) -> bool:
     """Whether a stored type held in this kernel format decodes to the file's exact weights (dense_rows):
     Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as q8, Q6_K and Q4_K as their own super-blocks. Re-quantized types
     (q8 of Q5_K, F16...) and Q4_K as q4 (fp16-rounded scales) do not: those keep an fp32 copy for prompt rows."""
-    return EXACT_KERNELS.get(dtype) == kernel
+    return formats.holds_exactly(dtype, kernel)
 
 
 def copied(tensors: dict[str, str], kernels: dict[str, str]) -> set[str]:
@@ -236,7 +218,8 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
     if kernel_format(qtype.name, fmt) == "q4k" and groupable(n):  # the file's super-blocks, into groups
         groups, step = Q4KLinear.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):
-            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], Q4K_BYTES)
+            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS],
+                              formats.Q4K.code_bytes)
             if done is not None:
                 done(r0, min(r0 + step, n))
         return Q4KLinear(groups, exact, grouped=True)
@@ -284,7 +267,8 @@ def _q5_from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tupl
     m; Q5_0's is -16d, exact in fp16) as the scales, a tile of rows at a time."""
     n, k = shape
     g = k // GROUP
-    qs, scale, minimum = torch.empty(n, g * Q5_BYTES, dtype=torch.uint8), padded_scales(n, g), padded_scales(n, g)
+    qs = torch.empty(n, formats.Q5.row_bytes(k), dtype=torch.uint8)
+    scale, minimum = padded_scales(n, g), padded_scales(n, g)
     head = 4 if qtype == Q.Q5_1 else 2  # bytes of d (and m) before the block's qh (4) and nibbles (16)
     for r0 in range(0, n, step):
         tile = rows[r0:r0 + step]

@@ -16,18 +16,21 @@
 namespace pagedeck {
 namespace {
 
-// per layer: input_norm, post_norm, then (qs, d, m) of each part of kMatrices matrices: qkv, o, gate_up, down
+// per layer: input_norm, post_norm, then (qs, d, m) of each part of kMatrices matrices: qkv, o, gate_up, down;
+// beside them each part's format id (formats.h), in the same order
 constexpr int64_t kMatrices = 4;
 
 c10::optional<at::Tensor> minimums(const at::Tensor& m) {  // q8 weights have none: an empty tensor
   return m.numel() ? c10::optional<at::Tensor>(m) : c10::nullopt;
 }
 
-// x @ W^T for W given as `parts` (qs, d, m) triples from w on, stacked along the output (act only for one part)
-at::Tensor project(const at::Tensor& x, const at::Tensor* w, int64_t parts, int64_t act) {
-  if (parts == 1) return qmatmul(x, w[0], w[1], minimums(w[2]), act);
+// x @ W^T for W given as `parts` (qs, d, m) triples from w on, of formats fmt[0..parts), stacked along the
+// output (act only for one part)
+at::Tensor project(const at::Tensor& x, const at::Tensor* w, const int64_t* fmt, int64_t parts, int64_t act) {
+  if (parts == 1) return qmatmul(x, w[0], w[1], minimums(w[2]), fmt[0], act);
   std::vector<at::Tensor> ys;
-  for (int64_t i = 0; i < parts; ++i) ys.push_back(qmatmul(x, w[3 * i], w[3 * i + 1], minimums(w[3 * i + 2]), 0));
+  for (int64_t i = 0; i < parts; ++i)
+    ys.push_back(qmatmul(x, w[3 * i], w[3 * i + 1], minimums(w[3 * i + 2]), fmt[i], 0));
   return at::cat(ys, 1);
 }
 
@@ -35,7 +38,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
                                                  at::TensorList v_pools, const at::Tensor& cos, const at::Tensor& sin,
                                                  const at::Tensor& slot_mapping, const at::Tensor& block_table,
                                                  const at::Tensor& cu_q, const at::Tensor& kv_lens,
-                                                 at::IntArrayRef parts, int64_t Hq, double scale, double eps,
+                                                 at::IntArrayRef parts, at::IntArrayRef fmts, int64_t Hq,
+                                                 double scale, double eps,
                                                  int64_t max_q) {
   const int64_t L = (int64_t)k_pools.size();
   TORCH_CHECK(L > 0 && (int64_t)parts.size() == L * kMatrices && (int64_t)v_pools.size() == L,
@@ -46,6 +50,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
     total += 3 * parts[i];
   }
   TORCH_CHECK((int64_t)weights.size() == total + 2 * L, "decode_layers' weights do not match the part counts");
+  TORCH_CHECK((int64_t)fmts.size() * 3 == total, "decode_layers wants one format id per part");
   TORCH_CHECK(cu_q.scalar_type() == at::kInt && cu_q.is_contiguous(), "cu_q must be contiguous int32");
   const int32_t* cu = cu_q.data_ptr<int32_t>();
   for (int64_t b = 0; b + 1 < cu_q.numel(); ++b)
@@ -53,19 +58,22 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
   at::Tensor x = x0;
   c10::optional<at::Tensor> residual;
   const at::Tensor* w = weights.data();
+  const int64_t* fmt = fmts.data();
   for (int64_t l = 0; l < L; ++l) {
     const int64_t* n = parts.data() + l * kMatrices;
     const at::Tensor *qkv_w = w + 2, *o_w = qkv_w + 3 * n[0];
     const at::Tensor *gate_up_w = o_w + 3 * n[1], *down_w = gate_up_w + 3 * n[2];
+    const int64_t *qkv_f = fmt, *o_f = qkv_f + n[0], *gate_up_f = o_f + n[1], *down_f = gate_up_f + n[2];
     auto [h, sum] = rms_norm(x, w[0], eps, residual);
-    const at::Tensor qkv = project(h, qkv_w, n[0], 0);
+    const at::Tensor qkv = project(h, qkv_w, qkv_f, n[0], 0);
     auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
                          max_q);
-    x = project(o, o_w, n[1], 0);
+    x = project(o, o_w, o_f, n[1], 0);
     auto [h2, sum2] = rms_norm(x, w[1], eps, sum);
     residual = sum2;
-    x = project(project(h2, gate_up_w, n[2], 1), down_w, n[3], 0);
+    x = project(project(h2, gate_up_w, gate_up_f, n[2], 1), down_w, down_f, n[3], 0);
     w = down_w + 3 * n[3];
+    fmt = down_f + n[3];
   }
   return {x, *residual};
 }
@@ -85,7 +93,8 @@ int64_t parallel_threads() {
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("parallel_threads() -> int", &parallel_threads);
   lib.def("decode_layers(Tensor x, Tensor[] weights, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor cos, "
-          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, int Hq, "
+          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, "
+          "int[] formats, int Hq, "
           "float scale, float eps, int max_q) -> (Tensor, Tensor)",
           &decode_layers);
 }

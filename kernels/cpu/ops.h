@@ -7,9 +7,10 @@
 
 namespace pagedeck {
 
-// y = x @ W^T for a packed W (qmatmul.cpp); m: q4's minimums, absent for q8; act: 0 none, 1 SwiGLU
+// y = x @ W^T for a packed W (qmatmul.cpp) of format id fmt (formats.h); m: q4's and q5's minimums, absent for
+// the others; act: 0 none, 1 SwiGLU
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                   int64_t act);
+                   int64_t fmt, int64_t act);
 
 // rotary + K/V write + attention of the short query chunks (attention.cpp); returns (out, rotated q)
 std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,

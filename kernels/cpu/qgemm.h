@@ -21,6 +21,7 @@
 #pragma once
 
 #include "common.h"
+#include "formats.h"
 #include "q5.h"
 #include "q6.h"
 
@@ -32,7 +33,10 @@ namespace gemm {
 
 constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
 constexpr int kRows = 4;   // activation rows per register tile
-constexpr int kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ5 = 5;
+using formats::kQ4;  // the formats' ids (formats.h, generated from kernels/formats.py)
+using formats::kQ5;
+using formats::kQ6;
+using formats::kQ8;
 constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural

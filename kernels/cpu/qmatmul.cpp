@@ -19,7 +19,15 @@
 // and charging the error to d q + m instead was 5x worse on the default model). Every output element is
 // computed by the same sequence of operations whatever the number of rows or threads, so results never
 // depend on the batch.
+//
+// This file is the dispatch and the thread scheduling: a call's format id (formats.h, generated from
+// kernels/formats.py) is checked against its tensors and becomes its kernels in one place (with_format), and
+// output rows or panels are handed to threads. The kernels live by concept: activations.h (activation
+// quantisation, SwiGLU), rows.h (the per-row tiles of q4, q5 and q8), qgemm.h (the GEMM tiles), q5.h, q6.h,
+// q4k.h, q4k16.h and q8g.h (each format's layout and its own kernels).
+#include "activations.h"
 #include "common.h"
+#include "formats.h"
 #include "ops.h"
 #include "q4k.h"
 #include "q4k16.h"
@@ -27,12 +35,14 @@
 #include "q6.h"
 #include "q8g.h"
 #include "qgemm.h"
+#include "rows.h"
 
 #include <torch/library.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace pagedeck {
@@ -40,336 +50,24 @@ namespace {
 
 enum Act : int64_t { kNone = 0, kSwiGLU = 1 };
 constexpr int64_t kScalePad = 8;  // fp16 values after a scale tensor's end (see load_halfs)
-constexpr int64_t kGroupRows = 16;  // rows a group of q4k16 and q8g
-static_assert(kGroupRows == q4k16::kRows && kGroupRows == q8g::kRows,
-              "the grouped formats share their SwiGLU rule");
 
-// q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
-// exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
-struct QuantAct {
-  std::vector<int8_t> q;
-  std::vector<float> d, s, c;
-  std::vector<int32_t> isum;
-  std::vector<int16_t> xs16;
-  int64_t nbp = 0;
-  q4k::ActK k;  // q4k's activations (per 256, q4k.h's quantize_k) instead of the per-32 ones
-};
+// The formats' ids and layouts: formats.h, generated from kernels/formats.py (the one table)
+using formats::Format;
+using formats::kQ4;
+using formats::kQ4K;
+using formats::kQ4K16;
+using formats::kQ5;
+using formats::kQ6;
+using formats::kQ8;
+using formats::kQ8G;
+static_assert(formats::kLayouts[kQ5].code_bytes == q5::kBytes && formats::kLayouts[kQ6].code_bytes == q6::kBytes &&
+                  formats::kLayouts[kQ4K].code_bytes == q4k::kBytes &&
+                  formats::kLayouts[kQ4K16].code_bytes * formats::kLayouts[kQ4K16].rows == q4k16::kGroupBytes &&
+                  formats::kLayouts[kQ8G].rows == q8g::kRows && formats::kLayouts[kQ4K].values == q4k::kSuper,
+              "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
 
-QuantAct& scratch() {
-  thread_local QuantAct a;
-  return a;
-}
-
-// pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
-// so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
-// (an odd last block stays as it is).
-void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
-  const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
-  a.nbp = nbp;
-  a.q.resize(M * K);
-  a.d.assign(M * nbp, 0.0f);
-  a.s.assign(M * nbp, 0.0f);
-  a.c.assign(M * nbp, 0.0f);
-  a.isum.assign(M * nbp, 0);
-  a.xs16.assign(sums16 ? M * nbp * 2 : 0, 0);
-  for (int64_t blk = 0; blk < M * nb; ++blk) {
-    const int64_t r = blk / nb * nbp + blk % nb;
-    const float* v = x + blk * kBlock;
-    int8_t* q = a.q.data() + blk * kBlock;
-#ifdef PD_AVX2
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
-           x3 = _mm256_loadu_ps(v + 24);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
-                              _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
-    const float amax = hmax(mx);
-    a.s[r] = hsum(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)));
-    const float d = amax / 127.0f;
-    a.d[r] = d;
-    const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, inv)),
-            i2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, inv));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
-    _mm256_storeu_si256((__m256i*)q, p);
-    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
-    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    a.isum[r] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
-    if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
-      __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-      t = _mm_hadd_epi32(t, t);
-      a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
-      a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
-    }
-    a.c[r] = 8.0f * d * (float)a.isum[r];
-#else
-    float amax = 0.0f, sum = 0.0f;
-    for (int i = 0; i < kBlock; ++i) {
-      amax = std::max(amax, std::fabs(v[i]));
-      sum += v[i];
-    }
-    const float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
-    a.d[r] = d;
-    a.s[r] = sum;
-    int32_t isum = 0;
-    for (int i = 0; i < kBlock; ++i) {
-      q[i] = (int8_t)std::nearbyint(v[i] * inv);
-      isum += q[i];
-    }
-    a.isum[r] = isum;
-    a.c[r] = 8.0f * d * (float)isum;
-    if (sums16) {
-      int32_t lo = 0;
-      for (int i = 0; i < 16; ++i) lo += q[i];
-      a.xs16[2 * r] = (int16_t)lo;
-      a.xs16[2 * r + 1] = (int16_t)(isum - lo);
-    }
-#endif
-  }
-#ifdef PD_AVX2
-  if (!pairs) return;
-  for (int64_t m = 0; m < M; ++m) {
-    for (int64_t j = 0; j + 1 < nb; j += 2) {
-      __m256i* p = (__m256i*)(a.q.data() + (m * nb + j) * kBlock);
-      const __m256i b0 = _mm256_loadu_si256(p), b1 = _mm256_loadu_si256(p + 1);
-      _mm256_storeu_si256(p, _mm256_permute2x128_si256(b0, b1, 0x20));
-      _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(b0, b1, 0x31));
-    }
-  }
-#else
-  (void)pairs;
-#endif
-}
-
-// gemm:: shares kQ8, kQ4, kQ6 and kQ5
-enum Format { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6 };
-
-struct Weights {
-  const uint8_t* qs;
-  const uint16_t* d;  // q4, q5, q8 and q8g
-  const uint16_t* m;  // q4 and q5
-  int64_t K, nb;
-};
-
-// the nibble formats: codes below 16 (q4) or 32 (q5), a minimum per block, products centred (see the top)
-constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5; }
-constexpr float centre(int F) { return q5::centre(F == kQ5); }
-
-#ifdef PD_AVX2
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define PD_VNNI 1
-#endif
-
-inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x s8 products, u8 < 128 only here
-#ifdef PD_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-// 8 exact int32 partial sums of q8 codes q (stored as u8 = q + 128) times s8 activations x. AVX2's maddubs
-// saturates at int16 (255 * 127 * 2 > 32767: silently wrong sums on CPUs without VNNI), so there the codes go
-// back to s8 and multiply as |q| * sign(x, q) (at most 128 * 127 * 2), as llama.cpp does: the sums of q x.
-// VNNI's dpbusd sums u x in int32; dot_tile takes the + 128 out once a block as 128 * isum (kQ8Offset).
-#ifdef PD_VNNI
-constexpr bool kQ8Offset = true;
-#else
-constexpr bool kQ8Offset = false;
-#endif
-inline __m256i dot_q8(__m256i u, __m256i x) {
-#ifdef PD_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
-#else
-  const __m256i offset = _mm256_set1_epi8((char)0x80);
-  const __m256i q = _mm256_xor_si256(u, offset);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)),
-                           _mm256_set1_epi16(1));
-#endif
-}
-
-// 8 fp16 scales from p on; lanes past the row's end read the next row's (finite) scales or the tensor's
-// padding (kScalePad), and meet zero sums and zero activation scales there.
-inline __m256 load_halfs(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
-
-// Two consecutive blocks (j, j+1) of one weight row, unpacked once and met by every activation row of a tile.
-// q4: one 32-byte load of both blocks' nibbles; the low nibbles meet x[0:16] of both blocks, the high ones
-// x[16:32] (quantize_rows' pair layout); an odd last block of a row is unpacked alone.
-// q8: codes stored as u8 = q + 128 (dpbusd multiplies u8 by s8); the +128 is taken out through c.
-struct Pair {
-  __m256i a, b;
-  int blocks;  // 2, 1 (odd last block), 0 (past the row's end)
-};
-
-template <int F>
-inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
-  const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
-  if (left <= 0) return {zero, zero, 0};
-  if (F == kQ5) {  // q5.h's pair: 32 nibble bytes, then the fifth bits of the low and the high nibbles
-    const uint8_t* p = w.qs + (n * w.nb + j) * q5::kBytes;
-    if (left >= 2) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)p);
-      uint64_t h;
-      std::memcpy(&h, p + 32, 8);
-      return {_mm256_or_si256(_mm256_and_si256(v, low), q5::spread((uint32_t)h)),
-              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), q5::spread((uint32_t)(h >> 32))), 2};
-    }
-    return {q5::codes(w.qs + n * w.nb * q5::kBytes, w.nb, j), zero, 1};
-  }
-  if (F == kQ4) {
-    if (left >= 2) {
-      const __m256i v = _mm256_loadu_si256((const __m256i*)(w.qs + (n * w.nb + j) * 16));
-      return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 2};
-    }
-    const __m128i raw = _mm_loadu_si128((const __m128i*)(w.qs + (n * w.nb + j) * 16));
-    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low), zero, 1};
-  }
-  const __m256i* p = (const __m256i*)(w.qs + (n * w.nb + j) * 32);
-  return {_mm256_loadu_si256(p), left >= 2 ? _mm256_loadu_si256(p + 1) : zero, left >= 2 ? 2 : 1};
-}
-
-// int32 partial sums of the pair against activation blocks at x: lanes 0-3 block j, lanes 4-7 block j+1
-template <int F>
-inline __m256i dot_pair(const Pair& w, const int8_t* x) {
-  constexpr bool Q4 = nibbled(F);
-  const __m256i zero = _mm256_setzero_si256();
-  if (w.blocks == 0) return zero;
-  const __m256i x0 = _mm256_loadu_si256((const __m256i*)x);
-  const __m256i x1 = w.blocks == 2 ? _mm256_loadu_si256((const __m256i*)(x + kBlock)) : zero;
-  if (Q4 && w.blocks == 2) return _mm256_add_epi32(dot_u8s8(w.a, x0), dot_u8s8(w.b, x1));
-  if (Q4) {
-    const __m256i p = dot_u8s8(w.a, x0);
-    return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
-  }
-  // hadd: [p0 01, p0 23, p1 01, p1 23 | p0 45, p0 67, p1 45, p1 67] -> lanes 0-3 block j, 4-7 block j+1
-  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot_q8(w.a, x0), dot_q8(w.b, x1)), 0xd8);
-}
-
-// out[r * ldo + c] = row n0 + c of W . activation row m0 + r, for r < MT, c < NT.
-// Blocks go in groups of 8: each block's int32 dot product is reduced exactly (hadd tree) to one lane of a
-// vector, then one fma per group scales the 8 blocks by d_w * d_x. Every (r, c) pair has its own chain
-// of the same operations in the same order, so the tile shape (MT, NT) never changes a result.
-template <int MT, int NT, int F>
-inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
-  constexpr bool Q4 = nibbled(F);
-  __m256 acc[MT][NT], mins[MT][NT];
-  for (int r = 0; r < MT; ++r)
-    for (int c = 0; c < NT; ++c) acc[r][c] = mins[r][c] = _mm256_setzero_ps();
-  const int64_t nb = w.nb;
-  const int64_t bpb = F == kQ5 ? q5::kBytes : Q4 ? 16 : 32;  // code bytes a block
-  for (int64_t j0 = 0; j0 < nb; j0 += 8) {
-    const int64_t len = std::min<int64_t>(8, nb - j0);
-    {  // the weight streams kPrefetch bytes of codes ahead (on into the next rows)
-      const char* q = (const char*)(w.qs + (n0 * nb + j0) * bpb) + kPrefetch;
-      for (int64_t b = 0; b < 8 * bpb; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
-      const int64_t ahead = kPrefetch / bpb;
-      _mm_prefetch((const char*)(w.d + n0 * nb + j0 + ahead), _MM_HINT_T0);
-      if (Q4) _mm_prefetch((const char*)(w.m + n0 * nb + j0 + ahead), _MM_HINT_T0);
-    }
-    __m256i half[MT][NT], sums[MT][NT];
-    for (int k = 0; k < 4; ++k) {
-      const int64_t j = j0 + 2 * k;
-      Pair p[NT];
-      for (int c = 0; c < NT; ++c) p[c] = load_pair<F>(w, n0 + c, j, len - 2 * k);
-      for (int r = 0; r < MT; ++r) {
-        const int8_t* x = a.q.data() + ((m0 + r) * nb + j) * kBlock;
-        for (int c = 0; c < NT; ++c) {
-          const __m256i q = dot_pair<F>(p[c], x);
-          if (k % 2 == 0) {
-            sums[r][c] = q;
-          } else if (k == 1) {
-            half[r][c] = _mm256_hadd_epi32(sums[r][c], q);
-          } else {  // [b0 b2 b4 b6 | b1 b3 b5 b7]
-            sums[r][c] = _mm256_hadd_epi32(half[r][c], _mm256_hadd_epi32(sums[r][c], q));
-          }
-        }
-      }
-    }
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int c = 0; c < NT; ++c) {
-      const __m256 dw = load_halfs(w.d + (n0 + c) * nb + j0);
-      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(centre(F)), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
-      for (int r = 0; r < MT; ++r) {
-        const int64_t at = (m0 + r) * a.nbp + j0;
-        __m256i exact = _mm256_permutevar8x32_epi32(sums[r][c], order);
-        if (!Q4 && kQ8Offset)  // u x - 128 x: the block sums of q x (padding blocks: 0 - 0)
-          exact = _mm256_sub_epi32(exact, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));
-        const __m256 blocks = _mm256_cvtepi32_ps(exact);
-        acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
-        if (Q4) {  // w = d (q - 8) + z: the block offset z meets the exact sum of x, the -8 d the int8 sum
-          __m256 c8 = _mm256_loadu_ps(a.c.data() + at);  // 8 d_x isum; q5's 16 d_x isum is exactly twice it
-          if (F == kQ5) c8 = _mm256_add_ps(c8, c8);
-          mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
-          mins[r][c] = _mm256_fnmadd_ps(dw, c8, mins[r][c]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < MT; ++r)
-    for (int c = 0; c < NT; ++c) out[r * ldo + c] = hsum(acc[r][c]) + hsum(mins[r][c]);
-}
-
-// g = silu(g) * u; a tail shorter than 8 goes through the same vector arithmetic (zero-padded), so an element's
-// result never depends on where a thread's range of columns ends.
-inline void silu_mul(float* g, const float* u, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-  auto eight = [&](float* gp, const float* up) {
-    const __m256 x = _mm256_loadu_ps(gp);
-    const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
-    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
-    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
-    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(up)));
-  };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) eight(g + i, u + i);
-  if (i < n) {
-    alignas(32) float gt[8] = {}, ut[8] = {};
-    std::memcpy(gt, g + i, (n - i) * sizeof(float));
-    std::memcpy(ut, u + i, (n - i) * sizeof(float));
-    eight(gt, ut);
-    std::memcpy(g + i, gt, (n - i) * sizeof(float));
-  }
-}
-#else
-template <int MT, int NT, int F>
-inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
-  constexpr bool Q4 = nibbled(F);
-  for (int r = 0; r < MT; ++r) {
-    for (int c = 0; c < NT; ++c) {
-      const int64_t n = n0 + c;
-      float acc = 0.0f, mins = 0.0f;
-      for (int64_t j = 0; j < w.nb; ++j) {
-        const int64_t blk = (m0 + r) * a.nbp + j;
-        const int8_t* xq = a.q.data() + ((m0 + r) * w.nb + j) * kBlock;
-        int32_t s = 0;
-        for (int i = 0; i < kBlock; ++i) {
-          int wq;
-          if (F == kQ5) {
-            wq = q5::code(w.qs + n * w.nb * q5::kBytes, w.nb, j, i);
-          } else if (Q4) {
-            const uint8_t b = w.qs[(n * w.nb + j) * 16 + (i & 15)];
-            wq = i < 16 ? (b & 15) : (b >> 4);
-          } else {
-            wq = (int)w.qs[(n * w.nb + j) * 32 + i] - 128;  // u8 = q + 128
-          }
-          s += wq * xq[i];
-        }
-        const float dw = half_to_float(w.d[n * w.nb + j]);
-        acc += (float)s * (dw * a.d[blk]);
-        if (Q4)
-          mins += (half_to_float(w.m[n * w.nb + j]) + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
-      }
-      out[r * ldo + c] = acc + mins;
-    }
-  }
-}
-
-inline void silu_mul(float* g, const float* u, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-}
-#endif
+using rows::Weights;
+using rows::dot_tile;
 
 // out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
 // Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
@@ -524,28 +222,44 @@ int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes) {
   return std::max<int64_t>(16, rows / 16 * 16);
 }
 
+// fn(std::integral_constant<int, F>{}) for the format F of id f: the one place a format id becomes a kernel
+template <class Fn>
+void with_format(Format f, Fn&& fn) {
+  switch (f) {
+    case kQ8: return fn(std::integral_constant<int, kQ8>{});
+    case kQ4: return fn(std::integral_constant<int, kQ4>{});
+    case kQ6: return fn(std::integral_constant<int, kQ6>{});
+    case kQ4K: return fn(std::integral_constant<int, kQ4K>{});
+    case kQ4K16: return fn(std::integral_constant<int, kQ4K16>{});
+    case kQ5: return fn(std::integral_constant<int, kQ5>{});
+    case kQ8G: return fn(std::integral_constant<int, kQ8G>{});
+  }
+  TORCH_CHECK(false, "unknown packed format id ", (int)f);
+}
+
 }  // namespace
 
 at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const c10::optional<at::Tensor>& m,
-                   int64_t act) {
+                   int64_t fmt, int64_t act) {
   check_cpu_f32(x, "x");
   TORCH_CHECK(x.dim() == 2, "x must be (M, K)");
-  const bool q4 = m.has_value();
+  TORCH_CHECK(fmt >= 0 && fmt < formats::kCount, "unknown packed format id ", fmt, " (kernels/formats.py)");
+  const formats::Layout& L = formats::kLayouts[fmt];
+  const Format f = (Format)fmt;
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlock;
   TORCH_CHECK(K % kBlock == 0, "K must be a multiple of 32, got ", K);
-  // the format: q4 has minimums; q6 rows are K / 256 super-blocks of 210 bytes, q4k of 144, q4k16's groups of
-  // 16 rows K / 256 x 2304 bytes, q8 rows K bytes, q8g's groups K / 32 x 512
-  const bool sup = !q4 && K % q4k::kSuper == 0 && qs.dim() == 2;
-  const int64_t nsb = K / q4k::kSuper;
-  const bool q6 = sup && qs.size(1) == nsb * q6::kBytes, q4k = sup && qs.size(1) == nsb * q4k::kBytes;
-  const bool q4k16 = sup && qs.size(1) == nsb * q4k16::kGroupBytes;
-  const bool q5 = q4 && qs.dim() == 2 && qs.size(1) == nb * q5::kBytes;  // minimums and a fifth bit plane
-  const bool q8g = !q4 && qs.dim() == 2 && qs.size(1) == nb * q8g::kBlockBytes;  // 16 K: no other format's
-  const int64_t N = q4k16 ? qs.size(0) * q4k16::kRows : q8g ? qs.size(0) * q8g::kRows : qs.size(0);
-  TORCH_CHECK(qs.is_contiguous() && qs.dim() == 2 &&
-                  (q6 || q4k || q4k16 || q5 || q8g || qs.size(1) == (q4 ? K / 2 : K)) &&
-                  qs.scalar_type() == at::kByte,
-              "packed weights do not match x's K or the format");
+  TORCH_CHECK(K % L.values == 0, L.name, " weights need K a multiple of ", L.values, ", got ", K);
+  // The declared format's layout, checked, never guessed from the shapes: qs is (N / rows, K / values *
+  // code_bytes * rows) uint8, so weights of another format are refused even where a row's bytes would fit.
+  const int64_t row_bytes = K / L.values * L.code_bytes * L.rows;
+  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.dim() == 2 && qs.size(1) == row_bytes,
+              "packed weights do not match their declared format ", L.name, " (id ", fmt, ") at K = ", K,
+              ": qs must be contiguous uint8 (", L.rows > 1 ? "N/16" : "N", ", ", row_bytes, "), got ",
+              qs.scalar_type(), " ", qs.sizes());
+  TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
+  const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
+  const bool q6 = f == kQ6, q4k = f == kQ4K, q4k16 = f == kQ4K16, q8g = f == kQ8G;
+  const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
@@ -553,16 +267,17 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(!q8g || (d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 &&
                         d.size(0) == qs.size(0) && d.size(1) == nb * q8g::kRows),
               "q8g scales must be (N/16, K/32 * 16) fp16");
-  TORCH_CHECK(q6 || q4k || q4k16 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
+  TORCH_CHECK(L.scales == 0 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
               " values of padding after them");
-  TORCH_CHECK(!q4 || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad, " values of padding after them");
-  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (q4k16 || q8g ? 2 * kGroupRows : 2) == 0), "bad activation");
+  TORCH_CHECK(!affine || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad,
+              " values of padding after them");
+  TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (2 * L.rows) == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
   at::Tensor y = at::empty({M, Nout}, x.options());
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = q8g || M >= gemm_rows(q5 ? kQ5 : q4 ? kQ4 : q6 ? kQ6 : q4k ? kQ4K : q4k16 ? kQ4K16 : kQ8);
+  const bool big = q8g || M >= gemm_rows(f);
 #else
   TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;
@@ -570,10 +285,10 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (q4k || q4k16) {
     q4k::quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
-    quantize_rows(x.data_ptr<float>(), M, K, a, q4 && !big, q6);
+    quantize_rows(x.data_ptr<float>(), M, K, a, affine && !big, q6);
   }
-  Weights w{(const uint8_t*)qs.data_ptr(), q6 || q4k || q4k16 ? nullptr : (const uint16_t*)d.data_ptr(),
-            q4 ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
+  Weights w{(const uint8_t*)qs.data_ptr(), L.scales == 0 ? nullptr : (const uint16_t*)d.data_ptr(),
+            affine ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
 #ifdef PD_AVX2
@@ -588,21 +303,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
       for (int64_t p0; (p0 = next.fetch_add(chunk)) < panels;) {
         const int64_t p1 = std::min(panels, p0 + chunk);
-        if (q5) {
-          gemm_compute<kQ5>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else if (q4) {
-          gemm_compute<kQ4>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else if (q6) {
-          gemm_compute<kQ6>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else if (q4k) {
-          gemm_compute<kQ4K>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else if (q4k16) {
-          gemm_compute<kQ4K16>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else if (q8g) {
-          gemm_compute<kQ8G>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        } else {
-          gemm_compute<kQ8>(w, ga, a.k, M, Nout, ac, p0, p1, out);
-        }
+        with_format(f, [&](auto F) { gemm_compute<decltype(F)::value>(w, ga, a.k, M, Nout, ac, p0, p1, out); });
       }
     });
     return y;
@@ -619,19 +320,14 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed)) {
       const int64_t n0 = c * chunk, n1 = std::min(Nout, n0 + chunk);
-      if (q5) {
-        compute<kQ5>(w, a, M, Nout, ac, n0, n1, out);
-      } else if (q4) {
-        compute<kQ4>(w, a, M, Nout, ac, n0, n1, out);
-      } else if (q6) {
-        compute<kQ6>(w, a, M, Nout, ac, n0, n1, out);
-      } else if (q4k) {
-        compute<kQ4K>(w, a, M, Nout, ac, n0, n1, out);
-      } else if (q4k16) {
-        compute_groups(w, a, M, Nout, ac, n0, n1, out);
-      } else {
-        compute<kQ8>(w, a, M, Nout, ac, n0, n1, out);
-      }
+      with_format(f, [&](auto F) {
+        constexpr int G = decltype(F)::value;
+        if constexpr (G == kQ4K16) {
+          compute_groups(w, a, M, Nout, ac, n0, n1, out);
+        } else if constexpr (G != kQ8G) {  // q8g always takes the GEMM tiles (big)
+          compute<G>(w, a, M, Nout, ac, n0, n1, out);
+        }
+      });
     }
   });
   return y;
@@ -648,7 +344,7 @@ std::vector<int64_t> get_tuning() { return {forced_gemm_rows.load(), forced_row_
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("set_tuning(int? qgemm_rows, int? row_chunk) -> ()", &set_tuning);
   lib.def("get_tuning() -> int[]", &get_tuning);
-  lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int act) -> Tensor", &qmatmul);
+  lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int act) -> Tensor", &qmatmul);
 }
 
 }  // namespace pagedeck

@@ -62,7 +62,7 @@ def test_one_call_decode_gives_the_per_layer_bits(path, monkeypatch):
     model = Model.load(path, weights="packed")
     mixed = [isinstance(layer.qkv, PartsLinear) for layer in model.layers]
     assert mixed == ([i in (0, 3, 6, 7) for i in range(8)] if "Q4_K_M" in str(path) else [False] * 8)
-    stack, parts = model.decode_stack
+    stack, parts, ids = model.decode_stack
     assert parts[:8] == ([3, 1, 1, 1] if mixed[0] else [1, 1, 1, 1]) + [1, 1, 1, 1]
 
     def decode(one_call: bool) -> list[torch.Tensor]:
@@ -76,9 +76,12 @@ def test_one_call_decode_gives_the_per_layer_bits(path, monkeypatch):
         return out
 
     one, per_layer = decode(True), decode(False)
-    model.decode_stack = (stack, parts)
+    model.decode_stack = (stack, parts, ids)
     assert all(torch.equal(a, b) for a, b in zip(one, per_layer))
     if mixed[0]:  # a stack whose counts miss the parts: refused, not misread
-        model.decode_stack = (stack, [1] * len(parts))
+        model.decode_stack = (stack, [1] * len(parts), ids)
         with pytest.raises(RuntimeError, match="do not match the part counts"):
             decode(True)
+    model.decode_stack = (stack, parts, ids[:-1])  # a part without its format id: refused
+    with pytest.raises(RuntimeError, match="one format id per part"):
+        decode(True)

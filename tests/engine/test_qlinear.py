@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as QT
 
 from engine import Model, Tokenizer
 from engine.model import qlinear, repack
+from engine.model.qlinear import dense_weights
 from engine.model.ggml_blocks import dequantize
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, RowSplit, cat_packed, linear
 from tests.tiny_models import q4_k_m, write_tiny_gguf
@@ -68,7 +69,7 @@ def test_every_type_repacks_faithfully_and_multiplies_closely(qtype, keep_dense)
 
 
 def test_tiles_cover_matrices_taller_than_one_tile(monkeypatch):
-    monkeypatch.setattr(qlinear, "TILE_ROWS", 128)
+    monkeypatch.setattr(dense_weights, "TILE_ROWS", 128)  # the tiles dense_product takes
     raw, _ = quantized(QT.Q4_K, 300, 256)
     w = repack.from_blocks(raw, QT.Q4_K, (300, 256), keep_dense=False)
     x = torch.randn(20, 256)

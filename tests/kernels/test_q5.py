@@ -15,7 +15,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine.model import repack
 from engine.model.qlinear import Q5Linear, cat_packed
 from kernels import cpu_ext
-from kernels.packed import Q5_BYTES, q5_codes, q5_pack
+from kernels.formats import Q5
+from kernels.packed import q5_codes, q5_pack
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build, quantized_activations
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize as quantize_ggml
@@ -51,7 +52,7 @@ def stated(x: torch.Tensor, w: Q5Linear) -> torch.Tensor:
 def test_layout_round_trips_every_code(nb):
     codes = torch.randint(0, 32, (7, nb * 32), generator=torch.Generator().manual_seed(nb), dtype=torch.uint8)
     qs = q5_pack(codes)
-    assert qs.shape == (7, nb * Q5_BYTES)
+    assert qs.shape == (7, nb * Q5.code_bytes)
     assert torch.equal(q5_codes(qs), codes)
 
 

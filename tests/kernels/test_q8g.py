@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.model.qlinear import Q8Linear
-from kernels import cpu_ext
+from kernels import cpu_ext, formats
 from kernels.packed import q8_dequantize, q8_ungroup
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build
 from tests.kernels.test_qgemm import _call
@@ -81,7 +81,7 @@ def test_only_whole_groups_in_each_half_are_grouped():
     assert not w.group() and w.qs.shape == (48, 128)
     with pytest.raises(RuntimeError, match="q8g scales"):
         cpu_ext.ops().qmatmul(torch.randn(1, 128), torch.zeros(3, 4 * 512, dtype=torch.uint8),
-                              torch.zeros(3, 4 * 15, dtype=torch.float16), None, 0)
+                              torch.zeros(3, 4 * 15, dtype=torch.float16), None, formats.Q8.id(grouped=True), 0)
 
 
 def test_a_tied_q8_0_head_loads_grouped_and_the_logits_keep_their_bits(tmp_path, monkeypatch):
@@ -111,7 +111,8 @@ def test_the_avx2_build_gives_the_same_bits():
     products of groups equal this build's."""
     g = grouped_copy(random_q8(64, 640, 8))
     x = torch.randn(20, 640, generator=torch.Generator().manual_seed(1))
-    check = ("from kernels.packed import qmatmul; w = (d['qs'], d['d'], None); "
-             "assert torch.equal(qmatmul(d['x'], w), d['y']) and torch.equal(qmatmul(d['x'][:1], w), d['y1'])")
+    check = ("from kernels.packed import qmatmul; from kernels.formats import Q8; w = (d['qs'], d['d'], None); "
+             "f = Q8.id(grouped=True); "
+             "assert torch.equal(qmatmul(d['x'], w, f), d['y']) and torch.equal(qmatmul(d['x'][:1], w, f), d['y1'])")
     run_on_avx2_build({"qs": g.qs, "d": g.scale, "x": x, "y": g(x), "y1": g(x[:1])}, check, [__file__],
                       "not avx2_build and not tied")

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.model import repack_fast
 from engine.model.qlinear import Q4KLinear, cat_packed
-from kernels import cpu_ext
+from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES, group_superblocks, superblock_rows
 from tests.kernels.test_cpu_kernels import assert_rows_independent
 from tests.kernels.test_q4k import gguf_weights, random_q4k, reference_q4k
@@ -28,7 +28,7 @@ FIELDS = [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 128, 4)]
 
 def rows_product(rows: torch.Tensor, x: torch.Tensor, act: int = 0) -> torch.Tensor:
     """q4k's kernel on the file's rows (what the groups must reproduce)."""
-    return cpu_ext.ops().qmatmul(x, rows, NO_SCALES, None, act)
+    return cpu_ext.ops().qmatmul(x, rows, NO_SCALES, None, formats.Q4K.kernel_id, act)
 
 
 def layout(rows: torch.Tensor) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""The affine nibble formats, w = code * scale + minimum per 32 weights: q4 (GGUF Q4_0/Q4_1, Q4_K's sub-blocks)
+and q5 (GGUF Q5_0/Q5_1), one class of scale-and-minimum code (kernels/cpu/q5.h is the C++ family's)."""
+from __future__ import annotations
+
+import torch
+
+from kernels import cpu_ext, formats
+from kernels.formats import GROUP
+from kernels.packed import (check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
+                            q4_dequantize, q4_supported, q5_dequantize, q5_pack)
+
+from .packed_linear import PackedLinear, prompt_weights, stack_parts
+
+
+class AffineLinear(PackedLinear):
+    """Codes with an fp16 scale and minimum per 32 weights, w = code * scale + minimum: the q4 and q5 formats,
+    which differ only in how the codes are laid out (`_codes` packs them, `_decode` gives the weights back,
+    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
+        N, K = codes.shape
+        check_blocks(N, K, scale)
+        if minimum.shape != scale.shape:
+            raise ValueError(f"minimum {tuple(minimum.shape)} must match scale {tuple(scale.shape)}")
+        self._set(self._codes(codes).contiguous(), pad_scales(scale), pad_scales(minimum), keep_dense)
+
+    @classmethod
+    def from_packed(cls, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = False):
+        """Adopt ready parts without copies: qs in the format's layout, scale and minimum from padded_scales()
+        (the loader fills them tile by tile, so no (N, K) code temporaries exist)."""
+        out = cls.__new__(cls)
+        out._set(qs, scale, minimum, keep_dense)
+        return out
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
+        self.qs, self.scale, self.minimum = qs, scale, minimum
+        super().__init__((qs.shape[0], self._weights(qs.shape[1])), None)
+        if keep_dense:
+            self.dense = self.dequantize()
+
+    @classmethod
+    def cat(cls, parts: list, consume: bool = False):
+        """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see stack_parts)."""
+        dense, jit = prompt_weights(parts, consume)
+        out = cls.from_packed(stack_parts(parts, "qs", consume), pad_scales(stack_parts(parts, "scale", consume)),
+                              pad_scales(stack_parts(parts, "minimum", consume)))
+        out.dense, out.jit_dense = dense, jit
+        return out
+
+    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
+        return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+
+    def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        ops = cpu_ext.ops()
+        if ops is None:
+            return super().dense_into(start, stop, out)
+        getattr(ops, self._decode_into)(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
+
+    @property
+    def blocks(self) -> tuple:
+        return self.qs, self.scale, self.minimum
+
+
+class Q4Linear(AffineLinear):
+    """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.repack reads them from
+    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
+
+    spec = formats.Q4
+    format = spec.name
+    _codes, _decode, _decode_into = staticmethod(pack_nibbles), staticmethod(q4_dequantize), "q4_dequantize_into"
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
+        if not q4_supported():
+            raise RuntimeError("no 4-bit matmul here (pagedeck's CPU kernels did not build and this torch has no "
+                               "_weight_int4pack_mm_for_cpu); load the model with weights='dense'")
+        super().__init__(codes, scale, minimum, keep_dense)
+
+    @staticmethod
+    def _weights(code_bytes: int) -> int:
+        return code_bytes * 2
+
+    def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
+        self._int4 = None  # torch's packing, built only if the fallback runs
+        super()._set(qs, scale, minimum, keep_dense)
+
+    def _fallback(self, x: torch.Tensor) -> torch.Tensor:
+        if not int4_available() or x.device.type != "cpu":
+            return super()._fallback(x)
+        if self._int4 is None:
+            self._int4 = int4_weight(self.qs, self.scale, self.minimum)
+        return int4_matmul(x, self._int4)
+
+
+class Q5Linear(AffineLinear):
+    """5-bit codes with fp16 scale and minimum per 32: GGUF Q5_0 (minimum -16 d) and Q5_1 held exactly at 5 bits
+    a weight (as q8 they took 8.5); kernels.packed.q5_layout is the byte order. Without the CPU kernels its
+    products take dense rows."""
+
+    spec = formats.Q5
+    format = spec.name
+    _codes, _decode, _decode_into = staticmethod(q5_pack), staticmethod(q5_dequantize), "q5_dequantize_into"
+
+    @staticmethod
+    def _weights(code_bytes: int) -> int:
+        return code_bytes // Q5Linear.spec.code_bytes * GROUP

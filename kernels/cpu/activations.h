@@ -1,0 +1,140 @@
+// Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (d_x =
+// max|x| / 127, with the block's exact fp32 sum and integer sum beside it; q4k's per-256 form is q4k.h's
+// quantize_k), and SwiGLU's silu(gate) * up, the matmul's fused epilogue.
+#pragma once
+
+#include "common.h"
+#include "q4k.h"
+
+#include <vector>
+
+namespace pagedeck {
+
+// q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
+// exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
+struct QuantAct {
+  std::vector<int8_t> q;
+  std::vector<float> d, s, c;
+  std::vector<int32_t> isum;
+  std::vector<int16_t> xs16;
+  int64_t nbp = 0;
+  q4k::ActK k;  // q4k's activations (per 256, q4k.h's quantize_k) instead of the per-32 ones
+};
+
+inline QuantAct& scratch() {
+  thread_local QuantAct a;
+  return a;
+}
+
+// pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
+// so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
+// (an odd last block stays as it is).
+inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
+  const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
+  a.nbp = nbp;
+  a.q.resize(M * K);
+  a.d.assign(M * nbp, 0.0f);
+  a.s.assign(M * nbp, 0.0f);
+  a.c.assign(M * nbp, 0.0f);
+  a.isum.assign(M * nbp, 0);
+  a.xs16.assign(sums16 ? M * nbp * 2 : 0, 0);
+  for (int64_t blk = 0; blk < M * nb; ++blk) {
+    const int64_t r = blk / nb * nbp + blk % nb;
+    const float* v = x + blk * kBlock;
+    int8_t* q = a.q.data() + blk * kBlock;
+#ifdef PD_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
+           x3 = _mm256_loadu_ps(v + 24);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
+    const float amax = hmax(mx);
+    a.s[r] = hsum(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)));
+    const float d = amax / 127.0f;
+    a.d[r] = d;
+    const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, inv)),
+            i2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, inv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
+    _mm256_storeu_si256((__m256i*)q, p);
+    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
+    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    a.isum[r] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
+      __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+      t = _mm_hadd_epi32(t, t);
+      a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
+      a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
+    }
+    a.c[r] = 8.0f * d * (float)a.isum[r];
+#else
+    float amax = 0.0f, sum = 0.0f;
+    for (int i = 0; i < kBlock; ++i) {
+      amax = std::max(amax, std::fabs(v[i]));
+      sum += v[i];
+    }
+    const float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
+    a.d[r] = d;
+    a.s[r] = sum;
+    int32_t isum = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      q[i] = (int8_t)std::nearbyint(v[i] * inv);
+      isum += q[i];
+    }
+    a.isum[r] = isum;
+    a.c[r] = 8.0f * d * (float)isum;
+    if (sums16) {
+      int32_t lo = 0;
+      for (int i = 0; i < 16; ++i) lo += q[i];
+      a.xs16[2 * r] = (int16_t)lo;
+      a.xs16[2 * r + 1] = (int16_t)(isum - lo);
+    }
+#endif
+  }
+#ifdef PD_AVX2
+  if (!pairs) return;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t j = 0; j + 1 < nb; j += 2) {
+      __m256i* p = (__m256i*)(a.q.data() + (m * nb + j) * kBlock);
+      const __m256i b0 = _mm256_loadu_si256(p), b1 = _mm256_loadu_si256(p + 1);
+      _mm256_storeu_si256(p, _mm256_permute2x128_si256(b0, b1, 0x20));
+      _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(b0, b1, 0x31));
+    }
+  }
+#else
+  (void)pairs;
+#endif
+}
+
+#ifdef PD_AVX2
+// g = silu(g) * u; a tail shorter than 8 goes through the same vector arithmetic (zero-padded), so an element's
+// result never depends on where a thread's range of columns ends.
+inline void silu_mul(float* g, const float* u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+  auto eight = [&](float* gp, const float* up) {
+    const __m256 x = _mm256_loadu_ps(gp);
+    const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
+    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(up)));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) eight(g + i, u + i);
+  if (i < n) {
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    std::memcpy(gt, g + i, (n - i) * sizeof(float));
+    std::memcpy(ut, u + i, (n - i) * sizeof(float));
+    eight(gt, ut);
+    std::memcpy(g + i, gt, (n - i) * sizeof(float));
+  }
+}
+#else
+inline void silu_mul(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+}  // namespace pagedeck

@@ -1,0 +1,164 @@
+"""The packed weight formats, one entry each: the single table every other part reads.
+
+A packed (N, K) matrix is `blocks` = (qs, d, m) (kernels.packed) in one of the formats below. Each entry says:
+- `name`: what the loader, qlinear's classes and the memory estimate call it;
+- `exact`: the GGUF types it holds exactly, {type name: bytes a block adds to the file's own} (Q4_0's and
+  Q5_0's minimum -8d / -16d is stored beside the scale, 2 bytes a block the file derives);
+- `values`, `code_bytes`: weights a block and bytes of qs a block (a K-quant's super-block holds its scales);
+- `scales`: fp16 tensors of one value a block beside qs: 2 (d and m), 1 (d), 0 (the scales live inside the
+  blocks; d is then the empty NO_SCALES);
+- `kernel_id`: the C++ kernels' id of the format in rows (qmatmul.cpp dispatches on it; kernels/cpu/formats.h
+  is generated from this table), `grouped_id`: its id with rows regrouped GROUP_ROWS at a time (the same bits,
+  a layout the decode or GEMM tiles read without horizontal reductions or panel unpacking), None where the
+  format has no grouped layout.
+
+A matrix's kernel id travels beside its blocks (PackedLinear.kernel_id) into every C++ call, and the C++ checks
+the tensors' shapes against the layout that id names: a new layout whose rows have another's byte count is
+still refused, never read as the other. Every stored type no format holds exactly is re-quantized to
+REQUANTIZED (q8, Q8_0's rule). docs/adding-a-quant-format.md is the step-by-step for a new entry.
+
+`python -m kernels.formats` rewrites kernels/cpu/formats.h from this table (tests/kernels/test_formats.py
+checks that the committed header is current).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
+SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q8g.h)
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    kernel_id: int
+    exact: dict[str, int]
+    values: int
+    code_bytes: int
+    scales: int
+    grouped_id: int | None = None
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes a block takes in memory: its codes and its fp16 scale values."""
+        return self.code_bytes + 2 * self.scales
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of qs a row of k weights takes (in rows; a group's row of qs is GROUP_ROWS of these)."""
+        return k // self.values * self.code_bytes
+
+    def nbytes(self, n: int, k: int) -> int:
+        """Bytes of an (n, k) matrix: codes and scale values (the scale buffers' SCALE_PAD padding aside)."""
+        return n * (k // self.values) * self.block_bytes
+
+    def qs_shape(self, n: int, k: int, grouped: bool = False) -> tuple[int, int]:
+        """qs's shape for an (n, k) matrix, in rows or (grouped) in groups of GROUP_ROWS rows."""
+        if grouped:
+            return n // GROUP_ROWS, self.row_bytes(k) * GROUP_ROWS
+        return n, self.row_bytes(k)
+
+    def id(self, grouped: bool = False) -> int:
+        """The C++ kernels' id of this format's layout, in rows or in groups."""
+        if grouped and self.grouped_id is None:
+            raise ValueError(f"{self.name} has no grouped layout")
+        return self.grouped_id if grouped else self.kernel_id
+
+
+# The kernel ids are the C++ kernels' (kernels/cpu/formats.h); their order is history, never meaning.
+Q8 = Format("q8", 0, {"Q8_0": 0}, GROUP, GROUP, 1, grouped_id=6)
+Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2)
+Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0)
+Q4K = Format("q4k", 3, {"Q4_K": 0}, SUPER, 144, 0, grouped_id=4)
+Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
+
+FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5)}
+REQUANTIZED = Q8  # every stored type no format holds exactly (Q5_K, Q2_K, F16, ...) becomes this one
+HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() for t in f.exact}  # GGUF type name -> its format
+_CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16"}
+
+
+def get(name: str) -> Format:
+    """The format called `name`."""
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown packed format {name!r}; known: {sorted(FORMATS)}") from None
+
+
+def holding(type_name: str, weights: str = "packed") -> Format:
+    """The format a stored GGUF type becomes: under weights="packed" the format holding it exactly, else (and
+    under weights="q8") REQUANTIZED."""
+    return HOLDER.get(type_name, REQUANTIZED) if weights == "packed" else REQUANTIZED
+
+
+def holds_exactly(type_name: str, name: str) -> bool:
+    """Whether format `name` holds this stored type's weights exactly."""
+    return type_name in get(name).exact
+
+
+def ggml_block(type_name: str) -> tuple[int, int]:
+    """(weights, bytes) of one block of a GGUF type as the file stores it (gguf-py's GGML_QUANT_SIZES): the
+    raw blocks' sizes, for readers of the file's own bytes (kernels.triton_dequant, the registry's checks)."""
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+
+
+def cpp_header() -> str:
+    """kernels/cpu/formats.h's text: the C++ ids and layout sizes of every format, from this table."""
+    rows = []
+    for f in sorted(FORMATS.values(), key=lambda f: f.kernel_id):
+        rows.append((f.kernel_id, _CPP_NAMES[f.name], f.name, f.values, f.code_bytes, f.scales, 1))
+        if f.grouped_id is not None:
+            rows.append((f.grouped_id, _CPP_GROUPED[f.name], f"{f.name} grouped", f.values, f.code_bytes,
+                         f.scales, GROUP_ROWS))
+    rows.sort()
+    if [r[0] for r in rows] != list(range(len(rows))):
+        raise ValueError("kernel ids must be 0..n-1 without gaps")
+    enum = ", ".join(f"{r[1]} = {r[0]}" for r in rows)
+    table = "\n".join(f"    {{{r[3]}, {r[4]}, {r[5]}, {r[6]}, \"{r[2]}\"}},  // {r[1]}" for r in rows)
+    return f"""// Generated by `python -m kernels.formats` from kernels/formats.py (the formats' table): do not edit.
+// The packed formats' ids (the `fmt` argument of qmatmul and decode_layers) and their layouts, which qmatmul
+// checks a call's tensors against.
+#pragma once
+
+#include <cstdint>
+
+namespace pagedeck {{
+namespace formats {{
+
+enum Format : int {{ {enum} }};
+constexpr int64_t kCount = {len(rows)};
+
+struct Layout {{
+  int64_t values;      // weights a block
+  int64_t code_bytes;  // bytes of qs a block of one row
+  int64_t scales;      // fp16 (N, K / values) tensors beside qs: 2 (d, m), 1 (d), 0 (inside the blocks)
+  int64_t rows;        // rows a group of qs (1: rows)
+  const char* name;
+}};
+
+constexpr Layout kLayouts[kCount] = {{
+{table}
+}};
+
+}}  // namespace formats
+}}  // namespace pagedeck
+"""
+
+
+HEADER = Path(__file__).with_name("cpu") / "formats.h"
+
+
+def main() -> int:
+    """`python -m kernels.formats`: write kernels/cpu/formats.h from the table."""
+    HEADER.write_text(cpp_header())
+    print(f"wrote {HEADER}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

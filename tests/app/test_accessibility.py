@@ -39,6 +39,7 @@ def test_every_focusable_widget_has_an_accessible_name(qtbot, store, theme):
     window.chats.set_compare(True)
     pane = visible_panes(window)[0]
     pane.session.pin_text("notes.txt", "The harbour opens at six.")  # a pinned row with its Unpin button
+    assert pane.pinned_list.unpin_buttons[0].accessibleName() == "Unpin notes.txt"  # not just "Unpin"
     window.chats.set_view("tabs")  # the tab bar and its panes
     settle()
     for dock in window.findChildren(QDockWidget):  # each dock shown in turn

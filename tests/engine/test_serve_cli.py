@@ -26,7 +26,7 @@ def test_serve_command_answers_with_the_default_model_and_stops_on_sigterm():
     try:
         wait_healthy(url, proc, timeout=300)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
-        [model] = [m.id for m in client.models.list().data]
+        model = client.models.list().data[0].id  # the served --model comes first; found models follow
         reply = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
             max_tokens=12, temperature=0)

@@ -148,6 +148,13 @@ class ModelConfig:
         """Whether layer i's MLP is a mixture of experts."""
         return bool(self.num_experts) and (self.sparse_layers is None or self.sparse_layers[i])
 
+    def inactive_expert_parameters(self) -> int:
+        """Parameters a token never reads: in every sparse layer, the experts it does not choose (0 if dense)."""
+        if not self.num_experts:
+            return 0
+        sparse = sum(self.layer_is_sparse(i) for i in range(self.num_layers))
+        return sparse * (self.num_experts - self.experts_per_token) * 3 * self.hidden_size * self.moe_intermediate_size
+
     def layer_window(self, i: int) -> int | None:
         """The sliding window of layer i, or None where it attends to everything."""
         if not self.sliding_window:

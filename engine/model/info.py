@@ -53,6 +53,11 @@ class ModelInfo:
     def supported(self) -> bool:
         return self.problem is None
 
+    @property
+    def active_params(self) -> int:
+        """Parameters one token computes with: all but the experts it does not choose (params if dense)."""
+        return self.params - (self.config.inactive_expert_parameters() if self.config else 0)
+
 
 def read_model_info(path: str | Path) -> ModelInfo:
     """Describe a .gguf file or an HF model folder from headers; problems go in .problem, never raised."""

@@ -9,6 +9,7 @@ import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from engine.model.config import ModelConfig
+from engine.model.info import read_model_info
 from engine.model.lora import LoRA
 from tests.engine.test_model_peer import (GREEDY_TOKENS, TINY_ATOL, assert_same_greedy, greedy_hf, hf_logits, hf_model,
                                           prompt_ids)
@@ -58,7 +59,11 @@ def test_config_reads_the_experts(tiny_moe):
     from safetensors import safe_open
 
     with safe_open(folder / "model.safetensors", "pt") as f:
-        assert model.num_parameters() == sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+        total = sum(torch.Size(f.get_slice(k).get_shape()).numel() for k in f.keys())
+    assert model.num_parameters() == total
+    info = read_model_info(folder)  # and the header-only facts: total, and what one token computes with
+    assert info.supported and info.params == total
+    assert info.active_params == total - len(sparse) * (8 - 2) * 3 * 64 * 32
 
 
 def test_tiny_moe_logits_and_greedy_match_transformers(tiny_moe):
@@ -107,6 +112,24 @@ def test_moe_batch_does_not_change_experts_or_output(tiny_moe):
     prompts = [prompt_ids(5 + 11 * i, seed=10 + i) for i in range(5)]
     alone = [run_greedy(model, tok, [p], 16)[0] for p in prompts]
     assert run_greedy(model, tok, prompts, 16) == alone
+
+
+def test_q8_packs_every_expert_and_the_estimate_equals_what_loads(tmp_path):
+    """weights="q8" quantizes each expert like any projection (the router stays dense), and the memory
+    estimate still equals what loading holds."""
+    from engine import estimate_memory
+    from engine.model.qlinear import Q8Linear
+
+    folder = write_tiny_model(tmp_path / "q", "qwen3moe", tie=False, seed=7)
+    model = Model.load(folder, device="cpu", dtype=torch.float32, weights="q8")
+    block = model.layers[0].moe
+    assert all(isinstance(w, Q8Linear) for w in block.gate_up + block.down)
+    assert isinstance(block.router, torch.Tensor)
+    assert estimate_memory(folder, weights="q8").weights_bytes == model.memory_bytes()
+    dense = Model.load(folder, device="cpu", dtype=torch.float32)
+    ids = prompt_ids(24, seed=8)
+    a, b = forward_tokens(model, ids), forward_tokens(dense, ids)
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.7  # 8-bit weights and activations: mostly the same picks
 
 
 # ---------------------------------------------------------------- GGUF (llama.cpp's layout: 3-D expert tensors)

@@ -42,6 +42,7 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
     (app.local.model_slots), LoRA adapters (app.local.lora_control); the load itself is app.local.model_build."""
 
     load_progress = Signal(float)
+    load_report = Signal(object)  # engine.contract.LoadProgress: each load stage's start, advance and end
     load_stage = Signal(str)  # what a load is doing now: COMPILING (first start only), then LOADING
     loaded = Signal(object)  # info dict (see _info)
     load_failed = Signal(str)
@@ -119,8 +120,8 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
             if wait_for_replies:
                 await self._until_idle()
 
-            def progress(fraction: float) -> None:
-                loop.call_soon_threadsafe(self.load_progress.emit, float(fraction))
+            def progress(report) -> None:  # on the loading threads: post to the UI thread
+                loop.call_soon_threadsafe(self._load_reported, report)
 
             def stage(text: str) -> None:
                 loop.call_soon_threadsafe(self.load_stage.emit, text)
@@ -160,6 +161,11 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         """Return once no load is in progress (replies sent during startup wait here, 'queued')."""
         if self.loading and self._load_done is not None:
             await self._load_done.wait()
+
+    def _load_reported(self, report) -> None:
+        self.load_report.emit(report)
+        if report.stage == "weights" and report.error is None:
+            self.load_progress.emit(float(report.fraction))
 
     _build = staticmethod(build_model)  # runs on a worker thread (app.local.model_build)
 

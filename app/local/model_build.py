@@ -52,7 +52,8 @@ LOADING = "Loading model…"
 
 def build_model(req: LoadRequest, progress, stage=lambda text: None) -> tuple:
     """Runs on a worker thread: everything slow (compiling the CPU kernels on a first start, reading weights,
-    allocating the cache), saying which stage it is in."""
+    allocating the cache), saying which stage it is in; `progress` gets the model load's
+    engine.contract.LoadProgress reports (header, weights, tokenizer), from this thread and the tokenizer's."""
     import engine
 
     if not engine.cpu_kernels_built():  # once per machine and kernel version: say so, it takes a minute

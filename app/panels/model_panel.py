@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.formatting import human_bytes, human_count
+from app.panels.load_stages import LoadStages
 from engine.contract import DEFAULT_PAGE_SIZE, KV_QUANT_FORMATS, WEIGHT_FORMATS, model_path_problem
 
 # The engine owns which formats exist; the panel only labels them (a format without a label fails here).
@@ -167,6 +168,8 @@ class ModelPanel(QWidget):
         row.addWidget(self.progress, 1)
         row.addWidget(self.load_button)
         box.addLayout(row)
+        self.stages = LoadStages()  # each stage's seconds, kept after the load
+        box.addWidget(self.stages)
         box.addWidget(self.error_label)
 
         layout = QVBoxLayout(self)
@@ -267,6 +270,7 @@ class ModelPanel(QWidget):
         self.load_button.setEnabled(False)
         self.progress.setValue(0)
         self.progress.show()
+        self.stages.reset()
         self.load_requested.emit(req)
 
     @property
@@ -288,6 +292,10 @@ class ModelPanel(QWidget):
         self.progress.setRange(0, 1000)
         self.progress.show()
         self.progress.setValue(round(min(max(value, 0.0), 1.0) * 1000))
+
+    def show_load_report(self, report) -> None:
+        """A stage of the load started, advanced or ended (an engine.contract.LoadProgress)."""
+        self.stages.show_report(report)
 
     def set_loaded(self, info: Mapping[str, object]) -> None:
         """Show the model now running (and remember it in the recent list)."""

@@ -129,6 +129,7 @@ class MainWindow(QMainWindow):
         self.loader.cancelled.connect(p.cancel_loading)
         s.load_progress.connect(p.set_progress)
         s.load_stage.connect(p.show_stage)
+        s.load_report.connect(p.show_load_report)
         s.loaded.connect(p.set_loaded)
         s.load_failed.connect(p.show_error)
         self.prompt_format = PromptFormatBox()

@@ -10,6 +10,7 @@ from .formats import (
     WEIGHT_NAMES,
     check_page_size,
 )
+from .load_progress import LOAD_STAGES, LoadProgress, LoadProgressCallback, stage_summary
 from .paths import (
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHT_FILES, check_model_path, demo_adapters_folder, find_adapters, is_adapter_dir,
     is_gguf, model_path_problem,
@@ -22,7 +23,7 @@ from .settings import GREEDY_TEMPERATURE, InvalidSetting, SamplerSettings
 
 __all__ = [
     "ADAPTER_CONFIG_FILE", "AdapterSnapshot", "ADAPTER_WEIGHT_FILES", "CACHED", "DEFAULT_CACHE_TOKENS", "DEFAULT_PAGE_SIZE", "EOS_REASONS", "FREE", "GREEDY_TEMPERATURE",
-    "InvalidSetting",
+    "InvalidSetting", "LOAD_STAGES", "LoadProgress", "LoadProgressCallback", "stage_summary",
     "KV_QUANT_FORMATS", "METRICS_KEYS", "STAGES", "WEIGHT_ALIASES", "WEIGHT_FORMATS", "WEIGHT_NAMES", "DeferredResult", "EosReason", "Metrics",
     "PrefillResult", "Result", "SamplerSettings", "Stage", "StartedResult", "StreamingResult", "check_lora_pairs",
     "check_lora_scale", "check_model_path",

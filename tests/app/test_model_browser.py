@@ -75,3 +75,15 @@ def test_added_folders_are_scanned_and_remembered(panel, qtbot, tmp_path, home):
     assert "copy-of-tiny.gguf" in rows(browser)  # "-of-" in a name is not a split file's part number
     assert rows(browser)["copy-of-tiny.gguf"].text(1) == discovery.ADDED
     assert ModelBrowser(tmp_path / "folders.json", autoscan=False).added_folders == [str(added)]
+
+
+def test_the_estimate_names_the_peak_of_loading(panel):
+    from engine import estimate_memory
+    from engine.model.memory import _gib
+
+    browser = panel.browser
+    item = rows(browser)["tinyllama:latest"]
+    browser.tree.setCurrentItem(item)
+    est = estimate_memory(item.data(0, Qt.UserRole), cache_tokens=4096)
+    assert est.load_peak_bytes > est.weights_bytes
+    assert f"loading peaks at ~{_gib(est.load_peak_bytes)}" in browser.estimate_label.text()

@@ -65,3 +65,16 @@ def test_model_and_tokenizer_peak_adds_only_the_tokenizer(real_vocab_file):
     size = real_vocab_file.stat().st_size
     rss = _probe(real_vocab_file, "both")
     assert rss["peak"] <= 1.3 * size + TOKENIZER_KEEP, f"peak {rss['peak'] / size:.2f}x the file"
+
+
+def test_the_estimates_load_peak_is_the_measured_peak_of_loading(real_vocab_file):
+    """The estimate's peak of loading (weights as built, the file's pages in use, the tokenizer) is what a
+    fresh process's VmHWM shows for model and tokenizer loaded together, within 15%."""
+    from engine import estimate_memory
+
+    est = estimate_memory(real_vocab_file, weights="packed", cache_tokens=256)
+    rss = _probe(real_vocab_file, "both")
+    assert abs(est.load_peak_bytes - rss["peak"]) <= 0.15 * rss["peak"], \
+        f"estimated {est.load_peak_bytes / MB:.0f} MB, measured {rss['peak'] / MB:.0f} MB"
+    assert est.load_peak_bytes > est.weights_bytes  # the tokenizer is loaded beside the weights
+    assert "loading peaks at" in est.summary()

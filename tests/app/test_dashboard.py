@@ -26,6 +26,7 @@ def snapshot(states, t, shared=None, owners=None, tokens=0, drafted=0, accepted=
         "sampling_threads_max": 16, "prefix_hit_tokens_total": 0, "loras": [], "snapshot_time": t,
         "page_size": 256, "step_host_overhead_s": 0.0, "batch_size_peak": 0, "prompt_tokens_total": 0,
         "drafts_total": 0, "loras_loaded": [],
+        "preemptions_total": 0, "resumes_total": 0, "recomputed_tokens_total": 0,
         "page_adapters": [-1 if s == -2 else 0 for s in states], "adapter_sets": {0: []},
     }
     d.update(over)

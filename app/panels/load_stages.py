@@ -19,7 +19,6 @@ class LoadStages(QLabel):
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.setAccessibleName("Load stages")
-        self.hide()
         self.reset()
 
     def reset(self) -> None:
@@ -28,6 +27,7 @@ class LoadStages(QLabel):
         self._running: dict[str, float] = {}  # stage -> fraction so far
         self._failed: set[str] = set()
         self.clear()
+        self.hide()  # until the new load's first report (a load refused before reading shows none)
 
     def show_report(self, report: LoadProgress) -> None:
         if report.error is not None:

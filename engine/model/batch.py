@@ -40,7 +40,7 @@ class Batch:
 
         logit_rows_per_seq[i] = how many trailing tokens of sequence i need logits (default 1; 0 for none).
         prompt_seqs[i] = sequence i feeds prompt tokens (a prefill chunk) rather than generated ones; the
-        model may treat those rows differently (engine/model/qlinear.py), always per sequence, never per batch.
+        model may treat those rows differently (engine/model/qlinear/routing.py), always per sequence, never per batch.
         An int says how many of its leading tokens are prompt tokens (a chunk that refeeds a preempted job's
         prompt and reply: its reply's rows take the path they took when they were generated).
         The result's logit_offsets say where each sequence's rows land in the forward's logits.

@@ -1,7 +1,11 @@
 """Main-thread stalls while 8 chats stream: a 10 ms QTimer probe records how late each tick fires.
 
-Reports, never asserts, timing (the machine is shared). As a test it uses the tiny random model (many
-tokens per second: the UI side under stress); as a script it measures the real default model:
+As a test (the tiny random model: many tokens per second, the UI side under stress) it bounds the stalls
+that are the app's own: each tick's lateness less the time the main thread spent waiting for a CPU
+meanwhile (runnable but not running: /proc/self/task/<tid>/schedstat), which is the machine's load, not the
+app's doing. Work on the loop, a blocking call on it or the GIL held by another thread still counts. The
+bounds: p99 under two 60 Hz frames and no tick later than OWN_MAX_MS (a 100 ms block on the loop is later).
+As a script it reports the figures for the real default model:
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python tests/app/test_stalls.py [--model PATH] [--seconds 20]
 """
@@ -11,6 +15,7 @@ import argparse
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.app.support import loop, run, tiny_model  # noqa: E402,F401
 
 PROBE_MS = 10
+FRAME_MS = 1000 / 60
+OWN_P99_MS = 2 * FRAME_MS
+OWN_MAX_MS = 90.0  # lateness past the 10 ms period: a tick 100 ms after the last one is 90 ms late
 PROMPTS = [
     "Write a Python function that parses ISO dates, with tests.",
     "Explain how a paged KV cache works, with a table.",
@@ -31,8 +39,21 @@ PROMPTS = [
 ]
 
 
-async def measure(window, seconds: float, max_new_tokens: int) -> dict:
-    """Start 8 chats (4 tiled on screen, 4 streaming in the background) and probe the UI thread."""
+def cpu_wait_s(tid: int) -> float:
+    """Seconds thread `tid` of this process has spent runnable but waiting for a CPU (the second field of
+    /proc/self/task/<tid>/schedstat, in ns); 0 where the kernel does not keep it, so every stall counts."""
+    try:
+        with open(f"/proc/self/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+async def measure(window, seconds: float, max_new_tokens: int, min_tokens: int = 0) -> dict:
+    """Start 8 chats (4 tiled on screen, 4 streaming in the background) and, once all 8 stream, probe the UI
+    thread for `seconds`, and longer (up to ten times as long) until the chats have streamed `min_tokens`
+    between them: on a crowded machine a few seconds may see almost no tokens, so almost nothing to show.
+    (The 8 prompts' admission before that is reported as `all_streaming_s`, not probed.)"""
     from PySide6.QtCore import Qt, QTimer
 
     from app.core.store import ChatSettings
@@ -42,37 +63,54 @@ async def measure(window, seconds: float, max_new_tokens: int) -> dict:
     for i, p in enumerate(panes):
         p.session.set_settings(ChatSettings(max_new_tokens=max_new_tokens, seed=i))
     lateness: list[float] = []
-    last = [time.perf_counter()]
+    own: list[float] = []  # lateness less the main thread's wait for a CPU over the same gap
+    main = threading.get_native_id()
+    last = [time.perf_counter(), cpu_wait_s(main)]
 
     def tick() -> None:
-        now = time.perf_counter()
-        lateness.append(max(0.0, now - last[0] - PROBE_MS / 1000))
-        last[0] = now
+        now, waited = time.perf_counter(), cpu_wait_s(main)
+        late = max(0.0, now - last[0] - PROBE_MS / 1000)
+        lateness.append(late)
+        own.append(max(0.0, late - (waited - last[1])))
+        last[:] = [now, waited]
 
     probe = QTimer()
     probe.setTimerType(Qt.TimerType.PreciseTimer)
     probe.setInterval(PROBE_MS)
     probe.timeout.connect(tick)
+    def tokens(p) -> int:
+        return (p.session.live(p.session.messages[-1].id) or (None, p.session.messages[-1].stats))[1].new_tokens
+
+    def streamed() -> int:
+        return sum(tokens(p) for p in panes)
+
+    sent = time.perf_counter()
     for p, prompt in zip(panes, PROMPTS):
         p.send(prompt)
+    while not all(tokens(p) > 0 for p in panes) and time.perf_counter() - sent < 60:
+        await asyncio.sleep(0.01)
     start = time.perf_counter()
-    last[0] = start
+    last[:] = [start, cpu_wait_s(main)]
     probe.start()
     peak = 0
-    while time.perf_counter() - start < seconds and any(p.session.running for p in panes):
+
+    while any(p.session.running for p in panes) and time.perf_counter() - start < 10 * seconds and \
+            (time.perf_counter() - start < seconds or streamed() < min_tokens):
         peak = max(peak, window.service.snapshot()["active_jobs"])
         await asyncio.sleep(0.05)
     probe.stop()
     elapsed = time.perf_counter() - start
-    tokens = sum((p.session.live(p.session.messages[-1].id) or (None, p.session.messages[-1].stats))[1].new_tokens
-                 for p in panes)
+    tokens = streamed()
     for p in panes:
         await p.session.stop()
-    ordered = sorted(lateness) or [0.0]
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    ordered, own = sorted(lateness) or [0.0], sorted(own) or [0.0]
+    pick = lambda values, q: values[min(len(values) - 1, int(q * len(values)))] * 1000  # noqa: E731
     return {
-        "chats": len(panes), "seconds": round(elapsed, 1), "probe_ticks": len(lateness),
-        "stall_p50_ms": round(pick(0.50), 1), "stall_p99_ms": round(pick(0.99), 1), "stall_max_ms": round(ordered[-1] * 1000, 1),
+        "chats": len(panes), "all_streaming_s": round(start - sent, 2), "seconds": round(elapsed, 1),
+        "probe_ticks": len(lateness),
+        "stall_p50_ms": round(pick(ordered, 0.50), 1), "stall_p99_ms": round(pick(ordered, 0.99), 1),
+        "stall_max_ms": round(ordered[-1] * 1000, 1),
+        "own_stall_p99_ms": round(pick(own, 0.99), 1), "own_stall_max_ms": round(own[-1] * 1000, 1),
         "peak_active_jobs": peak, "tokens": tokens, "aggregate_tok_s": round(tokens / elapsed, 1),
     }
 
@@ -88,14 +126,15 @@ def test_stalls_while_eight_chats_stream(qtbot, loop, tmp_path, tiny_model, caps
         qtbot.addWidget(window)
         window.resize(1600, 900)
         window.show()
-        result = await measure(window, seconds=6.0, max_new_tokens=400)
+        result = await measure(window, seconds=6.0, max_new_tokens=400, min_tokens=8 * 8)
         await window.shutdown()
         return result
 
     result = run(loop, body(), 200)
     with capsys.disabled():
         print(f"\nmain-thread stalls, 8 chats streaming (tiny model): {json.dumps(result)}")
-    assert result["peak_active_jobs"] == 8 and result["tokens"] > 8 and result["probe_ticks"] > 10
+    assert result["peak_active_jobs"] == 8 and result["tokens"] >= 8 * 8 and result["probe_ticks"] > 10
+    assert result["own_stall_p99_ms"] < OWN_P99_MS and result["own_stall_max_ms"] < OWN_MAX_MS, result
 
 
 def main() -> int:

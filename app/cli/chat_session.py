@@ -23,6 +23,7 @@ class Options:
     max_tokens: int = 1024
     system: str | None = None
     show_thinking: bool = False
+    verbose: bool = False  # token counts and speed after each reply
 
 
 @dataclass
@@ -124,6 +125,9 @@ class ChatSession:
         if name in ("think", "nothink"):
             o.show_thinking = name == "think"
             return "thinking is " + ("shown" if o.show_thinking else "folded")
+        if name in ("verbose", "quiet"):
+            o.verbose = name == "verbose"
+            return "token counts are " + ("shown" if o.verbose else "hidden")
         if not value:
             raise ValueError(f"/set {name} needs a value")
         if name == "seed":

@@ -39,7 +39,12 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv[:1] and argv[0] in FORWARDED:  # every flag goes to the engine's own parser, --help included
         return forward.forward(argv[0], argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and not any(e.startswith("-") for e in extra):
+        args.prompt += extra  # `pagedeck run MODEL --greedy why is the sky blue`: the words after the flags
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return MODULES[args.command].run(args)
     except KeyboardInterrupt:

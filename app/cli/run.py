@@ -27,6 +27,7 @@ def add_parser(parser, name: str) -> None:
     parser.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="longest reply (default 1024)")
     parser.add_argument("--ctx", type=int, default=4096, metavar="TOKENS", help="context (KV cache) size")
     parser.add_argument("--think", action="store_true", help="show a thinking model's reasoning (default: folded)")
+    parser.add_argument("--verbose", action="store_true", help="after each reply: its token counts and speed")
     parser.add_argument("--weights", default="auto", help="weight format (as `python -m engine serve --weights`)")
     parser.add_argument("--data-dir", type=Path, default=None, help="the app's data folder (default: the user's)")
 
@@ -51,7 +52,7 @@ def run(args) -> int:
     if args.temperature is not None:
         sampler.temperature = args.temperature
     options = Options(sampler=sampler, seed=args.seed, max_tokens=args.max_tokens, system=args.system,
-                      show_thinking=args.think)
+                      show_thinking=args.think, verbose=args.verbose)
     path = model_path(args.model, args.data_dir)
     prompt = " ".join(args.prompt)
     if not sys.stdin.isatty():
@@ -74,8 +75,9 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
     out = sys.stdout
     show = session.options.show_thinking
     thinking = False
+    stream = session.send(text)
     try:
-        for reasoning, content in session.send(text):
+        for reasoning, content in stream:
             if reasoning:
                 if not thinking:
                     thinking = True
@@ -95,12 +97,18 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
     except ValueError as e:
         print(f"pagedeck: {e}", file=sys.stderr)
         return False
-    except KeyboardInterrupt:  # the reply is cut where it was; the chat goes on
+    except KeyboardInterrupt:  # the reply is cut where it was (the job cancelled); the chat goes on
+        stream.close()
         out.write(RESET + "\n^C")
     if thinking:
         out.write(RESET)
     out.write("\n")
     out.flush()
+    last = session.last
+    if session.options.verbose and last is not None:
+        rate = last.new_tokens / last.seconds if last.seconds > 0 else 0.0
+        print(f"{DIM}[prompt {last.prompt_tokens} tokens, reply {last.new_tokens} tokens, {rate:.1f} tok/s, "
+              f"{last.eos_reason}]{RESET}", file=sys.stderr, flush=True)
     return True
 
 

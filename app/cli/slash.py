@@ -10,6 +10,7 @@ HELP = """Available Commands:
   /set temperature T   sampling temperature (also top_k, top_p, min_p, repeat_penalty, seed, max_tokens)
   /set system TEXT     system prompt (empty to clear)
   /set think|nothink   show or fold a thinking model's reasoning
+  /set verbose|quiet   show or hide each reply's token counts and speed
   /show                the current settings
   /think               the last reply's folded reasoning
   /clear               forget the conversation

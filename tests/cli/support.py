@@ -21,7 +21,8 @@ def cli_env(tmp: Path, own_home: bool = True, **extra: str) -> dict:
 
 
 def pagedeck(args: list[str], env: dict, stdin: str | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, env=env, input=stdin, text=True,
+    """Run `pagedeck ARGS`; stdin is `stdin`, else empty (never the test runner's own)."""
+    return subprocess.run([sys.executable, "-m", "app", *args], cwd=REPO, env=env, input=stdin or "", text=True,
                           capture_output=True, timeout=timeout)
 
 

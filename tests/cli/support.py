@@ -28,3 +28,16 @@ def pagedeck(args: list[str], env: dict, stdin: str | None = None, timeout: floa
 
 def data_dir(env: dict) -> Path:
     return Path(env["XDG_DATA_HOME"]) / "pagedeck"
+
+
+def ask(child, line: str, keys: str | None = None) -> str:
+    """Send a line (or raw keys ending in Enter) and return what was printed until the next prompt. prompt_toolkit
+    turns bracketed paste off when a line is accepted and on when the next prompt starts: between the two is the
+    reply, whatever the screen redraws around the input line."""
+    if keys is None:
+        child.sendline(line)
+    else:
+        child.send(keys)
+    child.expect(r"\x1b\[\?2004l")
+    child.expect(r"\x1b\[\?2004h")
+    return child.before

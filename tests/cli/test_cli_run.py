@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.cli.support import REPO, cli_env, pagedeck
+from tests.cli.support import REPO, ask, cli_env, pagedeck
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -17,19 +17,6 @@ def test_one_shot_reads_the_prompt_from_stdin(tmp_path):
                  stdin="What is the capital of France?\n")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout and ">>>" not in r.stdout
-
-
-def ask(child, line: str, keys: str | None = None) -> str:
-    """Send a line (or raw keys ending in Enter) and return what was printed until the next prompt. prompt_toolkit
-    turns bracketed paste off when a line is accepted and on when the next prompt starts: between the two is the
-    reply, whatever the screen redraws around the input line."""
-    if keys is None:
-        child.sendline(line)
-    else:
-        child.send(keys)
-    child.expect(r"\x1b\[\?2004l")
-    child.expect(r"\x1b\[\?2004h")
-    return child.before
 
 
 def counts(reply: str) -> tuple[int, int]:

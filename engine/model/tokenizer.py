@@ -10,7 +10,7 @@ import json
 import re
 import threading
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -21,6 +21,7 @@ from tokenizers import Tokenizer as HFTokenizer
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>",
                       "<end_of_turn>", "</s>")
 
+from ..chat.content_parts import as_parts, takes_content_parts
 from .chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
 
 def _byte_alphabet() -> dict[int, str]:
@@ -243,11 +244,18 @@ class Tokenizer:
         return fmt
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
-        """Render messages with the chat format's template (chat_format) in a sandboxed jinja2."""
+        """Render messages with the chat format's template (chat_format) in a sandboxed jinja2. A template
+        that reads contents only as parts (a VLM's, engine.chat.content_parts) gets each string content as
+        one text part, so a chat without images renders its words there too."""
         if self._template is None:
-            self._template = _compile_template(self.chat_format.template)
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
+            template = _compile_template(self.chat_format.template)
+            render = partial(template.render, add_generation_prompt=True, bos_token=self.bos_token or "",
+                             eos_token=self.eos_token or "")
+            self._template = template, takes_content_parts(lambda probe: render(messages=probe))
+        template, parts = self._template
+        return template.render(messages=as_parts(messages) if parts else messages,
+                               add_generation_prompt=add_generation_prompt,
+                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, source={self.source!r})"

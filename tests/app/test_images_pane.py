@@ -154,9 +154,6 @@ def test_a_model_that_sees_images_gets_them_stored_and_shown(qtbot, loop, store,
     run(loop, body())
 
 
-@pytest.mark.xfail(strict=True, reason="open defect: an Idefics3 (SmolVLM) chat template iterates content parts, "
-                   "and the app hands it a message's text as a plain string: the words are rendered as nothing, and "
-                   "an empty text (an image-only message) makes the template raise")
 def test_a_vision_model_reads_the_text_of_messages_without_images(qtbot, loop, store, tiny_vlm_folder, tmp_path):
     async def body():
         service = await loaded_service(tiny_vlm_folder)

@@ -261,3 +261,20 @@ def test_gemma3_through_the_server_answers_as_the_engine_does(tmp_path):
     assert out.choices[0].message.content == mine and mine
     assert out.usage.prompt_tokens > 16  # 16 image tokens and their markers, and the text
     assert again.usage.prompt_tokens_details.cached_tokens >= out.usage.prompt_tokens - 1
+
+
+def test_a_vision_model_reads_text_only_messages_and_image_only_ones(seeing):
+    """SmolVLM's template reads contents only as parts: a text-only chat's words reach the prompt (one
+    prompt token more per word), and a message holding only an image (no text part) is answered."""
+    client, model = seeing.client(), seeing.model_name
+
+    def tokens(text: str) -> int:
+        reply = client.chat.completions.create(model=model, max_tokens=1, temperature=0,
+                                               messages=[{"role": "user", "content": text}])
+        return reply.usage.prompt_tokens
+
+    assert tokens("Hi " * 41) >= tokens("Hi") + 40
+    url = data_url(png_of(picture(3)), "image/png")
+    only = client.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+    assert only.choices[0].finish_reason in ("length", "stop") and only.usage.prompt_tokens > 13 * 16

@@ -58,7 +58,7 @@ test-first-start: $(STAMP)
 
 # A real vLLM (CPU build) in .vllm/ (built once, ~3.5 GB), serving the default model for tests/integration.
 test-vllm: $(STAMP)
-	$(BIN)/python -m tools.vllm_server
+	$(BIN)/python -m tools.peers.vllm_server
 
 bench: $(STAMP)
 	$(BIN)/python -m engine bench --peer transformers
@@ -76,12 +76,12 @@ bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3
 
 # The speed goals' big synthetic GGUFs (8B-shaped 8 and 32 layers, 3B-shaped; Q4_K_M), built once into
-# ~/.cache/pagedeck-bench (tools.bench_big), each against llama.cpp, then the paste test on the 8-layer file. Long.
+# ~/.cache/pagedeck-bench (tools.bench.bench_big), each against llama.cpp, then the paste test on the 8-layer file. Long.
 bench-big: $(VENV)/.peers
-	$(BIN)/python -m tools.bench_big build
-	for f in $$($(BIN)/python -m tools.bench_big build); do \
+	$(BIN)/python -m tools.bench.bench_big build
+	for f in $$($(BIN)/python -m tools.bench.bench_big build); do \
 		$(BIN)/python -m engine bench --model $$f --weights packed --threads 2 --peer llama.cpp --repeats 3 || exit 1; done
-	$(BIN)/python -m engine bench --model $$($(BIN)/python -m tools.bench_big build llama3-8b-8L) --paste 2000 \
+	$(BIN)/python -m engine bench --model $$($(BIN)/python -m tools.bench.bench_big build llama3-8b-8L) --paste 2000 \
 		--weights packed --threads 2 --repeats 3
 
 # The long, rough server run: 64 clients for 10 minutes on the default model (engine.bench.soak; exits 1 on an

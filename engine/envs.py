@@ -133,14 +133,14 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
         _number(int)),
     # tools and tests
     Var("PAGEDECK_BENCH_CACHE", "path", "the user cache's pagedeck-bench folder",
-        "where the big-model benchmarks keep the synthetic GGUF files they build", ("tools.bench_big",), _path),
+        "where the big-model benchmarks keep the synthetic GGUF files they build", ("tools.bench.bench_big",), _path),
     Var("PAGEDECK_VLLM_URL", "str", "none (tests/integration is skipped)",
         "a running vLLM server's URL for tests/integration (`make test-vllm` starts one and sets it)",
         ("tests.integration.conftest", "tests.integration.test_remote_vllm",
          "tests.integration.test_remote_vllm_tools"), _text),
     Var("PAGEDECK_TRITON_NATIVE", "flag (1: on)", "off",
         "1 runs the tests' Triton kernels compiled for the GPU instead of in Triton's CPU interpreter "
-        "(tools/gpu_check.sh sets it)", ("tests.conftest",), _on_if_1),
+        "(tools/bench/gpu_check.sh sets it)", ("tests.conftest",), _on_if_1),
     Var("PAGEDECK_TEST_FIRST_START", "flag (1: on)", "off",
         "1 runs the first-start test, a real kernel compile into an empty cache (`make test-first-start`)",
         ("tests.app.test_first_start",), _on_if_1),

@@ -121,7 +121,7 @@ def _sm_count(device_index: int) -> int:
 
 
 def decode_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
-    """Tile size and warps per stage-1 program. Chosen from sm_90 compiles (python -m tools.compile_check):
+    """Tile size and warps per stage-1 program. Chosen from sm_90 compiles (python -m tools.bench.compile_check):
     the largest tile that compiles without register spills; not yet tuned on a GPU."""
     block_n = 64 if head_dim <= 64 or not (quantized or fp32) else 32
     if head_dim > 128:

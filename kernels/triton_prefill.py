@@ -100,7 +100,7 @@ def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_v
 
 def prefill_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
     """Rows (tokens x packed heads) and kv tile per program; from spill-free sm_90 compiles
-    (python -m tools.compile_check), not yet tuned on a GPU."""
+    (python -m tools.bench.compile_check), not yet tuned on a GPU."""
     if head_dim > 128:
         return {"ROWS": 32, "BLOCK_N": 32, "num_warps": 8}
     if fp32:

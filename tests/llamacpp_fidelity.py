@@ -1,5 +1,5 @@
 """Pagedeck's logits beside llama.cpp's on the same tiny GGUFs, one per architecture and one per ggml type:
-the files, the llama.cpp side (tools.llamacpp_peer, one subprocess for all of them) and the measures.
+the files, the llama.cpp side (tests.oracles.llamacpp_peer, one subprocess for all of them) and the measures.
 `python -m tests.llamacpp_fidelity` prints the table docs/models/fidelity.md quotes.
 
 Every file is a tiny random model of tests.tiny_models.write_wide_gguf (rows of 256, so every type fits),
@@ -68,7 +68,7 @@ def build(tmp: str | Path, cases: list[tuple[str, str]] | None = None) -> Files:
     """Write the F32 source of each arch, quantize it with llama.cpp, and get llama.cpp's logits of each
     file, all in one subprocess. cases: (arch, type) pairs, by default llama in TYPES and ARCHS in ARCH_TYPES."""
     from tests.tiny_models import spm_vocabulary, write_wide_gguf
-    from tools.llamacpp_peer import run_jobs
+    from tests.oracles.llamacpp_peer import run_jobs
 
     tmp = Path(tmp)
     cases = cases or default_cases()

@@ -6,7 +6,7 @@ or name in the document leads to its file: a path from the repository root (`eng
 path or file name relative to the section it appears in (a section's heading names its folder:
 `### engine/model/: ...` makes `loader.py` mean `engine/model/loader.py`; a table row's first cell can name
 a sub-folder, as the app's table does), a dotted module name (`engine.vision.image_input`,
-`tools.bench_big`), or, in backticks, a bare module name (`kernel_bench` in the tools list). A wildcard
+`tools.bench.bench_big`), or, in backticks, a bare module name (`kernel_bench` in the tools list). A wildcard
 (`triton_*.py`) names no module by itself, but must match something.
 """
 from __future__ import annotations

@@ -63,12 +63,13 @@ def _cli_words() -> set[str]:
 
 
 def test_every_command_the_docs_show_exists():
-    """`python -m tools.NAME` is a module of tools/, `python -m engine CMD` a command of engine/cli.py."""
+    """`python -m tools.PACKAGE.NAME` (or `tests.oracles.NAME`) is a module of the checkout, `python -m engine CMD`
+    a command of engine/cli.py."""
     words, wrong = _cli_words(), []
     for name, text in _doc_texts().items():
-        for tool in re.findall(r"python -m tools\.([a-z_0-9]+)\b(?!\.)", text):
-            if not (ROOT / "tools" / f"{tool}.py").is_file():
-                wrong.append(f"{name}: tools.{tool}")
+        for module in re.findall(r"python -m ((?:tools|tests)(?:\.[a-z_0-9]+)+)", text):
+            if not ROOT.joinpath(*module.split(".")).with_suffix(".py").is_file():
+                wrong.append(f"{name}: {module}")
         for command in re.findall(r"python -m engine ([a-z][\w-]*)", text):
             if command not in words:
                 wrong.append(f"{name}: engine {command}")

@@ -217,7 +217,7 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
     if callable(tokenizer):
         tokenizer(w)
     elif tokenizer:
-        from tools.synthetic_gguf import copy_default_tokenizer
+        from tools.models.synthetic_gguf import copy_default_tokenizer
 
         copy_default_tokenizer(w)
     pick = qtype if callable(qtype) else (lambda _name: qtype)
@@ -275,8 +275,8 @@ def write_wide_gguf(folder: str | Path, arch: str = "llama", *, seed: int = 0, t
 
 
 def q4_k_m(name: str) -> str:
-    """llama.cpp's Q4_K_M recipe for a 2-layer model (tools.synthetic_gguf owns the rule)."""
-    from tools.synthetic_gguf import q4_k_m_type
+    """llama.cpp's Q4_K_M recipe for a 2-layer model (tools.models.synthetic_gguf owns the rule)."""
+    from tools.models.synthetic_gguf import q4_k_m_type
 
     return q4_k_m_type(name, 2)
 

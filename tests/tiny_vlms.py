@@ -161,10 +161,10 @@ def write_tiny_vlm_folder(folder: str | Path, kind: str = "idefics3", seed: int 
 
 def write_gguf_pair(hf_folder: str | Path, out_folder: str | Path, stem: str, dtype: str = "f32") -> tuple[Path, Path]:
     """The pair LM Studio downloads for a VLM, from an HF VLM folder: `<stem>.gguf` (the language model and
-    tokenizer, tools.vlm_gguf) and `mmproj-<stem>.gguf` (the vision side, tools.mmproj_gguf) in out_folder
+    tokenizer, tools.models.vlm_gguf) and `mmproj-<stem>.gguf` (the vision side, tools.models.mmproj_gguf) in out_folder
     (LM Studio keeps them in models/<publisher>/<model>/)."""
-    from tools.mmproj_gguf import write_mmproj
-    from tools.vlm_gguf import write_vlm_text_gguf
+    from tools.models.mmproj_gguf import write_mmproj
+    from tools.models.vlm_gguf import write_vlm_text_gguf
 
     out_folder = Path(out_folder)
     out_folder.mkdir(parents=True, exist_ok=True)

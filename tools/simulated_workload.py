@@ -1,6 +1,6 @@
 """A plausible generator serving several chats, as metrics()-shaped snapshots, with no engine or model:
-it feeds the dashboard in the README screenshot (tools.screenshots) and in its benchmark
-(tools.dashboard_bench), deterministically."""
+it feeds the dashboard in the README screenshot (tools.screenshots.readme) and in its benchmark
+(tools.bench.dashboard_bench), deterministically."""
 from __future__ import annotations
 
 import math

@@ -12,7 +12,7 @@ from engine.contract import SamplerSettings, check_lora_pairs
 
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
 # DRY as llama.cpp, koboldcpp and SillyTavern recommend it: small models otherwise fall into loops (the same
-# sentence until max_new_tokens); measured with tools/loop_check.py. The engine keeps DRY off by default
+# sentence until max_new_tokens); measured with tools/bench/loop_check.py. The engine keeps DRY off by default
 # (ExLlamaV2's and the server's OpenAI semantics); a chat turns it on.
 LOOP_SAFE_DRY = {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2}
 ADVANCED_SAMPLER_FIELDS = ("dry_multiplier", "dry_base", "dry_allowed_length", "mirostat", "mirostat_tau",

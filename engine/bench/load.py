@@ -2,7 +2,7 @@
 it decodes: anonymous memory before, at the peak of and after loading (sampled every 20 ms), against the
 file size; batch-1 decode step time against the weight-bandwidth roofline. One process, one model.
 
-For big files where `python -m engine bench`'s TTFT runs take too long on a CPU (e.g. tools.synthetic_gguf's
+For big files where `python -m engine bench`'s TTFT runs take too long on a CPU (e.g. tools.models.synthetic_gguf's
 7B-shaped Q4_K_M layers).
 """
 

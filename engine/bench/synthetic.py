@@ -12,7 +12,7 @@ from ..model.model import Model
 from ..model.tokenizer import Tokenizer
 from ..model.tensor_names import tensor_shapes
 
-# Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.synthetic_gguf's
+# Layer shapes of real models (HF config.json fields): the synthetic models below, and tools.models.synthetic_gguf's
 # random-weight GGUFs (which take the default tokenizer's vocabulary instead of the model's).
 SHAPES: dict[str, dict] = {
     "llama3-8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8,

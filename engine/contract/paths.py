@@ -65,5 +65,5 @@ def resources_folder() -> Path:
 
 
 def demo_adapters_folder() -> Path:
-    """resources/loras/: the demo adapters made by tools/train_lora.py (`python -m tools.train_lora`)."""
+    """resources/loras/: the demo adapters made by tools/models/train_lora.py (`python -m tools.models.train_lora`)."""
     return resources_folder() / "loras"

@@ -12,7 +12,7 @@ tensor copied or converted whole (the embedding's rows, a dense tensor) has all 
 copy until it is done. The tokenizer, built on its own thread meanwhile, keeps ~TOKENIZER_BYTES_PER_TOKEN a
 vocabulary entry (its transient build, about twice that, overlaps the first tensors; with the load's threads and
 allocator arenas it adds ~LOAD_OVERHEAD_BYTES, measured on a 49,152-token vocabulary). Measured with a fresh
-process's VmHWM on synthetic GGUFs (`python -m tools.synthetic_gguf`): within 3% of this for a 226 MB Q8_0 file
+process's VmHWM on synthetic GGUFs (`python -m tools.models.synthetic_gguf`): within 3% of this for a 226 MB Q8_0 file
 with a 151,936-token BPE vocabulary and a 72 MB Q4_K_M one; 16% under for an 8 MB one, whose fixed costs vary.
 """
 

@@ -127,7 +127,7 @@ class Model:
         """Bytes the loaded weights hold: every distinct storage behind them, counted once (a tied table that is
         both embedding and head, a packed matrix's blocks, scales and dense copy where one is kept, an
         embedding kept as its file's rows). The figure the estimate (engine.estimate_memory) predicts, the
-        app shows and tools.memory_table compares with resident memory; a tensor still viewing the mapped
+        app shows and tools.bench.memory_table compares with resident memory; a tensor still viewing the mapped
         file would count the whole file here."""
         return sum(storage.nbytes() for storage in self.weight_storages())
 

@@ -1,5 +1,5 @@
 """llama.cpp's mmproj GGUF (clip.cpp's vision encoder file): reading it, and the name table the writer
-(tools/mmproj_gguf.py) shares.
+(tools/models/mmproj_gguf.py) shares.
 
 Tensor names are gguf's MODEL_TENSOR.V_* table (`v.patch_embd`, `v.position_embd`, `v.blk.N.attn_q`,
 `v.blk.N.ln1`, `v.blk.N.ffn_up`, `v.post_ln`, `mm.model.fc` for Idefics3, `mm.input_projection` and

@@ -3,7 +3,7 @@
 // rows into a panel ([block][4-byte step][row]): on a 262k x 640 output head at 8 activation rows ~15 of ~18
 // ms went there, and a decode step with 8 chats pays it every token. Kept in that layout (llama.cpp's CPU
 // "repack" buffers interleave Q8_0 rows for the same reason), the tiles read the weights where they lie: on a
-// random 262144 x 640 q8 matrix against the same rows in row order (`python -m tools.qmatmul_bench --q8-groups
+// random 262144 x 640 q8 matrix against the same rows in row order (`python -m tools.bench.qmatmul_bench --q8-groups
 // 262144x640 --rows 1,2,8 --threads 2`, kernels/PERF.md) 1 row 6.6 -> 6.5 ms, 2 rows 13.3 -> 5.4, 8 rows 16.8
 // -> 9.8.
 //

@@ -1,4 +1,4 @@
-"""Discover's Qt-free half against a local Hub server (tools.fake_hub, loopback): search, file listing with
+"""Discover's Qt-free half against a local Hub server (tools.peers.fake_hub, loopback): search, file listing with
 quantization/size/fit, a download interrupted and resumed, a hash mismatch refused, a full disk, a 404, cancel.
 Nothing reaches the internet: every call goes to the server the test started.
 """
@@ -11,7 +11,7 @@ import pytest
 
 from app.discover.download import CANCELLED, DONE, FAILED, PAUSED, DownloadJob
 from app.discover.hub import Hub, HubError, quant_of
-from tools.fake_hub import COMMIT, FakeHub
+from tools.peers.fake_hub import COMMIT, FakeHub
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from app.discover.discover_view import DiscoverView
 from app.discover.download import CANCELLED, DONE, PAUSED, RUNNING
 from app.discover.hub import Hub
 from tests.app.support import loop, make_window, run, store, wait_until  # noqa: F401
-from tools.fake_hub import FakeHub
+from tools.peers.fake_hub import FakeHub
 
 pytestmark = pytest.mark.timeout(120)
 NAME = "tiny-llama-Q8_0.gguf"

@@ -13,7 +13,7 @@ SUMMARY = re.compile(r"^header \d+\.\d\d s · weights \d+\.\d\d s · tokenizer \
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     return write_random_gguf(tmp_path_factory.mktemp("stages") / "tiny.gguf", "tiny", 4, "Q8_0")
 

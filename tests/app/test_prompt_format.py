@@ -11,7 +11,7 @@ import pytest
 
 from app.core.store import Store
 from tests.app.support import TINY_CACHE_TOKENS, loop, make_window, run, wait_until  # noqa: F401
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 pytestmark = pytest.mark.timeout(300)
 LLAMA3 = dict(chat_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), bos="<|begin_of_text|>",

@@ -1,4 +1,4 @@
-"""`pagedeck get` against a local Hub server (tools.fake_hub, loopback; HF_ENDPOINT points at it): the
+"""`pagedeck get` against a local Hub server (tools.peers.fake_hub, loopback; HF_ENDPOINT points at it): the
 quantization chosen by name or by the preferred fitting one, a progress bar, a connection cut mid-file
 resumed by Range, a corrupt file refused by its hash; then `ls` sees the download and `rm -y` deletes it."""
 import hashlib
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.support import cli_env, pagedeck
-from tools.fake_hub import COMMIT, FakeHub
+from tools.peers.fake_hub import COMMIT, FakeHub
 
 pytestmark = pytest.mark.timeout(300)
 REPO_ID = "tester/Tiny-Llama-GGUF"

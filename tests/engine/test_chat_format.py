@@ -14,7 +14,7 @@ import pytest
 
 from engine.model.tokenizer import Tokenizer
 from tools.processes import free_port, stop, wait_healthy
-from tools.synthetic_gguf import copy_default_tokenizer, write_random_gguf
+from tools.models.synthetic_gguf import copy_default_tokenizer, write_random_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "tests" / "data" / "chat_templates"

@@ -39,7 +39,7 @@ def _prompt_logits(model: Model, ids: torch.Tensor) -> tuple[torch.Tensor, torch
 
 
 def test_default_model_prompt_logits_equal_the_kept_copy_bit_for_bit(monkeypatch):
-    from tools.weight_quality import TEXT
+    from tools.bench.weight_quality import TEXT
 
     ids = Tokenizer.load().encode(TEXT)[..., :96]
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "1")

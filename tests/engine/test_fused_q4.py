@@ -11,7 +11,7 @@ from engine.model import fused_q4, memory
 from engine.model.batch import Batch
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q8Linear
 from kernels import cpu_ext
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine.model import gguf_header
 from engine.model.gguf_file import GGUFFile, SkippedArray
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from engine import Model
 from engine.cache.paged_cache import PagedCache
 from engine.model import huge_pages
 from engine.model.batch import Batch
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 MB = 1 << 20
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 MB = 1 << 20
 TOKENIZER_KEEP = 128 * MB  # a 151,936-token BPE's vocabulary, merges and maps (measured: ~70 MB kept)

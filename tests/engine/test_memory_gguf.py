@@ -14,7 +14,7 @@ from engine.model import memory, repack
 from engine.model.embedding import GGMLRows
 from engine.model.qlinear import PackedLinear
 from engine.model.gguf_file import GGUFFile
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 
 def storages(model: Model) -> list[torch.UntypedStorage]:

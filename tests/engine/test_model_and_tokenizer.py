@@ -31,7 +31,7 @@ def test_the_pair_is_what_each_load_gives_and_the_tokenizer_loads_beside_the_wei
 
 
 def test_a_tokenizer_that_cannot_be_built_fails_the_load(tmp_path):
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     path = write_random_gguf(tmp_path / "odd.gguf", "llama3-8b", 1, "Q8_0", vocab=None, pre="no-such-pre")
     with pytest.raises(NotImplementedError, match="pre-tokenizer 'no-such-pre' is not supported"):
@@ -45,7 +45,7 @@ def test_a_missing_model_fails_with_the_models_error(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     return write_random_gguf(tmp_path_factory.mktemp("progress") / "tiny.gguf", "tiny", 4, "Q8_0")
 
@@ -88,7 +88,7 @@ def test_a_failing_load_reports_the_stage_it_failed_in(tmp_path, tiny_file):
         load_model_and_tokenizer(bad, progress=seen.append, weights="packed", check_memory=False)
     assert [(p.stage, p.error is not None) for p in seen] == [("header", False), ("header", True)]
 
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     odd = write_random_gguf(tmp_path / "odd.gguf", "tiny", 1, "Q8_0", pre="no-such-pre")
     seen.clear()

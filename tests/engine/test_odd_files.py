@@ -15,7 +15,7 @@ from engine import Model, Tokenizer
 from engine.model import discovery
 from engine.model.info import read_model_info
 from tools.logits import forward_tokens
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 49152

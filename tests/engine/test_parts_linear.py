@@ -15,7 +15,7 @@ from engine.model.batch import Batch
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tools.ggml_writers import quantize as quantize_ggml
-from tools.synthetic_gguf import write_random_gguf
+from tools.models.synthetic_gguf import write_random_gguf
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 

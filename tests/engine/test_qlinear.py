@@ -131,7 +131,7 @@ def test_the_dense_copy_rule_is_by_model_size():
 
 def decode_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Teacher-forced logits, one token per forward (decode-sized matmuls)."""
-    from tools.weight_quality import decode_logits as one_per_step
+    from tools.bench.weight_quality import decode_logits as one_per_step
 
     return one_per_step(model, ids.reshape(-1).tolist())
 
@@ -143,8 +143,8 @@ def models():
 
 @pytest.fixture(scope="module")
 def quality(models):
-    """tools.weight_quality's text through each model, one token per step (the packed kernels' path)."""
-    from tools.weight_quality import TEXT
+    """tools.bench.weight_quality's text through each model, one token per step (the packed kernels' path)."""
+    from tools.bench.weight_quality import TEXT
 
     ids = Tokenizer.load().encode(TEXT)
     return ids, {m.weight_format: decode_logits(m, ids) for m in models}
@@ -152,7 +152,7 @@ def quality(models):
 
 @pytest.mark.parametrize("fmt", ["packed", "q8"])
 def test_default_model_packed_is_smaller_and_agrees_with_dense(models, quality, fmt):
-    from tools.weight_quality import compare
+    from tools.bench.weight_quality import compare
 
     dense, packed = models[0], models[1 if fmt == "packed" else 2]
     assert packed.weight_format == fmt and isinstance(packed.layers[0].gate_up, Q4Linear if fmt == "packed" else Q8Linear)
@@ -175,7 +175,7 @@ def test_default_model_packed_is_smaller_and_agrees_with_dense(models, quality, 
 def test_default_model_packed_is_as_close_to_dense_as_llama_cpp(models, quality):
     """The same GGUF through llama.cpp (int8 activations too) is the yardstick for the packed deviation."""
     pytest.importorskip("llama_cpp")
-    from tools.weight_quality import compare, llamacpp_logits
+    from tools.bench.weight_quality import compare, llamacpp_logits
 
     ids, logits = quality
     peer = compare(logits["dense"], llamacpp_logits(models[0].path, ids.reshape(-1).tolist(), models[0].vocab_size))

@@ -1,4 +1,4 @@
-"""GGUF tokenizers of real size (tools.synthetic_vocab: a Qwen-2.5-sized byte-level BPE, a Gemma-3-sized
+"""GGUF tokenizers of real size (tools.models._synthetic_vocab: a Qwen-2.5-sized byte-level BPE, a Gemma-3-sized
 SentencePiece vocabulary as Gemma and as Llama files carry it) built in bulk by engine.model.tokenizer_gguf
 equal the plain string-by-string construction, token for token on the tokenizer fidelity texts and in
 their whole serialized pipeline, and the bulk build runs no Python code per token."""
@@ -15,7 +15,7 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer, models
 from engine.model import tokenizer_gguf
 from engine.model.gguf_file import GGUFFile
 from tests.engine.test_tokenizer import SPM_TEXTS, TEXTS
-from tools import synthetic_vocab
+from tools.models import _synthetic_vocab as synthetic_vocab
 
 # the fidelity texts, and runs of whitespace long enough to reach the 128-space tokens
 FIDELITY = TEXTS + SPM_TEXTS + [" " * 130 + "x", "a" + "\n" * 20 + "\t" * 9 + "b", "漢字テスト " * 5]

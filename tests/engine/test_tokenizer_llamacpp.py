@@ -7,7 +7,7 @@ parsing, BOS as each file asks.
 
 The BPE files carry the embedded model's real SmolLM2 vocabulary and merges (49,152 tokens) under each
 pre-tokenizer; the SentencePiece ones a small vocabulary learned the SentencePiece way
-(tests.tiny_models.spm_vocabulary). llama.cpp runs in a subprocess (tools.llamacpp_peer)."""
+(tests.tiny_models.spm_vocabulary). llama.cpp runs in a subprocess (tests.oracles.llamacpp_peer)."""
 from __future__ import annotations
 
 import pytest
@@ -45,7 +45,7 @@ def bpe_gguf(path, pre: str):
     import gguf
 
     from engine.model.weights import GGUFFile, default_model_path
-    from tools.synthetic_gguf import copy_default_tokenizer
+    from tools.models.synthetic_gguf import copy_default_tokenizer
 
     meta = dict(GGUFFile(default_model_path()).metadata)
     meta["tokenizer.ggml.pre"] = pre
@@ -85,7 +85,7 @@ def spm_texts(arch: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     """{case id: (gguf path, texts)} and llama.cpp's ids for each (add_bos per file, special on and off)."""
-    from tools.llamacpp_peer import run_jobs
+    from tests.oracles.llamacpp_peer import run_jobs
 
     tmp = tmp_path_factory.mktemp("vocab")
     files = {f"bpe-{pre}": (bpe_gguf(tmp / f"bpe-{pre}.gguf", pre), CORPUS + BPE_SPECIAL) for pre in LLAMACPP_PRES}

@@ -5,8 +5,8 @@ import pytest
 
 from engine.model.tokenizer_gguf import from_gguf
 from engine.model.gguf_file import GGUFFile
-from tools.llamacpp_peer import run_jobs
-from tools.synthetic_gguf import write_random_gguf
+from tests.oracles.llamacpp_peer import run_jobs
+from tools.models.synthetic_gguf import write_random_gguf
 
 TEXTS = ["Hello, world!!! It's 2024: 1234567 items cost $99.50 (a+b=c) <tag> x^2 ~ y|z",
          "Numbers 12 123 1234 12345, don't; ... end  \n\n  spaced", "naïve café—«quotes» 3.14159 #hash @at"]

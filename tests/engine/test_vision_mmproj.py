@@ -1,4 +1,4 @@
-"""llama.cpp's mmproj GGUF: written from a tiny HF VLM by tools.mmproj_gguf, read by engine.vision.mmproj,
+"""llama.cpp's mmproj GGUF: written from a tiny HF VLM by tools.models.mmproj_gguf, read by engine.vision.mmproj,
 it gives the HF folder's embeddings, and load_vision finds it beside a model GGUF (LM Studio's layout).
 
 Tolerances: F32 holds the same float32 weights (Gemma 3's soft-embedding norm as 1 + w, read back as
@@ -20,7 +20,7 @@ import torch
 from engine.vision import find_mmproj, load_vision
 from engine.vision.mmproj import load_mmproj
 from tests.engine.test_vision import IMAGES, write_gemma3, write_idefics3
-from tools.mmproj_gguf import write_mmproj
+from tools.models.mmproj_gguf import write_mmproj
 
 KINDS = {"idefics3": write_idefics3, "gemma3": write_gemma3}
 

@@ -1,5 +1,5 @@
 """The pair LM Studio downloads for a vision-language model, end to end: a llama.cpp-style language-model GGUF
-(tools.vlm_gguf) and its mmproj GGUF (tools.mmproj_gguf) written from a tiny random SmolVLM / Gemma 3 folder,
+(tools.models.vlm_gguf) and its mmproj GGUF (tools.models.mmproj_gguf) written from a tiny random SmolVLM / Gemma 3 folder,
 found the way the app finds them (LM Studio's models/<publisher>/<model>/ layout, Ollama's blobs through
 their manifest), loaded through the public path the app and `engine serve` take (Model.load, Tokenizer.load,
 engine.load_vision of the model's path), give the HF folder's prompt ids, image embeddings and logits.
@@ -156,14 +156,14 @@ def test_engine_serve_on_the_gguf_pair_answers_an_image_url_as_the_hf_folder(pai
 
 
 def test_llama_cpp_reads_the_text_gguf_as_pagedeck_does(pair, tmp_path):
-    """llama.cpp itself (tools.llamacpp_peer, in a process of its own) loads the text GGUF, tokenizes the
+    """llama.cpp itself (tests.oracles.llamacpp_peer, in a process of its own) loads the text GGUF, tokenizes the
     image chat's expanded prompt (tile tags and image tokens as control tokens) into pagedeck's ids, and
     gives its logits on them (the image tokens' own embeddings: text only) within test_fidelity_llamacpp's
     F32 bounds (KL mean 1e-4, 1e-3 at a position: llama.cpp keeps its K/V cache in F16)."""
     import numpy as np
 
     from tests.llamacpp_fidelity import kl
-    from tools.llamacpp_peer import run_jobs
+    from tests.oracles.llamacpp_peer import run_jobs
 
     kind, hf, _, model, _ = pair
     tok = Tokenizer.load(model)

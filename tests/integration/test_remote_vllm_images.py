@@ -12,7 +12,7 @@ The folder's text model has heads of 32 (vLLM's CPU attention refuses 16, the ot
 and it needs a processor_config.json naming image_seq_len 16 (the tiny encoder's 8 x 8 patches,
 pixel-shuffled by 2): vLLM builds transformers' Idefics3Processor, whose default (169, SmolVLM's 512 px
 tiles) would make a 100 x 70 picture 2,241 prompt tokens and overflow the 2,048 context. This module
-starts its own vLLM (tools.vllm_server.start_vision, ~2 min on a loaded 2-core machine) for the vision
+starts its own vLLM (tools.peers.vllm_server.start_vision, ~2 min on a loaded 2-core machine) for the vision
 model; the other integration tests share the text model's.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from app.core.remote_backend import RemoteBackend
 from app.core.store import ChatSettings
 from tests.engine.test_server_images import served_process
 from tests.tiny_vlms import IDEFICS3_IMAGE_TOKENS, IMAGE_SIZE, write_tiny_idefics3
-from tools import vllm_server
+from tools.peers import vllm_server
 from tools.processes import free_port, wait_healthy
 
 pytestmark = pytest.mark.timeout(900)

@@ -22,7 +22,7 @@ from app.chat.chat_session import ChatSession
 from app.core.remote_backend import RemoteBackend, chat_body
 from app.core.store import ChatSettings
 from tests.app.support import loop, run, store, wait_until  # noqa: F401
-from tools import vllm_server
+from tools.peers import vllm_server
 from tools.processes import free_port, stop, wait_healthy
 
 pytestmark = pytest.mark.timeout(900)

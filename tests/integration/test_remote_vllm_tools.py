@@ -2,7 +2,7 @@
 
 The chat is pagedeck's own: ChatSession with RemoteBackend, the ToolHub with the calc MCP server as a
 real process, the approval path. vLLM runs with `--enable-auto-tool-choice --tool-call-parser hermes
---tool-strict-level parameter` (tools/vllm_server.py):
+--tool-strict-level parameter` (tools/peers/vllm_server.py):
 
 - a named tool_choice: vLLM constrains the reply to a call of that function (a structural tag whose
   arguments follow the tool's schema), parses it and streams it as `tool_calls` deltas; the chat puts

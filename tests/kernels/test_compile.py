@@ -1,7 +1,7 @@
 """Every Triton kernel must compile for a real GPU target (sm_90) even on a machine without one: the CPU
 interpreter accepts things the compiler rejects (tl.dot shapes, mismatched return types). The attention
 hot paths' launch configurations must also fit in registers without spilling. Runs
-`python -m tools.compile_check --quick` in a subprocess, since this suite's interpreter mode
+`python -m tools.bench.compile_check --quick` in a subprocess, since this suite's interpreter mode
 (TRITON_INTERPRET=1) cannot compile."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 def test_kernels_compile_for_sm90_without_spills_on_hot_paths():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "tools.compile_check", "--quick", "--arch", "90"],
+    proc = subprocess.run([sys.executable, "-m", "tools.bench.compile_check", "--quick", "--arch", "90"],
                           cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

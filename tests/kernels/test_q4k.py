@@ -236,7 +236,7 @@ def test_the_avx2_build_gives_the_same_bits():
 
 
 def test_q4_k_file_gives_llama_cpps_logits(tmp_path):
-    """A Q4_K file (llama.cpp's quantizer, llama.cpp's logits through the tools.llamacpp_peer subprocess) read
+    """A Q4_K file (llama.cpp's quantizer, llama.cpp's logits through the tests.oracles.llamacpp_peer subprocess) read
     packed, every matrix q4k, stays within the quantized fidelity bounds (tests/engine/test_fidelity_llamacpp)."""
     pytest.importorskip("llama_cpp")
     from engine import Model

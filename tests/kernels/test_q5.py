@@ -123,7 +123,7 @@ def test_gemma_like_file_loads_q5_and_answers_as_its_dense_weights(tmp_path):
     those matrices load as q5, and decode steps stay near the dense model's logits."""
     from engine import Model
     from tools.logits import forward_tokens
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     path = write_random_gguf(tmp_path / "g.gguf", "gemma3-270m", 1, "Q4_K_M", tied=True)
     packed = Model.load(path, weights="packed", check_memory=False)

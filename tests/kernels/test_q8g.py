@@ -89,7 +89,7 @@ def test_a_tied_q8_0_head_loads_grouped_and_the_logits_keep_their_bits(tmp_path,
     the loader groups it; every logit, prompt and decode rows, equals the rows' (PAGEDECK_ROW_GROUPS=0)."""
     from engine import Model
     from tools.logits import forward_tokens
-    from tools.synthetic_gguf import write_random_gguf
+    from tools.models.synthetic_gguf import write_random_gguf
 
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
     path = write_random_gguf(tmp_path / "g.gguf", "gemma3-270m", 1, "Q4_K_M", tied=True)

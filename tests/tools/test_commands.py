@@ -1,5 +1,9 @@
-"""Every command the docs (docs/) show starts: `python -m tools.NAME --help` and the engine's
-benchmark commands answer with their usage (the full runs are smoke-tested by hand: they take minutes)."""
+"""Every command the docs (docs/) show starts: `python -m tools.PACKAGE.NAME --help` and the engine's
+benchmark commands answer with their usage (the full runs are smoke-tested by hand: they take minutes).
+
+Which modules are commands follows from the layout (tools/__init__.py): every module of a tools subpackage whose
+name has no leading underscore; the modules directly in tools/ and the underscored ones are helpers."""
+import importlib
 import pkgutil
 import subprocess
 import sys
@@ -10,20 +14,25 @@ import pytest
 import tools
 
 ROOT = Path(__file__).resolve().parents[2]
-HELPERS = {"simulated_workload", "processes", "logits", "ggml_writers", "llamacpp_peer",
-           "qgemm_bench", "q6_bench", "q8g_bench", "screenshot_images", "screenshot_session"}  # modules tools and tests import, not commands
-TOOLS = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.name not in HELPERS)
+PACKAGES = sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if m.ispkg)
+TOOLS = sorted(f"{package}.{m.name}" for package in PACKAGES
+               for m in pkgutil.iter_modules(importlib.import_module(f"tools.{package}").__path__)
+               if not m.name.startswith("_"))
 # `make test-vllm`: its arguments go to pytest, and any run builds a ~3.5 GB venv first, so no --help here.
-NO_HELP = {"vllm_server"}
+NO_HELP = {"peers.vllm_server"}
 
 
-def test_every_tool_is_listed_here():
-    assert TOOLS == ["bench_big", "compare_screenshot", "compile_check", "cpu_time_peer", "dashboard_bench", "dequant_bench", "fake_hub",
-                     "gil_wait_check",
-                     "kernel_bench", "kv_quant_error", "loop_check", "lora_bench", "memory_table", "mmproj_gguf", "prompt_rows_bench", "qmatmul_bench",
-                     "sampling_bench",
-                     "screenshots", "screenshots_tools", "server_bench", "step_profile", "synthetic_gguf", "train_lora",
-                     "vllm_server", "vlm_gguf", "weight_quality"]
+def test_tools_holds_packages_of_commands_and_shared_helpers():
+    assert PACKAGES == ["bench", "models", "peers", "screenshots"]
+    assert sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if not m.ispkg) == [
+        "ggml_writers", "logits", "processes", "simulated_workload"]
+
+
+def test_every_command_is_named_in_its_package_docstring():
+    """A package's docstring is where a reader learns what it holds: each command is named there."""
+    for name in TOOLS:
+        package, module = name.split(".")
+        assert module in importlib.import_module(f"tools.{package}").__doc__, name
 
 
 @pytest.mark.parametrize("command", [["tools." + name] for name in TOOLS if name not in NO_HELP]
@@ -40,7 +49,7 @@ def test_command_starts(command):
 def test_every_weights_name_is_accepted_by_every_command(weights):
     """server_bench once defaulted to a name `engine serve` had stopped accepting: its servers exited at start."""
     from engine.cli import build_parser
-    from tools.server_bench import DEFAULT_WEIGHTS
+    from tools.bench.server_bench import DEFAULT_WEIGHTS
 
     assert set(DEFAULT_WEIGHTS) <= {"auto", "dense", "packed", "q8", "q4"}
     for command in (["serve"], ["bench"], ["generate", "--prompt", "hi"]):

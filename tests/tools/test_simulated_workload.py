@@ -1,4 +1,4 @@
-"""tools.simulated_workload and tools.screenshots: the simulation is shaped like generator.metrics(), and
+"""tools.simulated_workload and tools.screenshots.readme: the simulation is shaped like generator.metrics(), and
 the dashboard screenshot it feeds draws something."""
 import numpy as np
 
@@ -9,7 +9,7 @@ from tools.simulated_workload import SimulatedWorkload
 def test_simulated_dashboard_screenshot(tmp_path, qtbot):
     from PySide6.QtGui import QImage
 
-    from tools.screenshots import save_dashboard_screenshot
+    from tools.screenshots.readme import save_dashboard_screenshot
 
     path = save_dashboard_screenshot(tmp_path / "dash.png", seconds=4.0, size=(400, 700))
     image = QImage(str(path))

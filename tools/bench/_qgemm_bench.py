@@ -1,0 +1,56 @@
+"""(A helper of tools.bench.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul against its per-weight-row path, on random Q4
+matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench --prompt-rows 128,512 --threads 1`).
+
+Both paths compute the same bits (kernels.cpu_ext.set_tuning picks one per call); the rounds alternate them so a
+shared machine's load meets both alike. Figures: process CPU time per call (what the kernel costs, whatever
+else runs) and wall time, medians; int8 multiply-adds per CPU second (M x N x K / cpu time).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from kernels.formats import Q4
+from kernels import cpu_ext
+from kernels.packed import ACTIVATIONS
+
+SHAPES = {"o (4096x4096)": (4096, 4096, None), "gate_up (28672x4096, swiglu)": (28672, 4096, "swiglu"),
+          "down (4096x14336)": (4096, 14336, None)}
+PATHS = {"per-row": 1000000000, "gemm": 1}  # rows from which the GEMM path runs
+
+
+def random_q4(N: int, K: int) -> tuple:
+    from engine.model.qlinear import Q4Linear
+
+    g = torch.Generator().manual_seed(N + K)
+    scale = (torch.rand(N, K // 32, generator=g) * 0.02 + 0.001).half()
+    return Q4Linear(torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), scale, -8 * scale.float()).blocks
+
+
+def run(ops, rows: list[int], threads: int, rounds: int) -> int:
+    torch.set_num_threads(threads)
+    weights = {name: (random_q4(N, K), act, N, K) for name, (N, K, act) in SHAPES.items()}
+    times: dict = {}
+    for _ in range(rounds):
+        for m in rows:
+            for name, (blocks, act, N, K) in weights.items():
+                x = torch.randn(m, K)
+                for path, rows_from in PATHS.items():
+                    cpu_ext.set_tuning(qgemm_rows=rows_from)
+                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
+                    times.setdefault((m, name, path), []).append((time.process_time() - c0,
+                                                                  time.perf_counter() - w0))
+    cpu_ext.set_tuning()  # the environment's switches again
+    print(f"Q4 packed matmul, {threads} thread(s), medians of {rounds} alternating rounds")
+    print("| rows | matrix | path | CPU ms a call | wall ms | int8 GMAC/s (CPU time) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for (m, name, path), runs in times.items():
+        N, K = SHAPES[name][:2]
+        cpu = statistics.median(r[0] for r in runs)
+        wall = statistics.median(r[1] for r in runs)
+        print(f"| {m} | {name} | {path} | {cpu * 1e3:.0f} | {wall * 1e3:.0f} | {m * N * K / cpu / 1e9:.1f} |")
+    return 0

@@ -30,6 +30,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .tool_call_pieces import JsonBrackets
 from .tool_calls import _held_suffix
 
 PYTHON_TAG = "<|python_tag|>"
@@ -108,40 +109,6 @@ class _Verdict:
     cut: bool = False  # "calls" at the end of the reply: a cut-off call followed
 
 
-class _Brackets:
-    """Where a JSON object or array ends, for one whose start stays put while text arrives: bracket depth
-    outside strings, each character scanned once, so a long held value costs no more as it grows."""
-
-    def __init__(self):
-        self.seen = self.depth = 0
-        self.in_str = self.esc = False
-        self.length: int | None = None
-
-    def end(self, s: str, j: int) -> int | None:
-        """Just past the value that starts at s[j], or None while it is unfinished."""
-        k = j + self.seen
-        while self.length is None and k < len(s):
-            c = s[k]
-            if self.in_str:
-                if self.esc:
-                    self.esc = False
-                elif c == "\\":
-                    self.esc = True
-                elif c == '"':
-                    self.in_str = False
-            elif c == '"':
-                self.in_str = True
-            elif c in "{[":
-                self.depth += 1
-            elif c in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.length = k + 1 - j
-            k += 1
-        self.seen = k - j
-        return None if self.length is None else j + self.length
-
-
 class JsonCallParser:
     """Streaming: feed() returns the text that can no longer be (part of) a call; finish() the rest, after
     which `calls` holds the calls found as (name, arguments JSON). Whitespace between text and the calls
@@ -153,7 +120,7 @@ class JsonCallParser:
         self._buf = ""
         self._offset = 0  # characters of the reply before _buf
         self._base = 0  # where the text _sequence reads starts in the reply
-        self._values: dict[int, _Brackets] = {}  # held JSON values by where they start in the reply
+        self._values: dict[int, JsonBrackets] = {}  # held JSON values by where they start in the reply
 
     def feed(self, text: str) -> str:
         self._buf += text
@@ -246,7 +213,7 @@ class JsonCallParser:
         elif s[i] == "`":
             return undecided if FENCE.startswith(s[i:]) else _Verdict("text", i + 1 - start)
         j = _skip(s, i)
-        end = self._values.setdefault(self._base + j, _Brackets()).end(s, j) if s[j:j + 1] in ("{", "[") else None
+        end = self._values.setdefault(self._base + j, JsonBrackets()).end(s, j) if s[j:j + 1] in ("{", "[") else None
         if end is None:  # unfinished (or no object or array at all)
             head = self._head(s[i:])
             if head == "no":

@@ -25,6 +25,40 @@ class ToolCallPiece:
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
+class JsonBrackets:
+    """Where a JSON object or array ends, for one whose start stays put while text arrives: bracket depth
+    outside strings, each character scanned once, so a long held value costs no more as it grows."""
+
+    def __init__(self):
+        self.seen = self.depth = 0
+        self.in_str = self.esc = False
+        self.length: int | None = None
+
+    def end(self, s: str, j: int) -> int | None:
+        """Just past the value that starts at s[j], or None while it is unfinished."""
+        k = j + self.seen
+        while self.length is None and k < len(s):
+            c = s[k]
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                elif c == "\\":
+                    self.esc = True
+                elif c == '"':
+                    self.in_str = False
+            elif c == '"':
+                self.in_str = True
+            elif c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    self.length = k + 1 - j
+            k += 1
+        self.seen = k - j
+        return None if self.length is None else j + self.length
+
+
 class LiveCall:
     """The call a region is streaming: its id and name are sent; its arguments object is sent as it
     grows, up to its closing brace (found by bracket depth outside strings). Arguments that are not an
@@ -35,8 +69,8 @@ class LiveCall:
         self.start: int | None = None  # where the object starts in the region
         self.streamable = True
         self.end: int | None = None  # just past its closing brace
-        self._pos = self._sent = self._depth = 0
-        self._in_str = self._esc = False
+        self._sent = 0
+        self._brackets = JsonBrackets()
 
     def advance(self, text: str) -> str:
         """The arguments text that `text` (the region so far) adds."""
@@ -45,29 +79,10 @@ class LiveCall:
             if not rest:
                 return ""
             self.streamable = rest[0] == "{"
-            self.start = self._pos = self._sent = len(text) - len(rest)
+            self.start = self._sent = len(text) - len(rest)
         if not self.streamable:
             return ""
-        i = self._pos
-        while i < len(text) and self.end is None:
-            c = text[i]
-            if self._in_str:
-                if self._esc:
-                    self._esc = False
-                elif c == "\\":
-                    self._esc = True
-                elif c == '"':
-                    self._in_str = False
-            elif c == '"':
-                self._in_str = True
-            elif c in "{[":
-                self._depth += 1
-            elif c in "}]":
-                self._depth -= 1
-                if self._depth == 0:
-                    self.end = i + 1
-            i += 1
-        self._pos = i
+        self.end = self._brackets.end(text, self.start)
         upto = self.end if self.end is not None else len(text)
         out, self._sent = text[self._sent:upto], max(self._sent, upto)
         return out

@@ -353,7 +353,7 @@ def _start_job(served: ServedModel, req: GenerationRequest, rid: str, index: int
         return DynamicJobAsync(served.generator, input_ids=req.input_ids, max_new_tokens=req.max_tokens,
                                min_new_tokens=req.min_tokens, gen_settings=req.sampler, seed=req.choice_seed(index),
                                stop_conditions=req.stops, filters=req.choice_filters(index),
-                               identifier=rid if req.n == 1 else f"{rid}/{index}",
+                               identifier=rid if req.n == 1 else f"{rid}/{index}", priority=req.priority,
                                return_logits=req.logprobs is not None, loras=served.job_loras(req.adapter),
                                decode_special_tokens=req.plan is not None and req.plan.decode_special,
                                **({"embeddings": req.embeddings} if req.embeddings is not None else {}))

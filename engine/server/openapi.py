@@ -109,6 +109,8 @@ FIELD_SCHEMAS: dict[str, dict] = {
     "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
     "stop": _STOP,
     "n": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_N}),
+    "priority": _nullable({"type": "integer", "description": "rank when the KV cache runs short (vLLM's): lower "
+                           "runs first; the worst-ranked running request gives its pages back and resumes later"}),
     "tools": _nullable({"type": "array", "items": _TOOL}),
     "tool_choice": _TOOL_CHOICE,
     "parallel_tool_calls": _nullable({"type": "boolean"}),

@@ -3,7 +3,7 @@
 Every field is checked before anything reaches the engine, and a bad one is a 400 naming it. Unknown
 fields are refused too (a silently ignored field would answer a different question than the one
 asked); tools, tool choice and reasoning are checked by tool_requests, image parts by image_requests; the accepted extras are the ones vLLM, SGLang and llama-server also take (top_k, min_p,
-repetition_penalty, min_tokens, ignore_eos), so a client written for them works here unchanged.
+repetition_penalty, min_tokens, ignore_eos, priority), so a client written for them works here unchanged.
 Sampling defaults are OpenAI's (temperature 1, top_p 1, no penalties), not ExLlamaV2's chat defaults.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ COMMON_FIELDS = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
     "response_format", "min_tokens", "ignore_eos",
+    "priority",  # vLLM's: lower is more urgent; when the cache runs dry the worst-ranked job gives its pages back
     "ttl", "keep_alive",  # how long the model stays loaded once idle (engine.server.lifetime, the model pool)
 }
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | TOOL_FIELDS
@@ -60,6 +61,7 @@ class GenerationRequest:
     new_filters: Callable[[], list] | None = None  # a fresh set of the filters (another choice's)
     n: int = 1  # choices: n jobs on the same prompt (prefilled once), choice i seeded seed + i
     embeddings: Any = None  # a chat with images: what ServedModel.encode_chat made of them, for the job
+    priority: int = 0  # the job's rank when pages run short: lower runs first and is preempted last (vLLM's)
 
     def choice_seed(self, index: int) -> int | None:
         """Choice i's seed: seed + i, so seeded choices differ from each other and reproduce; None: random."""
@@ -148,6 +150,7 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         include_usage=_bool_field(options, "include_usage", False, "stream_options.include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats", False, "stream_options.continuous_usage_stats"),
         plan=plan, new_filters=new_filters, n=n, embeddings=embeddings if kind == "chat" else None,
+        priority=_priority(body.get("priority")),
     )
 
 
@@ -301,6 +304,15 @@ def _seed(seed: Any) -> int | None:
     if _not_int(seed) or not 0 <= seed < 2**63:
         raise bad_request(f"seed must be an integer in [0, 2^63), got {seed!r}", "seed")
     return seed
+
+
+def _priority(priority: Any) -> int:
+    """vLLM's priority: any integer, lower more urgent; absent or null is 0."""
+    if priority is None:
+        return 0
+    if _not_int(priority):
+        raise bad_request(f"priority must be an integer (lower is more urgent), got {priority!r}", "priority")
+    return priority
 
 
 def _response_format(fmt: Any) -> list:

@@ -4,7 +4,8 @@ Qt's Markdown importer keeps code but not exactly (it expands tabs to spaces) an
 the code is taken from the Markdown itself, parsed by markdown-it (CommonMark, like Qt's md4c): each
 fenced block Qt imported is replaced by a header line (language, Copy link) and the block's exact lines,
 coloured token by token. The Copy link's id maps to that exact text; the same text always gets the same
-id, so re-rendering a streaming reply's tail does not pile up entries.
+id, so re-rendering a streaming reply's tail does not pile up entries. A style's token colours are made
+for its own background, not the code block's: each is shaded just enough to reach WCAG AA on the block.
 """
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ from pygments.lexers import get_lexer_by_name, guess_lexer
 from pygments.styles import get_style_by_name
 from pygments.token import Token
 from pygments.util import ClassNotFound
-from PySide6.QtGui import QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat
+from PySide6.QtGui import (
+    QColor, QFont, QGuiApplication, QPalette, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat,
+)
 
-from app.preferences.theme import is_dark
+from app.preferences.contrast import over, readable
+from app.preferences.theme import is_dark, quiet_text
 
 COPY_VERB = "code"  # links read pd:code/<id>
 LIGHT_STYLE, DARK_STYLE = "default", "github-dark"
+CODE_BACKGROUND = QColor(128, 128, 128, 40)  # a code block's, over the transcript's Base
 _MD = MarkdownIt("commonmark")
 _FENCE = QTextFormat.Property.BlockCodeFence
 
@@ -66,20 +71,29 @@ def _tokens(language: str, code: str) -> tuple:
 
 
 @lru_cache(maxsize=None)
-def _formats(style_name: str) -> dict:
-    """Pygments token type -> QTextCharFormat for one style (built once per style)."""
+def token_formats(style_name: str, background: tuple[float, float, float]) -> dict:
+    """Pygments token type -> QTextCharFormat for one style on one (r, g, b) background, each colour shaded
+    to AA contrast on it (built once per style and background)."""
     style = get_style_by_name(style_name)
     out = {}
     for ttype, spec in style:
         fmt = QTextCharFormat()
         if spec["color"]:
-            fmt.setForeground(QColor("#" + spec["color"]))
+            colour = QColor("#" + spec["color"]).getRgb()[:3]
+            fmt.setForeground(QColor(*readable(colour, background)))
         if spec["bold"]:
             fmt.setFontWeight(QFont.Weight.Bold)
         if spec["italic"]:
             fmt.setFontItalic(True)
         out[ttype] = fmt
     return out
+
+
+def code_background() -> tuple[float, float, float]:
+    """What a code block's translucent background looks like over the app palette's Base (unrounded: a
+    shade chosen to just reach AA on it must not miss by a rounding)."""
+    base = QGuiApplication.palette().color(QPalette.ColorRole.Base).getRgb()[:3]
+    return over(CODE_BACKGROUND.getRgb()[:3], CODE_BACKGROUND.alphaF(), base)
 
 
 def _token_format(formats: dict, ttype) -> QTextCharFormat:
@@ -111,6 +125,8 @@ class CodeBlocks:
             return  # most streaming updates: no fence, no Markdown parse
         blocks = self._runs(start, fences(markdown))
         style = DARK_STYLE if is_dark() else LIGHT_STYLE
+        self._quiet = quiet_text().name()
+        self._behind = code_background()
         for fence, first, last in reversed(blocks):  # from the end: earlier positions stay valid
             self._replace(fence, first, last, style)
 
@@ -152,9 +168,9 @@ class CodeBlocks:
         c.setBlockFormat(header)
         c.setCharFormat(QTextCharFormat())
         label = f"{html.escape(fence.language)} · " if fence.language else ""
-        c.insertHtml(f'<small><span style="color: gray">{label}</span>'
+        c.insertHtml(f'<small><span style="color: {self._quiet}">{label}</span>'
                      f'<a href="pd:{COPY_VERB}/{self._id(fence.code)}">Copy</a></small>')
-        formats, merged = _formats(style), {}
+        formats, merged = token_formats(style, self._behind), {}
         c.insertBlock(self.block_format, self.char_format)
         for ttype, value in _tokens(fence.language, fence.code):
             fmt = merged.get(ttype)

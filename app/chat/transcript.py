@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import (
-    QColor, QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextImageFormat,
+    QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextImageFormat,
 )
 
 from app.chat.attachments import thumbnail
 
-from app.chat.code_blocks import CodeBlocks
+from app.chat.code_blocks import CODE_BACKGROUND, CodeBlocks
 from app.core.formatting import stats_text
+from app.preferences.theme import quiet_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-CODE_BACKGROUND = QColor(128, 128, 128, 40)
 THUMB = 160  # px: a message's images as thumbnails under its header
 _FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
@@ -254,7 +254,7 @@ class Transcript:
 
     def _stats_format(self) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        fmt.setForeground(QColor(120, 120, 120))
+        fmt.setForeground(quiet_text())  # AA on the theme's background
         fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * 0.85))
         return fmt
 
@@ -289,7 +289,7 @@ class Transcript:
         """The thinking's one-line summary (a link that folds it open or shut) and, when open, its text."""
         c = self._cursor()
         arrow = "▾" if expanded else "▸"
-        c.insertHtml(f'<a href="pd:think/{message_id}" style="color: gray; text-decoration: none">'
+        c.insertHtml(f'<a href="pd:think/{message_id}" style="color: {quiet_text().name()}; text-decoration: none">'
                      f'{arrow} {html.escape(label)}</a>')
         if expanded:
             for paragraph in text.split("\n\n"):

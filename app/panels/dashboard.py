@@ -136,7 +136,7 @@ class DashboardDock(QDockWidget):
         self.charts.ci.layout.setVerticalSpacing(2)
         self.plots: dict[str, pg.PlotItem] = {}
         colours = {
-            "referenced_pct": (80, 200, 120), "cached_pct": (128, 134, 150), "active": (31, 119, 180),
+            "referenced_pct": (80, 200, 120), "cached_pct": (128, 134, 150), "active": (51, 131, 187),
             "pending": (255, 127, 14), "deferred": (200, 110, 230), "tokens_per_s": (23, 190, 207),
             "acceptance_pct": (188, 189, 34), "sampling_busy": (227, 119, 194), "sampling_max": (150, 150, 150),
         }

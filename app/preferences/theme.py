@@ -3,7 +3,9 @@
 Qt reports the desktop's colour scheme (QStyleHints.colorScheme, and colorSchemeChanged when the user
 flips it); the app applies a palette of its own for the scheme it wants, because the platform palette
 only ever matches the system (a "dark" override on a light desktop would otherwise keep light colours).
-Widgets that colour things themselves (code highlighting) ask `is_dark()` of the app palette.
+Widgets that colour things themselves (code highlighting) ask `is_dark()` of the app palette. Both
+palettes keep text at WCAG AA (4.5:1) on its background: Fusion's light highlight and visited-link colours
+fall short, so the light palette takes darker shades of the same hues.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
+from app.preferences.contrast import readable
 from app.preferences.preferences import Preferences
 
 _Role, _Group = QPalette.ColorRole, QPalette.ColorGroup
@@ -20,7 +23,7 @@ _DARK = {
     _Role.PlaceholderText: (150, 150, 150), _Role.Text: (225, 225, 225), _Role.Button: (53, 53, 57),
     _Role.ButtonText: (225, 225, 225), _Role.BrightText: (255, 90, 90), _Role.Light: (75, 75, 80),
     _Role.Midlight: (62, 62, 66), _Role.Mid: (40, 40, 43), _Role.Dark: (25, 25, 27), _Role.Shadow: (10, 10, 10),
-    _Role.Highlight: (42, 130, 218), _Role.HighlightedText: (255, 255, 255), _Role.Link: (110, 170, 255),
+    _Role.Highlight: (39, 120, 201), _Role.HighlightedText: (255, 255, 255), _Role.Link: (110, 170, 255),
     _Role.LinkVisited: (180, 140, 255),
 }
 _DARK_DISABLED = {_Role.WindowText: (125, 125, 125), _Role.Text: (125, 125, 125), _Role.ButtonText: (125, 125, 125),
@@ -43,13 +46,30 @@ def dark_palette() -> QPalette:
     return p
 
 
+_LIGHT = {_Role.Highlight: (43, 125, 176), _Role.LinkVisited: (209, 0, 209)}  # Fusion's, darkened to reach AA
+
+
 def light_palette() -> QPalette:
-    """Fusion's standard palette: light whatever the desktop uses."""
+    """Fusion's standard palette (light whatever the desktop uses) with AA-contrast highlight and visited links."""
     style = QStyleFactory.create("Fusion")
     try:
-        return QPalette(style.standardPalette())
+        p = QPalette(style.standardPalette())
     finally:
         style.deleteLater()
+    for role, rgb in _LIGHT.items():
+        p.setColor(_Group.Active, role, QColor(*rgb))
+        p.setColor(_Group.Inactive, role, QColor(*rgb))
+    return p
+
+
+def quiet_text(palette: QPalette | None = None) -> QColor:
+    """Grey for secondary text (a reply's stats, a code block's language): the mid grey, shaded just enough
+    to read at AA on both the palette's Base (documents) and Window (panels)."""
+    p = palette if palette is not None else QGuiApplication.palette()
+    rgb = (128, 128, 128)
+    for role in (_Role.Base, _Role.Window, _Role.Base):  # twice: a shade for one may need re-checking on the other
+        rgb = readable(rgb, p.color(role).getRgb()[:3])
+    return QColor(*rgb)
 
 
 class Theme(QObject):

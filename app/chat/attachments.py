@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QLayout, QSizePo
 
 from app.chat.pane_widgets import ElidedLabel
 from app.core.images import AttachedImage, ImageError, attach_bytes, attach_file, image_tokens, sees_images
+from app.preferences.theme import quiet_text
 
 THUMB = 48  # px, the tray's thumbnails
 IMAGE_FILES = "Images (*.png *.jpg *.jpeg *.webp *.gif);;All files (*)"
@@ -90,7 +91,7 @@ class Attachments(QWidget):
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self.setMinimumWidth(0)
         self.summary = ElidedLabel()
-        self.summary.setStyleSheet("color: gray")
+        self.summary.setStyleSheet(f"color: {quiet_text().name()}")
         self._filters: list[_DropFilter] = []
         self.refresh()
 

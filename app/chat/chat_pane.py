@@ -20,6 +20,7 @@ from app.chat.chat_session import ChatSession
 from app.chat.pane_actions import PaneActions
 from app.chat.pane_extras import PinnedList, QueueList
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, CompactButtons, ElidedLabel, activity_icon
+from app.preferences.theme import quiet_text
 from app.chat.prompt_edit import PromptEdit
 from app.chat.render_scheduler import RenderScheduler
 from app.chat.reply_display import shown
@@ -53,9 +54,9 @@ class ChatPane(PaneActions, QWidget):
         self.title = ElidedLabel()
         self.title.setStyleSheet("font-weight: bold")
         self.state = ElidedLabel()
-        self.state.setStyleSheet("color: gray")
+        self.state.setStyleSheet(f"color: {quiet_text().name()}")
         self.meter = ElidedLabel()
-        self.meter.setStyleSheet("color: gray")
+        self.meter.setStyleSheet(f"color: {quiet_text().name()}")
         self.prompt_format = ElidedLabel(parent=self)  # the prompt format (template / plain text): in details
         self.prompt_format.hide()
         self.settings_btn = QToolButton(text="Settings…")

@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QHBoxLayout, QToolButton, QVBoxLayout, QWidget
 from app.chat.chat_session import ChatSession
 from app.chat.pane_widgets import ElidedLabel
 from app.core.message_queue import QueuedMessage
+from app.preferences.theme import quiet_text
 
 MAX_ROWS_SHOWN = 4  # more queued messages are summed up in one line
 
@@ -43,7 +44,7 @@ class QueueList(QWidget):
             line = QHBoxLayout(row)
             line.setContentsMargins(0, 0, 0, 0)
             label = ElidedLabel(f"queued {n + 1}: {queued.content}")
-            label.setStyleSheet("color: gray")
+            label.setStyleSheet(f"color: {quiet_text().name()}")
             edit, cancel = QToolButton(text="Edit"), QToolButton(text="✕")
             cancel.setToolTip("Cancel this queued message")
             edit.setAccessibleName(f"Edit queued message {n + 1}")
@@ -57,7 +58,7 @@ class QueueList(QWidget):
             self.rows.append((queued, edit, cancel))
         if len(items) > MAX_ROWS_SHOWN:
             more = ElidedLabel(f"… and {len(items) - MAX_ROWS_SHOWN} more queued")
-            more.setStyleSheet("color: gray")
+            more.setStyleSheet(f"color: {quiet_text().name()}")
             self._layout.addWidget(more)
         self.setVisible(bool(items))
 

@@ -78,8 +78,12 @@ def test_extreme_codes_scales_and_activations_sum_exactly():
     raw[:, 192:208] = torch.tensor([127, 128], dtype=torch.uint8).repeat(8)  # scales 127, -128 alternating
     raw[:, 208:210] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
     w = Q6Linear(raw.reshape(N, -1))
-    x = torch.cat([torch.full((1, K), 2.0), torch.full((1, K), -2.0), torch.randn(2, K).sign() * 3])
-    torch.testing.assert_close(w(x).double(), reference_q6(x, w), rtol=1e-6, atol=1e-6)
+    signs = torch.randn(2, K, generator=torch.Generator().manual_seed(0)).sign()
+    x = torch.cat([torch.full((1, K), 2.0), torch.full((1, K), -2.0), signs * 3])
+    # float32 accumulation errs ~1e-8 of sum |w x| (rows of mixed signs cancel, so a bound relative to the
+    # result fails on ~6 % of sign draws); an overflowed int16 pair sum or int32 product errs by a large part of it
+    scale = x.double().abs() @ w.dequantize().double().abs().T
+    assert ((w(x).double() - reference_q6(x, w)).abs() <= 1e-6 * scale).all()
 
 
 def test_a_rows_result_never_depends_on_the_other_rows():

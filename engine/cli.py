@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure decode speed, concurrency and prefix-cache TTFT")
     b.add_argument("--model", metavar="PATH",
                    help="HF model folder, .gguf file, or a synthetic random model: "
-                        "llama3-8b-random (default: the embedded SmolLM2)")
+                        "llama3-8b-random or smollm2-135m-random (default: the embedded SmolLM2)")
     b.add_argument("--streams", type=_positive_int, default=8, metavar="N", help="concurrent streams (default 8)")
     b.add_argument("--prompt-tokens", type=_positive_int, default=128, metavar="P",
                    help="prompt length of the decode and streams runs (default 128)")

@@ -19,6 +19,8 @@ SHAPES: dict[str, dict] = {
                       head_dim=128, rope_theta=500000.0),
     "llama2-7b": dict(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
                       head_dim=128, rope_theta=10000.0),
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3,
+                         head_dim=64, rope_theta=100000.0),
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
                        head_dim=128, rope_theta=1000000.0),
 }
@@ -30,7 +32,16 @@ SYNTHETIC_MODELS: dict[str, dict] = {
         "num_hidden_layers": 32, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
         "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
     },
+    # The embedded default model's shapes: its speed on a machine that lacks the model's file (a bare GPU machine).
+    "smollm2-135m-random": {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 49152, **SHAPES["smollm2-135m"],
+        "num_hidden_layers": 30, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+    },
 }
+
+# Above this many parameters a synthetic model is a GPU benchmark: fp32 on a CPU would not fit or would crawl.
+CPU_PARAMS_LIMIT = 2e9
 
 
 def _config(name: str) -> dict:
@@ -74,12 +85,12 @@ def placeholder_tokenizer(vocab_size: int) -> Tokenizer:
 
 
 def synthetic_model(name: str, device: torch.device | str | None = None) -> Model:
-    """One of SYNTHETIC_MODELS; refuses (clearly) where it can't run usefully: only CUDA has the memory."""
+    """One of SYNTHETIC_MODELS; refuses (clearly) where it can't run usefully: a large one needs CUDA's memory."""
     config = ModelConfig.from_hf(_config(name))
     dev = torch.device(device) if device is not None else default_device()
     dt = default_dtype(dev)
     params = sum(torch.Size(s).numel() for s in tensor_shapes(config).values())
-    if dev.type != "cuda":
+    if dev.type != "cuda" and params > CPU_PARAMS_LIMIT:
         raise ValueError(f"{name} ({params / 1e9:.1f}B parameters, {params * 4 / 1e9:.0f} GB in fp32) is a GPU "
                          "benchmark: it needs a CUDA device and none is available here")
     model = random_model(config, dev, dt)

@@ -2,10 +2,10 @@
 # One pass of the CUDA path on a lent GPU machine, inside a fixed time budget (seconds, $1, default 420):
 # the GPU tests with native Triton, then the benches, most valuable first; every step's log goes to $OUT
 # (or ./gpu-out). Packages the machine lacks travel as wheels in .whl/ (installed into /tmp/site).
-# Usage: bash tools/bench/gpu_check.sh [budget_s] [steps...]   steps: env tests dequant engine attention
+# Usage: bash tools/bench/gpu_check.sh [budget_s] [steps...]   steps: env tests small engine dequant attention
 set -u
 budget=${1:-420}; shift || true
-steps=${*:-env tests dequant engine attention}
+steps=${*:-env tests small engine dequant attention}
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PAGEDECK_TRITON_NATIVE=1 PAGEDECK_CPU_KERNELS=0
 py=python3
@@ -31,8 +31,9 @@ step() {  # step NAME CAP command...: run with the smaller of CAP and what is le
 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; \
   $py -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, \
   torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)'; lscpu | grep 'Model name'"
-step tests 240 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -rs
-step dequant 90 $py -m tools.bench.dequant_bench --json "$out/dequant.json"
-step engine 200 $py -m engine bench --model llama3-8b-random --peer transformers --repeats 1 --streams 8
+step tests 200 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -rs --durations=8
+step small 90 $py -m engine bench --model smollm2-135m-random --peer transformers --repeats 3 --streams 8
+step engine 150 $py -m engine bench --model llama3-8b-random --peer transformers --repeats 1 --streams 64
+step dequant 60 $py -m tools.bench.dequant_bench --json "$out/dequant.json"
 step attention 150 $py -m tools.bench.kernel_bench --quant none q8 q4 --json "$out/attention.json"
 echo "== done at ${SECONDS}s"

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers bench-big peers soak soak-app clean
+.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers bench-pages bench-big peers soak soak-app clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -74,6 +74,11 @@ peers: $(VENV)/.peers
 bench-peers: $(VENV)/.peers
 	$(BIN)/python -m engine bench --weights packed --threads 2 --peer llama.cpp --repeats 3
 	$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3
+
+# Pages on demand against the old whole-reply reservation and llama.cpp's 16 slots: 16 chats x 2,048 new tokens
+# on a 16,384-token cache (tools.bench.pages_bench; MODEL=FILE.gguf for another file than the default model's). Long.
+bench-pages: $(VENV)/.peers
+	$(BIN)/python -m tools.bench.pages_bench --threads 2 --repeats 3 $(if $(MODEL),--model $(MODEL))
 
 # The speed goals' big synthetic GGUFs (8B-shaped 8 and 32 layers, 3B-shaped; Q4_K_M), built once into
 # ~/.cache/pagedeck-bench (tools.bench.bench_big), each against llama.cpp, then the paste test on the 8-layer file. Long.

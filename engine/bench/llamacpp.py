@@ -38,7 +38,9 @@ def _llama_cpp():
 class LlamaCpp:
     """A llama.cpp context driven token by token: decode([(seq, tokens, start, want_logits)]) -> next tokens."""
 
-    def __init__(self, path: str | Path, n_ctx: int, n_seq: int, threads: int):
+    def __init__(self, path: str | Path, n_ctx: int, n_seq: int, threads: int, unified: bool = True):
+        """unified=False splits n_ctx evenly between the n_seq sequences (llama-server's slots: -c / -np each),
+        llama.cpp itself refusing a sequence that outgrows its share."""
         L = self.L = _llama_cpp()
         self._quiet = L.llama_log_callback(lambda level, text, user: None)  # kept: ctypes callback lifetime
         L.llama_log_set(self._quiet, ctypes.c_void_p())
@@ -52,7 +54,7 @@ class LlamaCpp:
         p.n_batch = MAX_BATCH
         p.n_seq_max = n_seq
         p.n_threads = p.n_threads_batch = threads
-        p.kv_unified = True  # one cache shared by all sequences, as pagedeck's page pool
+        p.kv_unified = unified  # True: one cache shared by all sequences, as pagedeck's page pool
         p.no_perf = True
         self.ctx = L.llama_init_from_model(self.model, p)
         if not self.ctx:

@@ -276,7 +276,7 @@ class ChatPane(PaneActions, QWidget):
         self.continue_action.setEnabled(self.session.can_continue())
         CHAT_COLOURS.set_label(self.session.chat_id, self.session.chat.title)
         if running and stats is not None and stats.prompt_tokens is not None:
-            self._set_meter(stats.prompt_tokens + stats.new_tokens, stats.dropped_messages)
+            self._set_meter(stats.prompt_tokens + stats.new_tokens, stats.dropped_turns)
 
     def update_meter(self) -> None:
         """Context meter: tokens this chat's next prompt holds (or the last reply's prompt + reply) / the limit;
@@ -285,7 +285,7 @@ class ChatPane(PaneActions, QWidget):
         replies = [m for m in self.session.messages if m.role == "assistant" and m.stats is not None]
         last = replies[-1].stats if replies else None
         if last is not None and last.prompt_tokens is not None and self.session.messages[-1].role == "assistant":
-            self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_messages)
+            self._set_meter(last.prompt_tokens + last.new_tokens, last.dropped_turns)
             return
         history = [{"role": m.role, "content": m.content} for m in self.session.messages]
         used = self.session.backend.count_tokens(history, self.session.prompt_settings())  # None: can't count
@@ -338,8 +338,8 @@ class ChatPane(PaneActions, QWidget):
             return
         text = f"context {used if used is not None else '?'} / {limit} tok"
         compact = f"{used if used is not None else '?'}/{_k(limit)}"
-        if dropped:
-            text += f" · {dropped} oldest messages left out"
+        if dropped:  # whole turns the chat's context overflow policy left out of the prompt (the chat keeps them)
+            text += f" · {dropped} turn{'s' if dropped != 1 else ''} left out of the prompt"
             compact += f" −{dropped}"
         self.meter.setText(text, compact)
         self._update_details()

@@ -22,7 +22,8 @@ from app.agent.live_reply import LiveReply
 from app.agent.reply_rounds import MAX_ROUNDS, RoundParser, prompt_history, round_messages, rounds_markdown, rounds_of
 from app.agent.tool_hub import Approval, ToolRequest
 from app.chat.reply_tracker import ReplyTracker
-from app.core.context import fit_context
+from app.core.context import fit_context, reply_filled_message
+from app.core.context_window import STOP_AT_LIMIT
 from app.core.images import sees_images, with_images
 from app.core.reply_trace import ToolCallRecord
 from app.core.store import RUNNING_STATES, ChatSettings, Message, ReplyStats
@@ -55,14 +56,17 @@ class ReplyRun:
         return self.task
 
     def _fit(self, history: list[dict], tracker: ReplyTracker, tools: dict) -> tuple[list[dict], ChatSettings]:
-        """The prompt and settings that fit the backend's context; a backend that knows no limit or can't
-        count (a remote server) gets the chat as it is."""
+        """The prompt and settings that fit the backend's context (the chat's context overflow policy); a
+        backend that knows no limit or can't count (a remote server) gets the chat as it is. A stop-at-limit
+        reply whose budget is all the room left is told, when it uses it up, that the context is full."""
         settings = self.prompt_settings()
         limit = self.backend.context_limit(settings)
         if limit is None or self.backend.count_tokens(history, settings, **tools) is None:
             return history, settings
         fit = fit_context(history, settings, lambda h, s: self.backend.count_tokens(h, s, **tools), limit)
-        tracker.stats.dropped_messages = fit.dropped
+        tracker.stats.dropped_messages, tracker.stats.dropped_turns = fit.dropped, fit.dropped_turns
+        tracker.full_message = (reply_filled_message(limit) if fit.fills_context
+                                and settings.context_overflow == STOP_AT_LIMIT else None)
         return fit.history, replace(settings, max_new_tokens=fit.max_new_tokens)
 
     async def _run(self, reply: Message, tracker: ReplyTracker, messages: list[Message], continued: bool) -> None:

@@ -24,6 +24,7 @@ class ReplyTracker:
         self._first_at: float | None = None
         self._first_n = 0
         self.live: LiveReply | None = None  # the reply as shown: thinking apart, tool rounds above the answer
+        self.full_message: str | None = None  # said when the reply ends at its budget: the context is full
 
     def next_round(self) -> None:
         """A tool round ended: the next round's text starts afresh, its tokens add to the reply's."""
@@ -68,6 +69,8 @@ class ReplyTracker:
         s = self.stats
         s.eos_reason = r.get("eos_reason")
         s.state = "stopped" if s.eos_reason == "cancelled" else "done"
+        if s.eos_reason == "max_new_tokens" and self.full_message is not None:
+            s.error = self.full_message
         for key in ("prompt_tokens", "cached_tokens"):
             if r.get(key) is not None:
                 setattr(s, key, r[key])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 
+from app.core.context_window import POLICIES, ROLLING_WINDOW, STOP_AT_LIMIT, TRUNCATE_MIDDLE
 from engine.contract import SamplerSettings, check_lora_pairs
 
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
@@ -36,7 +37,10 @@ class ChatSettings:
     max_new_tokens: int | None = None  # None: until the context is full (the engine takes pages as a reply grows)
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
-    truncate: bool = True  # when the history outgrows the context: drop the oldest turns (system prompt kept)
+    # When the chat outgrows the model's context (app.core.context_window): leave out whole turns from the
+    # middle (LM Studio's default), keep only the latest turns, or stop with a message. The prompt only:
+    # the stored history never changes.
+    context_overflow: str = TRUNCATE_MIDDLE
     # The engine's advanced samplers (neutral by default but DRY), passed to SamplerSettings under the same names.
     dry_multiplier: float = LOOP_SAFE_DRY["dry_multiplier"]
     dry_base: float = LOOP_SAFE_DRY["dry_base"]
@@ -87,8 +91,8 @@ class ChatSettings:
             raise bad("seed", "must be None (random) or an int >= 0")
         if not all(isinstance(s, str) and s for s in self.stop_strings):
             raise bad("stop_strings", "must be non-empty strings")
-        if not isinstance(self.truncate, bool):
-            raise bad("truncate", "must be True or False")
+        if self.context_overflow not in POLICIES:
+            raise bad("context_overflow", f"must be one of {', '.join(POLICIES)}")
         if not isinstance(self.json_mode, bool):
             raise bad("json_mode", "must be a bool")
         if not isinstance(self.stop_on_loops, bool):
@@ -111,8 +115,11 @@ class ChatSettings:
 
     @classmethod
     def from_json(cls, text: str) -> "ChatSettings":
-        """Unknown keys (from a newer version) are dropped; missing ones take defaults."""
+        """Unknown keys (from a newer version) are dropped; missing ones take defaults. A chat saved with the
+        earlier on/off "truncate" keeps what it did: on left out the oldest turns, off stopped at the limit."""
         raw = json.loads(text)
+        if "context_overflow" not in raw and isinstance(raw.get("truncate"), bool):
+            raw["context_overflow"] = ROLLING_WINDOW if raw["truncate"] else STOP_AT_LIMIT
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         if "stop_strings" in values:

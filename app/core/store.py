@@ -48,7 +48,8 @@ class ReplyStats:
     tokens_per_s: float | None = None  # from token event timestamps
     eos_reason: str | None = None
     error: str | None = None
-    dropped_messages: int = 0  # oldest messages left out of the prompt so it fits the context
+    dropped_messages: int = 0  # messages left out of the prompt so it fits the context
+    dropped_turns: int = 0  # the whole turns (a user message and its reply) those messages make
     adapters: str | None = None  # JSON [[name, scale], ...] the reply ran with ("[]": base model; None: unknown)
 
     def adapter_pairs(self) -> list[tuple[str, float]] | None:
@@ -113,7 +114,8 @@ CREATE TABLE IF NOT EXISTS reply_stats (
     eos_reason TEXT,
     error TEXT,
     dropped_messages INTEGER NOT NULL DEFAULT 0,
-    adapters TEXT
+    adapters TEXT,
+    dropped_turns INTEGER NOT NULL DEFAULT 0
 );
 """
 # Schema 1 -> 2: the message tree. Each old message's parent is the one before it in its chat, and each
@@ -216,9 +218,13 @@ class Store:
         return "; ".join(r[0] for r in self._db.execute("PRAGMA quick_check").fetchall())
 
     def _add_adapters_column(self) -> None:
-        """Stores written before replies recorded their adapters get the column; their replies read None."""
-        if "adapters" not in {r[1] for r in self._db.execute("PRAGMA table_info(reply_stats)")}:
+        """Stores written before replies recorded their adapters (or the turns their prompt left out) get the
+        columns; their replies read None (0 turns)."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(reply_stats)")}
+        if "adapters" not in columns:
             self._db.execute("ALTER TABLE reply_stats ADD COLUMN adapters TEXT")
+        if "dropped_turns" not in columns:
+            self._db.execute("ALTER TABLE reply_stats ADD COLUMN dropped_turns INTEGER NOT NULL DEFAULT 0")
 
     def _recover(self) -> list[int]:
         """Replies still 'running' belong to a process that died: mark them interrupted, keep their text."""

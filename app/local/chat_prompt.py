@@ -1,4 +1,4 @@
-"""A chat's prompt encoded once; the prompts that leave out its oldest messages are cut from the same ids.
+"""A chat's prompt encoded once; the prompts that leave out some of its messages are cut from the same ids.
 
 Fitting a chat into the context counts its prompt, then counts it again for every turn it leaves out, and
 the job needs the ids of the prompt it kept: encoding each of them would tokenize the same text 2 + k
@@ -68,7 +68,7 @@ def encode(tokenizer: Any, text: str):
 
 
 class ChatPrompt:
-    """One history's prompt, encoded once, and the ids of the same history less its oldest messages."""
+    """One history's prompt, encoded once, and the ids of the same history less a run of its messages."""
 
     def __init__(self, tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
         self.tokenizer = tokenizer
@@ -82,13 +82,17 @@ class ChatPrompt:
         self._marks: list[tuple[int, int, int]] | None = None  # (char position, special token id, token index)
 
     def ids_of(self, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None):
-        """The ids of `history`'s prompt when it is this history or its tail (else None): cut from this
-        prompt's ids where that is exact (see the module docstring), otherwise encoded."""
-        start = len(self.history) - len(history)
-        if (start < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_format != self.template
-                or self.history[start:] != history or (tools or None) != self.tools or settings.thinking != self.thinking):
+        """The ids of `history`'s prompt when it is this history less one run of messages (its oldest, or
+        some in the middle; else None): cut from this prompt's ids where that is exact (see the module
+        docstring), otherwise encoded."""
+        removed = len(self.history) - len(history)
+        if (removed < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_format != self.template
+                or (tools or None) != self.tools or settings.thinking != self.thinking):
             return None
-        if start == 0:
+        same = _common_prefix(self.history, history)
+        if self.history[same + removed:] != history[same:]:
+            return None
+        if removed == 0:
             return self.ids
         text = prompt_text(self.tokenizer, history, settings, tools)
         cut = self._cut(text)
@@ -139,7 +143,7 @@ def _special_pattern(tokenizer: Any) -> tuple[re.Pattern | None, dict[str, int]]
     return _PATTERNS[tokenizer]
 
 
-def _common_prefix(a: str, b: str) -> int:
+def _common_prefix(a: str | list, b: str | list) -> int:
     """Length of the longest common prefix (a binary search over slice comparisons, which run in C)."""
     lo, hi = 0, min(len(a), len(b))
     while lo < hi:

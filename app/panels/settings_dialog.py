@@ -8,7 +8,8 @@ from PySide6.QtWidgets import (
     QPlainTextEdit, QPushButton, QSpinBox, QTabWidget, QVBoxLayout, QWidget,
 )
 
-from app.core.context import TOGGLE_NAME
+from app.core.context import SETTING_NAME
+from app.core.context_window import POLICIES, POLICY_LABELS
 from app.core.presets import PRESET_FIELDS, apply_preset, matching_preset, preset_of
 from app.core.store import ChatSettings
 from app.panels.adapter_picker import AdapterPicker
@@ -63,7 +64,15 @@ class SettingsDialog(QDialog):
         self.json_mode = QCheckBox("JSON mode: the reply is one JSON object")
         self.stop_on_loops = QCheckBox("Stop replies that repeat themselves")
         self.stop_on_loops.setToolTip("End a reply that repeats one sentence or phrase a 4th time (local model)")
-        self.truncate = QCheckBox(f"{TOGGLE_NAME} when the chat outgrows the context (system prompt kept)")
+        self.context_overflow = QComboBox()  # the items' data: app.core.context_window's policy names
+        for policy in POLICIES:
+            self.context_overflow.addItem(POLICY_LABELS[policy], policy)
+        self.context_overflow.setToolTip(
+            "When the chat no longer fits the model's context (the stored chat never changes, only the prompt):\n"
+            "Truncate middle: keep the system prompt, pinned documents, the first turn, turns with images and the\n"
+            "latest turns; leave out whole turns from the middle.\n"
+            "Rolling window: keep the system prompt and as many of the latest turns as fit.\n"
+            "Stop at limit: leave nothing out; the reply stops when the context is full.")
         self.dry_multiplier = self._double(0.0, 10.0, 0.1, special="off")
         self.dry_base = self._double(1.0, 10.0, 0.05)
         self.dry_allowed_length = self._int(1, 1000)
@@ -107,7 +116,7 @@ class SettingsDialog(QDialog):
         advanced.addRow("Threshold", self.xtc_threshold)
         chat = QFormLayout()  # what the reply runs with beyond sampling
         chat.addRow("LoRA", self.loras)
-        chat.addRow(self.truncate)
+        chat.addRow(SETTING_NAME, self.context_overflow)
         tabs = QTabWidget()
         for name, form in (("General", general), ("Advanced sampling", advanced), ("LoRA and context", chat)):
             page = QWidget()
@@ -158,7 +167,7 @@ class SettingsDialog(QDialog):
         self.stop_strings.setPlainText("\n".join(_escape(x) for x in s.stop_strings))
         self.json_mode.setChecked(s.json_mode)
         self.stop_on_loops.setChecked(s.stop_on_loops)
-        self.truncate.setChecked(s.truncate)
+        self.context_overflow.setCurrentIndex(self.context_overflow.findData(s.context_overflow))
         self.loras.set_value(s.loras)
         self._load_sampler(preset_of(s))
 
@@ -225,7 +234,7 @@ class SettingsDialog(QDialog):
             stop_strings=stops,
             json_mode=self.json_mode.isChecked(),
             stop_on_loops=self.stop_on_loops.isChecked(),
-            truncate=self.truncate.isChecked(),
+            context_overflow=self.context_overflow.currentData(),
             loras=self.loras.value(),
             **self._sampler_values(),
         ).validate()

@@ -184,10 +184,11 @@ async def _chat_with_history(qtbot, store, tiny_model, settings, turns):
 
 
 def test_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(qtbot, loop, store, tiny_model):
-    """The tiny model's context is 512 tokens: a long history plus 200 reply tokens can't all fit."""
+    """The tiny model's context is 512 tokens: a long history plus 200 reply tokens can't all fit; a rolling
+    window leaves out the oldest turns."""
     async def body():
-        settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4)
-        assert settings.truncate  # the default
+        settings = ChatSettings(system_prompt="You are terse.", max_new_tokens=200, seed=4,
+                                context_overflow="rolling_window")
         turns = [(f"question {i}: " + "alpha beta gamma delta " * 20, f"answer {i}: " + "one two three four " * 10)
                  for i in range(4)]  # ~130 tokens per turn pair
         service, pane, s = await _chat_with_history(qtbot, store, tiny_model, settings, turns)
@@ -205,7 +206,7 @@ def test_context_overflow_drops_the_oldest_turns_and_keeps_the_system_prompt(qtb
         assert kept[-1]["content"] == "and now?"
         assert reply.stats.prompt_tokens == service.count_tokens(kept, settings)  # system prompt kept, oldest gone
         assert reply.stats.prompt_tokens + reply.stats.new_tokens <= limit
-        assert f"{reply.stats.dropped_messages} oldest messages left out" in pane.meter.text()
+        assert f"{reply.stats.dropped_turns} turns left out of the prompt" in pane.meter.text()
         await service.close()
 
     run(loop, body())
@@ -251,7 +252,7 @@ def test_a_send_that_drops_turns_tokenizes_its_prompt_once(loop, store, tiny_mod
 
 def test_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, store, tiny_model):
     async def body():
-        settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, truncate=False)
+        settings = ChatSettings(system_prompt="", max_new_tokens=1024, seed=5, context_overflow="stop_at_limit")
         service, pane, s = await _chat_with_history(qtbot, store, tiny_model, settings,
                                                      [("fill " + "alpha beta gamma delta " * 90, "ok")])
         pane.send("next")
@@ -267,7 +268,7 @@ def test_without_truncation_the_reply_gets_the_room_that_is_left(qtbot, loop, st
         await s.regenerate()
         await wait_until(lambda: s.task.done(), 120, "the failing reply")
         err = s.messages[-1].stats.error
-        assert s.messages[-1].stats.state == "error" and "context" in err and "Drop oldest turns" in err
+        assert s.messages[-1].stats.state == "error" and "context is full" in err and "Context overflow" in err
         assert "ValueError" not in err
         await service.close()
 

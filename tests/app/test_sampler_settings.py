@@ -18,7 +18,7 @@ from tests.app.support import loop, make_window, run, store, wait_until  # noqa:
 ADVANCED = ChatSettings(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, mirostat=True, mirostat_tau=2.5,
                         mirostat_eta=0.2, xtc_probability=0.4, xtc_threshold=0.2, json_mode=True)
 JOB_FIELDS = {"system_prompt", "max_new_tokens", "seed", "stop_strings", "json_mode", "loras",
-              "truncate", "stop_on_loops", "tools", "thinking", "model"}  # go to the job (or the prompt), not the sampler
+              "context_overflow", "stop_on_loops", "tools", "thinking", "model"}  # go to the job (or the prompt), not the sampler
 
 
 def test_no_chat_setting_is_dropped_on_the_way_to_the_sampler():
@@ -70,10 +70,9 @@ def test_settings_dialog_shows_and_returns_the_advanced_samplers(qtbot):
     got = dlg.settings()
     assert (got.dry_multiplier, got.mirostat, got.json_mode, got.stop_on_loops) == (0.0, False, False, False)
     assert got.xtc_probability == 0.4 and got.system_prompt == ADVANCED.system_prompt
-    assert got.truncate  # the chat's context policy is shown and kept
-    assert dlg.truncate.text().startswith("Drop oldest turns")  # the name the overflow error tells users to find
-    dlg.truncate.setChecked(False)
-    assert dlg.settings().truncate is False
+    assert got.context_overflow == "truncate_middle"  # the chat's context policy is shown and kept
+    dlg.context_overflow.setCurrentIndex(dlg.context_overflow.findText("Stop at limit"))
+    assert dlg.settings().context_overflow == "stop_at_limit"
     assert dlg.sizeHint().height() <= 700 and dlg.sizeHint().width() <= 1024  # fits a 1366x768 screen
 
 

@@ -88,7 +88,8 @@ class Metrics(TypedDict):
     pages_free: int
     page_states: list[int]  # per page: first owner's serial, CACHED or FREE
     page_shared: list[bool]  # referenced by several jobs (prefix sharing)
-    page_owner_identifiers: dict[int, Any]  # serial -> identifier of every active job
+    page_owner_identifiers: dict[int, Any]  # serial -> identifier of every queued or running job
+    preempted_pages: dict[int, int]  # page -> serial of the preempted (queued) job whose K/V it still caches
     page_size: int
     active_jobs: int
     pending_jobs: int
@@ -111,6 +112,8 @@ class Metrics(TypedDict):
     preemptions_total: int  # running jobs that gave their pages back because the cache ran out of pages
     resumes_total: int  # preempted jobs admitted again (their output goes on exactly)
     recomputed_tokens_total: int  # K/V tokens lost to preemption (evicted meanwhile) and computed again
+    job_preemptions: dict[int, dict]  # serial -> identifier, preemptions, resumes, recomputed_tokens of each
+    # preempted job (queued, running, or among the last that ended)
     sampling_threads_busy: int
     sampling_threads_max: int
     loras: list[str]  # the default set's adapter names (set_loras)

@@ -1,8 +1,7 @@
 """DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
 
-One iterate() admits queued jobs (FIFO, a job that doesn't fit may be skipped up to max_skips times),
-gives every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo
-time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike; only chats that were
+One iterate() admits queued jobs (best-ranked first: priority, then arrival, see admission.py), gives
+every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike; only chats that were
 already decoding when the prompt arrived are shielded so: prompts queued together go in at full speed, first come
 first served), and decodes one token for
 every decoding job, all in one varlen forward pass. Jobs join and leave at any step, each with its own LoRA
@@ -26,13 +25,13 @@ from ..model.model import Model
 from ..sampling.draw import draw_cfg, draw_verified
 from ..sampling.pool import SamplingPool
 from .adapters import Adapters
+from .admission import Admission
 from .heap_trim import HeapTrim
 from .job import DynamicJob, JobContext
 from .embeddings import FIRST_ID
-from .metrics import GeneratorMetrics
+from .metrics import GeneratorMetrics, JobPreemptions, preempted_pages
 from .mm_inputs import chunk_end, no_placeholders, step_inputs
-from .preemption import PageGrowth
-from .prefill_sharing import follows_prefill
+from .preemption import PageGrowth, Reranks
 from .sequence import ScheduledSeq
 from .speculative import ModelDrafter, check_draft_model
 from .step_budget import StepBudget
@@ -125,6 +124,9 @@ class DynamicGenerator:
         self.sampling_pool = SamplingPool(max_sampling_threads, min_sampling_threads)
         self.counters = GeneratorMetrics(accepted_per_position=[0] * num_draft_tokens)
         self.growth = PageGrowth(self.pagetable, self.counters)  # pages on demand, preemption when they run out
+        self.admission = Admission(self.growth, self.counters, self.page_size)
+        self.reranks = Reranks()  # set_priority's changes, applied at the next step
+        self.job_preemptions = JobPreemptions()
         self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self._serials = itertools.count()
@@ -180,11 +182,18 @@ class DynamicGenerator:
         """Remove a queued or running job; its pages go back to the pool (written ones stay as prompt cache)."""
         if job in self.pending:
             self.pending.remove(job)
+            self.job_preemptions.ended(job)
             self._collect_adapters()
         elif job in self.active:
             self._end(job)
         else:
             raise ValueError(f"{job!r} is not queued or running in this generator")
+
+    def set_priority(self, job: DynamicJob, priority: int) -> None:
+        """Re-rank a queued or running job (lower runs first, vLLM's convention); safe from any thread. It
+        takes effect at the start of the next step: admission and preemption then rank the job anew (a job
+        now ranked below a queued one may give its pages to it). A job that ended meanwhile is left alone."""
+        self.reranks.ask(job, priority)
 
     def clear_queue(self) -> None:
         for job in list(self.pending) + list(self.active):
@@ -195,7 +204,8 @@ class DynamicGenerator:
         """Advance every job by one step; returns the results (see ARCHITECTURE.md) produced by it."""
         t0 = time.perf_counter()
         results: list[dict] = []
-        self._admit(results)
+        self.reranks.apply(list(self.pending) + self.active)
+        self.admission.admit(self.pending, self.active, results, self.max_batch_size, self.max_q_size)
         self.growth.grow(self.active, self.pending)
         if not self.active:
             return results
@@ -363,41 +373,11 @@ class DynamicGenerator:
             return self.drafter.draft([(job.seq, k) for job, k in wants])
         return [no_placeholders(job.ngram.propose(job.seq.tokens, k)) if k else [] for job, k in wants]
 
-    def _admit(self, results: list[dict]) -> None:
-        """Start queued jobs in FIFO order; one that doesn't fit may be passed max_skips times, then it blocks.
-        Preempted jobs wait at the front and are never passed: they resume before anything new starts."""
-        waiting: list[DynamicJob] = []
-        started_after_wait = False
-        for job in list(self.pending):
-            if len(self.active) >= self.max_batch_size:
-                break
-            if sum(j.prefilling for j in self.active) >= self.max_q_size:
-                break
-            if not job.started and follows_prefill(job, self.active, self.page_size):
-                continue  # its prompt is being prefilled by a running job: reuse those pages once written
-            if not self.growth.can_admit(job, self.active):
-                if job.started or job.skips >= job.max_skips:
-                    break  # this job has waited long enough: nobody else goes ahead of it
-                waiting.append(job)
-                continue
-            resuming = job.started
-            allocs = self.growth.admit(job)
-            self.pending.remove(job)
-            self.active.append(job)
-            if resuming:
-                continue
-            self.counters.prefix_hit_tokens_total += sum(a.cached_tokens for a in allocs)
-            self.counters.prompt_tokens_total += sum(s.prompt_len for s in job.seqs)
-            results.append(job.start(allocs))
-            started_after_wait = started_after_wait or bool(waiting)
-        if started_after_wait:
-            for job in waiting:
-                job.skips += 1
-
     def _end(self, job: DynamicJob) -> None:
         for seq in job.seqs:
             self.pagetable.release(seq.pages, job.serial)
         self.active.remove(job)
+        self.job_preemptions.ended(job)
         self._collect_adapters()
 
     def _collect_adapters(self) -> None:
@@ -469,6 +449,7 @@ class DynamicGenerator:
         page_adapters = [-1 if p.root is None else ids.get(p.root, -1) for p in list(self.pagetable.pages)]
         set_labels = self.adapters.root_labels
         d = self.counters.snapshot()
+        pending = list(self.pending)
         d.update(
             pages_total=len(states),
             pages_referenced=len(states) - free - cached,
@@ -477,7 +458,9 @@ class DynamicGenerator:
             page_states=states,
             page_shared=shared,
             page_size=self.page_size,
-            page_owner_identifiers={j.serial: j.identifier for j in list(self.active)},
+            page_owner_identifiers={j.serial: j.identifier for j in list(self.active) + pending},
+            preempted_pages=preempted_pages(pending),
+            job_preemptions=self.job_preemptions.snapshot(list(self.active) + pending),
             active_jobs=len(self.active),
             pending_jobs=len(self.pending),
             deferred_jobs=0,

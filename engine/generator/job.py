@@ -40,8 +40,9 @@ class DynamicJob:
 
     max_new_tokens=None generates until the context (the generator's max_seq_len) is full: pages are taken as
     the reply grows, so a long limit costs nothing until it is used. priority orders jobs when the cache runs
-    out of pages (vLLM's convention: lower runs first); among equals, the job enqueued last gives its pages
-    back first and resumes, exactly where it was, once pages free up."""
+    out of pages and which queued job starts first (vLLM's convention: lower runs first); among equals, the job
+    enqueued last gives its pages back first and resumes, exactly where it was, once pages free up.
+    DynamicGenerator.set_priority re-ranks a queued or running job."""
 
     def __init__(
         self,
@@ -162,7 +163,11 @@ class DynamicJob:
         self.ngram: NgramIndex | None = None
         self.time_enqueue = self.time_start = self.time_first_token = 0.0
         self.preemptions = 0  # times the job gave its pages back for others and waited to resume
+        self.resumes = 0  # times it was admitted again after a preemption
+        self.recomputed_tokens = 0  # K/V tokens it lost to preemption (evicted while it waited) and refed
         self.preempted_kv: list[int] | None = None  # per sequence, tokens of K/V held when last preempted
+        # its pages that stayed in the prompt cache when last preempted (CachedPage, for the page map)
+        self.preempted_pages: list = []
 
     # ---- lifecycle, driven by the generator -------------------------------------------------------
     @property

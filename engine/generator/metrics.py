@@ -6,6 +6,7 @@ pass; a snapshot may straddle two steps, which a chart can't tell apart.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -45,3 +46,32 @@ class GeneratorMetrics:
         d = {k: (list(v) if isinstance(v, list) else v) for k, v in vars(self).items()}
         d["snapshot_time"] = time.monotonic()
         return d
+
+
+def _counts(job) -> dict:
+    return {"identifier": job.identifier, "preemptions": job.preemptions, "resumes": job.resumes,
+            "recomputed_tokens": job.recomputed_tokens}
+
+
+class JobPreemptions:
+    """Per-job preemption counters for a per-chat view (metrics' `job_preemptions`, by serial): every queued
+    or running job preempted so far, and the last `keep` such jobs that ended, so a dashboard polling at
+    10 Hz still sees a job preempted just before it finished."""
+
+    def __init__(self, keep: int = 256):
+        self._ended: deque[tuple[int, dict]] = deque(maxlen=keep)
+
+    def ended(self, job) -> None:
+        if job.preemptions:
+            self._ended.append((job.serial, _counts(job)))
+
+    def snapshot(self, jobs: list) -> dict[int, dict]:
+        out = dict(list(self._ended))
+        out.update((j.serial, _counts(j)) for j in jobs if j.preemptions)
+        return out
+
+
+def preempted_pages(pending: list) -> dict[int, int]:
+    """page index -> serial of the preempted job whose K/V it still holds in the prompt cache (it resumes
+    from those pages unless other jobs take them first)."""
+    return {c.page.index: j.serial for j in pending for c in list(j.preempted_pages) if c.still_held()}

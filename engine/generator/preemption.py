@@ -9,15 +9,20 @@ recomputed (as a prompt chunk: Sequence.fill_len). Everything else the job carri
 state, stream, filters, banned-string holds) never left it, so its output goes on as if nothing happened.
 
 Rank: lower `priority` first (vLLM's convention), then the job enqueued first. The best-ranked job can
-always grow (check_job refuses a job the whole cache couldn't hold), so every job finishes.
+always grow (check_job refuses a job the whole cache couldn't hold), so every job finishes. Rank also decides
+admission (admission.py): a queued job that outranks running ones may take their pages (make_room), as a
+higher-priority request does in vLLM's priority scheduling. A job's priority may change while it waits or runs
+(Reranks: DynamicGenerator.set_priority, from any thread, applied at the start of the next step).
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..cache.pagetable import PageTable
+    from ..cache.pagetable import CachePage, PageTable
     from .job import DynamicJob
     from .metrics import GeneratorMetrics
     from .sequence import Sequence
@@ -26,6 +31,46 @@ if TYPE_CHECKING:
 def rank(job: "DynamicJob") -> tuple[int, int]:
     """Sort key: the smallest runs first and is preempted last."""
     return job.priority, job.serial
+
+
+class Reranks:
+    """Priority changes asked for from any thread, applied by the generator's thread between two steps (a
+    rank never changes in the middle of admission or growth)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: dict["DynamicJob", int] = {}
+
+    def ask(self, job: "DynamicJob", priority: Any) -> None:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        if job.serial is None:
+            raise ValueError(f"{job!r} was never enqueued: set its priority when making it (DynamicJob(priority=))")
+        with self._lock:
+            self._asked[job] = priority
+
+    def apply(self, jobs: list["DynamicJob"]) -> None:
+        """Give each listed job (queued or running) the priority last asked for it; a job that ended meanwhile
+        has nothing left to rank."""
+        with self._lock:
+            asked, self._asked = self._asked, {}
+        for job in jobs:
+            if job in asked:
+                job.priority = asked[job]
+
+
+@dataclass(eq=False)
+class CachedPage:
+    """A page a preempted job left in the prompt cache, as it was then: it is still that job's K/V while
+    nobody has reused it (the page map draws it apart: the job resumes from it)."""
+
+    page: "CachePage"
+    prev_hash: bytes | None
+    tokens: list[int]
+
+    def still_held(self) -> bool:
+        p = self.page
+        return p.ref_count == 0 and p.kv_position > 0 and p.prev_hash == self.prev_hash and p.tokens == self.tokens
 
 
 def step_len(seq: "Sequence") -> int:
@@ -58,10 +103,42 @@ class PageGrowth:
         allocs = [self.table.allocate(toks, n, job.lora_root, job.serial) for toks, n in self.wants(job)]
         if job.started:
             lost = job.preempted_kv or [0] * len(allocs)
+            recomputed = sum(max(0, k - a.cached_tokens) for k, a in zip(lost, allocs))
             self.counters.resumes_total += 1
-            self.counters.recomputed_tokens_total += sum(max(0, k - a.cached_tokens) for k, a in zip(lost, allocs))
+            self.counters.recomputed_tokens_total += recomputed
+            job.resumes += 1
+            job.recomputed_tokens += recomputed
+            job.preempted_pages = []
             job.resume(allocs)
         return allocs
+
+    def make_room(self, job: "DynamicJob", active: list["DynamicJob"], pending: deque) -> bool:
+        """Preempt running jobs ranked below `job`, worst first, as few as let it in; none when even all of
+        them would not. True when the job can be admitted now."""
+        worse = sorted((j for j in active if rank(j) > rank(job)), key=rank, reverse=True)
+        if not worse:
+            return False
+        wants = self.wants(job)
+        hashes = {h for toks, _ in wants for h in self.table.prompt_hashes(toks, job.lora_root)}
+        need = self.table.pages_to_allocate(wants, job.lora_root)
+        room = self.table.num_unreferenced() - sum(len(j.seqs) for j in active)  # less the watermark
+        refs: dict[int, int] = {}
+        victims = []
+        for victim in worse:
+            victims.append(victim)
+            room += len(victim.seqs)
+            for seq in victim.seqs:
+                for page in seq.pages:
+                    left = refs.get(page.index, page.ref_count) - 1
+                    refs[page.index] = left
+                    if left == 0:
+                        room += 1
+                        need += page.phash in hashes  # a prompt page it shares costs a page once unreferenced
+            if need <= room:
+                for v in victims:
+                    self.preempt(v, active, pending)
+                return self.can_admit(job, active)
+        return False
 
     # ---- growth -----------------------------------------------------------------------------------
     def grow(self, active: list["DynamicJob"], pending: deque) -> None:
@@ -98,15 +175,16 @@ class PageGrowth:
         return max(0, min(k, len(seq.pages) * ps - len(seq.tokens)))
 
     def preempt(self, job: "DynamicJob", active: list["DynamicJob"], pending: deque) -> None:
-        """Give the job's pages back and queue it ahead of every job not yet started, among the other
-        preempted ones by rank."""
+        """Give the job's pages back and queue it again (admission takes the queue in rank order, so it
+        resumes before every job it outranks, new or preempted)."""
         job.preempted_kv = [seq.kv_len for seq in job.seqs]
+        kept = []
         for seq in job.seqs:
-            self.table.release(seq.detach(), job.serial)
+            pages = seq.detach()
+            self.table.release(pages, job.serial)
+            kept += [CachedPage(p, p.prev_hash, list(p.tokens)) for p in pages if p.ref_count == 0 and p.kv_position]
+        job.preempted_pages = kept
         active.remove(job)
         job.preemptions += 1
         self.counters.preemptions_total += 1
-        resumable = sorted([j for j in pending if j.started] + [job], key=rank)
-        fresh = [j for j in pending if not j.started]
-        pending.clear()
-        pending.extend(resumable + fresh)
+        pending.append(job)

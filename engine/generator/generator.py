@@ -1,11 +1,11 @@
 """DynamicGenerator: a job queue, a scheduler and one batched forward per iterate().
 
 One iterate() admits queued jobs (best-ranked first: priority, then arrival, see admission.py), gives
-every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo time, see step_budget.py: a long prompt and the chats decoding beside it are slowed alike; only chats that were
-already decoding when the prompt arrived are shielded so: prompts queued together go in at full speed, first come
-first served), and decodes one token for
-every decoding job, all in one varlen forward pass. Jobs join and leave at any step, each with its own LoRA
-adapters (adapters.py).
+every prefilling job one page-aligned chunk (within a shared per-step budget, a fair share in solo time, see
+step_budget.py: a long prompt and the chats decoding beside it are slowed alike; only chats that were already
+decoding when the prompt arrived are shielded so: prompts queued together go in at full speed, first come first
+served), and decodes one token for every decoding job, all in one varlen forward pass. Jobs join and leave at
+any step, each with its own LoRA adapters (adapters.py).
 """
 from __future__ import annotations
 

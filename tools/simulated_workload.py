@@ -175,6 +175,7 @@ class SimulatedWorkload:
             "step_host_overhead_s": 0.0, "batch_size_peak": self.peak_batch, "prompt_tokens_total": 0,
             "drafts_total": self.c["drafted"] // 4,
             "preemptions_total": 0, "resumes_total": 0, "recomputed_tokens_total": 0,  # it never preempts
+            "job_preemptions": {}, "preempted_pages": {},
             "sampling_threads_max": 16, "prefix_hit_tokens_total": self.c["prefix_hits"], "loras": list(self.loras),
             "loras_loaded": list(self.loras),  # every simulated page ran the base model:
             "page_adapters": np.where(self.states == FREE, -1, 0).tolist(), "adapter_sets": {0: []},

@@ -21,6 +21,13 @@ class Backend(Protocol):
     calls: the local engine's replies hold them as text in the model's own format; a remote server parses
     them itself and a round's last result carries them complete (`tool_calls`)."""
 
+    ranks_replies: bool
+    """True where replies are ranked (app.core.priorities: the focused chat first) and focus_chat re-ranks
+    the running ones; a remote server schedules by its own rules (False there: the order does not apply)."""
+
+    def focus_chat(self, chat_id: Any, compared: Any = ()) -> None:
+        """Optional, where ranks_replies: the chat the user looks at now and those compared beside it."""
+
     def chat_template(self, settings: ChatSettings | None = None) -> str | None:
         """The model's chat template source, where known (None: a remote server, no model)."""
 
@@ -99,6 +106,16 @@ class BackendSwitch:
     @property
     def continues_replies(self) -> bool:
         return self.current.continues_replies
+
+    @property
+    def ranks_replies(self) -> bool:
+        return bool(getattr(self.current, "ranks_replies", False))
+
+    def focus_chat(self, chat_id: Any, compared: Any = ()) -> None:
+        """Tell every backend that ranks (the current one, and those still running replies) the new focus."""
+        for backend in {id(b): b for b in [self.current, *self._owner.values()]}.values():
+            if getattr(backend, "ranks_replies", False):
+                backend.focus_chat(chat_id, compared)
 
     def context_limit(self, settings: ChatSettings | None = None) -> int | None:
         return self.current.context_limit(settings)

@@ -189,6 +189,8 @@ class RemoteJob:
 class RemoteBackend:
     """The Backend for a remote server: `connect()` first; chats use `model` (the base or an adapter id)."""
 
+    ranks_replies = False  # the server schedules its requests itself (vLLM refuses priorities unless started so)
+
     def __init__(self, url: str, api_key: str | None = None):
         self.client = RemoteClient(url, api_key)
         self.base_model: str | None = None

@@ -4,19 +4,58 @@ Each reply is a DynamicJobAsync on the generator of the model the chat's setting
 one beside it: app.local.model_slots). The running jobs are kept by chat (`_jobs`), so a chat has at most
 one reply running, a load can wait until none runs, and a retired generator's replies are cancelled.
 The state (`_jobs`, `_prompt`, the loaded model) is EngineService's.
+
+Each job starts with its reply's rank (app.core.priorities: the focused chat first, then the other chats,
+extra replies, batch rows and API requests, in the order the preferences give); when the focus moves,
+`focus_chat` re-ranks the running replies whose rank changed, on their generator's worker thread, so the one
+the user now looks at keeps its pages and a reply left behind is the one that gives them back.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+from app.core.priorities import Priorities
 from app.core.store import ChatSettings
+from app.core.tasks import spawn
 from app.local.chat_prompt import ChatPrompt, has_images, prompt_text
 from app.local.model_slots import ModelNotLoaded
+from app.preferences.preferences import Preferences
+
+log = logging.getLogger(__name__)
 
 
 class ChatJobs:
     """The Backend's prompt and job members of EngineService."""
+
+    ranks_replies = True  # Backend: start_job ranks each reply and focus_chat re-ranks the running ones
+
+    @property
+    def priorities(self) -> Priorities:
+        """The replies' ranks, in the order the preferences give now (read at each start and focus change)."""
+        p = self.__dict__.get("_priorities")
+        if p is None:
+            p = self.__dict__["_priorities"] = Priorities()
+        p.set_order(Preferences().reply_order)
+        return p
+
+    def focus_chat(self, chat_id: Any, compared: Any = ()) -> None:
+        """The chat the user looks at now (and the chats compared beside it): running replies whose rank
+        changed are re-ranked from the generator's next step."""
+        p = self.priorities
+        p.focus(chat_id, compared)
+        for identifier, job in list(self._jobs.items()):
+            rank = p.priority(identifier)
+            if rank != job.job.priority:
+                spawn(self._rerank(job, rank))
+
+    @staticmethod
+    async def _rerank(job: Any, priority: int) -> None:
+        try:
+            await job.generator.run_on_worker(lambda g: g.set_priority(job.job, priority))
+        except RuntimeError as exc:  # the generator closed meanwhile (a reload): its replies were stopped
+            log.debug("reply %s not re-ranked: %s", job.identifier, exc)
 
     async def _until_idle(self) -> None:
         while self._jobs:
@@ -124,7 +163,8 @@ class ChatJobs:
         job = engine.DynamicJobAsync(  # a ValueError names an adapter that isn't loaded
             generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
             seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
-            stop_on_loops=settings.stop_on_loops, **({"embeddings": embeddings} if embeddings else {}),
+            stop_on_loops=settings.stop_on_loops, priority=self.priorities.priority(identifier),
+            **({"embeddings": embeddings} if embeddings else {}),
         )
         self._jobs[identifier] = job
         return job, ids.shape[-1]

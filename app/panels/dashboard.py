@@ -275,6 +275,7 @@ class DashboardDock(QDockWidget):
     def reset(self) -> None:
         """Forget the history (e.g. after a model reload); the next push starts a fresh window."""
         self.series.clear()
+        self.page_map.preemptions.clear_counts()
         self._counters = {k: _Monotonic() for k in ("tokens", "drafted", "accepted")}
         self._last_time = None
 
@@ -293,7 +294,8 @@ class DashboardDock(QDockWidget):
             self.kv_bar.setValue(round(min(max(float(kv_usage), 0.0), 1.0) * 1000))
         else:
             self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"],
-                                       s.get("page_adapters"), s.get("adapter_sets"))
+                                       s.get("page_adapters"), s.get("adapter_sets"), s.get("preempted_pages"))
+        self.page_map.preemptions.push(s.get("job_preemptions"))
         if bar != self.kv_bar.isVisible():
             self.kv_bar.setVisible(bar)
             self.page_map.setVisible(not bar)

@@ -3,7 +3,9 @@
 Thousands of pages must repaint ten times a second without slowing generation, so the map is one
 numpy buffer blitted through one pyqtgraph ImageItem (never one graphics item per page). Each page is
 a `cell` x `cell` pixel square (the last row/column is the gap between cells); shared prefix pages get
-a diagonal white hatch over their owner's colour. A job's colour is its identifier's (a chat's) in
+a diagonal white hatch over their owner's colour; pages a preempted reply left in the prompt cache (it
+resumes from them unless another job takes them first) are drawn hollow, a frame in its colour around the
+cached grey. A job's colour is its identifier's (a chat's) in
 app.core.chat_colours, the swatch its chat pane shows; a job without an identifier is coloured by serial.
 "Colour by adapter" paints each page by the LoRA set
 its K/V was computed under (cached pages too), so chats on different adapters show apart.
@@ -21,6 +23,7 @@ from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QTool
 
 from app.core.chat_colours import CHAT_COLOURS, PALETTE
 from app.core.formatting import adapters_text
+from app.panels.preemption_table import PreemptionTable
 from engine.contract import CACHED as CACHED_STATE
 from engine.contract import FREE as FREE_STATE
 
@@ -67,6 +70,7 @@ class PageImage:
         self._shared = np.zeros(0, bool)
         self._incoming = np.zeros(0, np.int64)
         self._incoming_shared = np.zeros(0, bool)
+        self._preempted: dict[int, int] = {}  # page -> serial of the preempted job whose K/V it caches
         self._dirty = True
         self._index = np.zeros(0, np.int64)
         self._colours = np.zeros((0, 4), np.uint8)
@@ -77,6 +81,17 @@ class PageImage:
         if slots != self._slots:
             self._slots = dict(slots)
             self._dirty = True
+
+    def set_preempted(self, pages: Mapping[int, int] | None) -> None:
+        """Cached pages still holding a preempted job's K/V (page -> its serial); drawn hollow in its colour."""
+        pages = {int(k): int(v) for k, v in (pages or {}).items() if 0 <= int(k) < self.pages}
+        if pages != self._preempted:
+            self._preempted = pages
+            self._dirty = True
+
+    @property
+    def preempted(self) -> dict[int, int]:
+        return self._preempted
 
     def slot_of(self, serial: int) -> int:
         return self._slots.get(serial, serial % len(JOB_PALETTE))
@@ -94,6 +109,7 @@ class PageImage:
         self._shared = np.zeros(pages, bool)
         self._incoming = np.zeros(pages, np.int64)
         self._incoming_shared = np.zeros(pages, bool)
+        self._preempted = {}
         self._dirty = True
         self._index = np.zeros(rows * cols, np.int64)
         self._colours = np.zeros((rows * cols, 4), np.uint8)
@@ -147,6 +163,9 @@ class PageImage:
         index[:n] += 2
         idle = states < 0
         index[:n][idle] = states[idle] + 2  # -2 free -> 0, -1 cached -> 1
+        hollow = [(page, serial) for page, serial in self._preempted.items() if states[page] == CACHED_STATE]
+        for page, serial in hollow:
+            index[page] = self.slot_of(serial) + 2
         colours = self._colours
         np.take(_LUT, index, axis=0, out=colours, mode="clip")
         colours[index < 0] = BACKGROUND
@@ -154,6 +173,9 @@ class PageImage:
         grid[...] = colours.reshape(self.rows, 1, self.cols, 1, 4)
         grid[:, cell - 1] = BACKGROUND
         grid[:, :, :, cell - 1] = BACKGROUND
+        if hollow and cell > 3:  # the frame in the job's colour, the inside cached grey
+            rows, cols = np.divmod(np.array([page for page, _ in hollow]), self.cols)
+            grid[rows, 1 : cell - 2, cols, 1 : cell - 2] = CACHED_COLOUR
         shared_pages = np.flatnonzero(self._shared)
         if shared_pages.size:
             rows, cols = np.divmod(shared_pages, self.cols)
@@ -212,6 +234,7 @@ class PageMapWidget(QWidget):
         self.by_adapter.toggled.connect(self._recolour)
         self.hover_label = QLabel("hover a page to see which chat holds it")
         self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.preemptions = PreemptionTable()  # per chat: pages given back, resumes, tokens recomputed
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
@@ -221,16 +244,20 @@ class PageMapWidget(QWidget):
         row.addWidget(self.by_adapter)
         layout.addLayout(row)
         layout.addWidget(self.hover_label)
+        layout.addWidget(self.preemptions)
 
     def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:
         """Titles shown on hover for job identifiers (e.g. chat id -> chat title)."""
         self._labels = dict(mapping)
+        self.preemptions.set_labels(self._labels)
 
     def update_pages(self, states: Sequence[int], shared: Sequence[bool] | None = None,
                      owners: Mapping[object, object] | None = None, adapters: Sequence[int] | None = None,
-                     adapter_sets: Mapping[object, list] | None = None) -> None:
-        """Show one snapshot's page table (`adapters`/`adapter_sets`: metrics' page_adapters/adapter_sets)."""
-        self._last = (states, shared, owners, adapters, adapter_sets)
+                     adapter_sets: Mapping[object, list] | None = None,
+                     preempted: Mapping[int, int] | None = None) -> None:
+        """Show one snapshot's page table (`adapters`/`adapter_sets`/`preempted`: metrics' page_adapters,
+        adapter_sets and preempted_pages)."""
+        self._last = (states, shared, owners, adapters, adapter_sets, preempted)
         self._job_states = np.asarray(states, np.int64)
         self._page_adapters = None if adapters is None else np.asarray(adapters, np.int64)
         self._adapter_sets = {int(k): list(v) for k, v in (adapter_sets or {}).items()}
@@ -248,6 +275,7 @@ class PageMapWidget(QWidget):
         # a chat deleted while its stopped reply still holds pages has given its colour back: serial % n then
         slots = {serial: CHAT_COLOURS.slot(ident) for serial, ident in self._owners.items()} if by_chat else {}
         self.pages.set_slots({serial: slot for serial, slot in slots.items() if slot is not None})
+        self.pages.set_preempted(preempted if by_chat else None)
         changed = self.pages.load(shown, shared)
         if changed:
             self._show(resized)
@@ -315,15 +343,22 @@ class PageMapWidget(QWidget):
             lora = " · " + adapters_text(self._adapter_sets.get(int(self._page_adapters[page]), []))
         if state == FREE_STATE:
             return f"page {page}: free"
+        if state == CACHED_STATE and page in self.pages.preempted:
+            return (f"page {page}: cached · preempted {self._who(self.pages.preempted[page])} (it resumes from "
+                    f"this page unless another job takes it first){lora}")
         if state == CACHED_STATE:
             return f"page {page}: cached (unreferenced prompt cache, reusable){lora}"
-        ident = self._owners.get(state)
-        who = f"job {state}"
+        who = self._who(state)
+        shared = " · shared prefix page" if self.pages.shared[page] else ""
+        return f"page {page}: in use by {who}{shared}{lora}"
+
+    def _who(self, serial: int) -> str:
+        ident = self._owners.get(serial)
+        who = f"job {serial}"
         if ident is not None:
             title = self._labels.get(ident, self._labels.get(str(ident))) or CHAT_COLOURS.label(ident)
             who += f" — {title}" if title else f" — {ident}"
-        shared = " · shared prefix page" if self.pages.shared[page] else ""
-        return f"page {page}: in use by {who}{shared}{lora}"
+        return who
 
     def _on_mouse_moved(self, scene_pos) -> None:
         point = self.viewbox.mapSceneToView(scene_pos)
@@ -350,7 +385,8 @@ def _legend_html() -> str:
 
     jobs = "".join(swatch(job_colour(i)) for i in range(4))
     return (f"{swatch(FREE_COLOUR)} free &nbsp; {swatch(CACHED_COLOUR)} cached &nbsp; {jobs} in use (one colour per job)"
-            " &nbsp; &#9636; hatched = shared prefix page")
+            " &nbsp; &#9636; hatched = shared prefix page &nbsp; &#9633; hollow = a preempted reply's cached page"
+            " (it resumes from it)")
 
 
 def _adapter_legend_html(adapter_sets: Mapping[int, list]) -> str:

@@ -1,5 +1,5 @@
 """App-wide preferences (theme, font size, what new chats start with, user presets, each model's prompt
-format) in one QSettings file.
+format, the order replies are ranked in) in one QSettings file.
 
 One INI file, never the platform registry, so its location is a path: PAGEDECK_SETTINGS when set (tests
 point it into a temporary folder so they never touch a user's settings), else pagedeck.ini in the user
@@ -16,6 +16,7 @@ import platformdirs
 from PySide6.QtCore import QSettings
 
 from app.core.presets import BUILTIN_PRESETS, DEFAULT_PRESET, apply_preset
+from app.core.priorities import KINDS, check_order
 from app.core.store import ChatSettings
 from engine import envs
 
@@ -104,6 +105,22 @@ class Preferences:
     def new_chat_settings(self) -> ChatSettings:
         """The settings a new chat starts with: the default system prompt and preset."""
         return apply_preset(ChatSettings(system_prompt=self.system_prompt), self.presets()[self.preset])
+
+    # --- reply ranks ---------------------------------------------------------------------------
+
+    @property
+    def reply_order(self) -> tuple[str, ...]:
+        """The kinds of replies (app.core.priorities.KINDS), the first kept first when the cache runs short;
+        a hand-edited value that does not name each kind once reads as the default."""
+        raw = self._get("replies/order", ",".join(KINDS), str)
+        try:
+            return check_order(k.strip() for k in raw.split(",") if k.strip())
+        except ValueError:
+            return KINDS
+
+    @reply_order.setter
+    def reply_order(self, order) -> None:
+        self._set("replies/order", ",".join(check_order(order)))
 
     # --- presets -------------------------------------------------------------------------------
 

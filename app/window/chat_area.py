@@ -180,6 +180,14 @@ class ChatArea(QStackedWidget):
 
     def _touch(self, chat_id: int) -> None:
         self.recent = [chat_id] + [i for i in self.recent if i != chat_id]
+        self._rank()
+
+    def _rank(self) -> None:
+        """The backend ranks the current chat's reply first, and the panes compared beside it as extras
+        (app.core.priorities)."""
+        focus = getattr(self.backend, "focus_chat", None)
+        if focus is not None and self.recent:
+            focus(self.recent[0], [p.session.chat_id for p in self.compare.panes])
 
     def _focus_changed(self, _old: QWidget | None, new: QWidget | None) -> None:
         """Clicking into a tile makes its chat the current one (for menus, export, tile order)."""
@@ -217,6 +225,7 @@ class ChatArea(QStackedWidget):
             self.set_view("tiles", max(2, min(4, len(self.open_ids))))
         self.compare.setVisible(on)
         self.compare.set_panes(self.tiled() if on else [])
+        self._rank()
         self.compare_changed.emit(on)
 
     def tiled(self) -> list[ChatPane]:

@@ -27,6 +27,7 @@ def snapshot(states, t, shared=None, owners=None, tokens=0, drafted=0, accepted=
         "page_size": 256, "step_host_overhead_s": 0.0, "batch_size_peak": 0, "prompt_tokens_total": 0,
         "drafts_total": 0, "loras_loaded": [],
         "preemptions_total": 0, "resumes_total": 0, "recomputed_tokens_total": 0,
+        "job_preemptions": {}, "preempted_pages": {},
         "page_adapters": [-1 if s == -2 else 0 for s in states], "adapter_sets": {0: []},
     }
     d.update(over)
@@ -250,3 +251,50 @@ def test_hover_line_follows_page_changes(dock):
     states[7] = -1
     dock.push(snapshot(states, 1.1, SHARED))
     assert "cached" in dock.page_map.hover_label.text()
+
+
+def test_a_preempted_replys_cached_pages_are_hollow_in_its_colour(dock, monkeypatch):
+    """Pages 4..5 are cached; page 5 still holds the K/V of job 9 (chat-c, preempted and queued): a frame in
+    chat-c's colour around the cached grey, named on hover, explained in the legend; page 4 stays plain cached."""
+    import app.panels.pagemap as pagemap
+    from app.core.chat_colours import ColourBook
+
+    monkeypatch.setattr(pagemap, "CHAT_COLOURS", ColourBook())
+    dock.set_identifier_labels({"chat-c": "Packing list"})
+    dock.push(snapshot(STATES, 1.0, SHARED, owners={3: "chat-a", 7: "chat-b", 9: "chat-c"},
+                       preempted_pages={5: 9}))
+    pm = dock.page_map
+    frame = pm.job_rgba(9)
+    assert frame not in (CACHED_COLOUR, FREE_COLOUR)
+    assert cell_pixel(dock, 5, 0, 0) == frame and cell_pixel(dock, 5, 0, 3) == frame
+    assert cell_pixel(dock, 5, 3, 3) == CACHED_COLOUR
+    assert cell_pixel(dock, 4, 0, 0) == CACHED_COLOUR
+    assert "preempted" in pm.describe_page(5) and "Packing list" in pm.describe_page(5)
+    assert "preempted" not in pm.describe_page(4)
+    assert "hollow" in pm.legend.text()
+    dock.push(snapshot(STATES, 1.1, SHARED, owners={3: "chat-a", 7: "chat-b"}))  # resumed: plain again
+    assert cell_pixel(dock, 5, 0, 0) == CACHED_COLOUR
+
+
+def test_preemptions_are_counted_per_chat(dock):
+    """job_preemptions by serial: a chat's replies (its N-replies versions too) add up in one row, batch rows per
+    run, API requests in one row; a job that ended keeps counting; nothing preempted hides the table."""
+    table = dock.page_map.preemptions
+    dock.push(snapshot(STATES, 1.0))
+    assert not table.isVisibleTo(dock) and table.rowCount() == 0
+    dock.set_identifier_labels({4: "Rivers", 5: "Mountains"})
+
+    def c(ident, p, r, t):
+        return {"identifier": ident, "preemptions": p, "resumes": r, "recomputed_tokens": t}
+
+    dock.push(snapshot(STATES, 1.1, job_preemptions={1: c(4, 1, 0, 0), 2: c((4, 1), 2, 2, 30),
+                                                     3: c(("batch", 2, 7), 1, 1, 5), 8: c("chatcmpl-1", 1, 1, 0)}))
+    assert table.per_chat() == {4: (3, 2, 30), ("batch", 2): (1, 1, 5), "api": (1, 1, 0)}
+    dock.push(snapshot(STATES, 1.2, job_preemptions={1: c(4, 1, 1, 12), 9: c(5, 1, 0, 0)}))  # 2, 3, 8 ended
+    assert table.per_chat() == {4: (3, 3, 42), ("batch", 2): (1, 1, 5), "api": (1, 1, 0), 5: (1, 0, 0)}
+    assert table.isVisibleTo(dock) and table.rowCount() == 4
+    rows = {table.item(i, 0).text(): [table.item(i, j).text() for j in (1, 2, 3)] for i in range(4)}
+    assert rows == {"Rivers": ["3", "3", "42"], "Batch run 2": ["1", "1", "5"], "API requests": ["1", "1", "0"],
+                    "Mountains": ["1", "0", "0"]}
+    dock.reset()  # another model or source: its serials are not these
+    assert table.per_chat() == {} and not table.isVisibleTo(dock)

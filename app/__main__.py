@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -56,6 +57,8 @@ async def run(args: argparse.Namespace) -> int:
         return 1
     closed = asyncio.Event()
     window.closing.connect(closed.set)
+    # a terminated app (kill, a session ending) shuts down as a closed window does: replies saved, files removed
+    signal.signal(signal.SIGTERM, lambda *_: asyncio.get_event_loop().call_soon(window.close))
     window.show()
     restoring = asyncio.ensure_future(window.restore_session())  # chats, model and LoRA set of the last run
     await closed.wait()

@@ -259,6 +259,11 @@ class EngineService(ChatJobs, ModelsBeside, LoraControl, QObject):
         for path in list(self.beside):
             await self.unload_beside(path)
 
+    def replies_on(self, generator=None) -> int:
+        """How many chat replies run on `generator` now (None: on every model), for the Server tab and
+        the status file."""
+        return sum(1 for job in self._jobs.values() if generator is None or job.generator is generator)
+
     # --- metrics -------------------------------------------------------------------------------
 
     def snapshot(self) -> dict | None:

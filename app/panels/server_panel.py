@@ -1,105 +1,99 @@
-"""The Server panel: serve the app's own generator over an OpenAI-compatible API (engine.server).
+"""The Server panel: serve the app's models over an OpenAI-compatible API (app.local.local_server).
 
-API requests become jobs on the same generator as the chats, so they batch together and show on the
-page map under their request id. The served model follows the app: a model reload serves the new
-generator (requests in flight during the swap get 503), and the adapters loaded into it (the LoRA
-panel's "loaded" column, or POST /v1/load_lora_adapter) are served as model ids. The server runs on the
-app's own event loop (aiohttp, no thread, no second loop).
+Start/stop, host, port and key, a live request count, and while serving a table of the served models:
+each one's memory, the chats and API requests running on it, how long it stays loaded once idle and the
+time left, whether it is pinned, and buttons to pin/unpin and unload it. The table follows the pool as
+it changes (a model loaded beside the main one, unloaded, a request's ttl) and counts the time left down
+once a second while an idle timer runs. The main model is always pinned and cannot be unloaded here.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
-    QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QAbstractItemView, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox,
+    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
 from app.core.tasks import spawn
+from app.local.local_server import LocalServer
+from app.local.served_pool import MainModelHeld
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8399
+COLUMNS = ("Model", "Memory", "Chats", "Requests", "Idle unload", "Time left", "", "")
+PIN_COLUMN, UNLOAD_COLUMN = 6, 7
 
 
-class LocalServer(QObject):
-    """Owns the engine.server.OpenAIServer serving an EngineService's generator."""
+def _mib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
-    changed = Signal()  # started, stopped or a request count moved
-    failed = Signal(str)
 
-    def __init__(self, service, parent: QObject | None = None):
-        super().__init__(parent)
-        self.service = service
-        self.server = None
-        service.loaded.connect(lambda _info: self._serve_current())
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
-    @property
-    def running(self) -> bool:
-        return self.server is not None and self.server.running
 
-    @property
-    def url(self) -> str | None:
-        return self.server.url if self.running else None
+def ttl_text(row: dict) -> str:
+    if row["pinned"]:
+        return "pinned"
+    return "never" if row["ttl"] is None else f"after {_duration(row['ttl'])}"
 
-    async def start(self, host: str, port: int, api_key: str | None) -> bool:
-        from engine.server import OpenAIServer
 
-        if self.running:
-            await self.stop()
-        self.server = OpenAIServer(api_key=api_key or None)
-        self.server.listeners.append(self.changed.emit)
-        self._serve_current()
-        try:
-            await self.server.start(host, port)
-        except OSError as exc:
-            self.server = None
-            self.failed.emit(f"Could not listen on {host}:{port}: {exc.strerror or exc}")
-            self.changed.emit()
-            return False
-        self.changed.emit()
-        return True
-
-    async def stop(self) -> None:
-        server, self.server = self.server, None
-        if server is not None:
-            await server.stop()
-        self.changed.emit()
-
-    def _serve_current(self) -> None:
-        """Serve whatever generator the app has now (None -> the server answers 503)."""
-        if self.server is None:
-            return
-        s = self.service
-        if s.generator is None:
-            self.server.served = None
-            return
-        from engine.server import ServedModel
-        from engine.server.main import model_id
-
-        self.server.served = ServedModel(s.generator, s.tokenizer, model_id(s.model), vision=getattr(s, "vision", None))
+def time_left_text(row: dict) -> str:
+    if row["time_left"] is not None:
+        return _duration(row["time_left"])
+    if row["pinned"] or row["ttl"] is None:
+        return "—"
+    return "busy" if row["requests_running"] or row["chats"] else "—"
 
 
 class ServerPanel(QWidget):
-    """Start/stop, host, port, key and a live request count."""
+    """Start/stop, host, port, key, a live request count and the served models' table."""
 
     def __init__(self, server: LocalServer, parent: QWidget | None = None):
         super().__init__(parent)
         self.server = server
         self.host_edit = QLineEdit("127.0.0.1")
+        self.host_edit.setAccessibleName("Host")
         self.host_edit.setToolTip("127.0.0.1 serves this machine only; 0.0.0.0 serves the network (set a key)")
         self.port_spin = QSpinBox()
+        self.port_spin.setAccessibleName("Port")
         self.port_spin.setRange(1, 65535)
         self.port_spin.setValue(DEFAULT_PORT)
         self.key_edit = QLineEdit()
+        self.key_edit.setAccessibleName("API key")
         self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
         self.key_edit.setPlaceholderText("none (no key required)")
+        self.ttl_spin = QSpinBox()
+        self.ttl_spin.setAccessibleName("Unload idle models after, minutes")
+        self.ttl_spin.setRange(0, 24 * 60)
+        self.ttl_spin.setSuffix(" min")
+        self.ttl_spin.setSpecialValueText("never")
+        self.ttl_spin.setToolTip("A model beside the main one unloads after this long without chats or requests "
+                                 "(never: until you unload it). A request's ttl or keep_alive sets its own.")
+        self.ttl_spin.valueChanged.connect(self._ttl_changed)
         self.start_button = QPushButton("Start")
+        self.start_button.setAccessibleName("Start serving")
         self.start_button.clicked.connect(self.toggle)
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
         self.status_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setAccessibleName("Served models")
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.verticalHeader().hide()
+        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.pin_buttons: dict[str, QPushButton] = {}
+        self.unload_buttons: dict[str, QPushButton] = {}
+        self._rows: tuple = ()  # (name, pinned, main) of the rows the buttons were made for
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
         self.error_label.setStyleSheet("color: #d0342c;")
@@ -108,6 +102,7 @@ class ServerPanel(QWidget):
         form.addRow("Host", self.host_edit)
         form.addRow("Port", self.port_spin)
         form.addRow("API key", self.key_edit)
+        form.addRow("Unload idle models after", self.ttl_spin)
         row = QHBoxLayout()
         row.addStretch(1)
         row.addWidget(self.start_button)
@@ -115,10 +110,13 @@ class ServerPanel(QWidget):
         layout.addLayout(form)
         layout.addLayout(row)
         layout.addWidget(self.status_label)
+        layout.addWidget(self.table, 1)
         layout.addWidget(self.error_label)
-        layout.addStretch(1)
         server.changed.connect(self.refresh)
         server.failed.connect(self.show_error)
+        self._tick = QTimer(self)  # counts the time left down while an idle timer runs
+        self._tick.setInterval(1000)
+        self._tick.timeout.connect(self.refresh)
         self._task: asyncio.Task | None = None
         self.refresh()
 
@@ -133,18 +131,100 @@ class ServerPanel(QWidget):
                                self.show_error)
         return self._task
 
+    def _ttl_changed(self, minutes: int) -> None:
+        self.server.set_default_ttl(minutes * 60.0 if minutes else None)
+        self.refresh()
+
     def refresh(self) -> None:
         running = self.server.running
         for w in (self.host_edit, self.port_spin, self.key_edit):
             w.setEnabled(not running)
         self.start_button.setText("Stop" if running else "Start")
+        self.start_button.setAccessibleName("Stop serving" if running else "Start serving")
+        self.table.setVisible(running)
         if not running:
-            self.status_label.setText("Not serving. Start serves this app's model over an OpenAI-compatible API.")
+            self._tick.stop()
+            self._fill([])
+            self.status_label.setText("Not serving. Start serves this app's models over an OpenAI-compatible API.")
             return
         api = self.server.server
         key = " · key required" if api.api_key else ""
         self.status_label.setText(f"Serving {api.url}/v1{key}\n{api.requests_total} requests "
                                   f"({api.requests_running} running)")
+        rows = self.server.models()
+        self._fill(rows)
+        counting = any(r["time_left"] is not None for r in rows)
+        if counting and not self._tick.isActive():
+            self._tick.start()
+        elif not counting:
+            self._tick.stop()
+
+    def _fill(self, rows: list[dict]) -> None:
+        """Texts every refresh; the buttons only when the models or their pins change (focus stays put)."""
+        shape = tuple((r["name"], r["pinned"], r["main"]) for r in rows)
+        if shape != self._rows:
+            self._rows = shape
+            self.table.setRowCount(len(rows))
+            self.pin_buttons, self.unload_buttons = {}, {}
+            for i, r in enumerate(rows):
+                self.table.setCellWidget(i, PIN_COLUMN, self._pin_button(r))
+                self.table.setCellWidget(i, UNLOAD_COLUMN, self._unload_button(r))
+        for i, r in enumerate(rows):
+            name = r["name"] + (" (main)" if r["main"] else "")
+            texts = (name, _mib(r["memory_bytes"]), str(r["chats"]), str(r["requests_running"]), ttl_text(r),
+                     time_left_text(r))
+            for col, text in enumerate(texts):
+                item = self.table.item(i, col)
+                if item is None:
+                    item = QTableWidgetItem()
+                    self.table.setItem(i, col, item)
+                if item.text() != text:
+                    item.setText(text)
+
+    def _pin_button(self, r: dict) -> QPushButton:
+        name = r["name"]
+        b = QPushButton("Unpin" if r["pinned"] else "Pin")
+        b.setAccessibleName(f"{'Unpin' if r['pinned'] else 'Pin'} {name}")
+        if r["main"]:
+            b.setEnabled(False)
+            b.setToolTip("The main model stays pinned: the app's chats run on it")
+        else:
+            b.setToolTip("Pinned: never unloaded for idleness" if not r["pinned"] else "Let it unload when idle")
+            b.clicked.connect(lambda _=False, n=name, p=not r["pinned"]: self.pin(n, p))
+        self.pin_buttons[name] = b
+        return b
+
+    def _unload_button(self, r: dict) -> QPushButton:
+        name = r["name"]
+        b = QPushButton("Unload")
+        b.setAccessibleName(f"Unload {name}")
+        if r["main"]:
+            b.setEnabled(False)
+            b.setToolTip("The main model stays loaded: load another on the Model tab to replace it")
+        else:
+            b.setToolTip("Unload it from the app (its chats' replies stop)")
+            b.clicked.connect(lambda _=False, n=name: self.unload(n))
+        self.unload_buttons[name] = b
+        return b
+
+    def pin(self, name: str, pinned: bool) -> None:
+        self.error_label.hide()
+        try:
+            self.server.set_pinned(name, pinned)
+        except (KeyError, MainModelHeld) as exc:  # gone meanwhile, or the main model
+            self.show_error(exc.args[0])
+
+    def unload(self, name: str) -> asyncio.Task:
+        self.error_label.hide()
+
+        async def unload() -> None:
+            try:
+                await self.server.unload(name)
+            except (KeyError, MainModelHeld) as exc:
+                self.show_error(exc.args[0])
+
+        self._task = spawn(unload(), self.show_error)
+        return self._task
 
     def show_error(self, message: str) -> None:
         self.error_label.setText(str(message))

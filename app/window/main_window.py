@@ -30,6 +30,8 @@ from app.core.store_open import open_history
 from app.core.tasks import spawn
 from app.discover.discover_view import DiscoverView
 from app.local.engine_service import EngineService
+from app.local.local_server import LocalServer
+from app.local.status_file import StatusFile
 from app.panels.dashboard import DashboardDock
 from app.panels.dashboard_feed import DashboardFeed
 from app.panels.lora_panel import LoraPanel
@@ -37,7 +39,7 @@ from app.panels.mcp_dialog import McpServersDialog
 from app.panels.model_browser import ModelBrowser
 from app.panels.model_panel import ModelPanel
 from app.panels.prompt_format import PromptFormatBox
-from app.panels.server_panel import LocalServer, ServerPanel
+from app.panels.server_panel import ServerPanel
 from app.preferences.preferences import Preferences
 from app.preferences.preferences_dialog import PreferencesDialog
 from app.preferences.theme import Theme
@@ -92,6 +94,9 @@ class MainWindow(QMainWindow):
 
         self.local_server = self.remote = None
         self._panels()
+        # what this window holds, for `pagedeck ps` (only the process that owns the data folder writes it)
+        self.status_file = (StatusFile(self.store.path.parent, self.service, self.local_server, self)
+                            if self.instance_lock is not None else None)
         self.view_actions = build_menus(self, self.chats, WindowCommands(
             new_chat=self.new_chat, export=self.export_current, preferences=self.open_preferences,
             palette=self.open_palette, shortcuts=self.open_shortcuts, switch_model=self.switch_model,
@@ -117,9 +122,9 @@ class MainWindow(QMainWindow):
         s, error = self.service, self.loader.error
         self.dashboard = DashboardDock(self)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.dashboard)
-        feed = DashboardFeed(self.dashboard, s.metrics)
-        s.models_changed.connect(self.dashboard.set_models)  # compare mode: models beside the main one
-        self.dashboard.model_chosen.connect(s.show_metrics)
+        # compare mode: the picker lists the models beside the main one, and the dashboard follows the chosen one
+        feed = DashboardFeed(self.dashboard, s.metrics, models=s.models_changed, choose=s.show_metrics,
+                             listing=s.models)
         self.chats.compare.service = s
         s.models_changed.connect(self.chats.compare.refresh_models)
         self.model_panel = p = ModelPanel(self.store.path.parent / "recent_models.json",
@@ -348,6 +353,8 @@ class MainWindow(QMainWindow):
 
     async def shutdown(self) -> None:
         """Stop every reply (their partial text is saved), close the generator and the store."""
+        if self.status_file is not None:
+            self.status_file.remove()
         for session in list(self.chats.sessions.values()):
             await session.stop()
         if self.remote is not None:

@@ -1,0 +1,118 @@
+"""The Server tab serves every model the app holds (the main one and one beside it) from the app's own
+generators, in a live table: memory, chats and requests, idle unload and time left, pin and unload.
+
+Real window, real tiny models, the official openai client over real HTTP: an API stream and an app chat
+on the model beside the main one run in one step (that generator's batch-size peak reaches 2); the
+table counts the idle time down, pinning stops it, a request's ttl unloads the model from the app, the
+Unload button too; the main model can be neither unpinned nor unloaded. The status file `pagedeck ps`
+reads says the same while a chat and a request run.
+"""
+import asyncio
+
+import openai
+import pytest
+
+from app.core.running_app import read_running
+from app.core.store import ChatSettings
+from app.local.status_file import StatusFile
+from tests.app.support import loaded_service, loop, make_window, run, store, tiny_model, wait_until  # noqa: F401
+from tests.app.test_chat import _type_and_enter as send
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def second_model(tmp_path_factory):
+    from tests.tiny_models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny2") / "qwen2", arch="qwen2", seed=5)
+
+
+def rows(panel) -> list[list[str]]:
+    t = panel.table
+    return [[t.item(r, c).text() for c in range(6)] for r in range(t.rowCount())]
+
+
+def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, store, tiny_model, second_model,
+                                                                  tmp_path):
+    side = str(second_model)
+
+    async def body():
+        win = make_window(qtbot, store, await loaded_service(tiny_model))
+        service, panel, server = win.service, win.server_panel, win.local_server
+        assert await service.load_beside(side, cache_tokens=2048)
+        assert await server.start("127.0.0.1", 0, None)
+        assert not panel.table.isHidden()
+        main_name, side_name = (r["name"] for r in server.models())
+        side_gen = service.beside[side].generator
+        got = rows(panel)
+        assert [r[0] for r in got] == [f"{main_name} (main)", side_name]
+        assert got[0][4] == "pinned" and got[1][4] == "never"  # no idle unload until set
+        assert got[1][1].endswith("MiB") and got[1][1] != "0 MiB"
+        assert panel.pin_buttons[side_name].accessibleName() == f"Pin {side_name}"
+        assert panel.unload_buttons[side_name].accessibleName() == f"Unload {side_name}"
+        assert not panel.unload_buttons[main_name].isEnabled() and not panel.pin_buttons[main_name].isEnabled()
+
+        # an app chat and an API stream on the model beside the main one share its generator's batch
+        pane = win.new_chat("side chat")
+        pane.session.set_settings(ChatSettings(max_new_tokens=450, model=side))
+        send(qtbot, pane, "keep talking")
+        await wait_until(lambda: side_gen.metrics()["active_jobs"] == 1, what="the chat to run on the side model")
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        status = StatusFile(tmp_path, service, server)
+        seen = {"chats": 0, "requests": 0, "pages": 0}
+
+        def stream():
+            return list(client.chat.completions.create(model=side_name, max_tokens=40, stream=True,
+                                                       messages=[{"role": "user", "content": "hi"}]))
+
+        call = asyncio.ensure_future(asyncio.to_thread(stream))
+        while not call.done():
+            row = next(r for r in server.models() if r["name"] == side_name)
+            if row["requests_running"] and row["chats"]:
+                panel.refresh()
+                assert rows(panel)[1][2:4] == ["1", "1"]  # the table counts both on that model
+                status.write()
+                m = read_running(tmp_path)["models"][1]
+                seen = {"chats": m["chats_running"], "requests": m["requests_running"], "pages": m["pages_used"]}
+            await asyncio.sleep(0.005)
+        assert call.result()[0].model == side_name
+        assert side_gen.metrics()["batch_size_peak"] == 2, "the API request did not batch with the chat"
+        assert seen["chats"] == seen["requests"] == 1 and seen["pages"] > 0, seen
+        await pane.session.stop()
+        status.remove()
+        assert read_running(tmp_path) is None
+
+        # idle unload: the tab's setting counts down, a pin stops it, unpinning starts it again
+        panel.ttl_spin.setValue(5)
+        await wait_until(lambda: rows(panel)[1][4] == "after 5:00" and rows(panel)[1][5] not in ("—", ""),
+                         what="the idle timer to show")
+        assert rows(panel)[0][5] == "—"  # the main model never idles out
+        panel.pin_buttons[side_name].click()
+        assert rows(panel)[1][4:] == ["pinned", "—"] and server.pool.models[side_name].timer is None
+        assert panel.pin_buttons[side_name].accessibleName() == f"Unpin {side_name}"
+        panel.pin_buttons[side_name].click()
+        assert server.pool.models[side_name].timer is not None and rows(panel)[1][4] == "after 5:00"
+        panel.pin(main_name, False)
+        assert "stays pinned" in panel.error_label.text() and server.pool.models[main_name].pinned
+
+        # a request's ttl of 0 unloads the model from the app as soon as the request ends
+        await asyncio.to_thread(lambda: client.completions.create(model=side_name, prompt="a", max_tokens=2,
+                                                                  extra_body={"ttl": 0}))
+        await wait_until(lambda: side not in service.beside, 30, "the ttl to unload the side model")
+        await wait_until(lambda: [r[0] for r in rows(panel)] == [f"{main_name} (main)"], what="the row to go")
+        with pytest.raises(openai.APIStatusError):
+            await asyncio.to_thread(lambda: client.completions.create(model=side_name, prompt="a", max_tokens=2))
+
+        # loaded again beside the main one: served at once; the Unload button unloads it from the app
+        assert await service.load_beside(side, cache_tokens=2048)
+        await wait_until(lambda: len(rows(panel)) == 2, what="the model to be served again")
+        await panel.unload(side_name)
+        assert side not in service.beside and len(rows(panel)) == 1
+        await panel.unload(main_name)
+        assert "stays loaded" in panel.error_label.text() and service.generator is not None
+        await server.stop()
+        assert panel.table.isHidden() and service.generator is not None  # stopping unloads nothing
+        await win.shutdown()
+
+    run(loop, body(), 280)

@@ -1,4 +1,5 @@
-"""The Preferences dialog: theme and font size (applied live while it is open) and what new chats start with."""
+"""The Preferences dialog: theme and font size (applied live while it is open), what new chats start with, and
+the order replies keep their cache pages in (app.preferences.reply_order)."""
 from __future__ import annotations
 
 from PySide6.QtWidgets import (
@@ -7,6 +8,7 @@ from PySide6.QtWidgets import (
 
 from app.core.presets import BUILTIN_PRESETS
 from app.preferences.preferences import FONT_SIZES, THEMES
+from app.preferences.reply_order import ReplyOrder
 from app.preferences.theme import Theme
 
 
@@ -35,6 +37,8 @@ class PreferencesDialog(QDialog):
         for name in presets:
             self.preset.addItem(name if name in BUILTIN_PRESETS else f"{name} (yours)", name)
         self.preset.setCurrentIndex(list(presets).index(self.prefs.preset))
+        backend = getattr(parent, "backend", None)  # the window's: does it rank replies (a remote server does not)
+        self.reply_order = ReplyOrder(self.prefs.reply_order, getattr(backend, "ranks_replies", None))
 
         form = QFormLayout()
         form.addRow("Theme", self.theme_box)
@@ -42,6 +46,8 @@ class PreferencesDialog(QDialog):
         form.addRow(QLabel("<b>New chats start with</b>"))
         form.addRow("System prompt", self.system_prompt)
         form.addRow("Sampler preset", self.preset)
+        form.addRow(QLabel("<b>When the cache runs short, replies keep their pages in this order</b>"))
+        form.addRow(self.reply_order)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -54,6 +60,7 @@ class PreferencesDialog(QDialog):
     def accept(self) -> None:
         self.prefs.system_prompt = self.system_prompt.toPlainText()
         self.prefs.preset = self.preset.currentData()
+        self.prefs.reply_order = self.reply_order.order()
         super().accept()
 
     def reject(self) -> None:

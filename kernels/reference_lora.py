@@ -58,9 +58,9 @@ def lora_plan(col_scale: torch.Tensor, seg_rows: Sequence[int] | None = None,
         raise ValueError(f"seg_rows {rows} must give a row count >= 0 for each of the {n_seg} segments")
     start = torch.zeros(n_seg + 1, dtype=torch.int32)
     start[1:] = torch.cumsum(torch.tensor(rows, dtype=torch.int32), 0)
-    mask = None
-    if device.type == "cpu":  # the torch path's gather; Triton reads seg_start and col_scale instead
-        mask = col_scale.repeat_interleave(torch.tensor(rows), dim=0, output_size=sum(rows))
+    # the torch path's per-row gather (Triton reads seg_start and col_scale instead): built on every device,
+    # since the torch path also runs where Triton is off, and a plan without it would apply no adapter masks
+    mask = col_scale.repeat_interleave(torch.tensor(rows), dim=0, output_size=sum(rows)).to(device, non_blocking=True)
     return LoRAPlan(rows, on_device, mask, start.to(device, non_blocking=True), max(rows, default=0))
 
 

@@ -108,7 +108,10 @@ class EngineBench:
 
         need = max(sum(pages(s, w.new_tokens) for s in w.streams), pages(w.single, w.new_tokens),
                    pages(w.ttft_first, 1) + pages(w.ttft_second, 1))
-        cache = PagedCache(model, max_tokens=(need + 1) * PAGE_SIZE, page_size=PAGE_SIZE)
+        # admission keeps a page of growth room per running sequence (engine.generator.preemption): without
+        # those, an exactly-sized cache admits only some streams at first and the rest wait for them to finish
+        room = len(w.streams)
+        cache = PagedCache(model, max_tokens=(need + room + 1) * PAGE_SIZE, page_size=PAGE_SIZE)
         self.gen = gen = DynamicGenerator(model, cache, tokenizer)
         self.w = w
         log("pagedeck: warm-up")

@@ -5,6 +5,10 @@ the first metric name a server exposes for that meaning: vLLM's (`vllm:*`, which
 uses), SGLang's (`sglang:*`) and llama-server's (`llamacpp:*`); what a server doesn't report is None and
 its chart says "no source". Page-level data exists only for pagedeck servers (GET /pagedeck/pages);
 elsewhere the page map becomes a KV-usage bar (`kv_usage`, a fraction).
+
+A server holding several models (a pagedeck model pool, vLLM with several engines) labels each model's
+samples with `model_name`: `served_models` lists them in the server's order and a snapshot may keep only
+one model's samples (the dashboard's model picker), as it keeps the local generators apart.
 """
 from __future__ import annotations
 
@@ -57,6 +61,24 @@ def parse_samples(text: str) -> dict[str, list[tuple[dict, float]]]:
     return out
 
 
+def served_models(samples: dict) -> list[str]:
+    """The `model_name`s a server reports its running requests under, in its order (one model: [name])."""
+    for name in COUNTS["active_jobs"]:
+        if name in samples:
+            return list(dict.fromkeys(labels["model_name"] for labels, _ in samples[name] if "model_name" in labels))
+    return []
+
+
+def only_model(samples: dict, model: str) -> dict:
+    """The samples of one model: those labelled with its model_name, and those labelled with none."""
+    out = {}
+    for name, values in samples.items():
+        kept = [(labels, v) for labels, v in values if labels.get("model_name", model) == model]
+        if kept:
+            out[name] = kept
+    return out
+
+
 def _first(samples: dict, names: Iterable[str], combine) -> float | None:
     for name in names:
         if name in samples:
@@ -71,9 +93,13 @@ def server_kind(samples: dict) -> str:
     return "unknown"
 
 
-def snapshot_from_metrics(text: str, pages: dict | None = None, now: float | None = None) -> dict:
-    """The dashboard snapshot for a remote: None where the server reports nothing for a key."""
+def snapshot_from_metrics(text: str, pages: dict | None = None, now: float | None = None,
+                          model: str | None = None) -> dict:
+    """The dashboard snapshot for a remote: None where the server reports nothing for a key. `model`: that
+    model's samples only (None: every model's, summed); `pages` must then be that model's page map."""
     samples = parse_samples(text)
+    if model is not None:
+        samples = only_model(samples, model)
     snap: dict = dict.fromkeys(METRICS_KEYS)  # every key the dashboard reads; None = no source
     snap.update({key: _first(samples, names, sum) for key, names in COUNTS.items()})
     snap.update({key: _first(samples, names, max) for key, names in FRACTIONS.items()})

@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.core.backend import Backend, BackendSwitch
 from app.core.remote_backend import RemoteBackend
 from app.core.remote_client import RemoteClient, RemoteError
-from app.core.remote_metrics import snapshot_from_metrics
+from app.core.remote_metrics import parse_samples, served_models, snapshot_from_metrics
 from app.core.tasks import spawn
 from app.panels.dashboard_feed import DashboardFeed
 from app.remote.remote_panel import RemoteLoraPanel, RemoteServerBox
@@ -29,9 +29,12 @@ POLL_MS = 500
 
 
 class RemoteMetricsPoller(QObject):
-    """Polls a server's /metrics (and a pagedeck server's page map) into dashboard snapshots."""
+    """Polls a server's /metrics (and a pagedeck server's page map) into dashboard snapshots. A server with
+    several models gets one model's snapshot at a time (`choose`, the first by default); `models` says
+    which it reports, as the dashboard's picker lists them."""
 
     metrics = Signal(object)
+    models = Signal(object)  # [(model name, model name)] whenever the server's models change
     failed = Signal(str)
 
     def __init__(self, client: RemoteClient, interval_ms: int = POLL_MS, parent: QObject | None = None):
@@ -43,6 +46,8 @@ class RemoteMetricsPoller(QObject):
         self._timer.timeout.connect(self._tick)
         self.last: dict | None = None
         self.error: str | None = None
+        self.model: str | None = None  # the model followed (None: the server's first)
+        self.served: list[str] = []
 
     def start(self) -> None:
         self._timer.start()
@@ -57,11 +62,22 @@ class RemoteMetricsPoller(QObject):
         if self._task is None or self._task.done():  # a slow server never piles up requests
             self._task = asyncio.ensure_future(self.poll())
 
+    def choose(self, model: str | None) -> None:
+        """Follow this model's samples from the next poll on."""
+        self.model = model
+
     async def poll(self) -> dict | None:
         try:
             text = await self.client.metrics_text()
-            pages = await self.client.pages() if "pagedeck:pages_total" in text else None
-            snap = snapshot_from_metrics(text, pages)
+            served = served_models(parse_samples(text))
+            if served != self.served:
+                self.served = served
+                self.models.emit([(m, m) for m in served])
+            model = self.model if self.model in served else served[0] if served else None
+            # the page map a pagedeck server answers is its first model's
+            pages = (await self.client.pages() if "pagedeck:pages_total" in text and (not served or model == served[0])
+                     else None)
+            snap = snapshot_from_metrics(text, pages, model=model if len(served) > 1 else None)
         except (RemoteError, ValueError) as exc:
             self.error = f"metrics: {exc}"
             self.failed.emit(self.error)
@@ -151,7 +167,8 @@ class RemoteMode(QObject):
 
     def _follow_remote_metrics(self, backend: RemoteBackend) -> None:
         self.poller = RemoteMetricsPoller(RemoteClient(backend.url, backend.client.api_key), parent=self)
-        self.handles.dashboard.follow(self.poller.metrics, f"Dashboard · {backend.url}")
+        self.handles.dashboard.follow(self.poller.metrics, f"Dashboard · {backend.url}", models=self.poller.models,
+                                      choose=self.poller.choose)
         self.poller.failed.connect(lambda msg: self.handles.message(msg, 5000))
         self.poller.start()
 

@@ -116,3 +116,35 @@ def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, 
         await win.shutdown()
 
     run(loop, body(), 280)
+
+
+def test_dashboard_follows_each_model_of_a_server_holding_several(qtbot, loop, store, tiny_model, second_model):
+    """Connected to a server with two models (here the app's own, 16 and 8 pages), the dashboard's picker
+    lists both from the server's model_name labels and shows one model's numbers at a time, never their sum;
+    disconnecting gives the picker back to the app's own models."""
+    side = str(second_model)
+
+    async def body():
+        win = make_window(qtbot, store, await loaded_service(tiny_model))
+        service, dash = win.service, win.dashboard
+        assert await service.load_beside(side, cache_tokens=2048)
+        assert await win.local_server.start("127.0.0.1", 0, None)
+        assert await win.remote.connect(win.local_server.url + "/v1")
+        await wait_until(lambda: dash.model_choice.count() == 2 and not dash.model_choice.isHidden(),
+                         what="the picker to list the server's models")
+        names = [dash.model_choice.itemData(i) for i in range(2)]
+        assert names == [r["name"] for r in win.local_server.models()]
+        await wait_until(lambda: dash.snapshot is not None and dash.snapshot["pages_total"] == 16,
+                         what="the first model's numbers")
+        assert len(dash.snapshot["page_states"]) == 16  # with its page map
+        dash.model_choice.setCurrentIndex(1)
+        dash.model_choice.activated.emit(1)
+        await wait_until(lambda: dash.snapshot is not None and dash.snapshot["pages_total"] == 8,
+                         what="the second model's numbers")
+        assert win.remote.poller.model == names[1] and service.metrics_model is None
+        await win.remote.disconnect()
+        assert [dash.model_choice.itemData(i) for i in range(2)] == [None, side]  # the app's models again
+        await win.local_server.stop()
+        await win.shutdown()
+
+    run(loop, body(), 200)

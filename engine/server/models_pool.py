@@ -45,7 +45,8 @@ class PoolModel:
     last_used: float = 0.0  # time.monotonic() of the last request's start or end
     ttl: float | None = None  # idle seconds before unloading, once a request set it (ttl_set)
     ttl_set: bool = False
-    timer: asyncio.TimerHandle | None = None
+    timer: asyncio.Handle | None = None
+    expires: float | None = None  # time.monotonic() at which the idle timer fires
     created: int = field(default_factory=lambda: int(time.time()))
     loads: int = 0
     unloads: int = 0
@@ -67,7 +68,7 @@ class ModelPool:
         self.loader = loader
         self.budget = budget  # bytes; None: no limit
         self.default_ttl = default_ttl  # idle seconds before an unpinned model unloads; None: never
-        self._discover = discover  # () -> [engine.model.discovery.FoundModel]
+        self._discover = discover  # () -> [engine.model.catalog.discovery.FoundModel]
         self.models: dict[str, PoolModel] = {}
         self._admit = asyncio.Lock()  # one admission (make room, reserve) at a time
         self._released = asyncio.Event()  # set (and replaced) whenever a request lets go of a model
@@ -83,6 +84,37 @@ class ModelPool:
                           served=served, last_used=time.monotonic(), loads=1)
         self.models = {served.name: entry, **self.models}
         return entry
+
+    def set_loaded(self, held: list[tuple[ServedModel, Path | None, int, bool]]) -> None:
+        """Hold exactly these models, each loaded elsewhere (the app's): (served, path, charge, pinned). One
+        whose generator the pool already holds keeps its entry (pin, ttl, idle timer); a new one starts idle;
+        an entry whose generator is not among them is dropped (whoever loaded it has closed it)."""
+        by_generator = {id(e.served.generator): e for e in self.models.values() if e.served is not None}
+        fresh: dict[str, PoolModel] = {}
+        for served, path, charge, pinned in held:
+            e = by_generator.pop(id(served.generator), None)
+            if e is None:
+                e = PoolModel(served.name, Path(path) if path else None, charge, pinned=pinned, served=served,
+                              last_used=time.monotonic(), loads=1)
+                if e.name in fresh:  # two files with one model name: the later one is told apart by a suffix
+                    e.name = served.name = f"{served.name}-{len(fresh) + 1}"
+                fresh[e.name] = e
+                self._start_timer(e)
+            else:
+                e.charge = charge
+                fresh[e.name] = e
+        for gone in by_generator.values():
+            self._stop_timer(gone)
+        if list(fresh) != list(self.models) or by_generator:
+            self.models = fresh
+            self._changed()
+
+    def detach(self) -> None:
+        """Stop every idle timer and forget the models, unloading none: they belong to whoever loaded them
+        (the app keeps its models when it stops serving them)."""
+        for e in self.models.values():
+            self._stop_timer(e)
+        self.models = {}
 
     async def refresh(self) -> None:
         """Read the model folders again (off the loop): new files are added, vanished unloaded ones dropped."""
@@ -207,7 +239,7 @@ class ModelPool:
                 raise ApiError(500, f"The model `{entry.name}` failed to load: {type(exc).__name__}: {exc}. "
                                     f"Available: {', '.join(self.available())}", "model", "model_load_failed") from None
             if self._closed:
-                await served.generator.close()
+                await self.loader.release(served)
                 raise ApiError(503, "the server is stopping", code="model_not_loaded")
             entry.served = served
             entry.loads += 1
@@ -244,7 +276,7 @@ class ModelPool:
             return
         log.info("model %s %s", entry.name, why)
         entry.unloads += 1
-        await served.generator.close()
+        await self.loader.release(served)
         del served
         gc.collect()
         self._changed()
@@ -255,19 +287,65 @@ class ModelPool:
         if entry.pinned or ttl is None or entry.served is None or self._closed:
             return
         entry.timer = asyncio.get_running_loop().call_later(ttl, self._expire, entry)
+        entry.expires = time.monotonic() + ttl
 
     @staticmethod
     def _stop_timer(entry: PoolModel) -> None:
         if entry.timer is not None:
             entry.timer.cancel()
-            entry.timer = None
+            entry.timer = entry.expires = None
 
     def _expire(self, entry: PoolModel) -> None:
-        entry.timer = None
+        entry.timer = entry.expires = None
         if entry.active == 0 and entry.served is not None and not entry.pinned:
             task = asyncio.ensure_future(self.unload(entry, "idle: unloaded after its ttl"))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    # ---- what a user changes, and what they see ---------------------------------------------------
+    def entry(self, name: str) -> PoolModel:
+        """The model named `name`; KeyError naming the known ones."""
+        try:
+            return self.models[name]
+        except KeyError:
+            raise KeyError(f"no model {name!r} in the pool; known: {', '.join(self.models) or 'none'}") from None
+
+    def set_pinned(self, name: str, pinned: bool) -> None:
+        """Pin (never unloaded for idleness nor evicted) or unpin (its idle time counts from now)."""
+        e = self.entry(name)
+        if e.pinned == pinned:
+            return
+        e.pinned = pinned
+        self._stop_timer(e)
+        if not pinned and e.active == 0:
+            self._start_timer(e)
+        self._changed()
+
+    def set_default_ttl(self, seconds: float | None) -> None:
+        """The idle time (None: never) of every model no request set its own for; idle timers restart."""
+        self.default_ttl = seconds
+        for e in self.models.values():
+            if not e.ttl_set and e.served is not None and e.active == 0:
+                self._stop_timer(e)
+                self._start_timer(e)
+        self._changed()
+
+    def ttl_of(self, entry: PoolModel) -> float | None:
+        """Idle seconds before `entry` unloads (None: never: pinned, or no ttl)."""
+        return None if entry.pinned else entry.ttl if entry.ttl_set else self.default_ttl
+
+    @staticmethod
+    def time_left(entry: PoolModel) -> float | None:
+        """Seconds until its idle timer unloads it; None while no timer runs (busy, pinned, no ttl)."""
+        return None if entry.expires is None else max(0.0, entry.expires - time.monotonic())
+
+    def status(self) -> list[dict]:
+        """One row per model, for a status view (the app's Server tab): what /v1/models says, plus requests,
+        ttl and time left."""
+        return [{"name": e.name, "status": e.status, "memory_bytes": e.charge, "pinned": e.pinned,
+                 "requests_running": e.active, "requests_total": e.requests_total, "ttl": self.ttl_of(e),
+                 "time_left": self.time_left(e) if e.served is not None else None}
+                for e in self.models.values()]
 
     # ---- the rest -------------------------------------------------------------------------------
     def _changed(self) -> None:

@@ -111,6 +111,8 @@ FIELD_SCHEMAS: dict[str, dict] = {
     "n": _nullable({"type": "integer", "minimum": 1, "maximum": MAX_N}),
     "priority": _nullable({"type": "integer", "description": "rank when the KV cache runs short (vLLM's): lower "
                            "runs first; the worst-ranked running request gives its pages back and resumes later"}),
+    "truncate_prompt_tokens": _nullable({"type": "integer", "minimum": 1, "description": "keep only the prompt's "
+                                         "last k tokens (vLLM's; after the chat template); null: the whole prompt"}),
     "tools": _nullable({"type": "array", "items": _TOOL}),
     "tool_choice": _TOOL_CHOICE,
     "parallel_tool_calls": _nullable({"type": "boolean"}),

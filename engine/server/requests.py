@@ -17,6 +17,7 @@ from ..contract import InvalidSetting, SamplerSettings
 from ..generator.filters import JSONSchemaFilter
 from .errors import ApiError, bad_request
 from .image_requests import Images, cannot_see_images
+from .prompt_truncation import truncate_prompt
 from .served import ServedModel
 from .tool_requests import TOOL_FIELDS, ToolPlan, check_tool_message, parse_tool_plan, render_prompt, tool_filters
 
@@ -31,6 +32,7 @@ COMMON_FIELDS = {
     "frequency_penalty", "seed", "stop", "n", "stream", "stream_options", "logit_bias", "user",
     "response_format", "min_tokens", "ignore_eos",
     "priority",  # vLLM's: lower is more urgent; when the cache runs dry the worst-ranked job gives its pages back
+    "truncate_prompt_tokens",  # vLLM's: keep only the prompt's last k tokens (prompt_truncation)
     "ttl", "keep_alive",  # how long the model stays loaded once idle (engine.server.lifetime, the model pool)
 }
 CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"} | TOOL_FIELDS
@@ -112,6 +114,9 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         raise bad_request(f"n must be an integer from 1 to {MAX_N}, got {n!r}", "n")
     if ids.shape[1] == 0:
         raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
+    ids, prompt = truncate_prompt(body, ids, prompt, served.max_seq_len,
+                                  lambda kept: tok.decode(kept, decode_special_tokens=True),
+                                  kind == "chat" and embeddings is not None)
     max_tokens = _max_tokens(body, kind, ids.shape[1], served.max_seq_len, default_max_tokens)
     min_tokens = _int_field(body, "min_tokens", 0, low=0)
     if min_tokens > max_tokens:

@@ -85,11 +85,14 @@ def rounds_markdown(calls: list[ToolCallRecord]) -> str:
     return "".join(p + "\n\n" for p in parts)
 
 
-def reply_view(content: str, calls: list[ToolCallRecord], template: str | None) -> tuple[str, str]:
+def reply_view(content: str, calls: list[ToolCallRecord], template: str | None,
+               tool_names: Iterable[str] = ()) -> tuple[str, str]:
     """(thinking, Markdown) of a stored reply: the rounds' thinking joined; their text and calls, then the
     answer. Calls left in the answer's text (a reply stopped mid-call, or at the round limit) are not shown
-    as text, as they were not while it streamed."""
-    final = split_reply(content, markers_of(template), tool_format=tool_call_format(template))
+    as text, as they were not while it streamed: `tool_names`, the functions the chat offers, make plain
+    JSON naming one of them (fenced or bare, as small models write calls) a call here too."""
+    names = {*tool_names, *(c.name for c in calls)}
+    final = split_reply(content, markers_of(template), tool_format=tool_call_format(template), tool_names=names)
     reasoning, answer = final.reasoning, final.content
     thoughts = [c[0].reasoning for c in rounds_of(calls) if c[0].reasoning] + ([reasoning] if reasoning else [])
     return "\n\n".join(thoughts), rounds_markdown(calls) + answer

@@ -60,6 +60,13 @@ class ToolHub:
         self.config_error = None
         await self.manager.configure(servers)
 
+    @staticmethod
+    def names_seen(keys: tuple[str, ...]) -> set[str]:
+        """Every name a chat's tools can have for the model (chat_tools': the tool's own name, or
+        server_name on a clash), without asking the servers: what a stored reply's calls may name."""
+        pairs = [key.partition("/")[::2] for key in keys]
+        return {name for _, name in pairs} | {f"{server}_{name}" for server, name in pairs}
+
     async def chat_tools(self, keys: tuple[str, ...]) -> dict[str, McpTool]:
         """The chat's tools that its servers offer now, by the name the model sees (the tool's own name,
         or server_name where two servers offer the same name). Unreachable servers are left out."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from app.agent.reply_rounds import reply_view
+from app.agent.tool_hub import ToolHub
 from app.chat.chat_session import ChatSession
 from app.core.store import Message
 
@@ -19,7 +20,9 @@ def shown(session: ChatSession, message: Message, expanded: set[int]) -> tuple[M
     """(the message with the Markdown to show as its content, its thinking section or None)."""
     if message.role != "assistant":
         return message, None
-    reasoning, markdown = reply_view(message.content, session.trace.calls(message.id), session.backend.chat_template(session.settings))
+    tools = ToolHub.names_seen(session.settings.tools) if session.backend.runs_tools else ()
+    reasoning, markdown = reply_view(message.content, session.trace.calls(message.id),
+                                     session.backend.chat_template(session.settings), tools)
     thinking = None
     if reasoning:
         t = session.trace.thinking(message.id)

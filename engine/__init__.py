@@ -9,8 +9,9 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {  # public name -> module that defines it
-    "ModelTooLarge": ".model.memory", "check_fits": ".model.memory", "estimate_memory": ".model.memory",
-    "estimate_download": ".model.memory", "find_models": ".model.discovery", "model_locations": ".model.discovery",
+    "ModelTooLarge": ".model.catalog.memory", "check_fits": ".model.catalog.memory",
+    "estimate_memory": ".model.catalog.memory", "estimate_download": ".model.catalog.memory",
+    "find_models": ".model.catalog.discovery", "model_locations": ".model.catalog.discovery",
     "build_cpu_kernels": ".model.cpu_kernels", "cpu_kernels_built": ".model.cpu_kernels",
     "ChatFormat": ".model.chat_format", "chat_format_choices": ".model.chat_format",
     "check_chat_format": ".model.chat_format",
@@ -41,9 +42,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs; import-linter checks these like
     from .model.chat_format import ChatFormat, chat_format_choices, check_chat_format
     from .model.config import ModelConfig
     from .model.cpu_kernels import build_cpu_kernels, cpu_kernels_built
-    from .model.discovery import find_models, model_locations
+    from .model.catalog.discovery import find_models, model_locations
     from .model.lora import LoRA, LoRASet
-    from .model.memory import ModelTooLarge, check_fits, estimate_download, estimate_memory
+    from .model.catalog.memory import ModelTooLarge, check_fits, estimate_download, estimate_memory
     from .model.model import Model
     from .model.model_and_tokenizer import load_model_and_tokenizer
     from .model.tokenizer import Tokenizer

@@ -108,8 +108,8 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
     # loading a model
     Var("PAGEDECK_DENSE_COPY", "auto / off / keep", "auto",
         "dense weights for prompt rows: off (0/off/no/false) never, keep (1/keep/on/yes/true) a small model "
-        "keeps its fp32 copy, auto (unset or anything else) engine.model.repack's rule",
-        ("engine.model.repack",), _dense_copy),
+        "keeps its fp32 copy, auto (unset or anything else) engine.model.packing.repack's rule",
+        ("engine.model.packing.repack",), _dense_copy),
     Var("PAGEDECK_HUGE_PAGES", "flag (0: off)", "on",
         "0 keeps loaded weights on 4 KB pages (no MADV_COLLAPSE to 2 MB pages)", ("engine.model.huge_pages",),
         _on_unless_0),

@@ -102,7 +102,7 @@ def pagedeck_logits(path: Path, ids: list[int], fmt: str) -> torch.Tensor:
     """Teacher-forced logits in one forward. Packed: loaded as a big model is (no dense copy for prompt
     rows), so every row goes through the int8 kernels decoding uses."""
     from engine import Model
-    from engine.model import repack
+    from engine.model.packing import repack
     from tools.logits import forward_tokens
 
     saved = repack.DENSE_COPY_MAX_BYTES

@@ -19,7 +19,7 @@ import torch
 from ..cache.paged_cache import PagedCache
 from ..contract import WEIGHT_NAMES
 from ..model.batch import Batch
-from ..model.memory import estimate_memory
+from ..model.catalog.memory import estimate_memory
 from ..model.model import Model
 from .measure import copy_bandwidth
 from .serving import decode_weight_bytes

@@ -1,5 +1,5 @@
 """What memory is free, and what a PagedCache of a given size will take: the two numbers every
-"will it fit" check (the cache's own, engine.model.memory's whole-model estimate) compares."""
+"will it fit" check (the cache's own, engine.model.catalog.memory's whole-model estimate) compares."""
 from __future__ import annotations
 
 import math

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 from ..cache.pagetable import root_hash
 from ..contract.adapters import check_lora_pairs
 from ..model.lora import LoRA, LoRAStack, adapter_identity, adapter_list, check_fits, combine, scale_list
-from ..model.lora_batch import LoRABatch
+from ..model.lora.batch import LoRABatch
 
 Pairs = tuple[tuple[LoRA, float], ...]  # a job's adapters and scales, as resolved by a generator
 

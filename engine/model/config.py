@@ -208,7 +208,7 @@ class ModelConfig:
     # ---------------------------------------------------------------- GGUF metadata
     @classmethod
     def from_gguf(cls, reader: Any) -> ModelConfig:
-        """Build from GGUF metadata: an engine.model.gguf_file.GGUFFile or a gguf.GGUFReader."""
+        """Build from GGUF metadata: an engine.model.gguf.file.GGUFFile or a gguf.GGUFReader."""
         meta = _gguf_metadata(reader)
         name = meta.get("general.architecture")
         experts = meta.get(f"{name}.expert_count")
@@ -418,7 +418,7 @@ def _gguf_metadata(reader: Any) -> dict:
         return meta
     fields = getattr(reader, "fields", None)  # gguf.GGUFReader
     if fields is None:
-        raise TypeError(f"from_gguf needs an engine.model.gguf_file.GGUFFile or gguf.GGUFReader, "
+        raise TypeError(f"from_gguf needs an engine.model.gguf.file.GGUFFile or gguf.GGUFReader, "
                         f"got {type(reader).__name__}")
     big = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
     return {key: f.contents() for key, f in fields.items() if key not in big}
@@ -443,7 +443,7 @@ def _check_vocabulary(meta: dict, reader: Any, tensors: set[str]) -> None:
 def _gguf_embedding_rows(reader: Any) -> int:
     for t in reader.tensors:
         if t.name == "token_embd.weight":
-            # engine.model.gguf_file.GGUFFile lists shapes rows-first; gguf.GGUFReader in ggml order (rows last)
+            # engine.model.gguf.file.GGUFFile lists shapes rows-first; gguf.GGUFReader in ggml order (rows last)
             return int(t.shape[0] if isinstance(getattr(reader, "metadata", None), dict) else t.shape[-1])
     raise ValueError("GGUF file has no vocab_size, token list or token_embd.weight to size the vocabulary")
 

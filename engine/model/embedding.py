@@ -6,7 +6,7 @@ released after loading) and dequantizes the looked-up rows' blocks, as llama.cpp
 values are exactly the file's (engine.model.ggml_blocks.dequantize, bit-identical to gguf's decoder), and
 the table costs what it costs in the file (a 128k x 4096 Q4_K table: 295 MB, 2.1 GB as fp32).
 
-A tied table is the output head too: there the packed head (engine.model.repack) serves both, and its
+A tied table is the output head too: there the packed head (engine.model.packing.repack) serves both, and its
 lookups read the head's rows (engine.model.qlinear.PackedLinear.embedding), so the table is held once.
 """
 from __future__ import annotations

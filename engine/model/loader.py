@@ -17,7 +17,7 @@ from kernels.packed import q4_supported
 from ..contract import WEIGHT_ALIASES, WEIGHT_FORMATS, is_gguf
 from .config import ModelConfig
 from .embedding import GGMLRows
-from .memory import check_fits
+from .catalog.memory import check_fits
 from .moe import MoEBlock, build as build_moe
 from .qlinear import PackedLinear, Q8Linear, cat_packed
 from .heap import release_freed_memory
@@ -123,7 +123,8 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         return w[name].to(device=device, dtype=dtype)
 
     def fused(names: list[str], stored_fused: str):
-        if c.fused_projections or stored_fused in w:  # stored fused, or fused while reading (engine.model.fused_q4)
+        # stored fused, or fused while reading (engine.model.packing.fused_q4)
+        if c.fused_projections or stored_fused in w:
             return get(stored_fused)
         parts = [get(n) for n in names]
         for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice

@@ -89,7 +89,7 @@ class Model:
         """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
 
         weights="dense" dequantizes everything to `dtype` (exact, the default); "packed" keeps a GGUF's
-        quantized matrices packed for pagedeck's CPU kernels (q4 or q8 per type, engine/model/repack.py;
+        quantized matrices packed for pagedeck's CPU kernels (q4 or q8 per type, engine/model/packing/repack.py;
         several times fewer bytes per token, int8 activations); "q8" packs every matrix as Q8_0, quantizing
         dense ones (HF folders) at load; "auto" is packed for a GGUF on a CPU, else dense. "q4" is the older
         name of "packed". `check_memory` raises engine.ModelTooLarge before loading a model that will not fit."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..contract import LoadProgress, LoadProgressCallback
-from .info import read_model_info
+from .catalog.info import read_model_info
 from .model import Model
 from .tokenizer import Tokenizer
 from .weights import default_model_path

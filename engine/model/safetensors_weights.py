@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model import repack, vlm_text
+from engine.model import vlm_text
+from engine.model.packing import repack
 from engine.model.config import ModelConfig
 from engine.model.qlinear import Q8Linear
 from engine.model.tensor_names import check_names, check_shapes, expected_tensor_names, keeps_dense_copy

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from engine.model import moe, repack
+from engine.model import moe
+from engine.model.packing import repack
 from engine.model.config import ModelConfig
 
 

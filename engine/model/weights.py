@@ -1,5 +1,5 @@
 """Reading a checkpoint into one HF-named state dict: a safetensors folder (engine.model.safetensors_weights)
-or a GGUF file (engine.model.gguf_weights); the embedded default model's path.
+or a GGUF file (engine.model.gguf.weights); the embedded default model's path.
 
 The names below from the modules split out of this one stay importable from here.
 """
@@ -14,8 +14,8 @@ import torch
 
 from engine.contract import check_model_path
 from engine.model.config import ModelConfig
-from engine.model.gguf_file import GGUFFile, GGUFTensorInfo, SkippedArray
-from engine.model.gguf_weights import hf_name, load_gguf
+from engine.model.gguf.file import GGUFFile, GGUFTensorInfo, SkippedArray
+from engine.model.gguf.weights import hf_name, load_gguf
 from engine.model.heap import release_freed_memory
 from engine.model.safetensors_weights import load_hf_folder
 from engine.model.tensor_names import expected_tensor_names, tensor_shapes
@@ -47,7 +47,7 @@ def load_weights(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
-    fmt="packed": a GGUF's quantized matrices stay packed for the CPU kernels (engine.model.repack); "q8": every
+    fmt="packed": a GGUF's quantized matrices stay packed for the CPU kernels (engine.model.packing.repack); "q8": every
     matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`."""
     path = default_model_path() if path is None else check_model_path(path)
     if path.is_dir():

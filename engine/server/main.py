@@ -133,7 +133,7 @@ async def serve(args: argparse.Namespace, ready=None) -> None:
 
 def discover_models(folders, loader) -> list:
     """engine.find_models over the usual folders and `folders`, estimated as `loader` would load them."""
-    from ..model.discovery import find_models
+    from ..model.catalog.discovery import find_models
 
     return find_models([Path(f) for f in folders], cache_tokens=loader.cache_tokens, weights=loader.weights,
                        device=loader.device)

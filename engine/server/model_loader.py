@@ -5,7 +5,7 @@ other model with it just in time, so each model gets the same treatment: the com
 cache size and prompt format, its own page pool and its own generator (worker thread), warmed up before
 its first request. The slow parts (reading weights, allocating the cache) run off the event loop, so the
 models already loaded keep serving while another loads. `charge_bytes` is what a model counts against the
-pool's memory budget: the engine's own estimate (engine.model.memory) of its weights, cache and
+pool's memory budget: the engine's own estimate (engine.model.catalog.memory) of its weights, cache and
 activations, the shared runtime left out.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ class ModelLoader:
     def charge_bytes(self, path: str | Path | None) -> int:
         """The model's share of the memory budget: the engine's estimate of its weights (in this loader's
         format), its page pool (cache_tokens) and one prefill's activations; 0 when its headers say nothing."""
-        from ..model.memory import estimate_memory
+        from ..model.catalog.memory import estimate_memory
 
         try:
             est = estimate_memory(path, cache_tokens=self.cache_tokens, weights=self.weights, device=self.device)

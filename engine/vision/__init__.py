@@ -28,7 +28,7 @@ __all__ = ["ImageTokens", "VisionEncoder", "content_hash", "find_mmproj", "load_
 def find_mmproj(model_path: str | Path) -> Path | None:
     """The mmproj GGUF that goes with a model GGUF (or a folder holding one): `mmproj*.gguf` in the same
     folder (LM Studio's and llama.cpp's layout; of several, the one whose name shares the longest start with
-    the model's, the rule engine.model.discovery shows in the model list), or for an Ollama model blob the
+    the model's, the rule engine.model.catalog.discovery shows in the model list), or for an Ollama model blob the
     projector layer its manifest names."""
     path = Path(model_path)
     folder = path if path.is_dir() else path.parent

@@ -8,7 +8,7 @@ import shutil
 
 
 from app.panels.model_browser import COLUMNS
-from engine.model import discovery
+from engine.model.catalog import discovery
 from tests.app.test_model_browser import panel, rows  # noqa: F401  (the Model tab over the fake home)
 from tests.engine.test_discovery import _write_arch_only_gguf, home  # noqa: F401
 from tests.tiny_models import write_tiny_gguf

@@ -6,7 +6,8 @@ from PySide6.QtCore import Qt
 
 from app.panels.model_browser import COLUMNS, ModelBrowser
 from app.panels.model_panel import ModelPanel
-from engine.model import discovery, memory
+from engine.model.catalog import discovery
+from engine.model.catalog import memory
 from tests.engine.test_discovery import home  # noqa: F401  (the fake home fixture)
 
 
@@ -79,7 +80,7 @@ def test_added_folders_are_scanned_and_remembered(panel, qtbot, tmp_path, home):
 
 def test_the_estimate_names_the_peak_of_loading(panel):
     from engine import estimate_memory
-    from engine.model.memory import _gib
+    from engine.model.catalog.memory import _gib
 
     browser = panel.browser
     item = rows(browser)["tinyllama:latest"]

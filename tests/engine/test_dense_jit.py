@@ -8,7 +8,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from engine import Model, Tokenizer
-from engine.model import repack, scratch
+from engine.model.packing import repack
+from engine.model.qlinear import scratch
 from engine.model.qlinear import RowSplit, linear
 from tests.engine.test_memory_gguf import _rss_kb
 from tests.engine.test_qlinear import quantized
@@ -65,6 +66,6 @@ def test_default_model_weights_and_rss_stay_near_the_file(tmp_path):
     gc.collect()
     after = _rss_kb()
     assert model.memory_bytes() <= 1.3 * size
-    from engine.model import memory
+    from engine.model.catalog import memory
     assert memory.estimate_memory(default_model_path(), weights="packed").weights_bytes == model.memory_bytes()
     assert (after["anon"] - before["anon"]) * 1024 <= 1.3 * size, (after, before, size)

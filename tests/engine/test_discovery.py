@@ -8,7 +8,8 @@ import gguf
 import pytest
 
 from engine import Model
-from engine.model import discovery, memory
+from engine.model.catalog import discovery
+from engine.model.catalog import memory
 from tests.tiny_models import write_tiny_gguf, write_tiny_model
 
 

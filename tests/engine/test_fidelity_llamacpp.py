@@ -140,7 +140,7 @@ def test_an_unreadable_type_is_refused_at_load_in_one_line(source, tmp_path, qty
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     from engine import Model
-    from engine.model.info import read_model_info
+    from engine.model.catalog.info import read_model_info
 
     q = GGMLQuantizationType[qtype]
     block, block_bytes = GGML_QUANT_SIZES[q]

@@ -1,4 +1,4 @@
-"""All-Q4_K q|k|v and gate|up groups copied straight into their fused q4k matrix (engine.model.fused_q4) give
+"""All-Q4_K q|k|v and gate|up groups copied straight into their fused q4k matrix (engine.model.packing.fused_q4) give
 the bits of packing each part and stacking them (qlinear.cat_packed), in a Q4_K_M file whose mixed groups
 (Q6_K v) still take cat_packed (each part in its own format); the memory estimate stays byte for byte."""
 
@@ -7,7 +7,8 @@ import torch
 
 from engine import Model
 from engine.cache.paged_cache import PagedCache
-from engine.model import fused_q4, memory
+from engine.model.packing import fused_q4
+from engine.model.catalog import memory
 from engine.model.batch import Batch
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q8Linear
 from kernels import cpu_ext

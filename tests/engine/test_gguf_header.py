@@ -1,4 +1,4 @@
-"""engine.model.gguf_header: one parse per file shared by every reader of one load (the memory estimate, the
+"""engine.model.gguf.header: one parse per file shared by every reader of one load (the memory estimate, the
 weights, the tokenizer), and a file changed in place parsed again."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from engine.model import gguf_header
-from engine.model.gguf_file import GGUFFile, SkippedArray
+from engine.model.gguf import header as gguf_header
+from engine.model.gguf.file import GGUFFile, SkippedArray
 from tools.models.synthetic_gguf import write_random_gguf
 
 

@@ -1,5 +1,5 @@
 """GGUFFile's metadata against gguf-py's own GGUFReader on files with every metadata array type; the
-vectorized string-array reader (engine.model.gguf_strings) against a sequential walk on hostile arrays and
+vectorized string-array reader (engine.model.gguf.strings) against a sequential walk on hostile arrays and
 against gguf-py's string offsets; its memory bounded by the array, not by what follows it."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from engine.model import gguf_strings
-from engine.model.gguf_file import GGUFFile, SkippedArray
+from engine.model.gguf import strings as gguf_strings
+from engine.model.gguf.file import GGUFFile, SkippedArray
 
 V = GGUFValueType
 # a vocabulary-like array with what trips a length search: empty strings in a row, strings of 255 / 256 /
@@ -116,7 +116,7 @@ def _write_raw(path, key: str, strings: list[bytes]) -> None:
 
 @pytest.mark.parametrize("kind", ["empty", "utf8", "262k"])
 def test_string_ends_equal_gguf_readers_offsets(tmp_path, kind):
-    """Where each string of an array ends, as engine.model.gguf_strings finds it, is where gguf-py's reader
+    """Where each string of an array ends, as engine.model.gguf.strings finds it, is where gguf-py's reader
     puts it: an empty array, multi-byte UTF-8 with empty and 256+-byte strings, a 262,144-entry vocabulary."""
     rng = random.Random(7)
     values = {"empty": [],
@@ -135,7 +135,7 @@ def test_string_ends_equal_gguf_readers_offsets(tmp_path, kind):
 
 _HEADER_PEAK = """
 import json, sys, tracemalloc
-from engine.model.gguf_file import GGUFFile
+from engine.model.gguf.file import GGUFFile
 tracemalloc.start()
 gf = GGUFFile(sys.argv[1], header_only=True)
 print(json.dumps({"peak": tracemalloc.get_traced_memory()[1], "count": len(gf.metadata["tokenizer.ggml.merges"])}))

@@ -14,7 +14,7 @@ import torch
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from engine.model.batch import Batch
 from engine.model.lora import LoRA, LoRASet, LoRAStack
-from engine.model.lora_batch import LoRABatch
+from engine.model.lora.batch import LoRABatch
 from tests.engine.pagetable_checks import check_released, check_table, live_sequences
 from tests.engine.test_generator import run_all
 from tests.engine.test_lora import GREEDY, merge_by_hand, prompt_ids, write_peft_adapter

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine import Model, PagedCache
-from engine.model import memory
-from engine.model.info import read_model_info
+from engine.model.catalog import memory
+from engine.model.catalog.info import read_model_info
 from engine.model.weights import default_model_path
 from tests.tiny_models import q4_k_m, write_tiny_gguf, write_tiny_model
 
@@ -22,7 +22,7 @@ def test_weight_estimate_is_what_loading_allocates(weights):
 @pytest.mark.parametrize("dense_copy", [True, False])
 def test_weight_estimate_matches_a_q4_k_m_gguf_and_a_q8_folder(tmp_path, monkeypatch, dense_copy):
     """Byte for byte, with the dense copy for prompt rows (small models) and without it (big ones)."""
-    from engine.model import repack
+    from engine.model.packing import repack
 
     if not dense_copy:
         monkeypatch.setattr(repack, "DENSE_COPY_MAX_BYTES", 0)

@@ -10,10 +10,11 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine import Model
-from engine.model import memory, repack
+from engine.model.catalog import memory
+from engine.model.packing import repack
 from engine.model.embedding import GGMLRows
 from engine.model.qlinear import PackedLinear
-from engine.model.gguf_file import GGUFFile
+from engine.model.gguf.file import GGUFFile
 from tools.models.synthetic_gguf import write_random_gguf
 
 

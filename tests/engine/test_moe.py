@@ -9,7 +9,7 @@ import torch
 
 from engine import DynamicGenerator, DynamicJob, Model, PagedCache, SamplerSettings, Tokenizer
 from engine.model.config import ModelConfig
-from engine.model.info import read_model_info
+from engine.model.catalog.info import read_model_info
 from engine.model.lora import LoRA
 from tests.engine.test_model_peer import (GREEDY_TOKENS, TINY_ATOL, assert_same_greedy, greedy_hf, hf_logits, hf_model,
                                           prompt_ids)
@@ -158,7 +158,7 @@ def test_tiny_qwen3moe_gguf_matches_transformers_on_the_source_folder(tmp_path):
 def test_quantized_3d_expert_tensors_dequantize_as_gguf_py_does(tmp_path):
     import gguf
 
-    from engine.model.gguf_file import GGUFFile
+    from engine.model.gguf.file import GGUFFile
 
     x = torch.randn(4, 32, 64, generator=torch.Generator().manual_seed(0))
     q8 = gguf.GGMLQuantizationType.Q8_0

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from engine import Model, Tokenizer
-from engine.model import discovery
-from engine.model.info import read_model_info
+from engine.model.catalog import discovery
+from engine.model.catalog.info import read_model_info
 from tools.logits import forward_tokens
 from tools.models.synthetic_gguf import write_random_gguf
 

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QT
 import kernels
 from engine import Model
 from engine.cache.paged_cache import PagedCache
-from engine.model import repack
+from engine.model.packing import repack
 from engine.model.batch import Batch
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext

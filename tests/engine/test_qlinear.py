@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as QT
 
 from engine import Model, Tokenizer
-from engine.model import qlinear, repack
+from engine.model import qlinear
+from engine.model.packing import repack
 from engine.model.qlinear import dense_weights
 from engine.model.ggml_blocks import dequantize
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, RowSplit, cat_packed, linear

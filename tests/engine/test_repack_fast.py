@@ -1,4 +1,4 @@
-"""The C++ repackers (kernels/cpu/repack.cpp via engine.model.repack_fast) against the torch route they replace:
+"""The C++ repackers (kernels/cpu/repack.cpp via engine.model.packing.repack_fast) against the torch route they replace:
 every packed byte, scale and minimum must be the same bits, for K-quant blocks from the writers, for random
 block bytes (every scale/min/code pattern), and q8_quantize against its torch rule on rounding ties."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from engine import envs
-from engine.model import repack_fast
+from engine.model.packing import repack_fast
 from engine.model.qlinear import Q4Linear
-from engine.model.repack import from_blocks, q4_parts
+from engine.model.packing.repack import from_blocks, q4_parts
 from kernels import cpu_ext
 from kernels.packed import q8_quantize
 from tools.ggml_writers import quantize_q4_k, quantize_q6_k

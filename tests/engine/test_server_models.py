@@ -314,7 +314,7 @@ class PoolThread:
         self.url = self.call(self._start())
 
     async def _start(self) -> str:
-        from engine.model.discovery import find_models
+        from engine.model.catalog.discovery import find_models
         from engine.server import OpenAIServer
         from engine.server.model_loader import ModelLoader
         from engine.server.models_pool import ModelPool

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.model.tokenizer import Tokenizer
-from engine.model.gguf_file import GGUFFile
+from engine.model.gguf.file import GGUFFile
 from engine.model.weights import default_model_path
 from tests.tiny_models import default_tokenizer, hf_default_tokenizer
 

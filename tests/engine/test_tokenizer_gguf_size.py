@@ -1,5 +1,5 @@
 """GGUF tokenizers of real size (tools.models._synthetic_vocab: a Qwen-2.5-sized byte-level BPE, a Gemma-3-sized
-SentencePiece vocabulary as Gemma and as Llama files carry it) built in bulk by engine.model.tokenizer_gguf
+SentencePiece vocabulary as Gemma and as Llama files carry it) built in bulk by engine.model.tokenizer.gguf_vocab
 equal the plain string-by-string construction, token for token on the tokenizer fidelity texts and in
 their whole serialized pipeline, and the bulk build runs no Python code per token."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, models
 
-from engine.model import tokenizer_gguf
-from engine.model.gguf_file import GGUFFile
+from engine.model.tokenizer import gguf_vocab
+from engine.model.gguf.file import GGUFFile
 from tests.engine.test_tokenizer import SPM_TEXTS, TEXTS
 from tools.models import _synthetic_vocab as synthetic_vocab
 
@@ -32,7 +32,7 @@ def _reference(meta: dict) -> HFTokenizer:
     else:
         gemma = meta["general.architecture"].startswith("gemma")
         if gemma:
-            tokens = [tokenizer_gguf.SPIECE * len(t) if " " in t and not t.strip() and k != 4 else t
+            tokens = [gguf_vocab.SPIECE * len(t) if " " in t and not t.strip() and k != 4 else t
                       for t, k in zip(tokens, types)]
         vocab = {t: i for i, t in enumerate(tokens)}
         scores = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, meta["tokenizer.ggml.scores"]))
@@ -46,7 +46,7 @@ def _reference(meta: dict) -> HFTokenizer:
         unk = tokens[meta["tokenizer.ggml.unknown_token_id"]]
         reference = HFTokenizer(models.BPE(vocab, [(a, b) for a, b, _ in found], unk_token=unk, fuse_unk=True,
                                            byte_fallback=True))
-    built = tokenizer_gguf.from_gguf(meta, "reference")  # the same normalizer, pre-tokenizer and decoder
+    built = gguf_vocab.from_gguf(meta, "reference")  # the same normalizer, pre-tokenizer and decoder
     reference.normalizer, reference.pre_tokenizer, reference.decoder = (
         built.normalizer, built.pre_tokenizer, built.decoder)
     reference.add_special_tokens([AddedToken(t, special=True, normalized=False)
@@ -77,7 +77,7 @@ def meta(request, tmp_path_factory):
 def test_real_size_vocabularies_match_the_string_by_string_build(meta):
     size = len(meta["tokenizer.ggml.tokens"])
     assert size in (151_936, 262_144)
-    built, reference = tokenizer_gguf.from_gguf(meta, "bulk"), _reference(meta)
+    built, reference = gguf_vocab.from_gguf(meta, "bulk"), _reference(meta)
     for text in FIDELITY:
         for special in (False, True):
             assert built.encode(text, add_special_tokens=special).ids == \
@@ -96,7 +96,7 @@ def test_the_bulk_build_runs_no_python_per_token(meta):
 
     sys.setprofile(count)
     try:
-        tokenizer_gguf.from_gguf(meta, "bulk")
+        gguf_vocab.from_gguf(meta, "bulk")
     finally:
         sys.setprofile(None)
     assert calls < 5_000, f"{calls} Python calls building a {len(meta['tokenizer.ggml.tokens'])}-token tokenizer"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from engine import Tokenizer
-from engine.model.tokenizer_gguf import PRE_SPLITS
+from engine.model.tokenizer.gguf_vocab import PRE_SPLITS
 
 pytest.importorskip("llama_cpp")
 

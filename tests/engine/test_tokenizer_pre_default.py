@@ -3,8 +3,8 @@ pre-tokenizer does (punctuation runs, GPT-2's words, digit runs cut into threes)
 
 import pytest
 
-from engine.model.tokenizer_gguf import from_gguf
-from engine.model.gguf_file import GGUFFile
+from engine.model.tokenizer.gguf_vocab import from_gguf
+from engine.model.gguf.file import GGUFFile
 from tests.oracles.llamacpp_peer import run_jobs
 from tools.models.synthetic_gguf import write_random_gguf
 

@@ -20,8 +20,8 @@ import torch
 
 from engine import Model, Tokenizer, image_prompt, load_vision
 from engine.generator.embeddings import FIRST_ID
-from engine.model.discovery import find_mmproj as listed_mmproj
-from engine.model.discovery import find_models
+from engine.model.catalog.discovery import find_mmproj as listed_mmproj
+from engine.model.catalog.discovery import find_models
 from engine.vision import find_mmproj
 from tests.engine.test_vlm_text import ATOL, RTOL, all_logits, chat, image
 from tests.tiny_vlms import write_gguf_pair, write_ollama_store, write_tiny_vlm_folder

@@ -8,7 +8,7 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q
 
-from engine.model import repack
+from engine.model.packing import repack
 from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES
 from tools.ggml_writers import quantize as quantize_ggml

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine.model import repack, repack_fast
+from engine.model.packing import repack
+from engine.model.packing import repack_fast
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build

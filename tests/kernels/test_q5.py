@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine.model import repack
+from engine.model.packing import repack
 from engine.model.qlinear import Q5Linear, cat_packed
 from kernels import cpu_ext
 from kernels.formats import Q5

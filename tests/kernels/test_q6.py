@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
 
-from engine.model import repack
+from engine.model.packing import repack
 from engine.model.ggml_blocks import dequantize, q6_k_affine
 from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext

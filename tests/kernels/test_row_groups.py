@@ -10,7 +10,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
-from engine.model import repack_fast
+from engine.model.packing import repack_fast
 from engine.model.qlinear import Q4KLinear, cat_packed
 from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES, group_superblocks, superblock_rows

@@ -38,7 +38,7 @@ def _params(name: str) -> dict:
 
 def _same_parameters(path: Path, name: str) -> bool:
     """A file built elsewhere by tools.models.synthetic_gguf with this name's shape, layers, vocabulary and head."""
-    from engine.model.gguf_file import GGUFFile
+    from engine.model.gguf.file import GGUFFile
 
     p = _params(name)
     try:

@@ -3,7 +3,7 @@
 
 One process, one loaded model (weights="packed"): a 1024-token prefix is prefilled, then chunks of each row
 count at position 1024 run through Model.forward flagged as prompt rows (the model's dense prompt rows where
-engine.model.repack's rule gives it them: decoded just in time, or a kept copy under PAGEDECK_DENSE_COPY=1)
+engine.model.packing.repack's rule gives it them: decoded just in time, or a kept copy under PAGEDECK_DENSE_COPY=1)
 and flagged as generated rows (the packed kernels), alternating, medians of `rounds`. A model without dense
 prompt rows runs the packed kernels both ways (a ratio near 1: the noise floor).
 """

@@ -42,7 +42,7 @@ def byte_alphabet() -> list[str]:
 
 def _smollm2() -> tuple[list[str], list[str]]:
     """The embedded SmolLM2 vocabulary's regular tokens and its merges."""
-    from engine.model.gguf_file import GGUFFile
+    from engine.model.gguf.file import GGUFFile
     from engine.model.weights import default_model_path
 
     meta = GGUFFile(default_model_path()).metadata

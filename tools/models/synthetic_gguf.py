@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from engine.bench.synthetic import SHAPES as BENCH_SHAPES
-from engine.model.gguf_file import GGUFFile
+from engine.model.gguf.file import GGUFFile
 from engine.model.weights import default_model_path
 from tools.ggml_writers import quantize
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from engine.model.tokenizer_gguf import PRE_SPLITS
+from engine.model.tokenizer.gguf_vocab import PRE_SPLITS
 from engine.model.vlm_text import is_vlm_config, text_config, text_name
 
 _ARCH = {"llama": "llama", "gemma3_text": "gemma3"}
@@ -132,7 +132,7 @@ def write_tokenizer(w: gguf.GGUFWriter, folder: Path, vocab_size: int) -> None:
 
 def pre_tokenizer_name(pre: dict | None) -> str:
     """llama.cpp's tokenizer.ggml.pre for a tokenizer.json pre_tokenizer: the name whose split regexes
-    (engine.model.tokenizer_gguf.PRE_SPLITS) are the ones it applies, in order."""
+    (engine.model.tokenizer.gguf_vocab.PRE_SPLITS) are the ones it applies, in order."""
     pieces = (pre or {}).get("pretokenizers") or [pre or {}]
     regexes = [p["pattern"]["Regex"] for p in pieces if p.get("type") == "Split" and "Regex" in p.get("pattern", {})]
     if not regexes and any(p.get("type") == "ByteLevel" and p.get("use_regex", True) for p in pieces):

@@ -2,7 +2,7 @@
 
 Decode on a CPU is bound by weight bytes: fp32 copies of the default model's Q4_1 layers are 540 MB a
 token, their 4-bit blocks ~70 MB. The formats ("q4": GGUF Q4_1/Q4_0, Q4_K's sub-blocks via
-engine.model.repack; "q5": GGUF Q5_0/Q5_1; "q6": GGUF Q6_K's own super-blocks; "q4k": GGUF Q4_K's own
+engine.model.packing.repack; "q5": GGUF Q5_0/Q5_1; "q6": GGUF Q6_K's own super-blocks; "q4k": GGUF Q4_K's own
 super-blocks; "q8": GGUF Q8_0, or any other weight quantized to it at load), their layouts and the kernel that
 multiplies them are kernels.packed's (kernels.formats their table); this package is the nn-level use of them.
 Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activations), q5, q6 and q8 to dense
@@ -13,7 +13,7 @@ kernels have them (affine: q4 and q5; q8: q8 and its grouped rows; superblock: q
 q|k|v and gate|up at load: cat_packed, PartsLinear), routing (a step's rows to their weights: RowSplit,
 linear) and dense_weights (prompt rows through the exact dense weights: dense_product).
 
-In a model with dense prompt rows (engine.model.repack.keeps_dense_copy: small models, like the default
+In a model with dense prompt rows (engine.model.packing.repack.keeps_dense_copy: small models, like the default
 one) prompt rows take the exact fp32 weights (RowSplit): decoded just in time into a reused scratch buffer
 (`jit_dense`, dense_product), or a kept fp32 copy (`dense`) where the packed format isn't exact, every one of them, whatever the chunk size: a prompt
 token's K/V and logits are then the dense model's, so they never depend on how the prompt was chunked

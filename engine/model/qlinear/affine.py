@@ -65,7 +65,7 @@ class AffineLinear(PackedLinear):
 
 
 class Q4Linear(AffineLinear):
-    """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.repack reads them from
+    """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.packing.repack reads them from
     GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
 
     spec = formats.Q4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import scratch
+from . import scratch
 
 TILE_ROWS = 1024  # output rows per dense tile when no dense copy is kept
 

@@ -51,7 +51,7 @@ def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear
     """Stack packed weights along the output dim: one format as is; mixed formats (a Q4_K_M file's Q4_K q/k
     beside a Q6_K v) stay each in its own (PartsLinear) where the kernels run and no part keeps dense prompt
     rows, else all become q4 (Q4_K beside Q4_0/Q4_1) or q8, each part re-quantized from its exact weights
-    (engine.model.repack.kernel_formats, the estimate's rule). `consume`: the parts are given up and emptied
+    (engine.model.packing.repack.kernel_formats, the estimate's rule). `consume`: the parts are given up and emptied
     while they are copied (loading; see stack_parts)."""
     kinds = {type(p) for p in parts}
     if len(kinds) > 1 and cpu_ext.ops() is not None and not any(p.prompt_dense for p in parts):

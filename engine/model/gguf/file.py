@@ -1,4 +1,4 @@
-"""A GGUF file memory-mapped, its header (engine.model.gguf_header) read once per file, its tensors as views.
+"""A GGUF file memory-mapped, its header (engine.model.gguf.header) read once per file, its tensors as views.
 
 Parsed here rather than with gguf.GGUFReader: the reader builds a numpy view per vocabulary string and
 takes ~5 s on the default model, more than the whole load budget. The gguf package still supplies the type
@@ -15,10 +15,11 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 
-from engine.model import gguf_split, repack
+from engine.model.gguf.split import join_parts
+from engine.model.packing import repack
 from engine.model.embedding import GGMLRows
 from engine.model.ggml_blocks import dequantize
-from engine.model.gguf_header import PARSE_ERRORS, GGUFTensorInfo, SkippedArray, read_header
+from engine.model.gguf.header import PARSE_ERRORS, GGUFTensorInfo, SkippedArray, read_header
 
 __all__ = ["GGUFFile", "GGUFTensorInfo", "SkippedArray"]
 
@@ -29,7 +30,7 @@ class GGUFFile:
     header_only=True leaves the tokenizer's metadata arrays longer than 64 entries (the vocabulary, scores,
     merges) undecoded, as SkippedArray: listing a folder of models then costs milliseconds per file, and
     loading the weights holds no vocabulary (the tokenizer reads it). Either way the header is parsed once
-    per file (engine.model.gguf_header keeps it), so the estimate, the weights and the tokenizer of one
+    per file (engine.model.gguf.header keeps it), so the estimate, the weights and the tokenizer of one
     load share one parse."""
 
     def __init__(self, path: str | Path, header_only: bool = False, _part: bool = False):
@@ -58,7 +59,7 @@ class GGUFFile:
         self._maps = {}  # tensor name -> the map of the split part holding it (absent: this file's)
         self.parts = [self.path]
         if not _part:  # a split set's first file: its other parts' tensors join this file's
-            gguf_split.join_parts(self)
+            join_parts(self)
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""
@@ -76,7 +77,7 @@ class GGUFFile:
 
     def packed(self, name: str, row_perm_heads: int | None = None, fmt: str = "packed", keep_dense: bool = True,
                head: bool = False):
-        """The matrix in its CPU kernel format (engine.model.repack) when `fmt` packs it (or `head`: the output
+        """The matrix in its CPU kernel format (engine.model.packing.repack) when `fmt` packs it (or `head`: the output
         head of a packed model, dense types as q8), else None."""
         t, raw = self.rows(name, row_perm_heads)
         if not (head or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):

@@ -22,7 +22,7 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.model.spm_merges import merges_from_scores
+from engine.model.tokenizer.spm_merges import merges_from_scores
 
 SPIECE = "\u2581"  # SentencePiece's visible space
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4

@@ -1,12 +1,12 @@
 """Find the models already on disk: the Hugging Face hub cache, LM Studio's and GPT4All's model folders,
 Ollama's blob store (through its manifests) and folders the user added.
 
-Each is described from headers only (engine.model.info) and given a memory estimate (engine.model.memory), so a
-model list shows architecture, size, quantization and whether it fits, and greys out what this engine
-cannot run with the reason. A GGUF with a vision projector beside it (`mmproj*.gguf` in the same folder,
-LM Studio's and llama.cpp's layout; an Ollama model's projector layer) is one that sees images: its
-`mmproj` names the projector, which is never listed as a model of its own. Qt-free; the app's model
-browser is a view of find_models().
+Each is described from headers only (engine.model.catalog.info) and given a memory estimate
+(engine.model.catalog.memory), so a model list shows architecture, size, quantization and whether it fits, and
+greys out what this engine cannot run with the reason. A GGUF with a vision projector beside it
+(`mmproj*.gguf` in the same folder, LM Studio's and llama.cpp's layout; an Ollama model's projector layer) is
+one that sees images: its `mmproj` names the projector, which is never listed as a model of its own. Qt-free;
+the app's model browser is a view of find_models().
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Will it fit? Weights + KV cache + activations estimated from a model's headers, before anything is
 allocated, so an oversized model gets a clear message (numbers and what to change) instead of an OOM kill.
 
-The weight term follows the loader's own rules per tensor (engine.model.repack: which matrices are packed,
+The weight term follows the loader's own rules per tensor (engine.model.packing.repack: which matrices are packed,
 in which kernel format, and whether a dense copy is kept), the cache term is the pools' exact size, activations are a bound for one prefill chunk. The
 numbers are what this process will hold; the OS, the app and other programs need the rest.
 
@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.budget import HEADROOM, available_bytes, kv_cache_bytes
-from ..contract import DEFAULT_CACHE_TOKENS, WEIGHT_ALIASES
+from ...cache.budget import HEADROOM, available_bytes, kv_cache_bytes
+from ...contract import DEFAULT_CACHE_TOKENS, WEIGHT_ALIASES
 from .info import ModelInfo, read_model_info
-from .weights import default_model_path
+from ..weights import default_model_path
 
 GiB = 1 << 30
 TOKENIZER_BYTES_PER_TOKEN = 440  # kept by a built tokenizer (measured: 62 MB for 151,936 BPE tokens, 21 MB for 49,152)
@@ -117,7 +117,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
                     chunk_tokens: int | None = None) -> MemoryEstimate:
     """Estimate from headers only (see the module docstring); `source` may be a path, a ModelInfo or None
     (the default model)."""
-    from . import qlinear
+    from .. import qlinear
 
     if source is None:
         source = default_model_path()
@@ -159,7 +159,7 @@ def estimate_download(file_bytes: int, kind: str = "gguf", device: str = "cpu") 
 
 def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
     """Bytes the loaded weights hold in format `fmt` (dense ones `elt` bytes a weight): the loader's rules per
-    tensor (engine.model.repack), so it equals Model.memory_bytes() after loading."""
+    tensor (engine.model.packing.repack), so it equals Model.memory_bytes() after loading."""
     return sum(kept for kept, _ in _weight_parts(info, fmt, elt))
 
 
@@ -177,7 +177,7 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, in
     import kernels
     from kernels.packed import SCALE_PAD
 
-    from . import repack
+    from ..packing import repack
 
     c = info.config
     packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}

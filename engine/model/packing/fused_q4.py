@@ -19,7 +19,7 @@ from kernels import cpu_ext
 from kernels.formats import GROUP_ROWS, Q4K
 from kernels.packed import group_superblocks, groupable
 
-from .qlinear import Q4KLinear
+from ..qlinear import Q4KLinear
 
 FUSED_NAMES = {("q_proj.weight", "k_proj.weight", "v_proj.weight"): "qkv_proj.weight",
                ("gate_proj.weight", "up_proj.weight"): "gate_up_proj.weight"}

@@ -1,6 +1,6 @@
 """Tokenizer: the `tokenizers` library behind an ExLlamaV2-like API, plus the model's chat template.
 
-Sources: an HF folder (tokenizer.json), or a GGUF's vocabulary (rebuilt by engine.tokenizer_gguf as
+Sources: an HF folder (tokenizer.json), or a GGUF's vocabulary (rebuilt by engine.model.tokenizer.gguf_vocab as
 byte-level BPE or SentencePiece).
 """
 
@@ -21,8 +21,8 @@ from tokenizers import Tokenizer as HFTokenizer
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "<|end|>",
                       "<end_of_turn>", "</s>")
 
-from ..chat.content_parts import as_parts, takes_content_parts
-from .chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
+from ...chat.content_parts import as_parts, takes_content_parts
+from ..chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
 
 def _byte_alphabet() -> dict[int, str]:
     """GPT-2's printable stand-in character for each byte (byte-level BPE's alphabet)."""
@@ -118,11 +118,11 @@ class Tokenizer:
 
     @classmethod
     def _from_gguf(cls, path: Path) -> Tokenizer:
-        from engine.model import tokenizer_gguf
-        from engine.model.gguf_file import GGUFFile
+        from engine.model.tokenizer import gguf_vocab
+        from engine.model.gguf.file import GGUFFile
 
         meta = GGUFFile(path).metadata
-        tok = tokenizer_gguf.from_gguf(meta, str(path))
+        tok = gguf_vocab.from_gguf(meta, str(path))
         tokens = meta["tokenizer.ggml.tokens"]
 
         def text(key: str) -> str | None:
@@ -130,7 +130,7 @@ class Tokenizer:
             return tokens[i] if i is not None and 0 <= i < len(tokens) else None
 
         return cls(tok, bos_token=text("bos_token_id"), eos_token=text("eos_token_id"),
-                   chat_template=meta.get("tokenizer.chat_template"), add_bos=tokenizer_gguf.default_add_bos(meta),
+                   chat_template=meta.get("tokenizer.chat_template"), add_bos=gguf_vocab.default_add_bos(meta),
                    eos_token_ids=[meta["tokenizer.ggml.eot_token_id"]] if "tokenizer.ggml.eot_token_id" in meta else (),
                    source=str(path), arch=meta.get("general.architecture"))
 

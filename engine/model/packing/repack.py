@@ -55,10 +55,10 @@ from kernels.formats import GROUP, GROUP_ROWS
 from kernels.packed import (SCALE_PAD, group_superblocks, groupable, pack_nibbles, padded_scales, q5_layout, q8_pack,
                             q8_quantize)
 
-from .. import envs
+from ... import envs
 from . import repack_fast
-from .ggml_blocks import dequantize, half, q4_k_affine
-from .qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
+from ..ggml_blocks import dequantize, half, q4_k_affine
+from ..qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gguf import GGMLQuantizationType, LlamaFileType
 
-from .config import ModelConfig
+from ..config import ModelConfig
 
 _ST_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
              "F8_E4M3": 1, "F8_E5M2": 1}
@@ -65,7 +65,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
     if path.is_dir():
         return _hf_info(path)
     info = ModelInfo(path, "gguf", path.stem)
-    from ..contract import is_gguf
+    from ...contract import is_gguf
 
     if not is_gguf(path):
         info.problem = "not a .gguf file or a Hugging Face model folder"
@@ -76,8 +76,8 @@ def read_model_info(path: str | Path) -> ModelInfo:
 # ---------------------------------------------------------------- GGUF
 
 def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
-    from . import tokenizer_gguf
-    from .gguf_file import GGUFFile
+    from ..tokenizer import gguf_vocab
+    from ..gguf.file import GGUFFile
 
     try:
         info.file_bytes = path.stat().st_size
@@ -98,9 +98,9 @@ def _gguf_info(path: Path, info: ModelInfo) -> ModelInfo:
         info.problem = str(e)
         return info
     kind, pre = meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre", "default")
-    if kind not in tokenizer_gguf.TOKENIZER_MODELS:
+    if kind not in gguf_vocab.TOKENIZER_MODELS:
         info.problem = f"its tokenizer ({kind!r}) is not supported"
-    elif kind == "gpt2" and pre not in tokenizer_gguf.PRE_SPLITS:
+    elif kind == "gpt2" and pre not in gguf_vocab.PRE_SPLITS:
         info.problem = f"its pre-tokenizer ({pre!r}) is not supported"
     else:
         info.problem = _unreadable_types(info.tensors)
@@ -121,7 +121,7 @@ def _gguf_quant_label(file_type, tensors: list[TensorEntry]) -> str:
 
 
 def _unreadable_types(tensors: list[TensorEntry]) -> str | None:
-    from .ggml_blocks import dequantizable
+    from ..ggml_blocks import dequantizable
 
     bad = sorted({t.dtype for t in tensors if not dequantizable(GGMLQuantizationType[t.dtype])})
     return f"tensor types {', '.join(bad)} cannot be read" if bad else None

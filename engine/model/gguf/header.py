@@ -1,7 +1,7 @@
 """A GGUF file's header (metadata and tensor table), parsed once per version of the file and shared.
 
-Loading a model reads the same header several times: the memory estimate (engine.model.info), the weights
-(engine.model.gguf_weights) and the tokenizer (on its own thread, at the same time). The parse is kept
+Loading a model reads the same header several times: the memory estimate (engine.model.catalog.info), the weights
+(engine.model.gguf.weights) and the tokenizer (on its own thread, at the same time). The parse is kept
 here, keyed by the file's device and inode and checked against its size, modification time and a CRC of
 the header bytes, so each later reader gets it for a CRC's cost (~1 ms for a 150k-token vocabulary's
 6 MB) and a file rewritten in place is parsed again.
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from engine.model.gguf_strings import decode_strings, string_ends
+from engine.model.gguf.strings import decode_strings, string_ends
 
 _GGUF_VALUE = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9

@@ -1,6 +1,6 @@
 """Loading K-quant matrices straight into the packed formats with pagedeck's C++ repackers
 (kernels/cpu/repack.cpp): Q4_K -> q4 and (under weights="q8"; "packed" keeps Q6_K as q6, a copy) Q6_K -> q8 in
-one parallel pass over the file's bytes, written into the final tensors. The torch route (engine.model.repack.q4_parts, ggml_blocks' decoders + q8_quantize) built
+one parallel pass over the file's bytes, written into the final tensors. The torch route (engine.model.packing.repack.q4_parts, ggml_blocks' decoders + q8_quantize) built
 every tile through several whole-tile temporaries and took most of an 8B Q4_K_M file's load time; both give
 the same bits (tests/engine/test_repack_fast.py). None where the kernels are not built: repack's torch route.
 """
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 from kernels import cpu_ext
 from kernels.packed import padded_scales
 
-from .qlinear import PackedLinear, Q4Linear, Q8Linear
+from ..qlinear import PackedLinear, Q4Linear, Q8Linear
 
 Q = GGMLQuantizationType
 

@@ -1,5 +1,5 @@
 """Reading a GGUF file into an HF-named state dict: llama.cpp's tensor names mapped to HF's, q/k rows back in
-rotate_half order, quantized matrices packed for the CPU kernels (engine.model.repack) or dequantized."""
+rotate_half order, quantized matrices packed for the CPU kernels (engine.model.packing.repack) or dequantized."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from pathlib import Path
 
 import torch
 
-from engine.model import fused_q4, moe, repack
+from engine.model import moe
+from engine.model.packing import fused_q4
+from engine.model.packing import repack
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantizable
-from engine.model.gguf_file import GGUFFile, GGUFTensorInfo
+from engine.model.gguf.file import GGUFFile, GGUFTensorInfo
 from engine.model.heap import release_freed_memory
 from engine.model.tensor_names import check_names, check_shapes, expected_tensor_names, keeps_dense_copy
 

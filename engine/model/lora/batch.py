@@ -11,7 +11,8 @@ from typing import Sequence
 
 import torch
 
-from .lora import LoRA, LoRAStack
+from .adapter import LoRA
+from .stack import LoRAStack
 
 
 class LoRABatch:

@@ -29,7 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q8g.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q8.h)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   minimums like d: w = d * code + m, code 0..15 (GGUF Q4_1; Q4_0 is m = -8d);
 - q5: qs uint8 (N, K/32 * 20): 5-bit codes as 16 nibble bytes and 4 bytes of fifth bits a block (pairs of
   blocks interleaved for the kernel: q5_pack), d and m as q4's: w = d * code + m, code 0..31 (GGUF Q5_1; Q5_0
-  is m = -16d) (kernels/cpu/q5.h);
+  is m = -16d) (kernels/cpu/affine.h);
 - q8: qs uint8 (N, K) = code + 128 (the kernel multiplies u8 by s8), m None: w = d * code, code int8 (GGUF
   Q8_0's rule, symmetric, d = max|w| / 127 per block).
 - q6: qs uint8 (N, K/256 * 210): GGUF Q6_K super-blocks as the file stores them (6.56 bits a weight:
@@ -21,7 +21,7 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   (kernels/cpu/q4k16.h): one vector holds 16 rows' bytes, so a decode-sized product needs no horizontal
   reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 32 == 0;
   superblock_rows gives the rows back.
-- q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8g.h): qs uint8
+- q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8
   (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
   count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
 
@@ -109,7 +109,7 @@ def q5_layout(nibbles: torch.Tensor, fifth: torch.Tensor) -> torch.Tensor:
     """q5's qs (N, nb * 20) from each block's 16 nibble bytes (N, nb, 16; GGUF order) and 4 bytes of fifth bits
     (N, nb, 4; bit i of the little-endian word for weight i, GGUF Q5_0/Q5_1's qh): blocks in pairs, both
     blocks' nibbles and then the pair's bits as 16-bit words [j low, j+1 low, j high, j+1 high] (the low half
-    goes with the low nibbles, weights 0..15); an odd last block as it is (kernels/cpu/q5.h)."""
+    goes with the low nibbles, weights 0..15); an odd last block as it is (kernels/cpu/affine.h)."""
     n, nb = nibbles.shape[:2]
     even = nb // 2 * 2
     out = torch.empty(n, nb * _Q5_BYTES, dtype=torch.uint8)

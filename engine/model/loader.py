@@ -181,5 +181,5 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         if head is embed and lm_head is not head:  # tied: the embedding is a view of the padded head, not a second table
             embed = lm_head[: embed.shape[0]]
     if isinstance(lm_head, Q8Linear) and not lm_head.prompt_dense:
-        lm_head.group()  # its 8-row calls (8 chats) then read it with no panels to unpack (kernels/cpu/q8g.h)
+        lm_head.group()  # its 8-row calls (8 chats) then read it with no panels to unpack (kernels/cpu/q8.h)
     return ModelWeights(embed, lm_head, norm, layers, weight_format)

@@ -1,14 +1,25 @@
-// Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (d_x =
-// max|x| / 127, with the block's exact fp32 sum and integer sum beside it; q4k's per-256 form is q4k.h's
-// quantize_k), and SwiGLU's silu(gate) * up, the matmul's fused epilogue.
+// Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows:
+// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the q4k formats, per
+// 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue. Each has its
+// vector form and, for CPUs without AVX2, its portable loop beside it.
 #pragma once
 
 #include "common.h"
-#include "q4k.h"
+#include "kquant.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace pagedeck {
+
+// Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
+// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's codes (|bs| <= 32 * 127).
+struct ActK {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bs;
+  int64_t nsb = 0;
+};
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
 // exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
@@ -18,13 +29,28 @@ struct QuantAct {
   std::vector<int32_t> isum;
   std::vector<int16_t> xs16;
   int64_t nbp = 0;
-  q4k::ActK k;  // q4k's activations (per 256, q4k.h's quantize_k) instead of the per-32 ones
+  ActK k;  // q4k's activations (per 256, quantize_k) instead of the per-32 ones
 };
 
 inline QuantAct& scratch() {
   thread_local QuantAct a;
   return a;
 }
+
+#ifdef PD_AVX2
+// q[0..32) = the int8 codes of v[0..32) * inv, rounded to nearest even; returns their sums in int32 pairs of
+// 4 codes (8 lanes, exact)
+inline __m256i quantize32(const float* v, __m256 inv, int8_t* q) {
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v), inv));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 8), inv));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16), inv));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 24), inv));
+  __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
+  _mm256_storeu_si256((__m256i*)q, p);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
+}
+#endif
 
 // pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
 // so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
@@ -53,16 +79,8 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
     const float d = amax / 127.0f;
     a.d[r] = d;
     const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, inv)), i1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, inv)),
-            i2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, inv)), i3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, inv));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
-    _mm256_storeu_si256((__m256i*)q, p);
-    const __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
-    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-    a.isum[r] = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xb1)));
+    const __m256i s32 = quantize32(v, inv, q);
+    a.isum[r] = hsum_i32(s32);
     if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
       __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
       t = _mm_hadd_epi32(t, t);
@@ -107,6 +125,37 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
 #else
   (void)pairs;
 #endif
+}
+
+// x (M, K) as Q8_K activations (ActK), one scale a 256 values
+inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
+  const int64_t nsb = K / q4k::kSuper;
+  a.nsb = nsb;
+  a.q.resize(M * K);
+  a.d.resize(M * nsb);
+  a.bs.resize(M * nsb * 8);
+  for (int64_t sbi = 0; sbi < M * nsb; ++sbi) {
+    const float* v = x + sbi * q4k::kSuper;
+    int8_t* q = a.q.data() + sbi * q4k::kSuper;
+#ifdef PD_AVX2
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < q4k::kSuper; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    const float amax = hmax(mx);
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    for (int b = 0; b < 8; ++b) a.bs[sbi * 8 + b] = (int16_t)hsum_i32(quantize32(v + 32 * b, inv, q + 32 * b));
+#else
+    float amax = 0.0f;
+    for (int i = 0; i < q4k::kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int b = 0; b < 8; ++b) {
+      int32_t s = 0;
+      for (int i = 32 * b; i < 32 * b + 32; ++i) s += q[i] = (int8_t)std::nearbyint(v[i] * inv);
+      a.bs[sbi * 8 + b] = (int16_t)s;
+    }
+#endif
+    a.d[sbi] = amax / 127.0f;
+  }
 }
 
 #ifdef PD_AVX2

@@ -5,7 +5,7 @@
 // code * scale is exact in fp32 (4- to 8-bit code times an fp16 scale), so the one rounding left is q4's and
 // q5's "+ minimum", as there.
 #include "common.h"
-#include "q5.h"
+#include "affine.h"
 
 #include <torch/library.h>
 
@@ -60,7 +60,7 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
   });
 }
 
-// q5 rows: qs (n, k / 32 * 20) in q5.h's layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
+// q5 rows: qs (n, k / 32 * 20) in affine.h's q5 layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
 void q5_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
   const int64_t groups = qs.size(1) / q5::kBytes;
   auto codes = [groups](const uint8_t* row, int64_t g, uint8_t* c) {

@@ -1,8 +1,7 @@
-// The q4k format of qmatmul: GGUF Q4_K super-blocks kept as the file stores them (144 bytes a 256 weights:
-// fp16 d and dmin, 12 bytes of 6-bit scales sc and minimums m per 32, 128 bytes of nibbles, the low nibbles of
-// bytes 32c..32c+31 being sub-block 2c and the high ones sub-block 2c+1), w = d sc q - dmin m.
+// The q4k format's kernels: GGUF Q4_K super-blocks kept as the file stores them (kquant.h states the layout
+// and decodes it), per-row and GEMM paths.
 //
-// The arithmetic is llama.cpp's Q4_K x Q8_K: activations quantized per 256 (quantize_k: one fp32 scale d_x a
+// The arithmetic is llama.cpp's Q4_K x Q8_K: activations quantized per 256 (activations.h's quantize_k: one fp32 scale d_x a
 // super-block, int8 codes, and bs_b = the integer sum of sub-block b's 32 codes), the 6-bit scales and
 // minimums applied as integers,
 //   I = sum_b sc_b (q_b . x_b),   J = sum_b m_b bs_b       (exact int32)
@@ -13,8 +12,10 @@
 // are the same for any batch, row order or thread count.
 #pragma once
 
+#include "activations.h"
 #include "common.h"
-#include "qgemm.h"
+#include "kquant.h"
+#include "panel.h"
 
 #include <algorithm>
 #include <vector>
@@ -22,120 +23,7 @@
 namespace pagedeck {
 namespace q4k {
 
-constexpr int64_t kSuper = 256, kBytes = 144;
-
-// the eight 6-bit scales (out[0..7]) and minimums (out[8..15]) of a super-block (ggml's get_scale_min_k4)
-inline void scale_mins(const uint8_t* sb, uint8_t out[16]) {
-  const uint8_t* q = sb + 4;
-  for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      out[j] = q[j] & 63;
-      out[8 + j] = q[j + 4] & 63;
-    } else {
-      out[j] = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-      out[8 + j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-  }
-}
-
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return half_to_float(h);
-}
-
-// code (0..15) of weight i of one super-block
-inline int code(const uint8_t* sb, int i) {
-  const int b = i / 32, t = i % 32;
-  const uint8_t v = sb[16 + 32 * (b / 2) + t];
-  return (b & 1) ? (v >> 4) : (v & 0x0F);
-}
-
-// Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
-// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's codes (|bs| <= 32 * 127).
-struct ActK {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int16_t> bs;
-  int64_t nsb = 0;
-};
-
-inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
-  const int64_t nsb = K / kSuper;
-  a.nsb = nsb;
-  a.q.resize(M * K);
-  a.d.resize(M * nsb);
-  a.bs.resize(M * nsb * 8);
-  for (int64_t sbi = 0; sbi < M * nsb; ++sbi) {
-    const float* v = x + sbi * kSuper;
-    int8_t* q = a.q.data() + sbi * kSuper;
 #ifdef PD_AVX2
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 mx = _mm256_setzero_ps();
-    for (int i = 0; i < kSuper; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
-    const float amax = hmax(mx);
-    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    for (int b = 0; b < 8; ++b) {
-      const float* u = v + 32 * b;
-      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u), inv));
-      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 8), inv));
-      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 16), inv));
-      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(u + 24), inv));
-      __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
-      p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // undo lane interleave
-      _mm256_storeu_si256((__m256i*)(q + 32 * b), p);
-      const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), p), _mm256_set1_epi16(1));
-      __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-      h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-      a.bs[sbi * 8 + b] = (int16_t)_mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
-    }
-#else
-    float amax = 0.0f;
-    for (int i = 0; i < kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    for (int b = 0; b < 8; ++b) {
-      int32_t s = 0;
-      for (int i = 32 * b; i < 32 * b + 32; ++i) s += q[i] = (int8_t)std::nearbyint(v[i] * inv);
-      a.bs[sbi * 8 + b] = (int16_t)s;
-    }
-#endif
-    a.d[sbi] = amax / 127.0f;
-  }
-}
-
-// The fp32 chain every output element runs, one step a super-block (both paths)
-inline float step(float acc, int32_t I, int32_t J, float d, float dmin, float dx) {
-  acc = std::fma((float)I, d * dx, acc);
-  return std::fma(-(float)J, dmin * dx, acc);
-}
-
-#ifdef PD_AVX2
-// kPrefetch bytes ahead, every line of a super-block's 144 bytes: one line a super-block left 56 % of the lines
-// to the hardware prefetchers (the kernel read ~14 GB/s from DRAM on two cores where q8 reads ~30)
-inline void prefetch_super(const uint8_t* sb) {
-  for (int b = 0; b < kBytes; b += 64) _mm_prefetch((const char*)(sb + kPrefetch + b), _MM_HINT_T0);
-}
-
-// the super-block's sc0..7 (bytes 0..7) and m0..7 (bytes 8..15), ggml's kmask regrouping without a store
-inline __m128i scales(const uint8_t* sb) {
-  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-  uint32_t u[3];
-  std::memcpy(u, sb + 4, 12);
-  const uint32_t m47 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-  const uint32_t m03 = u[1] & k1;
-  const uint32_t s47 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-  return _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)(u[0] & k1));
-}
-
-// acc + the int16 pairs of p times the int16 scale s (vpdpwssd where there is AVX512-VNNI)
-inline __m256i madd_acc(__m256i acc, __m256i p, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpwssd_epi32(acc, p, s);
-#else
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
-#endif
-}
-
 // out[r] = weight row . activation rows m0..m0+MT. Per 32 nibble bytes c: the low nibbles (sub-block 2c) meet
 // x[64c : 64c+32], the high ones x[64c+32 : 64c+64]; maddubs gives int16 pairs (at most 2 * 15 * 127) and
 // one madd with the sub-block's scale broadcast as int16 adds sc_b times them into I's int32 lanes.
@@ -176,7 +64,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
   }
   for (int r = 0; r < MT; ++r) out[r] = acc[r];
 }
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#ifdef PD_AVX512
 // tile's integers with 512-bit registers: 64 nibble bytes (chunks 2k and 2k+1) a load, the low nibbles
 // (sub-blocks 4k, 4k+2) meeting x[128k : +32] | x[128k+64 : +32], the high ones (4k+1, 4k+3) the other halves;
 // the same exact I and J, so the same bits (the scale broadcasts are one vpermw per register)
@@ -261,8 +149,8 @@ inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, i
 }
 
 #ifdef PD_AVX2
-// The GEMM path's panel of rows n0..n0+cols (qgemm.h's Panel, q4k's own meaning of its fields):
-// codes[(j * 8 + t) * kCols + col] = codes 4t..4t+3 (0..15) of sub-block j (qgemm.h's q4 layout),
+// The GEMM path's panel of rows n0..n0+cols (panel.h's Panel, q4k's own meaning of its fields):
+// codes[(j * 8 + t) * kCols + col] = codes 4t..4t+3 (0..15) of sub-block j (panel.h's layout),
 // slo[j * kCols + col] = sc_j, shi[(4 s + i) * kCols + col] = m_2i | m_2i+1 << 16 (int16 pairs of super-block s),
 // dw / zw[s * kCols + col] = d / dmin; columns past `cols` are zero.
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
@@ -294,19 +182,13 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
   for (int c = 0; c < cols; ++c) {
     const uint8_t* row = qs + (n0 + c) * row_bytes;
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* sb = row + s * kBytes;
-      uint8_t sm[16];
-      scale_mins(sb, sm);
-      p.dw[s * kCols + c] = half_at(sb);
-      p.zw[s * kCols + c] = half_at(sb + 2);
-      for (int b = 0; b < 8; ++b) p.slo[(8 * s + b) * kCols + c] = sm[b];
-      for (int i = 0; i < 4; ++i) p.shi[(4 * s + i) * kCols + c] = sm[8 + 2 * i] | (int32_t)sm[9 + 2 * i] << 16;
+      panel_scales(row + s * kBytes, s, c, p);
     }
   }
 }
 
 // out[r * ldo + col] for activation rows m0..m0+R and the panel's first `cols` columns, 8 columns a vector
-// (h = 0, 1): per sub-block 8 dot-product steps (qgemm.h's step), then I += sc * sums (vpmulld); per
+// (h = 0, 1): per sub-block 8 dot-product steps (isa.h's dot_u8s8), then I += sc * sums (vpmulld); per
 // super-block J from four int16-pair multiply-adds of m against bs, then step's fp32 chain, lane-wise.
 template <int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
@@ -329,8 +211,8 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
           int32_t word;
           std::memcpy(&word, a.q.data() + (m0 + r) * K + j * 32 + 4 * t, 4);
           const __m256i x = _mm256_set1_epi32(word);
-          sums[r][0] = gemm::step<true>(sums[r][0], w0, w0, x);
-          sums[r][1] = gemm::step<true>(sums[r][1], w1, w1, x);
+          sums[r][0] = dot_u8s8(sums[r][0], w0, x);
+          sums[r][1] = dot_u8s8(sums[r][1], w1, x);
         }
       }
       for (int h = 0; h < 2; ++h) {
@@ -364,7 +246,7 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
   }
 }
 
-#ifdef PD_GEMM512
+#ifdef PD_AVX512
 // The same tile with one zmm of all 16 columns (lane-wise the same operations, so the same bits)
 template <int R>
 inline void gemm_tile512(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo,
@@ -420,7 +302,7 @@ template <int R = 1>
 inline void rows_tail(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m, int64_t left, float* out,
                       int64_t ldo, int cols) {
   if (left == R) {
-#ifdef PD_GEMM512
+#ifdef PD_AVX512
     return gemm_tile512<R>(p, a, K, m, out, ldo, cols);
 #else
     return gemm_tile<R>(p, a, K, m, out, ldo, cols);
@@ -433,7 +315,7 @@ inline void rows_tail(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m,
 inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
   for (; m + gemm::kRows <= M; m += gemm::kRows) {
-#ifdef PD_GEMM512
+#ifdef PD_AVX512
     gemm_tile512<gemm::kRows>(p, a, K, m, out + m * ldo, ldo, cols);
 #else
     gemm_tile<gemm::kRows>(p, a, K, m, out + m * ldo, ldo, cols);

@@ -21,7 +21,7 @@
 
 #include "common.h"
 #include "q4k.h"
-#include "qgemm.h"
+#include "panel.h"
 
 namespace pagedeck {
 namespace q4k16 {
@@ -70,7 +70,7 @@ inline void unpack_super(const uint8_t* g, int r, uint8_t sb[q4k::kBytes]) {
 // address order, so the stream stays sequential) gives 2 x 2 dpbusd into per-sub-block sums, and I += sc_b
 // sums (vpmullo) per sub-block pair. At most 2 activation rows a tile: 4 would spill the registers.
 template <int MT>
-inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int64_t K, int64_t m0, float* out) {
+inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   static_assert(MT <= 2, "q4k16 tiles take 1 or 2 activation rows");
   __m256 acc[MT][2];
   for (int m = 0; m < MT; ++m) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
@@ -100,7 +100,7 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int6
         for (int i = 0; i < 4; ++i) {  // minimums (2i', 2i'+2) or (2i'+1, 2i'+3) against bs pairs (0, 2), (1, 3), ...
           const int lo = (i / 2) * 4 + i % 2;
           const int32_t pair = (int32_t)((uint16_t)bs[lo] | (uint32_t)(uint16_t)bs[lo + 2] << 16);
-          J[m][h] = q4k::madd_acc(J[m][h], mw[i], _mm256_set1_epi32(pair));
+          J[m][h] = madd_acc(J[m][h], mw[i], _mm256_set1_epi32(pair));
         }
       }
     }
@@ -121,8 +121,8 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int6
           const __m256i raw = _mm256_loadu_si256((const __m256i*)(g + kCodes + 64 * (8 * c + t) + 32 * h));
           const __m256i wl = _mm256_and_si256(raw, m4), wh = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
           for (int m = 0; m < MT; ++m) {
-            lo[m][h] = gemm::step<true>(lo[m][h], wl, wl, xl[m]);
-            hi[m][h] = gemm::step<true>(hi[m][h], wh, wh, xh[m]);
+            lo[m][h] = dot_u8s8(lo[m][h], wl, xl[m]);
+            hi[m][h] = dot_u8s8(hi[m][h], wh, xh[m]);
           }
         }
       }
@@ -153,7 +153,7 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int6
 }
 #else
 template <int MT>
-inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int64_t K, int64_t m0, float* out) {
+inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   std::vector<uint8_t> row(nsb * q4k::kBytes);
   for (int r = 0; r < kRows; ++r) {
     for (int64_t s = 0; s < nsb; ++s) unpack_super(grp + s * kGroupBytes, r, row.data() + s * q4k::kBytes);
@@ -165,7 +165,7 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const q4k::ActK& a, int6
 #endif
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows (2 activation rows a tile)
-inline void group_rows(const uint8_t* qs, int64_t K, const q4k::ActK& a, int64_t M, int64_t g, float* out) {
+inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / q4k::kSuper;
   const uint8_t* grp = qs + g * nsb * kGroupBytes;
   int64_t m = 0;
@@ -201,12 +201,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
     for (int r = 0; r < kRows; ++r) {
       uint8_t sb[16];  // the row's d, dmin and scale bytes, as its super-block starts
       for (int i = 0; i < 16; ++i) sb[i] = gs[at(r, i)];
-      uint8_t sm[16];
-      q4k::scale_mins(sb, sm);
-      p.dw[s * kCols + r] = q4k::half_at(sb);
-      p.zw[s * kCols + r] = q4k::half_at(sb + 2);
-      for (int b = 0; b < 8; ++b) p.slo[(8 * s + b) * kCols + r] = sm[b];
-      for (int i = 0; i < 4; ++i) p.shi[(4 * s + i) * kCols + r] = sm[8 + 2 * i] | (int32_t)sm[9 + 2 * i] << 16;
+      q4k::panel_scales(sb, s, r, p);
     }
   }
 }

@@ -12,33 +12,13 @@
 #pragma once
 
 #include "common.h"
+#include "kquant.h"
+#include "panel.h"
 
 namespace pagedeck {
 namespace q6 {
 
-constexpr int64_t kSuper = 256, kBytes = 210;
-
-// code (0..63) of weight i of one super-block
-inline int code(const uint8_t* sb, int i) {
-  const int n = i / 128, l = i % 128, k = l / 32, t = l % 32;
-  const uint8_t* ql = sb + 64 * n + 32 * (k & 1);
-  const int low = (k < 2) ? (ql[t] & 0x0F) : (ql[t] >> 4);
-  return low | (((sb[128 + 32 * n + t] >> (2 * k)) & 3) << 4);
-}
-
-inline float scale_d(const uint8_t* sb) {
-  uint16_t h;
-  std::memcpy(&h, sb + 208, 2);
-  return half_to_float(h);
-}
-
 #ifdef PD_AVX2
-// byte shuffles turning sixteen int8 scales into block b's [sc[2b] x 8, sc[2b+1] x 8]
-inline __m128i scale_shuffle(int b) {
-  return _mm_set_epi8(2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b,
-                      2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b);
-}
-
 // out[r] = weight row n . activation rows m0..m0+MT (xq: int8 (M, K) natural order; dx: scales (M, nbp);
 // xs: int16 sums per 16 (M, 2 nbp)).
 template <int MT>
@@ -46,24 +26,14 @@ inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float*
                  int64_t nbp, int64_t m0, float* out) {
   __m256 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
     for (int b = 0; b < 256; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
     const __m128i sc8 = _mm_loadu_si128((const __m128i*)(sb + 192));
     __m256i half[MT][2];
     for (int n = 0; n < 2; ++n) {
-      const __m256i q0 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n));
-      const __m256i q1 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32));
-      const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
       __m256i c[4];
-      c[0] = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
-      c[1] = _mm256_or_si256(_mm256_and_si256(q1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
-      c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
-      c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+      half_codes(sb, n, c);
       __m256i sc[4];
       for (int k = 0; k < 4; ++k) sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_shuffle(4 * n + k)));
       for (int r = 0; r < MT; ++r) {
@@ -121,6 +91,72 @@ inline void weight_row(const uint8_t* qs, int64_t K, const int8_t* xq, const flo
   for (; m + 4 <= M; m += 4) tile<4>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
   for (; m < M; ++m) tile<1>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
 }
+
+#ifdef PD_AVX2
+// The GEMM path's q6 panel (qgemm.h's unpack_panel sizes it, its tiles read it): one pass over each
+// super-block of a column (its 192 code bytes read once, as tile reads them, instead of 64 bytes per block and
+// a variable shift), the 8 blocks of 8 columns transposed together; d converted once per super-block instead
+// of once per block. The same codes and scales as the per-row tile: codes 0..63, dw the super-block's d,
+// slo / shi the int8 scales of the block's two halves of 16.
+inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
+  using gemm::kCols;
+  const int64_t nsb = nb / 8, q6row = nsb * kBytes;
+  for (int g = 0; g < kCols; g += 8) {
+    for (int64_t s = 0; s < nsb; ++s) {
+      __m256i blk[8][8];  // [block of the super-block][column]
+      for (int c = 0; c < 8; ++c) {
+        if (g + c >= cols) {
+          for (int b = 0; b < 8; ++b) blk[b][c] = _mm256_setzero_si256();
+          continue;
+        }
+        const uint8_t* sb = qs + (n0 + g + c) * q6row + s * kBytes;
+        for (int n = 0; n < 2; ++n) {
+          __m256i c4[4];
+          half_codes(sb, n, c4);
+          for (int k = 0; k < 4; ++k) blk[4 * n + k][c] = c4[k];
+        }
+      }
+      for (int b = 0; b < 8; ++b) {
+        gemm::transpose8(blk[b]);
+        int32_t* dst = p.codes.data() + (s * 8 + b) * 8 * kCols + g;
+        for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), blk[b][t]);
+      }
+    }
+  }
+  int c0 = 0;  // full groups of 8 columns: the scales' bytes gathered one dword (sc[2b], sc[2b + 1], ...) a column
+  for (; c0 + 8 <= cols; c0 += 8) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)q6row));
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* base = qs + (n0 + c0) * q6row + s * kBytes;
+      // bytes 206..209: sc[14], sc[15] and d (never read past the super-block)
+      const __m256i top = _mm256_i32gather_epi32((const int*)(base + 206), idx, 1);
+      const __m256i dh = _mm256_srli_epi32(top, 16);
+      const __m256 d = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dh), _mm256_extracti128_si256(dh, 1)));
+      for (int b = 0; b < 8; ++b) {
+        const __m256i x = b == 7 ? top : _mm256_i32gather_epi32((const int*)(base + 192 + 2 * b), idx, 1);
+        const int64_t at = (s * 8 + b) * kCols + c0;
+        _mm256_storeu_ps(p.dw.data() + at, d);
+        _mm256_storeu_si256((__m256i*)(p.slo.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 24), 24));
+        _mm256_storeu_si256((__m256i*)(p.shi.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 16), 24));
+      }
+    }
+  }
+  for (int c = c0; c < cols; ++c) {
+    const uint8_t* row = qs + (n0 + c) * q6row;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* sb = row + s * kBytes;
+      const float d = scale_d(sb);
+      const int8_t* sc = (const int8_t*)(sb + 192);
+      for (int b = 0; b < 8; ++b) {
+        const int64_t at = (s * 8 + b) * kCols + c;
+        p.dw[at] = d;
+        p.slo[at] = sc[2 * b];
+        p.shi[at] = sc[2 * b + 1];
+      }
+    }
+  }
+}
+#endif
 
 }  // namespace q6
 }  // namespace pagedeck

@@ -4,13 +4,13 @@
 //   q4: w = d * q + m, q in 0..15 (16 bytes of nibbles a block: low nibbles are weights 0..15, high 16..31,
 //       GGUF's Q4_0/Q4_1 order), d and m fp16 per block.
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
-//   q6: GGUF Q6_K super-blocks as the file stores them (q6.h), no separate scales.
-//   q4k: GGUF Q4_K super-blocks as the file stores them (q4k.h), no separate scales.
+//   q6: GGUF Q6_K super-blocks as the file stores them (kquant.h, q6.h), no separate scales.
+//   q4k: GGUF Q4_K super-blocks as the file stores them (kquant.h, q4k.h), no separate scales.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
 //       the same bits as q4k without its per-row horizontal reductions.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
-//       (q5.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
-//   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8g.h; qs (N / 16, K / 32 * 512), d
+//       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
+//   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
@@ -22,18 +22,21 @@
 //
 // This file is the dispatch and the thread scheduling: a call's format id (formats.h, generated from
 // kernels/formats.py) is checked against its tensors and becomes its kernels in one place (with_format), and
-// output rows or panels are handed to threads. The kernels live by concept: activations.h (activation
-// quantisation, SwiGLU), rows.h (the per-row tiles of q4, q5 and q8), qgemm.h (the GEMM tiles), q5.h, q6.h,
-// q4k.h, q4k16.h and q8g.h (each format's layout and its own kernels).
+// output rows or panels are handed to threads. The kernels live by concept: isa.h (the instruction-set
+// switches and shared vector primitives), activations.h (activation quantisation, SwiGLU), rows.h (the
+// per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one header per
+// format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h, q4k.h and
+// q4k16.h (their kernels).
 #include "activations.h"
+#include "affine.h"
 #include "common.h"
 #include "formats.h"
+#include "kquant.h"
 #include "ops.h"
 #include "q4k.h"
 #include "q4k16.h"
-#include "q5.h"
 #include "q6.h"
-#include "q8g.h"
+#include "q8.h"
 #include "qgemm.h"
 #include "rows.h"
 
@@ -154,7 +157,7 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
 // The prompt-rows path (qgemm.h): y (M, Nout) for panels [p0, p1) of gemm::kCols output columns each; SwiGLU
 // computes the gate and the up panel of the same columns, then silu(gate) * up.
 template <int F>
-void gemm_compute(const Weights& w, const gemm::Act& a, const q4k::ActK& ak, int64_t M, int64_t Nout, Act act,
+void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t M, int64_t Nout, Act act,
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16;
@@ -283,7 +286,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const bool big = false;
 #endif
   if (q4k || q4k16) {
-    q4k::quantize_k(x.data_ptr<float>(), M, K, a.k);
+    quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
     quantize_rows(x.data_ptr<float>(), M, K, a, affine && !big, q6);
   }

@@ -9,12 +9,12 @@
 //   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
 //   group_superblocks / ungroup_superblocks: Q4_K rows <-> groups of 16 rows (q4k16.h), the same bytes
 //                  rearranged;
-//   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8g.h), where they lie;
+//   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 #include "common.h"
 #include "q4k16.h"
-#include "q8g.h"
+#include "q8.h"
 
 #include <torch/library.h>
 
@@ -228,7 +228,7 @@ void ungroup_superblocks(const at::Tensor& groups, at::Tensor rows, int64_t bloc
   move_groups<false>(rows, groups, block_bytes);
 }
 
-// q8 rows (qs (N, K) uint8, scale (N, K/32) fp16) regrouped into q8g groups in place (q8g.h); the caller then
+// q8 rows (qs (N, K) uint8, scale (N, K/32) fp16) regrouped into q8g groups in place (q8.h); the caller then
 // views them as (N/16, K/32 * 512) and (N/16, K/32 * 16).
 void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
   const int64_t n = qs.size(0), k = qs.size(1), nb = k / kBlock;

@@ -1,14 +1,15 @@
 // The per-row (decode-sized) path of the per-32 formats q4, q5 and q8 (qmatmul.cpp's weight_row): one weight
 // row unpacked a pair of blocks at a time and met by up to 4 activation rows (dot_tile), every block's integer
-// dot product reduced exactly, then scaled. q4 and q5 are the affine nibble family (q5.h: w = d (q - c) + z,
-// z = m + c d against the exact block sums of x), q8 the symmetric one (codes stored u8 = q + 128). The
+// dot product reduced exactly, then scaled. q4 and q5 are the affine nibble family (affine.h: w = d (q - c) + z,
+// z = m + c d against the exact block sums of x), q8 the symmetric one (q8.h: codes stored u8 = q + 128). The
 // K-quants' per-row kernels are q6.h's, q4k.h's and q4k16.h's.
 #pragma once
 
 #include "activations.h"
+#include "affine.h"
 #include "common.h"
 #include "formats.h"
-#include "q5.h"
+#include "q8.h"
 
 #include <algorithm>
 
@@ -31,41 +32,8 @@ constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5; }
 constexpr float centre(int F) { return q5::centre(F == kQ5); }
 
 #ifdef PD_AVX2
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-#define PD_VNNI 1
-#endif
-
-inline __m256i dot_u8s8(__m256i u, __m256i s) {  // 8 int32 partial sums of u8 x s8 products, u8 < 128 only here
-#ifdef PD_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-// 8 exact int32 partial sums of q8 codes q (stored as u8 = q + 128) times s8 activations x. AVX2's maddubs
-// saturates at int16 (255 * 127 * 2 > 32767: silently wrong sums on CPUs without VNNI), so there the codes go
-// back to s8 and multiply as |q| * sign(x, q) (at most 128 * 127 * 2), as llama.cpp does: the sums of q x.
-// VNNI's dpbusd sums u x in int32; dot_tile takes the + 128 out once a block as 128 * isum (kQ8Offset).
-#ifdef PD_VNNI
-constexpr bool kQ8Offset = true;
-#else
-constexpr bool kQ8Offset = false;
-#endif
-inline __m256i dot_q8(__m256i u, __m256i x) {
-#ifdef PD_VNNI
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x);
-#else
-  const __m256i offset = _mm256_set1_epi8((char)0x80);
-  const __m256i q = _mm256_xor_si256(u, offset);
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q)),
-                           _mm256_set1_epi16(1));
-#endif
-}
-
-// 8 fp16 scales from p on; lanes past the row's end read the next row's (finite) scales or the tensor's
-// padding (kScalePad), and meet zero sums and zero activation scales there.
-inline __m256 load_halfs(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+// Scales are read 8 fp16 values at a time (isa.h's load_halfs); lanes past the row's end read the next row's
+// (finite) scales or the tensor's padding (kScalePad), and meet zero sums and zero activation scales there.
 
 // Two consecutive blocks (j, j+1) of one weight row, unpacked once and met by every activation row of a tile.
 // q4: one 32-byte load of both blocks' nibbles; the low nibbles meet x[0:16] of both blocks, the high ones
@@ -80,7 +48,7 @@ template <int F>
 inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
   const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
   if (left <= 0) return {zero, zero, 0};
-  if (F == kQ5) {  // q5.h's pair: 32 nibble bytes, then the fifth bits of the low and the high nibbles
+  if (F == kQ5) {  // affine.h's q5 pair: 32 nibble bytes, then the fifth bits of the low and the high nibbles
     const uint8_t* p = w.qs + (n * w.nb + j) * q5::kBytes;
     if (left >= 2) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)p);
@@ -96,8 +64,7 @@ inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
       const __m256i v = _mm256_loadu_si256((const __m256i*)(w.qs + (n * w.nb + j) * 16));
       return {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 2};
     }
-    const __m128i raw = _mm_loadu_si128((const __m128i*)(w.qs + (n * w.nb + j) * 16));
-    return {_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), low), zero, 1};
+    return {q4::codes(w.qs + (n * w.nb + j) * 16), zero, 1};
   }
   const __m256i* p = (const __m256i*)(w.qs + (n * w.nb + j) * 32);
   return {_mm256_loadu_si256(p), left >= 2 ? _mm256_loadu_si256(p + 1) : zero, left >= 2 ? 2 : 1};
@@ -111,13 +78,13 @@ inline __m256i dot_pair(const Pair& w, const int8_t* x) {
   if (w.blocks == 0) return zero;
   const __m256i x0 = _mm256_loadu_si256((const __m256i*)x);
   const __m256i x1 = w.blocks == 2 ? _mm256_loadu_si256((const __m256i*)(x + kBlock)) : zero;
-  if (Q4 && w.blocks == 2) return _mm256_add_epi32(dot_u8s8(w.a, x0), dot_u8s8(w.b, x1));
+  if (Q4 && w.blocks == 2) return _mm256_add_epi32(dot_u8s8(zero, w.a, x0), dot_u8s8(zero, w.b, x1));
   if (Q4) {
-    const __m256i p = dot_u8s8(w.a, x0);
+    const __m256i p = dot_u8s8(zero, w.a, x0);
     return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
   }
   // hadd: [p0 01, p0 23, p1 01, p1 23 | p0 45, p0 67, p1 45, p1 67] -> lanes 0-3 block j, 4-7 block j+1
-  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot_q8(w.a, x0), dot_q8(w.b, x1)), 0xd8);
+  return _mm256_permute4x64_epi64(_mm256_hadd_epi32(q8::dot(w.a, x0), q8::dot(w.b, x1)), 0xd8);
 }
 
 // out[r * ldo + c] = row n0 + c of W . activation row m0 + r, for r < MT, c < NT.
@@ -167,7 +134,7 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
       for (int r = 0; r < MT; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j0;
         __m256i exact = _mm256_permutevar8x32_epi32(sums[r][c], order);
-        if (!Q4 && kQ8Offset)  // u x - 128 x: the block sums of q x (padding blocks: 0 - 0)
+        if (!Q4 && kVnni)  // u x - 128 x: the block sums of q x (padding blocks: 0 - 0)
           exact = _mm256_sub_epi32(exact, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));
         const __m256 blocks = _mm256_cvtepi32_ps(exact);
         acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);

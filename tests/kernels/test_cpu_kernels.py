@@ -201,6 +201,21 @@ def test_the_avx2_build_computes_the_same_arithmetic():
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-3000:]
 
 
+def test_only_isa_h_decides_the_instruction_set():
+    """Every kernel file compiles for the instruction sets kernels/cpu/isa.h decides (PD_AVX2, PD_VNNI,
+    PD_AVX512, PD_AVX512_BYTES): a file that tested a compiler macro itself could pick another path than the
+    rest of its build (the AVX2-only build's -mno-avx512f reaches every file only through isa.h)."""
+    import re
+    from pathlib import Path
+
+    folder = Path(cpu_ext.__file__).with_name("cpu")
+    macro = re.compile(r"__(?:AVX|FMA|F16C|SSE)\w*__")
+    found = {p.name: sorted(set(macro.findall(p.read_text()))) for p in sorted(folder.iterdir())
+             if p.suffix in (".h", ".cpp") and p.name != "isa.h"}
+    assert {name: hits for name, hits in found.items() if hits} == {}
+    assert macro.search((folder / "isa.h").read_text())
+
+
 def test_q8_quantize_round_trips_a_q8_0_tensor():
     """The GGUF's Q8_0 embedding, dequantized, packs back to exactly its own codes and scales."""
     from engine.model.weights import GGUFFile, default_model_path

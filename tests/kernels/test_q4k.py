@@ -55,7 +55,7 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def q8_k(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q8_K activations as q4k.h's quantize_k: per 256 d = max|x| / 127, codes rint(x * (127 / max|x|)), and the
+    """Q8_K activations as activations.h's quantize_k: per 256 d = max|x| / 127, codes rint(x * (127 / max|x|)), and the
     integer code sums of each 32."""
     v = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 256)
     amax = np.abs(v).max(-1)
@@ -158,7 +158,7 @@ def test_a_rows_result_never_depends_on_the_other_rows():
 
 @pytest.mark.parametrize("N,K,M", [(40, 1024, 23), (5, 256, 16), (33, 768, 9)])  # a last panel of 8, 5, 1 columns
 def test_gemm_path_gives_the_per_row_paths_bits(N, K, M):
-    """Prompt rows (qgemm.h's q4 tile over q4k.h's panels) must give the per-row path's bits for every element."""
+    """Prompt rows (q4k.h's GEMM tile over its panels) must give the per-row path's bits for every element."""
     w = random_q4k(N, K, N * K, "random bytes")
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
     x[1, 7] = 40.0

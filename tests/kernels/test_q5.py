@@ -1,4 +1,4 @@
-"""The q5 format (GGUF Q5_0 / Q5_1 held at 5 bits a weight, kernels/cpu/q5.h): its layout round-trips and
+"""The q5 format (GGUF Q5_0 / Q5_1 held at 5 bits a weight, kernels/cpu/affine.h): its layout round-trips and
 holds gguf's own decode of the file's blocks; its products are the stated arithmetic (q4's, centred at 16) to
 fp32 rounding, per-row and GEMM paths bit for bit, every row independent of the others, on both builds (VNNI
 and AVX2); the C++ just-in-time decode gives the same bits as the torch one; a file's Q5_0 matrices load as

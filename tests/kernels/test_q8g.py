@@ -1,4 +1,4 @@
-"""q8 rows regrouped 16 at a time in the GEMM tiles' layout (q8g, kernels/cpu/q8g.h): the groups hold the rows'
+"""q8 rows regrouped 16 at a time in the GEMM tiles' layout (q8g, kernels/cpu/q8.h): the groups hold the rows'
 bytes as the header states (a NumPy statement of the layout) and go back to the same rows; their products are
 q8's own on the rows bit for bit for every row count, with and without SwiGLU, on both builds; a grouped matrix
 decodes and gathers the rows' weights; the loader groups a Q8_0 output head (tied to the embedding, as Gemma's

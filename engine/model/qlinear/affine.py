@@ -1,5 +1,5 @@
 """The affine nibble formats, w = code * scale + minimum per 32 weights: q4 (GGUF Q4_0/Q4_1, Q4_K's sub-blocks)
-and q5 (GGUF Q5_0/Q5_1), one class of scale-and-minimum code (kernels/cpu/q5.h is the C++ family's)."""
+and q5 (GGUF Q5_0/Q5_1), one class of scale-and-minimum code (kernels/cpu/affine.h is the C++ family's)."""
 from __future__ import annotations
 
 import torch

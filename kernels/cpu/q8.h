@@ -1,4 +1,8 @@
-// The q8g format of qmatmul: q8 rows regrouped 16 at a time in the GEMM panel's own layout, so that no call
+// The symmetric 8-bit format q8 (GGUF Q8_0: w = d q, q int8 stored as u8 q + 128 so that dpbusd multiplies
+// it, d fp16 per block of 32; rows.h's and qgemm.h's tiles take the + 128 out as 128 * sum(x)) and its grouped
+// layout q8g below: the GEMM panel unpacker of q8 rows, and q8g's groups.
+//
+// q8g: q8 rows regrouped 16 at a time in the GEMM panel's own layout, so that no call
 // unpacks them. A q8 GEMM call on row-ordered weights spends most of its time transposing every block of 16
 // rows into a panel ([block][4-byte step][row]): on a 262k x 640 output head at 8 activation rows ~15 of ~18
 // ms went there, and a decode step with 8 chats pays it every token. Kept in that layout (llama.cpp's CPU
@@ -17,11 +21,40 @@
 #pragma once
 
 #include "common.h"
-#include "qgemm.h"
+#include "panel.h"
 
 #include <vector>
 
 namespace pagedeck {
+namespace q8 {
+
+#ifdef PD_AVX2
+// 8 exact int32 partial sums of q8 codes (stored as u8 = q + 128) times s8 activations x: with VNNI, dpbusd's
+// sums of u x, and rows.h's dot_tile takes the + 128 out once a block as 128 * isum (kVnni); on AVX2 the codes go back
+// to s8 and multiply as |q| * sign(x, q) (isa.h's dot_s8), the sums of q x.
+inline __m256i dot(__m256i u, __m256i x) {
+  if (kVnni) return dot_u8s8(_mm256_setzero_si256(), u, x);
+  const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+  return dot_s8(_mm256_setzero_si256(), q, _mm256_sign_epi8(q, q), x);
+}
+#endif
+
+#ifdef PD_AVX512
+// q8 codes of block j of 16 full columns: word t of a column is its stored dword t (u8 = q + 128), each half
+// of 16 bytes through words16. One zmm permute and a lane transpose for what took transpose8's 24 ymm shuffles
+// per 8 columns. A q8 panel's unpack is most of an 8-row call on a 262k x 640 head (~15 of ~20 ms): this made
+// such calls 1.15x faster (20.8 -> 18.1 ms at 8 rows, alternated in one process; kernels/PERF.md).
+inline void unpack_block16(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j, int32_t* dst) {
+  for (int h = 0; h < 2; ++h) {
+    __m512i T[4];
+    gemm::words16(qs + (n0 * nb + j) * 32 + 16 * h, nb * 32, T);
+    for (int t = 0; t < 4; ++t) _mm512_storeu_si512((void*)(dst + (t + 4 * h) * gemm::kCols), T[t]);
+  }
+}
+#endif
+
+}  // namespace q8
+
 namespace q8g {
 
 constexpr int kRows = 16;

@@ -1,0 +1,127 @@
+// The K-quant family's super-blocks, as GGUF stores them, and their decoding, shared by every kernel that
+// reads them: the per-row kernels (q4k.h, q4k16.h, q6.h), the GEMM panels (q4k.h, q4k16.h, q6.h) and the
+// packing (repack.cpp). 256 weights a super-block:
+//   Q4_K (q4k): 144 bytes: fp16 d and dmin, 12 bytes of 6-bit scales sc and minimums m per 32, 128 bytes of
+//     nibbles, the low nibbles of bytes 32c..32c+31 being sub-block 2c and the high ones sub-block 2c+1;
+//     w = d sc q - dmin m.
+//   Q6_K (q6): 210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d;
+//     w = d sc[i / 16] (q - 32).
+#pragma once
+
+#include "common.h"
+#include "panel.h"
+
+namespace pagedeck {
+namespace q4k {
+
+constexpr int64_t kSuper = 256, kBytes = 144;
+
+// the eight 6-bit scales (out[0..7]) and minimums (out[8..15]) of a super-block (ggml's get_scale_min_k4)
+inline void scale_mins(const uint8_t* sb, uint8_t out[16]) {
+  const uint8_t* q = sb + 4;
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      out[j] = q[j] & 63;
+      out[8 + j] = q[j + 4] & 63;
+    } else {
+      out[j] = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+      out[8 + j] = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+  }
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+// code (0..15) of weight i of one super-block
+inline int code(const uint8_t* sb, int i) {
+  const int b = i / 32, t = i % 32;
+  const uint8_t v = sb[16 + 32 * (b / 2) + t];
+  return (b & 1) ? (v >> 4) : (v & 0x0F);
+}
+// The fp32 chain every output element of a q4k product runs, one step a super-block (every path): the exact
+// integers I = sum_b sc_b (q_b . x_b) and J = sum_b m_b bs_b met by d d_x and dmin d_x (q4k.h's top comment)
+inline float step(float acc, int32_t I, int32_t J, float d, float dmin, float dx) {
+  acc = std::fma((float)I, d * dx, acc);
+  return std::fma(-(float)J, dmin * dx, acc);
+}
+
+#ifdef PD_AVX2
+// kPrefetch bytes ahead, every line of a super-block's 144 bytes: one line a super-block left 56 % of the lines
+// to the hardware prefetchers (the kernel read ~14 GB/s from DRAM on two cores where q8 reads ~30)
+inline void prefetch_super(const uint8_t* sb) {
+  for (int b = 0; b < kBytes; b += 64) _mm_prefetch((const char*)(sb + kPrefetch + b), _MM_HINT_T0);
+}
+
+// the super-block's sc0..7 (bytes 0..7) and m0..7 (bytes 8..15), ggml's kmask regrouping without a store
+inline __m128i scales(const uint8_t* sb) {
+  constexpr uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, sb + 4, 12);
+  const uint32_t m47 = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+  const uint32_t m03 = u[1] & k1;
+  const uint32_t s47 = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+  return _mm_set_epi32((int)m47, (int)m03, (int)s47, (int)(u[0] & k1));
+}
+
+// A GEMM panel's scale fields of column col for super-block s (sb: its first 16 bytes, d, dmin and the scale
+// bytes): dw / zw = d / dmin, slo[8 s + b] = sc_b, shi[4 s + i] = m_2i | m_2i+1 << 16 (int16 pairs)
+inline void panel_scales(const uint8_t* sb, int64_t s, int col, gemm::Panel& p) {
+  using gemm::kCols;
+  uint8_t sm[16];
+  scale_mins(sb, sm);
+  p.dw[s * kCols + col] = half_at(sb);
+  p.zw[s * kCols + col] = half_at(sb + 2);
+  for (int b = 0; b < 8; ++b) p.slo[(8 * s + b) * kCols + col] = sm[b];
+  for (int i = 0; i < 4; ++i) p.shi[(4 * s + i) * kCols + col] = sm[8 + 2 * i] | (int32_t)sm[9 + 2 * i] << 16;
+}
+#endif
+
+}  // namespace q4k
+
+namespace q6 {
+
+constexpr int64_t kSuper = 256, kBytes = 210;
+
+// code (0..63) of weight i of one super-block
+inline int code(const uint8_t* sb, int i) {
+  const int n = i / 128, l = i % 128, k = l / 32, t = l % 32;
+  const uint8_t* ql = sb + 64 * n + 32 * (k & 1);
+  const int low = (k < 2) ? (ql[t] & 0x0F) : (ql[t] >> 4);
+  return low | (((sb[128 + 32 * n + t] >> (2 * k)) & 3) << 4);
+}
+
+inline float scale_d(const uint8_t* sb) {
+  uint16_t h;
+  std::memcpy(&h, sb + 208, 2);
+  return half_to_float(h);
+}
+
+#ifdef PD_AVX2
+// byte shuffles turning sixteen int8 scales into block b's [sc[2b] x 8, sc[2b+1] x 8]
+inline __m128i scale_shuffle(int b) {
+  return _mm_set_epi8(2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b + 1, 2 * b,
+                      2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b, 2 * b);
+}
+
+// c[k] = the 32 codes (0..63) of block 4n + k of a super-block, k = 0..3, from three 32-byte loads: the low
+// nibbles of bytes 64n..64n+63 and their 2-bit pairs in bytes 128 + 32n..
+inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+  const __m256i q0 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n));
+  const __m256i q1 = _mm256_loadu_si256((const __m256i*)(sb + 64 * n + 32));
+  const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + 128 + 32 * n));
+  c[0] = _mm256_or_si256(_mm256_and_si256(q0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+  c[1] = _mm256_or_si256(_mm256_and_si256(q1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+  c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+  c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+}
+#endif
+
+}  // namespace q6
+}  // namespace pagedeck

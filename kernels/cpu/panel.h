@@ -1,0 +1,130 @@
+// The GEMM path's panel: up to kCols weight rows of any format unpacked into one layout that the register
+// tiles (qgemm.h, q4k.h's) read, [block][4-byte step][column], and the transposes that build it. Each format's
+// unpacker fills a Panel (affine.h: q4 and q5, q8.h, q6.h, q4k.h, q4k16.h); q8g keeps its weights in this
+// layout and hands the tiles a View of them.
+#pragma once
+
+#include "common.h"
+
+#ifdef PD_AVX2
+#include <vector>
+
+namespace pagedeck {
+namespace gemm {
+
+constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lanes
+constexpr int kRows = 4;   // activation rows per register tile
+
+// One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
+// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5 doubles it), integer sum isum;
+// q6: xs16, the integer sums per 16 (stride 2 nbp).
+struct Act {
+  const int8_t* q;
+  const float *d, *s, *c;
+  const int32_t* isum;
+  int64_t nb, nbp;
+  const int16_t* xs16;
+};
+
+// A panel of up to kCols weight rows, unpacked: codes[(j * 8 + t) * kCols + col] holds weights 4t..4t+3 of
+// block j (q4: codes 0..15; q5: 0..31; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale
+// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the
+// super-block's d, slo / shi the int8 scales of the block's two halves of 16.
+// What the tiles read of a panel: an unpacked Panel's vectors, or weights kept in that layout (q8's row groups).
+struct View {
+  const int32_t* codes;
+  const float *dw, *zw;
+  const int32_t *slo, *shi;
+};
+
+struct Panel {
+  std::vector<int32_t> codes;
+  std::vector<float> dw, zw;
+  std::vector<int32_t> slo, shi;
+  View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data()}; }
+};
+
+// r[c] = the 8 code words (t = 0..7) of one block of column c; afterwards r[t] = word t of columns 0..7
+inline void transpose8(__m256i r[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+#ifdef PD_AVX512
+// T[L] = [X[0] lane L, X[1] lane L, X[2] lane L, X[3] lane L] (128-bit lanes): a 4x4 transpose of lanes
+inline void transpose_lanes(const __m512i X[4], __m512i T[4]) {
+  const __m512i u0 = _mm512_shuffle_i64x2(X[0], X[1], 0x44), u1 = _mm512_shuffle_i64x2(X[2], X[3], 0x44);
+  const __m512i v0 = _mm512_shuffle_i64x2(X[0], X[1], 0xEE), v1 = _mm512_shuffle_i64x2(X[2], X[3], 0xEE);
+  T[0] = _mm512_shuffle_i64x2(u0, u1, 0x88);
+  T[1] = _mm512_shuffle_i64x2(u0, u1, 0xDD);
+  T[2] = _mm512_shuffle_i64x2(v0, v1, 0x88);
+  T[3] = _mm512_shuffle_i64x2(v0, v1, 0xDD);
+}
+
+// T[t] = dword t of the 16 bytes at b + c * st, for the 16 columns c (lane c of each vector): four columns a
+// vector (one per 128-bit lane), a dword transpose in each, then a transpose across lanes.
+inline void words16(const uint8_t* b, int64_t st, __m512i T[4]) {
+  const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  __m512i X[4];
+  for (int g = 0; g < 4; ++g) {
+    const uint8_t* p = b + 4 * g * st;
+    __m512i A = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)p));
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + st)), 1);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + 2 * st)), 2);
+    A = _mm512_inserti32x4(A, _mm_loadu_si128((const __m128i*)(p + 3 * st)), 3);
+    X[g] = _mm512_permutexvar_epi32(tr, A);
+  }
+  transpose_lanes(X, T);
+}
+
+// dw[(j + i) * kCols + c] = d of column c, block j + i, for 16 full columns and blocks j..j+15 (zw: fma(8, dw, m)
+// as the scalar loop): 16 loads of 16 fp16 scales, a 16x16 transpose
+inline void unpack_scales16(const uint16_t* d, const uint16_t* m, float centre, int64_t nb, int64_t n0, int64_t j,
+                            float* dw, float* zw) {
+  auto transposed = [&](const uint16_t* src, __m512 out[16]) {
+    __m512 r[16];
+    for (int c = 0; c < 16; ++c) r[c] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(src + (n0 + c) * nb + j)));
+    __m512i B[4][4];  // B[q][e] lane L: rows 4q..4q+3 of column 4L + e
+    for (int q = 0; q < 4; ++q) {
+      const __m512 a0 = _mm512_unpacklo_ps(r[4 * q], r[4 * q + 1]), a1 = _mm512_unpackhi_ps(r[4 * q], r[4 * q + 1]);
+      const __m512 a2 = _mm512_unpacklo_ps(r[4 * q + 2], r[4 * q + 3]),
+                   a3 = _mm512_unpackhi_ps(r[4 * q + 2], r[4 * q + 3]);
+      B[q][0] = _mm512_castpd_si512(_mm512_unpacklo_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2)));
+      B[q][1] = _mm512_castpd_si512(_mm512_unpackhi_pd(_mm512_castps_pd(a0), _mm512_castps_pd(a2)));
+      B[q][2] = _mm512_castpd_si512(_mm512_unpacklo_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3)));
+      B[q][3] = _mm512_castpd_si512(_mm512_unpackhi_pd(_mm512_castps_pd(a1), _mm512_castps_pd(a3)));
+    }
+    for (int e = 0; e < 4; ++e) {
+      const __m512i X[4] = {B[0][e], B[1][e], B[2][e], B[3][e]};
+      __m512i T[4];
+      transpose_lanes(X, T);
+      for (int L = 0; L < 4; ++L) out[4 * L + e] = _mm512_castsi512_ps(T[L]);
+    }
+  };
+  __m512 vd[16];
+  transposed(d, vd);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dw + (j + i) * kCols, vd[i]);
+  if (!m) return;
+  __m512 vm[16];
+  transposed(m, vm);
+  const __m512 c = _mm512_set1_ps(centre);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(zw + (j + i) * kCols, _mm512_fmadd_ps(c, vd[i], vm[i]));
+}
+#endif
+
+}  // namespace gemm
+}  // namespace pagedeck
+#endif

@@ -7,8 +7,8 @@ on the served generator, so API requests batch with each other and with the app'
 the page map under their request id. A client that disconnects cancels its job (handler cancellation is
 on), so its pages return at once.
 
-Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /metrics
-(Prometheus), GET /pagedeck/pages (the page map as JSON, for pagedeck clients), POST
+Routes: GET /health, GET /v1/models (and /v1/models/{id}), POST /v1/chat/completions, POST /v1/completions,
+GET /metrics (Prometheus), GET /pagedeck/pages (the page map as JSON, for pagedeck clients), POST
 /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's runtime LoRA API), GET /openapi.json (their
 description, engine.server.openapi). With an api_key every /v1 and /pagedeck route needs
 `Authorization: Bearer <key>`; /health, /metrics and /openapi.json stay open, as in vLLM.
@@ -39,6 +39,7 @@ from .image_requests import load_request_images
 from .lifetime import request_ttl
 from .openapi import openapi_spec
 from .prometheus import build_registry
+from .request_schemas import served_facts
 from .requests import GenerationRequest, parse_request
 from .responses import ResponseBuilder, request_id
 from .served import ServedModel
@@ -75,6 +76,7 @@ class OpenAIServer:
         r = self.app.router
         r.add_get("/health", self._health)
         r.add_get("/v1/models", self._models)
+        r.add_get("/v1/models/{model:.+}", self._model)
         r.add_post("/v1/chat/completions", self._chat)
         r.add_post("/v1/completions", self._completion)
         r.add_post("/v1/load_lora_adapter", self._load_lora)
@@ -153,18 +155,32 @@ class OpenAIServer:
         self._served()
         return web.Response(text="")
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _model_list(self) -> list[dict]:
         if self.pool is not None:
             await self.pool.refresh()
-            return web.json_response({"object": "list", "data": self.pool.model_entries()})
-        return web.json_response({"object": "list", "data": self._served().model_entries()})
+            return self.pool.model_entries()
+        return self._served().model_entries()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": await self._model_list()})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        """OpenAI's retrieve-model: the entry /v1/models lists under this id; 404 naming the ids there are."""
+        name = request.match_info["model"]
+        data = await self._model_list()
+        for entry in data:
+            if entry["id"] == name:
+                return web.json_response(entry)
+        raise ApiError(404, f"The model `{name}` does not exist. Available: {', '.join(e['id'] for e in data)}",
+                       "model", "model_not_found")
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _openapi(self, request: web.Request) -> web.Response:
-        return web.json_response(openapi_spec(self.url))
+        return web.json_response(openapi_spec(self.url, served_facts(self.pool if self.pool is not None
+                                                                      else self.served)))
 
     def _metrics_source(self) -> list[tuple[dict, str, dict]]:
         if self.pool is not None:

@@ -39,6 +39,10 @@ CHAT_FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "logprobs", 
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MESSAGE_FIELDS = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content"}
+TEXT_PART_FIELDS = {"type", "text"}
+STREAM_OPTION_FIELDS = ("include_usage", "continuous_usage_stats")
+RESPONSE_FORMAT_FIELDS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+JSON_SCHEMA_FIELDS = {"name": str, "description": str, "schema": dict, "strict": bool}  # OpenAI's; name optional
 
 
 @dataclass
@@ -103,24 +107,23 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
         stop_tokens = [tok.eos_token_id] if tok.eos_token_id is not None else []
         _optional_is(body, "suffix", None, "suffix is not supported (no fill-in-the-middle)")
         best_of = body.get("best_of")
-        if best_of is not None and (_not_int(best_of) or best_of != 1):
+        if best_of is not None and _integer(best_of) != 1:
             raise bad_request("best_of must be 1: this server returns one completion per request", "best_of")
     if body.get("user") is not None and not isinstance(body["user"], str):
         raise bad_request("user must be a string (an end-user id)", "user")
-    n = body.get("n", 1)
-    if n is None:
-        n = 1
-    if _not_int(n) or not 1 <= n <= MAX_N:
-        raise bad_request(f"n must be an integer from 1 to {MAX_N}, got {n!r}", "n")
+    n = _integer(body.get("n", 1) if body.get("n") is not None else 1)
+    if n is None or not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be an integer from 1 to {MAX_N}, got {body['n']!r}", "n")
     if ids.shape[1] == 0:
-        raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
+        raise bad_request("the prompt is empty (no tokens)", "messages" if kind == "chat" else "prompt", "empty_prompt")
     ids, prompt = truncate_prompt(body, ids, prompt, served.max_seq_len,
                                   lambda kept: tok.decode(kept, decode_special_tokens=True),
                                   kind == "chat" and embeddings is not None)
     max_tokens = _max_tokens(body, kind, ids.shape[1], served.max_seq_len, default_max_tokens)
     min_tokens = _int_field(body, "min_tokens", 0, low=0)
     if min_tokens > max_tokens:
-        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens")
+        raise bad_request(f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens",
+                          "min_tokens_exceeds_max_tokens")
     if _bool_field(body, "ignore_eos", False):
         stop_tokens = []
     stop = body.get("stop")
@@ -135,7 +138,7 @@ def parse_request(kind: str, body: Any, served: ServedModel, default_max_tokens:
     if options is not None:
         if not stream:
             raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-        if not isinstance(options, dict) or set(options) - {"include_usage", "continuous_usage_stats"}:
+        if not isinstance(options, dict) or set(options) - set(STREAM_OPTION_FIELDS):
             raise bad_request("stream_options takes include_usage and continuous_usage_stats (booleans)",
                               "stream_options")
     options = options or {}
@@ -177,6 +180,8 @@ def _messages(messages: Any, images: Images, model_name: str) -> list[dict]:
             raise bad_request(f"{where} has unsupported fields: {', '.join(sorted(extra))}", where)
         if "name" in m and not isinstance(m["name"], str):
             raise bad_request(f"{where}.name must be a string", f"{where}.name")
+        if "tool_call_id" in m and role != "tool":
+            raise bad_request(f"{where}.tool_call_id belongs to tool messages only", f"{where}.tool_call_id")
         tool_fields = check_tool_message(m, where)
         content = m.get("content")
         if content is None and "tool_calls" in tool_fields:  # a reply that only called tools
@@ -199,7 +204,8 @@ def _content(content: Any, where: str, images: Images, index: int, model_name: s
                     raise cannot_see_images(model_name, f"{where}.content[{j}]")
                 parts.append({"type": "image", "image": images[(index, j)]})
                 continue
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str) \
+                    or set(part) - TEXT_PART_FIELDS:
                 raise bad_request(f"{where}.content[{j}] must be a text part ({{\"type\": \"text\", \"text\": ...}}) "
                                   "or an image_url part", f"{where}.content")
             texts.append(part["text"])
@@ -211,7 +217,9 @@ def _content(content: Any, where: str, images: Images, index: int, model_name: s
 def _prompt(prompt: Any, tok: Any, nested: bool = False) -> tuple[str, torch.Tensor]:
     """A completions prompt: a string, a token-id list, or one string / one token-id list in a list (n
     prompts: 400; a list inside that one is ids only, as the schema says)."""
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    ids = [_integer(t) for t in prompt] if isinstance(prompt, list) else []
+    if ids and None not in ids:
+        prompt = ids
         if min(prompt) < 0 or max(prompt) >= tok.vocab_size:
             raise bad_request(f"prompt token ids must be in [0, {tok.vocab_size})", "prompt")
         return tok.decode(prompt, decode_special_tokens=True), torch.tensor([prompt], dtype=torch.long)
@@ -233,23 +241,31 @@ def _unicode(text: str, param: str) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise bad_request(f"{param} contains a lone surrogate ({text[exc.start]!r} at {exc.start}): not valid "
-                          f"Unicode text", param) from None
+                          f"Unicode text", param, "invalid_text") from None
     return text
 
 
 def _max_tokens(body: dict, kind: str, prompt_len: int, max_seq_len: int, default: int | None) -> int:
     """The request's completion limit; without one, `default` capped by the context (None: the context's room)."""
-    field_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     room = max_seq_len - prompt_len
     if room < 1:
         raise bad_request(f"This model's maximum context length is {max_seq_len} tokens. However, your prompt has "
                           f"{prompt_len} tokens, leaving no room for a completion.",
                           "messages" if kind == "chat" else "prompt", "context_length_exceeded")
-    value = body.get(field_name)
-    if value is None:
+    given = [name for name in ("max_tokens", "max_completion_tokens") if body.get(name) is not None]
+    if not given:
         return room if default is None else min(room, default)
-    if _not_int(value) or value < 1:
+    limits = [_completion_limit(body[name], name, prompt_len, max_seq_len) for name in given]
+    return limits[-1]  # both given: max_completion_tokens, OpenAI's newer name, is the limit
+
+
+def _completion_limit(value: Any, field_name: str, prompt_len: int, max_seq_len: int) -> int:
+    """One limit field, checked whether or not it is the one that counts: an integer >= 1 that fits the
+    context with the prompt (a field the server would not check is a field it silently ignores)."""
+    room = max_seq_len - prompt_len
+    if _integer(value) is None or value < 1:
         raise bad_request(f"{field_name} must be an integer >= 1, got {value!r}", field_name)
+    value = _integer(value)
     if value > room:
         raise bad_request(f"This model's maximum context length is {max_seq_len} tokens. However, you requested "
                           f"{prompt_len + value} tokens ({prompt_len} in the prompt, {value} in the completion). "
@@ -263,9 +279,9 @@ def _sampler(body: dict, vocab_size: int) -> SamplerSettings:
     """The request's sampler, checked by SamplerSettings.validate (its error names the OpenAI parameter);
     on top of it only what this API adds: top_k -1 means off, temperature is capped at OpenAI's 2, and
     logit_bias keys are vocabulary ids with biases in [-100, 100]."""
-    top_k = body.get("top_k")
-    if top_k is not None and (_not_int(top_k) or top_k < -1):
-        raise bad_request(f"top_k must be an integer >= 1, or 0 / -1 for off, got {top_k!r}", "top_k")
+    top_k = _integer(body.get("top_k"))
+    if body.get("top_k") is not None and (top_k is None or top_k < -1):
+        raise bad_request(f"top_k must be an integer >= 1, or 0 / -1 for off, got {body['top_k']!r}", "top_k")
     settings = SamplerSettings(
         temperature=_number(body, "temperature", 1.0), top_k=max(0, top_k or 0), top_p=_number(body, "top_p", 1.0),
         min_p=_number(body, "min_p", 0.0), token_repetition_penalty=_number(body, "repetition_penalty", 1.0),
@@ -291,10 +307,9 @@ def _logit_bias(bias: Any, vocab_size: int) -> dict[int, float] | None:
         raise bad_request("logit_bias must be an object mapping token ids to a bias in [-100, 100]", "logit_bias")
     out = {}
     for key, value in bias.items():
-        try:
-            tok = int(key)
-        except (TypeError, ValueError):
-            raise bad_request(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+        if not key.isascii() or not key.isdigit() or (key.startswith("0") and key != "0"):
+            raise bad_request(f"logit_bias key {key!r} is not a token id (a decimal integer)", "logit_bias")
+        tok = int(key)
         if not 0 <= tok < vocab_size:
             raise bad_request(f"logit_bias token id {tok} is outside the vocabulary [0, {vocab_size})", "logit_bias")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
@@ -306,24 +321,28 @@ def _logit_bias(bias: Any, vocab_size: int) -> dict[int, float] | None:
 def _seed(seed: Any) -> int | None:
     if seed is None:
         return None
-    if _not_int(seed) or not 0 <= seed < 2**63:
+    value = _integer(seed)
+    if value is None or not 0 <= value < 2**63:
         raise bad_request(f"seed must be an integer in [0, 2^63), got {seed!r}", "seed")
-    return seed
+    return value
 
 
 def _priority(priority: Any) -> int:
     """vLLM's priority: any integer, lower more urgent; absent or null is 0."""
     if priority is None:
         return 0
-    if _not_int(priority):
+    if _integer(priority) is None:
         raise bad_request(f"priority must be an integer (lower is more urgent), got {priority!r}", "priority")
-    return priority
+    return _integer(priority)
 
 
 def _response_format(fmt: Any) -> list:
     if fmt is None:
         return []
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) and isinstance(fmt.get("type"), str) else None
+    extra = sorted(set(fmt) - RESPONSE_FORMAT_FIELDS[kind]) if kind in RESPONSE_FORMAT_FIELDS else []
+    if extra:
+        raise bad_request(f"response_format of type {kind} takes no {', '.join(extra)}", "response_format")
     if kind == "text":
         return []
     if kind == "json_object":
@@ -334,47 +353,60 @@ def _response_format(fmt: Any) -> list:
         if not isinstance(schema, dict):
             raise bad_request("response_format json_schema needs json_schema.schema (a JSON schema object)",
                               "response_format")
+        bad = sorted(k for k, v in spec.items() if k not in JSON_SCHEMA_FIELDS or not
+                     (v is None or isinstance(v, JSON_SCHEMA_FIELDS[k])))
+        if bad:
+            raise bad_request(f"response_format.json_schema takes name and description (strings), schema (an "
+                              f"object) and strict (true or false); not {', '.join(map(repr, bad))} as sent",
+                              "response_format.json_schema")
         try:
             return [JSONSchemaFilter(schema)]
         except ValueError as exc:
-            raise bad_request(str(exc), "response_format") from None
+            raise bad_request(str(exc), "response_format", "invalid_json_schema") from None
     raise bad_request(f"response_format type must be text, json_object or json_schema, got {kind!r}",
                       "response_format")
 
 
 def _logprobs(body: dict, kind: str) -> int | None:
     if kind == "completion":
-        value = body.get("logprobs")
-        if value is None:
+        value = _integer(body.get("logprobs"))
+        if body.get("logprobs") is None:
             return None
-        if _not_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
-            raise bad_request(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {value!r}", "logprobs")
+        if value is None or not 0 <= value <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {body['logprobs']!r}",
+                              "logprobs")
         if body.get("echo"):
             raise bad_request("echo with logprobs is not supported (no prompt logprobs)", "echo")
         return value
     on = _bool_field(body, "logprobs", False)
-    top = body.get("top_logprobs")
-    if top is None:
+    if body.get("top_logprobs") is None:
         return 0 if on else None
-    if _not_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
-        raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top!r}", "top_logprobs")
+    top = _integer(body["top_logprobs"])
+    if top is None or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {body['top_logprobs']!r}",
+                          "top_logprobs")
     if not on:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     return top
 
 
 # ---- field helpers -----------------------------------------------------------------------------------
-def _not_int(value: Any) -> bool:
-    return isinstance(value, bool) or not isinstance(value, int)
+def _integer(value: Any) -> int | None:
+    """A JSON integer as an int, else None. 3.0 is one (JSON schema's integer, and vLLM's pydantic, take it)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) else None
 
 
 def _int_field(body: dict, name: str, default: int, low: int) -> int:
     value = body.get(name)
     if value is None:
         return default
-    if _not_int(value) or value < low:
+    if _integer(value) is None or value < low:
         raise bad_request(f"{name} must be an integer >= {low}, got {value!r}", name)
-    return value
+    return _integer(value)
 
 
 def _number(body: dict, name: str, default: float) -> Any:

@@ -27,9 +27,10 @@ from ..generator.filters import GrammarFilter
 from .errors import bad_request
 
 TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls", "include_reasoning", "chat_template_kwargs"}
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
+_NAME = re.compile(TOOL_NAME_PATTERN)
 # variables a request may not set through chat_template_kwargs: the server renders these itself
-_RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"}
+RESERVED_KWARGS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"}
 
 
 @dataclass
@@ -62,10 +63,10 @@ def parse_tool_plan(body: dict, tokenizer: Any) -> ToolPlan:
     parallel = _bool(body, "parallel_tool_calls", True)
     include_reasoning = _bool(body, "include_reasoning", True)
     kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and (not isinstance(kwargs, dict) or set(kwargs) & _RESERVED_KWARGS
+    if kwargs is not None and (not isinstance(kwargs, dict) or set(kwargs) & RESERVED_KWARGS
                                or not all(isinstance(k, str) for k in kwargs)):
         raise bad_request("chat_template_kwargs must be an object of template variables (not "
-                          f"{', '.join(sorted(_RESERVED_KWARGS))})", "chat_template_kwargs")
+                          f"{', '.join(sorted(RESERVED_KWARGS))})", "chat_template_kwargs")
     fmt = tool_call_format(template) if tools and choice != "none" else None
     markers = reasoning_markers(template) if include_reasoning else None
     plan = ToolPlan(tools if fmt is not None else None, choice, parallel, fmt, markers, dict(kwargs or {}))
@@ -90,7 +91,8 @@ def render_prompt(plan: ToolPlan, messages: list[dict], tokenizer: Any) -> str:
         prompt = tokenizer.apply_chat_template(prepared, add_generation_prompt=True,
                                                **render_kwargs(plan.tools, template, **plan.template_kwargs))
     except Exception as exc:  # noqa: BLE001 - jinja2 raise_exception(), bad role order, ...
-        raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages") from None
+        raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages",
+                          "chat_template_error") from None
     plan.in_reasoning = starts_in_reasoning(prompt, plan.markers)
     return prompt
 
@@ -106,7 +108,8 @@ def tool_filters(plan: ToolPlan, tokenizer: Any) -> list:
                                       special_tokens=special, reasoning=plan.markers, in_reasoning=plan.in_reasoning)
         return [GrammarFilter(grammar)]
     except ValueError as exc:  # a parameters schema llguidance can't compile
-        raise bad_request(f"cannot constrain the reply to the tool's parameters: {exc}", "tools") from None
+        raise bad_request(f"cannot constrain the reply to the tool's parameters: {exc}", "tools",
+                          "invalid_json_schema") from None
 
 
 # ---- field checks ------------------------------------------------------------------------------------
@@ -127,12 +130,15 @@ def _tools(tools: Any) -> list[dict] | None:
             raise bad_request(f"{where}.function.name must be 1-64 letters, digits, _ . : or -, got {name!r}",
                               f"{where}.function.name")
         if name in names:
-            raise bad_request(f"{where}: function {name!r} is listed twice", f"{where}.function.name")
+            raise bad_request(f"{where}: function {name!r} is listed twice", f"{where}.function.name",
+                              "duplicate_tool_name")
         names.add(name)
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise bad_request(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
         if "description" in fn and not isinstance(fn["description"], str):
             raise bad_request(f"{where}.function.description must be a string", f"{where}.function.description")
+        if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
+            raise bad_request(f"{where}.function.strict must be true or false", f"{where}.function.strict")
     return tools or None
 
 
@@ -151,7 +157,8 @@ def _choice(choice: Any, tools: list[dict] | None) -> str:
     if not isinstance(name, str):
         raise bad_request("a named tool_choice is {\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
     if not tools or name not in {t["function"]["name"] for t in tools}:
-        raise bad_request(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
+        raise bad_request(f"tool_choice names function {name!r}, which is not in tools", "tool_choice",
+                          "tool_choice_not_in_tools")
     return name
 
 
@@ -175,8 +182,9 @@ def check_tool_message(m: dict, where: str) -> dict:
             raise bad_request(f"{where}.tool_calls is a list, on assistant messages only", f"{where}.tool_calls")
         for j, c in enumerate(calls):
             fn = c.get("function") if isinstance(c, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
-                    not isinstance(fn.get("arguments", ""), (str, dict)) or not isinstance(c.get("id", ""), str):
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or c.get("type", "function") != \
+                    "function" or not isinstance(fn.get("arguments", ""), (str, dict)) or \
+                    not isinstance(c.get("id", ""), str):
                 raise bad_request(f"{where}.tool_calls[{j}] must be {{\"id\", \"type\": \"function\", \"function\": "
                                   "{\"name\", \"arguments\"}}", f"{where}.tool_calls")
         out["tool_calls"] = [{"id": c.get("id", ""), "type": "function",

@@ -66,8 +66,9 @@ class ForkMachine(GrowthMachine):
         _, source = data.draw(st.sampled_from(sources))
         cut = data.draw(st.integers(1, len(source.tokens)))
         prompt = source.tokens[:cut] + base.tokens(data, 1, PS + 3)
-        if self._admit_fork(data, prompt, source.root) is not None:
-            event("branch of a preempted sequence" if source.owner in self.preempted else "branch of a running one")
+        admitted = self._admit_fork(data, prompt, source.root) is not None
+        event(f"branch of a {'preempted' if source.owner in self.preempted else 'running'} sequence"
+              + ("" if admitted else ": refused"))
 
     @precondition(lambda self: self.preempted)
     @rule(data=st.data())

@@ -1,10 +1,13 @@
 """The synthetic GGUF files the speed goals are measured on, built once into a cache outside the tree:
 `python -m tools.bench.bench_big build [NAME ...]` prints their paths (`make bench-big` then benchmarks each).
 
-Files: Llama-3-8B shapes with 8 and with all 32 layers, and a Llama-3.2-3B-shaped one (28 layers, a
-128,256-token vocabulary, tied head), all llama.cpp's Q4_K_M recipe with random weights (tools.models.synthetic_gguf,
-seed 0: the same parameters always give the same bytes). A file already in the cache is reused; one already
-built elsewhere with the same parameters (e.g. /tmp/ggufmem/llama3-8b-8L.gguf) is copied instead of rebuilt.
+Files: three real models' architectures and shapes, Qwen2.5-1.5B, Gemma-3-270M and Llama-3.2-3B
+(tools.models.llamacpp_quantized.PRESETS: all their layers, their real-size vocabularies and heads), written
+F16 with random weights and quantized to Q4_K_M by llama.cpp's own quantizer, so each holds llama.cpp's
+per-layer mix (BIG: what `make bench-big` measures); and Llama-3-8B shapes with 8 and with all 32 layers,
+Q4_K_M by our writers (tools.models.synthetic_gguf's copy of the recipe, the SmolLM2 vocabulary). Seed 0: the
+same parameters always give the same weights. A file already in the cache is reused; one of our writers'
+already built elsewhere with the same parameters (e.g. /tmp/ggufmem/llama3-8b-8L.gguf) is copied instead.
 """
 
 from __future__ import annotations
@@ -19,11 +22,17 @@ import platformdirs
 
 from engine import envs
 
-FILES: dict[str, dict] = {
+FILES: dict[str, dict] = {  # "preset": llama.cpp's quantizer on that preset, its fields overridden by the rest
+    "qwen2.5-1.5b": dict(preset="qwen2.5-1.5b"),
+    "gemma3-270m": dict(preset="gemma3-270m"),
+    "llama3.2-3b": dict(preset="llama3.2-3b"),
     "llama3-8b-8L": dict(shape="llama3-8b", layers=8),
     "llama3-8b-32L": dict(shape="llama3-8b", layers=32),
-    "llama3.2-3b": dict(shape="llama3.2-3b", layers=28, vocab=128256, pad_vocab=True, tied=True),
+    # the whole pipeline in a minute: a 2-layer Qwen 2 with small rows and the SmolLM2 vocabulary
+    "smoke": dict(preset="qwen2.5-1.5b", layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab=49152, tokenizer="smollm2"),
 }
+BIG = ("qwen2.5-1.5b", "gemma3-270m", "llama3.2-3b")
 ELSEWHERE = [Path("/tmp/ggufmem")]  # where earlier sessions built some of them
 
 
@@ -52,6 +61,21 @@ def _same_parameters(path: Path, name: str) -> bool:
             and ("output.weight" not in names) == p.get("tied", False))
 
 
+def _write(path: Path, name: str) -> None:
+    if "preset" in FILES[name]:
+        from tools.models.llamacpp_quantized import PRESETS, write_quantized_gguf
+        from tools.models.synthetic_gguf import smollm2_tokenizer
+
+        p = _params(name)
+        model = {**PRESETS[p["preset"]], **{k: v for k, v in p.items() if k not in ("preset", "quant", "seed")}}
+        write_quantized_gguf(path, model, p["quant"], seed=p["seed"], name=f"random {name} ({p['quant']} by llama.cpp)",
+                             add_tokenizer=smollm2_tokenizer(model["vocab"]))
+    else:
+        from tools.models.synthetic_gguf import write_random_gguf
+
+        write_random_gguf(path, quant="Q4_K_M", seed=0, **FILES[name])
+
+
 def build(name: str, log=print) -> Path:
     """The cached file of `name`, built (or copied from an identical one) where missing."""
     out = cache_dir() / f"{name}.gguf"
@@ -60,16 +84,14 @@ def build(name: str, log=print) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".partial")
-    for other in (d / f"{name}.gguf" for d in ELSEWHERE):
+    for other in (d / f"{name}.gguf" for d in ELSEWHERE if "preset" not in FILES[name]):
         if other.is_file() and _same_parameters(other, name):
             log(f"copying {other} -> {out}")
             shutil.copyfile(other, tmp)
             break
     else:
-        from tools.models.synthetic_gguf import write_random_gguf
-
         log(f"building {out} (minutes)")
-        write_random_gguf(tmp, quant="Q4_K_M", seed=0, **FILES[name])
+        _write(tmp, name)
     tmp.replace(out)
     stamp.write_text(json.dumps(_params(name)))
     return out
@@ -78,7 +100,7 @@ def build(name: str, log=print) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["build", "dir"])
-    ap.add_argument("names", nargs="*", help=f"which files (default: all): {', '.join(FILES)}")
+    ap.add_argument("names", nargs="*", help=f"which files (default: {', '.join(BIG)}): {', '.join(FILES)}")
     args = ap.parse_args(argv)
     unknown = [n for n in args.names if n not in FILES]
     if unknown:
@@ -86,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "dir":
         print(cache_dir())
         return 0
-    for name in args.names or FILES:
+    for name in args.names or BIG:
         print(build(name, log=lambda m: print(m, flush=True, file=sys.stderr)))
     return 0
 

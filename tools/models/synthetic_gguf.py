@@ -6,6 +6,12 @@ of its layers measures per-layer cost and memory honestly (the roofline scales w
 vocabulary is the embedded SmolLM2 tokenizer's (49,152 tokens), so the file loads and tokenizes; or, with
 --tokenizer bpe / spm, a real-size one (tools.models._synthetic_vocab: Qwen 2.5's 151,936-token byte-level BPE, Gemma
 3's 262,144-piece SentencePiece), so the header costs what a real file's does.
+
+`--quantize Q4_K_M` (Q5_K_M, Q6_K, Q8_0, IQ4_XS, ...) hands the quantizing to llama.cpp instead
+(tools.models.llamacpp_quantized): an F16 file streamed to disk, then llama.cpp's own quantizer and per-layer
+recipe, for a `--preset` (qwen2.5-1.5b, gemma3-270m, llama3.2-3b: architecture, shapes, layers, vocabulary and
+head of the real model) or an `--arch` of a `--shape`. Without it, our own writers quantize (tools.ggml_writers),
+one type per tensor kind following a copy of llama.cpp's Q4_K_M rule for llama tensors.
 """
 
 from __future__ import annotations
@@ -206,25 +212,89 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
     return Path(out)
 
 
+def preset_model(preset: str | None, shape: str, layers: int | None, tokenizer: str, vocab: int | None,
+                 tied: bool | None, arch: str = "llama") -> dict:
+    """The model --quantize writes: a named preset (tools.models.llamacpp_quantized.PRESETS) or an `arch` model
+    of `shape` (Gemma 3 with its 512-token window), with any of layers / tokenizer / vocab / tied given on the
+    command line overriding it."""
+    from tools.models.llamacpp_quantized import PRESETS
+
+    if preset is not None:
+        p = dict(PRESETS[preset])
+    else:
+        p = dict(arch=arch, layers=4, rms_norm_eps=1e-5, context_length=8192, tokenizer="smollm2", tied=False,
+                 **SHAPES[shape], **(dict(sliding_window=512) if arch == "gemma3" else {}))
+    if layers is not None:
+        p["layers"] = layers
+    if preset is None or tokenizer != "smollm2":
+        p["tokenizer"] = tokenizer
+        p.pop("pre", None)
+    if vocab is not None or "vocab" not in p:
+        smollm2 = len(GGUFFile(default_model_path()).metadata["tokenizer.ggml.tokens"])
+        p["vocab"] = vocab or (smollm2 if p["tokenizer"] == "smollm2" else _REAL_SIZES[p["tokenizer"]])
+    if tied is not None:
+        p["tied"] = tied
+    return p
+
+
+def smollm2_tokenizer(vocab: int):
+    """A GGUFWriter -> None writing the embedded SmolLM2 vocabulary padded to `vocab` tokens, no chat template
+    (tools.models.llamacpp_quantized's add_tokenizer for the "smollm2" tokenizer)."""
+    return lambda w: copy_default_tokenizer(w, chat_template=False, pad_to=vocab)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from tools.models import llamacpp_quantized
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--quant", default="Q4_K_M", help="Q4_K_M or a ggml type name (Q4_K, Q8_0, ...)")
+    ap.add_argument("--layers", type=int, default=None, help="blocks (default: 4, or the preset's)")
+    ap.add_argument("--quant", default="Q4_K_M", help="Q4_K_M or a ggml type name (Q4_K, Q8_0, ...), by our writers")
+    ap.add_argument("--quantize", choices=llamacpp_quantized.QUANTIZE_TYPES, default=None,
+                    help="instead: write an F16 source and quantize it with llama.cpp's own quantizer and recipe "
+                         "(needs pagedeck[peers])")
+    ap.add_argument("--preset", choices=sorted(llamacpp_quantized.PRESETS), default=None,
+                    help="a real model's architecture, shapes, layers, vocabulary and head (with --quantize)")
+    ap.add_argument("--arch", choices=llamacpp_quantized.ARCHS, default="llama",
+                    help="with --quantize and --shape: the architecture (q/k/v biases for qwen2, Gemma 3's norms)")
+    ap.add_argument("--std", type=float, default=0.02, help="with --quantize: the random matrices' std")
+    ap.add_argument("--source-type", choices=llamacpp_quantized.SOURCE_TYPES, default="F16",
+                    help="the unquantized source --quantize writes (deleted afterwards)")
+    ap.add_argument("--keep-source", action="store_true", help="keep --quantize's source file (OUT.F16.gguf)")
     ap.add_argument("--no-chat-template", action="store_true", help="write no tokenizer.chat_template")
     ap.add_argument("--split-max-tensors", type=int, default=0, help="write a split set, this many tensors a file")
     ap.add_argument("--vocab", type=int, default=None,
                     help="vocabulary size: SmolLM2's tokens padded with unused ones (e.g. 262144, Gemma 3's)")
-    ap.add_argument("--tied", action="store_true", help="no output.weight: the token embedding is the head")
+    ap.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
+                    help="no output.weight: the token embedding is the head (default: untied, or the preset's)")
     ap.add_argument("--tokenizer", choices=TOKENIZERS, default="smollm2",
                     help="bpe: a Qwen-2.5-sized byte-level BPE (151,936 tokens), spm: a Gemma-3-sized SentencePiece "
                          "vocabulary (262,144); --vocab sets their size")
     args = ap.parse_args(argv)
-    path = write_random_gguf(args.out, args.shape, args.layers, args.quant, chat_template=not args.no_chat_template,
-                             split_max_tensors=args.split_max_tensors, vocab=args.vocab,
-                             pad_vocab=args.vocab is not None and args.tokenizer == "smollm2", tied=args.tied,
-                             tokenizer=args.tokenizer)
+    if args.preset and not args.quantize:
+        ap.error("--preset needs --quantize (llama.cpp's recipe)")
+    if args.quantize:
+        import time
+
+        p = preset_model(args.preset, args.shape, args.layers, args.tokenizer, args.vocab, args.tied, args.arch)
+        template = None if args.no_chat_template else GGUFFile(default_model_path()).metadata["tokenizer.chat_template"]
+        start = time.perf_counter()
+        try:
+            path = llamacpp_quantized.write_quantized_gguf(
+                args.out, p, args.quantize, source_type=args.source_type, chat_template=template,
+                keep_source=args.keep_source, std=args.std, add_tokenizer=smollm2_tokenizer(p["vocab"]), name=f"random {args.preset or args.shape} ({p['layers']} layers, "
+                                                   f"{args.quantize} by llama.cpp)")
+        except llamacpp_quantized.QuantizeError as e:
+            ap.exit(1, f"{e}\n")
+        print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB) in {time.perf_counter() - start:.0f} s; "
+              "tensor types:")
+        print("\n".join("  " + line for line in llamacpp_quantized.type_mix(llamacpp_quantized.tensor_types(path))))
+        return 0
+    path = write_random_gguf(args.out, args.shape, args.layers or 4, args.quant,
+                             chat_template=not args.no_chat_template, split_max_tensors=args.split_max_tensors,
+                             vocab=args.vocab, pad_vocab=args.vocab is not None and args.tokenizer == "smollm2",
+                             tied=bool(args.tied), tokenizer=args.tokenizer)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB)")
     return 0
 

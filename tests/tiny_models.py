@@ -210,10 +210,18 @@ def write_tiny_gguf(hf_folder: str | Path, out: str | Path, qtype="F32", *, toke
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        pick = qtype if callable(qtype) else (lambda _name: qtype)
         for i in range(n_layers):
             for part, gguf_part in (("gate_proj", "gate"), ("up_proj", "up"), ("down_proj", "down")):
                 stacked = [state.pop(f"model.layers.{i}.mlp.experts.{e}.{part}.weight") for e in range(experts)]
-                w.add_tensor(f"blk.{i}.ffn_{gguf_part}_exps.weight", torch.stack(stacked).float().numpy())
+                name = f"blk.{i}.ffn_{gguf_part}_exps.weight"
+                quant = gguf.GGMLQuantizationType[pick(name)]
+                if quant == gguf.GGMLQuantizationType.F32:
+                    w.add_tensor(name, torch.stack(stacked).float().numpy())
+                else:  # experts outermost: each expert's blocks one contiguous range, as llama.cpp writes them
+                    from tools.ggml_writers import quantize as quantize_ggml
+
+                    w.add_tensor(name, np.stack([quantize_ggml(x, quant) for x in stacked]), raw_dtype=quant)
     if callable(tokenizer):
         tokenizer(w)
     elif tokenizer:

@@ -41,10 +41,11 @@ class Layer:
     sliding_rope: bool = False  # rotate with the sliding layers' own rope base (Gemma 3)
     moe: MoEBlock | None = None  # a mixture-of-experts MLP (engine.model.moe) in place of gate_up and down
 
-    def weights(self) -> list:
-        """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes."""
+    def weights(self, experts: bool = True) -> list:
+        """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes; without
+        its mixture of experts' (router and experts) where not `experts`."""
         own = [t for name, t in vars(self).items() if name not in ("window", "sliding_rope", "moe") and t is not None]
-        return own + (self.moe.weights() if self.moe is not None else [])
+        return own + (self.moe.weights() if self.moe is not None and experts else [])
 
 
 @dataclass

@@ -153,9 +153,10 @@ class Model:
 
     def decode_bytes(self) -> int:
         """Weight bytes one decode step reads: all but an untied embedding table (one row of it), packed
-        matrices counting their blocks (not a dense copy)."""
-        tensors = [self.norm, self.lm_head] + [t for layer in self.layers for t in layer.weights()]
-        return sum(t.nbytes() if isinstance(t, PackedLinear) else t.numel() * t.element_size() for t in tensors)
+        matrices counting their blocks (not a dense copy), a mixture of experts its router and top-k experts."""
+        tensors = [self.norm, self.lm_head] + [t for layer in self.layers for t in layer.weights(experts=False)]
+        return (sum(t.nbytes() if isinstance(t, PackedLinear) else t.numel() * t.element_size() for t in tensors)
+                + sum(layer.moe.decode_bytes() for layer in self.layers if layer.moe is not None))
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """The input embeddings of token ids (scaled where the architecture scales them, as Gemma does): rows
@@ -245,7 +246,7 @@ class Model:
                 x = kernels.rms_norm(x, layer.attn_out_norm, eps)[0]
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual, packed)
             if layer.moe is not None:  # a mixture of experts (LoRA adapters never target it: engine.model.lora)
-                x = layer.moe(h)
+                x = layer.moe(h, rows)
             else:
                 x = self._mlp(i, layer, h, rows, lora, swiglu)
             if layer.mlp_out_norm is not None:

@@ -11,7 +11,14 @@ that any row chose runs one matmul over exactly its rows, through qlinear.linear
 alike); the weighted outputs are scattered back with index_add_. A row's experts depend on its own router
 logits only, and its output is the sum of its experts' rows added in expert order: neither depends on what
 else is in the batch. Experts are kept as one matrix per expert (not a 3-D stack) so a packed format
-applies to each as to any other projection.
+applies to each as to any other projection: a GGUF's expert stacks are packed expert by expert in the file's
+own formats (engine.model.packing.experts), gate and up of one expert fused into one [gate | up] matrix as
+the dense layers have them. With packed experts a prompt row takes the exact dense weights where the model
+keeps them (qlinear.RowSplit, per expert over just its rows), as every other projection does; which path a
+row takes depends on the row alone.
+
+A decode step reads the router and, per token, its top-k experts: decode_bytes counts k of the E experts
+(their mean size), not all of them.
 """
 from __future__ import annotations
 
@@ -21,7 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from .qlinear import linear
+from .qlinear import PackedLinear, RowSplit, linear
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -57,12 +64,20 @@ class MoEBlock:
             top = top / top.sum(dim=-1, keepdim=True)
         return top.to(h.dtype), experts
 
-    def __call__(self, h: torch.Tensor) -> torch.Tensor:
-        """The block's output for rows h (T, hidden)."""
+    def decode_bytes(self) -> int:
+        """Weight bytes one token's step reads: the router and top_k experts' [gate | up] and down (the mean
+        expert's size: which k it picks depends on the token)."""
+        experts = sum(_nbytes(w) for w in self.gate_up + self.down)
+        return _nbytes(self.router) + experts * self.top_k // len(self.gate_up)
+
+    def __call__(self, h: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+        """The block's output for rows h (T, hidden); `rows` (packed experts): which rows are prompt rows."""
         weights, experts = self.route(h)
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # choices grouped by expert, rows ascending within each
-        rows = order // self.top_k
+        order_rows = order // self.top_k
+        T = h.shape[0]
+        prompt = None if rows is None else rows.prompt_rows
         scale = weights.reshape(-1).index_select(0, order).unsqueeze(1)
         counts = torch.bincount(flat, minlength=len(self.gate_up)).tolist()
         out = torch.zeros_like(h)
@@ -70,11 +85,17 @@ class MoEBlock:
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            sel = rows[start:start + n]
-            a = linear(h.index_select(0, sel), self.gate_up[e], act="swiglu")
-            out.index_add_(0, sel, linear(a, self.down[e]) * scale[start:start + n])
+            sel = order_rows[start:start + n]
+            split = None if prompt is None else RowSplit.of_rows(prompt, T, sel)
+            a = linear(h.index_select(0, sel), self.gate_up[e], rows=split, act="swiglu")
+            out.index_add_(0, sel, linear(a, self.down[e], rows=split) * scale[start:start + n])
             start += n
         return out
+
+
+def _nbytes(w) -> int:
+    """Bytes a decode-sized call reads of a weight: a packed matrix's blocks, a dense tensor's values."""
+    return w.nbytes() if isinstance(w, PackedLinear) else w.numel() * w.element_size()
 
 
 def tensor_names(config: "ModelConfig", prefix: str) -> list[str]:

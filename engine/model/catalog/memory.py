@@ -177,7 +177,7 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, in
     import kernels
     from kernels.packed import SCALE_PAD
 
-    from ..packing import repack
+    from ..packing import experts, repack
 
     c = info.config
     packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
@@ -203,10 +203,10 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, in
             kernel = kernels_of.get(t.name) or repack.kernel_format(t.dtype, fmt)
             copy = t.name in copies or (dense_copy and t.name not in packed  # a dense head packed as q8
                                         and (repack.dense_copy_forced() or not repack.decodes_exactly(t.dtype, kernel)))
-            total += repack.packed_storage_bytes(kernel, t.shape) + (4 * t.numel if copy else 0)
+            total += experts.storage_bytes(kernel, t.shape) + (4 * t.numel if copy else 0)  # per expert of a stack
             streamed = info.kind == "gguf"
             if repack.fused_into(t.name, packed, kernels_of if own else None) and not c.fused_projections:
-                total -= repack.scale_buffers(kernel) * 2 * SCALE_PAD  # one scale pad per fused matrix
+                total -= experts.matrices(t.shape) * repack.scale_buffers(kernel) * 2 * SCALE_PAD  # one per fused matrix
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
             total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt
         else:

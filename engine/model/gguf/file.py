@@ -16,7 +16,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 
 from engine.model.gguf.split import join_parts
-from engine.model.packing import repack
+from engine.model.packing import experts, repack
 from engine.model.embedding import GGMLRows
 from engine.model.ggml_blocks import dequantize
 from engine.model.gguf.header import PARSE_ERRORS, GGUFTensorInfo, SkippedArray, read_header
@@ -89,6 +89,15 @@ class GGUFFile:
                 self._drop_pages(name, t.offset + r0 * row_bytes, t.offset + r1 * row_bytes)
 
         return repack.from_blocks(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense, done)
+
+    def packed_experts(self, name: str, fmt: str = "packed", keep_dense: bool = True) -> list | None:
+        """A 3-D expert stack as one packed matrix per expert (engine.model.packing.experts) when `fmt` packs
+        it, else None; each tile's file pages are dropped once read."""
+        t, raw = self.rows(name)
+        if not repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt):
+            return None
+        return experts.pack_stack(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense,
+                                  lambda start, stop: self._drop_pages(name, t.offset + start, t.offset + stop))
 
     def embedding_rows(self, name: str) -> GGMLRows:
         """The table as a copy of its ggml rows (engine.model.embedding)."""

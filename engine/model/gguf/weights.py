@@ -81,9 +81,11 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     _check_types(path, [t for t, _ in todo + stacks])
     total = sum(t.nbytes for t, _ in todo + stacks) or 1
     types = {name: t.tensor_type.name for t, name in todo}
-    keep_dense = keeps_dense_copy(config, fmt, types.get)
     tied = "lm_head.weight" not in types  # the token embedding is the output head too
-    packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo)
+    types.update((name, t.tensor_type.name) for t, experts in stacks for name in experts)
+    keep_dense = keeps_dense_copy(config, fmt, types.get)
+    packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo) or any(
+        repack.keeps_packed(t.name, t.tensor_type.name, len(t.shape), fmt) for t, _ in stacks)
     fused = fused_q4.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
     expected = list(dict.fromkeys(fused[n].name if n in fused else n for n in expected))
     done = 0
@@ -110,8 +112,9 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
         done += t.nbytes
         if progress:
             progress(done / total)
-    for t, experts in stacks:  # dequantized, one (rows, cols) view per expert of the 3-D tensor
-        state.update(zip(experts, gf.tensor(t.name, dtype, device).unbind(0)))
+    for t, experts in stacks:  # one (rows, cols) matrix per expert: packed expert by expert, or dequantized
+        kept = gf.packed_experts(t.name, fmt, keep_dense)
+        state.update(zip(experts, kept if kept is not None else gf.tensor(t.name, dtype, device).unbind(0)))
         gf.release(t.name)
         done += t.nbytes
         if progress:

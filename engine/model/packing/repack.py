@@ -70,14 +70,19 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
              "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
              "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
              "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
+# a GGUF's 3-D expert stacks (experts, rows, cols): packed one expert at a time (engine.model.packing.experts)
+EXPERT_STACKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # parts fused into one matrix by the model (HF and llama.cpp names), so they share one kernel format
 _FUSED = (("q_proj.weight", "k_proj.weight", "v_proj.weight"), ("gate_proj.weight", "up_proj.weight"),
-          ("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weight", "ffn_up.weight"))
+          ("attn_q.weight", "attn_k.weight", "attn_v.weight"), ("ffn_gate.weight", "ffn_up.weight"),
+          ("ffn_gate_exps.weight", "ffn_up_exps.weight"))
 
 
 def keeps_packed(name: str, dtype: str, ndim: int, fmt: str) -> bool:
     """Whether the loader packs this stored tensor under weight format `fmt` (the memory estimate's rule too)."""
-    if fmt not in PACKED_FORMATS or ndim != 2 or not name.endswith(_MATRICES):
+    if fmt not in PACKED_FORMATS or ndim != (3 if name.endswith(EXPERT_STACKS) else 2):
+        return False
+    if not name.endswith(_MATRICES + EXPERT_STACKS):
         return False
     return fmt == "q8" or dtype not in _DENSE
 
@@ -103,7 +108,7 @@ def gguf_table(name: str, tied: bool, packs: bool) -> str | None:
         return None
     if name.endswith(("embed_tokens.weight", "token_embd.weight")):
         return "head" if tied else "rows"
-    return "head" if name.endswith(("lm_head.weight", "output.weight")) else None
+    return "head" if name.endswith("lm_head.weight") or name == "output.weight" else None  # not attn_output
 
 
 def kernel_format(dtype: str, fmt: str) -> str:

@@ -127,7 +127,7 @@ def _message(roles: list[str], required: list[str], **props: dict) -> dict:
 def message_schema(images: bool) -> dict:
     """One chat message, by role: content is required except in an assistant message that calls tools; a
     tool message names the call it answers; tool calls and reasoning belong to assistant messages; image
-    parts to user messages (when `images`: a served model can see them)."""
+    parts to user messages (when `images`: a served model may see them)."""
     user_content = ({"anyOf": [_STR, {"type": "array", "items": {"anyOf": [_TEXT_PART, _IMAGE_PART]}}]}
                     if images else _TEXT)
     assistant = {"tool_calls": nullable({"type": "array", "items": TOOL_CALL}),
@@ -181,10 +181,12 @@ def field_schemas(facts: list[ModelFacts]) -> dict[str, dict]:
     ids = _token_ids(vocab)
     model = {"enum": names} if names else _STR
     bias_key = {"propertyNames": {"pattern": below_pattern(vocab)}} if vocab else {}
+    # image parts: when a served model sees images, or one not loaded yet (or none known) might
+    images = not facts or any(f.can_see_images or not f.vocab_size for f in facts)
     return {
         "model": nullable({**model, "description": "a model's id or a loaded adapter's (GET /v1/models); "
                                                    "default: the --model one"}),
-        "messages": {"type": "array", "minItems": 1, "items": message_schema(any(f.can_see_images for f in facts))},
+        "messages": {"type": "array", "minItems": 1, "items": message_schema(images)},
         "prompt": {"anyOf": [{"type": "string", "minLength": 1}, ids,
                              {"type": "array", "minItems": 1, "maxItems": 1,
                               "items": {"anyOf": [{"type": "string", "minLength": 1}, ids]}}],

@@ -46,13 +46,21 @@ def adapter(tiny_llama_folder, tmp_path_factory):
     return write_peft_adapter(tiny_llama_folder, tmp_path_factory.mktemp("fuzz-lora") / "ada", seed=5)
 
 
+def no_model_folders(empty: Path) -> dict:
+    """The environment with the Hugging Face and Ollama model folders pointed at an empty one: the pool finds
+    no model of this machine's, so the description's ids are the test's and no fuzzed request loads a big one."""
+    import os
+
+    return {**os.environ, "HF_HUB_CACHE": str(empty), "OLLAMA_MODELS": str(empty)}
+
+
 @pytest.fixture(scope="module")
-def serve(tiny_llama_folder, adapter):
+def serve(tiny_llama_folder, adapter, tmp_path_factory):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "engine", "serve", "--model", str(tiny_llama_folder),
                              "--port", str(port), "--threads", "1", "--cache-tokens", "1024",
                              "--default-max-tokens", "8", "--lora", f"ada={adapter}"], cwd=ROOT,
-                            stdout=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=no_model_folders(tmp_path_factory.mktemp("no-models")),
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -71,13 +71,14 @@ def test_text_only_model_answers_a_clear_400_and_keeps_serving(serve):
     assert ok.choices[0].finish_reason in ("length", "stop")
 
 
-def test_openapi_describes_image_parts(serve):
+def test_openapi_describes_image_parts(serve, seeing):
+    """A server whose model sees images describes image parts; every server lists the text-only model's 400."""
     import json
     import urllib.request
 
-    spec = json.loads(urllib.request.urlopen(serve + "/openapi.json", timeout=60).read())
-    text = json.dumps(spec)
+    text = json.dumps(json.loads(urllib.request.urlopen(seeing.url + "/openapi.json", timeout=60).read()))
     assert '"const": "image_url"' in text and "model_cannot_see_images" in text and "--allow-remote-images" in text
+    assert "model_cannot_see_images" in urllib.request.urlopen(serve + "/openapi.json", timeout=60).read().decode()
 
 
 class Served:

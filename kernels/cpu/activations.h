@@ -88,7 +88,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
       a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
     }
     a.c[r] = 8.0f * d * (float)a.isum[r];
-#else
+#else  // portable
     float amax = 0.0f, sum = 0.0f;
     for (int i = 0; i < kBlock; ++i) {
       amax = std::max(amax, std::fabs(v[i]));
@@ -122,7 +122,7 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
       _mm256_storeu_si256(p + 1, _mm256_permute2x128_si256(b0, b1, 0x31));
     }
   }
-#else
+#else  // portable: the unpaired layout, which the portable dot_tile reads
   (void)pairs;
 #endif
 }
@@ -144,7 +144,7 @@ inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
     const float amax = hmax(mx);
     const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     for (int b = 0; b < 8; ++b) a.bs[sbi * 8 + b] = (int16_t)hsum_i32(quantize32(v + 32 * b, inv, q + 32 * b));
-#else
+#else  // portable
     float amax = 0.0f;
     for (int i = 0; i < q4k::kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -180,7 +180,7 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
     std::memcpy(g + i, gt, (n - i) * sizeof(float));
   }
 }
-#else
+#else  // portable: silu through std::exp
 inline void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
 }

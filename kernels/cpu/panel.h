@@ -7,6 +7,7 @@
 #include "common.h"
 
 #ifdef PD_AVX2
+#include <cstring>
 #include <vector>
 
 namespace pagedeck {
@@ -62,6 +63,80 @@ inline void transpose8(__m256i r[8]) {
     r[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
   }
 }
+
+// The panel's 16 columns as one vector of int32 or fp32 lanes (Cols16 / Cols16f): one zmm with AVX-512, two
+// ymm otherwise. A tile written once over these operations runs the same lane-wise instructions' arithmetic
+// on either (every integer exact, every float op the same op on the same lane), so both builds give the same
+// bits.
+#ifdef PD_AVX512
+struct Cols16 {
+  __m512i v;
+};
+struct Cols16f {
+  __m512 v;
+};
+inline Cols16 zero16() { return {_mm512_setzero_si512()}; }
+inline Cols16 load16(const int32_t* p) { return {_mm512_loadu_si512((const void*)p)}; }
+inline Cols16 add16(Cols16 a, Cols16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline Cols16 mullo16(Cols16 a, Cols16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
+// acc + the 4-byte dot products of u8 codes w (below 128) with the s8 word x broadcast (dpbusd)
+inline Cols16 dot16(Cols16 acc, Cols16 w, int32_t x) { return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x))}; }
+// acc + the int16 pairs of w times the int16 pair x broadcast, summed pairwise (dpwssd)
+inline Cols16 madd16(Cols16 acc, Cols16 w, int32_t x) { return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(x))}; }
+inline Cols16f zero16f() { return {_mm512_setzero_ps()}; }
+inline Cols16f load16f(const float* p) { return {_mm512_loadu_ps(p)}; }
+// acc + I * (d * dx), or acc - I * (d * dx) (Sub), one rounding of the product d dx and one of the fma
+template <bool Sub>
+inline Cols16f fma16(Cols16 I, Cols16f d, float dx, Cols16f acc) {
+  const __m512 s = _mm512_mul_ps(d.v, _mm512_set1_ps(dx));
+  const __m512 i = _mm512_cvtepi32_ps(I.v);
+  return {Sub ? _mm512_fnmadd_ps(i, s, acc.v) : _mm512_fmadd_ps(i, s, acc.v)};
+}
+// out[0..cols) = the first `cols` lanes
+inline void store16f(float* out, Cols16f v, int cols) { _mm512_mask_storeu_ps(out, (__mmask16)((1u << cols) - 1), v.v); }
+#else
+struct Cols16 {
+  __m256i v[2];
+};
+struct Cols16f {
+  __m256 v[2];
+};
+inline Cols16 zero16() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+inline Cols16 load16(const int32_t* p) {
+  return {{_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 8))}};
+}
+inline Cols16 add16(Cols16 a, Cols16 b) { return {{_mm256_add_epi32(a.v[0], b.v[0]), _mm256_add_epi32(a.v[1], b.v[1])}}; }
+inline Cols16 mullo16(Cols16 a, Cols16 b) {
+  return {{_mm256_mullo_epi32(a.v[0], b.v[0]), _mm256_mullo_epi32(a.v[1], b.v[1])}};
+}
+inline Cols16 dot16(Cols16 acc, Cols16 w, int32_t x) {
+  const __m256i b = _mm256_set1_epi32(x);
+  return {{dot_u8s8(acc.v[0], w.v[0], b), dot_u8s8(acc.v[1], w.v[1], b)}};
+}
+inline Cols16 madd16(Cols16 acc, Cols16 w, int32_t x) {
+  const __m256i b = _mm256_set1_epi32(x);
+  return {{madd_acc(acc.v[0], w.v[0], b), madd_acc(acc.v[1], w.v[1], b)}};
+}
+inline Cols16f zero16f() { return {{_mm256_setzero_ps(), _mm256_setzero_ps()}}; }
+inline Cols16f load16f(const float* p) { return {{_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}}; }
+template <bool Sub>
+inline Cols16f fma16(Cols16 I, Cols16f d, float dx, Cols16f acc) {
+  const __m256 x = _mm256_set1_ps(dx);
+  Cols16f out;
+  for (int h = 0; h < 2; ++h) {
+    const __m256 s = _mm256_mul_ps(d.v[h], x);
+    const __m256 i = _mm256_cvtepi32_ps(I.v[h]);
+    out.v[h] = Sub ? _mm256_fnmadd_ps(i, s, acc.v[h]) : _mm256_fmadd_ps(i, s, acc.v[h]);
+  }
+  return out;
+}
+inline void store16f(float* out, Cols16f v, int cols) {
+  alignas(32) float res[kCols];
+  _mm256_store_ps(res, v.v[0]);
+  _mm256_store_ps(res + 8, v.v[1]);
+  std::memcpy(out, res, cols * sizeof(float));
+}
+#endif
 
 #ifdef PD_AVX512
 // T[L] = [X[0] lane L, X[1] lane L, X[2] lane L, X[3] lane L] (128-bit lanes): a 4x4 transpose of lanes

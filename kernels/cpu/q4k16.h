@@ -151,7 +151,7 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K
     _mm256_storeu_ps(out + m * kRows + 8, acc[m][1]);
   }
 }
-#else
+#else  // portable: each row of the group through q4k's portable tile
 template <int MT>
 inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   std::vector<uint8_t> row(nsb * q4k::kBytes);

@@ -59,7 +59,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float*
   }
   for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(_mm256_setzero_ps());
 }
-#else
+#else  // portable: the same integers, scaled block by block
 template <int MT>
 inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const int16_t* xs, int64_t K,
                  int64_t nbp, int64_t m0, float* out) {

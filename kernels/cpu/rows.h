@@ -151,7 +151,7 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     for (int c = 0; c < NT; ++c) out[r * ldo + c] = hsum(acc[r][c]) + hsum(mins[r][c]);
 }
 
-#else
+#else  // portable: each block's exact integer dot product, scaled block by block
 template <int MT, int NT, int F>
 inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0, float* out, int64_t ldo) {
   constexpr bool Q4 = nibbled(F);

@@ -61,6 +61,9 @@ class PreferencesDialog(QDialog):
         self.prefs.system_prompt = self.system_prompt.toPlainText()
         self.prefs.preset = self.preset.currentData()
         self.prefs.reply_order = self.reply_order.order()
+        chats = getattr(self.parent(), "chats", None)  # the window's chat area: running replies take the new order
+        if chats is not None:
+            chats.rank_replies()
         super().accept()
 
     def reject(self) -> None:

@@ -180,11 +180,11 @@ class ChatArea(QStackedWidget):
 
     def _touch(self, chat_id: int) -> None:
         self.recent = [chat_id] + [i for i in self.recent if i != chat_id]
-        self._rank()
+        self.rank_replies()
 
-    def _rank(self) -> None:
+    def rank_replies(self) -> None:
         """The backend ranks the current chat's reply first, and the panes compared beside it as extras
-        (app.core.priorities)."""
+        (app.core.priorities); called again when the order changes, so running replies follow it."""
         focus = getattr(self.backend, "focus_chat", None)
         if focus is not None and self.recent:
             focus(self.recent[0], [p.session.chat_id for p in self.compare.panes])
@@ -225,7 +225,7 @@ class ChatArea(QStackedWidget):
             self.set_view("tiles", max(2, min(4, len(self.open_ids))))
         self.compare.setVisible(on)
         self.compare.set_panes(self.tiled() if on else [])
-        self._rank()
+        self.rank_replies()
         self.compare_changed.emit(on)
 
     def tiled(self) -> list[ChatPane]:

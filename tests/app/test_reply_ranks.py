@@ -92,3 +92,28 @@ def test_the_preferences_dialog_changes_the_order_and_says_where_it_does_not_app
         Preferences().reply_order = KINDS
 
     run(loop, body())
+
+
+def test_a_new_order_reaches_the_replies_already_running(qtbot, loop, store, tiny_model):
+    async def body():
+        service = await loaded_service(tiny_model)
+        window = make_window(qtbot, store, service)
+        pane = window.new_chat()
+        pane.session.set_settings(LONG)
+        pane.send("Tell a long story about lakes.")
+        chat = pane.session.chat_id
+        await wait_until(lambda: job_of(service, chat) is not None and job_of(service, chat).new_tokens > 0,
+                         what="the reply streaming")
+        job = job_of(service, chat)
+        assert job.priority == Priorities().of_kind("focused")
+        dlg = window.open_preferences()
+        qtbot.addWidget(dlg)
+        dlg.reply_order.list.setCurrentRow(0)
+        for _ in range(4):
+            dlg.reply_order.down.click()  # the focused chat last, after API requests
+        dlg.accept()
+        await wait_until(lambda: job.priority == BAND, what="the running reply re-ranked")
+        Preferences().reply_order = KINDS
+        await service.close()
+
+    run(loop, body())

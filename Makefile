@@ -83,7 +83,8 @@ bench-pages: $(VENV)/.peers
 # The speed goals against llama.cpp on real models' architectures and shapes (Qwen2.5-1.5B, Gemma-3-270M,
 # Llama-3.2-3B; random weights, Q4_K_M by llama.cpp's own quantizer and recipe), built once into
 # ~/.cache/pagedeck-bench (tools.bench.bench_big), each benchmarked (tools.bench.big_results: the table goes to
-# the cache's bench-big.md, or BENCH_BIG_OUT), then the paste test on the 3B file. Long (~1 h on 2 cores).
+# the cache's bench-big.md, or BENCH_BIG_OUT), then the paste test on the 3B file. Long: ~40 min of benches on
+# 2 cores, and the first time ~35 min more to build the files (6.4 GB of disk for the 3B's F16 source, meanwhile).
 # A quick check of the whole pipeline: make bench-big BENCH_BIG_FILES=smoke BENCH_BIG_ARGS="--repeats 1".
 bench-big: $(VENV)/.peers
 	$(BIN)/python -m tools.bench.big_results $(if $(BENCH_BIG_OUT),--out $(BENCH_BIG_OUT)) $(BENCH_BIG_FILES) \

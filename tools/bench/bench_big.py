@@ -63,13 +63,17 @@ def _same_parameters(path: Path, name: str) -> bool:
 
 def _write(path: Path, name: str) -> None:
     if "preset" in FILES[name]:
+        from engine.model.gguf.file import GGUFFile
+        from engine.model.weights import default_model_path
         from tools.models.llamacpp_quantized import PRESETS, write_quantized_gguf
         from tools.models.synthetic_gguf import smollm2_tokenizer
 
         p = _params(name)
         model = {**PRESETS[p["preset"]], **{k: v for k, v in p.items() if k not in ("preset", "quant", "seed")}}
-        write_quantized_gguf(path, model, p["quant"], seed=p["seed"], name=f"random {name} ({p['quant']} by llama.cpp)",
-                             add_tokenizer=smollm2_tokenizer(model["vocab"]))
+        # as `synthetic_gguf OUT --preset P --quantize Q` writes it: SmolLM2's chat template, this name
+        write_quantized_gguf(path, model, p["quant"], seed=p["seed"], add_tokenizer=smollm2_tokenizer(model["vocab"]),
+                             name=f"random {p['preset']} ({model['layers']} layers, {p['quant']} by llama.cpp)",
+                             chat_template=GGUFFile(default_model_path()).metadata["tokenizer.chat_template"])
     else:
         from tools.models.synthetic_gguf import write_random_gguf
 

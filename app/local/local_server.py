@@ -46,6 +46,7 @@ class LocalServer(QObject):
         if self.running:
             await self.stop()
         self.pool = app_pool(self.service, self.default_ttl)
+        self.pool.busy = lambda entry: self.service.replies_on(entry.served.generator) > 0  # its chats hold it
         self.server = OpenAIServer(api_key=api_key or None, pool=self.pool)
         self.server.listeners.append(self.changed.emit)
         self.pool.listeners.append(self.changed.emit)

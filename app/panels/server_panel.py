@@ -14,7 +14,7 @@ import logging
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (
     QAbstractItemView, QFormLayout, QHBoxLayout, QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox,
-    QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
+    QTableWidget, QVBoxLayout, QWidget,
 )
 
 from app.core.tasks import spawn
@@ -24,8 +24,6 @@ from app.local.served_pool import MainModelHeld
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8399
-COLUMNS = ("Model", "Memory", "Chats", "Requests", "Idle unload", "Time left", "", "")
-PIN_COLUMN, UNLOAD_COLUMN = 6, 7
 
 
 def _mib(n: int) -> str:
@@ -37,18 +35,25 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
-def ttl_text(row: dict) -> str:
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def idle_text(row: dict) -> str:
+    """How long the model stays loaded once idle, and on a line of its own the time left while it idles."""
     if row["pinned"]:
-        return "pinned"
-    return "never" if row["ttl"] is None else f"after {_duration(row['ttl'])}"
+        return "pinned: stays loaded"
+    if row["ttl"] is None:
+        return "no idle unload"
+    after = f"idle unload after {_duration(row['ttl'])}"
+    return after if row["time_left"] is None else f"{after}\nunloads in {_duration(row['time_left'])}"
 
 
-def time_left_text(row: dict) -> str:
-    if row["time_left"] is not None:
-        return _duration(row["time_left"])
-    if row["pinned"] or row["ttl"] is None:
-        return "—"
-    return "busy" if row["requests_running"] or row["chats"] else "—"
+def model_text(row: dict) -> str:
+    """A row's cell: the name, then memory and what runs on it, then its idle unload."""
+    name = row["name"] + (" (main)" if row["main"] else "")
+    return "\n".join((name, f"{_mib(row['memory_bytes'])} · {_count(row['chats'], 'chat')} · "
+                                 f"{_count(row['requests_running'], 'request')}", idle_text(row)))
 
 
 class ServerPanel(QWidget):
@@ -82,15 +87,17 @@ class ServerPanel(QWidget):
         self.status_label = QLabel()
         self.status_label.setWordWrap(True)
         self.status_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.table = QTableWidget(0, len(COLUMNS))
+        # one column, one model a row: its lines over its buttons (the tab shares a narrow column with the dashboard)
+        self.table = QTableWidget(0, 1)
         self.table.setAccessibleName("Served models")
-        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setHorizontalHeaderLabels(["Served models"])
         self.table.verticalHeader().hide()
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.table.setMinimumHeight(160)
+        self.row_labels: list[QLabel] = []
         self.pin_buttons: dict[str, QPushButton] = {}
         self.unload_buttons: dict[str, QPushButton] = {}
         self._rows: tuple = ()  # (name, pinned, main) of the rows the buttons were made for
@@ -102,7 +109,7 @@ class ServerPanel(QWidget):
         form.addRow("Host", self.host_edit)
         form.addRow("Port", self.port_spin)
         form.addRow("API key", self.key_edit)
-        form.addRow("Unload idle models after", self.ttl_spin)
+        form.addRow("Idle unload", self.ttl_spin)
         row = QHBoxLayout()
         row.addStretch(1)
         row.addWidget(self.start_button)
@@ -160,26 +167,36 @@ class ServerPanel(QWidget):
             self._tick.stop()
 
     def _fill(self, rows: list[dict]) -> None:
-        """Texts every refresh; the buttons only when the models or their pins change (focus stays put)."""
+        """Texts every refresh; the rows' widgets only when the models or their pins change (focus stays put)."""
         shape = tuple((r["name"], r["pinned"], r["main"]) for r in rows)
         if shape != self._rows:
             self._rows = shape
             self.table.setRowCount(len(rows))
-            self.pin_buttons, self.unload_buttons = {}, {}
+            self.pin_buttons, self.unload_buttons, self.row_labels = {}, {}, []
             for i, r in enumerate(rows):
-                self.table.setCellWidget(i, PIN_COLUMN, self._pin_button(r))
-                self.table.setCellWidget(i, UNLOAD_COLUMN, self._unload_button(r))
+                self.table.setCellWidget(i, 0, self._row_widget(r))
         for i, r in enumerate(rows):
-            name = r["name"] + (" (main)" if r["main"] else "")
-            texts = (name, _mib(r["memory_bytes"]), str(r["chats"]), str(r["requests_running"]), ttl_text(r),
-                     time_left_text(r))
-            for col, text in enumerate(texts):
-                item = self.table.item(i, col)
-                if item is None:
-                    item = QTableWidgetItem()
-                    self.table.setItem(i, col, item)
-                if item.text() != text:
-                    item.setText(text)
+            label = self.row_labels[i]
+            text = model_text(r)
+            if label.text() != text:
+                label.setText(text)
+                self.table.resizeRowToContents(i)  # its lines and buttons
+
+    def _row_widget(self, r: dict) -> QWidget:
+        label = QLabel()
+        label.setWordWrap(True)
+        label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.row_labels.append(label)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self._pin_button(r))
+        buttons.addWidget(self._unload_button(r))
+        buttons.addStretch(1)
+        cell = QWidget()
+        box = QVBoxLayout(cell)
+        box.setContentsMargins(4, 4, 4, 4)
+        box.addWidget(label)
+        box.addLayout(buttons)
+        return cell
 
     def _pin_button(self, r: dict) -> QPushButton:
         name = r["name"]

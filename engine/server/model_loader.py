@@ -54,6 +54,11 @@ class ModelLoader:
             await generator.close()
             raise
 
+    @staticmethod
+    async def release(served: ServedModel) -> None:
+        """Free what load() made (the pool's unload): its generator, and with it the weights and pages."""
+        await served.generator.close()
+
     @property
     def device(self) -> str:
         """Where Model.load puts a model (and so what the estimates count): "cuda" when there is a GPU, else "cpu"."""

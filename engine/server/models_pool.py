@@ -9,7 +9,8 @@ serving), each model with its own page pool and generator, so requests to two mo
 Memory: each model counts its estimate (ModelLoader.charge_bytes) against a budget; before a load, the
 least recently used unpinned idle model is unloaded until the new one fits (a busy one is waited for;
 when only pinned models are left, the request gets a 503 saying why). Idle time: a model whose last
-request ended `ttl` seconds ago is unloaded (engine.server.lifetime: --ttl, a request's ttl/keep_alive).
+request ended `ttl` seconds ago is unloaded (engine.server.lifetime: --ttl, a request's ttl/keep_alive);
+a model in use outside the pool (the app's chats, `busy`) counts as idle only once they end.
 Unknown names and failed loads answer in OpenAI's error shape with the names that are available.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .served import ServedModel
 
 log = logging.getLogger(__name__)
 RESCAN_GAP_S = 2.0  # an unknown name looks in the folders again at most this often (a client may send many)
+BUSY_POLL_S = 0.5  # how often an idle-expired model that is busy elsewhere is looked at again
 
 
 @dataclass(eq=False)
@@ -76,6 +78,8 @@ class ModelPool:
         self._closed = False
         self._scanned = float("-inf")  # time.monotonic() of the last refresh
         self.listeners: list[Callable[[], None]] = []  # called when a model loads or unloads
+        # whether a model is in use outside the pool's requests (the app's chats): its idle time waits for them
+        self.busy: Callable[[PoolModel], bool] = lambda entry: False
 
     # ---- what exists ----------------------------------------------------------------------------
     def add_loaded(self, served: ServedModel, path: str | Path | None, *, pinned: bool = True) -> PoolModel:
@@ -297,10 +301,26 @@ class ModelPool:
 
     def _expire(self, entry: PoolModel) -> None:
         entry.timer = entry.expires = None
+        if entry.active == 0 and entry.served is not None and not entry.pinned and self.busy(entry):
+            self._idle_when_free(entry)
+            return
         if entry.active == 0 and entry.served is not None and not entry.pinned:
             task = asyncio.ensure_future(self.unload(entry, "idle: unloaded after its ttl"))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _idle_when_free(self, entry: PoolModel) -> None:
+        """Used elsewhere (the app's chats): look again shortly; its idle time counts from when it is free."""
+        def again() -> None:
+            entry.timer = None
+            if entry.served is None or entry.pinned or entry.active:
+                return
+            if self.busy(entry):
+                self._idle_when_free(entry)
+            else:
+                self._start_timer(entry)
+
+        entry.timer = asyncio.get_running_loop().call_later(BUSY_POLL_S, again)
 
     # ---- what a user changes, and what they see ---------------------------------------------------
     def entry(self, name: str) -> PoolModel:

@@ -29,8 +29,8 @@ def second_model(tmp_path_factory):
 
 
 def rows(panel) -> list[list[str]]:
-    t = panel.table
-    return [[t.item(r, c).text() for c in range(6)] for r in range(t.rowCount())]
+    """Each row's cell as its lines: name, memory and what runs on it, idle unload."""
+    return [label.text().split("\n") for label in panel.row_labels]
 
 
 def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, store, tiny_model, second_model,
@@ -47,8 +47,9 @@ def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, 
         side_gen = service.beside[side].generator
         got = rows(panel)
         assert [r[0] for r in got] == [f"{main_name} (main)", side_name]
-        assert got[0][4] == "pinned" and got[1][4] == "never"  # no idle unload until set
-        assert got[1][1].endswith("MiB") and got[1][1] != "0 MiB"
+        assert got[0][2] == "pinned: stays loaded" and got[1][2] == "no idle unload"  # until set
+        memory = got[1][1].split(" · ")[0]
+        assert memory.endswith("MiB") and memory != "0 MiB" and got[1][1].endswith("0 chats · 0 requests")
         assert panel.pin_buttons[side_name].accessibleName() == f"Pin {side_name}"
         assert panel.unload_buttons[side_name].accessibleName() == f"Unload {side_name}"
         assert not panel.unload_buttons[main_name].isEnabled() and not panel.pin_buttons[main_name].isEnabled()
@@ -71,7 +72,7 @@ def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, 
             row = next(r for r in server.models() if r["name"] == side_name)
             if row["requests_running"] and row["chats"]:
                 panel.refresh()
-                assert rows(panel)[1][2:4] == ["1", "1"]  # the table counts both on that model
+                assert rows(panel)[1][1].endswith(" · 1 chat · 1 request")  # the table counts both on that model
                 status.write()
                 m = read_running(tmp_path)["models"][1]
                 seen = {"chats": m["chats_running"], "requests": m["requests_running"], "pages": m["pages_used"]}
@@ -85,20 +86,29 @@ def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, 
 
         # idle unload: the tab's setting counts down, a pin stops it, unpinning starts it again
         panel.ttl_spin.setValue(5)
-        await wait_until(lambda: rows(panel)[1][4] == "after 5:00" and rows(panel)[1][5] not in ("—", ""),
+        await wait_until(lambda: rows(panel)[1][2:] == ["idle unload after 5:00", "unloads in 5:00"],
                          what="the idle timer to show")
-        assert rows(panel)[0][5] == "—"  # the main model never idles out
+        await wait_until(lambda: rows(panel)[1][3].startswith("unloads in 4:5"), 10, "the time left to count down")
+        assert rows(panel)[0][2] == "pinned: stays loaded"  # the main model never idles out
         panel.pin_buttons[side_name].click()
-        assert rows(panel)[1][4:] == ["pinned", "—"] and server.pool.models[side_name].timer is None
+        assert rows(panel)[1][2:] == ["pinned: stays loaded"] and server.pool.models[side_name].timer is None
         assert panel.pin_buttons[side_name].accessibleName() == f"Unpin {side_name}"
         panel.pin_buttons[side_name].click()
-        assert server.pool.models[side_name].timer is not None and rows(panel)[1][4] == "after 5:00"
+        assert server.pool.models[side_name].timer is not None
+        assert rows(panel)[1][2:] == ["idle unload after 5:00", "unloads in 5:00"]
         panel.pin(main_name, False)
         assert "stays pinned" in panel.error_label.text() and server.pool.models[main_name].pinned
 
-        # a request's ttl of 0 unloads the model from the app as soon as the request ends
+        # a request's ttl of 0 unloads the model from the app as soon as it is idle: its requests and its
+        # chats ended (a chat still running on it holds it)
+        send(qtbot, pane, "keep talking")
+        await wait_until(lambda: side_gen.metrics()["active_jobs"] == 1, what="the chat to run again")
         await asyncio.to_thread(lambda: client.completions.create(model=side_name, prompt="a", max_tokens=2,
                                                                   extra_body={"ttl": 0}))
+        tokens = side_gen.metrics()["tokens_generated_total"]
+        await wait_until(lambda: side_gen.metrics()["tokens_generated_total"] > tokens + 20, what="the chat to go on")
+        assert side in service.beside and pane.session.running  # not unloaded under its chat
+        await pane.session.stop()
         await wait_until(lambda: side not in service.beside, 30, "the ttl to unload the side model")
         await wait_until(lambda: [r[0] for r in rows(panel)] == [f"{main_name} (main)"], what="the row to go")
         with pytest.raises(openai.APIStatusError):

@@ -192,7 +192,8 @@ class DynamicGenerator:
     def set_priority(self, job: DynamicJob, priority: int) -> None:
         """Re-rank a queued or running job (lower runs first, vLLM's convention); safe from any thread. It
         takes effect at the start of the next step: admission and preemption then rank the job anew (a job
-        now ranked below a queued one may give its pages to it). A job that ended meanwhile is left alone."""
+        now ranked below a queued one may give its pages to it). A job not enqueued yet is enqueued with it; one
+        that ended meanwhile is left alone."""
         self.reranks.ask(job, priority)
 
     def clear_queue(self) -> None:

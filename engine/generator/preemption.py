@@ -44,9 +44,9 @@ class Reranks:
     def ask(self, job: "DynamicJob", priority: Any) -> None:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an int, got {priority!r}")
-        if job.serial is None:
-            raise ValueError(f"{job!r} was never enqueued: set its priority when making it (DynamicJob(priority=))")
         with self._lock:
+            if job.serial is None:  # not queued yet (DynamicJobAsync enqueues on the worker): it starts with it
+                job.priority = priority
             self._asked[job] = priority
 
     def apply(self, jobs: list["DynamicJob"]) -> None:

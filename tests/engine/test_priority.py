@@ -129,15 +129,18 @@ def test_raising_a_preempted_jobs_priority_resumes_it_at_once(weights):
     check_released(gen.pagetable)
 
 
-def test_set_priority_refuses_what_it_cannot_rank(weights):
-    gen = generator(weights, 6)
-    job = DynamicJob(prompt_ids(10), 5, gen_settings=GREEDY)
-    with pytest.raises(ValueError, match="never enqueued"):
-        gen.set_priority(job, 1)
-    gen.enqueue(job)
+def test_set_priority_before_enqueue_after_the_end_and_refusing_a_non_int(weights):
+    """A job re-ranked before it is enqueued (DynamicJobAsync enqueues on the worker thread) starts ranked so."""
+    gen = generator(weights, 64, max_batch_size=1)
+    first = DynamicJob(prompt_ids(10, 1), 5, gen_settings=GREEDY, identifier="first")
+    job = DynamicJob(prompt_ids(10), 5, gen_settings=GREEDY, identifier="job")
+    gen.set_priority(job, -1)
+    gen.iterate()  # a step before it is enqueued must not lose it
+    gen.enqueue([first, job])
+    assert [r["identifier"] for r in gen.iterate() if r["stage"] == "started"] == ["job"]
     with pytest.raises(ValueError, match="priority must be an int"):
         gen.set_priority(job, "high")
-    Stream(gen).finish([job])
+    Stream(gen).finish([first, job])
     gen.set_priority(job, 3)  # ended meanwhile: nothing left to rank, no error on the next step
     gen.iterate()
 

@@ -103,6 +103,8 @@ VIOLATIONS = [
     ("chat", {"ttl": -1}, "ttl", 400),
     ("chat", {"keep_alive": "five minutes"}, "keep_alive", 400),
     ("chat", {"ttl": 5, "keep_alive": "5m"}, "keep_alive", 400),
+    ("chat", {"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", 400),
+    ("chat", {"truncate_prompt_tokens": CONTEXT + 1}, "truncate_prompt_tokens", 400),
     ("chat", {"colour": "red"}, "colour", 400),
     ("completion", {"prompt": ""}, "prompt", 400),
     ("completion", {"prompt": []}, "prompt", 400),
@@ -141,6 +143,7 @@ ACCEPTED = [
     ("completion", {"prompt": [1, 2.0, 3]}),
     ("completion", {"prompt": [[1, 2]], "logprobs": 20, "echo": False}),
     ("completion", {"prompt": ["hi"], "best_of": 1, "suffix": None, "model": "ada"}),
+    ("completion", {"truncate_prompt_tokens": CONTEXT}),
 ]
 
 

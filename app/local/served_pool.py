@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 
-class MainModelHeld(RuntimeError):
+class MainModelHeld(ValueError):
     """The main model cannot be unloaded from the Server tab (the app's chats run on it)."""
 
 

@@ -18,8 +18,6 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.tasks import spawn
-from app.local.local_server import LocalServer
-from app.local.served_pool import MainModelHeld
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,8 @@ def model_text(row: dict) -> str:
 class ServerPanel(QWidget):
     """Start/stop, host, port, key, a live request count and the served models' table."""
 
-    def __init__(self, server: LocalServer, parent: QWidget | None = None):
+    def __init__(self, server, parent: QWidget | None = None):
+        """`server`: the window's app.local.local_server.LocalServer (panels never import the backends)."""
         super().__init__(parent)
         self.server = server
         self.host_edit = QLineEdit("127.0.0.1")
@@ -228,7 +227,7 @@ class ServerPanel(QWidget):
         self.error_label.hide()
         try:
             self.server.set_pinned(name, pinned)
-        except (KeyError, MainModelHeld) as exc:  # gone meanwhile, or the main model
+        except (KeyError, ValueError) as exc:  # gone meanwhile, or the main model (served_pool.MainModelHeld)
             self.show_error(exc.args[0])
 
     def unload(self, name: str) -> asyncio.Task:
@@ -237,7 +236,7 @@ class ServerPanel(QWidget):
         async def unload() -> None:
             try:
                 await self.server.unload(name)
-            except (KeyError, MainModelHeld) as exc:
+            except (KeyError, ValueError) as exc:
                 self.show_error(exc.args[0])
 
         self._task = spawn(unload(), self.show_error)

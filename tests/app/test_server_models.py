@@ -81,6 +81,14 @@ def test_server_tab_serves_each_loaded_model_on_the_apps_generator(qtbot, loop, 
         assert side_gen.metrics()["batch_size_peak"] == 2, "the API request did not batch with the chat"
         assert seen["chats"] == seen["requests"] == 1 and seen["pages"] > 0, seen
         await pane.session.stop()
+        # the same on the main model: its chats and requests share the app's main generator
+        main_pane = win.new_chat("main chat")
+        main_pane.session.set_settings(ChatSettings(max_new_tokens=450))
+        send(qtbot, main_pane, "keep talking")
+        await wait_until(lambda: service.generator.metrics()["active_jobs"] == 1, what="the chat on the main model")
+        await asyncio.to_thread(lambda: client.completions.create(model=main_name, prompt="a", max_tokens=20))
+        assert service.generator.metrics()["batch_size_peak"] == 2, "the API request did not batch with the chat"
+        await main_pane.session.stop()
         status.remove()
         assert read_running(tmp_path) is None
 

@@ -128,7 +128,7 @@ class ModelBrowser(QWidget):
                         "Sees images: a vision tower in its config" if m.sees_images else
                         "Text only: no vision projector (mmproj*.gguf) beside it")
         item.setToolTip(0, f"{m.path}\n{m.source} · {info.arch or '?'} · "
-                           f"{human_count(info.params) if info.params else '?'} parameters")
+                           f"{info.parameter_summary() if info.params else '? parameters'}")
         if not m.supported:
             item.setFlags(item.flags() & ~Qt.ItemIsEnabled)
             for col in range(len(COLUMNS)):

@@ -199,3 +199,20 @@ def test_loading_packed_experts_peaks_near_the_file(tmp_path):
     assert rss["peak"] <= 1.3 * size, f"peak {rss['peak'] / size:.2f}x the file"
     assert rss["after"] <= 1.05 * size + 16 * MB, f"after loading {rss['after'] / size:.2f}x the file"
     assert repack.keeps_packed("blk.0.ffn_up_exps.weight", "Q4_K", 3, "packed")
+
+
+def test_model_facts_say_total_and_active_parameters(moe_gguf):
+    """The Model tab's parameter line of a mixture of experts: total, active (the router's top-k of each sparse
+    layer's experts), and the layout; a dense model says its total only."""
+    from engine.model.catalog.info import read_model_info
+
+    _, path, dense, _ = moe_gguf
+    info = read_model_info(path)
+    c = info.config
+    expert = 3 * c.hidden_size * c.moe_intermediate_size
+    assert info.params == dense.num_parameters()
+    assert info.active_params == info.params - c.num_layers * (c.num_experts - c.experts_per_token) * expert
+    assert info.parameter_summary() == (f"{info.params / 1e6:.1f}M parameters, {info.active_params / 1e6:.1f}M "
+                                        f"active, {c.num_layers} layers x 8 experts, 2 a token")
+    info.config = None
+    assert info.parameter_summary() == f"{info.params / 1e6:.1f}M parameters"

@@ -58,6 +58,25 @@ class ModelInfo:
         """Parameters one token computes with: all but the experts it does not choose (params if dense)."""
         return self.params - (self.config.inactive_expert_parameters() if self.config else 0)
 
+    def parameter_summary(self) -> str:
+        """The parameters in words, total and (a mixture of experts) active ones with the expert layout, as the
+        Model tab shows them: "30.5B parameters, 3.3B active, 48 layers x 128 experts, 8 a token"."""
+        text = f"{count_words(self.params)} parameters"
+        c = self.config
+        if c is None or not c.num_experts:
+            return text
+        sparse = sum(c.layer_is_sparse(i) for i in range(c.num_layers))
+        return (f"{text}, {count_words(self.active_params)} active, {sparse} layers x {c.num_experts} experts, "
+                f"{c.experts_per_token} a token")
+
+
+def count_words(n: int) -> str:
+    """A parameter count in short form: 30.5B, 135.0M, 12.3k."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
 
 def read_model_info(path: str | Path) -> ModelInfo:
     """Describe a .gguf file or an HF model folder from headers; problems go in .problem, never raised."""

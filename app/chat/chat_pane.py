@@ -9,14 +9,16 @@ text that varies (title, state, context meter, banner, error) is an ElidedLabel.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtCore import QEvent, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QHBoxLayout, QMenu, QPushButton, QSizePolicy, QStyle, QTabWidget, QTextBrowser, QToolButton, QToolTip, QVBoxLayout, QWidget,
 )
 
 from app.chat.attachments import Attachments, shown_images
 from app.chat.chat_session import ChatSession
+from app.chat.empty_state import EmptyState
+from app.chat.message_actions import MessageActionBar
 from app.chat.pane_actions import PaneActions
 from app.chat.pane_extras import PinnedList, QueueList
 from app.chat.pane_widgets import ACTIVITY, ColourSwatch, CompactButtons, ElidedLabel, activity_icon
@@ -26,6 +28,8 @@ from app.chat.render_scheduler import RenderScheduler
 from app.chat.reply_display import shown
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
+from app.core.presets import matching_preset
+from app.preferences.preferences import Preferences
 from app.core.formatting import stats_text
 from app.core.images import cannot_see_message, image_tokens, sees_images
 from app.panels.tool_approval import ask_approval
@@ -91,6 +95,12 @@ class ChatPane(PaneActions, QWidget):
         self.view.setOpenLinks(False)
         self.view.anchorClicked.connect(self._anchor)
         self.transcript = Transcript(self.view.document())
+        self.actions_bar = MessageActionBar(self.view, self.transcript,
+                                            lambda verb, message_id: self._anchor(QUrl(f"pd:{verb}/{message_id}")))
+        self.empty_state = EmptyState(self.view.viewport())
+        self.empty_state.example_chosen.connect(self.fill_prompt)
+        self.empty_state.preset_chosen.connect(self.use_preset)
+        self.empty_state.pick_model.connect(self._pick_model)
 
         self._follow = True  # keep the end in view; off while the user has scrolled up
         self._scrolling = False
@@ -157,7 +167,8 @@ class ChatPane(PaneActions, QWidget):
         self.footer_buttons = CompactButtons([(self.attachments.button, QStyle.StandardPixmap.SP_DirOpenIcon)])
         # Tab goes through the pane top to bottom: header buttons, the conversation, the message box, the
         # buttons under it (the image button was made after Send, which would put it last).
-        chain = [self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn, self.view, self.prompt,
+        chain = [self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn, self.view,
+                 *self.actions_bar.buttons.values(), self.prompt,
                  self.details_btn, self.attachments.button, self.send_btn]
         for a, b in zip(chain, chain[1:]):
             QWidget.setTabOrder(a, b)
@@ -195,6 +206,7 @@ class ChatPane(PaneActions, QWidget):
                                        *self._images_of(m))
         self.update_header()
         self.update_meter()
+        self.actions_bar.refresh()
         self._follow = True
         self._scroll_to_end()
 
@@ -226,6 +238,7 @@ class ChatPane(PaneActions, QWidget):
                 self._scroll_to_end()
         else:
             self.rebuild()
+        self.actions_bar.refresh()
         self.update_header()
         self.update_meter()
 
@@ -295,6 +308,7 @@ class ChatPane(PaneActions, QWidget):
 
     def update_format(self) -> None:
         """Name the prompt format the next reply is sent in (the model's template, a fallback, plain text)."""
+        self.update_empty_state()
         fmt = self.session.backend.prompt_format()
         if fmt is None:
             self.prompt_format.setText("")
@@ -307,6 +321,23 @@ class ChatPane(PaneActions, QWidget):
                     "completes text rather than answering.")
         self.prompt_format.setToolTip(tip + "\nChange it in the Model tab (Prompt format).")
         self._update_details()
+
+    def update_empty_state(self) -> None:
+        """The start page shows while the chat has no message: the model in use, the presets, examples."""
+        empty = not self.session.messages
+        self.empty_state.setVisible(empty)
+        if not empty:
+            return
+        info = getattr(getattr(self.window(), "service", None), "info", None)
+        self.empty_state.set_model(info.get("name") if isinstance(info, dict) else None)
+        presets = Preferences().presets()
+        self.empty_state.set_presets(list(presets), matching_preset(self.session.settings, presets))
+
+    def _pick_model(self) -> None:
+        """The window's "Switch model" command (a quick pick of recent models)."""
+        action = self.window().findChild(QAction, "switch_model")
+        if action is not None:
+            action.trigger()
 
     def details(self) -> str:
         """What the status line folds away: the last reply's whole stats line, the context, the prompt format."""

@@ -7,13 +7,15 @@ hands the work to the pane's ChatSession and shows a refusal as the pane's error
 from __future__ import annotations
 
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QGuiApplication, QTextCursor
 from PySide6.QtWidgets import QDialog, QFileDialog
 
 from app.chat.code_blocks import COPY_VERB
+from app.core.presets import apply_preset
 from app.core.tasks import spawn
 from app.panels.chat_tools_dialog import ChatToolsDialog
 from app.panels.settings_dialog import SettingsDialog
+from app.preferences.preferences import Preferences
 
 
 class PaneActions:
@@ -64,6 +66,21 @@ class PaneActions:
             self.prompt.clear()
         else:
             self.stop()
+
+    def fill_prompt(self, text: str) -> None:
+        """Put `text` in the message box to read and edit before sending (an example prompt)."""
+        self.prompt.setPlainText(text)
+        self.prompt.moveCursor(QTextCursor.MoveOperation.End)
+        self.prompt.setFocus()
+
+    def use_preset(self, name: str) -> None:
+        """Sample this chat's replies with preset `name` (its other settings stay)."""
+        presets = Preferences().presets()
+        if name not in presets:
+            self._show_error(f"no preset named {name!r}")
+            return
+        self.session.set_settings(apply_preset(self.session.settings, presets[name]))
+        self.update_empty_state()
 
     def regenerate(self) -> None:
         self._show_error("")

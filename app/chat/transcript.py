@@ -14,19 +14,25 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import (
-    QFont, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextImageFormat,
+    QColor, QFont, QGuiApplication, QPalette, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextFormat, QTextFrame,
+    QTextFrameFormat, QTextImageFormat,
 )
 
 from app.chat.attachments import thumbnail
 
 from app.chat.code_blocks import CODE_BACKGROUND, CodeBlocks
 from app.core.formatting import stats_text
-from app.preferences.theme import quiet_text
+from app.preferences.contrast import readable
+from app.preferences.design_tokens import SPACE, TYPE, css, roles
+from app.preferences.theme import is_dark, quiet_text
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 THUMB = 160  # px: a message's images as thumbnails under its header
 _FIRST_BLOCK_MARKUP = re.compile(r" {0,3}(`{3,}|~{3,}|#{1,6}(\s|$))")  # a fence or a heading first
 _MARKUP = re.compile(r"[\\`*_\[\]<>#|~!&:\n\r]")  # text with none of these renders as itself mid-paragraph
+# A message's actions, shown as icon buttons over the message (app.chat.message_actions), not in its header;
+# the header keeps the version arrows ‹ 1/3 › only.
+BAR_VERBS = ("edit", "copy", "branch", "regen", "continue")
 
 
 def _fence_scan(text: str, start: int = 0) -> tuple[int, int | None]:
@@ -81,6 +87,8 @@ class Transcript:
         document.setUndoRedoEnabled(False)  # a streaming transcript would grow the undo stack forever
         self._stream: _Stream | None = None
         self._header_pos = 0
+        self._into: QTextFrame | None = None  # the user message's bubble while it is being written
+        self.headers: dict[int, tuple[int, list[tuple[str, str]]]] = {}  # message id -> (header position, actions)
         mono = QFont("monospace")
         mono.setStyleHint(QFont.StyleHint.Monospace)
         self._code_block = QTextBlockFormat()
@@ -98,6 +106,20 @@ class Transcript:
     def clear(self) -> None:
         self.doc.clear()
         self._stream = None
+        self.headers.clear()
+
+    def message_at(self, position: int) -> int | None:
+        """The id of the message the document `position` lies in (None above the first one)."""
+        found = None
+        for message_id, (start, _actions) in self.headers.items():  # in document order
+            if start > position:
+                break
+            found = message_id
+        return found
+
+    def bar_actions(self, message_id: int) -> list[tuple[str, str]]:
+        """The message's actions the hover bar shows as icon buttons (verb, label)."""
+        return [(v, label) for v, label in self.headers.get(message_id, (0, []))[1] if v in BAR_VERBS]
 
     def append(self, message, actions: list[tuple[str, str]], stats=None,
                thinking: tuple[str, str, bool] | None = None, images: list | None = None,
@@ -106,14 +128,19 @@ class Transcript:
         size, tokens), its thinking as a collapsible section (label, text, expanded), Markdown body, stats
         line (assistant; a reply's images_note, about the images its prompt held, follows it)."""
         self._finish_stream()
-        self._header(message, actions)
-        if images:
-            self._images(message.id, images, images_note)
-        if thinking is not None:
-            self._thinking(message.id, *thinking)
-        self._markdown(message.content)
-        if stats is not None:
-            self._stats(stats, "" if images else images_note)
+        if message.role == "user":  # the user's turns sit in a bubble of their own colour, indented
+            self._into = self._bubble()
+        try:
+            self._header(message, actions)
+            if images:
+                self._images(message.id, images, images_note)
+            if thinking is not None:
+                self._thinking(message.id, *thinking)
+            self._markdown(message.content)
+            if stats is not None:
+                self._stats(stats, "" if images else images_note)
+        finally:
+            self._into = None
 
     def begin_stream(self, message, actions: list[tuple[str, str]]) -> None:
         self._finish_stream()
@@ -174,6 +201,7 @@ class Transcript:
             raise RuntimeError(f"end_stream() for message {message.id}, which is not streaming")
         self._cut(self._header_pos)
         self._stream = None
+        self.headers.pop(message.id, None)
         self.append(message, actions, stats, thinking, images, images_note)
 
     # --- document building ---------------------------------------------------------------------
@@ -182,11 +210,38 @@ class Transcript:
         return self.doc.characterCount() - 1
 
     def _cursor(self) -> QTextCursor:
+        if self._into is not None:  # inside a bubble: after what it holds
+            c = self._into.lastCursorPosition()
+            if c.position() > self._into.firstPosition():
+                c.insertBlock(QTextBlockFormat(), QTextCharFormat())
+            return c
         c = QTextCursor(self.doc)
         c.movePosition(QTextCursor.MoveOperation.End)
-        if self._end() > 0:  # a fresh block with plain formats, so code styling never leaks onwards
+        if c.block().length() == 1 and c.block().previous().isValid() and \
+                isinstance(self.doc.frameAt(c.block().previous().position()), QTextFrame) and \
+                self.doc.frameAt(c.block().previous().position()) is not self.doc.rootFrame():
+            c.setBlockFormat(QTextBlockFormat())  # the empty line Qt keeps after a bubble: written into
+            c.setCharFormat(QTextCharFormat())
+        elif self._end() > 0:  # a fresh block with plain formats, so code styling never leaks onwards
             c.insertBlock(QTextBlockFormat(), QTextCharFormat())
         return c
+
+    def _bubble(self) -> QTextFrame:
+        """A frame at the end of the document in the user bubble's colour (tokens), padded and indented."""
+        fmt = QTextFrameFormat()
+        fmt.setBackground(QColor(*roles(is_dark()).user_bubble))
+        fmt.setPadding(SPACE["sm"])
+        fmt.setTopMargin(SPACE["md"])
+        fmt.setLeftMargin(SPACE["xl"] * 2)
+        fmt.setBottomMargin(SPACE["xs"])
+        fmt.setBorder(0)
+        c = QTextCursor(self.doc)
+        c.movePosition(QTextCursor.MoveOperation.End)
+        if self._end() == 0:  # Qt keeps an empty line before a frame: at the top it would push the bubble down
+            line = QTextBlockFormat()
+            line.setLineHeight(0, QTextBlockFormat.LineHeightTypes.FixedHeight.value)
+            c.setBlockFormat(line)
+        return c.insertFrame(fmt)
 
     def _cut(self, pos: int) -> None:
         c = QTextCursor(self.doc)
@@ -201,13 +256,21 @@ class Transcript:
     def _header(self, message, actions: list[tuple[str, str]]) -> None:
         self._header_pos = self._end()
         c = self._cursor()
+        self.headers[message.id] = (c.block().position(), list(actions))
         fmt = QTextBlockFormat()
-        fmt.setTopMargin(10)
+        fmt.setTopMargin(0 if self._into is not None else SPACE["md"])
         c.setBlockFormat(fmt)
         who = "You" if message.role == "user" else "Assistant"
+        behind = roles(is_dark()).user_bubble if message.role == "user" else self.doc_base()
+        label = css(readable(roles(is_dark()).role_label, behind))
         links = " ".join(f'<a href="pd:{verb}/{message.id}">{html.escape(label)}</a>' if verb else html.escape(label)
-                         for verb, label in actions)
-        c.insertHtml(f"<b>{who}</b>&nbsp;&nbsp;<small>{links}</small>")
+                         for verb, label in actions if verb not in BAR_VERBS)
+        c.insertHtml(f'<b style="color: {label}">{who}</b>&nbsp;&nbsp;<small>{links}</small>')
+
+    @staticmethod
+    def doc_base() -> tuple[int, int, int]:
+        """The transcript's background: the palette's Base."""
+        return QGuiApplication.palette().color(QPalette.ColorRole.Base).getRgb()[:3]
 
     def _markdown(self, text: str) -> None:
         c = self._cursor()
@@ -254,8 +317,11 @@ class Transcript:
 
     def _stats_format(self) -> QTextCharFormat:
         fmt = QTextCharFormat()
-        fmt.setForeground(quiet_text())  # AA on the theme's background
-        fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * 0.85))
+        quiet = quiet_text()  # AA on the theme's background, and on the user's bubble inside one
+        if self._into is not None:
+            quiet = QColor(*readable(quiet.getRgb()[:3], roles(is_dark()).user_bubble))
+        fmt.setForeground(quiet)
+        fmt.setFontPointSize(max(6.0, self.doc.defaultFont().pointSizeF() * TYPE["caption"]))
         return fmt
 
     def _stats_line(self, stats) -> str:
@@ -295,7 +361,7 @@ class Transcript:
             for paragraph in text.split("\n\n"):
                 c = self._cursor()
                 fmt = QTextBlockFormat()
-                fmt.setLeftMargin(14)
+                fmt.setLeftMargin(SPACE["lg"])
                 c.setBlockFormat(fmt)
                 c.insertText(paragraph.strip(), self._stats_format())
 

@@ -55,8 +55,9 @@ def test_continue_extends_a_stopped_reply_and_regenerate_keeps_alternatives(qtbo
         first = s.messages[-1]
         first_text = first.content
         assert first.stats.eos_reason == "max_new_tokens" and s.can_continue()
-        assert pane.continue_action.isEnabled() and "continue" in pane.view.toHtml()
-        _click(pane, "continue", first.id)  # the link on the cut reply
+        assert pane.continue_action.isEnabled() and ("continue", "continue") in pane.transcript.bar_actions(first.id)
+        pane.actions_bar.show_for(first.id)
+        pane.actions_bar.buttons["continue"].click()  # the Continue button on the cut reply
         await wait_until(lambda: s.running, 10, "the continuation to start")
         await wait_until(lambda: not s.running, 60, "the continuation")
         cont = s.messages[-1]

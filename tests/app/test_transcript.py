@@ -83,9 +83,12 @@ def test_code_blocks_are_marked_and_styled_while_streaming_and_after(qapp):
 def test_header_links_and_stats_line(qapp):
     doc = QTextDocument()
     t = Transcript(doc)
-    t.append(Message(3, 1, "user", "hi", 0.0), [("edit", "edit"), ("copy", "copy")])
+    t.append(Message(3, 1, "user", "hi", 0.0), [("prev", "‹"), ("", "2/2"), ("edit", "edit"), ("copy", "copy")])
     html = doc.toHtml()
-    assert 'href="pd:edit/3"' in html and 'href="pd:copy/3"' in html
+    assert 'href="pd:prev/3"' in html and "2/2" in html  # the version arrows stay in the header
+    assert 'href="pd:edit/3"' not in html  # the actions are the hover bar's icon buttons
+    assert t.bar_actions(3) == [("edit", "edit"), ("copy", "copy")]
+    assert t.message_at(doc.characterCount() - 1) == 3
     s = ReplyStats(state="prefill", progress=0.42, prompt_tokens=300, cached_tokens=256)
     assert stats_text(s) == "prefill 42% · prompt 300 tok · cached 256 tok"
     s = ReplyStats(state="done", prompt_tokens=10, cached_tokens=0, new_tokens=5, ttft_s=0.125, tokens_per_s=31.25)

@@ -23,7 +23,7 @@ NO_HELP = {"peers.vllm_server"}
 
 
 def test_tools_holds_packages_of_commands_and_shared_helpers():
-    assert PACKAGES == ["bench", "models", "peers", "screenshots"]
+    assert PACKAGES == ["bench", "docs", "models", "peers", "screenshots"]
     assert sorted(m.name for m in pkgutil.iter_modules(tools.__path__) if not m.ispkg) == [
         "ggml_writers", "logits", "processes", "simulated_workload"]
 

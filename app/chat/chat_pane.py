@@ -29,6 +29,7 @@ from app.chat.reply_display import shown
 from app.chat.transcript import Transcript
 from app.core.chat_colours import CHAT_COLOURS
 from app.core.presets import matching_preset
+from app.preferences.design_tokens import SPACE
 from app.preferences.preferences import Preferences
 from app.core.formatting import stats_text
 from app.core.images import cannot_see_message, image_tokens, sees_images
@@ -82,7 +83,7 @@ class ChatPane(PaneActions, QWidget):
         more.addAction("Pin a document…", self.pick_document)
         self.more_btn.setMenu(more)
         head = QHBoxLayout()
-        head.setSpacing(2)
+        head.setSpacing(SPACE["xxs"])
         head.addWidget(self.swatch)
         head.addWidget(self.title, 1)
         for b in (self.settings_btn, self.regen_btn, self.stop_btn, self.more_btn):
@@ -142,17 +143,17 @@ class ChatPane(PaneActions, QWidget):
         texts.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         line = QHBoxLayout(texts)
         line.setContentsMargins(0, 0, 0, 0)
-        line.setSpacing(4)
+        line.setSpacing(SPACE["xs"])
         for label, stretch in ((self.state, 3), (self.banner, 6), (self.error, 6), (self.meter, 2)):
             line.addWidget(label, stretch)
         status = QHBoxLayout()
-        status.setSpacing(4)
+        status.setSpacing(SPACE["xs"])
         status.addWidget(texts, 1)
         for button in (self.details_btn, self.attachments.button, self.send_btn):
             status.addWidget(button)
 
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setContentsMargins(*[SPACE["xs"]] * 4)
         self.pinned_list = PinnedList(session)
         self.queue_list = QueueList(session)  # messages sent while it replies, under the prompt box
         self.queue_list.edit_requested.connect(self.start_queued_edit)

@@ -117,6 +117,24 @@ class EmptyState(QWidget):
                 self.preset_buttons[name] = b
         for name, b in self.preset_buttons.items():
             b.setChecked(name == current)
+        self.fit()
+
+    def fit(self) -> None:
+        """Drop what the height cannot hold (the last examples first, then the presets, then the model line)
+        rather than squash it: a short tile shows fewer suggestions, each one whole."""
+        groups = [[b] for b in reversed(self.example_buttons[1:])] + [
+            [self.example_buttons[0], self.examples_label], [self.presets_label, *self.preset_buttons.values()],
+            [self.model_label]]
+        for group in groups:
+            for w in group:
+                w.setVisible(True)
+        layout = self.layout()
+        for group in groups:
+            layout.activate()
+            if layout.minimumSize().height() <= self.height():
+                break
+            for w in group:
+                w.setVisible(False)
 
     def _restyle(self) -> None:
         if self._dark == is_dark():
@@ -134,4 +152,5 @@ class EmptyState(QWidget):
     def eventFilter(self, obj, e) -> bool:  # noqa: N802
         if obj is self.parentWidget() and e.type() == QEvent.Type.Resize:
             self.setGeometry(obj.rect())
+            self.fit()
         return False

@@ -10,6 +10,8 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QLabel, QSizePolicy, QStyle, QToolButton, QWidget
 
+from app.preferences.design_tokens import SPACE
+
 # How the chat list and tabs mark a chat whose reply is under way (state -> (colour, tooltip)).
 ACTIVITY = {
     "queued": ("#8a8f99", "queued: waiting for the generator"),
@@ -96,7 +98,7 @@ class ColourSwatch(QWidget):
     def __init__(self, rgb: tuple[int, int, int], parent: QWidget | None = None):
         super().__init__(parent)
         self._colour = rgb
-        self.setFixedSize(12, 12)
+        self.setFixedSize(SPACE["md"], SPACE["md"])
         self.setToolTip("this chat's colour on the page map")
 
     def colour(self) -> tuple[int, int, int]:

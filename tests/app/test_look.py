@@ -135,3 +135,23 @@ def test_token_colour_pairs_reach_aa(qapp, theme):
     }
     assert c.assistant_bubble == base.getRgb()[:3]  # the assistant's turns sit on the transcript itself
     assert not {k: round(ratio(a, b), 2) for k, (a, b) in pairs.items() if ratio(a, b) < AA}
+
+
+def test_a_short_empty_chat_drops_suggestions_rather_than_squash_them(qtbot, qapp):
+    from PySide6.QtWidgets import QPushButton, QWidget
+
+    from app.chat.empty_state import EmptyState
+
+    host = QWidget()
+    qtbot.addWidget(host)
+    empty = EmptyState(host)
+    empty.set_model(None)
+    empty.set_presets(["Precise", "Balanced"], "Balanced")
+    host.resize(460, 200)
+    host.show()
+    qtbot.waitExposed(host)
+    shown = [b for b in empty.findChildren(QPushButton) if b.isVisible()]
+    assert empty.model_btn in shown and len(shown) < 2 + 1 + len(empty.example_buttons)  # some were dropped
+    assert all(b.height() >= b.sizeHint().height() for b in shown)  # and those shown are whole
+    host.resize(460, 600)
+    assert all(b.isVisible() for b in empty.example_buttons)  # room again: every example is back

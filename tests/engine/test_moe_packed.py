@@ -227,7 +227,7 @@ def llamacpp_q4_k_m(wide_moe_folder, tmp_path_factory):
     pytest.importorskip("llama_cpp")
     from tests.llamacpp_fidelity import sequence
     from tests.oracles.llamacpp_peer import run_jobs
-    from tools.models.llamacpp_quantized import quantize
+    from tools.models._llamacpp_quantized import quantize
 
     folder = tmp_path_factory.mktemp("llamacpp_moe")
     src = write_tiny_gguf(wide_moe_folder, folder / "moe-F32.gguf", "F32")  # the default model's vocabulary
@@ -245,7 +245,7 @@ def test_packed_experts_give_llama_cpps_logits_on_its_q4_k_m_file(llamacpp_q4_k_
     dense models does not hold for either format here: llama.cpp's rounding of the activations (Q8_K per
     256) flips a near-tied router choice now and then, and a flipped expert moves that position's logits."""
     from tests.llamacpp_fidelity import kl, pagedeck_logits
-    from tools.models.llamacpp_quantized import tensor_types
+    from tools.models._llamacpp_quantized import tensor_types
 
     src, path, ids, theirs = llamacpp_q4_k_m
     types = tensor_types(path)

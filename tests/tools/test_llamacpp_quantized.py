@@ -43,7 +43,7 @@ def quantized(tmp_path_factory):
 
 
 def test_the_file_holds_llama_cpps_per_layer_mix(quantized):
-    from tools.models.llamacpp_quantized import tensor_types
+    from tools.models._llamacpp_quantized import tensor_types
 
     path, _, _ = quantized
     types = tensor_types(path)

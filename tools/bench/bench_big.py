@@ -2,7 +2,7 @@
 `python -m tools.bench.bench_big build [NAME ...]` prints their paths (`make bench-big` then benchmarks each).
 
 Files: three real models' architectures and shapes, Qwen2.5-1.5B, Gemma-3-270M and Llama-3.2-3B
-(tools.models.llamacpp_quantized.PRESETS: all their layers, their real-size vocabularies and heads), written
+(tools.models._llamacpp_quantized.PRESETS: all their layers, their real-size vocabularies and heads), written
 F16 with random weights and quantized to Q4_K_M by llama.cpp's own quantizer, so each holds llama.cpp's
 per-layer mix (BIG: what `make bench-big` measures); and Llama-3-8B shapes with 8 and with all 32 layers,
 Q4_K_M by our writers (tools.models.synthetic_gguf's copy of the recipe, the SmolLM2 vocabulary). Seed 0: the
@@ -65,7 +65,7 @@ def _write(path: Path, name: str) -> None:
     if "preset" in FILES[name]:
         from engine.model.gguf.file import GGUFFile
         from engine.model.weights import default_model_path
-        from tools.models.llamacpp_quantized import PRESETS, write_quantized_gguf
+        from tools.models._llamacpp_quantized import PRESETS, write_quantized_gguf
         from tools.models.synthetic_gguf import smollm2_tokenizer
 
         p = _params(name)

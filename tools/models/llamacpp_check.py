@@ -77,7 +77,7 @@ def compare(theirs: torch.Tensor, ours: torch.Tensor) -> dict:
 
 
 def check(path: str | Path, text: str = TEXT, greedy: int = 4) -> dict:
-    from tools.models.llamacpp_quantized import tensor_types, type_mix
+    from tools.models._llamacpp_quantized import tensor_types, type_mix
 
     path = Path(path)
     theirs = llamacpp_side(path, text, greedy)

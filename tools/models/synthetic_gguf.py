@@ -8,7 +8,7 @@ vocabulary is the embedded SmolLM2 tokenizer's (49,152 tokens), so the file load
 3's 262,144-piece SentencePiece), so the header costs what a real file's does.
 
 `--quantize Q4_K_M` (Q5_K_M, Q6_K, Q8_0, IQ4_XS, ...) hands the quantizing to llama.cpp instead
-(tools.models.llamacpp_quantized): an F16 file streamed to disk, then llama.cpp's own quantizer and per-layer
+(tools.models._llamacpp_quantized): an F16 file streamed to disk, then llama.cpp's own quantizer and per-layer
 recipe, for a `--preset` (qwen2.5-1.5b, gemma3-270m, llama3.2-3b: architecture, shapes, layers, vocabulary and
 head of the real model) or an `--arch` of a `--shape`. Without it, our own writers quantize (tools.ggml_writers),
 one type per tensor kind following a copy of llama.cpp's Q4_K_M rule for llama tensors.
@@ -214,10 +214,10 @@ def write_random_gguf(out: str | Path, shape: str = "llama3-8b", layers: int = 4
 
 def preset_model(preset: str | None, shape: str, layers: int | None, tokenizer: str, vocab: int | None,
                  tied: bool | None, arch: str = "llama") -> dict:
-    """The model --quantize writes: a named preset (tools.models.llamacpp_quantized.PRESETS) or an `arch` model
+    """The model --quantize writes: a named preset (tools.models._llamacpp_quantized.PRESETS) or an `arch` model
     of `shape` (Gemma 3 with its 512-token window), with any of layers / tokenizer / vocab / tied given on the
     command line overriding it."""
-    from tools.models.llamacpp_quantized import PRESETS
+    from tools.models._llamacpp_quantized import PRESETS
 
     if preset is not None:
         p = dict(PRESETS[preset])
@@ -239,12 +239,12 @@ def preset_model(preset: str | None, shape: str, layers: int | None, tokenizer: 
 
 def smollm2_tokenizer(vocab: int):
     """A GGUFWriter -> None writing the embedded SmolLM2 vocabulary padded to `vocab` tokens, no chat template
-    (tools.models.llamacpp_quantized's add_tokenizer for the "smollm2" tokenizer)."""
+    (tools.models._llamacpp_quantized's add_tokenizer for the "smollm2" tokenizer)."""
     return lambda w: copy_default_tokenizer(w, chat_template=False, pad_to=vocab)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tools.models import llamacpp_quantized
+    from tools.models import _llamacpp_quantized as llamacpp_quantized
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")

@@ -25,6 +25,8 @@ sends prompt rows through the packed kernel too (engine.model.model):
 decoding dense tiles of every weight for each chunk cost seconds per short follow-up on a 7B. linear() can
 still multiply prompt rows by TILE_ROWS-row dense tiles decoded from the blocks (dense_product; the same
 values, never the whole matrix). Which path a row takes depends on the row alone, never on the batch.
+
+May import: ggml_blocks and kernels only (the loader's packing builds these classes, not the reverse).
 """
 from __future__ import annotations
 

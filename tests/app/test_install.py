@@ -50,7 +50,8 @@ def test_wheel_holds_every_module_and_runtime_resource(wheel):
     for adapter in ("pirate", "bullets"):
         for f in ("adapter_config.json", "adapter_model.safetensors"):
             assert f"resources/loras/{adapter}/{f}" in names
-    assert {f"resources/icons/{p.name}" for p in (ROOT / "resources/icons").iterdir()} <= names
+    icons = {p.relative_to(ROOT).as_posix() for p in (ROOT / "resources/icons").rglob("*") if p.is_file()}
+    assert icons and icons <= names  # the window's icons and the message actions' icon set (icons/actions/)
     assert not [n for n in names if n.startswith(("tests/", "tools/", "resources/screenshots/"))]
     entry_points = zipfile.ZipFile(wheel).read("pagedeck-0.1.0.dist-info/entry_points.txt").decode()
     assert "pagedeck = app.__main__:main" in entry_points

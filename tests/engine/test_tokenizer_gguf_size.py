@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer as HFTokenizer, models
 
-from engine.model.tokenizer import gguf_vocab
+from engine.model.tokenizer import gguf_vocab, spm_merges
 from engine.model.gguf.file import GGUFFile
 from tests.engine.test_tokenizer import SPM_TEXTS, TEXTS
 from tools.models import _synthetic_vocab as synthetic_vocab
@@ -36,15 +36,9 @@ def _reference(meta: dict) -> HFTokenizer:
                       for t, k in zip(tokens, types)]
         vocab = {t: i for i, t in enumerate(tokens)}
         scores = {t: -i for i, t in enumerate(tokens)} if gemma else dict(zip(tokens, meta["tokenizer.ggml.scores"]))
-        found = []
-        for token, score in scores.items():
-            local = [(token[:i], token[i:], score) for i in range(1, len(token))
-                     if token[:i] in vocab and token[i:] in vocab]
-            local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
-            found += local
-        found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+        merges = spm_merges._merges_by_strings(vocab, scores)  # each split cut and looked up as strings
         unk = tokens[meta["tokenizer.ggml.unknown_token_id"]]
-        reference = HFTokenizer(models.BPE(vocab, [(a, b) for a, b, _ in found], unk_token=unk, fuse_unk=True,
+        reference = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True,
                                            byte_fallback=True))
     built = gguf_vocab.from_gguf(meta, "reference")  # the same normalizer, pre-tokenizer and decoder
     reference.normalizer, reference.pre_tokenizer, reference.decoder = (

@@ -74,11 +74,16 @@ Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2)
 Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0)
 Q4K = Format("q4k", 3, {"Q4_K": 0}, SUPER, 144, 0, grouped_id=4)
 Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
+# the 4-bit lookup-table family (kernels/cpu/lut4.h): the file's blocks as they are, their scales inside them
+MXFP4 = Format("mxfp4", 7, {"MXFP4": 0}, GROUP, 17, 0)  # E8M0 exponent byte + 32 E2M1 codes
+IQ4NL = Format("iq4nl", 8, {"IQ4_NL": 0}, GROUP, 18, 0)  # fp16 d + 32 codes into kvalues_iq4nl
+IQ4XS = Format("iq4xs", 9, {"IQ4_XS": 0}, SUPER, 136, 0)  # fp16 d, eight 6-bit scales, 256 codes (IQ4_NL's table)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5)}
-REQUANTIZED = Q8  # every stored type no format holds exactly (Q5_K, Q2_K, F16, ...) becomes this one
+FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS)}
+REQUANTIZED = Q8  # every stored type no format holds exactly (Q5_K, Q2_K, IQ2_XS, F16, ...) becomes this one
 HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() for t in f.exact}  # GGUF type name -> its format
-_CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5"}
+_CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
+              "iq4xs": "kIQ4XS"}
 _CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16"}
 
 

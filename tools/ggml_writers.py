@@ -1,5 +1,5 @@
-"""Writing ggml blocks (Q4_K, Q5_K, Q6_K with plain, not llama.cpp's search-based, quantizers; gguf.quants
-for the other types): the inverse of engine.model.ggml_blocks, for the GGUFs tests and benchmarks make."""
+"""Writing ggml blocks (Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with plain, not llama.cpp's search-based,
+quantizers; gguf.quants for the other types): the inverse of engine.model.ggml_blocks, for the GGUFs tests and benchmarks make."""
 from __future__ import annotations
 
 import numpy as np
@@ -76,11 +76,50 @@ def quantize_q6_k(w: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(w.shape[0], -1)
 
 
+_IQ4NL = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.float32)
+
+
+def _iq4_codes(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """(nb, g, 32) weights and (nb, g, 1) block scales -> the 16 bytes a block of IQ4_NL's nearest table codes."""
+    v = torch.where(s != 0, x / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(x))
+    q = (v[..., None] - _IQ4NL).abs().argmin(-1).to(torch.uint8).reshape(*x.shape[:2], 2, 16)
+    return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(x.shape[0], -1)
+
+
+def _signed_max(x: torch.Tensor) -> torch.Tensor:
+    """The value of largest magnitude of each last-dim run, with its sign (keepdim)."""
+    return x.gather(-1, x.abs().argmax(-1, keepdim=True))
+
+
+def quantize_iq4_nl(w: torch.Tensor) -> torch.Tensor:
+    """(rows, K) float -> IQ4_NL bytes (rows, K/32*18): d = the block's largest-magnitude weight / -127 (it then
+    meets the table's -127 exactly), codes the nearest table values. A plain, not llama.cpp's search-based, one."""
+    x = w.float().reshape(-1, 1, 32)
+    d = (_signed_max(x) / -127).to(torch.float16)
+    return torch.cat([_half_bytes(d), _iq4_codes(x, d.float())], dim=1).reshape(w.shape[0], -1)
+
+
+def quantize_iq4_xs(w: torch.Tensor) -> torch.Tensor:
+    """(rows, K) float -> IQ4_XS bytes (rows, K/256*136): per 32 a 6-bit scale ls - 32 in -32..31 under an fp16 d
+    per 256, codes the nearest IQ4_NL table values. A plain quantizer, as quantize_iq4_nl."""
+    x = w.float().reshape(-1, 8, 32)
+    s = _signed_max(x) / -127  # (nb, 8, 1)
+    d = (s.abs().amax(1, keepdim=True) / 32).to(torch.float16).float()  # (nb, 1, 1)
+    ls = torch.where(d > 0, (s / d.clamp_min(1e-30)).round(), torch.zeros_like(s)).clamp(-32, 31).to(torch.int32) + 32
+    ls = ls.reshape(-1, 8)
+    high = sum(((ls[:, i] >> 4) & 3) << (2 * i) for i in range(8)).to(torch.int16).view(torch.uint8).reshape(-1, 2)
+    low = ((ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)).to(torch.uint8)
+    codes = _iq4_codes(x, d * (ls - 32).float()[..., None])
+    return torch.cat([_half_bytes(d), high, low, codes], dim=1).reshape(w.shape[0], -1)
+
+
 def quantize(t: torch.Tensor, qtype) -> np.ndarray:
-    """ggml bytes of a 2-D float tensor: our writers for K-quants, gguf.quants for the rest."""
+    """ggml bytes of a 2-D float tensor: our writers for K-quants and the IQ4 types, gguf.quants for the rest."""
     writers = {GGMLQuantizationType.Q4_K: quantize_q4_k,
                GGMLQuantizationType.Q5_K: quantize_q5_k,
-               GGMLQuantizationType.Q6_K: quantize_q6_k}
+               GGMLQuantizationType.Q6_K: quantize_q6_k,
+               GGMLQuantizationType.IQ4_NL: quantize_iq4_nl,
+               GGMLQuantizationType.IQ4_XS: quantize_iq4_xs}
     if qtype in writers:
         return writers[qtype](t.float()).numpy()
     return gguf_quantize(t.float().numpy(), qtype)

@@ -1,5 +1,7 @@
 """ggml's K-quant blocks (Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
-the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs).
+the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs); below them the
+exact decoders of every type the loader reads fast (Q8_0, Q4_0, Q4_1, and the 4-bit lookup-table types MXFP4,
+IQ4_NL, IQ4_XS: codes into a 16-entry table times one scale a 32 weights).
 
 Super-blocks hold 256 weights. Q4_K/Q5_K: fp16 d and dmin, twelve bytes packing eight 6-bit scales and
 mins (one per 32 weights), then 4-bit codes (plus one high bit per weight for Q5_K): w = d*sc*q - dmin*m.
@@ -106,7 +108,50 @@ def _dq_q4_1(b: torch.Tensor, out: torch.Tensor) -> None:
     torch.addcmul(m, qs >> 4, d, out=out[:, 1])
 
 
+# The 4-bit lookup-table types (kernels/cpu/lut4.h): MXFP4's E2M1 values doubled, IQ4_NL's (and IQ4_XS's) table
+KVALUES_MXFP4 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _lut_nibbles(qs: torch.Tensor, table: tuple[int, ...]) -> torch.Tensor:
+    """(nb, 16 g) bytes -> (nb, g, 32) fp32 table values: per 16 bytes the low nibbles are weights 0..15, the high
+    ones 16..31."""
+    q = qs.reshape(qs.shape[0], -1, 1, 16)
+    codes = torch.cat([q & 0x0F, q >> 4], dim=2).reshape(qs.shape[0], -1, 32).long()
+    return torch.tensor(table, dtype=torch.float32, device=qs.device)[codes]
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """2^(e - 128) in fp32, exactly (ggml's e8m0_to_fp32_half: MXFP4's scale with its doubled values)."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, torch.tensor(0x00200000, dtype=torch.int32) << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _dq_mxfp4(b: torch.Tensor, out: torch.Tensor) -> None:
+    torch.mul(_lut_nibbles(b[:, 1:], KVALUES_MXFP4)[:, 0], e8m0_half(b[:, :1]), out=out)
+
+
+def _dq_iq4_nl(b: torch.Tensor, out: torch.Tensor) -> None:
+    torch.mul(_lut_nibbles(b[:, 2:], KVALUES_IQ4NL)[:, 0], half(b, 0), out=out)
+
+
+def iq4_xs_scales(b: torch.Tensor) -> torch.Tensor:
+    """IQ4_XS super-blocks (nb, 136) -> their eight per-32 scales d * (ls - 32), fp32 (nb, 8), exact."""
+    high = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32)  # 16 bits: 2 a scale
+    low = b[:, 4:8].to(torch.int32)
+    shifts = torch.arange(8, device=b.device)
+    ls = ((low[:, shifts // 2] >> (4 * (shifts % 2))) & 0x0F) | (((high >> (2 * shifts)) & 3) << 4)
+    return half(b, 0) * (ls - 32).float()
+
+
+def _dq_iq4_xs(b: torch.Tensor, out: torch.Tensor) -> None:
+    torch.mul(_lut_nibbles(b[:, 8:], KVALUES_IQ4NL), iq4_xs_scales(b)[..., None], out=out.view(-1, 8, 32))
+
+
 _FAST = {
+    GGMLQuantizationType.MXFP4: _dq_mxfp4, GGMLQuantizationType.IQ4_NL: _dq_iq4_nl,
+    GGMLQuantizationType.IQ4_XS: _dq_iq4_xs,
     GGMLQuantizationType.Q8_0: _dq_q8_0, GGMLQuantizationType.Q4_0: _dq_q4_0, GGMLQuantizationType.Q4_1: _dq_q4_1,
     GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q5_K: dequantize_q5_k,
     GGMLQuantizationType.Q6_K: dequantize_q6_k,

@@ -8,8 +8,8 @@
 namespace pagedeck {
 namespace formats {
 
-enum Format : int { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6 };
-constexpr int64_t kCount = 7;
+enum Format : int { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6, kMXFP4 = 7, kIQ4NL = 8, kIQ4XS = 9 };
+constexpr int64_t kCount = 10;
 
 struct Layout {
   int64_t values;      // weights a block
@@ -27,6 +27,9 @@ constexpr Layout kLayouts[kCount] = {
     {256, 144, 0, 16, "q4k grouped"},  // kQ4K16
     {32, 20, 2, 1, "q5"},  // kQ5
     {32, 32, 1, 16, "q8 grouped"},  // kQ8G
+    {32, 17, 0, 1, "mxfp4"},  // kMXFP4
+    {32, 18, 0, 1, "iq4nl"},  // kIQ4NL
+    {256, 136, 0, 1, "iq4xs"},  // kIQ4XS
 };
 
 }  // namespace formats

@@ -12,6 +12,8 @@
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
+//   mxfp4, iq4nl, iq4xs: GGUF MXFP4 / IQ4_NL / IQ4_XS blocks as the file stores them (lut4.h): 4-bit codes into a
+//       16-entry int8 table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -32,6 +34,7 @@
 #include "common.h"
 #include "formats.h"
 #include "kquant.h"
+#include "lut4.h"
 #include "ops.h"
 #include "q4k.h"
 #include "q4k16.h"
@@ -66,7 +69,11 @@ using formats::kQ8G;
 static_assert(formats::kLayouts[kQ5].code_bytes == q5::kBytes && formats::kLayouts[kQ6].code_bytes == q6::kBytes &&
                   formats::kLayouts[kQ4K].code_bytes == q4k::kBytes &&
                   formats::kLayouts[kQ4K16].code_bytes * formats::kLayouts[kQ4K16].rows == q4k16::kGroupBytes &&
-                  formats::kLayouts[kQ8G].rows == q8g::kRows && formats::kLayouts[kQ4K].values == q4k::kSuper,
+                  formats::kLayouts[kQ8G].rows == q8g::kRows && formats::kLayouts[kQ4K].values == q4k::kSuper &&
+                  formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
+                  formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
+                  formats::kLayouts[formats::kIQ4XS].code_bytes == lut4::Iq4xs::kBytes &&
+                  formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues,
               "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
 
 using rows::Weights;
@@ -84,6 +91,10 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
   }
   if (F == kQ4K) {
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
+    return;
+  }
+  if constexpr (lut4::kIs<F>) {
+    lut4::weight_row<typename lut4::Of<F>::type>(w.qs, w.K, a, M, n, out);
     return;
   }
   int64_t m = 0;
@@ -144,7 +155,9 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 template <int F>
 gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, std::vector<float>& dw) {
   if (F == kQ8G) return q8g::view(w.qs, w.d, w.nb, n0 / q8g::kRows, dw);
-  if (F == kQ4K16) {
+  if constexpr (lut4::kIs<F>) {
+    lut4::unpack_panel<typename lut4::Of<F>::type>(w.qs, w.nb, n0, cols, panel);
+  } else if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
@@ -161,7 +174,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16;
-  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G ? (int)gemm::kQ8 : F;
+  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
@@ -236,6 +249,9 @@ void with_format(Format f, Fn&& fn) {
     case kQ4K16: return fn(std::integral_constant<int, kQ4K16>{});
     case kQ5: return fn(std::integral_constant<int, kQ5>{});
     case kQ8G: return fn(std::integral_constant<int, kQ8G>{});
+    case formats::kMXFP4: return fn(std::integral_constant<int, formats::kMXFP4>{});
+    case formats::kIQ4NL: return fn(std::integral_constant<int, formats::kIQ4NL>{});
+    case formats::kIQ4XS: return fn(std::integral_constant<int, formats::kIQ4XS>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }

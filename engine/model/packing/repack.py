@@ -14,7 +14,10 @@ which type exactly; every other type becomes q8):
   * Q8_0 -> q8, exact.
   * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
     Q4_K_M file's output head and half its ffn_down are Q6_K).
-  * Q5_K and every other type (Q2_K, Q3_K, IQ*): the exact decode re-quantized as Q8_0, per 32
+  * MXFP4 -> mxfp4, IQ4_NL -> iq4nl, IQ4_XS -> iq4xs: the file's blocks as they are (exact; 4.25, 4.5 and
+    4.25 bits a weight, gpt-oss's experts and llama.cpp's IQ4 mixes), 4-bit codes looked up in the format's
+    16-entry table by the kernels (kernels/cpu/lut4.h). As q8 they read 2x the bytes a token.
+  * Q5_K and every other type (Q2_K, Q3_K, the other IQ types): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
   * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
@@ -37,7 +40,7 @@ bigger model sends prompt rows through the packed kernels too, so resident memor
 (a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone,
 never on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
 Where a matrix's kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as
-q8, Q6_K, Q4_K)
+q8, Q6_K, Q4_K, MXFP4, IQ4_NL, IQ4_XS)
 no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
 bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
 fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
@@ -58,7 +61,7 @@ from kernels.packed import (SCALE_PAD, group_superblocks, groupable, pack_nibble
 from ... import envs
 from . import repack_fast
 from ..ggml_blocks import dequantize, half, q4_k_affine
-from ..qlinear import PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
+from ..qlinear import LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
@@ -228,13 +231,14 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
             if done is not None:
                 done(r0, min(r0 + step, n))
         return Q4KLinear(groups, exact, grouped=True)
-    if kernel_format(qtype.name, fmt) in ("q6", "q4k"):  # the file's super-blocks, copied
+    kind = kernel_format(qtype.name, fmt)
+    if kind in ("q6", "q4k") or kind in LUT4_CLASSES:  # the file's blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):
             qs[r0:r0 + step] = rows[r0:r0 + step]
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return (Q6Linear if qtype == Q.Q6_K else Q4KLinear)(qs, exact)
+        return LUT4_CLASSES.get(kind, Q6Linear if qtype == Q.Q6_K else Q4KLinear)(qs, exact)
     if kernel_format(qtype.name, fmt) == "q5":
         return _q5_from_blocks(rows, qtype, (n, k), exact, step, done)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits

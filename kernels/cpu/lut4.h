@@ -1,0 +1,216 @@
+// The 4-bit lookup-table family: formats whose 4-bit codes are indices into a 16-entry table of int8 values,
+// one exact fp32 scale per 32 weights, kept as the file stores their blocks (the scales inside them):
+//   mxfp4 (GGUF MXFP4, gpt-oss's experts): 17 bytes a 32 weights: one E8M0 exponent byte e, 16 bytes of
+//     nibbles; w = kvalues_mxfp4[code] * 2^(e - 128) (the E2M1 values doubled, so the exponent is one lower:
+//     ggml's e8m0_to_fp32_half). The scale spans 2^-128..2^127, beyond fp16: it is kept as its byte.
+//   iq4nl (GGUF IQ4_NL): 18 bytes a 32 weights: fp16 d, 16 bytes of nibbles; w = d * kvalues_iq4nl[code].
+//   iq4xs (GGUF IQ4_XS): 136 bytes a 256 weights: fp16 d, 16 high and 32 low bits of eight 6-bit scales ls
+//     (one a 32 weights), 128 bytes of nibbles (16 a 32); w = d (ls - 32) * kvalues_iq4nl[code].
+// In every block of 32 the low nibbles of its 16 bytes are weights 0..15, the high ones 16..31 (q4's order).
+// Each block's scale is an exact fp32 value (a power of two; an fp16 value; an fp16 value times an integer
+// below 33 in magnitude), so the blocks hold the file's weights exactly.
+//
+// The product is q8's (rows.h, qgemm.h): a code becomes its table value stored as u8 v + 128 by one vpshufb of
+// the table, then meets the int8 activations through q8::dot (dpbusd, taking 128 * sum(x) out once a block
+// with VNNI; |v| * sign(x, v) on AVX2); every block's integer sum is exact, and the float part is q8's
+// sequence: lane j % 8 of an accumulator takes fma(sum, d_w * d_x, acc) per block j, the result hsum(acc) +
+// hsum(0). The GEMM path fills q8's panel (codes u8 v + 128, dw the fp32 block scales) and runs q8's tiles,
+// which repeat that sequence, so prompt rows and decode rows give the same bits whatever the batch.
+#pragma once
+
+#include "activations.h"
+#include "common.h"
+#include "formats.h"
+#include "panel.h"
+#include "q8.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace pagedeck {
+namespace lut4 {
+
+// the 16 table values, each stored as u8 v + 128 (q8's form of an int8 code)
+inline constexpr int8_t kMxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+// 2^(e - 128) exactly (e = 0 and 1 are fp32 subnormals), ggml's e8m0_to_fp32_half
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// A format of the family: its block bytes (kBytes a kValues weights), its table, and per block of 32 weights
+// (j counts them along a row) the 16 nibble bytes and the exact fp32 scale.
+struct Mxfp4 {
+  static constexpr int64_t kValues = 32, kBytes = 17;
+  static constexpr const int8_t* kTable = kMxfp4;
+  static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j * kBytes + 1; }
+  static float scale(const uint8_t* row, int64_t j) { return e8m0_half(row[j * kBytes]); }
+};
+
+struct Iq4nl {
+  static constexpr int64_t kValues = 32, kBytes = 18;
+  static constexpr const int8_t* kTable = kIq4nl;
+  static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j * kBytes + 2; }
+  static float scale(const uint8_t* row, int64_t j) { return half_at(row + j * kBytes); }
+};
+
+struct Iq4xs {
+  static constexpr int64_t kValues = 256, kBytes = 136;
+  static constexpr const int8_t* kTable = kIq4nl;
+  static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j / 8 * kBytes + 8 + 16 * (j % 8); }
+  static float scale(const uint8_t* row, int64_t j) {
+    const uint8_t* sb = row + j / 8 * kBytes;
+    const int b = (int)(j % 8);
+    uint16_t high;
+    std::memcpy(&high, sb + 2, 2);
+    const int ls = ((sb[4 + b / 2] >> (4 * (b % 2))) & 0x0F) | (((high >> (2 * b)) & 3) << 4);
+    return half_at(sb) * (float)(ls - 32);
+  }
+};
+
+// The family's member of format id F (formats.h); void for the other formats
+template <int F>
+struct Of {
+  using type = void;
+};
+template <>
+struct Of<formats::kMXFP4> {
+  using type = Mxfp4;
+};
+template <>
+struct Of<formats::kIQ4NL> {
+  using type = Iq4nl;
+};
+template <>
+struct Of<formats::kIQ4XS> {
+  using type = Iq4xs;
+};
+template <int F>
+constexpr bool kIs = !std::is_void<typename Of<F>::type>::value;
+
+// code i (0..15) of block j of a row
+template <class B>
+inline int code(const uint8_t* row, int64_t j, int i) {
+  const uint8_t b = B::nibbles(row, j)[i & 15];
+  return i < 16 ? (b & 15) : (b >> 4);
+}
+
+#ifdef PD_AVX2
+// the table as u8 v + 128 in both 128-bit lanes (vpshufb's lookup)
+template <class B>
+inline __m256i table() {
+  alignas(16) uint8_t t[16];
+  for (int i = 0; i < 16; ++i) t[i] = (uint8_t)(B::kTable[i] + 128);
+  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)t));
+}
+
+// the 32 table values (u8 v + 128) of the 16 nibble bytes at p, in weight order
+inline __m256i values(const uint8_t* p, __m256i tab) {
+  const __m128i low = _mm_set1_epi8(0x0F);
+  const __m128i raw = _mm_loadu_si128((const __m128i*)p);
+  const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+  return _mm256_shuffle_epi8(tab, idx);
+}
+
+// out[r] = weight row `row` (nb blocks of 32) . activation rows m0..m0+MT (quantize_rows without pairs)
+template <class B, int MT>
+inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, float* out) {
+  const __m256i tab = table<B>(), zero = _mm256_setzero_si256();
+  __m256 acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t j0 = 0; j0 < nb; j0 += 8) {
+    const int len = (int)std::min<int64_t>(8, nb - j0);
+    {  // the row streams kPrefetch bytes ahead
+      const char* q = (const char*)B::nibbles(row, j0) + kPrefetch;
+      for (int64_t b = 0; b < 8 * 32 * B::kBytes / B::kValues; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+    }
+    __m256i c[8];
+    alignas(32) float dw[8] = {};
+    for (int k = 0; k < len; ++k) {
+      c[k] = values(B::nibbles(row, j0 + k), tab);
+      dw[k] = B::scale(row, j0 + k);
+    }
+    const __m256 dwv = _mm256_load_ps(dw);
+    for (int r = 0; r < MT; ++r) {
+      const int8_t* x = a.q.data() + ((m0 + r) * nb + j0) * kBlock;
+      __m256i s[8];
+      for (int k = 0; k < 8; ++k) s[k] = k < len ? q8::dot(c[k], _mm256_loadu_si256((const __m256i*)(x + 32 * k))) : zero;
+      // lane k of `sums` = block j0 + k's exact sum: halves [blocks 0-3 | 0-3] and [4-7 | 4-7] added across lanes
+      const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+      const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+      __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+      const int64_t at = (m0 + r) * a.nbp + j0;
+      if (kVnni)  // u x - 128 x: the block sums of v x (padding blocks: 0 - 0)
+        sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dwv, _mm256_loadu_ps(a.d.data() + at)), acc[r]);
+    }
+  }
+  for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(_mm256_setzero_ps());
+}
+
+// The GEMM path's panel of weight rows n0..n0+cols in q8's form (panel.h): codes the table values stored
+// u8 v + 128 ([block][4-byte step][column], 8 columns transposed at a time), dw the blocks' fp32 scales; q8's
+// tiles (qgemm.h) multiply it.
+template <class B>
+inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
+  using gemm::kCols;
+  const int64_t row_bytes = nb * kBlock / B::kValues * B::kBytes;
+  const __m256i tab = table<B>();
+  p.codes.resize(nb * 8 * kCols);
+  p.dw.assign(nb * kCols, 0.0f);
+  p.zw.assign(nb * kCols, 0.0f);
+  p.slo.clear();
+  p.shi.clear();
+  for (int g = 0; g < kCols; g += 8) {
+    for (int64_t j = 0; j < nb; ++j) {
+      __m256i r[8];
+      for (int c = 0; c < 8; ++c)
+        r[c] = g + c < cols ? values(B::nibbles(qs + (n0 + g + c) * row_bytes, j), tab) : _mm256_setzero_si256();
+      gemm::transpose8(r);
+      int32_t* dst = p.codes.data() + j * 8 * kCols + g;
+      for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
+    }
+  }
+  for (int c = 0; c < cols; ++c)
+    for (int64_t j = 0; j < nb; ++j) p.dw[j * kCols + c] = B::scale(qs + (n0 + c) * row_bytes, j);
+}
+
+#else  // portable: each block's exact integer sum, scaled block by block
+template <class B, int MT>
+inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, float* out) {
+  for (int r = 0; r < MT; ++r) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < nb; ++j) {
+      const int8_t* x = a.q.data() + ((m0 + r) * nb + j) * kBlock;
+      int32_t s = 0;
+      for (int i = 0; i < kBlock; ++i) s += B::kTable[code<B>(row, j, i)] * x[i];
+      acc += (float)s * (B::scale(row, j) * a.d[(m0 + r) * a.nbp + j]);
+    }
+    out[r] = acc;
+  }
+}
+#endif
+
+// out[m] = weight row n . activation row m (a: quantize_rows without pairs), 4 activation rows sharing each
+// unpacked block: the decode path, and what the MoE dispatch calls per expert row
+template <class B>
+inline void weight_row(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t n, float* out) {
+  const int64_t nb = K / kBlock;
+  const uint8_t* row = qs + n * (K / B::kValues) * B::kBytes;
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) tile<B, 4>(row, nb, a, m, out + m);
+  for (; m < M; ++m) tile<B, 1>(row, nb, a, m, out + m);
+}
+
+}  // namespace lut4
+}  // namespace pagedeck

@@ -17,8 +17,9 @@ LINK = 40.0  # the lm_head row of a script step is this times the step's (normed
 
 
 def write_scripted_model(folder: str | Path, script: list[str], chat_template: str, *, start: str = "\n",
-                         end: str = "<|im_end|>", arch: str = "qwen3") -> Path:
-    """Write the model folder; `script` pieces are added as tokens (those not already single tokens)."""
+                         end: str = "<|im_end|>", arch: str = "qwen3", special: tuple[str, ...] = ()) -> Path:
+    """Write the model folder; `script` pieces are added as tokens (those not already single tokens);
+    `special` tokens are added first, as special tokens (a vocabulary's control tokens, such as harmony's)."""
     from safetensors.torch import load_file, save_file
     from tokenizers import AddedToken, Tokenizer as HFTokenizer
 
@@ -32,6 +33,7 @@ def write_scripted_model(folder: str | Path, script: list[str], chat_template: s
         ids = hf.encode(text, add_special_tokens=False).ids
         return ids[0] if len(ids) == 1 else None
 
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special if single(t) is None])
     hf.add_tokens([AddedToken(p, special=False, normalized=False) for p in script if single(p) is None])
     vocab = hf.get_vocab_size(with_added_tokens=True)
     write_tiny_model(folder, arch, tie=False, vocab_size=vocab)

@@ -3,7 +3,8 @@
 Which markers a model uses is read off its chat template (the template that strips old thinking from
 the history names them): `<think>`/`</think>` for Qwen3, QwQ, DeepSeek-R1 and its distills, SmolLM3 and
 Phi-4-reasoning; `[THINK]`/`[/THINK]` for Mistral's Magistral. A template without markers has no
-reasoning, and its replies pass through untouched.
+reasoning, and its replies pass through untouched. A harmony template (gpt-oss) gets HARMONY: its
+thinking is the `analysis` channel, which engine.chat.harmony_parser reads instead of this splitter.
 
 Reasoning is recognised only where the model starts it: at the very start of the reply (after
 whitespace), or already open when the generation prompt itself ends inside a think block (DeepSeek-R1
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .harmony import END, uses_harmony
+
 
 @dataclass(frozen=True)
 class ReasoningMarkers:
@@ -31,12 +34,16 @@ class ReasoningMarkers:
 THINK = ReasoningMarkers("<think>", "</think>")
 MISTRAL_THINK = ReasoningMarkers("[THINK]", "[/THINK]")
 KNOWN_MARKERS = (THINK, MISTRAL_THINK)
+# harmony's analysis channel (gpt-oss): the reply is read by channels (engine.chat.harmony_parser)
+HARMONY = ReasoningMarkers("<|channel|>analysis<|message|>", END)
 
 
 def reasoning_markers(template: str | None) -> ReasoningMarkers | None:
     """The markers a chat template's source uses for thinking, or None (not a reasoning template)."""
     if not template:
         return None
+    if uses_harmony(template):
+        return HARMONY
     for markers in KNOWN_MARKERS:
         if markers.end in template:
             return markers
@@ -149,7 +156,14 @@ class ReasoningParser:
 
 def split_reasoning(text: str, markers: ReasoningMarkers | None = THINK, *,
                     in_reasoning: bool = False) -> tuple[str, str]:
-    """(reasoning, content) of a whole reply, exactly as streaming it through ReasoningParser gives."""
+    """(reasoning, content) of a whole reply, exactly as streaming it through ReasoningParser gives (a
+    harmony reply, markers HARMONY: its analysis and its answer channels, calls left out)."""
+    if markers is HARMONY:
+        from .harmony_parser import HarmonyParser
+
+        harmony = HarmonyParser()
+        parts = [harmony.feed(text), harmony.finish()]
+        return "".join(p.reasoning for p in parts), "".join(p.content for p in parts)
     parser = ReasoningParser(markers, in_reasoning=in_reasoning)
     parser.feed(text)
     parser.finish()

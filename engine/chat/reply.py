@@ -5,31 +5,18 @@ call parser (a call written while thinking is a thought, not a call). When the o
 are known, the text that parser lets through goes on to the plain JSON call parser (engine.chat.
 json_tool_calls: the fenced or bare JSON calls small models write instead of their format's markers).
 The server turns the deltas into OpenAI's `reasoning_content`, `content` and `tool_calls`; the app shows
-them the same way.
+them the same way. A harmony reply (gpt-oss: markers HARMONY) is made of channels instead, and
+engine.chat.harmony_parser reads all three parts from them.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
+from .harmony_parser import HarmonyParser
 from .json_tool_calls import JsonCallParser
-
-from .reasoning import ReasoningMarkers, ReasoningParser, reasoning_markers, starts_in_reasoning
+from .reasoning import HARMONY, ReasoningMarkers, ReasoningParser, reasoning_markers, starts_in_reasoning
+from .reply_delta import ReplyDelta
 from .tool_calls import ToolCall, ToolCallFormat, ToolCallPiece
-
-
-@dataclass
-class ReplyDelta:
-    """What one piece of the reply adds: thinking text, answer text, complete tool calls, and the calls'
-    streamed pieces (engine.chat.tool_call_pieces: a call's name first, then its arguments as written)."""
-
-    reasoning: str = ""
-    content: str = ""
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    call_pieces: list[ToolCallPiece] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.tool_calls)
 
 
 class ReplyParser:
@@ -41,7 +28,11 @@ class ReplyParser:
 
     def __init__(self, markers: ReasoningMarkers | None = None, *, in_reasoning: bool = False,
                  tool_format: ToolCallFormat | None = None, parallel: bool = True, tool_names: Iterable[str] = ()):
-        self._reasoning = ReasoningParser(markers, in_reasoning=in_reasoning and markers is not None)
+        self._reasoning = ReasoningParser(markers, in_reasoning=in_reasoning and markers is not None) \
+            if markers is not HARMONY else None
+        # harmony: the channels say what is thinking, answer and call (calls kept only where tools are parsed)
+        self._harmony = HarmonyParser(parallel) if markers is HARMONY else None
+        self._harmony_calls = tool_format is not None
         names = frozenset(tool_names)
         self._tools = tool_format.parser(names or None) if tool_format is not None else None
         self._json = JsonCallParser(names) if self._tools is not None and names else None
@@ -60,13 +51,31 @@ class ReplyParser:
         return cls(markers, in_reasoning=starts_in_reasoning(prompt, markers), tool_format=tool_format,
                    parallel=parallel, tool_names=tool_names)
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text fed last is inside the reply's thinking."""
+        return (self._harmony or self._reasoning).in_reasoning
+
     def feed(self, text: str) -> ReplyDelta:
+        if self._harmony is not None:
+            return self._channels(self._harmony.feed(text))
         reasoning, content = self._reasoning.feed(text)
         return self._delta(reasoning, content, final=False)
 
     def finish(self) -> ReplyDelta:
+        if self._harmony is not None:
+            return self._channels(self._harmony.finish())
         reasoning, content = self._reasoning.finish()
         return self._delta(reasoning, content, final=True)
+
+    def _channels(self, delta: ReplyDelta) -> ReplyDelta:
+        """A harmony delta taken in (its calls dropped where the reply's calls are not parsed)."""
+        if not self._harmony_calls:
+            delta.tool_calls, delta.call_pieces = [], []
+        self.reasoning += delta.reasoning
+        self.content += delta.content
+        self.tool_calls += delta.tool_calls
+        return delta
 
     def _delta(self, reasoning: str, content: str, final: bool) -> ReplyDelta:
         calls: list[ToolCall] = []

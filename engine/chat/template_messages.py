@@ -58,7 +58,7 @@ def template_messages(messages: list[dict], template: str | None, fmt: ToolCallF
     """The messages to render with `template` (see the module docstring). Messages are OpenAI-shaped
     dicts: role, content (str or None), and optionally tool_calls, tool_call_id, name, reasoning_content.
     The input is not modified."""
-    native = template_knows_tool_calls(template)
+    native = template_knows_tool_calls(template) or fmt.name == "harmony"  # (harmony_render takes them as they are)
     out: list[dict] = []
     for m in messages:
         m = dict(m)

@@ -10,7 +10,10 @@ A model writes its calls as text in the format it was trained on, and its chat t
   optionally after `<|python_tag|>` (Llama 3.1, 3.2, 3.3);
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (Mistral v3 tokenizers);
 - "mistral_args": `[TOOL_CALLS]name[ARGS]{...}` per call (Mistral Small 3.2, Magistral, Devstral);
-- "phi4_mini": `functools[{"name": ..., "arguments": {...}}, ...]` (Phi-4-mini).
+- "phi4_mini": `functools[{"name": ..., "arguments": {...}}, ...]` (Phi-4-mini);
+- "harmony": a commentary-channel message `to=functions.NAME` with the JSON arguments, ending in
+  `<|call|>` (gpt-oss; read from the reply's channels by engine.chat.harmony_parser, not by the
+  ToolCallParser below).
 
 ToolCallParser takes the reply as it streams and hands out only text that can no longer turn out to be
 part of a call (text that might be the start of a call marker is held back until it is decided), and
@@ -34,6 +37,7 @@ import secrets
 import string
 from dataclasses import dataclass
 
+from .harmony import CALL, CHANNEL, CONSTRAIN, MESSAGE, SPECIAL_TOKENS, START, uses_harmony
 from .tool_call_pieces import LiveCall, ToolCallPiece
 
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -277,15 +281,31 @@ class MistralArgsFormat(ToolCallFormat):
     new_id = ArrayFormat.new_id
 
 
+class HarmonyFormat(ToolCallFormat):
+    """gpt-oss's calls: harmony messages on the commentary channel (engine.chat.harmony)."""
+
+    name = "harmony"
+
+    def render(self, calls: list[ToolCall]) -> str:
+        return "".join(f"{START}assistant{CHANNEL}commentary to=functions.{c.name} {CONSTRAIN}json{MESSAGE}"
+                       f"{c.arguments_json}{CALL}" for c in calls)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return SPECIAL_TOKENS
+
+
 FORMATS: dict[str, ToolCallFormat] = {f.name: f for f in (
     HermesFormat(), Llama3JsonFormat(), ArrayFormat("mistral", "[TOOL_CALLS]", id_length=9),
-    MistralArgsFormat(), ArrayFormat("phi4_mini", "functools["))}
+    MistralArgsFormat(), ArrayFormat("phi4_mini", "functools["), HarmonyFormat())}
 
 
 def tool_call_format(template: str | None) -> ToolCallFormat:
     """The call format a chat template's source implies; Hermes when it names none (the format most
     small models were tuned on, and the one the fallback tool prompt teaches)."""
     source = template or ""
+    if uses_harmony(source):
+        return FORMATS["harmony"]
     if "[TOOL_CALLS]" in source:
         return FORMATS["mistral_args" if "[ARGS]" in source else "mistral"]
     if "<|python_tag|>" in source or '"parameters": ' in source:

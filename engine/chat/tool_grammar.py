@@ -70,7 +70,7 @@ def tool_choice_grammar(fmt: ToolCallFormat, tools: list[dict], choice: str, *, 
     many = parallel and choice == "required"
     rules = _format_rules(fmt, chosen, lit, many)
     head = "start: calls\n"
-    if reasoning is not None:  # the think text runs to its closing marker (llguidance's stop= lexeme)
+    if reasoning is not None and fmt.name != "harmony":  # (harmony's thinking is a channel: the call comes first)  # the think text runs to its closing marker (llguidance's stop= lexeme)
         think = f'think_text[stop={json.dumps(reasoning.end)}]: /(.|\\n)*/\n'
         if in_reasoning:
             head = f"start: think_text /[ \\n]*/ calls\n{think}"
@@ -98,6 +98,10 @@ def _format_rules(fmt: ToolCallFormat, chosen: list[dict], lit, many: bool) -> s
     if name == "mistral_args":
         alts = " | ".join(f"{json.dumps(function_name(t))} {lit('[ARGS]')} {_json(_parameters(t))}" for t in chosen)
         return ("calls: call+\n" if many else "calls: call\n") + f"call: {lit('[TOOL_CALLS]')} ({alts})\n"
+    if name == "harmony":  # one call, its message's text its arguments; the stop token <|call|> ends it
+        alts = " | ".join(f"{json.dumps(f'commentary to=functions.{function_name(t)} ')} {lit('<|constrain|>')} "
+                          f"\"json\" {lit('<|message|>')} {_json(_parameters(t))}" for t in chosen)
+        return f"calls: {lit('<|channel|>')} ({alts})\n"
     raise ValueError(f"no grammar for tool call format {name!r}")
 
 

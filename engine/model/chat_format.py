@@ -13,8 +13,13 @@ The rule, decided here once for the app, the server and the CLI (torch-free, so 
 3. A vocabulary with no chat tokens at all is a base model: its chats are sent as plain text to continue
    (the messages' text in order, nothing added), and the decision says so.
 
+A harmony model (gpt-oss: its template writes `<|channel|>`/`<|message|>` messages, or, without a
+template, its vocabulary has those special tokens) is rendered by pagedeck's harmony renderer
+(engine.chat.harmony_render: the reasoning effort in the system message, tools and calls as harmony
+writes them) rather than by its Jinja template; "model" still picks the template itself.
+
 The user can override the decision per model (`choice`): "auto" (the rule), "model" (its own template),
-a family key, "plain", or the path of a Jinja file. Every decision names itself in `label`, so the UI and
+a family key, "harmony", "plain", or the path of a Jinja file. Every decision names itself in `label`, so the UI and
 the server can say which format a chat uses.
 """
 from __future__ import annotations
@@ -23,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-AUTO, OWN, PLAIN = "auto", "model", "plain"
+from ..chat.harmony import harmony_vocabulary, uses_harmony
+
+AUTO, OWN, PLAIN, HARMONY = "auto", "model", "plain", "harmony"
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -92,8 +99,9 @@ ARCH_FAMILIES = {"llama": "llama3", "mistral": "mistral", "qwen2": "chatml", "qw
 @dataclass(frozen=True)
 class ChatFormat:
     """One decision: the Jinja template a model's chats are rendered with, and how to say which it is."""
-    choice: str  # what was asked: AUTO, OWN, a family key, PLAIN or a template file's path
-    kind: str  # "model" (its own template), "fallback" (a family's), "plain" or "custom" (a file)
+    choice: str  # what was asked: AUTO, OWN, a family key, HARMONY, PLAIN or a template file's path
+    kind: str  # "model" (its own template), "fallback" (a family's), "harmony" (pagedeck's renderer), "plain"
+    # or "custom" (a file)
     template: str
     label: str  # one line: "model's own template", "fallback: Llama 3 (no template in file)", ...
     short: str  # a few words for a chat's status line
@@ -102,6 +110,11 @@ class ChatFormat:
     @property
     def plain(self) -> bool:
         return self.kind == "plain"
+
+    @property
+    def harmony(self) -> bool:
+        """Chats are rendered by engine.chat.harmony_render (`template` is the model's own, unused)."""
+        return self.kind == HARMONY
 
 
 def family_of_vocabulary(has_token: Callable[[str], bool], arch: str | None = None) -> str | None:
@@ -125,19 +138,19 @@ def chat_format_choices() -> list[tuple[str, str]]:
     """(choice, label) of every override a user can pick besides a custom file, the rule first."""
     return ([(AUTO, "automatic (the model's own, else its family's)"), (OWN, "the model's own template")]
             + [(key, f"{fam.title}") for key, fam in FAMILIES.items()]
-            + [(PLAIN, "plain completion (no chat format)")])
+            + [(HARMONY, "harmony (gpt-oss)"), (PLAIN, "plain completion (no chat format)")])
 
 
 def check_chat_format(choice: str) -> str:
     """`choice` if it names a format or an existing template file, else ValueError naming the options."""
-    if choice in (AUTO, OWN, PLAIN) or choice in FAMILIES:
+    if choice in (AUTO, OWN, PLAIN, HARMONY) or choice in FAMILIES:
         return choice
     path = Path(choice).expanduser()
     if path.suffix in (".jinja", ".j2", ".txt", ".tmpl") or path.exists():
         if not path.is_file():
             raise ValueError(f"chat template file not found: {path}")
         return str(path)
-    names = ", ".join([AUTO, OWN, *FAMILIES, PLAIN])
+    names = ", ".join([AUTO, OWN, *FAMILIES, HARMONY, PLAIN])
     raise ValueError(f"unknown chat template {choice!r}: use one of {names}, or the path of a Jinja file")
 
 
@@ -154,6 +167,12 @@ def decide(own_template: str | None, has_token: Callable[[str], bool], arch: str
     if choice == PLAIN:
         return ChatFormat(choice, "plain", plain_template, "plain completion (chosen for this model)",
                           "plain completion", None)
+    if choice == HARMONY:
+        return ChatFormat(choice, HARMONY, own_template or "", "harmony (gpt-oss), chosen for this model",
+                          "harmony (chosen)", HARMONY)
+    if choice == AUTO and (uses_harmony(own_template) if own_template else harmony_vocabulary(has_token)):
+        why = "its template writes harmony" if own_template else "harmony tokens in its vocabulary, no template"
+        return ChatFormat(choice, HARMONY, own_template or "", f"harmony (gpt-oss): {why}", "harmony", HARMONY)
     if choice not in (AUTO, OWN):
         path = Path(choice)
         try:

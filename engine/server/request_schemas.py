@@ -19,6 +19,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from ..chat.harmony import REASONING_EFFORTS
 from .image_requests import DETAILS
 from .lifetime import DURATION_PATTERN
 from .requests import (
@@ -216,6 +217,9 @@ def field_schemas(facts: list[ModelFacts]) -> dict[str, dict]:
         "include_reasoning": nullable({"type": "boolean"}),
         "chat_template_kwargs": nullable({"type": "object", "propertyNames": {"not": {"enum": sorted(RESERVED_KWARGS)}},
                                           "description": "variables for the chat template (e.g. enable_thinking)"}),
+        "reasoning_effort": nullable({"enum": list(REASONING_EFFORTS),
+                                      "description": "how hard a harmony model (gpt-oss) thinks: its system "
+                                                     "message's `Reasoning:` line; other templates get the variable"}),
         "best_of": nullable({"const": 1}),
         "suffix": _NULL,
         "stream": nullable({"type": "boolean"}),

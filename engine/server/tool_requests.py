@@ -3,7 +3,13 @@
 Accepted: `tools` (function tools), `tool_choice` ("none", "auto", "required", or one named function),
 `parallel_tool_calls`; history with assistant `tool_calls` and `role: "tool"` results (and a previous
 reply's `reasoning_content`); vLLM's `chat_template_kwargs` (e.g. {"enable_thinking": false} for Qwen3)
-and `include_reasoning` (false: the reply's thinking stays in `content` as raw text).
+and `include_reasoning` (false: the reply's thinking stays in `content` as raw text); `reasoning_effort`
+("low", "medium" or "high": a harmony model's (gpt-oss) system message says it; other templates get it
+as the template variable of that name, which most ignore).
+
+A harmony model's reply is always read by its channels (engine.chat.harmony_parser): its analysis
+channel is `reasoning_content` (include_reasoning cannot turn it into content: it never was text of
+the answer), its final channel `content`, its commentary calls `tool_calls`.
 
 How each choice is served:
 - "none": the tools are left out of the prompt and the reply is plain text (OpenAI: no calls);
@@ -23,10 +29,14 @@ from ..chat import (
     ReasoningMarkers, ToolCallFormat, reasoning_markers, render_kwargs, starts_in_reasoning, template_messages,
     tool_call_format, tool_choice_grammar,
 )
+from ..chat.harmony import check_reasoning_effort
+from ..chat.reasoning import HARMONY
+from ..chat.tool_calls import FORMATS
 from ..generator.filters import GrammarFilter
 from .errors import bad_request
 
-TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls", "include_reasoning", "chat_template_kwargs"}
+TOOL_FIELDS = {"tools", "tool_choice", "parallel_tool_calls", "include_reasoning", "chat_template_kwargs",
+               "reasoning_effort"}
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"
 _NAME = re.compile(TOOL_NAME_PATTERN)
 # variables a request may not set through chat_template_kwargs: the server renders these itself
@@ -67,12 +77,26 @@ def parse_tool_plan(body: dict, tokenizer: Any) -> ToolPlan:
                                or not all(isinstance(k, str) for k in kwargs)):
         raise bad_request("chat_template_kwargs must be an object of template variables (not "
                           f"{', '.join(sorted(RESERVED_KWARGS))})", "chat_template_kwargs")
-    fmt = tool_call_format(template) if tools and choice != "none" else None
-    markers = reasoning_markers(template) if include_reasoning else None
-    plan = ToolPlan(tools if fmt is not None else None, choice, parallel, fmt, markers, dict(kwargs or {}))
+    kwargs = dict(kwargs or {})
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        try:
+            kwargs["reasoning_effort"] = check_reasoning_effort(effort)
+        except ValueError as exc:
+            raise bad_request(str(exc), "reasoning_effort") from None
+    harmony = _harmony(tokenizer)
+    fmt = (FORMATS["harmony"] if harmony else tool_call_format(template)) if tools and choice != "none" else None
+    markers = HARMONY if harmony else reasoning_markers(template) if include_reasoning else None
+    plan = ToolPlan(tools if fmt is not None else None, choice, parallel, fmt, markers, kwargs)
     special = tokenizer.special_token_ids
     plan.decode_special = any(tokenizer.token_to_id(m) in special for m in _markers(plan))
     return plan
+
+
+def _harmony(tokenizer: Any) -> bool:
+    """Whether the model's chats are harmony (its chat format says so, or its template writes it)."""
+    chat_format = getattr(tokenizer, "chat_format", None)
+    return bool(getattr(chat_format, "harmony", False)) or reasoning_markers(tokenizer.chat_template) is HARMONY
 
 
 def _markers(plan: ToolPlan) -> list[str]:

@@ -156,7 +156,7 @@ def test_generate_chat_says_its_format_and_honours_the_override(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "engine", "generate", "--model", str(model), "--chat", "Hi",
                           "--chat-template", "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [
-        "error: unknown chat template 'nosuch': use one of auto, model, chatml, llama3, gemma, phi3, mistral, plain, "
+        "error: unknown chat template 'nosuch': use one of auto, model, chatml, llama3, gemma, phi3, mistral, harmony, plain, "
         "or the path of a Jinja file"]
 
 

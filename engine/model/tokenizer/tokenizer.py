@@ -22,6 +22,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_tex
                       "<end_of_turn>", "</s>")
 
 from ...chat.content_parts import as_parts, takes_content_parts
+from ...chat.harmony import END as HARMONY_END, STOP_TOKENS as HARMONY_STOPS, harmony_vocabulary
 from ..chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
 
 def _byte_alphabet() -> dict[int, str]:
@@ -61,6 +62,10 @@ class Tokenizer:
         if self.eos_token_id is not None:
             stops.add(self.eos_token_id)
         stops.update(i for t in END_OF_TURN_TOKENS if (i := tokenizer.token_to_id(t)) is not None)
+        if harmony_vocabulary(lambda t: tokenizer.token_to_id(t) is not None):
+            # harmony: <|end|> only ends a message (thinking, then the answer); <|return|> and <|call|> end a reply
+            stops.discard(tokenizer.token_to_id(HARMONY_END))
+            stops.update(tokenizer.token_to_id(t) for t in HARMONY_STOPS if tokenizer.token_to_id(t) is not None)
         self.stop_token_ids: set[int] = stops
         self._chat_template = chat_template
         self._template = None
@@ -121,8 +126,10 @@ class Tokenizer:
         from engine.model.tokenizer import gguf_vocab
         from engine.model.gguf.file import GGUFFile
 
-        meta = GGUFFile(path).metadata
-        tok = gguf_vocab.from_gguf(meta, str(path))
+        gf = GGUFFile(path)
+        meta = gf.metadata
+        tok = gguf_vocab.from_gguf(meta, str(path),
+                                   cache_key=gf.version_key() if gguf_vocab.recovers_merges(meta) else None)
         tokens = meta["tokenizer.ggml.tokens"]
 
         def text(key: str) -> str | None:
@@ -246,7 +253,12 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs: Any) -> str:
         """Render messages with the chat format's template (chat_format) in a sandboxed jinja2. A template
         that reads contents only as parts (a VLM's, engine.chat.content_parts) gets each string content as
-        one text part, so a chat without images renders its words there too."""
+        one text part, so a chat without images renders its words there too. A harmony model's chats
+        (chat_format.harmony) are rendered by engine.chat.harmony_render, with the same arguments."""
+        if self.chat_format.harmony:
+            from ...chat.harmony_render import render_harmony
+
+            return render_harmony(messages, add_generation_prompt, **kwargs)
         if self._template is None:
             template = _compile_template(self.chat_format.template)
             render = partial(template.render, add_generation_prompt=True, bos_token=self.bos_token or "",

@@ -179,5 +179,6 @@ class SimulatedWorkload:
             "sampling_threads_max": 16, "prefix_hit_tokens_total": self.c["prefix_hits"], "loras": list(self.loras),
             "loras_loaded": list(self.loras),  # every simulated page ran the base model:
             "page_adapters": np.where(self.states == FREE, -1, 0).tolist(), "adapter_sets": {0: []},
+            "experts": None,  # a dense model
             "snapshot_time": self.start_time + self.elapsed,
         }

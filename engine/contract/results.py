@@ -120,6 +120,7 @@ class Metrics(TypedDict):
     loras_loaded: list[str]  # every adapter loaded into the generator (load_lora / set_loras)
     page_adapters: list[int]  # per page: id (in adapter_sets) of the adapter set its K/V was computed under; -1 free
     adapter_sets: dict[int, list[tuple[str, float]]]  # id -> (name, scale) pairs, for the ids in page_adapters; 0: []
+    experts: dict | None  # a mixture-of-experts model's expert counts over its last steps (expert_stats); None: dense
     snapshot_time: float  # time.monotonic()
 
 

@@ -29,6 +29,7 @@ from .admission import Admission
 from .heap_trim import HeapTrim
 from .job import DynamicJob, JobContext
 from .embeddings import FIRST_ID
+from .expert_stats import ExpertStats
 from .metrics import GeneratorMetrics, JobPreemptions, preempted_pages
 from .mm_inputs import chunk_end, no_placeholders, step_inputs
 from .preemption import PageGrowth, Reranks
@@ -127,6 +128,7 @@ class DynamicGenerator:
         self.admission = Admission(self.growth, self.counters, self.page_size)
         self.reranks = Reranks()  # set_priority's changes, applied at the next step
         self.job_preemptions = JobPreemptions()
+        self.experts = ExpertStats.of(model)  # a MoE model's expert counts (metrics' experts); off for a dense one
         self.adapters = Adapters(model)  # this generator's LoRAs (never on the shared model)
         self._filter_executor: ThreadPoolExecutor | None = None
         self._serials = itertools.count()
@@ -238,7 +240,8 @@ class DynamicGenerator:
         if filtered and self.filter_background_eval:  # overlap grammar work with the forward pass
             masks = self._filter_pool().submit(lambda: [job.compute_filter_mask() for job in filtered])
         lora = self.adapters.step([(len(e.tokens), e.job.loras) for e in plan])
-        logits = self.model.forward(batch, self.cache, lora=lora, rotary=self.rotary)
+        with self.experts.step(plan):
+            logits = self.model.forward(batch, self.cache, lora=lora, rotary=self.rotary)
         if self.drafter is not None:
             self.drafter.prefill([(e.seq, e.tokens, e.start) for e in plan
                                   if e.prefill and not e.job.cfg and not e.job.embeddings])
@@ -470,6 +473,7 @@ class DynamicGenerator:
             loras_loaded=list(self.adapters.loaded),
             page_adapters=page_adapters,
             adapter_sets={i: list(set_labels[i]) for i in set(page_adapters) if i >= 0},
+            experts=self.experts.snapshot(),
         )
         return d
 

@@ -51,6 +51,7 @@ class MoEBlock:
     down: list  # per expert: (hidden, moe_intermediate)
     top_k: int
     norm_topk: bool
+    observe: Callable[[torch.Tensor], None] | None = None  # sees each route's experts (engine.generator.expert_stats)
 
     def weights(self) -> list:
         return [self.router, *self.gate_up, *self.down]
@@ -62,6 +63,8 @@ class MoEBlock:
         top, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk:
             top = top / top.sum(dim=-1, keepdim=True)
+        if self.observe is not None:
+            self.observe(experts)
         return top.to(h.dtype), experts
 
     def decode_bytes(self) -> int:

@@ -16,13 +16,16 @@ from typing import Mapping, Sequence
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import (
     QComboBox, QDockWidget, QFrame, QGraphicsItem, QLabel, QProgressBar, QScrollArea, QSizePolicy, QSplitter, QVBoxLayout,
     QWidget,
 )
 
 from app.core.formatting import human_count
+from app.panels.chart_grid import ChartGrid, axis_width
 from app.panels.pagemap import PageMapWidget
+from app.panels.wrap_label import WrapLabel
 from engine.contract import METRICS_KEYS
 
 SERIES_FIELDS = (
@@ -30,6 +33,9 @@ SERIES_FIELDS = (
     "acceptance_pct", "sampling_busy", "sampling_max", "tokens_total", "drafted_total", "accepted_total",
 )
 WARN_OCCUPANCY_PCT = 90.0
+# plots whose y range follows their curves: (plot, fields, least top of the range)
+FITTED_PLOTS = (("jobs", ("active", "pending", "deferred"), 1.0), ("tokens", ("tokens_per_s",), 10.0),
+                ("sampling", ("sampling_busy", "sampling_max"), 1.0))
 OK_PEN = pg.mkPen((80, 200, 120), width=1)
 WARN_PEN = pg.mkPen((255, 90, 60), width=2)
 
@@ -129,11 +135,10 @@ class DashboardDock(QDockWidget):
     def _build(self) -> None:
         body = QWidget()
         self.page_map = PageMapWidget()
-        self.charts = pg.GraphicsLayoutWidget()
+        self.charts = ChartGrid()  # one or two columns of plots; titles wrap rather than clip
         self.charts.setAccessibleName("Throughput and cache charts")
         self.charts.setBackground((18, 19, 23))
-        self.charts.setMinimumHeight(5 * 80)  # squeezed below this the curves become unreadable
-        self.charts.ci.layout.setVerticalSpacing(2)
+        self.charts.set_bottom_label("seconds ago")
         self.plots: dict[str, pg.PlotItem] = {}
         colours = {
             "referenced_pct": (80, 200, 120), "cached_pct": (128, 134, 150), "active": (51, 131, 187),
@@ -143,7 +148,7 @@ class DashboardDock(QDockWidget):
 
         def key(name: str, text: str) -> str:
             r, g, b = colours[name]
-            return f"<span style='color: rgb({r},{g},{b})'>&#9644; {text}</span>"
+            return f"<span style='color: rgb({r},{g},{b})'>&#9644;&nbsp;{text}</span>"  # a key never parts from its word
 
         titles = {
             # short enough to show whole in a 1280-px screen's dock (~300 px)
@@ -153,23 +158,17 @@ class DashboardDock(QDockWidget):
             "acceptance": "draft acceptance %",
             "sampling": f"sampling threads: {key('sampling_busy', 'busy')} {key('sampling_max', 'max')}",
         }
-        for row, (key, title) in enumerate(titles.items()):
-            plot = self.charts.addPlot(row=row, col=0)
-            plot.setTitle(title, size="9pt")
+        axis = axis_width(QFontMetrics(self.charts.font()))
+        for key, title in titles.items():
+            plot = self.charts.add_plot(title)
             plot.setMouseEnabled(x=False, y=False)
             plot.setMenuEnabled(False)
             plot.hideButtons()
             plot.setXRange(-self.window_s, 0, padding=0)
             plot.showGrid(x=True, y=True, alpha=0.15)
-            plot.getAxis("left").setWidth(42)
-            for axis in ("left", "bottom"):  # axes + grid repaint from a pixmap unless their range changes
-                plot.getAxis(axis).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-            if key != "sampling":
-                plot.hideAxis("bottom")  # one shared time axis at the bottom; fewer axes to paint
-            else:
-                plot.setLabel("bottom", "seconds ago")
-            if row:
-                plot.setXLink(self.plots["occupancy"])
+            plot.getAxis("left").setWidth(axis)
+            for side in ("left", "bottom"):  # axes + grid repaint from a pixmap unless their range changes
+                plot.getAxis(side).setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             self.plots[key] = plot
         for key in ("occupancy", "acceptance"):
             self.plots[key].setYRange(0, 100, padding=0.02)
@@ -195,6 +194,8 @@ class DashboardDock(QDockWidget):
             "sampling_max": curve("sampling", pen=pg.mkPen(colours["sampling_max"], style=Qt.DashLine),
                                                         **fin),
         }
+        for plot, fields, floor in FITTED_PLOTS:  # a few ticks from the start, not pyqtgraph's crowd on 0..1
+            self._fit_y(plot, fields, np.zeros(0, bool), floor)
         self.na_text = pg.TextItem("n/a — nothing drafted", color=(170, 170, 170), anchor=(0.5, 0.5))
         self.plots["acceptance"].addItem(self.na_text)
         self.na_text.setPos(-self.window_s / 2, 50)
@@ -206,17 +207,16 @@ class DashboardDock(QDockWidget):
             plot.addItem(item)
             self.no_source[key] = item
 
-        self.pages_label, self.jobs_label, self.tokens_label = QLabel(), QLabel(), QLabel()
-        self.acceptance_label, self.sampling_label, self.cache_label = QLabel(), QLabel(), QLabel()
-        self.lora_label = QLabel("LoRA: none")
+        # wrapped at a space at a small screen's dock width, every line kept (never clipped), never widening it
+        self.pages_label, self.jobs_label, self.tokens_label = WrapLabel(), WrapLabel(), WrapLabel()
+        self.acceptance_label, self.sampling_label, self.cache_label = WrapLabel(), WrapLabel(), WrapLabel()
+        self.lora_label = WrapLabel("LoRA: none")
         stats = QVBoxLayout()
         stats.setContentsMargins(4, 2, 4, 2)
         stats.setSpacing(1)
         for label in (self.pages_label, self.jobs_label, self.tokens_label, self.acceptance_label,
                       self.sampling_label, self.cache_label, self.lora_label):
             label.setTextFormat(Qt.PlainText)  # plain text lays out far faster than rich text at 10 Hz
-            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long lines must not widen the dock
-            label.setWordWrap(True)  # ...and at a small screen's dock width they wrap at a space, never clipped
             stats.addWidget(label)
         self.acceptance_label.setText("speculative acceptance: n/a (nothing drafted)")
         lower = QWidget()
@@ -348,9 +348,8 @@ class DashboardDock(QDockWidget):
             self._warn = warn
             self.curves["referenced_pct"].setPen(WARN_PEN if warn else OK_PEN)
         visible = x >= -self.window_s
-        self._fit_y("jobs", ("active", "pending", "deferred"), visible, 1.0)
-        self._fit_y("tokens", ("tokens_per_s",), visible, 10.0)
-        self._fit_y("sampling", ("sampling_busy", "sampling_max"), visible, 1.0)
+        for plot, fields, floor in FITTED_PLOTS:
+            self._fit_y(plot, fields, visible, floor)
         s = self.snapshot or {}
         sourced = {
             "occupancy": bool(s.get("pages_total")) or s.get("kv_usage") is not None,

@@ -19,11 +19,12 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QCursor
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QToolTip, QVBoxLayout, QWidget
 
 from app.core.chat_colours import CHAT_COLOURS, PALETTE
 from app.core.formatting import adapters_text
 from app.panels.preemption_table import PreemptionTable
+from app.panels.wrap_label import WrapLabel
 from engine.contract import CACHED as CACHED_STATE
 from engine.contract import FREE as FREE_STATE
 
@@ -227,22 +228,18 @@ class PageMapWidget(QWidget):
         self.image_item = pg.ImageItem(axisOrder="row-major")
         self.viewbox.addItem(self.image_item)
         self.view.scene().sigMouseMoved.connect(self._on_mouse_moved)
-        self.legend = QLabel(_legend_html())
-        self.legend.setWordWrap(True)
+        self.legend = WrapLabel(_legend_html())  # wraps in a narrow dock, every line kept
         self.by_adapter = QCheckBox("colour by adapter")
         self.by_adapter.setToolTip("one colour per LoRA set the page's K/V was computed under (grey: no LoRA)")
         self.by_adapter.toggled.connect(self._recolour)
-        self.hover_label = QLabel("hover a page to see which chat holds it")
-        self.hover_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.hover_label = WrapLabel("hover a page to see which chat holds it")
         self.preemptions = PreemptionTable()  # per chat: pages given back, resumes, tokens recomputed
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(2)
         layout.addWidget(self.view, 1)
-        row = QHBoxLayout()
-        row.addWidget(self.legend, 1)
-        row.addWidget(self.by_adapter)
-        layout.addLayout(row)
+        layout.addWidget(self.legend)
+        layout.addWidget(self.by_adapter)  # its own line: beside the legend it squeezed the legend to a sliver
         layout.addWidget(self.hover_label)
         layout.addWidget(self.preemptions)
 
@@ -384,8 +381,9 @@ def _legend_html() -> str:
         return f"<span style='background-color: {bg}; color: rgb({rgba[0]},{rgba[1]},{rgba[2]})'>&#9632;</span>"
 
     jobs = "".join(swatch(job_colour(i)) for i in range(4))
+    # one line per group, so a narrow dock wraps within a group rather than splitting a key from its words
     return (f"{swatch(FREE_COLOUR)} free &nbsp; {swatch(CACHED_COLOUR)} cached &nbsp; {jobs} in use (one colour per job)"
-            " &nbsp; &#9636; hatched = shared prefix page &nbsp; &#9633; hollow = a preempted reply's cached page"
+            "<br>&#9636; hatched = shared prefix page<br>&#9633; hollow = a preempted reply's cached page"
             " (it resumes from it)")
 
 

@@ -1,5 +1,9 @@
 // One call per layer for decode-sized steps: rotary on q and k, K/V written into the paged pools, and
-// causal attention of each sequence's few query rows over its pages (fp32 pools).
+// causal attention of each sequence's few query rows over its pages. The pools are fp32 or fp16 (both alike):
+// an fp16 pool halves the bytes a decode step reads, which is what the step's attention is bound by (each
+// cached position is read once per layer and KV head; the arithmetic on it is a few FMAs per byte), so its
+// rows are converted to fp32 as they are loaded (F16C's vcvtph2ps) and the new K/V are rounded to nearest
+// even on the way in, as torch's .to(float16) rounds.
 //
 // Token i of sequence b sits at position kv_lens[b] - q_len_b + i and attends to positions 0..that one
 // (decode, speculative verification). Sequences with more than max_q query rows (prefill chunks) are only
@@ -12,9 +16,12 @@
 
 #include <torch/library.h>
 
+#include <c10/util/Half.h>
+
 #include <algorithm>
-#include <tuple>
 #include <limits>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace pagedeck {
@@ -40,25 +47,46 @@ inline void rotate(const float* x, const float* c, const float* s, int64_t half,
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t D) {
+// A pool element as fp32: pools hold float or fp16 (uint16_t bits).
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { return half_to_float(*p); }
+#ifdef PD_AVX2
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) { return load_halfs(p); }
+#endif
+
+// x (n floats) into a pool row: copied, or rounded to fp16 (nearest even, as torch's .to(float16))
+inline void store_row(const float* x, int64_t n, float* dst) { std::memcpy(dst, x, n * sizeof(float)); }
+inline void store_row(const float* x, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+#ifdef PD_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+  for (; i < n; ++i) dst[i] = c10::Half(x[i]).x;
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t D) {
   int64_t i = 0;
   float r = 0.0f;
 #ifdef PD_AVX2
   __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (; i + 8 <= D; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc);
   r = hsum(acc);
 #endif
-  for (; i < D; ++i) r += a[i] * b[i];
+  for (; i < D; ++i) r += a[i] * load1(b + i);
   return r;
 }
 
-inline void axpy(float p, const float* v, float* acc, int64_t D) {
+template <typename T>
+inline void axpy(float p, const T* v, float* acc, int64_t D) {
   int64_t i = 0;
 #ifdef PD_AVX2
   const __m256 pv = _mm256_set1_ps(p);
-  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+  for (; i + 8 <= D; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pv, load8(v + i), _mm256_loadu_ps(acc + i)));
 #endif
-  for (; i < D; ++i) acc[i] += p * v[i];
+  for (; i < D; ++i) acc[i] += p * load1(v + i);
 }
 
 inline float exp_sum(float* x, int64_t n, float mx) {  // x = exp(x - mx), returns the sum
@@ -102,7 +130,8 @@ inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D
 
 // One query row's G heads (q: G x D) over n positions of K/V rows `stride` apart; st and A (G x D) carry
 // each head's online softmax; scores has room for G x kChunk.
-void chunk_generic(const float* q, int64_t G, const float* K, const float* V, int64_t stride, int64_t n, int64_t D,
+template <typename T>
+void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t stride, int64_t n, int64_t D,
                    float sc, Partial* st, float* A, float* scores) {
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t p = 0; p < n; ++p) scores[p] = sc * dot(q + g * D, K + p * stride, D);
@@ -114,8 +143,8 @@ void chunk_generic(const float* q, int64_t G, const float* K, const float* V, in
 #ifdef PD_AVX2
 // The same for D % 64 == 0 with the G heads in registers: each K row load serves all G heads (4 positions
 // at a time, their dot products reduced together), each V row load likewise.
-template <int G>
-void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, int64_t n, int64_t D, float sc,
+template <int G, typename T>
+void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t n, int64_t D, float sc,
                 Partial* st, float* A, float* scores) {
   const __m256 scale = _mm256_set1_ps(sc);
   int64_t p = 0;
@@ -123,10 +152,10 @@ void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, 
     __m256 acc[G][4];
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
-    const float* k = K + p * stride;
+    const T* k = K + p * stride;
     for (int64_t d = 0; d < D; d += 8) {
-      const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + stride + d),
-                   k2 = _mm256_loadu_ps(k + 2 * stride + d), k3 = _mm256_loadu_ps(k + 3 * stride + d);
+      const __m256 k0 = load8(k + d), k1 = load8(k + stride + d), k2 = load8(k + 2 * stride + d),
+                   k3 = load8(k + 3 * stride + d);
       for (int g = 0; g < G; ++g) {
         const __m256 qv = _mm256_loadu_ps(q + g * D + d);
         acc[g][0] = _mm256_fmadd_ps(qv, k0, acc[g][0]);
@@ -149,9 +178,9 @@ void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, 
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 8; ++j) acc[g][j] = _mm256_loadu_ps(A + g * D + d0 + 8 * j);
     for (int64_t t = 0; t < n; ++t) {
-      const float* v = V + t * stride + d0;
+      const T* v = V + t * stride + d0;
       for (int j = 0; j < 8; ++j) {
-        const __m256 vj = _mm256_loadu_ps(v + 8 * j);
+        const __m256 vj = load8(v + 8 * j);
         for (int g = 0; g < G; ++g)
           acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scores + g * kChunk + t), vj, acc[g][j]);
       }
@@ -162,21 +191,22 @@ void chunk_fast(const float* q, const float* K, const float* V, int64_t stride, 
 }
 #endif
 
-using ChunkFn = void (*)(const float*, const float*, const float*, int64_t, int64_t, int64_t, float, Partial*, float*,
-                         float*);
+template <typename T>
+using ChunkFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, float, Partial*, float*, float*);
 
-ChunkFn fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
+template <typename T>
+ChunkFn<T> fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
 #ifdef PD_AVX2
   if (D % 64 == 0) {
     switch (G) {
-      case 1: return chunk_fast<1>;
-      case 2: return chunk_fast<2>;
-      case 3: return chunk_fast<3>;
-      case 4: return chunk_fast<4>;
-      case 5: return chunk_fast<5>;
-      case 6: return chunk_fast<6>;
-      case 7: return chunk_fast<7>;
-      case 8: return chunk_fast<8>;
+      case 1: return chunk_fast<1, T>;
+      case 2: return chunk_fast<2, T>;
+      case 3: return chunk_fast<3, T>;
+      case 4: return chunk_fast<4, T>;
+      case 5: return chunk_fast<5, T>;
+      case 6: return chunk_fast<6, T>;
+      case 7: return chunk_fast<7, T>;
+      case 8: return chunk_fast<8, T>;
       default: break;
     }
   }
@@ -193,8 +223,11 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
                                           const at::Tensor& block_table, const at::Tensor& cu_q,
                                           const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q) {
   check_cpu_f32(qkv, "qkv");
-  check_cpu_f32(k_pool, "k_pool");
-  check_cpu_f32(v_pool, "v_pool");
+  TORCH_CHECK(k_pool.device().is_cpu() && k_pool.is_contiguous() && v_pool.device().is_cpu() &&
+                  v_pool.is_contiguous() && k_pool.scalar_type() == v_pool.scalar_type() &&
+                  (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf),
+              "k_pool and v_pool must be contiguous CPU tensors, both float32 or both float16");
+  const bool half_pools = k_pool.scalar_type() == at::kHalf;
   check_cpu_f32(cos, "cos");
   check_cpu_f32(sin, "sin");
   TORCH_CHECK(k_pool.dim() == 4 && k_pool.sizes() == v_pool.sizes(), "pools must be (pages, page_size, Hkv, D)");
@@ -230,18 +263,27 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   const float* x = qkv.data_ptr<float>();
   const float* cs = cos.data_ptr<float>();
   const float* sn = sin.data_ptr<float>();
-  float* kp = k_pool.data_ptr<float>();
-  float* vp = v_pool.data_ptr<float>();
+  void* kp = k_pool.data_ptr();
+  void* vp = v_pool.data_ptr();
   at::Tensor qrot = at::empty({T, Hq, D}, qkv.options());
   float* q = qrot.data_ptr<float>();
   const int64_t row = (Hq + 2 * Hkv) * D;
-  for (int64_t t = 0; t < T; ++t) {
-    const float* r = x + t * row;
-    for (int64_t h = 0; h < Hq; ++h) rotate(r + h * D, cs + t * half, sn + t * half, half, q + (t * Hq + h) * D);
-    for (int64_t h = 0; h < Hkv; ++h) {
-      rotate(r + (Hq + h) * D, cs + t * half, sn + t * half, half, kp + (slots[t] * Hkv + h) * D);
-      std::memcpy(vp + (slots[t] * Hkv + h) * D, r + (Hq + Hkv + h) * D, D * sizeof(float));
+  std::vector<float> krot(D);
+  const auto write = [&](auto* kw, auto* vw) {  // the pools' element type
+    for (int64_t t = 0; t < T; ++t) {
+      const float* r = x + t * row;
+      for (int64_t h = 0; h < Hq; ++h) rotate(r + h * D, cs + t * half, sn + t * half, half, q + (t * Hq + h) * D);
+      for (int64_t h = 0; h < Hkv; ++h) {
+        rotate(r + (Hq + h) * D, cs + t * half, sn + t * half, half, krot.data());
+        store_row(krot.data(), D, kw + (slots[t] * Hkv + h) * D);
+        store_row(r + (Hq + Hkv + h) * D, D, vw + (slots[t] * Hkv + h) * D);
+      }
     }
+  };
+  if (half_pools) {
+    write((uint16_t*)kp, (uint16_t*)vp);
+  } else {
+    write((float*)kp, (float*)vp);
   }
 
   // tasks: (sequence, kv head, slice of kSlice positions); none for sequences left to the caller
@@ -254,39 +296,47 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   std::vector<float> acc(tasks * nq * D);
   std::vector<Partial> part(tasks * nq);
   const float sc = (float)scale;
-  const ChunkFn fast = fast_chunk(G, D);
-  at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(G * kChunk);
-    for (int64_t task = t0; task < t1; ++task) {
-      const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
-      const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
-      const int64_t len = lens[b], ql = cu[b + 1] - cu[b];
-      const int64_t per = (len + slices[b] - 1) / slices[b];
-      const int64_t lo = s * per, hi = std::min(len, lo + per);
-      float* A = acc.data() + task * nq * D;
-      Partial* st = part.data() + task * nq;
-      std::fill(A, A + ql * G * D, 0.0f);
-      for (int64_t j = 0; j < ql * G; ++j) st[j] = {-std::numeric_limits<float>::infinity(), 0.0f};
-      for (int64_t c0 = lo; c0 < hi;) {  // chunks never cross a page
-        const int64_t page = table[b * W + c0 / ps];
-        const int64_t c1 = std::min({hi, c0 + kChunk, (c0 / ps + 1) * ps});
-        const float* K = kp + ((page * ps + c0 % ps) * Hkv + h) * D;
-        const float* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
-        const int64_t stride = Hkv * D;
-        for (int64_t i = 0; i < ql; ++i) {
-          const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
-          if (n <= 0) continue;
-          const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
-          if (fast) {
-            fast(qv, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
-          } else {
-            chunk_generic(qv, G, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+  const auto run = [&](const auto* kp, const auto* vp) {  // the pools' element type
+    using Elem = std::remove_cv_t<std::remove_pointer_t<decltype(kp)>>;
+    const ChunkFn<Elem> fast = fast_chunk<Elem>(G, D);
+    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<float> scores(G * kChunk);
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
+        const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
+        const int64_t len = lens[b], ql = cu[b + 1] - cu[b];
+        const int64_t per = (len + slices[b] - 1) / slices[b];
+        const int64_t lo = s * per, hi = std::min(len, lo + per);
+        float* A = acc.data() + task * nq * D;
+        Partial* st = part.data() + task * nq;
+        std::fill(A, A + ql * G * D, 0.0f);
+        for (int64_t j = 0; j < ql * G; ++j) st[j] = {-std::numeric_limits<float>::infinity(), 0.0f};
+        for (int64_t c0 = lo; c0 < hi;) {  // chunks never cross a page
+          const int64_t page = table[b * W + c0 / ps];
+          const int64_t c1 = std::min({hi, c0 + kChunk, (c0 / ps + 1) * ps});
+          const Elem* K = kp + ((page * ps + c0 % ps) * Hkv + h) * D;
+          const Elem* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
+          const int64_t stride = Hkv * D;
+          for (int64_t i = 0; i < ql; ++i) {
+            const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
+            if (n <= 0) continue;
+            const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
+            if (fast) {
+              fast(qv, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+            } else {
+              chunk_generic(qv, G, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+            }
           }
+          c0 = c1;
         }
-        c0 = c1;
       }
-    }
-  });
+    });
+  };
+  if (half_pools) {
+    run((const uint16_t*)kp, (const uint16_t*)vp);
+  } else {
+    run((const float*)kp, (const float*)vp);
+  }
 
   // merge slices: o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s
   at::Tensor out = at::empty({T, Hq * D}, qkv.options());

@@ -255,9 +255,10 @@ def test_fused_rms_norm_matches_the_reference():
     torch.testing.assert_close(h, ref.rms_norm(x, w, 1e-5)[0], rtol=1e-6, atol=1e-6)
 
 
-def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed):
-    """Run fused_attention and the reference ops on the same case; returns both outputs and both pools."""
-    case = PagedCase(seqs, Hq, Hkv, D, ps, seed=seed)
+def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32):
+    """Run fused_attention and the reference ops on the same case (pools of `dtype`); returns both outputs and
+    both pools."""
+    case = PagedCase(seqs, Hq, Hkv, D, ps, dtype=dtype, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     T = sum(ql for ql, _ in seqs)
     qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g)

@@ -1,0 +1,102 @@
+"""The CPU kernels' fused rotary + K/V write + attention (kernels/cpu/attention.cpp) on fp16 pools: the new K/V
+rounded into their slots as torch's .to(float16) rounds them (to nearest even), the attention equal to the torch reference over
+the same fp16 pools, a row's result independent of the other rows and of the thread count, and pools of
+other element types refused by name. (fp32 pools: tests/kernels/test_cpu_kernels.py.)"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import kernels
+from kernels import cpu_ext
+from tests.kernels.test_cpu_kernels import _has_vnni, avx2_build_env, fused_vs_reference
+from tests.kernels.test_oracle import PagedCase
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+F16 = torch.float16
+
+
+def inputs(seqs, Hq, Hkv, D, ps, seed, dtype=F16):
+    """A case on shuffled pages (NaN in every unwritten slot), its q|k|v rows, positions, slots and plan."""
+    case = PagedCase(seqs, Hq, Hkv, D, ps, dtype=dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    qkv = torch.randn(sum(ql for ql, _ in seqs), (Hq + 2 * Hkv) * D, generator=g)
+    positions = torch.cat([torch.arange(kv - ql, kv) for ql, kv in seqs])
+    slots = torch.cat([case.slots(b, kv - ql, kv, ps) for b, (ql, kv) in enumerate(seqs)])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    plan = kernels.plan_step(positions, inv_freq, case.block_table, case.cu_q, case.kv, ps, fuse=True)
+    return case, qkv, positions, slots, inv_freq, plan
+
+
+@pytest.mark.parametrize("seqs,Hq,Hkv,D,ps", [
+    ([(1, 1), (1, 37), (1, 300), (1, 1200)], 9, 3, 64, 16),  # the default model's heads: the register-blocked path
+    ([(1, 2100), (1, 513), (1, 1000)], 9, 3, 64, 256),  # long rows split over slices, merged
+    ([(5, 40), (1, 17), (3, 290), (16, 16)], 8, 2, 32, 16),  # D % 64 != 0: the generic path; verification rows
+    ([(1, 33), (40, 600), (1, 70)], 6, 2, 64, 16),  # a long prefill chunk beside: SDPA over the same fp16 pools
+])
+def test_fp16_pools_give_the_reference_attention_over_the_same_pools(seqs, Hq, Hkv, D, ps):
+    out, expected, (k_fused, v_fused), (k_ref, v_ref), _ = fused_vs_reference(seqs, Hq, Hkv, D, ps, len(seqs) + Hq, F16)
+    assert k_fused.dtype == F16 and out.dtype == torch.float32 and not out.isnan().any()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    for a, b in ((k_fused, k_ref), (v_fused, v_ref)):  # the same slots written, NaN everywhere else
+        assert torch.equal(a.isnan(), b.isnan())
+    assert torch.equal(v_fused.nan_to_num(), v_ref.nan_to_num())  # v as given, rounded alike: the same bits
+    # k is rotated first (fused multiply-adds here, torch's ops there): an fp32 ulp apart may round to
+    # neighbouring fp16 values, one fp16 ulp (2^-10 relative) at most
+    torch.testing.assert_close(k_fused.nan_to_num(), k_ref.nan_to_num(), rtol=2**-10, atol=2**-24)
+
+
+def test_fp16_rounding_is_to_nearest_even_at_the_ties():
+    """Values halfway between two fp16 numbers (1 + 2^-11 and 1 + 3 * 2^-11) round to the even neighbour."""
+    seqs, Hq, Hkv, D, ps = [(1, 5)], 2, 2, 64, 16
+    case, qkv, positions, slots, inv_freq, plan = inputs(seqs, Hq, Hkv, D, ps, seed=3)
+    ties = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11, -(1 + 2**-11), 2048 + 1.0]).repeat(D // 4)
+    qkv[:, (Hq + Hkv) * D :] = ties.repeat(Hkv)  # v is written as given (k is rotated first)
+    v_pool = case.v_cache.clone()
+    kernels.fused_attention(qkv, case.k_cache.clone(), v_pool, slots, case.block_table, case.cu_q, case.kv, Hq,
+                            D ** -0.5, plan)
+    written = v_pool.view(-1, Hkv, D)[slots[0]]
+    assert torch.equal(written, ties.to(F16).expand(Hkv, D))
+    assert written[0, :4].tolist() == [1.0, 1 + 2**-9, -1.0, 2048.0]
+
+
+def test_a_rows_result_on_fp16_pools_depends_on_neither_the_batch_nor_the_threads():
+    """Sequence 0 alone, beside two others (one long, so the work split differs), and on one thread: the same
+    bits."""
+    seqs, Hq, Hkv, D, ps = [(1, 700), (1, 37), (2, 1500)], 9, 3, 64, 16
+    case, qkv, positions, slots, inv_freq, _ = inputs(seqs, Hq, Hkv, D, ps, seed=5)
+
+    def run(n_seqs: int, rows: int) -> torch.Tensor:
+        table, cu, kv = case.block_table[:n_seqs], case.cu_q[: n_seqs + 1], case.kv[:n_seqs]
+        plan = kernels.plan_step(positions[:rows], inv_freq, table, cu, kv, ps, fuse=True)
+        return kernels.fused_attention(qkv[:rows], case.k_cache.clone(), case.v_cache.clone(), slots[:rows], table,
+                                       cu, kv, Hq, D ** -0.5, plan)
+
+    together = run(3, 4)
+    assert torch.equal(together[:1], run(1, 1))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run(3, 4), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("k_dtype,v_dtype", [(torch.bfloat16, torch.bfloat16), (F16, torch.float32)])
+def test_pools_of_another_or_of_mixed_element_types_are_refused(k_dtype, v_dtype):
+    case, qkv, positions, slots, inv_freq, plan = inputs([(1, 20)], 4, 2, 32, 16, seed=0, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="both float32 or both float16"):
+        kernels.fused_attention(qkv, case.k_cache.to(k_dtype), case.v_cache.to(v_dtype), slots, case.block_table,
+                                case.cu_q, case.kv, 4, 0.1, plan)
+
+
+@pytest.mark.skipif(not _has_vnni(), reason="no AVX-512 here: the default build is the AVX2 path, tested above")
+def test_the_avx2_build_gives_the_same_fp16_attention():
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                          "not avx2_build"], env=avx2_build_env(), capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-3000:]

@@ -22,4 +22,10 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
                                             const c10::optional<at::Tensor>& residual);
 
+// One sparse layer's experts: each row's top-k experts' [gate | up] -> SwiGLU (act 1) -> down, weighted and
+// summed (moe.cpp; its MoEExperts holds the layer's packed experts)
+struct MoEExperts;
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
+                       const MoEExperts& table, int64_t act);
+
 }  // namespace pagedeck

@@ -1,0 +1,387 @@
+// One sparse layer's experts in one call: each row's top-k experts' [gate | up] -> SwiGLU -> down, summed with
+// the router's weights (engine.model.moe_kernel).
+//
+// The experts stay in their own packed formats (formats.h: a Q4_K_M file's Q4_K gate|up beside its Q4_K or Q6_K
+// down, q4, q5, q8 ...) and are multiplied by the per-format row kernels of rows.h, q4k.h, q4k16.h and q6.h,
+// the ones qmatmul's per-row path runs. The threads share one list of (expert, chunk of output rows) tasks of
+// about equal weight bytes, handed out from a shared counter: every expert that any row chose is read once a
+// step, by whichever threads take its chunks, and all of its rows meet each weight row while it is in cache.
+// llama.cpp's mul_mat_id groups the rows by expert the same way (matrix_row_counts) but runs gate, up, the
+// activation and down as four graph ops with a barrier between each, and splits one expert's rows among the
+// threads at a time; here gate and up of a chunk share one task, SwiGLU is its epilogue, and the threads move
+// from expert to expert without waiting: a step has two barriers (after gate|up, after down) whatever k is.
+//
+// A call goes in four phases:
+//   1. x is quantized once per activation kind its gate|up formats need (activations.h: per 32 for q4, q5,
+//      q6, q8; per 256, Q8_K, for q4k), and each expert's rows are gathered from it;
+//   2. gate|up tasks: gate rows and up rows of a chunk, silu(gate) * up into the expert's rows of A;
+//   3. each expert's A rows quantized for its down's format, then down tasks into the expert's rows of Y;
+//   4. out[r] = sum over r's experts in ascending expert order of Y[slot] * weight, a product then a sum (never
+//      fused into an fma): the torch path's index_add_ of y * scale, expert by expert, in the same order.
+// An expert that enough rows chose (kWholeCallRows; prompt chunks) takes qmatmul instead, after the others: its
+// own GEMM tiles or row chunks over all threads. Every element is the arithmetic qmatmul does for it, whatever
+// the rows, tasks or threads, so a row's output equals the torch path's (engine.model.moe) bit for bit and
+// never depends on the rest of the batch.
+#include "activations.h"
+#include "common.h"
+#include "formats.h"
+#include "kquant.h"
+#include "ops.h"
+#include "q4k.h"
+#include "q4k16.h"
+#include "q6.h"
+#include "rows.h"
+
+#include <ATen/ATen.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <vector>
+
+namespace pagedeck {
+
+// One packed matrix of an expert: its tensors (kept alive here) and the pointers the row kernels read.
+struct ExpertMatrix {
+  at::Tensor qs, d;
+  c10::optional<at::Tensor> m;
+  formats::Format f;
+  rows::Weights w;
+  int64_t N, row_bytes;
+};
+
+// A layer's experts, built once per layer (engine.model.moe_kernel) so a call passes one object, not 6 tensors
+// an expert: per expert e, blocks[6e .. 6e+3) is gate|up's (qs, d, m) and blocks[6e+3 .. 6e+6) down's, m an
+// empty tensor where the format has none; formats[2e], formats[2e+1] their kernel ids (formats.h).
+struct MoEExperts : torch::CustomClassHolder {
+  std::vector<ExpertMatrix> gate_up, down;
+  int64_t hidden = 0, inter = 0;
+
+  MoEExperts(std::vector<at::Tensor> blocks, std::vector<int64_t> fmts) {
+    const int64_t E = (int64_t)fmts.size() / 2;
+    TORCH_CHECK(E > 0 && (int64_t)fmts.size() == 2 * E && (int64_t)blocks.size() == 6 * E,
+                "MoEExperts wants (qs, d, m) of gate|up and down and their two format ids per expert, got ",
+                blocks.size(), " tensors and ", fmts.size(), " ids");
+    for (int64_t e = 0; e < E; ++e) {
+      gate_up.push_back(matrix(blocks.data() + 6 * e, fmts[2 * e]));
+      down.push_back(matrix(blocks.data() + 6 * e + 3, fmts[2 * e + 1]));
+      const ExpertMatrix &g = gate_up.back(), &dn = down.back();
+      if (e == 0) hidden = g.w.K, inter = g.N / 2;
+      TORCH_CHECK(g.w.K == hidden && g.N == 2 * inter && dn.w.K == inter && dn.N == hidden, "expert ", e,
+                  ": gate|up (", g.N, ", ", g.w.K, ") and down (", dn.N, ", ", dn.w.K,
+                  ") do not match the first expert's (", 2 * inter, ", ", hidden, ") and (", hidden, ", ", inter, ")");
+    }
+  }
+
+  // A matrix's tensors, checked against its declared format by qmatmul itself (a call of no rows checks
+  // every layout rule and returns at once).
+  static ExpertMatrix matrix(const at::Tensor* t, int64_t fmt) {
+    TORCH_CHECK(fmt >= 0 && fmt < formats::kCount, "unknown packed format id ", fmt, " (kernels/formats.py)");
+    const formats::Layout& L = formats::kLayouts[fmt];
+    TORCH_CHECK(t[0].dim() == 2 && t[0].scalar_type() == at::kByte, "an expert's qs must be 2-D uint8");
+    TORCH_CHECK(t[0].size(1) % (L.code_bytes * L.rows) == 0, "packed weights do not match their declared format ",
+                L.name, " (id ", fmt, "): rows of ", t[0].size(1), " bytes are not whole blocks of ",
+                L.code_bytes * L.rows, " bytes");
+    const int64_t K = t[0].size(1) * L.values / (L.code_bytes * L.rows), N = t[0].size(0) * L.rows;
+    c10::optional<at::Tensor> m = t[2].numel() ? c10::optional<at::Tensor>(t[2]) : c10::nullopt;
+    qmatmul(at::empty({0, K}, at::kFloat), t[0], t[1], m, fmt, 0);
+    const bool affine = L.scales == 2;
+    rows::Weights w{(const uint8_t*)t[0].data_ptr(), L.scales == 0 ? nullptr : (const uint16_t*)t[1].data_ptr(),
+                    affine ? (const uint16_t*)m->data_ptr() : nullptr, K, K / kBlock};
+    return {t[0], t[1], m, (formats::Format)fmt, w, N, t[0].numel() / N};
+  }
+};
+
+namespace {
+
+using namespace formats;  // Format and its ids
+
+enum Act : int64_t { kSwiGLU = 1 };  // kernels.packed.ACTIVATIONS' ids
+
+// An expert with this many rows or more takes whole qmatmul calls: enough rows for its GEMM tiles (or its own
+// row chunks over all threads) to beat sharing the per-row tasks.
+constexpr int64_t kWholeCallRows = 8;
+// Weight bytes a task: a quarter of a thread's share of the step, within these bounds (qmatmul's row chunks:
+// long runs keep each thread's stream sequential; several tasks a thread let the threads finish together).
+constexpr int64_t kMinTaskBytes = 64 << 10, kMaxTaskBytes = 512 << 10;
+
+// The activations a format's row kernel reads: Q8_K per 256 (q4k), per 32 in q4's paired layout (q4, q5), or
+// per 32 in natural order with the per-16 sums q6 needs (q6, q8). Activations of one kind serve every format
+// of that kind, so x is quantized once per kind.
+enum Kind : int { kPer256 = 0, kPaired = 1, kNatural = 2, kKinds = 3 };
+
+Kind kind_of(Format f) {
+  if (f == kQ4K || f == kQ4K16) return kPer256;
+  return f == kQ4 || f == kQ5 ? kPaired : kNatural;
+}
+
+void quantize(const float* x, int64_t M, int64_t K, Kind kind, QuantAct& a) {
+  if (kind == kPer256) {
+    quantize_k(x, M, K, a.k);
+  } else {
+    quantize_rows(x, M, K, a, kind == kPaired, kind == kNatural);
+  }
+}
+
+// dst = rows `rows[0..M)` of src (both quantized as `kind`, K values a row)
+void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind kind, QuantAct& dst) {
+  auto take = [&](const auto& from, auto& to, int64_t width) {
+    to.resize(M * width);
+    for (int64_t m = 0; m < M; ++m) std::copy_n(from.data() + rows[m] * width, width, to.data() + m * width);
+  };
+  if (kind == kPer256) {
+    dst.k.nsb = src.k.nsb;
+    take(src.k.q, dst.k.q, K);
+    take(src.k.d, dst.k.d, src.k.nsb);
+    take(src.k.bs, dst.k.bs, src.k.nsb * 8);
+    return;
+  }
+  const int64_t nbp = src.nbp;
+  dst.nbp = nbp;
+  take(src.q, dst.q, K);
+  take(src.d, dst.d, nbp);
+  take(src.s, dst.s, nbp);
+  take(src.c, dst.c, nbp);
+  take(src.isum, dst.isum, nbp);
+  take(src.xs16, dst.xs16, src.xs16.empty() ? 0 : 2 * nbp);
+}
+
+// out[m * ldo + n - n0] = weight row n . activation row m for rows [n0, n1) (whole groups for q4k16) and all M
+// activation rows: the row kernels qmatmul's per-row path calls, each weight row met by every activation row.
+template <int F>
+void products(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  thread_local std::vector<float> col, grp;
+  if constexpr (F == kQ4K16) {
+    grp.resize(M * q4k16::kRows);
+    for (int64_t n = n0; n < n1; n += q4k16::kRows) {
+      q4k16::group_rows(w.qs, w.K, a.k, M, n / q4k16::kRows, grp.data());
+      for (int64_t m = 0; m < M; ++m)
+        std::copy_n(grp.data() + m * q4k16::kRows, q4k16::kRows, out + m * ldo + n - n0);
+    }
+    return;
+  }
+  col.resize(M);
+  for (int64_t n = n0; n < n1; ++n) {
+    if constexpr (F == kQ6) {
+      q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, col.data());
+    } else if constexpr (F == kQ4K) {
+      q4k::weight_row(w.qs, w.K, a.k, M, n, col.data());
+    } else {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows::dot_tile<4, 1, F>(w, n, a, m, col.data() + m, 1);
+      for (; m < M; ++m) rows::dot_tile<1, 1, F>(w, n, a, m, col.data() + m, 1);
+    }
+    for (int64_t m = 0; m < M; ++m) out[m * ldo + n - n0] = col[m];
+  }
+}
+
+void products(const ExpertMatrix& mat, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  switch (mat.f) {
+    case kQ8: return products<kQ8>(mat.w, a, M, n0, n1, out, ldo);
+    case kQ4: return products<kQ4>(mat.w, a, M, n0, n1, out, ldo);
+    case kQ5: return products<kQ5>(mat.w, a, M, n0, n1, out, ldo);
+    case kQ6: return products<kQ6>(mat.w, a, M, n0, n1, out, ldo);
+    case kQ4K: return products<kQ4K>(mat.w, a, M, n0, n1, out, ldo);
+    case kQ4K16: return products<kQ4K16>(mat.w, a, M, n0, n1, out, ldo);
+    default: break;
+  }
+  TORCH_CHECK(false, "no per-row kernel for packed format id ", (int)mat.f);
+}
+
+// The activations of a call: x quantized per kind, and per active expert its gathered x rows and its A rows.
+struct Scratch {
+  QuantAct x[kKinds];
+  std::vector<QuantAct> xa, aa;
+};
+
+// Whether products() has the format's per-row kernel; an expert in another format (q8g, which has only GEMM
+// tiles, or one whose kernels are qmatmul's alone) takes whole qmatmul calls.
+bool has_row_kernel(Format f) {
+  return f == kQ8 || f == kQ4 || f == kQ5 || f == kQ6 || f == kQ4K || f == kQ4K16;
+}
+
+// A task: output rows [n0, n1) of the `expert`-th active expert's gate|up (SwiGLU rows: gate rows and up rows) or down.
+struct Task {
+  int64_t expert, n0, n1;
+};
+
+// Chunks of about `target` weight bytes (whole groups for q4k16) over an expert's Nout output rows.
+void add_tasks(int64_t expert, const ExpertMatrix& mat, int64_t Nout, int64_t bytes_a_row, int64_t target,
+               std::vector<Task>& tasks) {
+  const int64_t unit = mat.f == kQ4K16 ? q4k16::kRows : 1, units = Nout / unit;
+  const int64_t chunks = std::max<int64_t>(1, std::min(units, (Nout * bytes_a_row + target - 1) / target));
+  for (int64_t c = 0; c < chunks; ++c)
+    tasks.push_back({expert, units * c / chunks * unit, units * (c + 1) / chunks * unit});
+}
+
+// fn(task) for every task, the threads taking them in order from a shared counter
+template <class Fn>
+void run_tasks(const std::vector<Task>& tasks, Fn&& fn) {
+  const int64_t n = (int64_t)tasks.size();
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n), 1, [&](int64_t, int64_t) {
+    for (int64_t t = next.fetch_add(1, std::memory_order_relaxed); t < n; t = next.fetch_add(1, std::memory_order_relaxed))
+      fn(tasks[t]);
+  });
+}
+
+// acc[i] = acc[i] + y[i] * w, rounded after the product and after the sum as torch's mul then index_add_ are
+// (no fma: with contraction the kernel would no longer give the torch path's bits)
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+void add_scaled(float* acc, const float* y, float w, int64_t n) {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = y[i] * w;
+    acc[i] = acc[i] + p;
+  }
+}
+
+}  // namespace
+
+at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
+                       const MoEExperts& table, int64_t act) {
+  check_cpu_f32(x, "x");
+  check_cpu_f32(weights, "weights");
+  TORCH_CHECK(act == kSwiGLU, "moe_experts: unknown activation id ", act, " (1: SwiGLU)");
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == table.hidden, "x must be (rows, ", table.hidden, "), got ", x.sizes());
+  TORCH_CHECK(experts.scalar_type() == at::kLong && experts.is_contiguous() && experts.dim() == 2 &&
+                  experts.size(0) == x.size(0) && weights.sizes() == experts.sizes(),
+              "experts must be contiguous int64 (rows, k) and weights float32 of the same shape");
+  const int64_t T = x.size(0), k = experts.size(1), H = table.hidden, I = table.inter;
+  const int64_t E = (int64_t)table.gate_up.size(), S = T * k;
+  at::Tensor out = at::zeros({T, H}, x.options());
+  if (S == 0) return out;
+  const int64_t* choice = experts.data_ptr<int64_t>();
+  const float* weight = weights.data_ptr<float>();
+
+  // The choices grouped by expert, rows ascending within each (the torch path's stable argsort): expert e's
+  // rows are slots [first[e], first[e + 1]) of A and Y.
+  std::vector<int64_t> first(E + 1, 0), slot_of(S), row_of(S);
+  for (int64_t i = 0; i < S; ++i) {
+    TORCH_CHECK(choice[i] >= 0 && choice[i] < E, "expert id ", choice[i], " out of range (", E, " experts)");
+    ++first[choice[i] + 1];
+  }
+  for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
+  {
+    std::vector<int64_t> fill(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < S; ++i) {
+      const int64_t s = fill[choice[i]]++;
+      slot_of[i] = s;
+      row_of[s] = i / k;
+    }
+  }
+  std::vector<int64_t> active, whole;  // experts of this step: through the shared tasks, or whole qmatmul calls
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = first[e + 1] - first[e];
+    if (n == 0) continue;
+    const bool rows_kernel = has_row_kernel(table.gate_up[e].f) && has_row_kernel(table.down[e].f);
+    (n >= kWholeCallRows || !rows_kernel ? whole : active).push_back(e);
+  }
+  at::Tensor Y = at::empty({S, H}, x.options());
+  float* y = Y.data_ptr<float>();
+
+  if (!active.empty()) {
+    const int64_t threads = at::get_num_threads(), n_active = (int64_t)active.size();
+    int64_t gate_up_bytes = 0, down_bytes = 0;
+    bool kinds[kKinds] = {};
+    for (int64_t e : active) {
+      gate_up_bytes += table.gate_up[e].N * table.gate_up[e].row_bytes;
+      down_bytes += table.down[e].N * table.down[e].row_bytes;
+      kinds[kind_of(table.gate_up[e].f)] = true;
+    }
+    auto target = [&](int64_t bytes) { return std::clamp(bytes / (4 * threads), kMinTaskBytes, kMaxTaskBytes); };
+    // 1. x quantized once per kind; each active expert's rows gathered from it (one expert a task)
+    // the calling thread's buffers, kept between calls (named through references: inside the tasks' lambdas a
+    // thread_local's own name would be each worker's instance)
+    static thread_local Scratch kept;
+    QuantAct* quantized = kept.x;
+    std::vector<QuantAct>&xa = kept.xa, &aa = kept.aa;
+    if ((int64_t)xa.size() < n_active) xa.resize(n_active), aa.resize(n_active);
+    for (int kind = 0; kind < kKinds; ++kind)
+      if (kinds[kind]) quantize(x.data_ptr<float>(), T, H, (Kind)kind, quantized[kind]);
+    at::parallel_for(0, n_active, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t e = active[i];
+        const Kind kind = kind_of(table.gate_up[e].f);
+        gather(quantized[kind], row_of.data() + first[e], first[e + 1] - first[e], H, kind, xa[i]);
+      }
+    });
+    // 2. gate|up: a task's gate rows, then its up rows (each its own sequential stream), SwiGLU into A
+    at::Tensor A = at::empty({S, I}, x.options());
+    float* a_rows = A.data_ptr<float>();
+    std::vector<Task> tasks;
+    for (int64_t i = 0; i < n_active; ++i) {
+      const ExpertMatrix& g = table.gate_up[active[i]];
+      add_tasks(i, g, I, 2 * g.row_bytes, target(gate_up_bytes), tasks);
+    }
+    run_tasks(tasks, [&](const Task& t) {
+      thread_local std::vector<float> gate, up;
+      const int64_t e = active[t.expert], M = first[e + 1] - first[e], len = t.n1 - t.n0;
+      gate.resize(M * len);
+      up.resize(M * len);
+      products(table.gate_up[e], xa[t.expert], M, t.n0, t.n1, gate.data(), len);
+      products(table.gate_up[e], xa[t.expert], M, t.n0 + I, t.n1 + I, up.data(), len);
+      for (int64_t m = 0; m < M; ++m) {
+        silu_mul(gate.data() + m * len, up.data() + m * len, len);
+        std::copy_n(gate.data() + m * len, len, a_rows + (first[e] + m) * I + t.n0);
+      }
+    });
+    // 3. A quantized for each expert's down, then down tasks straight into the expert's rows of Y
+    at::parallel_for(0, n_active, 1, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const int64_t e = active[i];
+        quantize(a_rows + first[e] * I, first[e + 1] - first[e], I, kind_of(table.down[e].f), aa[i]);
+      }
+    });
+    tasks.clear();
+    for (int64_t i = 0; i < n_active; ++i) {
+      const ExpertMatrix& d = table.down[active[i]];
+      add_tasks(i, d, H, d.row_bytes, target(down_bytes), tasks);
+    }
+    run_tasks(tasks, [&](const Task& t) {
+      const int64_t e = active[t.expert];
+      products(table.down[e], aa[t.expert], first[e + 1] - first[e], t.n0, t.n1, y + first[e] * H + t.n0, H);
+    });
+  }
+  // Experts of many rows: qmatmul over all threads each (its GEMM tiles for prompt chunks)
+  for (int64_t e : whole) {
+    const at::Tensor rows = at::from_blob(row_of.data() + first[e], {first[e + 1] - first[e]}, at::kLong);
+    const ExpertMatrix &g = table.gate_up[e], &d = table.down[e];
+    const at::Tensor a = qmatmul(x.index_select(0, rows), g.qs, g.d, g.m, g.f, kSwiGLU);
+    Y.narrow(0, first[e], rows.numel()).copy_(qmatmul(a, d.qs, d.d, d.m, d.f, 0));
+  }
+  // 4. each row's experts summed in ascending expert order
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, T, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<int64_t> order(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t j = 0; j < k; ++j) order[j] = r * k + j;
+      std::sort(order.begin(), order.end(), [&](int64_t i, int64_t j) { return slot_of[i] < slot_of[j]; });
+      for (int64_t i : order) add_scaled(o + r * H, y + slot_of[i] * H, weight[i], H);
+    }
+  });
+  return out;
+}
+
+namespace {
+
+at::Tensor moe_experts_op(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
+                          const c10::intrusive_ptr<MoEExperts>& table, int64_t act) {
+  return moe_experts(x, experts, weights, *table, act);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.class_<MoEExperts>("MoEExperts").def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>>());
+  lib.def("moe_experts(Tensor x, Tensor experts, Tensor weights, __torch__.torch.classes.pagedeck.MoEExperts table, "
+          "int act) -> Tensor",
+          &moe_experts_op);
+}
+
+}  // namespace pagedeck

@@ -25,9 +25,14 @@ THOUGHT, ANSWER = "The user greets me, so I greet back.", "Hello there!"
 THINK_THEN_ANSWER = ["<|channel|>", "analysis", "<|message|>", THOUGHT, "<|end|>", "<|start|>",
                      "assistant<|channel|>final<|message|>", ANSWER]
 CALL_THOUGHT, CALL_ARGUMENTS = "I need the weather in Paris.", '{"city": "Paris"}'
-THINK_THEN_CALL = ["<|channel|>", "analysis", "<|message|>", CALL_THOUGHT, "<|end|>", "<|start|>",
-                   "assistant<|channel|>commentary to=functions.get_weather ", "<|constrain|>", "json<|message|>",
-                   CALL_ARGUMENTS]
+
+
+def call_script(name: str = "get_weather", arguments: str = CALL_ARGUMENTS, thought: str = CALL_THOUGHT) -> list[str]:
+    """Thinks, then calls `name` with `arguments` (JSON text) on the commentary channel."""
+    return ["<|channel|>", "analysis", "<|message|>", thought, "<|end|>", "<|start|>",
+            f"assistant<|channel|>commentary to=functions.{name} ", "<|constrain|>", "json<|message|>", arguments]
+
+
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city now.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
@@ -48,6 +53,6 @@ def answer_model(folder: str | Path) -> Path:
     return write_harmony_model(folder, THINK_THEN_ANSWER)
 
 
-def call_model(folder: str | Path) -> Path:
-    """Thinks, then calls get_weather(city="Paris") on the commentary channel, ending with <|call|>."""
-    return write_harmony_model(folder, THINK_THEN_CALL, end="<|call|>")
+def call_model(folder: str | Path, name: str = "get_weather", arguments: str = CALL_ARGUMENTS) -> Path:
+    """Thinks, then calls a function (get_weather(city="Paris")) on the commentary channel, ending with <|call|>."""
+    return write_harmony_model(folder, call_script(name, arguments), end="<|call|>")

@@ -19,12 +19,13 @@ from app.core.reply_trace import ToolCallRecord
 from app.core.store import Message
 from engine.chat import THINK, ReasoningMarkers, ReplyParser, ToolCall, reasoning_markers, split_reasoning, split_reply
 from engine.chat import starts_in_reasoning, supports_thinking_switch, tool_call_format
+from engine.chat.harmony import uses_harmony
 
 MAX_ROUNDS = 8  # model rounds per reply: a model that keeps calling tools is stopped with its last text
 RESULT_SHOWN_CHARS = 2000  # a tool result longer than this is cut in the transcript (the model gets it whole)
 
 __all__ = ["MAX_ROUNDS", "RoundParser", "ToolCall", "markers_of", "prompt_history", "reply_view", "rounds_of",
-           "thinks", "tool_block"]
+           "takes_effort", "thinks", "tool_block"]
 
 
 def markers_of(template: str | None) -> ReasoningMarkers:
@@ -38,6 +39,11 @@ def thinks(template: str | None) -> bool:
     return supports_thinking_switch(template)
 
 
+def takes_effort(template: str | None) -> bool:
+    """Whether the model takes a reasoning effort (a harmony template: the chat's reasoning_effort applies)."""
+    return uses_harmony(template)
+
+
 class RoundParser(ReplyParser):
     """One round of a streaming reply (engine.chat's ReplyParser): raw text in; thinking, answer text and
     complete calls out. `<think>` is split where the template names no markers too (only at the reply's
@@ -49,10 +55,6 @@ class RoundParser(ReplyParser):
         names = tuple(tool_names)
         super().__init__(markers, in_reasoning=starts_in_reasoning(prompt or "", markers),
                          tool_format=tool_call_format(template) if names else None, tool_names=names)
-
-    @property
-    def in_reasoning(self) -> bool:
-        return self._reasoning.in_reasoning
 
 
 def _fence(text: str) -> str:

@@ -130,11 +130,13 @@ class PaneActions:
             self.session.set_settings(dlg.settings())
 
     def open_tools(self) -> ChatToolsDialog:
-        """The chat's MCP tools and thinking switch (non-blocking: the tools are listed while it is open)."""
-        from app.agent.reply_rounds import thinks
+        """The chat's MCP tools, thinking switch and reasoning effort (non-blocking: the tools are listed while
+        it is open)."""
+        from app.agent.reply_rounds import takes_effort, thinks
 
-        dlg = ChatToolsDialog(self.session.settings, self.session.tools, thinks(self.session.backend.chat_template(self.session.settings)),
-                              self.session.chat.title, self)
+        template = self.session.backend.chat_template(self.session.settings)
+        dlg = ChatToolsDialog(self.session.settings, self.session.tools, thinks(template), self.session.chat.title,
+                              self, effort_setting=takes_effort(template))
         dlg.accepted.connect(lambda: self.session.set_settings(dlg.settings()))
         dlg.open()
         self.tools_dialog = dlg

@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from app.core.context_window import POLICIES, ROLLING_WINDOW, STOP_AT_LIMIT, TRUNCATE_MIDDLE
+from engine.chat.harmony import DEFAULT_REASONING_EFFORT, REASONING_EFFORTS
 from engine.contract import SamplerSettings, check_lora_pairs
 
 _ENGINE = SamplerSettings()  # the engine's sampler defaults (ExLlamaV2's)
@@ -63,6 +64,8 @@ class ChatSettings:
     tools: tuple[str, ...] = ()
     # Let a reasoning model think before answering, where its template has the switch (Qwen3's enable_thinking).
     thinking: bool = True
+    # How hard a harmony model (gpt-oss) thinks: low, medium or high, said in its system message.
+    reasoning_effort: str = DEFAULT_REASONING_EFFORT
 
     def sampler_settings(self) -> SamplerSettings:
         """The engine's SamplerSettings for these chat settings."""
@@ -103,6 +106,8 @@ class ChatSettings:
             raise bad("tools", 'must be "server/tool" names')
         if not isinstance(self.thinking, bool):
             raise bad("thinking", "must be a bool")
+        if self.reasoning_effort not in REASONING_EFFORTS:
+            raise bad("reasoning_effort", f"must be one of {', '.join(REASONING_EFFORTS)}")
         if self.loras is not None:
             try:
                 check_lora_pairs(self.loras)  # the engine's one rule for (adapter name, scale) pairs

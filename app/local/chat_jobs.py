@@ -164,6 +164,8 @@ class ChatJobs:
             generator, input_ids=ids, max_new_tokens=settings.max_new_tokens, gen_settings=gen_settings,
             seed=settings.seed, stop_conditions=stops, identifier=identifier, loras=loras, filters=filters,
             stop_on_loops=settings.stop_on_loops, priority=self.priorities.priority(identifier),
+            # a harmony reply (gpt-oss) is made of special tokens: its channels are read from them
+            decode_special_tokens=getattr(tokenizer.chat_format, "harmony", False),
             **({"embeddings": embeddings} if embeddings else {}),
         )
         self._jobs[identifier] = job

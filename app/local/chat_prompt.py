@@ -20,10 +20,16 @@ from app.core.store import ChatSettings
 from engine.chat import render_kwargs, supports_thinking_switch, template_messages, tool_call_format
 
 
+def _effort(tokenizer: Any, settings: ChatSettings) -> str | None:
+    """The chat's reasoning effort where the model's chats are harmony (gpt-oss's system message says it)."""
+    return settings.reasoning_effort if getattr(tokenizer.chat_format, "harmony", False) else None
+
+
 def prompt_text(tokenizer: Any, history: list[dict], settings: ChatSettings, tools: list[dict] | None = None) -> str:
     """Chat template over system prompt + history (and the chat's tools, which the template renders). A
     trailing assistant message is continued: its text follows the generation prompt, unclosed. The chat's
-    thinking switch goes to templates that take one (Qwen3's enable_thinking)."""
+    thinking switch goes to templates that take one (Qwen3's enable_thinking), its reasoning effort to a
+    harmony model (gpt-oss)."""
     partial = history[-1]["content"] if history and history[-1]["role"] == "assistant" else None
     if partial is not None:
         history = history[:-1]
@@ -31,7 +37,8 @@ def prompt_text(tokenizer: Any, history: list[dict], settings: ChatSettings, too
     template = tokenizer.chat_template
     # tool calls and results as the template takes them (or, for a template that knows no tools, as text)
     messages = template_messages(messages, template, tool_call_format(template), tools)
-    extra = render_kwargs(tools, template, enable_thinking=settings.thinking if supports_thinking_switch(template) else None)
+    extra = render_kwargs(tools, template, enable_thinking=settings.thinking if supports_thinking_switch(template) else None,
+                          reasoning_effort=_effort(tokenizer, settings))
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra) + (partial or "")
 
 
@@ -55,7 +62,7 @@ def image_prompt(tokenizer: Any, vision: Any, history: list[dict], settings: Cha
     template = tokenizer.chat_template
     messages = template_messages(messages, template, tool_call_format(template), tools)
     thinking = settings.thinking if supports_thinking_switch(template) else None
-    extra = render_kwargs(tools, template, enable_thinking=thinking)
+    extra = render_kwargs(tools, template, enable_thinking=thinking, reasoning_effort=_effort(tokenizer, settings))
     ids, embeddings = engine.image_prompt(messages, tokenizer, vision, **extra)
     if partial:
         ids = ids.new_tensor([ids[0].tolist() + encode(tokenizer, partial)[0].tolist()])
@@ -76,6 +83,7 @@ class ChatPrompt:
         self.history = [dict(m) for m in history]
         self.system_prompt = settings.system_prompt
         self.thinking = settings.thinking
+        self.effort = settings.reasoning_effort
         self.tools = tools or None
         self.text = prompt_text(tokenizer, history, settings, tools)
         self.ids = encode(tokenizer, self.text)
@@ -87,7 +95,8 @@ class ChatPrompt:
         docstring), otherwise encoded."""
         removed = len(self.history) - len(history)
         if (removed < 0 or settings.system_prompt != self.system_prompt or self.tokenizer.chat_format != self.template
-                or (tools or None) != self.tools or settings.thinking != self.thinking):
+                or (tools or None) != self.tools or settings.thinking != self.thinking
+                or settings.reasoning_effort != self.effort):
             return None
         same = _common_prefix(self.history, history)
         if self.history[same + removed:] != history[same:]:

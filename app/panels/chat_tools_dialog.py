@@ -1,8 +1,9 @@
-"""A chat's tools and thinking: which MCP tools its model may call, and the thinking switch.
+"""A chat's tools and thinking: which MCP tools its model may call, the thinking switch and the reasoning effort.
 
 The tools are listed from the configured servers when the dialog opens (on the event loop: a slow server
 never freezes the window); tools the chat had picked whose server is not reachable now stay listed and
-picked, marked as unavailable. The thinking switch applies only where the model's template has one.
+picked, marked as unavailable. The thinking switch applies only where the model's template has one, the
+reasoning effort (low, medium, high) only to a harmony model (gpt-oss), whose system message says it.
 """
 from __future__ import annotations
 
@@ -10,18 +11,20 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
-    QCheckBox, QDialog, QDialogButtonBox, QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QListWidget, QListWidgetItem, QVBoxLayout,
+    QWidget,
 )
 
 from app.agent.mcp_client import McpTool
 from app.agent.tool_hub import ToolHub
 from app.core.store import ChatSettings
 from app.core.tasks import spawn
+from engine.chat.harmony import REASONING_EFFORTS
 
 
 class ChatToolsDialog(QDialog):
     def __init__(self, settings: ChatSettings, hub: ToolHub | None, thinking_switch: bool, title: str,
-                 parent: QWidget | None = None):
+                 parent: QWidget | None = None, effort_setting: bool = False):
         super().__init__(parent)
         self.setWindowTitle(f"Tools and thinking — {title}")
         self._settings = settings
@@ -34,6 +37,15 @@ class ChatToolsDialog(QDialog):
         self.thinking.setEnabled(thinking_switch)
         if not thinking_switch:
             self.thinking.setToolTip("The loaded model's chat template has no thinking switch")
+        self.effort = QComboBox()
+        for level in REASONING_EFFORTS:
+            self.effort.addItem(level.capitalize(), level)
+        self.effort.setCurrentIndex(REASONING_EFFORTS.index(settings.reasoning_effort))
+        self.effort.setEnabled(effort_setting)
+        self.effort.setToolTip("How long the model thinks before it answers (its system message says it)"
+                               if effort_setting else "Only a harmony model (gpt-oss) takes a reasoning effort")
+        effort_row = QFormLayout()
+        effort_row.addRow("Reasoning effort:", self.effort)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
@@ -42,6 +54,7 @@ class ChatToolsDialog(QDialog):
         layout.addWidget(self.tools, 1)
         layout.addWidget(self.status)
         layout.addWidget(self.thinking)
+        layout.addLayout(effort_row)
         layout.addWidget(buttons)
         self.resize(480, 360)
         self._fill([])
@@ -78,4 +91,5 @@ class ChatToolsDialog(QDialog):
                 self.tools.item(i).setCheckState(Qt.CheckState.Checked if on else Qt.CheckState.Unchecked)
 
     def settings(self) -> ChatSettings:
-        return replace(self._settings, tools=tuple(self.checked()), thinking=self.thinking.isChecked())
+        return replace(self._settings, tools=tuple(self.checked()), thinking=self.thinking.isChecked(),
+                       reasoning_effort=self.effort.currentData())

@@ -18,7 +18,7 @@ from tests.app.support import loop, make_window, run, store, wait_until  # noqa:
 ADVANCED = ChatSettings(dry_multiplier=1.5, dry_base=2.0, dry_allowed_length=3, mirostat=True, mirostat_tau=2.5,
                         mirostat_eta=0.2, xtc_probability=0.4, xtc_threshold=0.2, json_mode=True)
 JOB_FIELDS = {"system_prompt", "max_new_tokens", "seed", "stop_strings", "json_mode", "loras",
-              "context_overflow", "stop_on_loops", "tools", "thinking", "model"}  # go to the job (or the prompt), not the sampler
+              "context_overflow", "stop_on_loops", "tools", "thinking", "reasoning_effort", "model"}  # go to the job (or the prompt), not the sampler
 
 
 def test_no_chat_setting_is_dropped_on_the_way_to_the_sampler():

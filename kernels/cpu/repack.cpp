@@ -12,6 +12,13 @@
 //   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
+//   q8_0_repack:   Q8_0 blocks -> q8 (the file's codes + 128 and its scales: exact);
+//   q5_repack:     Q5_0 / Q5_1 blocks -> q5 (kernels.packed.q5_layout's order, d and m or -16 d: exact).
+// The last two are the loader's one pass over a Gemma-3-270M-like file's Q8_0 embedding and Q5_0
+// projections, where torch's route (views, masks, copies per tile) took most of the load. They move bytes on
+// the calling thread: a tile is ~1 MB, one core moves it in well under a millisecond, and the load runs beside
+// the tokenizer's thread, so a fork and join per tile waited on a busy core (tens of ms a tile, measured on
+// two loaded cores) for no gain.
 #include "common.h"
 #include "q4k16.h"
 #include "q8.h"
@@ -246,6 +253,75 @@ void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
   });
 }
 
+// raw (n, k / 32 * 34) Q8_0 blocks -> qs (n, k) = code + 128 and scale (n, k / 32), the file's own values
+void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
+  check_u8(raw, "raw");
+  check_u8(qs, "qs");
+  constexpr int64_t kIn = 2 + kBlock;
+  const int64_t blocks = raw.numel() / kIn;
+  TORCH_CHECK(raw.numel() == blocks * kIn && qs.numel() == blocks * kBlock, "Q8_0 sizes do not match");
+  check_half(scale, blocks, "scale");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = qs.data_ptr<uint8_t>();
+  uint16_t* sp = (uint16_t*)scale.data_ptr();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* in = src + b * kIn;
+    std::memcpy(sp + b, in, 2);
+    uint8_t* out = dst + b * kBlock;
+    for (int i = 0; i < kBlock; ++i) out[i] = in[2 + i] ^ 0x80;
+  }
+}
+
+// raw (n, nb * 22) Q5_0 or (n, nb * 24) Q5_1 blocks -> q5's qs (n, nb * 20), scale = d and minimum = m (Q5_1) or
+// fp16(-16 d) (Q5_0) (n, nb): each pair of blocks' nibbles, then their fifth bits as 16-bit words [j low,
+// j+1 low, j high, j+1 high]; an odd last block's nibbles and bits as they are (kernels.packed.q5_layout)
+void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q5_1) {
+  check_u8(raw, "raw");
+  check_u8(qs, "qs");
+  constexpr int64_t kOut = 20;
+  const int64_t head = q5_1 ? 4 : 2, in_bytes = head + 20;
+  TORCH_CHECK(qs.dim() == 2 && qs.size(1) % kOut == 0, "qs must be (n, nb * 20)");
+  const int64_t n = qs.size(0), nb = qs.size(1) / kOut;
+  TORCH_CHECK(raw.numel() == n * nb * in_bytes, "Q5 sizes do not match");
+  check_half(scale, n * nb, "scale");
+  check_half(minimum, n * nb, "minimum");
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = qs.data_ptr<uint8_t>();
+  uint16_t* sp = (uint16_t*)scale.data_ptr();
+  uint16_t* mp = (uint16_t*)minimum.data_ptr();
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < nb; ++j) {
+      const uint8_t* in = src + (r * nb + j) * in_bytes;
+      const int64_t at = r * nb + j;
+      std::memcpy(sp + at, in, 2);
+      if (q5_1) {
+        std::memcpy(mp + at, in + 2, 2);
+      } else {
+        uint16_t d;
+        std::memcpy(&d, in, 2);
+        mp[at] = to_half(-16.0f * half_to_float(d));
+      }
+    }
+    const uint8_t* row = src + r * nb * in_bytes;
+    uint8_t* out = dst + r * nb * kOut;
+    int64_t j = 0;
+    for (; j + 2 <= nb; j += 2, out += 2 * kOut) {
+      const uint8_t *a = row + j * in_bytes + head, *b = a + in_bytes;  // qh (4 bytes), then 16 nibble bytes
+      std::memcpy(out, a + 4, 16);
+      std::memcpy(out + 16, b + 4, 16);
+      std::memcpy(out + 32, a, 2);
+      std::memcpy(out + 34, b, 2);
+      std::memcpy(out + 36, a + 2, 2);
+      std::memcpy(out + 38, b + 2, 2);
+    }
+    if (j < nb) {
+      const uint8_t* a = row + j * in_bytes + head;
+      std::memcpy(out, a + 4, 16);
+      std::memcpy(out + 16, a, 4);
+    }
+  }
+}
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q8_group_in_place(Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_group_in_place);
   lib.def("group_superblocks(Tensor rows, Tensor(a!) groups, int block_bytes) -> ()", &group_superblocks);
@@ -254,6 +330,8 @@ TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q4_k_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_k_repack);
   lib.def("q8_quantize_into(Tensor w, Tensor(a!) codes, Tensor(b!) scale, bool biased) -> ()", &q8_quantize_into);
   lib.def("q6_k_to_q8(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q6_k_to_q8);
+  lib.def("q8_0_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_0_repack);
+  lib.def("q5_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum, bool q5_1) -> ()", &q5_repack);
 }
 
 }  // namespace pagedeck

@@ -35,6 +35,16 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+def _same_bits(fast, slow) -> None:
+    """The same class, every packed tensor bit for bit, the same decoded weights."""
+    assert type(fast) is type(slow)
+    for a, b in zip(fast.blocks, slow.blocks):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(_bits(a), _bits(b))
+    assert torch.equal(fast.dequantize(), slow.dequantize())
+
+
 def _random_blocks(n: int, k: int, size: int, half_at: tuple[int, ...], seed: int) -> torch.Tensor:
     """Random block bytes with finite fp16 fields at the given offsets."""
     g = torch.Generator().manual_seed(seed)
@@ -61,12 +71,7 @@ def test_repackers_give_the_torch_routes_bits(qtype, kernel, source):
         slow = Q4Linear(codes, scale, minimum, keep_dense=False)
     else:  # weights="packed" keeps Q6_K as q6 (no repacking)
         slow = _torch_route(lambda: from_blocks(rows, qtype, (n, k), "q8", keep_dense=False))
-    assert type(fast) is type(slow)
-    for a, b in zip(fast.blocks, slow.blocks):
-        assert (a is None) == (b is None)
-        if a is not None:
-            assert torch.equal(_bits(a), _bits(b))
-    assert torch.equal(fast.dequantize(), slow.dequantize())
+    _same_bits(fast, slow)
 
 
 def test_types_without_a_repacker_take_the_torch_route():
@@ -95,3 +100,27 @@ def test_q4_to_q8_requantize_gives_the_torch_routes_bits():
     fast = Q8Linear.requantize(q4)
     slow = _torch_route(lambda: Q8Linear.requantize(q4))
     assert torch.equal(fast.qs, slow.qs) and torch.equal(_bits(fast.scale), _bits(slow.scale))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q5_1])
+@pytest.mark.parametrize("k", [96, 640])  # an odd number of 32-weight blocks a row (q5 pairs them), and even
+def test_per_32_blocks_load_through_cpp_with_the_torch_routes_bits(qtype, k, monkeypatch):
+    """Q8_0 -> q8 and Q5_0/Q5_1 -> q5 (repack_fast.tile_into, a tile of rows a call) equal the torch route bit
+    for bit: random block bytes (every code and fifth-bit pattern, Q5_0's -16d minimum) over several tiles."""
+    from gguf import GGML_QUANT_SIZES
+
+    from engine.model.qlinear import packed_linear
+
+    size = GGML_QUANT_SIZES[qtype][1]
+    n = 300
+    g = torch.Generator().manual_seed(3)
+    raw = torch.randint(0, 256, (n * k // 32, size), generator=g, dtype=torch.uint8)
+    for at in (0, 2) if qtype == Q.Q5_1 else (0,):
+        raw[:, at:at + 2] = ((torch.rand(raw.shape[0], generator=g) - 0.5) * 0.04).half().view(torch.uint8).view(-1, 2)
+    rows = raw.reshape(n, -1)
+    tiles = []
+    monkeypatch.setattr(packed_linear, "TILE_WEIGHTS", 64 * k)  # several tiles, the last one short
+    fast = from_blocks(rows, qtype, (n, k), "packed", keep_dense=False, done=lambda a, b: tiles.append((a, b)))
+    slow = _torch_route(lambda: from_blocks(rows, qtype, (n, k), "packed", keep_dense=False))
+    assert tiles == [(r, min(r + 64, n)) for r in range(0, n, 64)]
+    _same_bits(fast, slow)

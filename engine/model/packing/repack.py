@@ -250,12 +250,13 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
         qs = torch.empty(n, k, dtype=torch.uint8)
         for r0 in range(0, n, step):
             tile = rows[r0:r0 + step]
-            if qtype == Q.Q8_0:  # exact: the file's codes and scales
-                blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
-                codes, scale[r0:r0 + step] = blocks[:, 2:].reshape(tile.shape[0], k), half(blocks, 0).view(-1, k // GROUP)
-            else:
-                codes, scale[r0:r0 + step] = q8_quantize(dequantize(tile, qtype, (tile.shape[0], k)))
-            qs[r0:r0 + step] = q8_pack(codes)  # code + 128 (the kernel's u8 x s8 form)
+            if not repack_fast.tile_into(tile, qtype, qs[r0:r0 + step], scale[r0:r0 + step]):  # Q8_0 in C++
+                if qtype == Q.Q8_0:  # exact: the file's codes and scales
+                    blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+                    codes, scale[r0:r0 + step] = blocks[:, 2:].reshape(tile.shape[0], k), half(blocks, 0).view(-1, k // GROUP)
+                else:
+                    codes, scale[r0:r0 + step] = q8_quantize(dequantize(tile, qtype, (tile.shape[0], k)))
+                qs[r0:r0 + step] = q8_pack(codes)  # code + 128 (the kernel's u8 x s8 form)
             if done is not None:
                 done(r0, min(r0 + step, n))
         return Q8Linear.from_packed(qs, scale, exact, keep_dense)
@@ -281,6 +282,10 @@ def _q5_from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tupl
     head = 4 if qtype == Q.Q5_1 else 2  # bytes of d (and m) before the block's qh (4) and nibbles (16)
     for r0 in range(0, n, step):
         tile = rows[r0:r0 + step]
+        if repack_fast.tile_into(tile, qtype, qs[r0:r0 + step], scale[r0:r0 + step], minimum[r0:r0 + step]):
+            if done is not None:
+                done(r0, min(r0 + step, n))
+            continue
         blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
         d = half(blocks, 0)
         scale[r0:r0 + step] = d.view(-1, g)

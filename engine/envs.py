@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the typed values, for type checkers and readers; at run tim
     PAGEDECK_API_KEY: str | None
     PAGEDECK_DENSE_COPY: str
     PAGEDECK_HUGE_PAGES: bool
+    PAGEDECK_TOKENIZER_CACHE: Path | bool | None
     PAGEDECK_CPU_KERNELS: bool
     PAGEDECK_CPU_ISA: str
     PAGEDECK_ROW_GROUPS: bool
@@ -92,6 +93,13 @@ def _dense_copy(raw: str | None) -> str:
     return "keep" if value in ("1", "keep", "on", "yes", "true") else "auto"
 
 
+def _path_or_off(raw: str | None) -> Path | bool | None:
+    """None when unset (the default place), False for 0 (off), else the path."""
+    if not raw:
+        return None
+    return False if raw.strip() == "0" else Path(raw)
+
+
 def _cpu_isa(raw: str | None) -> str:
     return "avx2" if (raw or "").strip() == "avx2" else "native"
 
@@ -113,6 +121,10 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
     Var("PAGEDECK_HUGE_PAGES", "flag (0: off)", "on",
         "0 keeps loaded weights on 4 KB pages (no MADV_COLLAPSE to 2 MB pages)", ("engine.model.huge_pages",),
         _on_unless_0),
+    Var("PAGEDECK_TOKENIZER_CACHE", "path, or 0 (off)", "the user cache's pagedeck/tokenizers folder",
+        "where the BPE merges recovered from a SentencePiece GGUF's vocabulary are kept between loads (one "
+        "checked entry per file version); 0 recovers them on every load",
+        ("engine.model.tokenizer.merge_cache",), _path_or_off),
     # the CPU kernels
     Var("PAGEDECK_CPU_KERNELS", "flag (0: off)", "on",
         "0 turns pagedeck's C++ CPU kernels off (nothing is built or loaded; torch's kernels run instead)",

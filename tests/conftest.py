@@ -68,6 +68,13 @@ def _private_preferences(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("PAGEDECK_SETTINGS", str(tmp_path_factory.mktemp("prefs") / "pagedeck.ini"))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tokenizer_cache(tmp_path_factory):
+    """The session's tokenizers keep their recovered merges in a scratch folder, never the user's cache."""
+    os.environ["PAGEDECK_TOKENIZER_CACHE"] = str(tmp_path_factory.mktemp("tokenizer-cache"))
+    envs.refresh("PAGEDECK_TOKENIZER_CACHE")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_chat_colours():
     """Every test starts with no chat colour held: windows earlier tests left open (not yet collected) still

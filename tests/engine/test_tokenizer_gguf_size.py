@@ -49,9 +49,10 @@ def _reference(meta: dict) -> HFTokenizer:
     return reference
 
 
-def _vocabulary_file(path, kind: str, arch: str):
+def _vocabulary_file(path, kind: str, arch: str, **sizes):
+    """A GGUF holding only a vocabulary (`sizes`: add_bpe_vocabulary's or add_spm_vocabulary's size)."""
     w = gguf.GGUFWriter(path, arch)
-    (synthetic_vocab.add_bpe_vocabulary if kind == "bpe" else synthetic_vocab.add_spm_vocabulary)(w)
+    (synthetic_vocab.add_bpe_vocabulary if kind == "bpe" else synthetic_vocab.add_spm_vocabulary)(w, **sizes)
     w.add_tensor("t", np.ones(32, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()

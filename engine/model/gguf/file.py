@@ -7,8 +7,10 @@ tables and the fallback dequantizers.
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +48,7 @@ class GGUFFile:
                 raise ValueError(f"{self.path} is empty (0 bytes): not a GGUF file") from None
             raise ValueError(f"Cannot open GGUF file {self.path}: {e}") from None
         header = read_header(self.path, self._map, stat)
+        self.header = header  # its size, mtime and extent identify this version of the file (merge_cache)
         self.metadata = dict(header.metadata)
         if not header_only:
             try:
@@ -60,6 +63,15 @@ class GGUFFile:
         self.parts = [self.path]
         if not _part:  # a split set's first file: its other parts' tensors join this file's
             join_parts(self)
+
+    def version_key(self) -> str:
+        """A name for this version of the file (the tokenizer's merge cache keys its entries by it): a BLAKE2b
+        digest of its size, modification time and whole header (metadata and tensor table)."""
+        h = hashlib.blake2b(digest_size=20)
+        with memoryview(self._map) as view, view[:self.header.end] as head:
+            h.update(head)
+        h.update(struct.pack("<qq", self.header.size, self.header.mtime_ns))
+        return h.hexdigest()
 
     def raw(self, name: str) -> torch.Tensor:
         """The tensor's bytes as a (rows, bytes_per_row) uint8 view of the file (no copy)."""

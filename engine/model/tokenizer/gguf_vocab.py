@@ -22,7 +22,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from engine.model.tokenizer.spm_merges import merges_from_scores
+from engine.model.tokenizer import merge_cache
+from engine.model.tokenizer.spm_merges import merge_indices
 
 SPIECE = "\u2581"  # SentencePiece's visible space
 _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
@@ -53,8 +54,10 @@ _BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3"}  # llama.cpp's 
 TOKENIZER_MODELS = ("gpt2", "llama")
 
 
-def from_gguf(meta: dict, source: str) -> HFTokenizer:
-    """The tokenizer a GGUF's metadata describes; a clear error for kinds we do not build."""
+def from_gguf(meta: dict, source: str, cache_key: str | None = None) -> HFTokenizer:
+    """The tokenizer a GGUF's metadata describes; a clear error for kinds we do not build. `cache_key`
+    (GGUFFile.version_key of the file the metadata comes from) lets a SentencePiece vocabulary's merges come
+    from, and go to, the merge cache."""
     kind = meta.get("tokenizer.ggml.model")
     if kind not in TOKENIZER_MODELS:
         raise NotImplementedError(
@@ -68,12 +71,18 @@ def from_gguf(meta: dict, source: str) -> HFTokenizer:
     if kind == "gpt2":
         tok = _byte_level(meta, tokens, source)
     else:
-        tok = _sentencepiece(meta, tokens, types, meta.get("general.architecture", ""))
+        tok = _sentencepiece(meta, tokens, types, meta.get("general.architecture", ""), cache_key)
     tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False)
                             for i in np.flatnonzero(types == _GGUF_CONTROL).tolist()])
     tok.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                     for i in np.flatnonzero(types == _GGUF_USER_DEFINED).tolist()])
     return tok
+
+
+def recovers_merges(meta: dict) -> bool:
+    """Whether building this file's tokenizer recovers merges from the vocabulary (a SentencePiece file
+    lists none), the step the merge cache keeps."""
+    return meta.get("tokenizer.ggml.model") == "llama" and "tokenizer.ggml.merges" not in meta
 
 
 def default_add_bos(meta: dict) -> bool:
@@ -112,7 +121,7 @@ def merge_pairs(merges: list[str]) -> list[tuple[str, str]]:
     return list(map(operator.itemgetter(0, 2), map(str.partition, merges, repeat(" "))))
 
 
-def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str) -> HFTokenizer:
+def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str, cache_key: str | None) -> HFTokenizer:
     gemma = arch.startswith("gemma")
     if gemma:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space.
         # User-defined ones keep their real spaces: they are matched in the raw text (from_gguf adds them).
@@ -125,9 +134,7 @@ def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str) 
     if "tokenizer.ggml.merges" in meta:
         merges = merge_pairs(meta["tokenizer.ggml.merges"])
     else:
-        scores = (dict(zip(tokens, range(0, -len(tokens), -1))) if gemma
-                  else dict(zip(tokens, meta.get("tokenizer.ggml.scores") or repeat(0.0, len(tokens)))))
-        merges = merges_from_scores(vocab, scores)
+        merges = _recovered_merges(meta, tokens, vocab, gemma, cache_key)
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
     tok = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -140,3 +147,19 @@ def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str) 
         steps.append(decoders.Strip(content=" ", left=1))
     tok.decoder = decoders.Sequence(steps)
     return tok
+
+
+def _recovered_merges(meta: dict, tokens: list[str], vocab: dict[str, int], gemma: bool,
+                      cache_key: str | None) -> list[tuple[str, str]]:
+    """The merges a SentencePiece vocabulary implies (spm_merges), from the merge cache where `cache_key` has
+    a valid entry, else recovered (and then stored under `cache_key`)."""
+    keys = np.fromiter(vocab, object, len(vocab))
+    found = merge_cache.load(cache_key, len(keys)) if cache_key is not None else None
+    if found is None:
+        scores = (dict(zip(tokens, range(0, -len(tokens), -1))) if gemma
+                  else dict(zip(tokens, meta.get("tokenizer.ggml.scores") or repeat(0.0, len(tokens)))))
+        found = merge_indices(vocab, scores, keys)
+        if cache_key is not None:
+            merge_cache.store(cache_key, len(keys), *found)
+    left, right = found
+    return list(zip(keys[left].tolist(), keys[right].tolist()))

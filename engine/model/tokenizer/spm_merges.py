@@ -21,15 +21,21 @@ _MIX = np.uint64(0xD6E8FEB86659FD93)  # odd: spreads a short string's small hash
 _CHUNK = 1 << 16  # code points of tokens hashed at once (bounds the temporaries to a few MB)
 
 
-def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
-    """The merges (left, right) of the vocabulary `vocab` ({piece: id}) whose tokens are ranked by `scores`
-    ({token: score}), best first, as the module docstring describes."""
-    keys = np.fromiter(vocab, object, len(vocab))
+def merge_indices(vocab: dict[str, int], scores: dict[str, float],
+                  keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The merges of the vocabulary `vocab` ({piece: id}) whose tokens are ranked by `scores` ({token:
+    score}), best first, as the module docstring describes: (left, right) int64 indices into the vocabulary's
+    pieces (`keys`: np.fromiter(vocab, object), passed where the caller has it), the form merge_cache keeps."""
+    if keys is None:
+        keys = np.fromiter(vocab, object, len(vocab))
     key_len = np.fromiter(map(len, keys), np.int64, len(keys))
     key_hash = _hashes(keys.tolist(), key_len)
     ranked = np.sort(key_hash)
-    if np.any(ranked[1:] == ranked[:-1]):
-        return _merges_by_strings(vocab, scores)  # two pieces share a hash: fall back to strings
+    if np.any(ranked[1:] == ranked[:-1]):  # two pieces share a hash: fall back to strings
+        place = dict(zip(vocab, range(len(vocab))))
+        merges = _merges_by_strings(vocab, scores)
+        return (np.fromiter((place[a] for a, _ in merges), np.int64, len(merges)),
+                np.fromiter((place[b] for _, b in merges), np.int64, len(merges)))
     table = _Table(key_hash)
     tokens = np.fromiter(scores, object, len(scores))
     score = np.fromiter(scores.values(), np.float64, len(tokens))
@@ -38,7 +44,7 @@ def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[
     u, cut, left, right = (np.concatenate([f[k] for f in found]) if found else np.empty(0, np.int64)
                            for k in range(4))
     order = np.lexsort((u, cut - length[u], -cut, -score[u]))  # the last key ranks first
-    return list(zip(keys[left[order]].tolist(), keys[right[order]].tolist()))
+    return left[order], right[order]
 
 
 def _chunks(length: np.ndarray):

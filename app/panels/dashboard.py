@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 
 from app.core.formatting import human_count
 from app.panels.chart_grid import ChartGrid, axis_width
+from app.panels.expert_map import ExpertMap
 from app.panels.pagemap import PageMapWidget
 from app.panels.wrap_label import WrapLabel
 from engine.contract import METRICS_KEYS
@@ -239,6 +240,8 @@ class DashboardDock(QDockWidget):
         upper_layout.addWidget(self.model_choice)
         upper_layout.addWidget(self.page_map, 1)
         upper_layout.addWidget(self.kv_bar)
+        self.expert_map = ExpertMap()  # shown for a mixture-of-experts model
+        upper_layout.addWidget(self.expert_map, 1)
         splitter = QSplitter(Qt.Vertical)
         splitter.addWidget(upper)
         splitter.addWidget(lower)
@@ -276,6 +279,7 @@ class DashboardDock(QDockWidget):
         """Forget the history (e.g. after a model reload); the next push starts a fresh window."""
         self.series.clear()
         self.page_map.preemptions.clear_counts()
+        self.expert_map.clear()
         self._counters = {k: _Monotonic() for k in ("tokens", "drafted", "accepted")}
         self._last_time = None
 
@@ -296,6 +300,7 @@ class DashboardDock(QDockWidget):
             self.page_map.update_pages(s["page_states"], s["page_shared"], s["page_owner_identifiers"],
                                        s.get("page_adapters"), s.get("adapter_sets"), s.get("preempted_pages"))
         self.page_map.preemptions.push(s.get("job_preemptions"))
+        self.expert_map.push(s.get("experts"))
         if bar != self.kv_bar.isVisible():
             self.kv_bar.setVisible(bar)
             self.page_map.setVisible(not bar)

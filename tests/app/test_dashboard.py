@@ -29,6 +29,7 @@ def snapshot(states, t, shared=None, owners=None, tokens=0, drafted=0, accepted=
         "preemptions_total": 0, "resumes_total": 0, "recomputed_tokens_total": 0,
         "job_preemptions": {}, "preempted_pages": {},
         "page_adapters": [-1 if s == -2 else 0 for s in states], "adapter_sets": {0: []},
+        "experts": None,
     }
     d.update(over)
     return d

@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -20,6 +21,17 @@ def save_grab(widget, path: Path) -> Path:
         raise OSError(f"could not write screenshot {path}")
     return path
 
+
+
+def screen_size(text: str) -> tuple[int, int]:
+    """A --size argument, WIDTHxHEIGHT (argparse's type: a bad one is a usage error naming it)."""
+    try:
+        size = tuple(int(v) for v in text.lower().split("x"))
+        if len(size) != 2 or min(size) <= 0:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be WIDTHxHEIGHT, e.g. 1366x768; got {text!r}") from None
+    return size
 
 @contextlib.contextmanager
 def qt_session(prefix: str):

@@ -34,6 +34,7 @@ SERIES_FIELDS = (
     "acceptance_pct", "sampling_busy", "sampling_max", "tokens_total", "drafted_total", "accepted_total",
 )
 WARN_OCCUPANCY_PCT = 90.0
+DOCK_MINIMUM_EM = 30  # the dock's least width in average characters of its font
 # plots whose y range follows their curves: (plot, fields, least top of the range)
 FITTED_PLOTS = (("jobs", ("active", "pending", "deferred"), 1.0), ("tokens", ("tokens_per_s",), 10.0),
                 ("sampling", ("sampling_busy", "sampling_max"), 1.0))
@@ -256,6 +257,8 @@ class DashboardDock(QDockWidget):
         scroll.setWidget(body)
         scroll.setAccessibleName("Dashboard panel")
         self.setWidget(scroll)
+        # narrower, the charts' titles would break inside words: the dock column stops here instead
+        self.setMinimumWidth(DOCK_MINIMUM_EM * QFontMetrics(self.font()).averageCharWidth())
 
     # ----------------------------------------------------------------------------------- feeding
     def set_identifier_labels(self, mapping: Mapping[object, str]) -> None:

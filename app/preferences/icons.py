@@ -20,6 +20,9 @@ BUNDLED = Path(__file__).resolve().parents[2] / "resources" / "icons" / "actions
 THEME_NAMES = {
     "edit": "document-edit", "copy": "edit-copy", "branch": "vcs-branch", "regenerate": "view-refresh",
     "continue": "media-playback-start", "model": "cpu", "presets": "configure",
+    # the side panels, on their icon rails (app.window.dock_rails)
+    "chats": "internet-group-chat", "dashboard": "utilities-system-monitor", "lora": "preferences-plugin",
+    "discover": "system-search", "server": "network-server", "batch": "view-list-details",
 }
 
 

@@ -47,6 +47,7 @@ from app.remote.remote_mode import RemoteHandles, RemoteMode
 from app.window.chat_area import ChatArea
 from app.window.accessibility import name_widgets
 from app.window.command_palette import QuickPick, open_palette
+from app.window.dock_rails import DockRails
 from app.window.menus import WindowCommands, build_menus
 from app.window.shortcuts_help import ShortcutsHelp
 from app.window.model_loader import ModelLoader
@@ -97,12 +98,14 @@ class MainWindow(QMainWindow):
         # what this window holds, for `pagedeck ps` (only the process that owns the data folder writes it)
         self.status_file = (StatusFile(self.store.path.parent, self.service, self.local_server, self)
                             if self.instance_lock is not None else None)
+        self.rails = DockRails(self, self.state)  # side panels as icon rails when the window is narrow
         self.view_actions = build_menus(self, self.chats, WindowCommands(
             new_chat=self.new_chat, export=self.export_current, preferences=self.open_preferences,
             palette=self.open_palette, shortcuts=self.open_shortcuts, switch_model=self.switch_model,
-            mcp_servers=self.open_mcp_servers))
+            mcp_servers=self.open_mcp_servers, panel_actions=tuple(self.rails.actions)))
         name_widgets(self)
         self._restore_layout()
+        self.rails.start()
         s = self.service
         if s.info is not None:  # a service that loaded before this window existed
             s.loaded.emit(s.info)
@@ -322,6 +325,7 @@ class MainWindow(QMainWindow):
         size = normal.size() if normal is not None else self.size()
         self.state.save_placement(x, y, size.width(), size.height(), self.isMaximized())
         self.state.save_layout(self.saveState(), self.chats.mode, self.chats.tile_count)
+        self.rails.save()
         current = self.chats.current_pane()
         self.state.save_chats(self.chats.open_ids, current.session.chat_id if current is not None else None)
         self.state.save_model_options(self.model_panel.request())

@@ -32,6 +32,7 @@ class WindowCommands:
     shortcuts: Callable[[], object]
     switch_model: Callable[[], object]
     mcp_servers: Callable[[], object] | None = None
+    panel_actions: tuple[QAction, ...] = ()  # the side rails' (app.window.dock_rails), in View > Panels
 
 
 def build_menus(window: QMainWindow, chats: ChatArea, do: WindowCommands) -> dict[tuple[str, int], QAction]:
@@ -87,6 +88,9 @@ def build_menus(window: QMainWindow, chats: ChatArea, do: WindowCommands) -> dic
         toggle.setText(f"{dock.windowTitle()} (shown)")
         toggle.setStatusTip(f"Show or hide the {dock.windowTitle()} panel")
         docks.addAction(toggle)
+    if do.panel_actions:
+        docks.addSeparator()
+        docks.addActions(list(do.panel_actions))
 
     chat = bar.addMenu("&Chat")
 

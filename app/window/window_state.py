@@ -1,7 +1,8 @@
-"""The session state in its INI file (QSettings), plus the window's dock layout.
+"""The session state in its INI file (QSettings), plus the window's dock layout and side rails.
 
 The dock layout is Qt's own byte array, so it is kept here, beside the Qt-free values of app.core.state
-(the window's placement among them).
+(the window's placement among them). Each side's rail choice (app.window.dock_rails: automatic, rail or
+open) and the panels a collapsed side reopens are kept beside it.
 """
 from __future__ import annotations
 
@@ -31,3 +32,17 @@ class WindowState(AppState):
 
     def dock_state(self) -> QByteArray | None:
         return self._bytes("window/state")
+
+    def rail_choice(self, side: str, known: tuple[str, ...]) -> str:
+        """The user's choice for a side's rail, one of `known` (the first, automatic, when unset or unknown)."""
+        raw = self.settings.value(f"rails/{side}")
+        return raw if raw in known else known[0]
+
+    def rail_docks(self, side: str) -> list[str]:
+        """The panels (dock object names) a collapsed side reopens."""
+        names = self._json(f"rails/{side}_docks", [])
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def save_rail(self, side: str, choice: str, docks: list[str]) -> None:
+        self.settings.setValue(f"rails/{side}", choice)
+        self._set_json(f"rails/{side}_docks", docks)

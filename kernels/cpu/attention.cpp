@@ -29,6 +29,14 @@ namespace {
 
 constexpr int64_t kChunk = 64;     // positions scored at once
 constexpr int64_t kSlice = 512;     // context positions per task
+// K rows are prefetched this many positions ahead, V rows as their K rows are read (the V pass follows within
+// the chunk): one core's loads alone leave the hardware prefetchers short of DRAM's bandwidth (common.h)
+constexpr int64_t kAhead = 16;
+
+template <typename T>
+inline void prefetch_row(const T* p, int64_t D) {
+  for (int64_t b = 0; b < D * (int64_t)sizeof(T); b += 64) __builtin_prefetch((const char*)p + b, 0, 3);
+}
 
 inline void rotate(const float* x, const float* c, const float* s, int64_t half, float* out) {
   int64_t i = 0;
@@ -129,10 +137,12 @@ inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D
 }
 
 // One query row's G heads (q: G x D) over n positions of K/V rows `stride` apart; st and A (G x D) carry
-// each head's online softmax; scores has room for G x kChunk.
+// each head's online softmax; scores has room for G x kChunk. `avail` >= n positions from K on lie in the same
+// page (what may be prefetched).
 template <typename T>
-void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t stride, int64_t n, int64_t D,
-                   float sc, Partial* st, float* A, float* scores) {
+void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t stride, int64_t n, int64_t avail,
+                   int64_t D, float sc, Partial* st, float* A, float* scores) {
+  (void)avail;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t p = 0; p < n; ++p) scores[p] = sc * dot(q + g * D, K + p * stride, D);
     online_softmax(scores, n, st[g], A + g * D, D);
@@ -144,8 +154,8 @@ void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t st
 // The same for D % 64 == 0 with the G heads in registers: each K row load serves all G heads (4 positions
 // at a time, their dot products reduced together), each V row load likewise.
 template <int G, typename T>
-void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t n, int64_t D, float sc,
-                Partial* st, float* A, float* scores) {
+void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t n, int64_t avail, int64_t D,
+                float sc, Partial* st, float* A, float* scores) {
   const __m256 scale = _mm256_set1_ps(sc);
   int64_t p = 0;
   for (; p + 4 <= n; p += 4) {
@@ -153,6 +163,10 @@ void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t 
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 4; ++j) acc[g][j] = _mm256_setzero_ps();
     const T* k = K + p * stride;
+    for (int64_t j = 0; j < 4; ++j) {
+      if (p + kAhead + j < avail) prefetch_row(k + (kAhead + j) * stride, D);
+      prefetch_row(V + (p + j) * stride, D);
+    }
     for (int64_t d = 0; d < D; d += 8) {
       const __m256 k0 = load8(k + d), k1 = load8(k + stride + d), k2 = load8(k + 2 * stride + d),
                    k3 = load8(k + 3 * stride + d);
@@ -192,7 +206,8 @@ void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t 
 #endif
 
 template <typename T>
-using ChunkFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, float, Partial*, float*, float*);
+using ChunkFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, float, Partial*, float*,
+                         float*);
 
 template <typename T>
 ChunkFn<T> fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
@@ -321,10 +336,11 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
             const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
             if (n <= 0) continue;
             const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
+            const int64_t avail = ps - c0 % ps;
             if (fast) {
-              fast(qv, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+              fast(qv, K, V, stride, n, avail, D, sc, st + i * G, A + i * G * D, scores.data());
             } else {
-              chunk_generic(qv, G, K, V, stride, n, D, sc, st + i * G, A + i * G * D, scores.data());
+              chunk_generic(qv, G, K, V, stride, n, avail, D, sc, st + i * G, A + i * G * D, scores.data());
             }
           }
           c0 = c1;

@@ -9,8 +9,8 @@ the step's median time, the K/V bytes it reads (each row's cached positions x la
 that is per second, beside the machine's read bandwidth (a torch sum over a tensor far bigger than the
 caches, on the same threads) and copy bandwidth (torch's copy_, counted as bytes read + written).
 
---baseline REV also builds attention.cpp as it was at git revision REV (its op under another namespace; fp32
-pools only). Every side (each dtype, and the baseline) runs in alternating rounds, so that a busy shared
+--baseline REV also builds attention.cpp as it was at git revision REV (its op under another namespace) and
+runs it on the same pools (of each of --dtypes: the revision must take them). Every side (each dtype, and the baseline) runs in alternating rounds, so that a busy shared
 machine's drift hits each alike; each figure is the median over --rounds rounds. `--clock cpu` counts this
 thread's CPU time, which other processes disturb less than wall time; it sees only the calling thread, so
 use it with --threads 1.
@@ -18,8 +18,10 @@ use it with --threads 1.
 from __future__ import annotations
 
 import argparse
+import io
 import statistics
 import subprocess
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -33,20 +35,21 @@ HQ, HKV, D, PAGE = 9, 3, 64, 256
 
 
 def baseline_op(rev: str):
-    """attention.cpp at git revision rev, built on its own with its op renamed to pagedeck_base::attend."""
-    src = subprocess.run(["git", "show", f"{rev}:kernels/cpu/attention.cpp"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    src = src.replace("TORCH_LIBRARY_FRAGMENT(pagedeck,", "TORCH_LIBRARY_FRAGMENT(pagedeck_base,")
+    """attention.cpp at git revision rev (with that revision's headers), built on its own with its op renamed to
+    pagedeck_base::attend."""
     tag = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True, capture_output=True,
                          text=True).stdout.strip()
     folder = Path(tempfile.gettempdir()) / f"pagedeck_attention_{tag}"
     folder.mkdir(exist_ok=True)
-    (folder / "attention.cpp").write_text(src)
+    archive = subprocess.run(["git", "archive", rev, "kernels/cpu"], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    source = folder / "kernels" / "cpu" / "attention.cpp"
+    source.write_text(source.read_text().replace("TORCH_LIBRARY_FRAGMENT(pagedeck,", "TORCH_LIBRARY_FRAGMENT(pagedeck_base,"))
     from torch.utils.cpp_extension import load
 
-    load(name=f"pagedeck_attention_{tag}", sources=[str(folder / "attention.cpp")],
-         extra_include_paths=[str(ROOT / "kernels" / "cpu")], extra_cflags=cpu_ext.CFLAGS,
-         extra_ldflags=cpu_ext.LDFLAGS, is_python_module=False)
+    load(name=f"pagedeck_attention_{tag}", sources=[str(source)], extra_include_paths=[str(source.parent)],
+         extra_cflags=cpu_ext.CFLAGS, extra_ldflags=cpu_ext.LDFLAGS, is_python_module=False)
     return torch.ops.pagedeck_base.attend
 
 
@@ -134,11 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = {dt: Step(args.rows, lo, hi, args.layers, getattr(torch, dt)) for dt in dtypes}
     sides = {f"current, {dt} pools": (ops.attend, step) for dt, step in steps.items()}
     if args.baseline:
-        base = steps.get("float32") or Step(args.rows, lo, hi, args.layers, torch.float32)
         old = baseline_op(args.baseline)
-        sides[f"baseline {args.baseline}, float32 pools"] = (old, base)
-        diff = base.run(ops.attend) - base.run(old)
-        print(f"largest difference current vs baseline (float32 pools): {diff.abs().max().item():.3g}")
+        for dt, step in steps.items():
+            sides[f"baseline {args.baseline}, {dt} pools"] = (old, step)
+            diff = (step.run(ops.attend) - step.run(old)).abs().max().item()
+            print(f"largest difference current vs baseline ({dt} pools): {diff:.3g}")
     read, copy = bandwidth()
     times: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(args.rounds):

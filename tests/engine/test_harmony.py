@@ -121,3 +121,28 @@ def test_a_harmony_vocabulary_stops_at_return_and_call_but_not_at_end(tmp_path):
     assert tok.chat_format.harmony
     prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], reasoning_effort="low")
     assert "Reasoning: low" in prompt and prompt.endswith("<|start|>assistant")
+
+
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+def test_a_forced_choice_s_grammar_takes_one_harmony_call_and_the_parser_reads_it(tmp_path, choice):
+    import llguidance
+
+    from engine import Tokenizer
+    from engine.chat import tool_choice_grammar
+    from engine.generator.filters import llg_tokenizer
+
+    tok = Tokenizer.load(answer_model(tmp_path / "m"))
+    fmt = FORMATS["harmony"]
+    special = {m: tok.token_to_id(m) for m in fmt.markers}
+    grammar = tool_choice_grammar(fmt, [WEATHER_TOOL], choice, special_tokens=special, reasoning=HARMONY)
+
+    def accepts(text: str) -> bool:
+        m = llguidance.LLMatcher(llg_tokenizer(tok), llguidance.LLMatcher.grammar_from_lark(grammar), log_level=0)
+        return m.consume_tokens(tok.encode(text, encode_special_tokens=True)[0].tolist()) and m.is_accepting()
+
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    assert accepts(call)
+    assert not accepts('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"town": 1}')
+    assert not accepts("<|channel|>final<|message|>No.")
+    (parsed,) = split_reply(call, HARMONY, tool_format=fmt).tool_calls
+    assert (parsed.name, json.loads(parsed.arguments_json)) == ("get_weather", {"city": "Paris"})

@@ -86,3 +86,12 @@ def test_reasoning_effort_is_checked_and_reaches_the_harmony_system_message(answ
         req = parse_request("chat", {"messages": HI, "reasoning_effort": effort}, answering.served, None)
         assert f"Reasoning: {effort}\n" in req.prompt and "Reasoning: medium" not in req.prompt
     assert "Reasoning: medium\n" in parse_request("chat", {"messages": HI}, answering.served, None).prompt
+
+
+def test_a_required_tool_choice_forces_one_harmony_call(calling):
+    r = calling.client().chat.completions.create(
+        model=calling.model_name, messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0)
+    (call,) = r.choices[0].message.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.reasoning_content is None

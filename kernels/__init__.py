@@ -94,17 +94,21 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache, v_cache, slot_mapping: t
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, plan: "StepPlan | None" = None, window: int | None = None,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table (decode, chunked prefill, verification).
 
     `plan` (from plan_step) carries the layer-independent indexing of the torch path; Triton derives it
     on the device inside the kernel, so its plan holds nothing. `window`: a sliding-window layer sees only
-    the last `window` positions (itself included); `softcap`: scores become softcap * tanh(s / softcap)."""
+    the last `window` positions (itself included); `softcap`: scores become softcap * tanh(s / softcap);
+    `sinks` (Hq,): one more logit per head in the softmax's denominator, with no value (gpt-oss)."""
     if use_triton(q):
+        if sinks is not None:
+            raise ValueError("attention sinks (gpt-oss) are not supported by the Triton attention kernels; "
+                             "run this model on the CPU")
         return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
-                                      plan.attention if plan is not None else None, window, softcap)
+                                      plan.attention if plan is not None else None, window, softcap, sinks)
 
 
 def dequant_matmul(x: torch.Tensor, raw: torch.Tensor, qtype: int, shape: tuple[int, int]) -> torch.Tensor:
@@ -174,18 +178,19 @@ def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torc
 
 def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                     block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
-                    scale: float, plan: StepPlan) -> torch.Tensor:
+                    scale: float, plan: StepPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """apply_rotary + write_kv + paged_attention of one layer, from the fused q|k|v rows (T, (Hq + 2 Hkv) D)
     to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for everything but the
     attention of long prefill chunks, which stays torch's SDPA (the plan's long-only attention plan).
-    Needs plan.fused."""
+    sinks: as in paged_attention. Needs plan.fused."""
     if not plan.fused:
         raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
     cos, sin = plan.rotary
+    sink_logits = None if sinks is None else sinks.float().contiguous()
     out, q = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
-                                   num_heads, scale, _attention.SHORT_Q)
+                                   num_heads, scale, _attention.SHORT_Q, sink_logits)
     if plan.attention is not None:
-        _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape))
+        _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape), sinks)
     return out
 
 

@@ -8,8 +8,10 @@ prefill chunks run one sequence per call so a 2048-token chunk never pads the ot
 into the query-row dimension (queries of one KV head stacked), which avoids repeating K/V.
 
 Per-layer options (Gemma 2/3, Mistral, Phi-3): `window` W keeps only keys with position > p - W (HF's
-sliding-window mask); `softcap` c replaces each score s by c * tanh(s / c) before the mask and softmax
-(SDPA has no soft-capping, so those layers take an explicit matmul-softmax-matmul path)."""
+sliding-window mask); `softcap` c replaces each score s by c * tanh(s / c) before the mask and softmax;
+`sinks` (Hq,) adds one logit per head to the softmax's denominator, with no value (gpt-oss's attention
+sinks: the weights of the real positions sum to less than 1). SDPA has neither, so those layers take an
+explicit matmul-softmax-matmul path, the way HF's eager attention computes them."""
 
 from __future__ import annotations
 
@@ -181,17 +183,24 @@ class AttentionPlan:
             raise ValueError("this AttentionPlan was built for a different batch or page size")
 
 
-def _sdpa(Q, K, V, mask, scale: float, softcap: float | None, gqa: bool = False) -> torch.Tensor:
-    """SDPA, or (soft-capped scores) the same attention written out the way HF's eager path does it."""
-    if softcap is None:
+def _sdpa(Q, K, V, mask, scale: float, softcap: float | None, gqa: bool = False,
+          sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA, or (soft-capped scores, sinks) the same attention written out the way HF's eager path does it.
+    sinks: each score row's sink logit, shaped to broadcast against the scores' (..., rows, 1)."""
+    if softcap is None and sinks is None:
         return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, scale=scale, enable_gqa=gqa)
     if gqa and K.shape[1] != Q.shape[1]:
         K = K.repeat_interleave(Q.shape[1] // K.shape[1], dim=1)
         V = V.repeat_interleave(Q.shape[1] // V.shape[1], dim=1)
-    s = torch.tanh(torch.matmul(Q, K.transpose(-1, -2)) * scale / softcap) * softcap
+    s = torch.matmul(Q, K.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(s.softmax(-1, dtype=torch.float32).to(Q.dtype), V)
+    if sinks is None:
+        return torch.matmul(s.softmax(-1, dtype=torch.float32).to(Q.dtype), V)
+    s = torch.cat([s, sinks.to(s.dtype).expand(*s.shape[:-1], 1)], dim=-1)
+    return torch.matmul(s.softmax(-1, dtype=torch.float32)[..., :-1].to(Q.dtype), V)
 
 
 def _first_kept(length: int, window: int | None) -> int:
@@ -200,12 +209,14 @@ def _first_kept(length: int, window: int | None) -> int:
 
 
 def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float, window: int | None = None,
-            softcap: float | None = None) -> torch.Tensor:
+            softcap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One group's attention, padded to its longest query and kv length; returns (Bg * qmax, Hq, D)."""
     T, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     G = Hq // Hkv
     Bg, qmax = g.Bg, g.qmax
+    # each layout's sink per score row: folded rows are (position, head in group) of one KV head
+    folded = None if sinks is None else sinks.view(1, Hkv, 1, G).expand(1, Hkv, qmax, G).reshape(1, Hkv, qmax * G, 1)
     views = g.spans is not None and not isinstance(k_cache, QuantizedPool) and k_cache.dtype == q.dtype
     if views and Bg > 1:  # batched decode: one small SDPA per sequence beats gathering and masking
         Q = q.view(Bg, Hkv, G, D) if g.tok is None else q.index_select(0, g.tok).view(Bg, Hkv, G, D)
@@ -214,7 +225,7 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float, window: 
             lo = _first_kept(length, window)
             K = k_cache[first : first + n].view(1, -1, Hkv, D)[:, lo:length].transpose(1, 2)
             V = v_cache[first : first + n].view(1, -1, Hkv, D)[:, lo:length].transpose(1, 2)
-            outs.append(_sdpa(Q[j : j + 1], K, V, None, scale, softcap))
+            outs.append(_sdpa(Q[j : j + 1], K, V, None, scale, softcap, sinks=folded))
         return torch.cat(outs).reshape(Bg, Hq, D)
     if views:
         first, n, _ = g.spans[0]
@@ -237,23 +248,25 @@ def _attend(q: torch.Tensor, k_cache, v_cache, g: _Group, scale: float, window: 
         else:
             Q = Q.view(Bg, qmax, Hkv, G, D).permute(0, 2, 1, 3, 4).reshape(Bg, Hkv, qmax * G, D)
         mask = g.folded_mask(G, window if g.mask is not None else None)
-        res = _sdpa(Q, K.transpose(1, 2), V.transpose(1, 2), mask, scale, softcap)
+        res = _sdpa(Q, K.transpose(1, 2), V.transpose(1, 2), mask, scale, softcap, sinks=folded)
         if qmax == 1:
             return res.reshape(Bg, Hq, D)
         return res.view(Bg, Hkv, qmax, G, D).permute(0, 2, 1, 3, 4).reshape(Bg * qmax, Hq, D)
     # long prefill chunk: folding would multiply the (q, kv) mask by G
     res = _sdpa(Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2), g.mask_for(window)[:, None], scale,
-                softcap, gqa=True).transpose(1, 2)
+                softcap, gqa=True, sinks=None if sinks is None else sinks.view(1, Hq, 1, 1)).transpose(1, 2)
     return res.reshape(Bg * qmax, Hq, D)
 
 
 def paged_attention(
     q: torch.Tensor, k_cache, v_cache, block_table: torch.Tensor, cu_q: torch.Tensor,
     kv_lens: torch.Tensor, scale: float, plan: AttentionPlan | None = None, window: int | None = None,
-    softcap: float | None = None,
+    softcap: float | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Varlen causal attention through the page table; see the module docstring. Returns (T, Hq, D)."""
     check_layer_options(window, softcap)
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(f"attention sinks must be one logit per query head ({q.shape[1]},), got {tuple(sinks.shape)}")
     check_attention_args(q, k_cache, v_cache, block_table, cu_q, kv_lens)
     if q.shape[0] == 0:
         return torch.empty_like(q)
@@ -263,25 +276,25 @@ def paged_attention(
     if q.shape[0] != plan.T:
         raise ValueError(f"q has {q.shape[0]} tokens but cu_q ends at {plan.T}")
     if isinstance(k_cache, QuantizedPool):  # pools hold rotated vectors (kv_quant): rotate q, un-rotate out
-        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale, window, softcap)
+        out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale, window, softcap, sinks)
         return v_cache.unrotate(out).to(q.dtype)
-    return _paged(q, k_cache, v_cache, plan, scale, window, softcap)
+    return _paged(q, k_cache, v_cache, plan, scale, window, softcap, sinks)
 
 
 def attend_long(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-                out: torch.Tensor) -> None:
+                out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
     """Attention of the long prefill chunks of a long_only plan, into their rows of out (T, Hq, D); q is
     already rotated and the chunks' K/V already written."""
     for g in plan.groups:
-        res = _attend(q, k_cache, v_cache, g, scale)
+        res = _attend(q, k_cache, v_cache, g, scale, sinks=sinks)
         out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
 
 
-def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float, window, softcap) -> torch.Tensor:
+def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float, window, softcap, sinks=None) -> torch.Tensor:
     if len(plan.groups) == 1 and plan.groups[0].tok is None:  # decode-only step: the result is the output
-        return _attend(q, k_cache, v_cache, plan.groups[0], scale, window, softcap)
+        return _attend(q, k_cache, v_cache, plan.groups[0], scale, window, softcap, sinks)
     out = torch.empty_like(q)
     for g in plan.groups:
-        res = _attend(q, k_cache, v_cache, g, scale, window, softcap)
+        res = _attend(q, k_cache, v_cache, g, scale, window, softcap, sinks)
         out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
     return out

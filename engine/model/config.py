@@ -15,8 +15,9 @@ import torch
 
 from . import rope, vlm_text
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral")
-MOE_ARCHS = ("qwen3moe", "mixtral")  # mixture-of-experts feed-forward (engine.model.moe)
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "mixtral",
+                   "gpt-oss")
+MOE_ARCHS = ("qwen3moe", "mixtral", "gpt-oss")  # mixture-of-experts feed-forward (engine.model.moe)
 SUPPORTED_ROPE_TYPES = rope.SUPPORTED_ROPE_TYPES
 ACTIVATIONS = ("silu", "gelu_tanh")  # gated MLP: SwiGLU, GeGLU
 SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer_types values
@@ -33,12 +34,16 @@ _HF_ARCHS = {
     "phi3": "phi3", "Phi3ForCausalLM": "phi3",
     "qwen3_moe": "qwen3moe", "Qwen3MoeForCausalLM": "qwen3moe",
     "mixtral": "mixtral", "MixtralForCausalLM": "mixtral",
+    "gpt_oss": "gpt-oss", "GptOssForCausalLM": "gpt-oss",
 }
 # GGUF `general.architecture` -> our arch name (llama.cpp writes Mistral as "llama").
-_GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe")}
-_GGUF_MOE_ARCHS = ("qwen3moe",)  # MoE GGUF files read (Mixtral's, written as "llama", are not yet)
+_GGUF_ARCHS = {a: a for a in ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe",
+                               "gpt-oss")}
+_GGUF_MOE_ARCHS = ("qwen3moe", "gpt-oss")  # MoE GGUF files read (Mixtral's, written as "llama", are not yet)
 _GEMMAS = ("gemma", "gemma2", "gemma3")
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+# gpt-oss's experts (engine.model.moe); llama.cpp hard-codes its SwiGLU's limit 7 and alpha 1.702
+_GPT_OSS_EXPERTS = dict(norm_topk_prob=True, router_bias=True, expert_bias=True, moe_routing="topk_softmax")
 
 
 def _unsupported(name: Any, source: str) -> ValueError:
@@ -51,7 +56,8 @@ def _moe(name: Any, experts: Any, gguf: bool = False) -> NotImplementedError:
     what = "in a GGUF file" if gguf else "of a family pagedeck does not run"
     return NotImplementedError(
         f"{name} is a mixture-of-experts model ({experts} experts) {what}, which is not supported yet: of MoE "
-        f"models pagedeck runs Qwen3-MoE (HF safetensors folders and GGUF files) and Mixtral (HF folders only).")
+        f"models pagedeck runs Qwen3-MoE and gpt-oss (HF safetensors folders and GGUF files) and Mixtral (HF folders "
+        f"only).")
 
 
 @dataclass
@@ -87,6 +93,9 @@ class ModelConfig:
     sliding_rope_theta: float | None = None  # sliding layers' own rope base, unscaled (Gemma 3)
     rotary_dim: int | None = None  # rotate only each head's first dims (partial rotary); None: all
     fused_projections: bool = False  # the checkpoint stores qkv_proj and gate_up_proj fused (Phi-3)
+    output_bias: bool = False  # the attention output projection has a bias (gpt-oss)
+    # learned per-head attention sinks (gpt-oss): one more logit in each head's softmax denominator, no value
+    attention_sinks: bool = False
     # Mixture of experts (engine.model.moe): a sparse layer's MLP is a router over num_experts gated MLPs of
     # moe_intermediate_size, of which each token runs its experts_per_token best (weights renormalised to sum
     # to 1 where norm_topk_prob). sparse_layers: which layers are sparse (None: all of them, when num_experts).
@@ -95,6 +104,15 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     sparse_layers: list[bool] | None = None
+    # gpt-oss's experts: biases on the router and on each expert's gate|up and down, weights a softmax over
+    # the top-k router logits (moe_routing "topk_softmax"; else "softmax_topk": softmax over all, then top-k),
+    # and the clamped SwiGLU where swiglu_limit is set: gate <= limit, -limit <= up <= limit,
+    # out = (up + 1) * gate * sigmoid(swiglu_alpha * gate)
+    router_bias: bool = False
+    expert_bias: bool = False
+    moe_routing: str = "softmax_topk"
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
 
     def __post_init__(self) -> None:
         if self.arch not in SUPPORTED_ARCHS:
@@ -123,6 +141,8 @@ class ModelConfig:
                                  f"({self.num_experts}) and a positive moe_intermediate_size")
             if self.sparse_layers is not None and len(self.sparse_layers) != self.num_layers:
                 raise ValueError(f"sparse_layers must name {self.num_layers} layers")
+            if self.moe_routing not in ("softmax_topk", "topk_softmax"):
+                raise ValueError(f"moe_routing must be 'softmax_topk' or 'topk_softmax', got {self.moe_routing!r}")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type")
             if kind not in SUPPORTED_ROPE_TYPES:
@@ -277,17 +297,26 @@ def _hf_fields(arch: str, cfg: dict) -> dict:
         sliding_rope_theta=sliding_rope,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
         fused_projections=arch == "phi3",
+        output_bias=arch == "gpt-oss" and bool(cfg.get("attention_bias", True)),
+        attention_sinks=arch == "gpt-oss",
         **_hf_moe_fields(arch, cfg, n_layers),
     )
 
 
 def _hf_moe_fields(arch: str, cfg: dict, n: int) -> dict:
-    """The experts of a Qwen3-MoE or Mixtral config.json. Qwen3-MoE: layer i is sparse unless listed in
-    mlp_only_layers, every decoder_sparse_step-th layer, its experts moe_intermediate_size wide (dense layers
-    intermediate_size); Mixtral: every layer, experts intermediate_size wide, weights always renormalised."""
+    """The experts of a Qwen3-MoE, Mixtral or gpt-oss config.json. Qwen3-MoE: layer i is sparse unless listed
+    in mlp_only_layers, every decoder_sparse_step-th layer, its experts moe_intermediate_size wide (dense
+    layers intermediate_size); Mixtral: every layer, experts intermediate_size wide, weights always
+    renormalised; gpt-oss: every layer, experts intermediate_size wide, biased, softmax over the top k,
+    clamped SwiGLU."""
     if arch not in MOE_ARCHS:
         return {}
     experts = int(next((cfg[k] for k in _MOE_KEYS if cfg.get(k)), 0))
+    if arch == "gpt-oss":
+        return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
+                    moe_intermediate_size=int(cfg["intermediate_size"]), **_GPT_OSS_EXPERTS,
+                    swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
     if arch == "mixtral":
         return dict(num_experts=experts, experts_per_token=int(cfg["num_experts_per_tok"]),
                     moe_intermediate_size=int(cfg["intermediate_size"]), norm_topk_prob=True)
@@ -354,7 +383,8 @@ def _gguf_fields(arch: str, name: str, meta: dict, reader: Any) -> dict:
         layer_types=_gguf_layer_types(arch, get("attention.sliding_window_pattern", None), n_layers) if sliding else None,
         hidden_act="gelu_tanh" if gemma else "silu",
         norm_weight_offset=0.0,  # llama.cpp's converter already stored Gemma's (1 + w)
-        sandwich_norm="blk.0.post_attention_norm.weight" in tensors,
+        # gpt-oss's post_attention_norm is the MLP's input norm (HF's post_attention_layernorm), not a sandwich
+        sandwich_norm="blk.0.post_attention_norm.weight" in tensors and arch != "gpt-oss",
         embedding_scale=math.sqrt(hidden) if gemma else None,
         query_pre_attn_scalar=_gguf_query_scalar(arch, get("attention.scale", None), hidden, heads, head_dim, n_layers),
         attn_softcap=_positive(get("attn_logit_softcapping", None)),
@@ -363,17 +393,24 @@ def _gguf_fields(arch: str, name: str, meta: dict, reader: Any) -> dict:
         sliding_rope_theta=float(get("rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
         rotary_dim=rope_dim if rope_dim != head_dim else None,
         fused_projections="blk.0.attn_qkv.weight" in tensors,
-        **_gguf_moe_fields(get, tensors, n_layers),
+        output_bias="blk.0.attn_output.bias" in tensors,
+        attention_sinks="blk.0.attn_sinks.weight" in tensors,
+        **_gguf_moe_fields(arch, get, tensors, n_layers),
     )
 
 
-def _gguf_moe_fields(get: Any, tensors: set[str], n: int) -> dict:
+def _gguf_moe_fields(arch: str, get: Any, tensors: set[str], n: int) -> dict:
     """A MoE GGUF's experts (llama.cpp's keys); a layer is sparse where it has a router (ffn_gate_inp).
-    llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise (expert_weights_norm)."""
+    llama.cpp renormalises Qwen3-MoE's top-k weights unless the file says otherwise (expert_weights_norm);
+    gpt-oss's routing and SwiGLU are fixed in llama.cpp's code, not the file."""
     experts = get("expert_count", 0)
     if not experts:
         return {}
     sparse = [f"blk.{i}.ffn_gate_inp.weight" in tensors for i in range(n)]
+    if arch == "gpt-oss":
+        return dict(num_experts=int(experts), experts_per_token=int(get("expert_used_count")),
+                    moe_intermediate_size=int(get("expert_feed_forward_length")), **_GPT_OSS_EXPERTS,
+                    swiglu_limit=7.0, swiglu_alpha=1.702, sparse_layers=None if all(sparse) else sparse)
     return dict(num_experts=int(experts), experts_per_token=int(get("expert_used_count")),
                 moe_intermediate_size=int(get("expert_feed_forward_length")),
                 norm_topk_prob=bool(get("expert_weights_norm", True)), sparse_layers=None if all(sparse) else sparse)
@@ -381,10 +418,11 @@ def _gguf_moe_fields(get: Any, tensors: set[str], n: int) -> dict:
 
 def _gguf_layer_types(arch: str, pattern: Any, n: int) -> list[str] | None:
     """llama.cpp's sliding-window layout: a per-layer bool array if the file has one, else its per-arch
-    period (Gemma 2: every other layer, Gemma 3: five of every six); other archs window every layer."""
+    period (Gemma 2, gpt-oss: every other layer, Gemma 3: five of every six); other archs window every layer."""
     if isinstance(pattern, list):
         return [SLIDING if p else FULL for p in pattern]
-    period = int(pattern) if isinstance(pattern, int) and pattern > 0 else {"gemma2": 2, "gemma3": 6}.get(arch)
+    period = (int(pattern) if isinstance(pattern, int) and pattern > 0
+              else {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}.get(arch))
     if period is None:
         return None
     return [SLIDING if i % period < period - 1 else FULL for i in range(n)]

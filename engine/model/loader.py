@@ -40,6 +40,8 @@ class Layer:
     window: int | None = None  # sliding window of this layer's attention
     sliding_rope: bool = False  # rotate with the sliding layers' own rope base (Gemma 3)
     moe: MoEBlock | None = None  # a mixture-of-experts MLP (engine.model.moe) in place of gate_up and down
+    o_bias: torch.Tensor | None = None  # the attention output projection's bias (gpt-oss)
+    sinks: torch.Tensor | None = None  # (num_heads,) attention sink logits (gpt-oss)
 
     def weights(self, experts: bool = True) -> list:
         """Every weight of the layer (tensors or packed matrices), for counting parameters and bytes; without
@@ -167,6 +169,8 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
             window=c.layer_window(i),
             sliding_rope=c.layer_uses_sliding_rope(i),
             moe=sparse,
+            o_bias=get(a + "o_proj.bias") if c.output_bias else None,
+            sinks=get(a + "sinks") if c.attention_sinks else None,
         ))
     packed = any(isinstance(t, PackedLinear) for t in [embed, head] + [t for lr in layers for t in lr.weights()])
     weight_format = fmt if packed else "dense"  # a GGUF without quantized matrices loads dense

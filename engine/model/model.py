@@ -1,10 +1,10 @@
-"""The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, Qwen3-MoE, Mixtral) running over the paged K/V cache.
+"""The decoder (Llama, Llama 3, Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, Qwen3-MoE, Mixtral, gpt-oss) running over the paged K/V cache.
 
 Weights are kept fused where it saves kernel launches (q|k|v and gate|up), as engine.model.loader builds
 them; everything else is the plain transformer, so a reader can check it against the paper in one sitting. Architectures differ only by
 ModelConfig features: extra norms around attention and MLP (Gemma 2/3), q/k norms, GeGLU, embedding
-scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary, and a
-mixture of experts in place of the MLP (engine.model.moe).
+scaling, soft-capped scores and logits, per-layer sliding windows and rope bases, partial rotary, attention
+sinks and an output-projection bias (gpt-oss), and a mixture of experts in place of the MLP (engine.model.moe).
 """
 from __future__ import annotations
 
@@ -236,10 +236,10 @@ class Model:
                 lora.add(i, "qkv", h, qkv)
             if plan.fused:
                 o = kernels.fused_attention(qkv, cache.k[i], cache.v[i], batch.slot_mapping, batch.block_table,
-                                            batch.cu_q, batch.kv_lens, c.num_heads, self.scale, plan)
+                                            batch.cu_q, batch.kv_lens, c.num_heads, self.scale, plan, layer.sinks)
             else:
                 o = self._attention(i, layer, qkv, batch, cache, plan, rotary)
-            x = linear(o, layer.o, rows=rows)
+            x = linear(o, layer.o, layer.o_bias, rows=rows)
             if lora is not None:
                 lora.add(i, "o", o, x)
             if layer.attn_out_norm is not None:
@@ -287,7 +287,7 @@ class Model:
         kernels.apply_rotary(q_rot, k_rot, batch.positions, inv_freq, plan, rotary.attention_factor)
         kernels.write_kv(k, v, cache.k[i], cache.v[i], batch.slot_mapping)
         o = kernels.paged_attention(q, cache.k[i], cache.v[i], batch.block_table, batch.cu_q,
-                                    batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap)
+                                    batch.kv_lens, self.scale, plan, layer.window, c.attn_softcap, layer.sinks)
         if batch.mm_blocks:  # image runs that attend both ways (Gemma 3)
             image_attention.attend_blocks(o, q, cache.k[i], cache.v[i], batch, cache.page_size, self.scale,
                                           layer.window, c.attn_softcap)
@@ -315,6 +315,7 @@ def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], l
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
         if (layer.qkv_bias is not None or layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear)
+                or layer.o_bias is not None or layer.sinks is not None
                 or not all(isinstance(w, PackedLinear) for w in weights)):
             return None
         stack += [layer.input_norm, layer.post_norm]

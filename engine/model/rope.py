@@ -1,6 +1,6 @@
 """Rotary position embeddings: each scaling scheme's frequencies, read from an HF config or GGUF metadata and
-computed exactly as transformers does (default, linear, llama3, LongRoPE) or as llama.cpp stores them
-(a rope_freqs tensor of per-frequency divisors; LongRoPE's short/long factor tensors).
+computed exactly as transformers does (default, linear, llama3, LongRoPE, YaRN) or as llama.cpp stores them
+(a rope_freqs tensor of per-frequency divisors; LongRoPE's short/long factor tensors; YaRN's metadata keys).
 
 A scaling is one dict, {"rope_type": ..., parameters}, so ModelConfig stays a flat record of facts.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "longrope")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors", "longrope", "yarn")
 
 
 def unsupported_rope(kind: Any) -> NotImplementedError:
@@ -48,11 +48,48 @@ def inv_freq(dim: int, theta: float, scaling: dict | None, long: bool = False) -
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        return _yarn_inv_freq(dim, theta, scaling)
     raise unsupported_rope(kind)
 
 
+def _yarn_inv_freq(dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN: frequencies that turn fewer than beta_slow times over the original context are divided by
+    factor, those turning more than beta_fast times are kept, a linear ramp over the dims between blends
+    the two. `truncate` rounds the ramp's ends to whole dims (llama.cpp always does; gpt-oss's config
+    says not to). transformers' expression, step for step."""
+    factor, original = float(scaling["factor"]), float(scaling["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of one point
+    pos_freqs = theta ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    keep = 1 - ramp  # the share of each frequency left unscaled
+    return interpolation * (1 - keep) + extrapolation * keep
+
+
+def yarn_attention_factor(factor: float, mscale: float | None = None, mscale_all_dim: float | None = None) -> float:
+    """YaRN's default cos/sin multiplier: 0.1 ln(factor) + 1 (a ratio of two such terms where the config
+    names mscale and mscale_all_dim), as transformers and llama.cpp compute it."""
+    def get(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return get(factor, mscale) / get(factor, mscale_all_dim)
+    return get(factor)
+
+
 def attention_factor(scaling: dict | None) -> float:
-    """What cos and sin are multiplied by (LongRoPE's mscale); 1 for every other scheme."""
+    """What cos and sin are multiplied by (LongRoPE's and YaRN's mscale); 1 for every other scheme."""
     return float(scaling.get("attention_factor", 1.0)) if scaling else 1.0
 
 
@@ -89,6 +126,14 @@ def hf_rope(params: dict, cfg: dict) -> tuple[float, dict | None]:
         factor = params.get("factor") or float(cfg.get("max_position_embeddings", original)) / original
         if params.get("attention_factor") is None:  # transformers' default: sqrt(1 + ln(s) / ln(L0))
             params["attention_factor"] = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if kind == "yarn":
+        params.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        _require(params, kind, "original_max_position_embeddings")
+        if params.get("factor") is None:
+            params["factor"] = float(cfg["max_position_embeddings"]) / float(params["original_max_position_embeddings"])
+        if params.get("attention_factor") is None:
+            params["attention_factor"] = yarn_attention_factor(float(params["factor"]), params.get("mscale"),
+                                                               params.get("mscale_all_dim"))
     return theta, {"rope_type": kind, **params}
 
 
@@ -118,5 +163,23 @@ def gguf_rope(meta: dict, arch: str, tensor_values) -> dict | None:
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": float(meta[f"{arch}.rope.scaling.factor"])}
-    raise NotImplementedError(f"GGUF rope scaling type {kind!r} is not supported (only none, linear, rope_freqs, "
-                              "LongRoPE factors)")
+    if kind == "yarn":
+        return gguf_yarn(meta, arch)
+    raise NotImplementedError(f"GGUF rope scaling type {kind!r} is not supported (only none, linear, yarn, "
+                              "rope_freqs, LongRoPE factors)")
+
+
+def gguf_yarn(meta: dict, arch: str) -> dict:
+    """YaRN as llama.cpp runs it from a GGUF: the ramp's ends rounded to whole dims (truncate), cos and sin
+    times yarn_attn_factor (default 1) * (0.1 ln(factor) + 1)."""
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.rope.scaling.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF has YaRN rope scaling but no {arch}.rope.scaling.{name}")
+        return value
+
+    factor = float(key("factor"))
+    return {"rope_type": "yarn", "factor": factor,
+            "original_max_position_embeddings": int(key("original_context_length")),
+            "beta_fast": float(key("yarn_beta_fast", 32.0)), "beta_slow": float(key("yarn_beta_slow", 1.0)),
+            "truncate": True, "attention_factor": float(key("yarn_attn_factor", 1.0)) * yarn_attention_factor(factor)}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from engine.model import vlm_text
+from engine.model import moe, vlm_text
 from engine.model.packing import repack
 from engine.model.config import ModelConfig
 from engine.model.qlinear import Q8Linear
@@ -56,19 +56,27 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, progr
     wanted = set(expected)
     state: dict[str, torch.Tensor] = {}
     unexpected = []
+
+    def keep(name: str, t: torch.Tensor) -> None:
+        if repack.keeps_packed(name, "F32", t.dim(), fmt):
+            state[name] = Q8Linear.quantize(t, keep_dense)
+        else:
+            state[name] = _stored_to_effective(name, t.to(device), config, dtype)
+        if progress:
+            progress(len(state) / len(expected))
+
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
                 for stored in f.keys():
                     name = _text_name(stored)
-                    if name in wanted:
-                        t = f.get_tensor(stored)
-                        if repack.keeps_packed(name, "F32", t.dim(), fmt):
-                            state[name] = Q8Linear.quantize(t, keep_dense)
-                        else:
-                            state[name] = _stored_to_effective(name, t.to(device), config, dtype)
-                        if progress:
-                            progress(len(state) / len(expected))
+                    # gpt-oss's stacked experts, split into the per-expert tensors the model is built from
+                    split = None if name is None else moe.hf_experts(config, name, lambda: f.get_tensor(stored))
+                    if split is not None and wanted.issuperset(split):
+                        for part, t in split.items():
+                            keep(part, t)
+                    elif name in wanted:
+                        keep(name, f.get_tensor(stored))
                     elif name is None or (name == "lm_head.weight" and config.tie_word_embeddings):
                         continue  # vision tower; or tied: the embedding is the output projection
                     elif not name.endswith(_IGNORED_SUFFIXES):

@@ -22,6 +22,10 @@ def expected_tensor_names(config: ModelConfig) -> list[str]:
         names.append(p + "self_attn.o_proj.weight")
         if config.attention_bias:
             names += [p + "self_attn.qkv_proj.bias"] if fused else [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if config.output_bias:
+            names.append(p + "self_attn.o_proj.bias")
+        if config.attention_sinks:
+            names.append(p + "self_attn.sinks")
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         if config.layer_is_sparse(i):
@@ -46,7 +50,8 @@ def tensor_shapes(c: ModelConfig, names: list[str] | None = None) -> dict[str, t
         "embed_tokens.weight": (c.vocab_size, h), "lm_head.weight": (c.vocab_size, h),
         "qkv_proj.weight": (q + 2 * kv, h), "qkv_proj.bias": (q + 2 * kv,), "gate_up_proj.weight": (2 * i, h),
         "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
-        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,),
+        "q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,), "o_proj.bias": (h,),
+        "self_attn.sinks": (c.num_heads,),
         "q_norm.weight": (c.head_dim,), "k_norm.weight": (c.head_dim,),
         "gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i),
         "layernorm.weight": (h,), "norm.weight": (h,),

@@ -236,8 +236,15 @@ ChunkFn<T> fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
 std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                                           const at::Tensor& block_table, const at::Tensor& cu_q,
-                                          const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q) {
+                                          const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q,
+                                          const c10::optional<at::Tensor>& sinks) {
   check_cpu_f32(qkv, "qkv");
+  if (sinks.has_value()) {
+    check_cpu_f32(*sinks, "sinks");
+    TORCH_CHECK(sinks->dim() == 1 && sinks->size(0) == Hq && sinks->is_contiguous(),
+                "sinks must be (Hq,) contiguous float32: one logit per query head");
+  }
+  const float* sink_logits = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   TORCH_CHECK(k_pool.device().is_cpu() && k_pool.is_contiguous() && v_pool.device().is_cpu() &&
                   v_pool.is_contiguous() && k_pool.scalar_type() == v_pool.scalar_type() &&
                   (k_pool.scalar_type() == at::kFloat || k_pool.scalar_type() == at::kHalf),
@@ -354,7 +361,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
     run((const float*)kp, (const float*)vp);
   }
 
-  // merge slices: o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s
+  // merge slices: o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s; a head's sink logit z adds
+  // exp(z - M) to the denominator (M then covers z too)
   at::Tensor out = at::empty({T, Hq * D}, qkv.options());
   float* o = out.data_ptr<float>();
   for (int64_t b = 0; b < B; ++b) {
@@ -363,7 +371,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
     for (int64_t h = 0; h < Hkv; ++h) {
       const int64_t base = first_task[b] + h * slices[b];
       for (int64_t j = 0; j < ql * G; ++j) {
-        float M = -std::numeric_limits<float>::infinity();
+        const float* sink = sink_logits == nullptr ? nullptr : sink_logits + h * G + j % G;
+        float M = sink == nullptr ? -std::numeric_limits<float>::infinity() : *sink;
         for (int64_t s = 0; s < slices[b]; ++s) M = std::max(M, part[(base + s) * nq + j].max);
         float* dst = o + (cu[b] + j / G) * Hq * D + (h * G + j % G) * D;
         std::fill(dst, dst + D, 0.0f);
@@ -371,10 +380,11 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
         for (int64_t s = 0; s < slices[b]; ++s) {
           const Partial& p = part[(base + s) * nq + j];
           if (p.sum == 0.0f) continue;
-          const float w = slices[b] == 1 ? 1.0f : std::exp(p.max - M);
+          const float w = slices[b] == 1 && sink == nullptr ? 1.0f : std::exp(p.max - M);
           total += w * p.sum;
           axpy(w, acc.data() + ((base + s) * nq + j) * D, dst, D);
         }
+        if (sink != nullptr) total += std::exp(*sink - M);
         const float inv = 1.0f / total;
         for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
       }
@@ -385,7 +395,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("attend(Tensor qkv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor cos, Tensor sin, Tensor slot_mapping, "
-          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q) -> (Tensor, Tensor)",
+          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q, Tensor? sinks=None) "
+          "-> (Tensor, Tensor)",
           &attend);
 }
 

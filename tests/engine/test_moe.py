@@ -176,11 +176,11 @@ def test_quantized_3d_expert_tensors_dequantize_as_gguf_py_does(tmp_path):
 # ---------------------------------------------------------------- refusals
 
 def test_other_moe_families_are_refused_by_name():
-    cfg = {"model_type": "gpt_oss", "architectures": ["GptOssForCausalLM"], "num_local_experts": 32,
+    cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60,
            "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 100,
            "intermediate_size": 64}
     with pytest.raises(NotImplementedError,
-                       match=r"gpt_oss is a mixture-of-experts model \(32 experts\) of a family .*Qwen3-MoE .*Mixtral"):
+                       match=r"qwen2_moe is a mixture-of-experts model \(60 experts\) of a family .*Qwen3-MoE .*Mixtral"):
         ModelConfig.from_hf(cfg)
 
 

@@ -255,9 +255,9 @@ def test_fused_rms_norm_matches_the_reference():
     torch.testing.assert_close(h, ref.rms_norm(x, w, 1e-5)[0], rtol=1e-6, atol=1e-6)
 
 
-def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32):
-    """Run fused_attention and the reference ops on the same case (pools of `dtype`); returns both outputs and
-    both pools."""
+def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32, sinks=None):
+    """Run fused_attention and the reference ops on the same case (pools of `dtype`; sinks: per-head sink
+    logits for both); returns both outputs and both pools."""
     case = PagedCase(seqs, Hq, Hkv, D, ps, dtype=dtype, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
     T = sum(ql for ql, _ in seqs)
@@ -269,7 +269,8 @@ def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32):
 
     plan = kernels.plan_step(positions, inv_freq, case.block_table, case.cu_q, case.kv, ps, fuse=True)
     k_fused, v_fused = case.k_cache.clone(), case.v_cache.clone()
-    out = kernels.fused_attention(qkv, k_fused, v_fused, slots, case.block_table, case.cu_q, case.kv, Hq, scale, plan)
+    out = kernels.fused_attention(qkv, k_fused, v_fused, slots, case.block_table, case.cu_q, case.kv, Hq, scale, plan,
+                                  sinks)
 
     q = qkv[:, : Hq * D].reshape(T, Hq, D).contiguous()
     k = qkv[:, Hq * D : (Hq + Hkv) * D].reshape(T, Hkv, D).contiguous()
@@ -277,7 +278,8 @@ def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32):
     ref.apply_rotary(q, k, positions, inv_freq)
     k_ref, v_ref = case.k_cache.clone(), case.v_cache.clone()
     ref.write_kv(k, v, k_ref, v_ref, slots)
-    expected = paged_attention(q, k_ref, v_ref, case.block_table, case.cu_q, case.kv, scale).reshape(T, Hq * D)
+    expected = paged_attention(q, k_ref, v_ref, case.block_table, case.cu_q, case.kv, scale,
+                               sinks=sinks).reshape(T, Hq * D)
     return out, expected, (k_fused, v_fused), (k_ref, v_ref), plan
 
 

@@ -27,8 +27,13 @@ _GGUF_LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router (the experts: engine.model.moe.gguf_expert_names)
+    "post_attention_norm": "post_attention_layernorm",  # gpt-oss's MLP input norm (Gemma's: _GGUF_SANDWICH_NAMES)
+    "attn_sinks": "self_attn.sinks",  # gpt-oss's per-head sink logits, a bare parameter in HF (no .weight)
+    # a mixture of experts' router (its HF name per architecture: moe.router_name; the experts:
+    # engine.model.moe.gguf_expert_names)
+    "ffn_gate_inp": "mlp.gate",
 }
+_BARE = ("self_attn.sinks",)  # HF names without a .weight suffix
 # Gemma 2/3 (sandwich norms): HF's post_attention_layernorm is the attention output's norm there.
 _GGUF_SANDWICH_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
                         "post_ffw_norm": "post_feedforward_layernorm"}
@@ -39,7 +44,8 @@ _GGUF_IGNORED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_
 
 def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
     """HF name of a GGUF tensor name, or None when it has no HF counterpart here. The config decides the
-    names that depend on the layout: Gemma's sandwich norms, Phi-3's fused gate|up in ffn_up."""
+    names that depend on the layout: Gemma's sandwich norms, Phi-3's fused gate|up in ffn_up, the router's
+    name (Qwen3-MoE's mlp.gate, gpt-oss's mlp.router)."""
     base, _, suffix = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
@@ -48,6 +54,10 @@ def hf_name(gguf_name: str, config: ModelConfig | None = None) -> str | None:
             mapped = _GGUF_SANDWICH_NAMES.get(part, mapped)
         if config is not None and config.fused_projections and part == "ffn_up":
             mapped = "mlp.gate_up_proj"
+        if config is not None and config.num_experts and part == "ffn_gate_inp":
+            mapped = moe.router_name(config)
+        if mapped in _BARE:
+            return f"model.layers.{layer}.{mapped}" if suffix == "weight" else None
         return f"model.layers.{layer}.{mapped}.{suffix}" if mapped else None
     mapped = _GGUF_GLOBAL_NAMES.get(base)
     return f"{mapped}.{suffix}" if mapped else None

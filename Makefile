@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers bench-pages bench-big peers soak soak-app clean
+.PHONY: run test test-first-start test-vllm setup system-deps desktop wheel bench bench-peers bench-pages bench-big bench-moe peers soak soak-app clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -91,6 +91,13 @@ bench-big: $(VENV)/.peers
 		-- $(BENCH_BIG_ARGS)
 	$(if $(BENCH_BIG_FILES),,$(BIN)/python -m engine bench --paste 2000 --weights packed --threads 2 --repeats 3 \
 		--model $$($(BIN)/python -m tools.bench.bench_big build llama3.2-3b))
+
+# Mixture of experts against llama.cpp: a Qwen3-30B-A3B-shaped file (12 of its 48 layers, 128 experts of 768, 8 a
+# token, its real vocabulary; random weights, Q4_K_M by llama.cpp's quantizer), built once into
+# ~/.cache/pagedeck-bench (tools.bench.moe_bench; the first time writes a ~15 GB F16 source, then quantizes it).
+# A quick check of the pipeline: make bench-moe MOE_FILE=qwen3moe-smoke MOE_REPEATS=1.
+bench-moe: $(VENV)/.peers
+	$(BIN)/python -m tools.bench.moe_bench run $(or $(MOE_FILE),qwen3moe-12L) --repeats $(or $(MOE_REPEATS),3)
 
 # The long, rough server run: 64 clients for 10 minutes on the default model (engine.bench.soak; exits 1 on an
 # error it did not ask for, a leak or pages left referenced).

@@ -25,7 +25,7 @@ import torch
 # ftype names --quantize takes (llama.cpp's LLAMA_FTYPE_MOSTLY_<name>)
 QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "Q4_K_S", "Q5_K_S", "Q4_0", "Q3_K_M")
 SOURCE_TYPES = ("F16", "BF16")
-ARCHS = ("llama", "qwen2", "gemma3")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3moe")
 
 # Real models' text configurations (their config.json values). tokenizer: tools.models.synthetic_gguf's kinds.
 PRESETS: dict[str, dict] = {
@@ -41,6 +41,12 @@ PRESETS: dict[str, dict] = {
                         context_length=131072, vocab=128256, tokenizer="bpe", pre="llama-bpe", tied=True,
                         rope_scaling=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                           original_max_position_embeddings=8192)),
+    # Qwen3-30B-A3B: 48 sparse layers of 128 experts (8 a token, 768 wide, renormalised top-k weights), Qwen 3's
+    # q/k norms, an untied head
+    "qwen3-30b-a3b": dict(arch="qwen3moe", layers=48, hidden_size=2048, intermediate_size=6144,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
+                          rms_norm_eps=1e-6, context_length=40960, vocab=151936, tokenizer="bpe", pre="qwen2",
+                          tied=False, num_experts=128, experts_per_token=8, moe_intermediate_size=768),
 }
 _SLAB_ELEMENTS = 1 << 24  # rows generated at a time: ~64 MB of float32
 
@@ -69,11 +75,18 @@ def tensor_specs(p: dict) -> list[tuple[str, tuple[int, ...]]]:
                 (b + "attn_v.weight", (kv, h)), (b + "attn_output.weight", (h, q))]
         if p["arch"] == "qwen2":
             out += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
+        if p["arch"] in ("gemma3", "qwen3moe"):
+            out += [(b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,))]
         if p["arch"] == "gemma3":
-            out += [(b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,)),
-                    (b + "post_attention_norm.weight", (h,)), (b + "post_ffw_norm.weight", (h,))]
-        out += [(b + "ffn_norm.weight", (h,)), (b + "ffn_gate.weight", (inter, h)), (b + "ffn_up.weight", (inter, h)),
-                (b + "ffn_down.weight", (h, inter))]
+            out += [(b + "post_attention_norm.weight", (h,)), (b + "post_ffw_norm.weight", (h,))]
+        out.append((b + "ffn_norm.weight", (h,)))
+        if p["arch"] == "qwen3moe":  # the router, then the experts stacked (experts, rows, cols) as llama.cpp has them
+            e, mi = p["num_experts"], p["moe_intermediate_size"]
+            out += [(b + "ffn_gate_inp.weight", (e, h)), (b + "ffn_gate_exps.weight", (e, mi, h)),
+                    (b + "ffn_up_exps.weight", (e, mi, h)), (b + "ffn_down_exps.weight", (e, h, mi))]
+        else:
+            out += [(b + "ffn_gate.weight", (inter, h)), (b + "ffn_up.weight", (inter, h)),
+                    (b + "ffn_down.weight", (h, inter))]
     out.append(("output_norm.weight", (h,)))
     if not p["tied"]:
         out.append(("output.weight", (p["vocab"], h)))
@@ -96,6 +109,10 @@ def _add_metadata(w, p: dict, name: str, seed: int, chat_template: str | None, a
         getattr(w, setter)(p[key])
     if p.get("sliding_window"):
         w.add_sliding_window(p["sliding_window"])
+    if p.get("num_experts"):
+        w.add_expert_count(p["num_experts"])
+        w.add_expert_used_count(p["experts_per_token"])
+        w.add_expert_feed_forward_length(p["moe_intermediate_size"])
     if p["tokenizer"] == "bpe":
         synthetic_vocab.add_bpe_vocabulary(w, p["vocab"], seed=seed, pre=p.get("pre", "qwen2"))
     elif p["tokenizer"] == "spm":
@@ -142,7 +159,7 @@ def write_source_gguf(out: str | Path, p: dict, *, source_type: str = "F16", see
         if len(shape) == 1:
             w.add_tensor_info(tname, shape, np.dtype(np.float32), 4 * shape[0])
         else:
-            w.add_tensor_info(tname, shape, np.dtype(np.float16), 2 * shape[0] * shape[1], raw_dtype=qtype)
+            w.add_tensor_info(tname, shape, np.dtype(np.float16), 2 * math.prod(shape), raw_dtype=qtype)
     w.write_header_to_file(out)
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
@@ -157,8 +174,8 @@ def write_source_gguf(out: str | Path, p: dict, *, source_type: str = "F16", see
             (torch.randn(shape, generator=g) * std).numpy().tofile(fout)
         elif len(shape) == 1:
             np.ones(shape, dtype=np.float32).tofile(fout)
-        else:
-            _write_matrix(fout, shape, g, dtype, std)
+        else:  # a matrix, or a stack of them (experts) as its rows one after another
+            _write_matrix(fout, (math.prod(shape[:-1]), shape[-1]), g, dtype, std)
         w.write_padding(fout, fout.tell() - start)
     w.close()
     return out

@@ -105,6 +105,12 @@ def test_map_shows_for_a_moe_model_and_follows_the_hovered_chat(qtbot, loop, sto
         await wait_until(lambda: expert_map.chat is None, 5, "the map showing every chat")
         np.testing.assert_array_equal(expert_map.counts, snap["counts"])
         assert (snap["counts"] == own(panes[0].session.chat_id) + own(panes[1].session.chat_id)).all()
+        window.activateWindow()
+        second = panes[1].session.chat_id
+        panes[1].prompt.setFocus()  # the pointer still off the panes: the focused chat's routing
+        await wait_until(lambda: expert_map.chat == second, 5, "the map following the focused chat")
+        assert expert_map.chat_how == "focused" and "focused pane" in expert_map.title.text()
+        np.testing.assert_array_equal(expert_map.counts, own(second))
         await window.service.close()
 
     run(loop, body(), 200)

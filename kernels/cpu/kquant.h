@@ -4,6 +4,9 @@
 //   Q4_K (q4k): 144 bytes: fp16 d and dmin, 12 bytes of 6-bit scales sc and minimums m per 32, 128 bytes of
 //     nibbles, the low nibbles of bytes 32c..32c+31 being sub-block 2c and the high ones sub-block 2c+1;
 //     w = d sc q - dmin m.
+//   Q5_K (q5k): 176 bytes: Q4_K's fp16 d and dmin and 12 scale bytes, then 32 bytes qh of fifth bits (bit b
+//     of qh[t] is weight t of sub-block b's 16), then Q4_K's 128 bytes of nibbles; code 0..31, w = d sc q -
+//     dmin m. Its kernels are q4k's, read through the layout (q4k::Q5K) with the fifth-bit plane added.
 //   Q6_K (q6): 210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d;
 //     w = d sc[i / 16] (q - 32).
 #pragma once
@@ -15,6 +18,17 @@ namespace pagedeck {
 namespace q4k {
 
 constexpr int64_t kSuper = 256, kBytes = 144;
+
+// The two super-block layouts q4k.h's kernels read, both with d, dmin and the 12 scale bytes first:
+// Q4_K's nibbles follow them; Q5_K puts its 32 bytes of fifth bits (kHigh) there and the nibbles after.
+struct Q4K {
+  static constexpr int64_t kBytes = 144, kNibbles = 16;
+  static constexpr bool kHigh = false;
+};
+struct Q5K {
+  static constexpr int64_t kBytes = 176, kNibbles = 48, kHighAt = 16;
+  static constexpr bool kHigh = true;
+};
 
 // the eight 6-bit scales (out[0..7]) and minimums (out[8..15]) of a super-block (ggml's get_scale_min_k4)
 inline void scale_mins(const uint8_t* sb, uint8_t out[16]) {
@@ -36,11 +50,14 @@ inline float half_at(const uint8_t* p) {
   return half_to_float(h);
 }
 
-// code (0..15) of weight i of one super-block
+// code (0..15 for Q4_K, 0..31 for Q5_K) of weight i of one super-block
+template <class L = Q4K>
 inline int code(const uint8_t* sb, int i) {
   const int b = i / 32, t = i % 32;
-  const uint8_t v = sb[16 + 32 * (b / 2) + t];
-  return (b & 1) ? (v >> 4) : (v & 0x0F);
+  const uint8_t v = sb[L::kNibbles + 32 * (b / 2) + t];
+  const int low = (b & 1) ? (v >> 4) : (v & 0x0F);
+  if constexpr (L::kHigh) return low | (((sb[L::kHighAt + t] >> b) & 1) << 4);
+  return low;
 }
 // The fp32 chain every output element of a q4k product runs, one step a super-block (every path): the exact
 // integers I = sum_b sc_b (q_b . x_b) and J = sum_b m_b bs_b met by d d_x and dmin d_x (q4k.h's top comment)
@@ -52,9 +69,23 @@ inline float step(float acc, int32_t I, int32_t J, float d, float dmin, float dx
 #ifdef PD_AVX2
 // kPrefetch bytes ahead, every line of a super-block's 144 bytes: one line a super-block left 56 % of the lines
 // to the hardware prefetchers (the kernel read ~14 GB/s from DRAM on two cores where q8 reads ~30)
+template <class L = Q4K>
 inline void prefetch_super(const uint8_t* sb) {
-  for (int b = 0; b < kBytes; b += 64) _mm_prefetch((const char*)(sb + kPrefetch + b), _MM_HINT_T0);
+  for (int b = 0; b < L::kBytes; b += 64) _mm_prefetch((const char*)(sb + kPrefetch + b), _MM_HINT_T0);
 }
+
+// Q5_K's fifth bits as 16s: for each byte t of `plane` (qh[t] in both halves of a vector), 16 where bit `b` of
+// it is set (the halves may ask different bits: 512-bit `bits` holds one mask a half)
+inline __m256i high16(__m256i plane, int b) {
+  const __m256i one = _mm256_set1_epi8(1);
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(plane, _mm_cvtsi32_si128(b)), one), 4);
+}
+#ifdef PD_AVX512
+inline __m512i high16(__m512i plane, int b_lo, int b_hi) {
+  const __m512i bits = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << b_lo)), _mm256_set1_epi8((char)(1 << b_hi)), 1);
+  return _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(plane, bits), _mm512_set1_epi8(16));
+}
+#endif
 
 // the super-block's sc0..7 (bytes 0..7) and m0..7 (bytes 8..15), ggml's kmask regrouping without a store
 inline __m128i scales(const uint8_t* sb) {

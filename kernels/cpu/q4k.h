@@ -1,5 +1,7 @@
-// The q4k format's kernels: GGUF Q4_K super-blocks kept as the file stores them (kquant.h states the layout
-// and decodes it), per-row and GEMM paths.
+// The q4k and q5k formats' kernels: GGUF Q4_K and Q5_K super-blocks kept as the file stores them (kquant.h
+// states the layouts and decodes them), per-row and GEMM paths, written once over the layout L (kquant.h's
+// Q4K, Q5K): Q5_K is Q4_K with a plane of fifth bits, so its codes are the nibbles plus 16 where the bit is
+// set (0..31: maddubs' int16 pairs stay under 2 * 31 * 127) and everything after the codes is the same.
 //
 // The arithmetic is llama.cpp's Q4_K x Q8_K: activations quantized per 256 (activations.h's quantize_k: one
 // fp32 scale d_x a super-block, int8 codes, and bs_b = the integer sum of sub-block b's 32 codes), the 6-bit
@@ -31,7 +33,7 @@ namespace q4k {
 // times them into int32 lanes. With AVX-512 the same integers from 512-bit registers: 64 nibble bytes (chunks
 // 2k and 2k+1) a load, the low nibbles (sub-blocks 4k, 4k+2) meeting x[128k : +32] | x[128k+64 : +32], the
 // high ones (4k+1, 4k+3) the other halves (the scale broadcasts one vpermw per register).
-template <int MT>
+template <int MT, class L = Q4K>
 inline void super_ints(const uint8_t* sb, __m128i v, const int8_t* x, int64_t K, __m128i t[MT]) {
 #ifdef PD_AVX512
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -43,8 +45,13 @@ inline void super_ints(const uint8_t* sb, __m128i v, const int8_t* x, int64_t K,
   __m512i isum[MT];
   for (int r = 0; r < MT; ++r) isum[r] = _mm512_setzero_si512();
   for (int k = 0; k < 2; ++k) {
-    const __m512i raw = _mm512_loadu_si512((const void*)(sb + 16 + 64 * k));
-    const __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    const __m512i raw = _mm512_loadu_si512((const void*)(sb + L::kNibbles + 64 * k));
+    __m512i lo = _mm512_and_si512(raw, m4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    if constexpr (L::kHigh) {  // lo: sub-blocks 4k, 4k+2; hi: 4k+1, 4k+3
+      const __m512i plane = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(sb + L::kHighAt)));
+      lo = _mm512_or_si512(lo, high16(plane, 4 * k, 4 * k + 2));
+      hi = _mm512_or_si512(hi, high16(plane, 4 * k + 1, 4 * k + 3));
+    }
     const __m512i slo = _mm512_permutexvar_epi16(ix[2 * k], sc16), shi = _mm512_permutexvar_epi16(ix[2 * k + 1], sc16);
     for (int r = 0; r < MT; ++r) {
       const int8_t* xr = x + r * K + 128 * k;
@@ -64,8 +71,13 @@ inline void super_ints(const uint8_t* sb, __m128i v, const int8_t* x, int64_t K,
   __m256i isum[MT];
   for (int r = 0; r < MT; ++r) isum[r] = _mm256_setzero_si256();
   for (int c = 0; c < 4; ++c) {
-    const __m256i raw = _mm256_loadu_si256((const __m256i*)(sb + 16 + 32 * c));
-    const __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(sb + L::kNibbles + 32 * c));
+    __m256i lo = _mm256_and_si256(raw, m4), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    if constexpr (L::kHigh) {  // lo: sub-block 2c, hi: 2c+1
+      const __m256i plane = _mm256_loadu_si256((const __m256i*)(sb + L::kHighAt));
+      lo = _mm256_or_si256(lo, high16(plane, 2 * c));
+      hi = _mm256_or_si256(hi, high16(plane, 2 * c + 1));
+    }
     const __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
     const __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
     for (int r = 0; r < MT; ++r) {  // two independent madds a chunk: no 8-deep dpwssd latency chain
@@ -81,17 +93,17 @@ inline void super_ints(const uint8_t* sb, __m128i v, const int8_t* x, int64_t K,
 
 // out[r] = weight row . activation rows m0..m0+MT: per super-block the exact I (super_ints) and J (the
 // minimums against the activations' sub-block sums bs), then step's fp32 chain.
-template <int MT>
+template <int MT, class L = Q4K>
 inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   float acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* sb = row + s * kBytes;
-    prefetch_super(sb);
+    const uint8_t* sb = row + s * L::kBytes;
+    prefetch_super<L>(sb);
     const __m128i v = scales(sb);
     const __m128i mn16 = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
     __m128i isum[MT];
-    super_ints<MT>(sb, v, a.q.data() + m0 * K + s * kSuper, K, isum);
+    super_ints<MT, L>(sb, v, a.q.data() + m0 * K + s * kSuper, K, isum);
     const float d = half_at(sb), dmin = half_at(sb + 2);
     for (int r = 0; r < MT; ++r) {
       const int64_t at = (m0 + r) * nsb + s;
@@ -104,19 +116,19 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
   for (int r = 0; r < MT; ++r) out[r] = acc[r];
 }
 #else  // the portable loops: the same integers and chain, one code at a time
-template <int MT>
+template <int MT, class L = Q4K>
 inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   for (int r = 0; r < MT; ++r) {
     float acc = 0.0f;
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* sb = row + s * kBytes;
+      const uint8_t* sb = row + s * L::kBytes;
       uint8_t sm[16];
       scale_mins(sb, sm);
       const int64_t at = (m0 + r) * nsb + s;
       int32_t I = 0, J = 0;
       for (int b = 0; b < 8; ++b) {
         int32_t dot = 0;
-        for (int i = 0; i < 32; ++i) dot += code(sb, 32 * b + i) * a.q[(m0 + r) * K + s * kSuper + 32 * b + i];
+        for (int i = 0; i < 32; ++i) dot += code<L>(sb, 32 * b + i) * a.q[(m0 + r) * K + s * kSuper + 32 * b + i];
         I += sm[b] * dot;
         J += sm[8 + b] * a.bs[at * 8 + b];
       }
@@ -128,22 +140,24 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
 #endif
 
 // out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
+template <class L = Q4K>
 inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t n, float* out) {
   const int64_t nsb = K / kSuper;
-  const uint8_t* row = qs + n * nsb * kBytes;
+  const uint8_t* row = qs + n * nsb * L::kBytes;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, a, K, m, out + m);
-  for (; m < M; ++m) tile<1>(row, nsb, a, K, m, out + m);
+  for (; m + 4 <= M; m += 4) tile<4, L>(row, nsb, a, K, m, out + m);
+  for (; m < M; ++m) tile<1, L>(row, nsb, a, K, m, out + m);
 }
 
 #ifdef PD_AVX2
 // The GEMM path's panel of rows n0..n0+cols (panel.h's Panel, q4k's own meaning of its fields):
-// codes[(j * 8 + t) * kCols + col] = codes 4t..4t+3 (0..15) of sub-block j (panel.h's layout),
+// codes[(j * 8 + t) * kCols + col] = codes 4t..4t+3 (0..15, Q5_K 0..31) of sub-block j (panel.h's layout),
 // slo[j * kCols + col] = sc_j, shi[(4 s + i) * kCols + col] = m_2i | m_2i+1 << 16 (int16 pairs of super-block s),
 // dw / zw[s * kCols + col] = d / dmin; columns past `cols` are zero.
+template <class L = Q4K>
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
   using gemm::kCols;
-  const int64_t nsb = nb / 8, row_bytes = nsb * kBytes;
+  const int64_t nsb = nb / 8, row_bytes = nsb * L::kBytes;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nsb * kCols, 0.0f);
   p.zw.assign(nsb * kCols, 0.0f);
@@ -158,9 +172,11 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
           r[c] = _mm256_setzero_si256();
           continue;
         }
-        const uint8_t* sb = qs + (n0 + g + c) * row_bytes + j / 8 * kBytes;
-        const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + 16 + 32 * ((j % 8) / 2)));
+        const uint8_t* sb = qs + (n0 + g + c) * row_bytes + j / 8 * L::kBytes;
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(sb + L::kNibbles + 32 * ((j % 8) / 2)));
         r[c] = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(j & 1 ? 4 : 0)), m4);
+        if constexpr (L::kHigh)
+          r[c] = _mm256_or_si256(r[c], high16(_mm256_loadu_si256((const __m256i*)(sb + L::kHighAt)), (int)(j % 8)));
       }
       gemm::transpose8(r);
       int32_t* dst = p.codes.data() + j * 8 * kCols + g;
@@ -170,7 +186,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
   for (int c = 0; c < cols; ++c) {
     const uint8_t* row = qs + (n0 + c) * row_bytes;
     for (int64_t s = 0; s < nsb; ++s) {
-      panel_scales(row + s * kBytes, s, c, p);
+      panel_scales(row + s * L::kBytes, s, c, p);
     }
   }
 }

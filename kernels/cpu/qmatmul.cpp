@@ -6,6 +6,7 @@
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
 //   q6: GGUF Q6_K super-blocks as the file stores them (kquant.h, q6.h), no separate scales.
 //   q4k: GGUF Q4_K super-blocks as the file stores them (kquant.h, q4k.h), no separate scales.
+//   q5k: GGUF Q5_K super-blocks as the file stores them (kquant.h): q4k's kernels with a fifth-bit plane.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
 //       the same bits as q4k without its per-row horizontal reductions.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
@@ -63,6 +64,7 @@ using formats::kQ4;
 using formats::kQ4K;
 using formats::kQ4K16;
 using formats::kQ5;
+using formats::kQ5K;
 using formats::kQ6;
 using formats::kQ8;
 using formats::kQ8G;
@@ -73,7 +75,8 @@ static_assert(formats::kLayouts[kQ5].code_bytes == q5::kBytes && formats::kLayou
                   formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
                   formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
                   formats::kLayouts[formats::kIQ4XS].code_bytes == lut4::Iq4xs::kBytes &&
-                  formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues,
+                  formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues &&
+                  formats::kLayouts[kQ5K].code_bytes == q4k::Q5K::kBytes && formats::kLayouts[kQ5K].values == q4k::kSuper,
               "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
 
 using rows::Weights;
@@ -91,6 +94,10 @@ void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float
   }
   if (F == kQ4K) {
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
+    return;
+  }
+  if (F == kQ5K) {
+    q4k::weight_row<q4k::Q5K>(w.qs, w.K, a.k, M, n, out);
     return;
   }
   if constexpr (lut4::kIs<F>) {
@@ -161,6 +168,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
+  } else if (F == kQ5K) {
+    q4k::unpack_panel<q4k::Q5K>(w.qs, w.nb, n0, cols, panel);
   } else {
     gemm::unpack_panel(w.qs, w.d, w.m, w.nb, F, n0, cols, panel);
   }
@@ -173,7 +182,7 @@ template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t M, int64_t Nout, Act act,
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
-  constexpr bool Q4K = F == kQ4K || F == kQ4K16;
+  constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K;  // q4k.h's panels and tiles
   constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
@@ -218,7 +227,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  return f == kQ4K || f == kQ4K16 ? 32 : 8;
+  return f == kQ4K || f == kQ4K16 || f == kQ5K ? 32 : 8;
 }
 
 // Output rows per chunk of the per-row path, one activation row: ~kChunkBytes of weights, so that each thread
@@ -252,6 +261,7 @@ void with_format(Format f, Fn&& fn) {
     case formats::kMXFP4: return fn(std::integral_constant<int, formats::kMXFP4>{});
     case formats::kIQ4NL: return fn(std::integral_constant<int, formats::kIQ4NL>{});
     case formats::kIQ4XS: return fn(std::integral_constant<int, formats::kIQ4XS>{});
+    case kQ5K: return fn(std::integral_constant<int, kQ5K>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
@@ -301,7 +311,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;
 #endif
-  if (q4k || q4k16) {
+  if (q4k || q4k16 || f == kQ5K) {  // activations per 256 (q4k.h)
     quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
     quantize_rows(x.data_ptr<float>(), M, K, a, affine && !big, q6);

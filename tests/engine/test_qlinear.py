@@ -20,7 +20,7 @@ from tools.logits import forward_tokens
 Q4_TYPES = [QT.Q4_0, QT.Q4_1, QT.Q4_K]
 Q5_TYPES = [QT.Q5_0, QT.Q5_1]
 Q8_TYPES = [QT.Q8_0, QT.Q5_K, QT.Q6_K]
-EXACT = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q6_K, QT.Q4_K)
+EXACT = (QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q6_K, QT.Q4_K, QT.Q5_K)
 
 
 def quantized(qtype: QT, rows: int, cols: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,14 +34,14 @@ def quantized(qtype: QT, rows: int, cols: int, seed: int = 0) -> tuple[torch.Ten
 @pytest.mark.parametrize("qtype", Q4_TYPES + Q5_TYPES + Q8_TYPES)
 @pytest.mark.parametrize("keep_dense", [True, False])
 def test_every_type_repacks_faithfully_and_multiplies_closely(qtype, keep_dense):
-    """Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q6_K/Q8_0 exactly; the rest through a Q8_0 re-quantization of the exact
+    """Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 exactly; the rest through a Q8_0 re-quantization of the exact
     decode. Decode rows take the integer kernel, prompt rows the same
     weights in fp32 (a kept copy or tiles), embedding lookups the exact rows."""
     rows, cols = 200, 512
     raw, exact = quantized(qtype, rows, cols, int(qtype))
     w = repack.from_blocks(raw, qtype, (rows, cols), keep_dense=keep_dense)
     assert w.format == ("q4k" if qtype == QT.Q4_K else "q4" if qtype in Q4_TYPES else "q5" if qtype in Q5_TYPES
-                        else "q6" if qtype == QT.Q6_K else "q8")
+                        else "q6" if qtype == QT.Q6_K else "q5k" if qtype == QT.Q5_K else "q8")
     exact_kernel = qtype in EXACT
     assert w.prompt_dense == keep_dense
     # a format holding the file's weights exactly decodes them just in time; a re-quantized one keeps a copy

@@ -82,9 +82,12 @@ def reference_q4k(x: torch.Tensor, w: Q4KLinear) -> torch.Tensor:
     """llama.cpp's Q4_K x Q8_K arithmetic in NumPy, to the bit: per super-block the integers
     I = sum_b sc_b (q_b . x_b) and J = sum_b m_b bs_b, then acc = fma(I, d d_x, acc), acc = fma(-J, dmin d_x, acc)
     in float32, super-block after super-block."""
-    N, K = w.shape
+    return reference_superblocks(x, w.shape[1], *q4_k_fields(w.row_blocks(), *w.shape))
+
+
+def reference_superblocks(x: torch.Tensor, K: int, d, dmin, sc, m, codes) -> torch.Tensor:
+    """reference_q4k's arithmetic over decoded fields (q4_k_fields' forms; Q5_K's codes run to 31)."""
     q, dx, bs = q8_k(x)
-    d, dmin, sc, m, codes = q4_k_fields(w.row_blocks(), N, K)
     dots = np.einsum("msbi,nsbi->mnsb", q.reshape(*q.shape[:2], 8, 32), codes)
     I = (dots * sc[None]).sum(-1).astype(np.float32)  # (M, N, S)
     J = (bs[:, None] * m[None]).sum(-1).astype(np.float32)
@@ -143,11 +146,17 @@ def test_extreme_codes_scales_and_activations_sum_exactly():
     raw[:, 16:] = 0xFF  # every code 15
     raw[1::2, 16:] = 0x0F  # low nibbles 15, high 0
     w = Q4KLinear(raw.reshape(N, -1))
+    x = full_scale_activations(K)
+    assert torch.equal(w(x), reference_q4k(x, w))
+    assert torch.equal(_call(w, x, None, "1"), reference_q4k(x, w))
+
+
+def full_scale_activations(K: int) -> torch.Tensor:
+    """Rows whose Q8_K codes are all +127, all -127, and alternating: the largest integer sums."""
     x = torch.full((5, K), 7.0)
     x[1] = -7.0
     x[2, ::2] = -7.0
-    assert torch.equal(w(x), reference_q4k(x, w))
-    assert torch.equal(_call(w, x, None, "1"), reference_q4k(x, w))
+    return x
 
 
 def test_a_rows_result_never_depends_on_the_other_rows():

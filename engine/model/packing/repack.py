@@ -17,7 +17,10 @@ which type exactly; every other type becomes q8):
   * MXFP4 -> mxfp4, IQ4_NL -> iq4nl, IQ4_XS -> iq4xs: the file's blocks as they are (exact; 4.25, 4.5 and
     4.25 bits a weight, gpt-oss's experts and llama.cpp's IQ4 mixes), 4-bit codes looked up in the format's
     16-entry table by the kernels (kernels/cpu/lut4.h). As q8 they read 2x the bytes a token.
-  * Q5_K and every other type (Q2_K, Q3_K, the other IQ types): the exact decode re-quantized as Q8_0, per 32
+  * Q5_K -> q5k: the file's super-blocks as they are (exact, 5.5 bits a weight; as q8 they took 8.5: every
+    Q5_K_M file's matrices and a Q4_K_M file's attn_v and half its ffn_down), multiplied by q4k's kernels
+    with the fifth-bit plane added (kernels/cpu/q4k.h).
+  * Every other type (Q2_K, Q3_K, the other IQ types): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
   * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
@@ -40,7 +43,7 @@ bigger model sends prompt rows through the packed kernels too, so resident memor
 (a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone,
 never on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
 Where a matrix's kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as
-q8, Q6_K, Q4_K, MXFP4, IQ4_NL, IQ4_XS)
+q8, Q6_K, Q4_K, Q5_K, MXFP4, IQ4_NL, IQ4_XS)
 no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
 bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
 fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
@@ -62,6 +65,7 @@ from ... import envs
 from . import repack_fast
 from ..ggml_blocks import dequantize, half, q4_k_affine
 from ..qlinear import LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
+from ..qlinear.superblock import Q5KLinear
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
@@ -73,6 +77,7 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
              "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
              "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
              "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
+_SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear}  # K-quants kept as the file's super-blocks
 # a GGUF's 3-D expert stacks (experts, rows, cols): packed one expert at a time (engine.model.packing.experts)
 EXPERT_STACKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # parts fused into one matrix by the model (HF and llama.cpp names), so they share one kernel format
@@ -232,13 +237,13 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
                 done(r0, min(r0 + step, n))
         return Q4KLinear(groups, exact, grouped=True)
     kind = kernel_format(qtype.name, fmt)
-    if kind in ("q6", "q4k") or kind in LUT4_CLASSES:  # the file's blocks, copied
+    if kind in _SUPERBLOCKS or kind in LUT4_CLASSES:  # the file's blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):
             qs[r0:r0 + step] = rows[r0:r0 + step]
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return LUT4_CLASSES.get(kind, Q6Linear if qtype == Q.Q6_K else Q4KLinear)(qs, exact)
+        return LUT4_CLASSES.get(kind, _SUPERBLOCKS.get(kind))(qs, exact)
     if kernel_format(qtype.name, fmt) == "q5":
         return _q5_from_blocks(rows, qtype, (n, k), exact, step, done)
     fast = repack_fast.pack(rows, qtype, (n, k), kernel_format(qtype.name, fmt))  # C++, same bits

@@ -115,3 +115,14 @@ class Q4KLinear(SuperBlockLinear):
         out = Q4Linear.from_packed(qs, scale, minimum)
         out.dense = self.dense
         return out
+
+
+class Q5KLinear(SuperBlockLinear):
+    """GGUF Q5_K super-blocks (kernels.packed's q5k): Q4_K's scales and nibbles plus a plane of fifth bits, w =
+    d * sc * code - dmin * m with codes 0..31, 5.5 bits a weight (as q8 they took 8.5). Multiplied by q4k's
+    kernels read through Q5_K's layout (kernels/cpu/q4k.h), rows only (no 16-row groups)."""
+
+    spec = formats.Q5K
+    format = spec.name
+    BLOCK_BYTES = spec.code_bytes
+    QTYPE = GGMLQuantizationType.Q5_K

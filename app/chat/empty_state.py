@@ -70,10 +70,10 @@ class EmptyState(QWidget):
         col.addWidget(self.examples_label)
         self.example_buttons: list[QPushButton] = []
         for text in EXAMPLES:
-            b = QPushButton(text)
-            b.setToolTip("Puts this prompt in the message box (Enter sends it)")
+            b = ExampleButton(text)
+            b.setToolTip(f"{text}\nPuts this prompt in the message box (Enter sends it)")
             b.setAccessibleName(f"Example prompt: {text}")
-            b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # a narrow tile clips, not widens
+            b.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)  # a narrow tile elides, not widens
             b.clicked.connect(lambda _=False, t=text: self.example_chosen.emit(t))
             self.example_buttons.append(b)
             col.addLayout(self._centred([b]))
@@ -154,3 +154,27 @@ class EmptyState(QWidget):
             self.setGeometry(obj.rect())
             self.fit()
         return False
+
+
+class ExampleButton(QPushButton):
+    """An example prompt's button: in a pane too narrow for the whole prompt it shows the prompt elided with
+    "…" (whole in its tooltip and accessible name) rather than cut off mid-letter; text() is the whole prompt."""
+
+    def __init__(self, prompt: str) -> None:
+        super().__init__(prompt)
+        self.prompt = prompt
+
+    def text(self) -> str:  # noqa: D102 (the whole prompt, whatever is shown)
+        return self.prompt
+
+    def shown(self) -> str:
+        return super().text()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        super().resizeEvent(event)
+        metrics = self.fontMetrics()
+        shown = super().text()
+        padding = self.sizeHint().width() - metrics.horizontalAdvance(shown)  # the style's margins at this font
+        elided = metrics.elidedText(self.prompt, Qt.TextElideMode.ElideRight, max(0, self.width() - padding))
+        if elided != shown:
+            self.setText(elided)

@@ -287,6 +287,7 @@ class MainWindow(QMainWindow):
         for bar in self.findChildren(QTabBar):  # the dock columns' tabs (made by the layout once docks are tabbed):
             if bar.parent() is self and not bar.styleSheet():  # compact, so five titles show whole in ~300 px
                 bar.setStyleSheet("QTabBar::tab { padding: 3px 5px; }")
+                bar.setElideMode(Qt.TextElideMode.ElideNone)  # narrower (large fonts): whole titles, scrolled
 
     # --- state across restarts ------------------------------------------------------------------
 

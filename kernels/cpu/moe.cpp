@@ -105,6 +105,10 @@ constexpr int64_t kWholeCallRows = 8;
 // Weight bytes a task: a quarter of a thread's share of the step, within these bounds (qmatmul's row chunks:
 // long runs keep each thread's stream sequential; several tasks a thread let the threads finish together).
 constexpr int64_t kMinTaskBytes = 64 << 10, kMaxTaskBytes = 512 << 10;
+// Up to these many experts (quantizing their A rows) or rows (the weighted sums) the calling thread does the
+// small steps alone: a decode step then wakes the threads twice (gate|up, down), each wake-up a wait for
+// every thread where the machine is shared.
+constexpr int64_t kSerialExperts = 64, kSerialRows = 32;
 
 // The activations a format's row kernel reads: Q8_K per 256 (q4k), per 32 in q4's paired layout (q4, q5), or
 // per 32 in natural order with the per-16 sums q6 needs (q6, q8). Activations of one kind serve every format
@@ -304,13 +308,11 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
     if ((int64_t)xa.size() < n_active) xa.resize(n_active), aa.resize(n_active);
     for (int kind = 0; kind < kKinds; ++kind)
       if (kinds[kind]) quantize(x.data_ptr<float>(), T, H, (Kind)kind, quantized[kind]);
-    at::parallel_for(0, n_active, 1, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const int64_t e = active[i];
-        const Kind kind = kind_of(table.gate_up[e].f);
-        gather(quantized[kind], row_of.data() + first[e], first[e + 1] - first[e], H, kind, xa[i]);
-      }
-    });
+    for (int64_t i = 0; i < n_active; ++i) {  // copies of a few KB a row: not worth waking the threads
+      const int64_t e = active[i];
+      const Kind kind = kind_of(table.gate_up[e].f);
+      gather(quantized[kind], row_of.data() + first[e], first[e + 1] - first[e], H, kind, xa[i]);
+    }
     // 2. gate|up: a task's gate rows, then its up rows (each its own sequential stream), SwiGLU into A
     at::Tensor A = at::empty({S, I}, x.options());
     float* a_rows = A.data_ptr<float>();
@@ -332,7 +334,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
       }
     });
     // 3. A quantized for each expert's down, then down tasks straight into the expert's rows of Y
-    at::parallel_for(0, n_active, 1, [&](int64_t i0, int64_t i1) {
+    at::parallel_for(0, n_active, kSerialExperts, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
         const int64_t e = active[i];
         quantize(a_rows + first[e] * I, first[e + 1] - first[e], I, kind_of(table.down[e].f), aa[i]);
@@ -357,7 +359,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
   }
   // 4. each row's experts summed in ascending expert order
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, T, 1, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, T, kSerialRows, [&](int64_t r0, int64_t r1) {
     std::vector<int64_t> order(k);
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < k; ++j) order[j] = r * k + j;

@@ -137,16 +137,25 @@ def test_the_avx2_build_gives_the_same_bits():
                       "not avx2_build and not llama_cpp")
 
 
-def test_q5_k_m_file_keeps_q5_k_and_gives_llama_cpps_logits(tmp_path):
-    """llama.cpp's own Q5_K_M of a small model (its quantizer and per-layer recipe) read packed: its Q5_K
-    matrices are q5k, and its logits stay within the quantized fidelity bounds against llama.cpp's."""
+def test_q5_k_files_keep_q5_k_and_give_llama_cpps_logits(tmp_path):
+    """A Q5_K file (every matrix Q5_K) and llama.cpp's own Q5_K_M of the same model (its quantizer and per-layer
+    recipe), read packed: their Q5_K matrices are q5k, and both files' logits stay within the quantized
+    fidelity bounds against llama.cpp's (tests/engine/test_fidelity_llamacpp)."""
     pytest.importorskip("llama_cpp")
     from engine import Model
     from tests.engine.test_fidelity_llamacpp import check
     from tests.llamacpp_fidelity import build
+    from tests.oracles.llamacpp_peer import run_jobs
+    from tools.models._llamacpp_quantized import quantize, tensor_types
 
-    files = build(tmp_path, [("llama", "F32"), ("llama", "Q5_K_M")])
-    model = Model.load(files.paths["llama", "Q5_K_M"], weights="packed")
-    formats_seen = {m.format for layer in model.layers for m in vars(layer).values() if hasattr(m, "format")}
-    assert "q5k" in formats_seen, formats_seen
-    check(files, ("llama", "Q5_K_M"), "packed")
+    files = build(tmp_path, [("llama", "F32"), ("llama", "Q5_K")])  # F32: the kl_ref bound
+    mixed = quantize(files.paths["llama", "F32"], tmp_path / "llama-Q5_K_M.gguf", "Q5_K_M")
+    assert "Q5_K" in set(tensor_types(mixed).values())
+    out = mixed.with_suffix(".npy")
+    (result,) = run_jobs([{"op": "logits", "model": str(mixed), "ids": files.ids, "out": str(out)}], tmp_path)
+    files.paths["llama", "Q5_K_M"], files.peer["llama", "Q5_K_M"] = mixed, {**result, "out": str(out)}
+    for qtype in ("Q5_K", "Q5_K_M"):
+        model = Model.load(files.paths["llama", qtype], weights="packed")
+        seen = {m.format for layer in model.layers for m in vars(layer).values() if hasattr(m, "format")}
+        assert "q5k" in seen, (qtype, seen)
+        check(files, ("llama", qtype), "packed")

@@ -19,6 +19,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <tuple>
 #include <type_traits>
@@ -321,9 +322,12 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   const auto run = [&](const auto* kp, const auto* vp) {  // the pools' element type
     using Elem = std::remove_cv_t<std::remove_pointer_t<decltype(kp)>>;
     const ChunkFn<Elem> fast = fast_chunk<Elem>(G, D);
-    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+    // Threads take tasks one at a time from a shared counter: rows of unequal lengths make tasks of unequal
+    // size, and on a shared machine a thread may stall; a task's result never depends on which thread runs it.
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, std::min<int64_t>(tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
       std::vector<float> scores(G * kChunk);
-      for (int64_t task = t0; task < t1; ++task) {
+      for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
         const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
         const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
         const int64_t len = lens[b], ql = cu[b + 1] - cu[b];

@@ -1,15 +1,20 @@
 """Where a decode step's time goes, by op class:
-`python -m tools.bench.step_profile [--weights packed] [--batches 1,8] [--threads 1] [--clock cpu|wall] [--per-op]`.
+`python -m tools.bench.step_profile [--weights packed] [--batches 1,8] [--threads 1] [--clock cpu|wall] [--per-op]
+[--context 150] [--kv-dtype float32|float16]`.
 
-B sequences with ~150-token prompts are prefilled (not measured), then decode steps of Model.forward run
+B sequences with ~--context-token prompts (150 by default; sequence b has b more) are prefilled (not
+measured), then decode steps of Model.forward run
 with the model's kernels wrapped by timers (classes below); what no wrapper sees (embedding, the final norm,
 Python between the calls) is `other`. `--clock cpu` counts this thread's CPU time, which a busy shared
 machine disturbs far less than wall time; it sees only the calling thread, so use it with --threads 1.
 The wrappers cost ~1 us per call, included in the profiled step (the table also gives the unwrapped step).
+--kv-dtype float16 builds the K/V pools in fp16 whatever the model's dtype (the fused CPU attention reads
+either), to see what the step's attention costs at half the bytes a position.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -78,30 +83,40 @@ def timed(model: Model, clock, into: dict[str, float]):
             model.__dict__.pop(name, None)
 
 
-def decode_setup(model: Model, batch: int) -> tuple[PagedCache, list[list[int]]]:
-    """A cache holding `batch` prefilled ~PROMPT-token sequences on their own pages."""
-    pages = -(-(PROMPT + 64) // PAGE)
-    cache = PagedCache(model, max_tokens=batch * pages * PAGE, page_size=PAGE)
+def pages_per_sequence(prompt: int, batch: int) -> int:
+    return -(-(prompt + batch + 64) // PAGE)
+
+
+def decode_setup(model: Model, batch: int, prompt: int = PROMPT,
+                 kv_dtype: torch.dtype | None = None) -> tuple[PagedCache, list[list[int]]]:
+    """A cache (pools of kv_dtype, else the model's) holding `batch` prefilled sequences of prompt + b tokens
+    on their own pages."""
+    pages = pages_per_sequence(prompt, batch)
+    spec = model.cache_spec()
+    if kv_dtype is not None:
+        spec = dataclasses.replace(spec, dtype=kv_dtype)
+    cache = PagedCache(spec, max_tokens=batch * pages * PAGE, page_size=PAGE)
     g = torch.Generator().manual_seed(0)
     seqs = []
     for b in range(batch):
-        ids = torch.randint(100, 20000, (PROMPT + b,), generator=g).tolist()
+        ids = torch.randint(100, 20000, (prompt + b,), generator=g).tolist()
         table = list(range(b * pages, (b + 1) * pages))
         model.forward(Batch.build([(ids, 0, table)], PAGE, [1], model.device, [True]), cache)
         seqs.append(ids)
     return cache, seqs
 
 
-def step_batch(model: Model, seqs: list[list[int]], step: int) -> Batch:
-    pages = -(-(PROMPT + 64) // PAGE)
+def step_batch(model: Model, seqs: list[list[int]], step: int, prompt: int = PROMPT) -> Batch:
+    pages = pages_per_sequence(prompt, len(seqs))
     entries = [([s[-1]], len(s) - 1 + step, list(range(b * pages, (b + 1) * pages))) for b, s in enumerate(seqs)]
     return Batch.build(entries, PAGE, [1] * len(seqs), model.device, [False] * len(seqs))
 
 
-def profile(model: Model, batch: int, steps: int, clock_name: str) -> dict:
+def profile(model: Model, batch: int, steps: int, clock_name: str, prompt: int = PROMPT,
+            kv_dtype: torch.dtype | None = None) -> dict:
     clock = CLOCKS[clock_name]
-    cache, seqs = decode_setup(model, batch)
-    batches = [step_batch(model, seqs, s + 1) for s in range(2 * steps + 4)]
+    cache, seqs = decode_setup(model, batch, prompt, kv_dtype)
+    batches = [step_batch(model, seqs, s + 1, prompt) for s in range(2 * steps + 4)]
     for b in batches[:4]:  # warm-up
         model.forward(b, cache)
     plain = []
@@ -119,14 +134,15 @@ def profile(model: Model, batch: int, steps: int, clock_name: str) -> dict:
     total = sum(profiled)
     classes = {k: 1e3 * v / steps for k, v in per_class.items()}
     classes["other (embedding, final norm, Python between calls)"] = 1e3 * (total - sum(per_class.values())) / steps
-    return {"batch": batch, "clock": clock_name, "step_ms": statistics.median(plain) * 1e3,
+    return {"batch": batch, "clock": clock_name, "context": prompt, "kv_dtype": str(cache.spec.dtype).removeprefix("torch."),
+            "step_ms": statistics.median(plain) * 1e3,
             "profiled_step_ms": 1e3 * total / steps,
             "classes_ms": dict(sorted(classes.items(), key=lambda kv: -kv[1]))}
 
 
 def format_profile(r: dict) -> str:
-    lines = [f"batch {r['batch']}: step {r['step_ms']:.1f} ms {r['clock']} time ({r['profiled_step_ms']:.1f} ms with "
-             "the timers)", "| op class | ms / step | share |", "| --- | --- | --- |"]
+    lines = [f"batch {r['batch']}, contexts {r['context']}+, {r['kv_dtype']} K/V: step {r['step_ms']:.1f} ms "
+             f"{r['clock']} time ({r['profiled_step_ms']:.1f} ms with the timers)", "| op class | ms / step | share |", "| --- | --- | --- |"]
     for cls, ms in r["classes_ms"].items():
         lines.append(f"| {cls} | {ms:.2f} | {100 * ms / r['profiled_step_ms']:.0f} % |")
     return "\n".join(lines)
@@ -143,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-op", action="store_true",
                     help="run packed decode steps layer by layer, kernel by kernel (the same kernels and bits as "
                          "kernels.decode_layers' one call) to see each kernel's share")
+    ap.add_argument("--context", type=int, default=PROMPT, help="prompt tokens of each sequence (sequence b: b more)")
+    ap.add_argument("--kv-dtype", choices=("float32", "float16"), default=None,
+                    help="the K/V pools' element type (default: the model's)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.clock == "cpu" and args.threads != 1:
@@ -154,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     out = []
     with torch.inference_mode():
         for b in (int(x) for x in args.batches.split(",")):
-            r = profile(model, b, args.steps, args.clock)
+            r = profile(model, b, args.steps, args.clock, args.context,
+                        getattr(torch, args.kv_dtype) if args.kv_dtype else None)
             out.append(r)
             print(format_profile(r), flush=True)
     if args.json:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from engine.chat.reasoning import ReasoningParser, reasoning_markers, starts_in_reasoning
+from engine.chat.reasoning import HARMONY, reasoning_markers, starts_in_reasoning
+from engine.chat.reply import ReplyParser
 from engine.contract import DEFAULT_PAGE_SIZE, SamplerSettings
 
 
@@ -50,7 +51,8 @@ class ChatSession:
         self.ctx = max(DEFAULT_PAGE_SIZE, ctx // DEFAULT_PAGE_SIZE * DEFAULT_PAGE_SIZE)
         self.cache = engine.PagedCache(self.model, max_tokens=self.ctx, page_size=DEFAULT_PAGE_SIZE)
         self.generator = engine.DynamicGenerator(self.model, self.cache, self.tokenizer)
-        self.markers = reasoning_markers(self.tokenizer.chat_template)
+        # (a harmony model, gpt-oss: its analysis channel is the thinking)
+        self.markers = HARMONY if self.chat_format.harmony else reasoning_markers(self.tokenizer.chat_template)
         self.options = options or Options()
         self.history: list[dict] = []
         self.last: Reply | None = None
@@ -85,7 +87,7 @@ class ChatSession:
         import engine
 
         text, ids, room = self._prompt_ids(user)
-        parser = ReasoningParser(self.markers, in_reasoning=starts_in_reasoning(text, self.markers))
+        parser = ReplyParser(self.markers, in_reasoning=starts_in_reasoning(text, self.markers))
         job = engine.DynamicJob(ids, min(self.options.max_tokens, room), gen_settings=self.options.sampler,
                                 seed=self.options.seed, stop_conditions=sorted(self.tokenizer.stop_token_ids),
                                 decode_special_tokens=self.markers is not None)
@@ -99,14 +101,14 @@ class ChatSession:
                         continue
                     if r.get("text"):
                         delta = parser.feed(r["text"])
-                        if any(delta):
-                            yield delta
+                        if delta.reasoning or delta.content:
+                            yield delta.reasoning, delta.content
                     if r.get("eos"):
                         done = True
                         reply.new_tokens, reply.eos_reason = r.get("new_tokens", 0), str(r.get("eos_reason", ""))
             tail = parser.finish()
-            if any(tail):
-                yield tail
+            if tail.reasoning or tail.content:
+                yield tail.reasoning, tail.content
         finally:
             if not done and self.generator.num_remaining_jobs():
                 self.generator.cancel(job)

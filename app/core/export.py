@@ -20,7 +20,8 @@ from app.core.formatting import stats_text
 from app.core.images import AttachedImage, MessageImages
 from app.core.reply_trace import ReplyTrace, Thinking, ToolCallRecord
 from app.core.store import Chat, Message, Store
-from engine.chat import split_reasoning
+from engine.chat import HARMONY, THINK, split_reasoning
+from engine.chat.harmony import uses_harmony
 
 FORMAT_VERSION = 1
 
@@ -53,7 +54,7 @@ def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None =
         content = m.content
         lines += [f"## {'User' if m.role == 'user' else 'Assistant'}", ""]
         if m.role == "assistant" and trace is not None:
-            reasoning, content = split_reasoning(m.content)
+            reasoning, content = _split(m.content)
             thought = trace.thinking(m.id)
             if reasoning:
                 summary = f"Thought for {thought.seconds:.1f} s · {thought.tokens} tokens" if thought else "Thoughts"
@@ -65,6 +66,12 @@ def to_markdown(chat: Chat, messages: list[Message], exported_at: float | None =
         if m.stats is not None:
             lines += [f"<sub>{stats_text(m.stats)}</sub>", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _split(content: str) -> tuple[str, str]:
+    """(thinking, answer) of a stored reply: a harmony reply (gpt-oss, stored with its channels) by its
+    channels, any other by its think markers."""
+    return split_reasoning(content, HARMONY if uses_harmony(content) else THINK)
 
 
 def _images_json(m: Message, images: MessageImages | None) -> dict:
@@ -83,7 +90,7 @@ def _extras(m: Message, trace: ReplyTrace | None) -> dict:
         out["tool_calls"] = [{"round": c.round, "id": c.call_id, "server": c.server, "name": c.name,
                               "arguments": c.arguments, "state": c.state, "result": c.result,
                               "text": c.preface, "reasoning": c.reasoning} for c in calls]
-    reasoning, _answer = split_reasoning(m.content)
+    reasoning, _answer = _split(m.content)
     thought: Thinking | None = trace.thinking(m.id)
     if reasoning or thought is not None:
         out["thinking"] = {"text": reasoning, **({"tokens": thought.tokens, "seconds": thought.seconds} if thought else {})}

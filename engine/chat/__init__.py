@@ -7,7 +7,7 @@ template, each family's image markers expanded as its HF processor does).
 """
 from .image_prompt import FAMILIES, GEMMA3, IDEFICS3, ImageFamily, image_family, split_images
 from .reasoning import (
-    KNOWN_MARKERS, MISTRAL_THINK, THINK, ReasoningMarkers, ReasoningParser, reasoning_markers, split_reasoning,
+    HARMONY, KNOWN_MARKERS, MISTRAL_THINK, THINK, ReasoningMarkers, ReasoningParser, reasoning_markers, split_reasoning,
     starts_in_reasoning, supports_thinking_switch,
 )
 from .reply import ReplyDelta, ReplyParser, split_reply
@@ -20,7 +20,7 @@ from .tool_grammar import tool_choice_grammar
 
 __all__ = [
     "FAMILIES", "GEMMA3", "IDEFICS3", "ImageFamily", "image_family", "split_images",
-    "FORMATS", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ReplyDelta", "ReplyParser",
+    "FORMATS", "HARMONY", "KNOWN_MARKERS", "MISTRAL_THINK", "THINK", "ReasoningMarkers", "ReasoningParser", "ReplyDelta", "ReplyParser",
     "ToolCall", "ToolCallPiece",
     "ToolCallFormat", "ToolCallParser", "parse_tool_calls", "reasoning_markers", "render_kwargs",
     "split_reasoning", "split_reply", "starts_in_reasoning", "supports_thinking_switch", "template_knows_tool_calls",

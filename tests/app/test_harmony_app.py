@@ -13,6 +13,7 @@ from PySide6.QtCore import QUrl
 from app.agent.mcp_client import McpManager
 from app.agent.reply_rounds import MAX_ROUNDS
 from app.agent.tool_hub import ToolHub
+from app.core.export import export_chat
 from app.core.reply_trace import ReplyTrace
 from app.core.store import ChatSettings
 from app.local.engine_service import EngineService
@@ -47,7 +48,7 @@ def harmony_answer(tmp_path_factory):
 
 
 def test_the_analysis_channel_is_the_folded_thinking_line_and_the_effort_reaches_the_prompt(
-        qtbot, loop, store, harmony_answer):  # noqa: F811
+        qtbot, loop, store, harmony_answer, tmp_path):  # noqa: F811
     async def body():
         service = await loaded(harmony_answer)
         window = make_window(qtbot, store, service)
@@ -76,6 +77,10 @@ def test_the_analysis_channel_is_the_folded_thinking_line_and_the_effort_reaches
         assert ANSWER in text and THOUGHT not in text and "<|channel|>" not in text  # folded
         pane._anchor(QUrl(f"pd:think/{reply.id}"))
         assert THOUGHT in pane.view.toPlainText()  # unfolded
+        doc = json.loads(export_chat(store, s.chat_id, tmp_path / "chat.json").read_text())
+        assert doc["messages"][1]["thinking"]["text"] == THOUGHT and doc["messages"][1]["content"].endswith(ANSWER)
+        md = export_chat(store, s.chat_id, tmp_path / "chat.md").read_text()
+        assert md.index(THOUGHT) < md.index(ANSWER) and "<|channel|>" not in md
         pane.send("And now?")
         await wait_until(lambda: s.task.done() and not s.running, 120, "the second reply")
         later = service.prompts[-1]  # the earlier answer goes back on the final channel, its thinking does not
@@ -119,3 +124,15 @@ def test_a_harmony_call_runs_through_the_chat_s_mcp_tools(qtbot, loop, store, tm
         await hub.close()
 
     run(loop, body())
+
+
+def test_pagedeck_run_shows_the_analysis_channel_as_thinking_only_when_asked(tmp_path, harmony_answer):
+    from tests.cli.support import cli_env, pagedeck
+
+    env = cli_env(tmp_path, own_home=False)
+    r = pagedeck(["run", str(harmony_answer), "--greedy", "--max-tokens", "30", "hi"], env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ANSWER
+    shown = pagedeck(["run", str(harmony_answer), "--greedy", "--max-tokens", "30", "--think", "hi"], env)
+    assert shown.returncode == 0, shown.stderr
+    assert THOUGHT in shown.stdout and shown.stdout.rstrip().endswith(ANSWER) and "<|" not in shown.stdout

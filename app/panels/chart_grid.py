@@ -13,7 +13,7 @@ import pyqtgraph as pg
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication, QWidget
 
-PLOT_BODY_EM = 4.5  # the least height of a plot's curve area, in lines of text: below it curves are unreadable
+PLOT_BODY_EM = 4.0  # the least height of a plot's curve area, in lines of text: below it curves are unreadable
 COLUMN_EM = 32.0  # a column's plot area is at least this many average characters wide for two columns
 TITLE_SCALE = 0.9  # titles a touch smaller than body text, as pyqtgraph's own
 

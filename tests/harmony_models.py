@@ -39,12 +39,14 @@ WEATHER_TOOL = {"type": "function", "function": {
                    "required": ["city"]}}}
 
 
-def write_harmony_model(folder: str | Path, script: list[str], end: str = "<|return|>") -> Path:
-    """A scripted harmony model: its greedy reply to any chat is `script`, ended by `end` (a stop token)."""
+def write_harmony_model(folder: str | Path, script: list[str], end: str = "<|return|>",
+                        template: str | None = TEMPLATE) -> Path:
+    """A scripted harmony model: its greedy reply to any chat is `script`, ended by `end` (a stop token);
+    template None: the file carries no chat template (its vocabulary says harmony)."""
     from tests.scripted_models import write_scripted_model
 
     # (the prompt ends with `<|start|>assistant`, which the base vocabulary splits as "ass", "istant")
-    return write_scripted_model(folder, script, TEMPLATE, start="istant", end=end, arch="llama",
+    return write_scripted_model(folder, script, template, start="istant", end=end, arch="llama",
                                 special=SPECIAL_TOKENS)
 
 

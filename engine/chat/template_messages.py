@@ -83,7 +83,7 @@ def template_messages(messages: list[dict], template: str | None, fmt: ToolCallF
         out.append(m)
     for m in out:
         m.pop("_tool_results", None)
-    if tools and not template_knows_tools(template):
+    if tools and not template_knows_tools(template) and fmt.name != "harmony":  # (harmony_render writes its own)
         prompt = tools_system_prompt(tools)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{prompt}" if out[0]["content"] else prompt}

@@ -109,11 +109,15 @@ def _markers(plan: ToolPlan) -> list[str]:
 def render_prompt(plan: ToolPlan, messages: list[dict], tokenizer: Any) -> str:
     """The chat prompt: messages made renderable by the model's template, tools and template kwargs passed."""
     template = tokenizer.chat_template
-    fmt = plan.tool_format or tool_call_format(template)  # history calls still render in the model's format
+    harmony = plan.markers is HARMONY  # (also a harmony vocabulary with no template: its tools go to the renderer)
+    # history calls still render in the model's format
+    fmt = plan.tool_format or (FORMATS["harmony"] if harmony else tool_call_format(template))
     prepared = template_messages(messages, template, fmt, plan.tools)
+    kwargs = render_kwargs(plan.tools, template, **plan.template_kwargs)
+    if harmony and plan.tools:
+        kwargs["tools"] = plan.tools
     try:
-        prompt = tokenizer.apply_chat_template(prepared, add_generation_prompt=True,
-                                               **render_kwargs(plan.tools, template, **plan.template_kwargs))
+        prompt = tokenizer.apply_chat_template(prepared, add_generation_prompt=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - jinja2 raise_exception(), bad role order, ...
         raise bad_request(f"the model's chat template rejected the messages: {exc}", "messages",
                           "chat_template_error") from None

@@ -95,3 +95,16 @@ def test_a_required_tool_choice_forces_one_harmony_call(calling):
     (call,) = r.choices[0].message.tool_calls
     assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris"})
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.reasoning_content is None
+
+
+def test_a_harmony_vocabulary_without_a_template_is_served_as_harmony(tmp_path):
+    from tests.harmony_models import THINK_THEN_ANSWER, write_harmony_model
+
+    model = write_harmony_model(tmp_path / "bare", THINK_THEN_ANSWER, template=None)
+    with ServerThread(model, cache_tokens=2048) as server:
+        assert server.served.tokenizer.chat_template is None and server.served.tokenizer.chat_format.harmony
+        r = server.client().chat.completions.create(model=server.model_name, messages=HI, max_tokens=40,
+                                                    temperature=0)
+        assert (r.choices[0].message.reasoning_content, r.choices[0].message.content) == (THOUGHT, ANSWER)
+        prompt = parse_request("chat", {"messages": HI, "tools": [WEATHER_TOOL]}, server.served, None).prompt
+        assert "type get_weather = (_: {" in prompt and "<tools>" not in prompt

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kernels
-from engine import Model
+from engine import Model, estimate_memory
 from engine.model.moe import MoEBlock
 from tests.engine.test_model_peer import (GREEDY_TOKENS, TINY_ATOL, assert_same_greedy, greedy_hf, hf_logits, hf_model,
                                           prompt_ids)
@@ -355,6 +355,7 @@ def test_gguf_matches_transformers(tmp_path, variant):
     assert c.layer_types == ["sliding_attention", "full_attention"] * 2 and not c.sandwich_norm
     assert c.rope_scaling["truncate"] is True and c.rope_attention_factor == pytest.approx(0.1 * np.log(8.0) + 1)
     assert_matches_transformers(ours, theirs, prompt_ids(40, seed=6))
+    assert estimate_memory(path, weights="dense").weights_bytes == ours.memory_bytes()  # sinks and biases too
 
 
 @pytest.mark.parametrize("experts", ["Q8_0", "MXFP4"])
@@ -372,6 +373,7 @@ def test_gguf_experts_load_packed(tmp_path, experts):
     dense = Model.load(path, device="cpu", dtype=torch.float32, weights="dense")
     packed = Model.load(path, device="cpu", dtype=torch.float32, weights="packed")
     assert all(isinstance(w, PackedLinear) for layer in packed.layers for w in layer.moe.gate_up + layer.moe.down)
+    assert estimate_memory(path, weights="packed").weights_bytes == packed.memory_bytes()
     ids = prompt_ids(24, seed=8)
     torch.testing.assert_close(forward_tokens(packed, ids), forward_tokens(dense, ids), rtol=1e-4, atol=2e-4)
     h = torch.randn(8, dense.config.hidden_size, generator=torch.Generator().manual_seed(9))

@@ -229,7 +229,7 @@ def hf_experts(config: "ModelConfig", name: str, read: Callable[[], torch.Tensor
         return None
     p, _, stored = name.rpartition(".")
     if stored.endswith(("_blocks", "_scales")):
-        raise NotImplementedError(f"{name}: gpt-oss experts stored as MXFP4 blocks in a safetensors folder are "
+        raise ValueError(f"{name}: gpt-oss experts stored as MXFP4 blocks in a safetensors folder are "
                                   "not supported; load the model's GGUF file, or a folder saved dequantized")
     if stored not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
         return None

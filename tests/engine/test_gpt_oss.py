@@ -453,3 +453,19 @@ def test_gguf_gives_llama_cpps_logits(tmp_path):
     exact = kl(theirs[mx], pagedeck_logits(mx, ids, "dense")).mean().item()
     packed = kl(theirs[mx], pagedeck_logits(mx, ids, "packed")).mean().item()
     assert exact < 0.2 and packed < 0.2 and packed < 1.5 * exact + 0.02 and exact < 0.1 * source, (exact, packed, source)
+
+
+def test_mxfp4_hf_folder_is_refused_by_name(tmp_path):
+    """The published gpt-oss folders store the experts as MXFP4 blocks and scales (gate_up_proj_blocks ...):
+    refused at load with a message naming the tensor and what to load instead."""
+    from safetensors.torch import load_file, save_file
+
+    folder = write_gpt_oss(tmp_path / "hf", seed=1)
+    state = load_file(folder / "model.safetensors")
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        w = state.pop(name)
+        state[name + "_blocks"] = torch.zeros(w.shape[0], w.shape[2], w.shape[1] // 32, 16, dtype=torch.uint8)
+        state[name + "_scales"] = torch.zeros(w.shape[0], w.shape[2], w.shape[1] // 32, dtype=torch.uint8)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"^model\.layers\.0\.mlp\.experts\.\w+_blocks: gpt-oss experts stored as MXFP4"):
+        Model.load(folder, device="cpu", dtype=torch.float32)

@@ -82,7 +82,7 @@ _IQ4NL = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 
 def _iq4_codes(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """(nb, g, 32) weights and (nb, g, 1) block scales -> the 16 bytes a block of IQ4_NL's nearest table codes."""
     v = torch.where(s != 0, x / torch.where(s != 0, s, torch.ones_like(s)), torch.zeros_like(x))
-    q = (v[..., None] - _IQ4NL).abs().argmin(-1).to(torch.uint8).reshape(*x.shape[:2], 2, 16)
+    q = torch.bucketize(v, (_IQ4NL[1:] + _IQ4NL[:-1]) / 2).to(torch.uint8).reshape(*x.shape[:2], 2, 16)  # nearest
     return (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(x.shape[0], -1)
 
 

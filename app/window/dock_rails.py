@@ -48,7 +48,6 @@ class SideRail:
         self.bar.setMovable(False)
         self.bar.setFloatable(False)
         self.bar.setOrientation(Qt.Orientation.Vertical)
-        self.bar.setIconSize(QSize(ICON, ICON))
         self.bar.toggleViewAction().setVisible(False)  # shown by collapsing, not from the toolbar menu
         window.addToolBar(RAIL_AREAS[side], self.bar)
         self.bar.hide()
@@ -69,7 +68,8 @@ class SideRail:
             title = dock.windowTitle()
             button = QToolButton()
             button.setIcon(icon(ICONS.get(dock.objectName(), "presets")))
-            button.setIconSize(QSize(ICON, ICON))
+            side = max(ICON, button.fontMetrics().height())  # the icons grow with a large font, as the text does
+            button.setIconSize(QSize(side, side))
             button.setAutoRaise(True)
             button.setToolTip(f"Show the {title} panel")
             button.setAccessibleName(f"Show the {title} panel")

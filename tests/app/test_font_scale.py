@@ -2,7 +2,8 @@
 (QT_SCALE_FACTOR=2 on a 2732x1536 screen: 1366x768 logical, devicePixelRatio 2), every visible label and
 button of the main window, its docks and chat pane shows its text whole (or elided with "…" and the whole
 text in its tooltip), wrapped text keeps every line, the dashboard's plots stay in their view, the dock tabs
-show whole titles, and the message box keeps a usable width; the right side's panels give way to their
+show whole titles, the status message stops short of the model's label, and the message box keeps a usable
+width; the right side's panels give way to their
 icon rail by themselves.
 
 The window runs in a child process whose offscreen Qt platform has exactly that screen and scale, as
@@ -87,6 +88,12 @@ win.dashboard.raise_()
 settle()
 report["dashboard"] = {k: str(v) for k, v in clipped(win.dashboard).items()}
 report["composer"].append(pane.prompt.width() / em)
+win.status.show_model({"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "device": "cpu", "dtype": "float32",
+                       "weights": "packed", "memory_bytes": 452 * 2**20, "pages": 32})
+win.status.message("Loaded SmolLM2-135M-Instruct.Q4_1.gguf in 10.8 s")
+settle()
+bar = win.statusBar()
+report["status"] = [bar.fontMetrics().horizontalAdvance(bar.currentMessage()), win.status.model_status.x()]
 print(json.dumps(report))
 """
 
@@ -111,3 +118,5 @@ def test_fonts_at_200_percent_clip_nothing(tmp_path):
     assert r["cut"] == []
     assert r["dashboard"] == {}
     assert min(r["composer"]) >= 36  # the message box keeps room for a sentence, panels open or not
+    shown, label_at = r["status"]
+    assert shown < label_at  # the status message ends (elided) before the model's label starts

@@ -126,8 +126,9 @@ def hf_rope(params: dict, cfg: dict) -> tuple[float, dict | None]:
         factor = params.get("factor") or float(cfg.get("max_position_embeddings", original)) / original
         if params.get("attention_factor") is None:  # transformers' default: sqrt(1 + ln(s) / ln(L0))
             params["attention_factor"] = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-    if kind == "yarn":
-        params.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    if kind == "yarn":  # transformers' default original length: the config's own
+        params.setdefault("original_max_position_embeddings",
+                          cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings"))
         _require(params, kind, "original_max_position_embeddings")
         if params.get("factor") is None:
             params["factor"] = float(cfg["max_position_embeddings"]) / float(params["original_max_position_embeddings"])

@@ -4,7 +4,8 @@ legitimately hold, so that growth from longer chats (data) can be told from grow
 
 - RSS (/proc/self/status), threads, Python's allocated blocks (its own arenas are mmapped, outside
   glibc's figures) and glibc's heap (mallinfo2: in use = arena chunks in use + mmapped chunks;
-  kept = freed chunks the arenas keep), so a growth in RSS can be told from fragmentation;
+  kept = freed chunks the arenas keep) and the heap in use per arena (the main thread's against the other
+  threads'), so a growth in RSS can be told from fragmentation, and a growth in the heap by thread;
 - live Qt objects under the window (C++ QObjects) and the Python wrappers of Qt types the collector tracks;
 - the chats' content: open chats, messages, characters of their text, characters and blocks of their
   transcript documents (Qt keeps a layout per block).
@@ -55,6 +56,32 @@ def heap_mb() -> tuple[float, float]:
         return 0.0, 0.0
     m = _MALLINFO2()
     return (m.uordblks + m.hblkhd) / MB, m.fordblks / MB
+
+
+def arenas_mb() -> list[float]:
+    """MB in use in each glibc arena (malloc_info: an arena's current system size less its free chunks),
+    arena 0 first: the main arena serves the main thread (Qt, Python's C extensions, tokenizers called from
+    the UI), the others serve other threads (the generator's, torch's, the sampling pool's), so a growth
+    of the heap in use can be told by thread. Empty without glibc."""
+    import re
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.open_memstream.restype = ctypes.c_void_p
+    except (OSError, AttributeError):
+        return []
+    buf, size = ctypes.c_char_p(), ctypes.c_size_t()
+    stream = ctypes.c_void_p(libc.open_memstream(ctypes.byref(buf), ctypes.byref(size)))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    xml = (buf.value or b"").decode()
+    libc.free(buf)
+    out = []
+    for heap in re.findall(r'<heap nr="\d+">(.*?)</heap>', xml, re.S):
+        free = sum(int(x) for x in re.findall(r'<total type="(?:fast|rest)" count="\d+" size="(\d+)"', heap))
+        current = int(re.search(r'<system type="current" size="(\d+)"', heap).group(1))
+        out.append((current - free) / MB)
+    return out
 
 
 def _malloc_mapped_mb() -> float:
@@ -127,13 +154,15 @@ def sample(window, replies: int, seconds: float, wrappers: collections.Counter |
     if wrappers is not None and by_type is not None:
         wrappers.clear()
         wrappers.update(by_type)
+    arenas = arenas_mb()
     rss, anon, mapped = status_mb("VmRSS", "RssAnon", "RssFile")
     threads = int(status_mb("Threads")[0] * 1024)
     return {"replies": replies, "s": round(seconds, 1), "rss": round(rss, 1), "rss_found": round(rss_found, 1),
             "anon": round(anon, 1),
             "file": round(mapped, 1), "heap": round(in_use, 1), "py_blocks": sys.getallocatedblocks(),
             "threads": threads,
-            "kept": round(kept, 1), "qt": qt, "wrappers": None if by_type is None else sum(by_type.values()),
+            "kept": round(kept, 1), "main_arena": round(arenas[0], 2) if arenas else None,
+            "other_arenas": round(sum(arenas[1:]), 2) if arenas else None, "qt": qt, "wrappers": None if by_type is None else sum(by_type.values()),
             "dead_wrappers": dead,
             **content(window)}
 

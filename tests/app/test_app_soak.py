@@ -232,7 +232,7 @@ def test_many_replies_across_eight_chats_leave_memory_and_qt_objects_flat(qtbot,
     with ServerThread(tiny_llama_folder, cache_tokens=2048) as remote, capsys.disabled():
         result = run(loop, body(remote.url + "/v1"), 3 * 3600 if FULL else 800)
         samples = [s for s in result.pop("samples") if s["replies"] >= result["warm_at"]]
-        for key in ("rss", "rss_found", "anon", "heap", "kept", "py_blocks", "threads", "qt", "wrappers", "dead_wrappers", "doc_chars"):
+        for key in ("rss", "rss_found", "anon", "heap", "main_arena", "other_arenas", "kept", "py_blocks", "threads", "qt", "wrappers", "dead_wrappers", "doc_chars"):
             rows = [s for s in samples if s[key] is not None]  # the Qt counts: scanned samples only
             between, step = growth_split(rows, result["reloads_at"], key)
             result[f"{key}: per 1000 replies between reloads, per reload"] = [round(between, 1), round(step, 1)]

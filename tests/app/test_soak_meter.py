@@ -65,3 +65,33 @@ def test_trim_gives_back_heap_freed_but_kept():
         assert anon_before - anon_after >= 48, (anon_before, anon_after)  # ...and the trim gives them back
     finally:
         libc.free(blocks[-1])
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallinfo2"), reason="glibc >= 2.33 only")
+def test_arenas_tell_the_main_threads_heap_from_other_threads():
+    """16 MB of 4 KiB blocks malloc'd on the main thread show in the main arena's figure; the same from
+    another thread show in the other arenas, not the main one."""
+    import threading
+
+    from tests.app.soak_meter import arenas_mb
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    held: list[int] = []
+
+    def grab():
+        held.extend(libc.malloc(4096) for _ in range(4096))
+
+    before = arenas_mb()
+    grab()
+    main = arenas_mb()
+    assert main[0] - before[0] == pytest.approx(16, abs=2)
+    worker = threading.Thread(target=grab)
+    worker.start()
+    worker.join()
+    after = arenas_mb()
+    for b in held:
+        libc.free(b)
+    assert after[0] - main[0] == pytest.approx(0, abs=1)
+    assert sum(after[1:]) - sum(main[1:]) == pytest.approx(16, abs=2)

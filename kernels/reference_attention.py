@@ -65,11 +65,12 @@ def check_lengths(cu: list[int], lens: list[int], T: int, max_kv: int) -> None:
 
 
 def _buffer(slot: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Reused gather buffer: large fresh CPU allocations are mmapped and page-fault on every step."""
+    """Reused gather buffer: large fresh CPU allocations are mmapped and page-fault on every step. One per
+    inference-mode state: a buffer made under torch.inference_mode() cannot be written outside it."""
     bufs = getattr(_scratch, "bufs", None)
     if bufs is None:
         bufs = _scratch.bufs = {}
-    key = (slot, dtype, device)
+    key = (slot, dtype, device, torch.is_inference_mode_enabled())
     buf = bufs.get(key)
     if buf is None or buf.numel() < n:
         buf = bufs[key] = torch.empty(n, dtype=dtype, device=device)

@@ -205,6 +205,18 @@ def test_reference_attention_sinks(window):
     assert (plain - want).abs().max().item() > 1e-2
 
 
+def test_reference_attention_runs_in_and_out_of_inference_mode():
+    """The reference reuses its gather buffers between calls; one made under inference_mode (as the generator
+    runs) must not be written by a later call outside it (a test, a tool), which torch refuses."""
+    q, k, v, table, cu, lens, sinks = _paged_inputs(0, lens=[37, 50, 90], q_lens=[1, 5, 40])
+    from kernels import reference_attention
+
+    with torch.inference_mode():
+        inside = reference_attention.paged_attention(q, k, v, table, cu, lens, 0.125, sinks=sinks)
+    outside = reference_attention.paged_attention(q, k, v, table, cu, lens, 0.125, sinks=sinks)
+    assert torch.equal(inside, outside)
+
+
 def test_reference_attention_refuses_misshaped_sinks():
     q, k, v, table, cu, lens, sinks = _paged_inputs(1, lens=[20], q_lens=[1])
     from kernels import reference_attention

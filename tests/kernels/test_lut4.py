@@ -80,15 +80,24 @@ def test_the_blocks_hold_the_files_exact_weights(fmt):
     if fmt == "mxfp4":
         raw[:256, 0] = torch.arange(256, dtype=torch.uint8)
     else:  # fp16 bit patterns of every exponent: subnormals, 65504, inf and nan among them
-        raw[:, 0:2] = torch.randint(0, 1 << 16, (raw.shape[0],), dtype=torch.int32).to(torch.int16).view(torch.uint8).view(-1, 2)
+        every = torch.randint(0, 1 << 16, (raw.shape[0],), generator=torch.Generator().manual_seed(4),
+                              dtype=torch.int32)  # nan and inf scales among rows 5 and 63
+        raw[:, 0:2] = every.to(torch.int16).view(torch.uint8).view(-1, 2)
     w = CLASSES[fmt](raw.reshape(64, -1))
     with np.errstate(over="ignore", invalid="ignore"):
         expected = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype).reshape(64, k).copy())
-    got = w.dequantize()
-    assert torch.equal(got.view(torch.int32), expected.view(torch.int32))  # bits: nan and -0.0 too
+    assert_same_bits(w.dequantize(), expected)
     assert w.format == fmt and w.spec is formats.holding(qtype.name) and repack.decodes_exactly(qtype.name, fmt)
     ids = torch.tensor([5, 63, 5])
-    assert torch.equal(w.embedding(ids).view(torch.int32), expected[ids].view(torch.int32))
+    assert_same_bits(w.embedding(ids), expected[ids])
+
+
+def assert_same_bits(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Equal bits (-0.0 and inf too) where gguf's value is a number, and nan where it is nan: a nan's payload is
+    whatever torch's product kept (its vector and scalar loops differ), not a property of the file's weights."""
+    nan = expected.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got.view(torch.int32)[~nan], expected.view(torch.int32)[~nan])
 
 
 @pytest.mark.parametrize("fmt", list(TYPES))

@@ -6,7 +6,13 @@ with 12 of its 48 layers, written F16 with random weights and quantized to Q4_K_
 quantizer, built once into the benchmark cache (tools.bench.bench_big's, ~/.cache/pagedeck-bench). "smoke"
 is the same pipeline in a minute: 2 layers of 16 experts with 512-wide rows.
 
-Commands (NAME: qwen3moe-12L, the default, or qwen3moe-smoke):
+gptoss-6L: gpt-oss-20b's shapes (the gpt-oss-20b preset: hidden 2880, 32 experts of 2880, 4 a token, 64
+query and 8 K/V heads of 64 with biases and sinks, sliding and full layers alternating, YaRN, o200k_harmony's
+201,088-token vocabulary, an untied head) with 6 of its 24 layers, quantized by llama.cpp with MXFP4_MOE as
+the published gpt-oss GGUFs are (MXFP4 experts, Q8_0 attention, embedding and head; ~3.9 GB); gptoss-smoke
+the same in a minute (2 layers of 16 experts, 512-wide rows, the full vocabulary).
+
+Commands (NAME: qwen3moe-12L, the default, qwen3moe-smoke, gptoss-6L or gptoss-smoke):
   build [NAME]    the file's path, built where missing
   check [NAME]    llama.cpp loads it and its logits agree with ours (tools.models.llamacpp_check)
   layer [NAME]    one sparse layer's time, the MoE kernel against the torch path, at 1 and 8 rows
@@ -22,11 +28,15 @@ import time
 
 from tools.bench import bench_big
 
-# bench_big's table of cached files takes these two as well (preset: llama.cpp's quantizer on it)
+# bench_big's table of cached files takes these as well (preset: llama.cpp's quantizer on it)
 FILES = {
     "qwen3moe-12L": dict(preset="qwen3-30b-a3b", layers=12),
     "qwen3moe-smoke": dict(preset="qwen3-30b-a3b", layers=2, hidden_size=512, num_attention_heads=4,
                            num_key_value_heads=2, num_experts=16, experts_per_token=4, moe_intermediate_size=256),
+    "gptoss-6L": dict(preset="gpt-oss-20b", layers=6, quant="MXFP4_MOE"),
+    "gptoss-smoke": dict(preset="gpt-oss-20b", layers=2, hidden_size=512, num_attention_heads=8,
+                         num_key_value_heads=2, num_experts=16, experts_per_token=4, intermediate_size=256,
+                         moe_intermediate_size=256, quant="MXFP4_MOE"),
 }
 bench_big.FILES.update(FILES)
 

@@ -8,7 +8,10 @@ The F16 source is streamed: each matrix is generated a slab of rows at a time an
 file, so a 3B-shaped model never sits in memory, and the source is deleted once quantized. Presets carry
 what llama.cpp's architecture needs from a real file: Qwen 2's q/k/v biases, Gemma 3's q/k norms, sandwich
 norms and 512-token sliding window (llama.cpp fixes its five-local-one-global pattern and local rope base;
-pagedeck reads the same defaults), Llama 3's rope_freqs factors.
+pagedeck reads the same defaults), Llama 3's rope_freqs factors, gpt-oss's attention sinks, biases (q/k/v/o,
+router, experts) and YaRN keys. gpt-oss quantizes with MXFP4_MOE, the recipe of the published gpt-oss GGUFs:
+every expert stack MXFP4, every other matrix Q8_0 but the router (llama.cpp never quantizes it), biases,
+sinks and norms F32.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import numpy as np
 import torch
 
 # ftype names --quantize takes (llama.cpp's LLAMA_FTYPE_MOSTLY_<name>)
-QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "Q4_K_S", "Q5_K_S", "Q4_0", "Q3_K_M")
+QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "Q4_K_S", "Q5_K_S", "Q4_0", "Q3_K_M", "MXFP4_MOE")
 SOURCE_TYPES = ("F16", "BF16")
-ARCHS = ("llama", "qwen2", "gemma3", "qwen3moe")
+ARCHS = ("llama", "qwen2", "gemma3", "qwen3moe", "gpt-oss")
 
 # Real models' text configurations (their config.json values). tokenizer: tools.models.synthetic_gguf's kinds.
 PRESETS: dict[str, dict] = {
@@ -47,6 +50,16 @@ PRESETS: dict[str, dict] = {
                           num_attention_heads=32, num_key_value_heads=4, head_dim=128, rope_theta=1000000.0,
                           rms_norm_eps=1e-6, context_length=40960, vocab=151936, tokenizer="bpe", pre="qwen2",
                           tied=False, num_experts=128, experts_per_token=8, moe_intermediate_size=768),
+    # gpt-oss-20b: 24 layers of 32 experts (4 a token, 2880 wide, biased, clamped SwiGLU: llama.cpp's code fixes
+    # the routing and clamp), sliding (128) and full attention alternating (llama.cpp's fixed pattern), 64 query
+    # and 8 K/V heads of 64 with biases and sinks, YaRN x32 over 4096 positions, o200k_harmony's 201,088 tokens
+    # and gpt-4o pre-tokenizer, an untied head
+    "gpt-oss-20b": dict(arch="gpt-oss", layers=24, hidden_size=2880, intermediate_size=2880, num_attention_heads=64,
+                        num_key_value_heads=8, head_dim=64, rope_theta=150000.0, rms_norm_eps=1e-5,
+                        context_length=131072, vocab=201088, tokenizer="bpe", pre="gpt-4o", specials="harmony",
+                        tied=False, num_experts=32, experts_per_token=4, moe_intermediate_size=2880,
+                        sliding_window=128,
+                        rope_scaling=dict(rope_type="yarn", factor=32.0, original_max_position_embeddings=4096)),
 }
 _SLAB_ELEMENTS = 1 << 24  # rows generated at a time: ~64 MB of float32
 
@@ -67,14 +80,23 @@ def tensor_specs(p: dict) -> list[tuple[str, tuple[int, ...]]]:
     h, inter, hd = p["hidden_size"], p["intermediate_size"], p["head_dim"]
     q, kv = p["num_attention_heads"] * hd, p["num_key_value_heads"] * hd
     out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (p["vocab"], h))]
-    if p.get("rope_scaling"):
+    if _llama3_scaling(p):
         out.append(("rope_freqs.weight", (hd // 2,)))
     for i in range(p["layers"]):
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", (h,)), (b + "attn_q.weight", (q, h)), (b + "attn_k.weight", (kv, h)),
                 (b + "attn_v.weight", (kv, h)), (b + "attn_output.weight", (h, q))]
-        if p["arch"] == "qwen2":
+        if p["arch"] in ("qwen2", "gpt-oss"):
             out += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
+        if p["arch"] == "gpt-oss":  # the output projection's bias, one sink logit per query head, the MLP's norm
+            out += [(b + "attn_output.bias", (h,)), (b + "attn_sinks.weight", (p["num_attention_heads"],)),
+                    (b + "post_attention_norm.weight", (h,))]
+            e, mi = p["num_experts"], p["moe_intermediate_size"]
+            out += [(b + "ffn_gate_inp.weight", (e, h)), (b + "ffn_gate_inp.bias", (e,)),
+                    (b + "ffn_gate_exps.weight", (e, mi, h)), (b + "ffn_gate_exps.bias", (e, mi)),
+                    (b + "ffn_up_exps.weight", (e, mi, h)), (b + "ffn_up_exps.bias", (e, mi)),
+                    (b + "ffn_down_exps.weight", (e, h, mi)), (b + "ffn_down_exps.bias", (e, h))]
+            continue
         if p["arch"] in ("gemma3", "qwen3moe"):
             out += [(b + "attn_q_norm.weight", (hd,)), (b + "attn_k_norm.weight", (hd,))]
         if p["arch"] == "gemma3":
@@ -91,6 +113,11 @@ def tensor_specs(p: dict) -> list[tuple[str, tuple[int, ...]]]:
     if not p["tied"]:
         out.append(("output.weight", (p["vocab"], h)))
     return out
+
+
+def _llama3_scaling(p: dict) -> bool:
+    """Llama 3's rope scaling (a rope_freqs tensor), rather than YaRN's (keys only)."""
+    return bool(p.get("rope_scaling")) and p["rope_scaling"].get("rope_type", "llama3") == "llama3"
 
 
 _METADATA = (  # GGUFWriter setter, the model field it writes (llama.cpp's {arch}.* keys)
@@ -113,8 +140,15 @@ def _add_metadata(w, p: dict, name: str, seed: int, chat_template: str | None, a
         w.add_expert_count(p["num_experts"])
         w.add_expert_used_count(p["experts_per_token"])
         w.add_expert_feed_forward_length(p["moe_intermediate_size"])
+    if p.get("rope_scaling") and not _llama3_scaling(p):  # YaRN, as convert_hf_to_gguf writes gpt-oss's
+        import gguf
+
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(p["rope_scaling"]["factor"])
+        w.add_rope_scaling_orig_ctx_len(p["rope_scaling"]["original_max_position_embeddings"])
     if p["tokenizer"] == "bpe":
-        synthetic_vocab.add_bpe_vocabulary(w, p["vocab"], seed=seed, pre=p.get("pre", "qwen2"))
+        synthetic_vocab.add_bpe_vocabulary(w, p["vocab"], seed=seed, pre=p.get("pre", "qwen2"),
+                                           specials=p.get("specials", "qwen"))
     elif p["tokenizer"] == "spm":
         synthetic_vocab.add_spm_vocabulary(w, p["vocab"], seed=seed)
     elif add_tokenizer is not None:
@@ -138,7 +172,8 @@ def write_source_gguf(out: str | Path, p: dict, *, source_type: str = "F16", see
                       add_tokenizer: Callable | None = None) -> Path:
     """Write the model `p` (a PRESETS entry, or one like it) as a GGUF of N(0, std) matrices in `source_type`
     (F16 or BF16), N(0, std) F32 biases and unit F32 norms, streamed: the header first, then each matrix a slab of
-    rows at a time, so memory stays at one slab whatever the model's size. The default std is a trained
+    rows at a time, so memory stays at one slab whatever the model's size; gpt-oss's sinks N(1, 1) (a real
+    share of each softmax, a different one per head) and its expert biases F32 stacks. The default std is a trained
     model's typical one (speed does not depend on it); a bigger one spreads a tiny model's logits, which
     comparisons want. The vocabulary: p["tokenizer"] "bpe" or "spm" (tools.models._synthetic_vocab's real-size
     ones), any other through add_tokenizer(writer) (synthetic_gguf's SmolLM2 one)."""
@@ -156,8 +191,8 @@ def write_source_gguf(out: str | Path, p: dict, *, source_type: str = "F16", see
     w = gguf.GGUFWriter(out, p["arch"])
     _add_metadata(w, p, name, seed, chat_template, add_tokenizer)
     for tname, shape in specs:
-        if len(shape) == 1:
-            w.add_tensor_info(tname, shape, np.dtype(np.float32), 4 * shape[0])
+        if len(shape) == 1 or tname.endswith(".bias"):
+            w.add_tensor_info(tname, shape, np.dtype(np.float32), 4 * math.prod(shape))
         else:
             w.add_tensor_info(tname, shape, np.dtype(np.float16), 2 * math.prod(shape), raw_dtype=qtype)
     w.write_header_to_file(out)
@@ -172,6 +207,8 @@ def write_source_gguf(out: str | Path, p: dict, *, source_type: str = "F16", see
             llama3_rope_freqs(p["head_dim"], p["rope_theta"], p["rope_scaling"]).tofile(fout)
         elif tname.endswith(".bias"):
             (torch.randn(shape, generator=g) * std).numpy().tofile(fout)
+        elif tname.endswith("attn_sinks.weight"):
+            (torch.randn(shape, generator=g) + 1).numpy().tofile(fout)
         elif len(shape) == 1:
             np.ones(shape, dtype=np.float32).tofile(fout)
         else:  # a matrix, or a stack of them (experts) as its rows one after another

@@ -1,5 +1,6 @@
 """Real-size tokenizer vocabularies for synthetic GGUF files: a byte-level BPE the size of Qwen 2.5's (151,936
-tokens, 151,387 merges) and a SentencePiece vocabulary the size of Gemma 3's (262,144 pieces, no merges).
+tokens, 151,387 merges) or of gpt-oss's o200k_harmony (201,088 tokens, 199,742 merges, its special tokens at
+their ids), and a SentencePiece vocabulary the size of Gemma 3's (262,144 pieces, no merges).
 
 Both start from the embedded SmolLM2 vocabulary (real merges of English and code), so real text still
 tokenizes through real merges, and grow to full size with generated entries shaped like a big vocabulary's:
@@ -22,6 +23,12 @@ QWEN_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start
               "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
               "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
 _QWEN_USER_DEFINED = {"<tool_call>", "</tool_call>"}
+# o200k_harmony (gpt-oss): 199,998 regular tokens, then special tokens up to 201,088, these named, the rest
+# "<|reserved_N|>"; all control tokens
+HARMONY_REGULAR = 199_998
+HARMONY_SPECIAL = {199_998: "<|startoftext|>", 199_999: "<|endoftext|>", 200_002: "<|return|>",
+                   200_003: "<|constrain|>", 200_005: "<|channel|>", 200_006: "<|start|>", 200_007: "<|end|>",
+                   200_008: "<|message|>", 200_012: "<|call|>", 200_018: "<|endofprompt|>"}
 GEMMA_HEAD = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]"]
 GEMMA_TURNS = ["<start_of_turn>", "<end_of_turn>"]
 GEMMA_TAIL = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
@@ -77,21 +84,29 @@ class _Grower:
         return done
 
 
-def bpe_vocabulary(size: int = 151_936, merges: int | None = None, seed: int = 0,
-                   longest_run: int = 128) -> tuple[list[str], list[int], list[str]]:
+def harmony_added(size: int = 201_088) -> list[str]:
+    """o200k_harmony's special tokens after its regular ones, ids HARMONY_REGULAR up to `size`."""
+    return [HARMONY_SPECIAL.get(i, f"<|reserved_{i}|>") for i in range(HARMONY_REGULAR, size)]
+
+
+def bpe_vocabulary(size: int = 151_936, merges: int | None = None, seed: int = 0, longest_run: int = 128,
+                   added: list[str] | None = None) -> tuple[list[str], list[int], list[str]]:
     """(tokens, token types, merges) of a Qwen-2.5-like byte-level BPE vocabulary: 256 + `merges` regular
     tokens (SmolLM2's, then whitespace runs up to `longest_run` spaces, CJK characters and words, joined
-    tokens), Qwen's 22 added tokens, then unused "[PADn]" tokens up to `size`, as llama.cpp pads. merges
-    None: Qwen 2.5's proportions, 549 tokens that are no merge (256 bytes, 22 added, 271 padding)."""
+    tokens), the `added` tokens (default Qwen's 22), then unused "[PADn]" tokens up to `size`, as llama.cpp
+    pads. merges None: Qwen 2.5's proportions, 549 tokens that are no merge (256 bytes, 22 added, 271
+    padding), or with `added` given, every token that is not added nor a byte is a merge (no padding)."""
+    qwen = added is None
+    added = QWEN_ADDED if qwen else added
     if merges is None:
-        merges = max(0, size - 549)
+        merges = max(0, size - 549) if qwen else size - 256 - len(added)
     rng = random.Random(seed)
     alphabet = byte_alphabet()
     smol_tokens, smol_merges = _smollm2()
     g = _Grower([c for c in alphabet if c not in set(smol_tokens)] + smol_tokens, smol_merges)
     target = 256 + merges
-    if target + len(QWEN_ADDED) > size or len(g.tokens) > target:
-        raise ValueError(f"{merges} merges and {len(QWEN_ADDED)} added tokens do not fit {size} tokens")
+    if target + len(added) > size or len(g.tokens) > target:
+        raise ValueError(f"{merges} merges and {len(added)} added tokens do not fit {size} tokens")
     for space in ("Ġ", "Ċ", "ĉ"):  # spaces, newlines, tabs: runs built one more at a time
         for n in range(2, (longest_run if space == "Ġ" else 16) + 1):
             g.add(space * (n - 1), space)
@@ -104,8 +119,8 @@ def bpe_vocabulary(size: int = 151_936, merges: int | None = None, seed: int = 0
         a, b = rng.choice(pool), rng.choice(pool)
         if not b.startswith("Ġ") and len(a) + len(b) <= 24 and g.add(a, b):
             pool.append(a + b)
-    tokens = g.tokens[:target] + QWEN_ADDED
-    types = [1] * target + [_USER_DEFINED if t in _QWEN_USER_DEFINED else _CONTROL for t in QWEN_ADDED]
+    tokens = g.tokens[:target] + added
+    types = [1] * target + [_USER_DEFINED if qwen and t in _QWEN_USER_DEFINED else _CONTROL for t in added]
     pads = size - len(tokens)
     return tokens + [f"[PAD{len(tokens) + i}]" for i in range(pads)], types + [_UNUSED] * pads, g.merges[:merges]
 
@@ -157,18 +172,25 @@ def spm_vocabulary(size: int = 262_144, seed: int = 0) -> tuple[list[str], list[
     return tokens, [-float(i) for i in range(len(tokens))], types
 
 
-def add_bpe_vocabulary(w, size: int = 151_936, merges: int | None = None, seed: int = 0, pre: str = "qwen2") -> int:
-    """Write bpe_vocabulary(size, merges, seed) into a GGUFWriter as Qwen 2.5's files carry it (no BOS added,
-    <|im_end|> the end of a turn); returns the vocabulary's size."""
-    tokens, types, merge_list = bpe_vocabulary(size, merges, seed)
+def add_bpe_vocabulary(w, size: int = 151_936, merges: int | None = None, seed: int = 0, pre: str = "qwen2",
+                       specials: str = "qwen") -> int:
+    """Write a bpe_vocabulary into a GGUFWriter, no BOS added, with specials "qwen" (Qwen 2.5's added tokens,
+    as its files carry them: <|im_end|> the end of a turn) or "harmony" (o200k_harmony's, as gpt-oss's
+    files carry them: <|startoftext|> BOS, <|return|> EOS, <|endoftext|> padding); returns the size."""
+    if specials not in ("qwen", "harmony"):
+        raise ValueError(f"specials must be 'qwen' or 'harmony', got {specials!r}")
+    harmony = specials == "harmony"
+    tokens, types, merge_list = bpe_vocabulary(size, merges, seed, added=harmony_added(size) if harmony else None)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merge_list)
-    w.add_bos_token_id(tokens.index("<|endoftext|>"))
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_pad_token_id(tokens.index("<|endoftext|>"))
+    bos, eos, pad = (("<|startoftext|>", "<|return|>", "<|endoftext|>") if harmony
+                     else ("<|endoftext|>", "<|im_end|>", "<|endoftext|>"))
+    w.add_bos_token_id(tokens.index(bos))
+    w.add_eos_token_id(tokens.index(eos))
+    w.add_pad_token_id(tokens.index(pad))
     w.add_add_bos_token(False)
     return len(tokens)
 

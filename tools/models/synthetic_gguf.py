@@ -9,8 +9,9 @@ vocabulary is the embedded SmolLM2 tokenizer's (49,152 tokens), so the file load
 
 `--quantize Q4_K_M` (Q5_K_M, Q6_K, Q8_0, IQ4_XS, ...) hands the quantizing to llama.cpp instead
 (tools.models._llamacpp_quantized): an F16 file streamed to disk, then llama.cpp's own quantizer and per-layer
-recipe, for a `--preset` (qwen2.5-1.5b, gemma3-270m, llama3.2-3b: architecture, shapes, layers, vocabulary and
-head of the real model) or an `--arch` of a `--shape`. Without it, our own writers quantize (tools.ggml_writers),
+recipe, for a `--preset` (qwen2.5-1.5b, gemma3-270m, llama3.2-3b, qwen3-30b-a3b, gpt-oss-20b: architecture,
+shapes, layers, vocabulary and head of the real model; gpt-oss-20b with `--quantize MXFP4_MOE`, the recipe of
+the published gpt-oss files) or an `--arch` of a `--shape`. Without it, our own writers quantize (tools.ggml_writers),
 one type per tensor kind following a copy of llama.cpp's Q4_K_M rule for llama tensors.
 """
 
@@ -229,6 +230,7 @@ def preset_model(preset: str | None, shape: str, layers: int | None, tokenizer: 
     if preset is None or tokenizer != "smollm2":
         p["tokenizer"] = tokenizer
         p.pop("pre", None)
+        p.pop("specials", None)
     if vocab is not None or "vocab" not in p:
         smollm2 = len(GGUFFile(default_model_path()).metadata["tokenizer.ggml.tokens"])
         p["vocab"] = vocab or (smollm2 if p["tokenizer"] == "smollm2" else _REAL_SIZES[p["tokenizer"]])

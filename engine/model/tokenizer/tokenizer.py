@@ -23,6 +23,7 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_tex
 
 from ...chat.content_parts import as_parts, takes_content_parts
 from ...chat.harmony import END as HARMONY_END, STOP_TOKENS as HARMONY_STOPS, harmony_vocabulary
+from .plain_twin import plain_twin
 from ..chat_format import AUTO, CHATML_TEMPLATE, ChatFormat, decide  # noqa: F401 (CHATML_TEMPLATE: its old home)
 
 def _byte_alphabet() -> dict[int, str]:
@@ -156,14 +157,12 @@ class Tokenizer:
     @property
     def _tok_plain(self) -> HFTokenizer:
         """A second instance that treats special-token text as plain text (tokenizers' flag is per instance,
-        and flipping it on a shared one would race between threads). Built on first use: cloning a 262k-token
-        vocabulary took 0.3 s of a 1.4 s load, and chats, whose templates mean their special tokens, never
-        need it."""
+        and flipping it on a shared one would race between threads), sharing this one's model
+        (engine.model.tokenizer.plain_twin). Built on first use: chats, whose templates mean their special
+        tokens, never need it."""
         with self._plain_lock:
             if self._plain is None:
-                plain = HFTokenizer.from_str(self._tok.to_str())
-                plain.encode_special_tokens = True
-                self._plain = plain
+                self._plain = plain_twin(self._tok)
             return self._plain
 
     def encode(self, text: str, add_bos: bool = False, encode_special_tokens: bool = False) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 Building a tokenizer from a GGUF's vocabulary is real work (a 262k-token BPE vocabulary: ~0.5 s, most of it the
 tokenizers library building its maps) and needs nothing from the weights, so it runs on a helper thread while
-the weights load, whose repacking runs in C++ with the GIL released. On a Gemma-3-270M-shaped file (2 cores)
-`python -m engine bench` timed the load at 0.97 s one after the other and 0.75 s side by side (kernels/PERF.md).
+the weights load, whose repacking runs in C++ with the GIL released. The tokenizers library holds the GIL
+while it builds its BPE model, so the two overlap where the weights are in C++, not where they step in
+Python. On a Gemma-3-270M-shaped file (2 cores) `python -m engine bench` timed the load at 0.97 s one after
+the other and 0.75 s side by side (kernels/PERF.md).
 
 With a `progress` callback the load reports its stages as engine.contract.LoadProgress: "header" first (the
 checkpoint's metadata and tensor table, parsed once and shared with the later readers), then "weights" (its

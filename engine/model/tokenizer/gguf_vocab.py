@@ -10,7 +10,10 @@ Vocabularies run to 262k tokens, so nothing here steps through them in Python by
 the merge pairs and the SentencePiece merges are built with C-level iteration (dict(zip), map over
 str/dict methods) and numpy, and only the few hundred special tokens are looked at one by one. A
 Qwen-2.5-sized BPE (151,936 tokens) then costs about what the tokenizers library's own BPE
-construction does.
+construction does. That construction is most of the build, and it is not worth caching as the library's
+own serialized pipeline: Tokenizer.from_str / from_file of the saved JSON take more CPU than building the
+BPE model from the vocabulary map and merge pairs (they parse the JSON, then build the same model), and
+neither releases the GIL. What is cached is the SentencePiece merge recovery (merge_cache).
 """
 
 from __future__ import annotations

@@ -47,8 +47,12 @@ NO_SCALES = torch.empty(0, dtype=torch.float16)  # q6's d argument: its scales l
 
 
 def padded_scales(n: int, groups: int) -> torch.Tensor:
-    """Zero fp16 (n, groups) scales in a buffer SCALE_PAD values longer, to be filled in place (tile by tile)."""
-    return torch.zeros(n * groups + SCALE_PAD, dtype=torch.float16)[: n * groups].view(n, groups)
+    """fp16 (n, groups) scales in a buffer SCALE_PAD values longer, to be filled in place (tile by tile) by the
+    caller, which writes every value: only the padding is zeroed here (zeroing the whole buffer first wrote
+    every scale twice, a large share of a small model's load)."""
+    buf = torch.empty(n * groups + SCALE_PAD, dtype=torch.float16)
+    buf[n * groups:].zero_()
+    return buf[: n * groups].view(n, groups)
 
 
 def pad_scales(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,83 @@
+"""Q5_0 / Q5_1 / Q8_0 q|k|v and gate|up groups written straight into their fused q5 or q8 matrix
+(engine.model.packing.fused_q4.FusedRows) give the bits of packing each part and stacking them
+(qlinear.cat_packed): codes, scales and the zero SCALE_PAD tail, the same logits, and the memory estimate
+stays byte for byte. A 64-wide Q4_K_M file is the Gemma-3-270M case: its K-quants fall back to Q5_0 / Q8_0
+(gate|up Q5_0: fused; q|k Q5_0 beside a Q8_0 v in some layers: mixed, kept in parts)."""
+
+import pytest
+import torch
+
+from engine import Model
+from engine.cache.paged_cache import PagedCache
+from engine.model.batch import Batch
+from engine.model.catalog import memory
+from engine.model.packing import fused_q4
+from engine.model.qlinear import PartsLinear, Q5Linear, Q8Linear
+from kernels import cpu_ext
+from tools.models.synthetic_gguf import write_random_gguf
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
+
+
+@pytest.fixture(scope="module", params=["Q5_0", "Q5_1", "Q8_0", "Q4_K_M"])
+def path(request, tmp_path_factory):
+    return write_random_gguf(tmp_path_factory.mktemp("fused_rows") / "m.gguf", "tiny", 3, request.param), request.param
+
+
+def _bits(m) -> list[torch.Tensor]:
+    return [t.contiguous().view(torch.uint8) for t in m.blocks if t is not None]
+
+
+def _pad(t: torch.Tensor) -> torch.Tensor:
+    """The values behind a padded scale tensor's own, in its storage."""
+    return torch.empty(0, dtype=torch.float16).set_(t.untyped_storage())[t.storage_offset() + t.numel():]
+
+
+def test_fused_while_reading_matches_stacking(path, monkeypatch):
+    path, quant = path
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")  # a dense copy takes the stacking route
+    planned = []
+    real_plan = fused_q4.plan
+    monkeypatch.setattr(fused_q4, "plan", lambda *a: planned.append(real_plan(*a)) or planned[-1])
+    direct = Model.load(path, weights="packed")
+    targets = {t.name for t in planned[0].values()}
+    whole_qkv = sum(not isinstance(lr.qkv, PartsLinear) for lr in direct.layers)
+    assert len(targets) == 3 + whole_qkv  # every gate|up, each q|k|v of one type
+    assert whole_qkv == 3 if quant != "Q4_K_M" else 0 < whole_qkv < 3  # Q4_K_M: a Q8_0 v somewhere (mixed)
+    assert all(isinstance(t, fused_q4.FusedRows) for t in planned[0].values())
+    monkeypatch.setattr(fused_q4, "plan", lambda *a: {})
+    stacked = Model.load(path, weights="packed")
+    kind = Q8Linear if quant == "Q8_0" else Q5Linear
+    for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
+        assert isinstance(a.gate_up, kind)
+        assert isinstance(a.qkv, (PartsLinear, kind) if quant == "Q4_K_M" else kind)
+        for name in ("qkv", "gate_up"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert type(x) is type(y) and x.shape == y.shape
+            assert all(torch.equal(p, q) for p, q in zip(_bits(x), _bits(y), strict=True)), (i, name)
+            for s in (x.blocks[1:] if isinstance(x, (Q5Linear, Q8Linear)) else ()):
+                if s is not None:  # the SCALE_PAD tail behind the scales is zero, as the kernels expect
+                    assert _pad(s).numel() > 0 and not _pad(s).any()
+    batch = Batch.build([(list(range(3, 20)), 0, [0, 1])], 256, [17])
+    la = direct.forward(batch, PagedCache(direct, max_tokens=64, page_size=16))
+    lb = stacked.forward(batch, PagedCache(stacked, max_tokens=64, page_size=16))
+    assert torch.equal(la, lb)
+
+
+def test_fused_equals_dequantized_reference(path, monkeypatch):
+    """The fused matrices decode to the file's exact weights (the dense load's)."""
+    path, _ = path
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    packed = Model.load(path, weights="packed")
+    dense = Model.load(path, weights="dense", dtype=torch.float32)
+    for a, b in zip(packed.layers, dense.layers):
+        assert torch.equal(a.gate_up.dequantize(), b.gate_up)
+        assert torch.equal(a.qkv.dequantize(), b.qkv)
+
+
+def test_estimate_still_byte_for_byte(path, monkeypatch):
+    path, _ = path
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    est = memory.estimate_memory(path, weights="packed")
+    model = Model.load(path, weights="packed")
+    assert est.weights_bytes == model.memory_bytes()

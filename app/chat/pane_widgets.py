@@ -110,11 +110,29 @@ class ColourSwatch(QWidget):
         p.end()
 
 
+# One QIcon per (state, colour), made once: Qt's QPixmapCache keeps each icon's rendered pixmaps under that
+# icon's own key until its 10 MB budget evicts them, so an icon drawn afresh at every activity change (a few per
+# reply, in the chat list and the tabs) filled that cache with copies of the same squares, ~12 MB of the main
+# thread's heap over 1000 changes, and the cache's churn on top.
+_ACTIVITY_ICONS: dict[tuple[str, tuple[int, int, int] | None], QIcon] = {}
+_MAX_ACTIVITY_ICONS = 256  # states x chat colours; a bound in case colours come from elsewhere
+
+
 def activity_icon(state: str, rgb: tuple[int, int, int] | None = None) -> QIcon:
     """The chat's colour as a square, with a dot for a running reply (green generating, grey queued, amber
-    deferred); an empty icon when idle and no colour is known."""
+    deferred); an empty icon when idle and no colour is known. The same icon object for the same state and colour."""
     if not state and rgb is None:
         return QIcon()
+    key = (state, tuple(rgb) if rgb is not None else None)
+    found = _ACTIVITY_ICONS.get(key)
+    if found is None:
+        if len(_ACTIVITY_ICONS) >= _MAX_ACTIVITY_ICONS:
+            _ACTIVITY_ICONS.clear()
+        found = _ACTIVITY_ICONS[key] = _draw_activity_icon(state, rgb)
+    return found
+
+
+def _draw_activity_icon(state: str, rgb: tuple[int, int, int] | None) -> QIcon:
     pix = QPixmap(16, 16)
     pix.fill(Qt.GlobalColor.transparent)
     p = QPainter(pix)

@@ -41,17 +41,30 @@ def svg(name: str) -> str:
     return (BUNDLED / f"{name}.svg").read_text()
 
 
+# Bundled icons already drawn, by (name, normal colour, disabled colour). Each new QIcon gets pixmaps of its
+# own in Qt's QPixmapCache (kept until its 10 MB budget evicts them), so drawing a pane's buttons' icons afresh
+# for every new chat pane filled that cache with copies of the same few icons on the main thread's heap.
+_DRAWN: dict[tuple[str, str, str], QIcon] = {}
+
+
 def icon(name: str, palette: QPalette | None = None) -> QIcon:
     """Icon `name`: the desktop theme's if it has the whole set, else the bundled SVG in the palette's text colour
-    (normal and disabled states, at 1x and 2x)."""
+    (normal and disabled states, at 1x and 2x); the same icon object for the same name and colours."""
     source = svg(name)
     if desktop_has_all():
         return QIcon.fromTheme(THEME_NAMES[name])
     p = palette if palette is not None else QGuiApplication.palette()
+    colours = tuple(p.color(group, QPalette.ColorRole.ButtonText).name()
+                    for group in (QPalette.ColorGroup.Active, QPalette.ColorGroup.Disabled))
+    key = (name, *colours)
+    if key not in _DRAWN:
+        _DRAWN[key] = _draw(source, colours)
+    return _DRAWN[key]
+
+
+def _draw(source: str, colours: tuple[str, ...]) -> QIcon:
     out = QIcon()
-    for mode, group in ((QIcon.Mode.Normal, QPalette.ColorGroup.Active),
-                        (QIcon.Mode.Disabled, QPalette.ColorGroup.Disabled)):
-        colour = p.color(group, QPalette.ColorRole.ButtonText).name()
+    for mode, colour in zip((QIcon.Mode.Normal, QIcon.Mode.Disabled), colours):
         renderer = QSvgRenderer(QByteArray(source.replace("currentColor", colour).encode()))
         for scale in (1, 2):
             pix = QPixmap(ICON * scale, ICON * scale)

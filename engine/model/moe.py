@@ -26,11 +26,13 @@ A decode step reads the router and, per token, its top-k experts: decode_bytes c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
+
+from kernels import cpu_ext
 
 from . import moe_kernel
 from .qlinear import PackedLinear, RowSplit, linear
@@ -67,6 +69,9 @@ class MoEBlock:
     routing: str = "softmax_topk"
     swiglu_limit: float | None = None  # the clamped SwiGLU (gpt-oss) where set
     swiglu_alpha: float = 1.0
+    # the experts as the CPU kernel's MoEExperts (engine.model.moe_kernel builds it on the first call; None
+    # where they don't fit the kernel)
+    kernel_table: object = field(default=moe_kernel.UNBUILT, repr=False, compare=False)
 
     def weights(self) -> list:
         biases = [self.router_bias, *(self.gate_up_bias or ()), *(self.down_bias or ())]
@@ -129,7 +134,11 @@ class MoEBlock:
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
     """gpt-oss's SwiGLU of [gate | up] rows: gate clamped above at limit, up to [-limit, limit], then
-    (up + 1) * gate * sigmoid(alpha * gate)."""
+    (up + 1) * gate * sigmoid(alpha * gate). fp32 rows on the CPU take the C++ kernels' function (the MoE
+    kernel's epilogue: both paths then give the same bits); others these torch operations."""
+    ops = cpu_ext.ops()
+    if ops is not None and gate_up.device.type == "cpu" and gate_up.dtype == torch.float32 and gate_up.dim() == 2:
+        return ops.clamped_swiglu(gate_up.contiguous(), limit, alpha)
     gate, up = gate_up.chunk(2, dim=-1)
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)

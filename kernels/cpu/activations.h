@@ -1,7 +1,8 @@
 // Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows:
 // d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the q4k formats, per
-// 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue. Each has its
-// vector form and, for CPUs without AVX2, its portable loop beside it.
+// 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue (and
+// gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its portable
+// loop beside it.
 #pragma once
 
 #include "common.h"
@@ -183,6 +184,47 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
 #else  // portable: silu through std::exp
 inline void silu_mul(float* g, const float* u, int64_t n) {
   for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+#endif
+
+// gpt-oss's clamped SwiGLU: with g' = min(g, limit) and u' = u clamped to [-limit, limit],
+// g = (u' + 1) * (g' * sigmoid(alpha * g')), the operations in that order (engine.model.moe.clamped_swiglu, whose
+// torch path calls this same function through the clamped_swiglu op, so the MoE kernel's epilogue and the torch
+// path round alike). A NaN stays a NaN as torch's clamp keeps it; a tail shorter than 8 goes through the same
+// vector arithmetic (zero-padded), so an element's result never depends on where its range of columns ends.
+#ifdef PD_AVX2
+inline void clamped_swiglu(float* g, const float* u, int64_t n, float limit, float alpha) {
+  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(limit),
+               lo = _mm256_set1_ps(-limit), al = _mm256_set1_ps(alpha);
+  auto eight = [&](float* gp, const float* up) {
+    const __m256 x = _mm256_min_ps(hi, _mm256_loadu_ps(gp));  // min_ps returns its second operand on a NaN
+    const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(up)));
+    const __m256 z = _mm256_mul_ps(x, al);
+    const __m256 e = exp_neg(_mm256_or_ps(z, sign));  // exp(-|z|)
+    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_add_ps(v, one), _mm256_mul_ps(x, sig)));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) eight(g + i, u + i);
+  if (i < n) {
+    alignas(32) float gt[8] = {}, ut[8] = {};
+    std::memcpy(gt, g + i, (n - i) * sizeof(float));
+    std::memcpy(ut, u + i, (n - i) * sizeof(float));
+    eight(gt, ut);
+    std::memcpy(g + i, gt, (n - i) * sizeof(float));
+  }
+}
+#else  // portable: the sigmoid through std::exp
+inline void clamped_swiglu(float* g, const float* u, int64_t n, float limit, float alpha) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i] > limit ? limit : g[i];
+    const float v = u[i] > limit ? limit : u[i] < -limit ? -limit : u[i];
+    const float z = x * alpha, e = std::exp(-std::fabs(z));
+    const float sig = (z < 0.0f ? e : 1.0f) / (1.0f + e);
+    const float p = x * sig, w = v + 1.0f;
+    g[i] = w * p;
+  }
 }
 #endif
 

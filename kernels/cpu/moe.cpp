@@ -1,21 +1,26 @@
 // One sparse layer's experts in one call: each row's top-k experts' [gate | up] -> SwiGLU -> down, summed with
-// the router's weights (engine.model.moe_kernel).
+// the router's weights (engine.model.moe_kernel). gpt-oss's experts add a bias to gate|up's and down's outputs
+// and take the clamped SwiGLU (activations.h) instead: act 2, the limit and alpha held with the experts.
 //
 // The experts stay in their own packed formats (formats.h: a Q4_K_M file's Q4_K gate|up beside its Q4_K or Q6_K
-// down, q4, q5, q8 ...) and are multiplied by the per-format row kernels of rows.h, q4k.h, q4k16.h and q6.h,
-// the ones qmatmul's per-row path runs. The threads share one list of (expert, chunk of output rows) tasks of
-// about equal weight bytes, handed out from a shared counter: every expert that any row chose is read once a
-// step, by whichever threads take its chunks, and all of its rows meet each weight row while it is in cache.
+// down, q4, q5, q8, gpt-oss's mxfp4, iq4nl/iq4xs ...) and are multiplied by the per-format row kernels that
+// qmatmul's per-row path runs, reached through the same dispatch (dispatch.h: with_format, weight_row). The
+// threads share one list of (expert, chunk of output rows) tasks of about equal weight bytes, handed out from
+// a shared counter: every expert that any row chose is read once a step, by whichever threads take its
+// chunks, and all of its rows meet each weight row while it is in cache.
 // llama.cpp's mul_mat_id groups the rows by expert the same way (matrix_row_counts) but runs gate, up, the
 // activation and down as four graph ops with a barrier between each, and splits one expert's rows among the
 // threads at a time; here gate and up of a chunk share one task, SwiGLU is its epilogue, and the threads move
 // from expert to expert without waiting: a step has two barriers (after gate|up, after down) whatever k is.
 //
 // A call goes in four phases:
-//   1. x is quantized once per activation kind its gate|up formats need (activations.h: per 32 for q4, q5,
-//      q6, q8; per 256, Q8_K, for q4k), and each expert's rows are gathered from it;
-//   2. gate|up tasks: gate rows and up rows of a chunk, silu(gate) * up into the expert's rows of A;
-//   3. each expert's A rows quantized for its down's format, then down tasks into the expert's rows of Y;
+//   1. x is quantized once per activation kind its gate|up formats need (dispatch.h's row_acts: per 32 for q4,
+//      q5, q6, q8 and the lut4 family; per 256, Q8_K, for q4k and q5k), and each expert's rows are gathered
+//      from it;
+//   2. gate|up tasks: gate rows and up rows of a chunk (plus their biases), the activation into the expert's
+//      rows of A;
+//   3. each expert's A rows quantized for its down's format, then down tasks into the expert's rows of Y (plus
+//      down's bias: the torch path's linear(a, down, bias), a product then one add);
 //   4. out[r] = sum over r's experts in ascending expert order of Y[slot] * weight, a product then a sum (never
 //      fused into an fma): the torch path's index_add_ of y * scale, expert by expert, in the same order.
 // An expert that enough rows chose (kWholeCallRows; prompt chunks) takes qmatmul instead, after the others: its
@@ -24,13 +29,9 @@
 // never depends on the rest of the batch.
 #include "activations.h"
 #include "common.h"
+#include "dispatch.h"
 #include "formats.h"
-#include "kquant.h"
 #include "ops.h"
-#include "q4k.h"
-#include "q4k16.h"
-#include "q6.h"
-#include "rows.h"
 
 #include <ATen/ATen.h>
 #include <torch/custom_class.h>
@@ -53,12 +54,18 @@ struct ExpertMatrix {
 
 // A layer's experts, built once per layer (engine.model.moe_kernel) so a call passes one object, not 6 tensors
 // an expert: per expert e, blocks[6e .. 6e+3) is gate|up's (qs, d, m) and blocks[6e+3 .. 6e+6) down's, m an
-// empty tensor where the format has none; formats[2e], formats[2e+1] their kernel ids (formats.h).
+// empty tensor where the format has none; formats[2e], formats[2e+1] their kernel ids (formats.h); biases
+// none, or per expert gate|up's (2 inter,) and down's (hidden,) fp32 biases, biases[2e] and biases[2e + 1];
+// limit and alpha the clamped SwiGLU's (act 2).
 struct MoEExperts : torch::CustomClassHolder {
   std::vector<ExpertMatrix> gate_up, down;
+  std::vector<at::Tensor> gate_up_bias, down_bias;  // empty, or one per expert
   int64_t hidden = 0, inter = 0;
+  float limit = 0.0f, alpha = 1.0f;
 
-  MoEExperts(std::vector<at::Tensor> blocks, std::vector<int64_t> fmts) {
+  MoEExperts(std::vector<at::Tensor> blocks, std::vector<int64_t> fmts, std::vector<at::Tensor> biases,
+             double swiglu_limit, double swiglu_alpha)
+      : limit((float)swiglu_limit), alpha((float)swiglu_alpha) {
     const int64_t E = (int64_t)fmts.size() / 2;
     TORCH_CHECK(E > 0 && (int64_t)fmts.size() == 2 * E && (int64_t)blocks.size() == 6 * E,
                 "MoEExperts wants (qs, d, m) of gate|up and down and their two format ids per expert, got ",
@@ -72,7 +79,20 @@ struct MoEExperts : torch::CustomClassHolder {
                   ": gate|up (", g.N, ", ", g.w.K, ") and down (", dn.N, ", ", dn.w.K,
                   ") do not match the first expert's (", 2 * inter, ", ", hidden, ") and (", hidden, ", ", inter, ")");
     }
+    TORCH_CHECK(biases.empty() || (int64_t)biases.size() == 2 * E, "MoEExperts wants no biases or two an expert, got ",
+                biases.size(), " for ", E, " experts");
+    for (size_t i = 0; i < biases.size(); ++i) {
+      const int64_t n = i % 2 ? hidden : 2 * inter;
+      check_cpu_f32(biases[i], "an expert's bias");
+      TORCH_CHECK(biases[i].dim() == 1 && biases[i].size(0) == n, "expert ", i / 2, "'s ", i % 2 ? "down" : "gate|up",
+                  " bias must be (", n, "), got ", biases[i].sizes());
+      (i % 2 ? down_bias : gate_up_bias).push_back(biases[i]);
+    }
   }
+
+  bool biased() const { return !gate_up_bias.empty(); }
+  const float* gate_up_bias_of(int64_t e) const { return biased() ? gate_up_bias[e].data_ptr<float>() : nullptr; }
+  const float* down_bias_of(int64_t e) const { return biased() ? down_bias[e].data_ptr<float>() : nullptr; }
 
   // A matrix's tensors, checked against its declared format by qmatmul itself (a call of no rows checks
   // every layout rule and returns at once).
@@ -97,7 +117,8 @@ namespace {
 
 using namespace formats;  // Format and its ids
 
-enum Act : int64_t { kSwiGLU = 1 };  // kernels.packed.ACTIVATIONS' ids
+// kernels.packed.ACTIVATIONS' ids, and gpt-oss's clamped SwiGLU (engine.model.moe_kernel.CLAMPED_SWIGLU)
+enum Act : int64_t { kSwiGLU = 1, kClampedSwiGLU = 2 };
 
 // An expert with this many rows or more takes whole qmatmul calls: enough rows for its GEMM tiles (or its own
 // row chunks over all threads) to beat sharing the per-row tasks.
@@ -110,21 +131,18 @@ constexpr int64_t kMinTaskBytes = 64 << 10, kMaxTaskBytes = 512 << 10;
 // every thread where the machine is shared.
 constexpr int64_t kSerialExperts = 64, kSerialRows = 32;
 
-// The activations a format's row kernel reads: Q8_K per 256 (q4k), per 32 in q4's paired layout (q4, q5), or
-// per 32 in natural order with the per-16 sums q6 needs (q6, q8). Activations of one kind serve every format
-// of that kind, so x is quantized once per kind.
-enum Kind : int { kPer256 = 0, kPaired = 1, kNatural = 2, kKinds = 3 };
+// The activations a format's row kernel reads (dispatch.h's row_acts): activations of one kind serve every
+// format of that kind, so x is quantized once per kind.
+using Kind = RowActs;
+constexpr int kKinds = kRowActKinds;
 
-Kind kind_of(Format f) {
-  if (f == kQ4K || f == kQ4K16) return kPer256;
-  return f == kQ4 || f == kQ5 ? kPaired : kNatural;
-}
+Kind kind_of(Format f) { return row_acts(f); }
 
 void quantize(const float* x, int64_t M, int64_t K, Kind kind, QuantAct& a) {
-  if (kind == kPer256) {
+  if (kind == Kind::kPer256) {
     quantize_k(x, M, K, a.k);
   } else {
-    quantize_rows(x, M, K, a, kind == kPaired, kind == kNatural);
+    quantize_rows(x, M, K, a, kind == Kind::kPaired, kind == Kind::kNatural);
   }
 }
 
@@ -134,7 +152,7 @@ void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind
     to.resize(M * width);
     for (int64_t m = 0; m < M; ++m) std::copy_n(from.data() + rows[m] * width, width, to.data() + m * width);
   };
-  if (kind == kPer256) {
+  if (kind == Kind::kPer256) {
     dst.k.nsb = src.k.nsb;
     take(src.k.q, dst.k.q, K);
     take(src.k.d, dst.k.d, src.k.nsb);
@@ -152,45 +170,36 @@ void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind
 }
 
 // out[m * ldo + n - n0] = weight row n . activation row m for rows [n0, n1) (whole groups for q4k16) and all M
-// activation rows: the row kernels qmatmul's per-row path calls, each weight row met by every activation row.
-template <int F>
-void products(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
-  thread_local std::vector<float> col, grp;
-  if constexpr (F == kQ4K16) {
-    grp.resize(M * q4k16::kRows);
-    for (int64_t n = n0; n < n1; n += q4k16::kRows) {
-      q4k16::group_rows(w.qs, w.K, a.k, M, n / q4k16::kRows, grp.data());
-      for (int64_t m = 0; m < M; ++m)
-        std::copy_n(grp.data() + m * q4k16::kRows, q4k16::kRows, out + m * ldo + n - n0);
-    }
-    return;
-  }
-  col.resize(M);
-  for (int64_t n = n0; n < n1; ++n) {
-    if constexpr (F == kQ6) {
-      q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, col.data());
-    } else if constexpr (F == kQ4K) {
-      q4k::weight_row(w.qs, w.K, a.k, M, n, col.data());
+// activation rows: the row kernels qmatmul's per-row path calls (dispatch.h), each weight row met by every
+// activation row.
+void products(const ExpertMatrix& mat, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  with_format(mat.f, [&](auto format) {
+    constexpr int F = decltype(format)::value;
+    thread_local std::vector<float> col;
+    if constexpr (F == kQ4K16) {
+      col.resize(M * q4k16::kRows);
+      for (int64_t n = n0; n < n1; n += q4k16::kRows) {
+        q4k16::group_rows(mat.w.qs, mat.w.K, a.k, M, n / q4k16::kRows, col.data());
+        for (int64_t m = 0; m < M; ++m)
+          std::copy_n(col.data() + m * q4k16::kRows, q4k16::kRows, out + m * ldo + n - n0);
+      }
+    } else if constexpr (has_row_kernel(F)) {
+      col.resize(M);
+      for (int64_t n = n0; n < n1; ++n) {
+        weight_row<F>(mat.w, a, M, n, col.data());
+        for (int64_t m = 0; m < M; ++m) out[m * ldo + n - n0] = col[m];
+      }
     } else {
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows::dot_tile<4, 1, F>(w, n, a, m, col.data() + m, 1);
-      for (; m < M; ++m) rows::dot_tile<1, 1, F>(w, n, a, m, col.data() + m, 1);
+      TORCH_CHECK(false, "no per-row kernel for packed format id ", F);
     }
-    for (int64_t m = 0; m < M; ++m) out[m * ldo + n - n0] = col[m];
-  }
+  });
 }
 
-void products(const ExpertMatrix& mat, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
-  switch (mat.f) {
-    case kQ8: return products<kQ8>(mat.w, a, M, n0, n1, out, ldo);
-    case kQ4: return products<kQ4>(mat.w, a, M, n0, n1, out, ldo);
-    case kQ5: return products<kQ5>(mat.w, a, M, n0, n1, out, ldo);
-    case kQ6: return products<kQ6>(mat.w, a, M, n0, n1, out, ldo);
-    case kQ4K: return products<kQ4K>(mat.w, a, M, n0, n1, out, ldo);
-    case kQ4K16: return products<kQ4K16>(mat.w, a, M, n0, n1, out, ldo);
-    default: break;
-  }
-  TORCH_CHECK(false, "no per-row kernel for packed format id ", (int)mat.f);
+// acc[m * ld + j] += bias[j] for M rows of n values: the torch path's y + bias, one rounding an element
+void add_bias(float* acc, int64_t ld, const float* bias, int64_t M, int64_t n) {
+  if (bias == nullptr) return;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < n; ++j) acc[m * ld + j] += bias[j];
 }
 
 // The activations of a call: x quantized per kind, and per active expert its gathered x rows and its A rows.
@@ -198,12 +207,6 @@ struct Scratch {
   QuantAct x[kKinds];
   std::vector<QuantAct> xa, aa;
 };
-
-// Whether products() has the format's per-row kernel; an expert in another format (q8g, which has only GEMM
-// tiles, or one whose kernels are qmatmul's alone) takes whole qmatmul calls.
-bool has_row_kernel(Format f) {
-  return f == kQ8 || f == kQ4 || f == kQ5 || f == kQ6 || f == kQ4K || f == kQ4K16;
-}
 
 // A task: output rows [n0, n1) of the `expert`-th active expert's gate|up (SwiGLU rows: gate rows and up rows) or down.
 struct Task {
@@ -251,7 +254,10 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
                        const MoEExperts& table, int64_t act) {
   check_cpu_f32(x, "x");
   check_cpu_f32(weights, "weights");
-  TORCH_CHECK(act == kSwiGLU, "moe_experts: unknown activation id ", act, " (1: SwiGLU)");
+  TORCH_CHECK(act == kSwiGLU || act == kClampedSwiGLU, "moe_experts: unknown activation id ", act,
+              " (1: SwiGLU, 2: clamped SwiGLU)");
+  // the torch path adds biases only before the clamped SwiGLU (gpt-oss); the plain one is qmatmul's epilogue
+  TORCH_CHECK(act == kClampedSwiGLU || !table.biased(), "moe_experts: biased experts take the clamped SwiGLU (2)");
   TORCH_CHECK(x.dim() == 2 && x.size(1) == table.hidden, "x must be (rows, ", table.hidden, "), got ", x.sizes());
   TORCH_CHECK(experts.scalar_type() == at::kLong && experts.is_contiguous() && experts.dim() == 2 &&
                   experts.size(0) == x.size(0) && weights.sizes() == experts.sizes(),
@@ -288,6 +294,14 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
   }
   at::Tensor Y = at::empty({S, H}, x.options());
   float* y = Y.data_ptr<float>();
+  // g = act(g, u) for n values of a row's gate and up
+  auto activate = [&](float* g, const float* u, int64_t n) {
+    if (act == kSwiGLU) {
+      silu_mul(g, u, n);
+    } else {
+      clamped_swiglu(g, u, n, table.limit, table.alpha);
+    }
+  };
 
   if (!active.empty()) {
     const int64_t threads = at::get_num_threads(), n_active = (int64_t)active.size();
@@ -296,7 +310,7 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
     for (int64_t e : active) {
       gate_up_bytes += table.gate_up[e].N * table.gate_up[e].row_bytes;
       down_bytes += table.down[e].N * table.down[e].row_bytes;
-      kinds[kind_of(table.gate_up[e].f)] = true;
+      kinds[(int)kind_of(table.gate_up[e].f)] = true;
     }
     auto target = [&](int64_t bytes) { return std::clamp(bytes / (4 * threads), kMinTaskBytes, kMaxTaskBytes); };
     // 1. x quantized once per kind; each active expert's rows gathered from it (one expert a task)
@@ -311,9 +325,9 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
     for (int64_t i = 0; i < n_active; ++i) {  // copies of a few KB a row: not worth waking the threads
       const int64_t e = active[i];
       const Kind kind = kind_of(table.gate_up[e].f);
-      gather(quantized[kind], row_of.data() + first[e], first[e + 1] - first[e], H, kind, xa[i]);
+      gather(quantized[(int)kind], row_of.data() + first[e], first[e + 1] - first[e], H, kind, xa[i]);
     }
-    // 2. gate|up: a task's gate rows, then its up rows (each its own sequential stream), SwiGLU into A
+    // 2. gate|up: a task's gate rows, then its up rows (each its own sequential stream), the activation into A
     at::Tensor A = at::empty({S, I}, x.options());
     float* a_rows = A.data_ptr<float>();
     std::vector<Task> tasks;
@@ -328,8 +342,12 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
       up.resize(M * len);
       products(table.gate_up[e], xa[t.expert], M, t.n0, t.n1, gate.data(), len);
       products(table.gate_up[e], xa[t.expert], M, t.n0 + I, t.n1 + I, up.data(), len);
+      if (const float* bias = table.gate_up_bias_of(e)) {
+        add_bias(gate.data(), len, bias + t.n0, M, len);
+        add_bias(up.data(), len, bias + I + t.n0, M, len);
+      }
       for (int64_t m = 0; m < M; ++m) {
-        silu_mul(gate.data() + m * len, up.data() + m * len, len);
+        activate(gate.data() + m * len, up.data() + m * len, len);
         std::copy_n(gate.data() + m * len, len, a_rows + (first[e] + m) * I + t.n0);
       }
     });
@@ -346,16 +364,34 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
       add_tasks(i, d, H, d.row_bytes, target(down_bytes), tasks);
     }
     run_tasks(tasks, [&](const Task& t) {
-      const int64_t e = active[t.expert];
-      products(table.down[e], aa[t.expert], first[e + 1] - first[e], t.n0, t.n1, y + first[e] * H + t.n0, H);
+      const int64_t e = active[t.expert], M = first[e + 1] - first[e];
+      products(table.down[e], aa[t.expert], M, t.n0, t.n1, y + first[e] * H + t.n0, H);
+      if (const float* bias = table.down_bias_of(e))
+        add_bias(y + first[e] * H + t.n0, H, bias + t.n0, M, t.n1 - t.n0);
     });
   }
   // Experts of many rows: qmatmul over all threads each (its GEMM tiles for prompt chunks)
   for (int64_t e : whole) {
     const at::Tensor rows = at::from_blob(row_of.data() + first[e], {first[e + 1] - first[e]}, at::kLong);
     const ExpertMatrix &g = table.gate_up[e], &d = table.down[e];
-    const at::Tensor a = qmatmul(x.index_select(0, rows), g.qs, g.d, g.m, g.f, kSwiGLU);
-    Y.narrow(0, first[e], rows.numel()).copy_(qmatmul(a, d.qs, d.d, d.m, d.f, 0));
+    const at::Tensor xs = x.index_select(0, rows);
+    if (act == kSwiGLU) {
+      Y.narrow(0, first[e], rows.numel()).copy_(qmatmul(qmatmul(xs, g.qs, g.d, g.m, g.f, kSwiGLU), d.qs, d.d, d.m, d.f, 0));
+      continue;
+    }
+    const int64_t n = rows.numel();
+    at::Tensor gu = qmatmul(xs, g.qs, g.d, g.m, g.f, 0);  // (n, 2I): gate | up
+    float* p = gu.data_ptr<float>();
+    add_bias(p, 2 * I, table.gate_up_bias_of(e), n, 2 * I);
+    at::Tensor a = at::empty({n, I}, x.options());
+    for (int64_t m = 0; m < n; ++m) {
+      std::copy_n(p + m * 2 * I, I, a.data_ptr<float>() + m * I);
+      activate(a.data_ptr<float>() + m * I, p + m * 2 * I + I, I);
+    }
+    float* dst = y + first[e] * H;
+    const at::Tensor yd = qmatmul(a, d.qs, d.d, d.m, d.f, 0);
+    std::copy_n(yd.data_ptr<float>(), n * H, dst);
+    add_bias(dst, H, table.down_bias_of(e), n, H);
   }
   // 4. each row's experts summed in ascending expert order
   float* o = out.data_ptr<float>();
@@ -377,13 +413,33 @@ at::Tensor moe_experts_op(const at::Tensor& x, const at::Tensor& experts, const 
   return moe_experts(x, experts, weights, *table, act);
 }
 
+// gpt-oss's clamped SwiGLU of [gate | up] rows (T, 2I) -> (T, I): the torch path's (engine.model.moe) and the
+// kernel's epilogue, one function so that both round alike
+at::Tensor clamped_swiglu_op(const at::Tensor& gate_up, double limit, double alpha) {
+  check_cpu_f32(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be (rows, 2 I), got ", gate_up.sizes());
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({T, I}, gate_up.options());
+  const float* p = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::copy_n(p + r * 2 * I, I, o + r * I);
+      clamped_swiglu(o + r * I, p + r * 2 * I + I, I, (float)limit, (float)alpha);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
-  lib.class_<MoEExperts>("MoEExperts").def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>>());
+  lib.class_<MoEExperts>("MoEExperts")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<at::Tensor>, double, double>());
   lib.def("moe_experts(Tensor x, Tensor experts, Tensor weights, __torch__.torch.classes.pagedeck.MoEExperts table, "
           "int act) -> Tensor",
           &moe_experts_op);
+  lib.def("clamped_swiglu(Tensor gate_up, float limit, float alpha) -> Tensor", &clamped_swiglu_op);
 }
 
 }  // namespace pagedeck

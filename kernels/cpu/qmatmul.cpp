@@ -23,16 +23,17 @@
 // computed by the same sequence of operations whatever the number of rows or threads, so results never
 // depend on the batch.
 //
-// This file is the dispatch and the thread scheduling: a call's format id (formats.h, generated from
-// kernels/formats.py) is checked against its tensors and becomes its kernels in one place (with_format), and
-// output rows or panels are handed to threads. The kernels live by concept: isa.h (the instruction-set
-// switches and shared vector primitives), activations.h (activation quantisation, SwiGLU), rows.h (the
-// per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one header per
-// format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h, q4k.h and
-// q4k16.h (their kernels).
+// This file is the scheduling: a call's format id (formats.h, generated from kernels/formats.py) is checked
+// against its tensors and becomes its kernels through dispatch.h (with_format, weight_row; moe.cpp's expert
+// tasks share them), and output rows or panels are handed to threads. The kernels live by concept: isa.h (the
+// instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
+// rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
+// header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
+// q4k.h and q4k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
+#include "dispatch.h"
 #include "formats.h"
 #include "kquant.h"
 #include "lut4.h"
@@ -68,46 +69,7 @@ using formats::kQ5K;
 using formats::kQ6;
 using formats::kQ8;
 using formats::kQ8G;
-static_assert(formats::kLayouts[kQ5].code_bytes == q5::kBytes && formats::kLayouts[kQ6].code_bytes == q6::kBytes &&
-                  formats::kLayouts[kQ4K].code_bytes == q4k::kBytes &&
-                  formats::kLayouts[kQ4K16].code_bytes * formats::kLayouts[kQ4K16].rows == q4k16::kGroupBytes &&
-                  formats::kLayouts[kQ8G].rows == q8g::kRows && formats::kLayouts[kQ4K].values == q4k::kSuper &&
-                  formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
-                  formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
-                  formats::kLayouts[formats::kIQ4XS].code_bytes == lut4::Iq4xs::kBytes &&
-                  formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues &&
-                  formats::kLayouts[kQ5K].code_bytes == q4k::Q5K::kBytes && formats::kLayouts[kQ5K].values == q4k::kSuper,
-              "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
-
 using rows::Weights;
-using rows::dot_tile;
-
-// out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
-// Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
-// DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
-// prefetching did not win that back.
-template <int F>
-void weight_row(const Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
-  if (F == kQ6) {
-    q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
-    return;
-  }
-  if (F == kQ4K) {
-    q4k::weight_row(w.qs, w.K, a.k, M, n, out);
-    return;
-  }
-  if (F == kQ5K) {
-    q4k::weight_row<q4k::Q5K>(w.qs, w.K, a.k, M, n, out);
-    return;
-  }
-  if constexpr (lut4::kIs<F>) {
-    lut4::weight_row<typename lut4::Of<F>::type>(w.qs, w.K, a, M, n, out);
-    return;
-  }
-  int64_t m = 0;
-  for (; m + 4 <= M; m += 4) dot_tile<4, 1, F>(w, n, a, m, out + m, 1);
-  for (; m < M; ++m) dot_tile<1, 1, F>(w, n, a, m, out + m, 1);
-}
 
 // q4k16: y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate and up groups in turn
 void compute_groups(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1,
@@ -245,25 +207,6 @@ int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes) {
   if (M > 1) return 8;
   const int64_t rows = std::min(kChunkBytes / std::max<int64_t>(row_bytes, 1), Nout / (4 * threads));
   return std::max<int64_t>(16, rows / 16 * 16);
-}
-
-// fn(std::integral_constant<int, F>{}) for the format F of id f: the one place a format id becomes a kernel
-template <class Fn>
-void with_format(Format f, Fn&& fn) {
-  switch (f) {
-    case kQ8: return fn(std::integral_constant<int, kQ8>{});
-    case kQ4: return fn(std::integral_constant<int, kQ4>{});
-    case kQ6: return fn(std::integral_constant<int, kQ6>{});
-    case kQ4K: return fn(std::integral_constant<int, kQ4K>{});
-    case kQ4K16: return fn(std::integral_constant<int, kQ4K16>{});
-    case kQ5: return fn(std::integral_constant<int, kQ5>{});
-    case kQ8G: return fn(std::integral_constant<int, kQ8G>{});
-    case formats::kMXFP4: return fn(std::integral_constant<int, formats::kMXFP4>{});
-    case formats::kIQ4NL: return fn(std::integral_constant<int, formats::kIQ4NL>{});
-    case formats::kIQ4XS: return fn(std::integral_constant<int, formats::kIQ4XS>{});
-    case kQ5K: return fn(std::integral_constant<int, kQ5K>{});
-  }
-  TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
 }  // namespace

@@ -373,10 +373,11 @@ def test_gguf_matches_transformers(tmp_path, variant):
 @pytest.mark.parametrize("experts", ["Q8_0", "MXFP4"])
 def test_gguf_experts_load_packed(tmp_path, experts):
     """weights="packed": every expert (Q8_0, or MXFP4 as real files hold them; the rest F32) stays one packed
-    matrix; prompt rows (dense weights, as repack's rule gives them) follow the dense load; decode rows (int8
+    matrix, run by the MoE kernel with the torch path's bits; prompt rows (dense weights, as repack's rule gives them) follow the dense load; decode rows (int8
     activations) give each sparse block's output within 3 % of the dense block's (measured 1.0-1.4 %) and
     the dense model's top token at most positions (test_moe_packed's bound: a near-tie of two router logits
     may flip a row's experts, which moves the rest of a random tiny model's logits; 0.83-0.92 measured)."""
+    from engine.model import moe_kernel
     from engine.model.qlinear import PackedLinear
     from tests.engine.test_qlinear import decode_logits
 
@@ -390,8 +391,12 @@ def test_gguf_experts_load_packed(tmp_path, experts):
     torch.testing.assert_close(forward_tokens(packed, ids), forward_tokens(dense, ids), rtol=1e-4, atol=2e-4)
     h = torch.randn(8, dense.config.hidden_size, generator=torch.Generator().manual_seed(9))
     for d_layer, p_layer in zip(dense.layers, packed.layers):
-        want = d_layer.moe(h)
-        assert ((p_layer.moe(h) - want).norm() / want.norm()).item() < 0.03
+        want, got = d_layer.moe(h), p_layer.moe(h)
+        assert ((got - want).norm() / want.norm()).item() < 0.03
+        # the packed experts (biases, clamped SwiGLU) run in the MoE kernel, with the torch path's bits
+        assert moe_kernel.runs(p_layer.moe, h, None)
+        with moe_kernel.torch_path():
+            assert torch.equal(p_layer.moe(h), got)
     a, b = decode_logits(dense, ids), decode_logits(packed, ids)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.75
 

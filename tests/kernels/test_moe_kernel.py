@@ -1,8 +1,11 @@
 """The MoE kernel (kernels/cpu/moe.cpp through engine.model.moe_kernel) against the torch path it replaces
 (engine.model.moe.MoEBlock, one packed matmul per expert from Python): the same bits in every packed format,
 batch and thread count, a row's output independent of the batch, a quantized model's greedy decoding the
-same alone and batched, and clear refusals of bad input."""
+same alone and batched, and clear refusals of bad input; gpt-oss's experts (biases, the clamped SwiGLU, MXFP4)
+likewise."""
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -10,16 +13,20 @@ import torch
 from engine.model import moe_kernel
 from engine.model.moe import MoEBlock
 from engine.model.qlinear import Q4KLinear, RowSplit
+from engine.model.qlinear.lut4 import LUT4_CLASSES
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import random_q4
+from tests.kernels.test_lut4 import from_writer
 from tests.kernels.test_q4k import random_q4k
 from tests.kernels.test_q5 import random_q5
+from tests.kernels.test_q5k import random_q5k
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_q8g import random_q8
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
 H, I, E, K = 512, 256, 16, 4  # K-quant widths: H and I multiples of 256
+INF = float("inf")
 
 
 def _ungrouped(w: Q4KLinear) -> Q4KLinear:
@@ -28,11 +35,17 @@ def _ungrouped(w: Q4KLinear) -> Q4KLinear:
     return w
 
 
+def _lut4(fmt: str):
+    return lambda n, k, s: LUT4_CLASSES[fmt](from_writer(fmt, n, k, s))
+
+
 MAKE = {"q4k": random_q4k, "q4k rows": lambda n, k, s: _ungrouped(random_q4k(n, k, s)), "q6": random_q6,
-        "q4": random_q4, "q5": lambda n, k, s: random_q5(n, k, s)[0], "q8": random_q8}
+        "q4": random_q4, "q5": lambda n, k, s: random_q5(n, k, s)[0], "q8": random_q8, "q5k": random_q5k,
+        **{fmt: _lut4(fmt) for fmt in LUT4_CLASSES}}
 # (gate|up, down): a Q4_K_M file's pairs first, then every format on each side
 PAIRS = [("q4k", "q6"), ("q4k", "q4k"), ("q4k rows", "q4k rows"), ("q4", "q8"), ("q5", "q6"), ("q8", "q4k"),
-         ("q6", "q5"), ("q4k", "q4")]
+         ("q6", "q5"), ("q4k", "q4"), ("mxfp4", "mxfp4"), ("iq4xs", "iq4nl"), ("iq4nl", "q4k"), ("q5k", "iq4xs"),
+         ("q4k", "q5k")]
 
 
 def block(gate_up: str, down: str, norm_topk: bool = True, seed: int = 0) -> MoEBlock:
@@ -65,6 +78,64 @@ def test_kernel_gives_the_torch_paths_bits(gate_up, down):
                 assert torch.equal(kernel, oracle), (n, T, (kernel - oracle).abs().max().item())
     finally:
         torch.set_num_threads(threads)
+
+
+LIMIT, ALPHA = 7.0, 1.702  # gpt-oss's clamped SwiGLU
+
+
+def gpt_oss_block(gate_up: str, down: str, seed: int = 0) -> MoEBlock:
+    """gpt-oss's options on block(): biased router and experts, a softmax over the top-k logits, the clamped
+    SwiGLU; gate|up biases wide enough that many of its outputs pass the limit on either side."""
+    g = torch.Generator().manual_seed(seed + 1)
+    b = block(gate_up, down, seed=seed)
+    b.router_bias = torch.randn(E, generator=g)
+    b.gate_up_bias = [torch.randn(2 * I, generator=g) * 8 for _ in range(E)]
+    b.down_bias = [torch.randn(H, generator=g) for _ in range(E)]
+    b.routing, b.swiglu_limit, b.swiglu_alpha = "topk_softmax", LIMIT, ALPHA
+    return b
+
+
+@pytest.mark.parametrize("gate_up,down", [("mxfp4", "mxfp4"), ("q8", "q8"), ("mxfp4", "q4k"), ("iq4nl", "mxfp4")])
+def test_gpt_oss_experts_give_the_torch_paths_bits(gate_up, down):
+    """Biased experts with the clamped SwiGLU (act 2), MXFP4 as gpt-oss's files hold them and other formats:
+    the torch path's output bit for bit, in the shared tasks and in whole calls, 1 and 2 threads."""
+    b = gpt_oss_block(gate_up, down)
+    pre = b.gate_up[0](torch.randn(64, H, generator=torch.Generator().manual_seed(3))) + b.gate_up_bias[0]
+    assert (pre[:, :I] > LIMIT).any() and (pre[:, I:] > LIMIT).any() and (pre[:, I:] < -LIMIT).any()
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for T in (1, 3, 8, 40):
+                h = torch.randn(T, H, generator=torch.Generator().manual_seed(T))
+                kernel, oracle = both_paths(b, h)
+                assert torch.equal(kernel, oracle), (n, T, (kernel - oracle).abs().max().item())
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_clamped_swiglu_is_gpt_osss_formula():
+    """The C++ clamped SwiGLU (the kernel's epilogue, which the torch path calls too) against gpt-oss's formula
+    in torch ops: within a few ulps, the clamps exact (past the limit, the limit's bits), NaN kept, and an
+    element's bits the same whatever row or column range it is computed in."""
+    ops = cpu_ext.ops()
+    gu = torch.randn(37, 2 * 203, generator=torch.Generator().manual_seed(0)) * 6  # 203: a tail past 8 lanes
+    gu[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    got = ops.clamped_swiglu(gu, LIMIT, ALPHA)
+    gate, up = gu.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=LIMIT), up.clamp(min=-LIMIT, max=LIMIT)
+    expected = (up + 1) * (gate * torch.sigmoid(gate * ALPHA))
+    torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6, equal_nan=True)
+    assert got[0, 0].isnan()
+    at_limit = gu.clone()
+    at_limit[:, :203] = gu[:, :203].clamp(max=LIMIT)
+    at_limit[:, 203:] = gu[:, 203:].clamp(min=-LIMIT, max=LIMIT)
+    same_bits = partial(torch.testing.assert_close, rtol=0, atol=0, equal_nan=True)
+    same_bits(ops.clamped_swiglu(at_limit, LIMIT, ALPHA), got)
+    for r in (0, 5, 36):
+        same_bits(ops.clamped_swiglu(gu[r:r + 1], LIMIT, ALPHA)[0], got[r])
+    narrow = torch.cat([gu[:, 3:203], gu[:, 206:]], dim=1)  # columns 3.. of gate and up
+    same_bits(ops.clamped_swiglu(narrow, LIMIT, ALPHA), got[:, 3:])
 
 
 def test_a_rows_output_does_not_depend_on_the_batch():
@@ -105,13 +176,23 @@ def test_bad_input_is_refused_by_name():
         ops.moe_experts(torch.randn(2, H + 32), torch.zeros(2, K, dtype=torch.long), w, table, 1)
     with pytest.raises(RuntimeError, match="unknown activation"):
         ops.moe_experts(h, torch.zeros(2, K, dtype=torch.long), w, table, 7)
+    biased = moe_kernel.table(gpt_oss_block("q8", "q8"))
+    with pytest.raises(RuntimeError, match="biased experts take the clamped SwiGLU"):
+        ops.moe_experts(h, torch.zeros(2, K, dtype=torch.long), w, biased, 1)
     gu, dn = b.gate_up[0].blocks, b.down[0].blocks
     with pytest.raises(RuntimeError, match="do not match the first expert"):
         torch.classes.pagedeck.MoEExperts([gu[0], gu[1], gu[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0),
                                            dn[0], dn[1], dn[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0)],
-                                          [0, 0, 0, 0])
+                                          [0, 0, 0, 0], [], INF, 1.0)
+    with pytest.raises(RuntimeError, match="no biases or two an expert"):
+        torch.classes.pagedeck.MoEExperts([gu[0], gu[1], gu[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0)], [0, 0],
+                                          [torch.zeros(2 * I)], INF, 1.0)
+    with pytest.raises(RuntimeError, match="down bias must be"):
+        torch.classes.pagedeck.MoEExperts([gu[0], gu[1], gu[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0)], [0, 0],
+                                          [torch.zeros(2 * I), torch.zeros(I)], INF, 1.0)
     with pytest.raises(RuntimeError, match="declared format"):  # q8 blocks called q6
-        torch.classes.pagedeck.MoEExperts([gu[0], gu[1], gu[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0)], [2, 0])
+        torch.classes.pagedeck.MoEExperts([gu[0], gu[1], gu[1].new_empty(0), dn[0], dn[1], dn[1].new_empty(0)], [2, 0],
+                                          [], INF, 1.0)
 
 
 def test_a_quantized_models_greedy_tokens_are_the_same_alone_and_batched(tmp_path):

@@ -1,0 +1,94 @@
+// A packed format id (formats.h) becomes its kernels here, in one place for every caller: qmatmul.cpp's
+// per-row and GEMM paths and moe.cpp's expert tasks dispatch through with_format, and both run a format's
+// per-row product as weight_row<F>, so an expert's rows in the MoE kernel get exactly qmatmul's arithmetic.
+#pragma once
+
+#include "activations.h"
+#include "affine.h"
+#include "common.h"
+#include "formats.h"
+#include "kquant.h"
+#include "lut4.h"
+#include "q4k.h"
+#include "q4k16.h"
+#include "q6.h"
+#include "q8.h"
+#include "rows.h"
+
+#include <type_traits>
+
+namespace pagedeck {
+
+static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
+                  formats::kLayouts[formats::kQ6].code_bytes == q6::kBytes &&
+                  formats::kLayouts[formats::kQ4K].code_bytes == q4k::kBytes &&
+                  formats::kLayouts[formats::kQ4K16].code_bytes * formats::kLayouts[formats::kQ4K16].rows ==
+                      q4k16::kGroupBytes &&
+                  formats::kLayouts[formats::kQ8G].rows == q8g::kRows &&
+                  formats::kLayouts[formats::kQ4K].values == q4k::kSuper &&
+                  formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
+                  formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
+                  formats::kLayouts[formats::kIQ4XS].code_bytes == lut4::Iq4xs::kBytes &&
+                  formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues &&
+                  formats::kLayouts[formats::kQ5K].code_bytes == q4k::Q5K::kBytes &&
+                  formats::kLayouts[formats::kQ5K].values == q4k::kSuper,
+              "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
+
+// fn(std::integral_constant<int, F>{}) for the format F of id f: the one place a format id becomes a kernel
+template <class Fn>
+void with_format(formats::Format f, Fn&& fn) {
+  using namespace formats;
+  switch (f) {
+    case kQ8: return fn(std::integral_constant<int, kQ8>{});
+    case kQ4: return fn(std::integral_constant<int, kQ4>{});
+    case kQ6: return fn(std::integral_constant<int, kQ6>{});
+    case kQ4K: return fn(std::integral_constant<int, kQ4K>{});
+    case kQ4K16: return fn(std::integral_constant<int, kQ4K16>{});
+    case kQ5: return fn(std::integral_constant<int, kQ5>{});
+    case kQ8G: return fn(std::integral_constant<int, kQ8G>{});
+    case kMXFP4: return fn(std::integral_constant<int, kMXFP4>{});
+    case kIQ4NL: return fn(std::integral_constant<int, kIQ4NL>{});
+    case kIQ4XS: return fn(std::integral_constant<int, kIQ4XS>{});
+    case kQ5K: return fn(std::integral_constant<int, kQ5K>{});
+  }
+  TORCH_CHECK(false, "unknown packed format id ", (int)f);
+}
+
+// The activations a format's per-row kernel reads: Q8_K per 256 (the q4k family: quantize_k), per 32 in q4's
+// paired layout (q4, q5), or per 32 in natural order (q6, q8, the lut4 family: quantize_rows without pairs).
+enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
+constexpr int kRowActKinds = 3;
+
+constexpr RowActs row_acts(int F) {
+  using namespace formats;
+  if (F == kQ4K || F == kQ4K16 || F == kQ5K) return RowActs::kPer256;
+  return F == kQ4 || F == kQ5 ? RowActs::kPaired : RowActs::kNatural;
+}
+
+// Whether format F has per-row kernels (weight_row, or q4k16's 16-row groups): q8g has only GEMM tiles.
+constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
+
+// out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
+// Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
+// DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
+// prefetching did not win that back. (q4k16 computes 16-row groups instead: q4k16::group_rows.)
+template <int F>
+void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
+  using namespace formats;
+  static_assert(F != kQ4K16 && F != kQ8G, "q4k16 goes by 16-row groups, q8g by GEMM tiles");
+  if constexpr (F == kQ6) {
+    q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
+  } else if constexpr (F == kQ4K) {
+    q4k::weight_row(w.qs, w.K, a.k, M, n, out);
+  } else if constexpr (F == kQ5K) {
+    q4k::weight_row<q4k::Q5K>(w.qs, w.K, a.k, M, n, out);
+  } else if constexpr (lut4::kIs<F>) {
+    lut4::weight_row<typename lut4::Of<F>::type>(w.qs, w.K, a, M, n, out);
+  } else {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) rows::dot_tile<4, 1, F>(w, n, a, m, out + m, 1);
+    for (; m < M; ++m) rows::dot_tile<1, 1, F>(w, n, a, m, out + m, 1);
+  }
+}
+
+}  // namespace pagedeck

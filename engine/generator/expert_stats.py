@@ -7,6 +7,13 @@ model never see each other's rows) and to nothing outside a generator's forward.
 bincount over every sparse layer's choices, indexed (layer, job, expert), gives the step's counts; the row ->
 job mapping comes from the step's plan, one entry per scheduled sequence (no Python loop over rows).
 
+Counting costs a step ~0.4 ms (the stack and bincount), so it runs only while someone watches: the expert map
+reads metrics() (whose `experts` is snapshot()) a few times a second from the dashboard's timer, and each
+snapshot renews a lease of WATCH_S seconds or `window` steps, whichever lasts longer; a generator also counts
+its first `window` steps. Outside a lease a step only looks at the clock (its routes are not even kept), and
+the first snapshot after such a lapse starts the window afresh, so the map never mixes steps from before the
+lapse with those after it.
+
 The counts are kept in a ring of the last `window` steps with running totals (a step in: its counts added; a
 step out: subtracted), so a snapshot copies totals and never sums the ring. A step's counts hold only the jobs
 it ran. A job that ended keeps its counts until its last step leaves the ring; an idle generator keeps the
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from functools import partial
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
     from .sequence import ScheduledSeq
 
 DEFAULT_WINDOW = 64  # steps: a few seconds of decoding
+WATCH_S = 2.0  # seconds a snapshot keeps the counting on (the dashboard reads ~10 times a second)
 
 
 class RouterTap:
@@ -101,6 +110,9 @@ class ExpertStats:
         self.top_k_bytes = int(sum(b.decode_bytes() for _, b in blocks))
         self.dense_bytes = self.router_bytes + int(self.expert_bytes.sum())
         self._lock = threading.Lock()  # snapshot() runs on the dashboard's thread, step() on the generator's
+        self._read_at = -float("inf")  # when the last snapshot was taken (time.monotonic)
+        self._unread_steps = 0  # steps since then (the generator's first steps count: see watched)
+        self._lapsed = False  # some step went uncounted since the last snapshot
         self._clear()
 
     @classmethod
@@ -129,11 +141,21 @@ class ExpertStats:
         if not self.enabled:
             yield
             return
+        self._unread_steps += 1
+        if not self.watched:
+            self._lapsed = True
+            yield
+            return
         with self.tap.collecting(len(self.layers)) as choices:
             yield
         if any(c is None for c in choices):  # a forward that skipped a sparse layer: nothing to attribute
             return
         self._count(plan, choices)
+
+    @property
+    def watched(self) -> bool:
+        """Whether a snapshot was taken in the last WATCH_S seconds or `window` steps: steps are counted."""
+        return self._unread_steps <= self.window or time.monotonic() - self._read_at < WATCH_S
 
     def _count(self, plan: "list[ScheduledSeq]", choices: list[torch.Tensor]) -> None:
         jobs: dict[int, int] = {}
@@ -193,6 +215,10 @@ class ExpertStats:
         if not self.enabled:
             return None
         with self._lock:
+            self._read_at, self._unread_steps = time.monotonic(), 0
+            if self._lapsed:  # steps went uncounted: the window starts again from here
+                self._clear()
+                self._lapsed = False
             steps = min(self.steps_total, self.window)
             return {
                 "layers": list(self.layers), "num_experts": self.num_experts, "top_k": self.top_k,

@@ -145,8 +145,8 @@ class StepPlan:
 
     Rotary tables are made on first use per (inv_freq, attention_factor): models whose sliding-window
     layers use another rope base (Gemma 3) get one table per base, still once per step. fused: this step
-    runs fused_attention (CPU kernels built, fp32 pools); its attention plan then covers the long prefill
-    chunks only."""
+    runs fused_attention (CPU kernels built), which attends every chunk itself (no attention plan), so a row's
+    bits never depend on how its prompt was chunked; short: every chunk is decode-sized (<= SHORT_Q rows)."""
 
     def __init__(self, positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torch.Tensor,
                  cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int, fuse: bool = False):
@@ -155,12 +155,14 @@ class StepPlan:
         self.rotary = None
         self.attention = None
         self.fused = False
+        self.short = False
         if not use_triton(positions):
             self.rotary = self.rotary_tables(inv_freq)
             self.fused = fuse and positions.dtype == torch.int64 and _cpu_ext.available()
             cu = cu_q.tolist()
-            if not self.fused or max(b - a for a, b in zip(cu, cu[1:])) > _attention.SHORT_Q:
-                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size, long_only=self.fused)
+            self.short = max(b - a for a, b in zip(cu, cu[1:])) <= _attention.SHORT_Q
+            if not self.fused:
+                self.attention = _attention.AttentionPlan(block_table, cu_q, kv_lens, page_size)
 
     def rotary_tables(self, inv_freq: torch.Tensor, attention_factor: float = 1.0):
         key = (inv_freq.data_ptr(), inv_freq.numel(), attention_factor)
@@ -180,17 +182,14 @@ def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                     block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
                     scale: float, plan: StepPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """apply_rotary + write_kv + paged_attention of one layer, from the fused q|k|v rows (T, (Hq + 2 Hkv) D)
-    to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for everything but the
-    attention of long prefill chunks, which stays torch's SDPA (the plan's long-only attention plan).
-    sinks: as in paged_attention. Needs plan.fused."""
+    to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for every chunk, prefill ones
+    included, each row over the K/V as its pools store it. sinks: as in paged_attention. Needs plan.fused."""
     if not plan.fused:
         raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
     cos, sin = plan.rotary
     sink_logits = None if sinks is None else sinks.float().contiguous()
-    out, q = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
-                                   num_heads, scale, _attention.SHORT_Q, sink_logits)
-    if plan.attention is not None:
-        _attention.attend_long(q, k_cache, v_cache, plan.attention, scale, out.view(q.shape), sinks)
+    out, _ = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
+                                   num_heads, scale, qkv.shape[0], sink_logits)
     return out
 
 
@@ -204,7 +203,7 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
     layer the number of parts of those four (1 but for a matrix kept in several formats; gate_up always 1);
     formats: each part's kernel id (kernels.formats), in the weights' order.
     Returns the last layer's output and the residual stream (their sum is the hidden state)."""
-    if not plan.fused or plan.attention is not None:
+    if not plan.fused or not plan.short:
         raise ValueError("decode_layers needs a fused plan without long prefill chunks")
     cos, sin = plan.rotary
     return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, slot_mapping, block_table, cu_q,

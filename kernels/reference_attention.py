@@ -162,11 +162,9 @@ class _Group:
 class AttentionPlan:
     """Everything about one step's attention that does not depend on the layer, built once per forward.
 
-    Short query chunks (decode, verification) share one group; each long prefill chunk gets its own.
-    long_only: no group for the short chunks (a fused kernel attends those, see attend_long)."""
+    Short query chunks (decode, verification) share one group; each long prefill chunk gets its own."""
 
-    def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int,
-                 long_only: bool = False):
+    def __init__(self, block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_size: int):
         cu = cu_q.tolist()
         lens = kv_lens.tolist()
         self.T = T = cu[-1]
@@ -175,7 +173,7 @@ class AttentionPlan:
         self.shape = (tuple(block_table.shape), len(cu))
         q_lens = [cu[b + 1] - cu[b] for b in range(len(lens))]
         short = [b for b, n in enumerate(q_lens) if n <= SHORT_Q]
-        groups = [short] if short and not long_only else []
+        groups = [short] if short else []
         groups += [[b] for b, n in enumerate(q_lens) if n > SHORT_Q]
         self.groups = [_Group(g, block_table, cu, q_lens, lens, page_size, T) for g in groups]
 
@@ -280,15 +278,6 @@ def paged_attention(
         out = _paged(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, plan, scale, window, softcap, sinks)
         return v_cache.unrotate(out).to(q.dtype)
     return _paged(q, k_cache, v_cache, plan, scale, window, softcap, sinks)
-
-
-def attend_long(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttentionPlan, scale: float,
-                out: torch.Tensor, sinks: torch.Tensor | None = None) -> None:
-    """Attention of the long prefill chunks of a long_only plan, into their rows of out (T, Hq, D); q is
-    already rotated and the chunks' K/V already written."""
-    for g in plan.groups:
-        res = _attend(q, k_cache, v_cache, g, scale, sinks=sinks)
-        out.index_copy_(0, g.dest, res if g.src is None else res.index_select(0, g.src))
 
 
 def _paged(q, k_cache, v_cache, plan: AttentionPlan, scale: float, window, softcap, sinks=None) -> torch.Tensor:

@@ -41,3 +41,25 @@ def kv_cache_bytes(config, cache_tokens: int, kv_quant: str | None, element_byte
     group = math.gcd(32, config.head_dim)
     per_slot = slot_nbytes(kv_quant, config.num_kv_heads, config.head_dim, element_bytes, group)
     return 2 * config.num_layers * pages * page_size * per_slot
+
+
+def pool_dtype(device: str, model_dtype, weight_format: str, fused: bool):
+    """The element type of a model's unquantized K/V pools. Packed weights on a CPU whose attention the fused CPU
+    kernel runs (`fused`: Model.fusable) keep fp16 pools under fp32 activations: a decode step's attention reads
+    every cached position once per layer and is bound by those bytes, which fp16 halves (kernels/cpu/attention.cpp
+    converts as it loads and rounds as it stores). That kernel attends every row over the K/V as stored, its own
+    chunk's included, so the rounding never depends on how a prompt was chunked or a job preempted. Dense weights
+    (the reference path), the torch attention of other architectures and other devices keep the model's dtype.
+    device: a device type ("cpu", "cuda"); weight_format: Model.weight_format ("dense" or a packed format)."""
+    import torch
+
+    if device == "cpu" and weight_format != "dense" and fused and model_dtype == torch.float32:
+        return torch.float16
+    return model_dtype
+
+
+def pool_bytes(device: str, model_dtype: str, weight_format: str, fused: bool) -> int:
+    """Bytes of one pool element (pool_dtype) for a model of dtype `model_dtype` ("float32", ...), from names alone."""
+    import torch
+
+    return pool_dtype(device, getattr(torch, model_dtype), weight_format, fused).itemsize

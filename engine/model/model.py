@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import kernels
 
+from ..cache.budget import pool_dtype
 from ..cache.spec import CacheSpec
 from . import huge_pages, image_attention, loader
 from .batch import Batch
@@ -61,9 +62,7 @@ class Model:
         self.embed_scale = (torch.tensor(c.embedding_scale, dtype=torch.float32).to(dtype).item()
                             if c.embedding_scale else None)
         # the CPU kernels' fused attention and all-layers decode do the plain architecture only
-        self.fusable = not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
-                            or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
-                            or c.rotary_dims != c.head_dim or any(layer.window for layer in self.layers))
+        self.fusable = attention_fuses(c)
         packed_weights = [t for layer in self.layers for t in layer.weights() if isinstance(t, PackedLinear)]
         self.prompt_dense = bool(packed_weights) and all(t.prompt_dense for t in packed_weights)
         self.q_size = c.num_heads * c.head_dim
@@ -107,9 +106,14 @@ class Model:
         return cls(config, loader.build(config, state, device, dtype), device, dtype)
 
     def cache_spec(self) -> CacheSpec:
-        """What a PagedCache for this model holds: one pool per layer of K/V heads in the model's dtype."""
+        """What a PagedCache for this model holds: one pool per layer of K/V heads, in kv_pool_dtype."""
         c = self.config
-        return CacheSpec(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype, self.device)
+        return CacheSpec(c.num_layers, c.num_kv_heads, c.head_dim, self.kv_pool_dtype(), self.device)
+
+    def kv_pool_dtype(self) -> torch.dtype:
+        """The K/V pools' element type: fp16 where packed weights on a CPU take the fused attention
+        (engine.cache.budget.pool_dtype says why), else the model's dtype."""
+        return pool_dtype(self.device.type, self.dtype, self.weight_format, self.fusable)
 
     def rotary_for(self, n: int) -> Rotary:
         """The rotation for contexts up to n tokens (a generator builds it once for its max_seq_len)."""
@@ -196,7 +200,7 @@ class Model:
             # scales inside its embedding module, before the image features are scattered in)
             x = x.index_copy(0, batch.mm_rows, batch.mm_vectors.to(device=x.device, dtype=x.dtype))
         packed = self.weight_format != "dense"  # dense stays the reference path, op for op
-        # rotary + K/V write + attention in one call (fp32 pools) where the architecture is the plain one
+        # rotary + K/V write + attention in one call (fp32 or fp16 pools) where the architecture is the plain one
         fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, rotary.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
@@ -205,7 +209,7 @@ class Model:
         # 32-token follow-up took 2.7 s on 4 layers of a 7B-shaped file, measured), the kernels are 4-90x
         # faster below ~300 rows, and a row still takes one path whatever its chunk.
         rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed and self.prompt_dense else None
-        stack = self.decode_stack if plan.fused and plan.attention is None and lora is None else None
+        stack = self.decode_stack if plan.fused and plan.short and lora is None else None
         if stack is not None and (rows is None or rows.prompt_rows is None):  # of_batch: no prompt rows -> None
             # every row packed, every chunk short: all layers in one call, the same kernels as _layers
             x, residual = kernels.decode_layers(x, *stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
@@ -306,6 +310,14 @@ class Model:
         if x.device.type == "cpu" and 8 <= n < 16:
             return F.linear(F.pad(x, (0, 0, 0, 16 - n)), self.lm_head)[:n]
         return F.linear(x, self.lm_head)
+
+
+def attention_fuses(c: ModelConfig) -> bool:
+    """Whether the CPU kernels' fused attention and all-layers decode serve this architecture: the plain one
+    (no q/k norms, sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled rotary)."""
+    return not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
+                or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
+                or c.rotary_dims != c.head_dim or any(c.layer_window(i) for i in range(c.num_layers)))
 
 
 def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:

@@ -1,16 +1,22 @@
-// One call per layer for decode-sized steps: rotary on q and k, K/V written into the paged pools, and
-// causal attention of each sequence's few query rows over its pages. The pools are fp32 or fp16 (both alike):
+// One call per layer: rotary on q and k, K/V written into the paged pools, and causal attention of each
+// sequence's query rows over its pages. The pools are fp32 or fp16 (both alike):
 // an fp16 pool halves the bytes a decode step reads, which is what the step's attention is bound by (each
 // cached position is read once per layer and KV head; the arithmetic on it is a few FMAs per byte), so its
 // rows are converted to fp32 as they are loaded (F16C's vcvtph2ps) and the new K/V are rounded to nearest
 // even on the way in, as torch's .to(float16) rounds.
 //
 // Token i of sequence b sits at position kv_lens[b] - q_len_b + i and attends to positions 0..that one
-// (decode, speculative verification). Sequences with more than max_q query rows (prefill chunks) are only
-// rotated and written: the caller runs torch's SDPA for them on the returned rotated q. Work is split into
-// (sequence, kv head, context slice) tasks with an online softmax each, merged by log-sum-exp, so a long
-// context also spreads over the threads. Slices depend on the sequence's own length only, so a sequence's
-// result never depends on what else is in the batch. GQA: a KV head's G query heads run in one task.
+// (decode, speculative verification, prefill chunks). Sequences with more than max_q query rows are only
+// rotated and written: the caller attends them on the returned rotated q. Work is split into (sequence, kv
+// head, context slice) tasks for decode-sized sequences, (sequence, kv head, block of kRows query rows) tasks
+// for longer chunks, with an online softmax per slice, slices merged by log-sum-exp, so a long context and a
+// long chunk also spread over the threads. All K/V is written before any is read, so every row attends over
+// the K/V as the pools store it (fp16 rounding included), its own chunk's too.
+// A row's bits depend on its position and its sequence's pages only: slices are fixed kSlice-wide spans of
+// positions, scoring chunks start at fixed positions, and a row's softmax never mixes with another row's. So
+// the result never depends on what else is in the batch, nor on how a prompt was cut into chunks (a job
+// preempted and resumed recomputes its K/V in other chunks and gets the same bits).
+// GQA: a KV head's G query heads run in one task.
 #include "common.h"
 #include "ops.h"
 
@@ -29,7 +35,8 @@ namespace pagedeck {
 namespace {
 
 constexpr int64_t kChunk = 64;     // positions scored at once
-constexpr int64_t kSlice = 512;     // context positions per task
+constexpr int64_t kSlice = 512;     // context positions per task: slice s is positions [s kSlice, (s + 1) kSlice)
+constexpr int64_t kRows = 16;       // query rows of one long chunk per task
 // K rows are prefetched this many positions ahead, V rows as their K rows are read (the V pass follows within
 // the chunk): one core's loads alone leave the hardware prefetchers short of DRAM's bandwidth (common.h)
 constexpr int64_t kAhead = 16;
@@ -278,7 +285,7 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
     for (int64_t p = 0; p < (lens[b] + ps - 1) / ps; ++p) {
       TORCH_CHECK(table[b * W + p] >= 0 && table[b * W + p] < P, "block_table holds a page outside the pool");
     }
-    if (ql <= max_q) qmax = std::max(qmax, ql);
+    if (ql <= max_q && ql <= kRows) qmax = std::max(qmax, ql);
   }
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < P * ps, "slot_mapping outside the pool");
 
@@ -309,53 +316,101 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
     write((float*)kp, (float*)vp);
   }
 
-  // tasks: (sequence, kv head, slice of kSlice positions); none for sequences left to the caller
-  std::vector<int64_t> first_task(B + 1, 0), slices(B);
+  // Tasks. A sequence of at most kRows rows (decode, verification) gets one per (kv head, slice), merged after
+  // all have run, so a long context spreads over the threads. A longer chunk gets one per (kv head, block of kRows
+  // rows) that runs the block's slices in turn and merges them itself, so its partial results take a block's
+  // worth of memory, not the chunk's times its slices. Both compute each slice and merge the slices alike.
+  std::vector<int64_t> first_task(B + 1, 0), slices(B), first_acc(B + 1, 0);
   for (int64_t b = 0; b < B; ++b) {
-    slices[b] = cu[b + 1] - cu[b] <= max_q ? (lens[b] + kSlice - 1) / kSlice : 0;
-    first_task[b + 1] = first_task[b] + Hkv * slices[b];
+    const int64_t ql = cu[b + 1] - cu[b];
+    slices[b] = ql <= max_q ? (lens[b] + kSlice - 1) / kSlice : 0;
+    const bool split = ql <= kRows;
+    first_task[b + 1] = first_task[b] + (slices[b] == 0 ? 0 : Hkv * (split ? slices[b] : (ql + kRows - 1) / kRows));
+    first_acc[b + 1] = first_acc[b] + (slices[b] != 0 && split ? Hkv * slices[b] : 0);
   }
-  const int64_t tasks = first_task[B], nq = qmax * G;
-  std::vector<float> acc(tasks * nq * D);
-  std::vector<Partial> part(tasks * nq);
+  const int64_t tasks = first_task[B], nq = qmax * G;  // qmax: the longest split sequence's rows
+  std::vector<float> acc(first_acc[B] * nq * D);
+  std::vector<Partial> part(first_acc[B] * nq);
+  at::Tensor out = at::empty({T, Hq * D}, qkv.options());
+  float* o = out.data_ptr<float>();
   const float sc = (float)scale;
+  // the output of row i's query head h * G + g from its slices' partial states (the one slice's, or kSlice-wide
+  // ones one stride apart): o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s; a head's sink logit z adds
+  // exp(z - M) to the denominator (M then covers z too). A slice past the row's position holds nothing (sum 0).
+  const auto merge = [&](int64_t b, int64_t i, int64_t h, int64_t g, const Partial* st, const float* A,
+                         int64_t stride) {
+    const float* sink = sink_logits == nullptr ? nullptr : sink_logits + h * G + g;
+    float M = sink == nullptr ? -std::numeric_limits<float>::infinity() : *sink;
+    for (int64_t s = 0; s < slices[b]; ++s) M = std::max(M, st[s * stride].max);
+    float* dst = o + (cu[b] + i) * Hq * D + (h * G + g) * D;
+    std::fill(dst, dst + D, 0.0f);
+    float total = 0.0f;
+    for (int64_t s = 0; s < slices[b]; ++s) {
+      const Partial& p = st[s * stride];
+      if (p.sum == 0.0f) continue;
+      // a row reaching one slice gets w = exp(0) = 1 either way: its bits do not depend on its sequence's length
+      const float w = slices[b] == 1 && sink == nullptr ? 1.0f : std::exp(p.max - M);
+      total += w * p.sum;
+      axpy(w, A + s * stride * D, dst, D);
+    }
+    if (sink != nullptr) total += std::exp(*sink - M);
+    const float inv = 1.0f / total;
+    for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
+  };
   const auto run = [&](const auto* kp, const auto* vp) {  // the pools' element type
     using Elem = std::remove_cv_t<std::remove_pointer_t<decltype(kp)>>;
     const ChunkFn<Elem> fast = fast_chunk<Elem>(G, D);
+    // rows i0..i1 of sequence b, kv head h, over slice s: each row's online softmax into st / A (row k - i0's G
+    // heads at (k - i0) G); the scoring chunks start at fixed positions whatever the rows
+    const auto slice = [&](int64_t b, int64_t h, int64_t s, int64_t i0, int64_t i1, Partial* st, float* A,
+                           float* scores) {
+      const int64_t len = lens[b], ql = cu[b + 1] - cu[b];
+      const int64_t lo = s * kSlice, hi = std::min({len, lo + kSlice, len - ql + i1});  // up to the last row
+      std::fill(A, A + (i1 - i0) * G * D, 0.0f);
+      for (int64_t j = 0; j < (i1 - i0) * G; ++j) st[j] = {-std::numeric_limits<float>::infinity(), 0.0f};
+      for (int64_t c0 = lo; c0 < hi;) {  // chunks never cross a page
+        const int64_t page = table[b * W + c0 / ps];
+        const int64_t c1 = std::min({hi, c0 + kChunk, (c0 / ps + 1) * ps});
+        const Elem* K = kp + ((page * ps + c0 % ps) * Hkv + h) * D;
+        const Elem* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
+        const int64_t stride = Hkv * D, avail = ps - c0 % ps;
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
+          if (n <= 0) continue;
+          const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
+          const int64_t k = (i - i0) * G;
+          if (fast) {
+            fast(qv, K, V, stride, n, avail, D, sc, st + k, A + k * D, scores);
+          } else {
+            chunk_generic(qv, G, K, V, stride, n, avail, D, sc, st + k, A + k * D, scores);
+          }
+        }
+        c0 = c1;
+      }
+    };
     // Threads take tasks one at a time from a shared counter: rows of unequal lengths make tasks of unequal
     // size, and on a shared machine a thread may stall; a task's result never depends on which thread runs it.
     std::atomic<int64_t> next{0};
     at::parallel_for(0, std::min<int64_t>(tasks, at::get_num_threads()), 1, [&](int64_t, int64_t) {
-      std::vector<float> scores(G * kChunk);
+      std::vector<float> scores(G * kChunk), block_acc;
+      std::vector<Partial> block_part;
       for (int64_t task; (task = next.fetch_add(1, std::memory_order_relaxed)) < tasks;) {
         const int64_t b = std::upper_bound(first_task.begin(), first_task.end(), task) - first_task.begin() - 1;
-        const int64_t h = (task - first_task[b]) / slices[b], s = (task - first_task[b]) % slices[b];
-        const int64_t len = lens[b], ql = cu[b + 1] - cu[b];
-        const int64_t per = (len + slices[b] - 1) / slices[b];
-        const int64_t lo = s * per, hi = std::min(len, lo + per);
-        float* A = acc.data() + task * nq * D;
-        Partial* st = part.data() + task * nq;
-        std::fill(A, A + ql * G * D, 0.0f);
-        for (int64_t j = 0; j < ql * G; ++j) st[j] = {-std::numeric_limits<float>::infinity(), 0.0f};
-        for (int64_t c0 = lo; c0 < hi;) {  // chunks never cross a page
-          const int64_t page = table[b * W + c0 / ps];
-          const int64_t c1 = std::min({hi, c0 + kChunk, (c0 / ps + 1) * ps});
-          const Elem* K = kp + ((page * ps + c0 % ps) * Hkv + h) * D;
-          const Elem* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
-          const int64_t stride = Hkv * D;
-          for (int64_t i = 0; i < ql; ++i) {
-            const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
-            if (n <= 0) continue;
-            const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
-            const int64_t avail = ps - c0 % ps;
-            if (fast) {
-              fast(qv, K, V, stride, n, avail, D, sc, st + i * G, A + i * G * D, scores.data());
-            } else {
-              chunk_generic(qv, G, K, V, stride, n, avail, D, sc, st + i * G, A + i * G * D, scores.data());
-            }
-          }
-          c0 = c1;
+        const int64_t ql = cu[b + 1] - cu[b], t = task - first_task[b];
+        if (ql <= kRows) {  // task (h, s), slot first_acc[b] + t
+          const int64_t h = t / slices[b], s = t % slices[b];
+          const int64_t at = first_acc[b] + t;
+          slice(b, h, s, 0, ql, part.data() + at * nq, acc.data() + at * nq * D, scores.data());
+          continue;
         }
+        const int64_t blocks = (ql + kRows - 1) / kRows, h = t / blocks, i0 = (t % blocks) * kRows;
+        const int64_t i1 = std::min(ql, i0 + kRows), nr = (i1 - i0) * G;
+        block_part.resize(slices[b] * nr);
+        block_acc.resize(slices[b] * nr * D);
+        for (int64_t s = 0; s < slices[b]; ++s)
+          slice(b, h, s, i0, i1, block_part.data() + s * nr, block_acc.data() + s * nr * D, scores.data());
+        for (int64_t k = 0; k < nr; ++k)
+          merge(b, i0 + k / G, h, k % G, block_part.data() + k, block_acc.data() + k * D, nr);
       }
     });
   };
@@ -365,33 +420,13 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
     run((const float*)kp, (const float*)vp);
   }
 
-  // merge slices: o = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s; a head's sink logit z adds
-  // exp(z - M) to the denominator (M then covers z too)
-  at::Tensor out = at::empty({T, Hq * D}, qkv.options());
-  float* o = out.data_ptr<float>();
+  // the split sequences' slices, merged
   for (int64_t b = 0; b < B; ++b) {
     const int64_t ql = cu[b + 1] - cu[b];
-    if (slices[b] == 0) continue;
+    if (slices[b] == 0 || ql > kRows) continue;
     for (int64_t h = 0; h < Hkv; ++h) {
-      const int64_t base = first_task[b] + h * slices[b];
-      for (int64_t j = 0; j < ql * G; ++j) {
-        const float* sink = sink_logits == nullptr ? nullptr : sink_logits + h * G + j % G;
-        float M = sink == nullptr ? -std::numeric_limits<float>::infinity() : *sink;
-        for (int64_t s = 0; s < slices[b]; ++s) M = std::max(M, part[(base + s) * nq + j].max);
-        float* dst = o + (cu[b] + j / G) * Hq * D + (h * G + j % G) * D;
-        std::fill(dst, dst + D, 0.0f);
-        float total = 0.0f;
-        for (int64_t s = 0; s < slices[b]; ++s) {
-          const Partial& p = part[(base + s) * nq + j];
-          if (p.sum == 0.0f) continue;
-          const float w = slices[b] == 1 && sink == nullptr ? 1.0f : std::exp(p.max - M);
-          total += w * p.sum;
-          axpy(w, acc.data() + ((base + s) * nq + j) * D, dst, D);
-        }
-        if (sink != nullptr) total += std::exp(*sink - M);
-        const float inv = 1.0f / total;
-        for (int64_t d = 0; d < D; ++d) dst[d] *= inv;
-      }
+      const int64_t at = first_acc[b] + h * slices[b];
+      for (int64_t k = 0; k < ql * G; ++k) merge(b, k / G, h, k % G, part.data() + at * nq + k, acc.data() + (at * nq + k) * D, nq);
     }
   }
   return {out, qrot};

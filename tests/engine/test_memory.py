@@ -40,6 +40,16 @@ def test_cache_estimate_is_the_pools_size(tiny_llama_folder, kv_quant):
     assert memory.kv_cache_bytes(model.config, 1024, kv_quant, 4) == cache.memory_bytes()
 
 
+@pytest.mark.parametrize("weights,pool", [("dense", torch.float32), ("q8", torch.float16)])
+def test_cache_estimate_follows_the_pools_element_type(tiny_llama_folder, weights, pool):
+    """Packed weights on a CPU keep fp16 pools: the tokens asked for stay the tokens held, at half the bytes
+    each, and the estimate the app shows is what the cache allocates."""
+    model = Model.load(tiny_llama_folder, weights=weights)
+    cache = PagedCache(model, max_tokens=1024)
+    assert cache.k[0].dtype == pool and cache.max_tokens == 1024
+    assert memory.estimate_memory(tiny_llama_folder, cache_tokens=1024, weights=weights).cache_bytes == cache.memory_bytes()
+
+
 def test_too_large_is_refused_before_loading_with_numbers_and_advice(monkeypatch, tiny_llama_folder):
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 1500 << 20)
     est = memory.estimate_memory(default_model_path(), cache_tokens=32768, weights="dense")

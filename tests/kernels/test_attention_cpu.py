@@ -1,6 +1,7 @@
 """The CPU kernels' fused rotary + K/V write + attention (kernels/cpu/attention.cpp) on fp16 pools: the new K/V
 rounded into their slots as torch's .to(float16) rounds them (to nearest even), the attention equal to the torch reference over
-the same fp16 pools, a row's result independent of the other rows and of the thread count, and pools of
+the same fp16 pools, a row's result independent of the other rows, of the thread count and of how its prompt
+was cut into chunks, and pools of
 other element types refused by name. (fp32 pools: tests/kernels/test_cpu_kernels.py.)"""
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def inputs(seqs, Hq, Hkv, D, ps, seed, dtype=F16):
     ([(1, 1), (1, 37), (1, 300), (1, 1200)], 9, 3, 64, 16),  # the default model's heads: the register-blocked path
     ([(1, 2100), (1, 513), (1, 1000)], 9, 3, 64, 256),  # long rows split over slices, merged
     ([(5, 40), (1, 17), (3, 290), (16, 16)], 8, 2, 32, 16),  # D % 64 != 0: the generic path; verification rows
-    ([(1, 33), (40, 600), (1, 70)], 6, 2, 64, 16),  # a long prefill chunk beside: SDPA over the same fp16 pools
+    ([(1, 33), (40, 600), (1, 70)], 6, 2, 64, 16),  # a long prefill chunk beside, over the same fp16 pools
 ])
 def test_fp16_pools_give_the_reference_attention_over_the_same_pools(seqs, Hq, Hkv, D, ps):
     out, expected, (k_fused, v_fused), (k_ref, v_ref), _ = fused_vs_reference(seqs, Hq, Hkv, D, ps, len(seqs) + Hq, F16)
@@ -84,6 +85,27 @@ def test_a_rows_result_on_fp16_pools_depends_on_neither_the_batch_nor_the_thread
         assert torch.equal(run(3, 4), together)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("cuts", [[16, 40, 44, 600], [1] * 4 + [696], [513, 187], [700]])
+def test_a_rows_result_on_fp16_pools_does_not_depend_on_how_its_prompt_was_chunked(cuts):
+    """A 700-token prompt prefilled whole, then in chunks of other sizes (as a preempted job recomputes its K/V):
+    every row attends over the pools' rounded K/V, its own chunk's included, so each row gets the same bits."""
+    seqs, Hq, Hkv, D, ps = [(700, 700)], 9, 3, 64, 16
+    case, qkv, positions, slots, inv_freq, _ = inputs(seqs, Hq, Hkv, D, ps, seed=11)
+
+    def prefill(chunks: list[int]) -> torch.Tensor:
+        k_pool, v_pool, outs, start = case.k_cache.clone(), case.v_cache.clone(), [], 0
+        for n in chunks:
+            rows = slice(start, start + n)
+            cu, kv = torch.tensor([0, n], dtype=torch.int32), torch.tensor([start + n], dtype=torch.int32)
+            plan = kernels.plan_step(positions[rows], inv_freq, case.block_table, cu, kv, ps, fuse=True)
+            outs.append(kernels.fused_attention(qkv[rows], k_pool, v_pool, slots[rows], case.block_table, cu, kv,
+                                                Hq, D ** -0.5, plan))
+            start += n
+        return torch.cat(outs)
+
+    assert torch.equal(prefill(cuts), prefill([700]))
 
 
 @pytest.mark.parametrize("k_dtype,v_dtype", [(torch.bfloat16, torch.bfloat16), (F16, torch.float32)])

@@ -287,11 +287,11 @@ def fused_vs_reference(seqs, Hq, Hkv, D, ps, seed, dtype=torch.float32, sinks=No
     ([(1, 1), (1, 37), (1, 300), (1, 1200)], 9, 3, 64, 16),  # decode, long contexts split into slices
     ([(1, 150)], 9, 3, 64, 256),  # the default model's batch-1 shape
     ([(5, 40), (1, 17), (3, 290), (16, 16)], 8, 2, 32, 16),  # verification rows, a whole-prompt short chunk
-    ([(1, 33), (40, 600), (1, 70), (100, 100)], 6, 2, 32, 16),  # mixed: long prefill chunks go to SDPA
+    ([(1, 33), (40, 600), (1, 70), (100, 100)], 6, 2, 32, 16),  # mixed: long prefill chunks, attended alike
 ])
 def test_fused_attention_matches_rotary_write_and_paged_attention(seqs, Hq, Hkv, D, ps):
     out, expected, fused_pools, ref_pools, plan = fused_vs_reference(seqs, Hq, Hkv, D, ps, seed=len(seqs) + Hq)
-    assert plan.fused and (plan.attention is not None) == any(ql > 16 for ql, _ in seqs)
+    assert plan.fused and plan.attention is None and plan.short == all(ql <= 16 for ql, _ in seqs)
     assert not out.isnan().any()
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     for a, b in zip(fused_pools, ref_pools):  # same slots written, NaN everywhere else

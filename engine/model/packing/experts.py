@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType
 
 from ..qlinear import PackedLinear
 from . import repack
+from .readahead import read_ahead
 
 def pack_stack(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int, int], fmt: str,
                keep_dense: bool, drop: Callable[[int, int], None] | None = None) -> list[PackedLinear]:
@@ -28,6 +29,7 @@ def pack_stack(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int,
     if raw.shape[0] != experts * n:
         raise ValueError(f"expert stack of shape {tuple(shape)} has {raw.shape[0]} rows, expected {experts * n}")
     row_bytes = raw.shape[1]
+    read_ahead(raw)  # the whole stack's file pages read at once (packing.readahead)
     out = []
     for e in range(experts):
         first = e * n

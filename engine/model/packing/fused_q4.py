@@ -25,6 +25,7 @@ from kernels.packed import group_superblocks, groupable, padded_scales
 
 from ..qlinear import Q4KLinear, Q5Linear, Q8Linear
 from . import repack_fast
+from .readahead import read_ahead
 
 Q = GGMLQuantizationType
 
@@ -48,6 +49,7 @@ class FusedQ4:
     def write(self, part: str, raw: torch.Tensor) -> Q4KLinear | None:
         """Copy the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
         r0, r1 = self.offsets[part], self.ends[part]
+        read_ahead(raw)
         if self.grouped:
             group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS],
                               Q4K.code_bytes)
@@ -75,6 +77,7 @@ class FusedRows:
     def write(self, part: str, raw: torch.Tensor) -> Q5Linear | Q8Linear | None:
         """Repack the part's rows `raw` (ggml blocks) into its rows; the fused matrix once every part is written."""
         r0, r1 = self.offsets[part], self.ends[part]
+        read_ahead(raw)
         minimum = None if self.q8 else self.minimum[r0:r1]
         if not repack_fast.tile_into(raw.reshape(r1 - r0, -1), self.qtype, self.qs[r0:r1], self.scale[r0:r1],
                                      minimum):

@@ -63,6 +63,7 @@ from kernels.packed import (SCALE_PAD, group_superblocks, groupable, pack_nibble
 
 from ... import envs
 from . import repack_fast
+from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
 from ..qlinear import LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
 from ..qlinear.superblock import Q5KLinear
@@ -216,6 +217,7 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
     if k % GROUP:
         raise ValueError(f"packed matrices need K % {GROUP} == 0, got {tuple(shape)}")
     rows, step = raw.reshape(n, -1), tile_rows(k)  # dense types (F16, F32, BF16) become q8 tile by tile too
+    read_ahead(rows)  # the file's pages read at once, not a small window a fault (packing.readahead)
     # prompt rows: the file's exact weights, decoded just in time where the kernel format holds them exactly
     jit = keep_dense and not dense_copy_forced() and decodes_exactly(qtype.name, kernel_format(qtype.name, fmt))
     keep_dense = keep_dense and not jit

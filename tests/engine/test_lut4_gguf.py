@@ -40,9 +40,12 @@ def test_loads_in_its_own_format_with_the_dense_models_logits(files, qtype, monk
         assert [w.format for w in (layer.qkv, layer.o, layer.gate_up, layer.down)] == [fmt] * 4
     assert packed.lm_head.format == fmt and isinstance(packed.embed, GGMLRows)
     # prompt rows: the file's exact weights (decoded just in time), so the dense model's logits up to fp32
-    # summation order (a fused q|k|v against separate products)
+    # summation order (a fused q|k|v against separate products), over pools of the dense model's element type
+    # (a packed model's own are fp16: engine.cache.budget.pool_dtype)
     want = _logits(dense, True)
+    monkeypatch.setattr(packed, "kv_pool_dtype", lambda: torch.float32)
     got = _logits(packed, True)
+    monkeypatch.undo()
     assert packed.layers[0].down.jit_dense and packed.layers[0].down.dense is None
     assert ((got - want).norm() / want.norm()).item() < 1e-5
     # generated rows: the kernels (int8 activations per 32), close to the dense weights' products

@@ -2,12 +2,12 @@
 
 The loader packs from a private map of the GGUF (engine.model.gguf.file). Where the file is not in the page
 cache (a first load, or a file larger than what the page cache keeps, as a 4 GB gpt-oss file's MXFP4 experts
-on a loaded machine) every fault of the copy reads a small readahead window synchronously; on a cold 1 GB
-map, copying tile by tile as the packers do took ~3x the CPU (and wall) time of the same copy after one
-madvise(MADV_WILLNEED) over the range (in chunks the kernel takes whole), which starts the whole read at once. The hint reads into the page
-cache only: no page is mapped into the process (its RSS, and the load's peak, do not change), and pages
-already cached cost a walk of the range. Anonymous memory (rows copied to be unpermuted) takes the hint as
-a no-op.
+on a loaded machine) every fault of the copy reads a small readahead window synchronously; copying a cold
+map tile by tile as the packers do took 2-4x the CPU time of the same copy after madvise(MADV_WILLNEED) over
+the range (in chunks the kernel takes whole), which starts the whole read at once. The hint reads into the
+page cache only: no page is mapped into the process (its RSS, and the load's peak, do not change). Chunks
+already cached are skipped after a one-page mincore; anonymous memory (rows copied to be unpermuted) takes
+the hint as a no-op.
 """
 from __future__ import annotations
 

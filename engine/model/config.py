@@ -493,3 +493,11 @@ def _gguf_small_tensor(reader: Any, name: str) -> list[float] | None:
                 return reader.tensor(t.name, torch.float32).tolist()
             return [float(x) for x in t.data]
     return None
+
+
+def attention_fuses(c: ModelConfig) -> bool:
+    """Whether the CPU kernels' fused attention and all-layers decode serve this architecture: the plain one
+    (no q/k norms, sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled rotary)."""
+    return not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
+                or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
+                or c.rotary_dims != c.head_dim or any(c.layer_window(i) for i in range(c.num_layers)))

@@ -20,7 +20,7 @@ from ..cache.budget import pool_dtype
 from ..cache.spec import CacheSpec
 from . import huge_pages, image_attention, loader
 from .batch import Batch
-from .config import ModelConfig
+from .config import ModelConfig, attention_fuses
 from .embedding import GGMLRows
 from .loader import Layer, ModelWeights
 from .qlinear import PackedLinear, PartsLinear, RowSplit, linear
@@ -310,14 +310,6 @@ class Model:
         if x.device.type == "cpu" and 8 <= n < 16:
             return F.linear(F.pad(x, (0, 0, 0, 16 - n)), self.lm_head)[:n]
         return F.linear(x, self.lm_head)
-
-
-def attention_fuses(c: ModelConfig) -> bool:
-    """Whether the CPU kernels' fused attention and all-layers decode serve this architecture: the plain one
-    (no q/k norms, sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled rotary)."""
-    return not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
-                or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
-                or c.rotary_dims != c.head_dim or any(c.layer_window(i) for i in range(c.num_layers)))
 
 
 def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:

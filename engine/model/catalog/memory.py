@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ...cache.budget import HEADROOM, available_bytes, kv_cache_bytes, pool_bytes
 from ...contract import DEFAULT_CACHE_TOKENS, WEIGHT_ALIASES
+from ..config import attention_fuses
 from .info import ModelInfo, read_model_info
 from ..weights import default_model_path
 
@@ -131,8 +132,6 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
     parts = _weight_parts(info, fmt, elt)
     weight_bytes = sum(kept for kept, _ in parts)
     # the pools' own element type (fp16 under packed weights on a CPU: Model.kv_pool_dtype), not the weights'
-    from ..model import attention_fuses
-
     cache = kv_cache_bytes(c, cache_tokens, kv_quant, pool_bytes(device.split(":")[0], dtype, fmt, attention_fuses(c)))
     chunk = chunk_tokens or (2048 if device.startswith("cuda") else 256)
     qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim

@@ -160,17 +160,18 @@ inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
 }
 
 #ifdef PD_AVX2
-// g = silu(g) * u; a tail shorter than 8 goes through the same vector arithmetic (zero-padded), so an element's
-// result never depends on where a thread's range of columns ends.
-inline void silu_mul(float* g, const float* u, int64_t n) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
-  auto eight = [&](float* gp, const float* up) {
-    const __m256 x = _mm256_loadu_ps(gp);
-    const __m256 e = exp_neg(_mm256_or_ps(x, sign));  // exp(-|x|)
-    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
-    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
-    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_mul_ps(x, sig), _mm256_loadu_ps(up)));
-  };
+// sigmoid(z) for eight lanes, from exp(-|z|) so it never overflows; silu and the clamped SwiGLU share it.
+inline __m256 sigmoid8(__m256 z) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 e = exp_neg(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));  // exp(-|z|)
+  const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
+  return _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
+}
+
+// eight(g, u) over n columns, eight at a time; a shorter tail goes through the same vector arithmetic
+// (zero-padded), so an element's result never depends on where its range of columns ends.
+template <class Eight>
+inline void by_eights(float* g, const float* u, int64_t n, Eight eight) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) eight(g + i, u + i);
   if (i < n) {
@@ -180,6 +181,14 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
     eight(gt, ut);
     std::memcpy(g + i, gt, (n - i) * sizeof(float));
   }
+}
+
+// g = silu(g) * u (by_eights: an element's result never depends on where a thread's range of columns ends).
+inline void silu_mul(float* g, const float* u, int64_t n) {
+  by_eights(g, u, n, [](float* gp, const float* up) {
+    const __m256 x = _mm256_loadu_ps(gp);
+    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid8(x)), _mm256_loadu_ps(up)));
+  });
 }
 #else  // portable: silu through std::exp
 inline void silu_mul(float* g, const float* u, int64_t n) {
@@ -190,30 +199,17 @@ inline void silu_mul(float* g, const float* u, int64_t n) {
 // gpt-oss's clamped SwiGLU: with g' = min(g, limit) and u' = u clamped to [-limit, limit],
 // g = (u' + 1) * (g' * sigmoid(alpha * g')), the operations in that order (engine.model.moe.clamped_swiglu, whose
 // torch path calls this same function through the clamped_swiglu op, so the MoE kernel's epilogue and the torch
-// path round alike). A NaN stays a NaN as torch's clamp keeps it; a tail shorter than 8 goes through the same
-// vector arithmetic (zero-padded), so an element's result never depends on where its range of columns ends.
+// path round alike). A NaN stays a NaN as torch's clamp keeps it; by_eights keeps an element's result independent
+// of where its range of columns ends.
 #ifdef PD_AVX2
 inline void clamped_swiglu(float* g, const float* u, int64_t n, float limit, float alpha) {
-  const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f), hi = _mm256_set1_ps(limit),
-               lo = _mm256_set1_ps(-limit), al = _mm256_set1_ps(alpha);
-  auto eight = [&](float* gp, const float* up) {
+  const __m256 one = _mm256_set1_ps(1.0f), hi = _mm256_set1_ps(limit), lo = _mm256_set1_ps(-limit),
+               al = _mm256_set1_ps(alpha);
+  by_eights(g, u, n, [&](float* gp, const float* up) {
     const __m256 x = _mm256_min_ps(hi, _mm256_loadu_ps(gp));  // min_ps returns its second operand on a NaN
     const __m256 v = _mm256_min_ps(hi, _mm256_max_ps(lo, _mm256_loadu_ps(up)));
-    const __m256 z = _mm256_mul_ps(x, al);
-    const __m256 e = exp_neg(_mm256_or_ps(z, sign));  // exp(-|z|)
-    const __m256 neg = _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_LT_OQ);
-    const __m256 sig = _mm256_div_ps(_mm256_blendv_ps(one, e, neg), _mm256_add_ps(one, e));
-    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_add_ps(v, one), _mm256_mul_ps(x, sig)));
-  };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) eight(g + i, u + i);
-  if (i < n) {
-    alignas(32) float gt[8] = {}, ut[8] = {};
-    std::memcpy(gt, g + i, (n - i) * sizeof(float));
-    std::memcpy(ut, u + i, (n - i) * sizeof(float));
-    eight(gt, ut);
-    std::memcpy(g + i, gt, (n - i) * sizeof(float));
-  }
+    _mm256_storeu_ps(gp, _mm256_mul_ps(_mm256_add_ps(v, one), _mm256_mul_ps(x, sigmoid8(_mm256_mul_ps(x, al)))));
+  });
 }
 #else  // portable: the sigmoid through std::exp
 inline void clamped_swiglu(float* g, const float* u, int64_t n, float limit, float alpha) {

@@ -62,7 +62,9 @@ def arenas_mb() -> list[float]:
     """MB in use in each glibc arena (malloc_info: an arena's current system size less its free chunks),
     arena 0 first: the main arena serves the main thread (Qt, Python's C extensions, tokenizers called from
     the UI), the others serve other threads (the generator's, torch's, the sampling pool's), so a growth
-    of the heap in use can be told by thread. Empty without glibc."""
+    of the heap in use can be told by thread. That holds while the process has fewer live threads than
+    glibc's arena limit (8 per core); past it glibc hands out the arenas in turn, the main one included.
+    Empty without glibc."""
     import re
 
     try:

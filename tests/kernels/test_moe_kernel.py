@@ -63,11 +63,10 @@ def both_paths(b: MoEBlock, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
         return kernel, b(h)
 
 
-@pytest.mark.parametrize("gate_up,down", PAIRS)
-def test_kernel_gives_the_torch_paths_bits(gate_up, down):
-    """Every format pair, 1 and 2 threads, batches from one row (each expert in the shared tasks) to 40 (most
-    experts past kWholeCallRows, through whole qmatmul calls): the torch path's output bit for bit."""
-    b = block(gate_up, down, norm_topk=gate_up != "q4")
+def same_bits_in_every_batch(b: MoEBlock) -> None:
+    """The kernel's output is the torch path's bit for bit at 1 and 2 threads and batches of 1 row (each expert
+    in the shared tasks), 3, 8 and 40 rows (most experts past kWholeCallRows, through whole qmatmul calls); the
+    caller's thread count is restored."""
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
@@ -78,6 +77,14 @@ def test_kernel_gives_the_torch_paths_bits(gate_up, down):
                 assert torch.equal(kernel, oracle), (n, T, (kernel - oracle).abs().max().item())
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("gate_up,down", PAIRS)
+def test_kernel_gives_the_torch_paths_bits(gate_up, down):
+    """Every format pair, 1 and 2 threads, batches from one row (each expert in the shared tasks) to 40 (most
+    experts past kWholeCallRows, through whole qmatmul calls): the torch path's output bit for bit."""
+    b = block(gate_up, down, norm_topk=gate_up != "q4")
+    same_bits_in_every_batch(b)
 
 
 LIMIT, ALPHA = 7.0, 1.702  # gpt-oss's clamped SwiGLU
@@ -102,16 +109,7 @@ def test_gpt_oss_experts_give_the_torch_paths_bits(gate_up, down):
     b = gpt_oss_block(gate_up, down)
     pre = b.gate_up[0](torch.randn(64, H, generator=torch.Generator().manual_seed(3))) + b.gate_up_bias[0]
     assert (pre[:, :I] > LIMIT).any() and (pre[:, I:] > LIMIT).any() and (pre[:, I:] < -LIMIT).any()
-    threads = torch.get_num_threads()
-    try:
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            for T in (1, 3, 8, 40):
-                h = torch.randn(T, H, generator=torch.Generator().manual_seed(T))
-                kernel, oracle = both_paths(b, h)
-                assert torch.equal(kernel, oracle), (n, T, (kernel - oracle).abs().max().item())
-    finally:
-        torch.set_num_threads(threads)
+    same_bits_in_every_batch(b)
 
 
 def test_clamped_swiglu_is_gpt_osss_formula():

@@ -8,24 +8,18 @@ import pytest
 import torch
 
 from engine import Model
-from engine.cache.paged_cache import PagedCache
-from engine.model.batch import Batch
 from engine.model.catalog import memory
 from engine.model.packing import fused_q4
 from engine.model.qlinear import PartsLinear, Q5Linear, Q8Linear
 from kernels import cpu_ext
-from tools.models.synthetic_gguf import write_random_gguf
+from tests.engine.fused_checks import assert_same_logits, gguf_file, load_fused_and_stacked, packed_bytes
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
 
 @pytest.fixture(scope="module", params=["Q5_0", "Q5_1", "Q8_0", "Q4_K_M"])
 def path(request, tmp_path_factory):
-    return write_random_gguf(tmp_path_factory.mktemp("fused_rows") / "m.gguf", "tiny", 3, request.param), request.param
-
-
-def _bits(m) -> list[torch.Tensor]:
-    return [t.contiguous().view(torch.uint8) for t in m.blocks if t is not None]
+    return gguf_file(tmp_path_factory, "fused_rows", "tiny", 3, request.param), request.param
 
 
 def _pad(t: torch.Tensor) -> torch.Tensor:
@@ -35,18 +29,12 @@ def _pad(t: torch.Tensor) -> torch.Tensor:
 
 def test_fused_while_reading_matches_stacking(path, monkeypatch):
     path, quant = path
-    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")  # a dense copy takes the stacking route
-    planned = []
-    real_plan = fused_q4.plan
-    monkeypatch.setattr(fused_q4, "plan", lambda *a: planned.append(real_plan(*a)) or planned[-1])
-    direct = Model.load(path, weights="packed")
-    targets = {t.name for t in planned[0].values()}
+    plan, direct, stacked = load_fused_and_stacked(path, monkeypatch)
+    targets = {t.name for t in plan.values()}
     whole_qkv = sum(not isinstance(lr.qkv, PartsLinear) for lr in direct.layers)
     assert len(targets) == 3 + whole_qkv  # every gate|up, each q|k|v of one type
     assert whole_qkv == 3 if quant != "Q4_K_M" else 0 < whole_qkv < 3  # Q4_K_M: a Q8_0 v somewhere (mixed)
-    assert all(isinstance(t, fused_q4.FusedRows) for t in planned[0].values())
-    monkeypatch.setattr(fused_q4, "plan", lambda *a: {})
-    stacked = Model.load(path, weights="packed")
+    assert all(isinstance(t, fused_q4.FusedRows) for t in plan.values())
     kind = Q8Linear if quant == "Q8_0" else Q5Linear
     for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
         assert isinstance(a.gate_up, kind)
@@ -54,14 +42,11 @@ def test_fused_while_reading_matches_stacking(path, monkeypatch):
         for name in ("qkv", "gate_up"):
             x, y = getattr(a, name), getattr(b, name)
             assert type(x) is type(y) and x.shape == y.shape
-            assert all(torch.equal(p, q) for p, q in zip(_bits(x), _bits(y), strict=True)), (i, name)
+            assert all(torch.equal(p, q) for p, q in zip(packed_bytes(x), packed_bytes(y), strict=True)), (i, name)
             for s in (x.blocks[1:] if isinstance(x, (Q5Linear, Q8Linear)) else ()):
                 if s is not None:  # the SCALE_PAD tail behind the scales is zero, as the kernels expect
                     assert _pad(s).numel() > 0 and not _pad(s).any()
-    batch = Batch.build([(list(range(3, 20)), 0, [0, 1])], 256, [17])
-    la = direct.forward(batch, PagedCache(direct, max_tokens=64, page_size=16))
-    lb = stacked.forward(batch, PagedCache(stacked, max_tokens=64, page_size=16))
-    assert torch.equal(la, lb)
+    assert_same_logits(direct, stacked)
 
 
 def test_fused_equals_dequantized_reference(path, monkeypatch):

@@ -180,17 +180,27 @@ def plan_step(positions: torch.Tensor, inv_freq: torch.Tensor, block_table: torc
 
 def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
                     block_table: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int,
-                    scale: float, plan: StepPlan, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                    scale: float, plan: StepPlan, sinks: torch.Tensor | None = None, *,
+                    rotary: tuple[torch.Tensor, torch.Tensor] | None = None, q_norm: torch.Tensor | None = None,
+                    k_norm: torch.Tensor | None = None, norm_eps: float = 0.0, window: int | None = None,
+                    softcap: float | None = None, with_q: bool = False):
     """apply_rotary + write_kv + paged_attention of one layer, from the fused q|k|v rows (T, (Hq + 2 Hkv) D)
-    to the attention output (T, Hq D): one CPU call (kernels/cpu/attention.cpp) for every chunk, prefill ones
-    included, each row over the K/V as its pools store it. sinks: as in paged_attention. Needs plan.fused."""
+    to the attention output (T, Hq D), with with_q also the query heads as attended (T, Hq, D: normed,
+    rotated): one CPU call (kernels/cpu/attention.cpp) for every chunk, prefill ones included, each row over the K/V as its
+    pools store it. rotary: the layer's (cos, sin) tables from plan.rotary_tables (default plan.rotary), as
+    wide as half its rotated dims; q_norm / k_norm: per-head RMSNorm weights (D,) applied before the rotation;
+    window, softcap, sinks: as in paged_attention. Needs plan.fused."""
     if not plan.fused:
         raise ValueError("fused_attention needs a plan built with fuse=True that allows it (plan.fused)")
-    cos, sin = plan.rotary
+    _attention.check_layer_options(window, softcap)
+    cos, sin = rotary if rotary is not None else plan.rotary
     sink_logits = None if sinks is None else sinks.float().contiguous()
-    out, _ = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
-                                   num_heads, scale, qkv.shape[0], sink_logits)
-    return out
+    qn = None if q_norm is None else q_norm.float().contiguous()
+    kn = None if k_norm is None else k_norm.float().contiguous()
+    out, q = _cpu_ext.ops().attend(qkv, k_cache, v_cache, cos, sin, slot_mapping, block_table, cu_q, kv_lens,
+                                   num_heads, scale, qkv.shape[0], sink_logits, qn, kn, norm_eps, window or 0,
+                                   softcap or 0.0)
+    return (out, q) if with_q else out
 
 
 def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int], formats: list[int],

@@ -49,7 +49,7 @@ def pool_dtype(device: str, model_dtype, weight_format: str, fused: bool):
     every cached position once per layer and is bound by those bytes, which fp16 halves (kernels/cpu/attention.cpp
     converts as it loads and rounds as it stores). That kernel attends every row over the K/V as stored, its own
     chunk's included, so the rounding never depends on how a prompt was chunked or a job preempted. Dense weights
-    (the reference path), the torch attention of other architectures and other devices keep the model's dtype.
+    (the reference path), architectures the kernel does not serve and other devices keep the model's dtype.
     device: a device type ("cpu", "cuda"); weight_format: Model.weight_format ("dense" or a packed format)."""
     import torch
 

@@ -496,8 +496,15 @@ def _gguf_small_tensor(reader: Any, name: str) -> list[float] | None:
 
 
 def attention_fuses(c: ModelConfig) -> bool:
-    """Whether the CPU kernels' fused attention and all-layers decode serve this architecture: the plain one
-    (no q/k norms, sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled rotary)."""
+    """Whether the CPU kernels' fused attention (kernels/cpu/attention.cpp) serves this architecture: it does
+    every layer kind a config describes (q/k norms, partial rotary, sliding windows and their rope base,
+    scaled rotary, soft-capped scores, sinks), given an even number of rotated dims no wider than the head."""
+    return c.rotary_dims % 2 == 0 and 0 < c.rotary_dims <= c.head_dim
+
+
+def decode_layers_fit(c: ModelConfig) -> bool:
+    """Whether the CPU kernels' all-layers decode (kernels/cpu/decode.cpp) serves this architecture: the plain
+    one (no q/k norms, sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled rotary)."""
     return not (c.qk_norm or c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
                 or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
                 or c.rotary_dims != c.head_dim or any(c.layer_window(i) for i in range(c.num_layers)))

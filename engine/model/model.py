@@ -20,7 +20,7 @@ from ..cache.budget import pool_dtype
 from ..cache.spec import CacheSpec
 from . import huge_pages, image_attention, loader
 from .batch import Batch
-from .config import ModelConfig, attention_fuses
+from .config import ModelConfig, attention_fuses, decode_layers_fit
 from .embedding import GGMLRows
 from .loader import Layer, ModelWeights
 from .qlinear import PackedLinear, PartsLinear, RowSplit, linear
@@ -61,13 +61,13 @@ class Model:
         # HF multiplies by the scale as a tensor in the weights' dtype (so bf16 rounds it too)
         self.embed_scale = (torch.tensor(c.embedding_scale, dtype=torch.float32).to(dtype).item()
                             if c.embedding_scale else None)
-        # the CPU kernels' fused attention and all-layers decode do the plain architecture only
+        # the CPU kernels' fused attention serves every layer kind; their all-layers decode the plain one only
         self.fusable = attention_fuses(c)
         packed_weights = [t for layer in self.layers for t in layer.weights() if isinstance(t, PackedLinear)]
         self.prompt_dense = bool(packed_weights) and all(t.prompt_dense for t in packed_weights)
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
-        self.decode_stack = _decode_stack(self.layers)
+        self.decode_stack = _decode_stack(self.layers) if decode_layers_fit(c) else None
         self.huge_page_thread = None  # Model.load's background move of the weights onto 2 MB pages
         # Gemma 3 attends both ways within an image's run of embedding rows (engine.model.image_attention)
         self.bidirectional_images = c.arch == "gemma3"
@@ -200,7 +200,7 @@ class Model:
             # scales inside its embedding module, before the image features are scattered in)
             x = x.index_copy(0, batch.mm_rows, batch.mm_vectors.to(device=x.device, dtype=x.dtype))
         packed = self.weight_format != "dense"  # dense stays the reference path, op for op
-        # rotary + K/V write + attention in one call (fp32 or fp16 pools) where the architecture is the plain one
+        # q/k norms + rotary + K/V write + attention in one call (fp32 or fp16 pools) for packed CPU models
         fuse = packed and self.fusable and self.dtype == torch.float32 and cache.kv_quant is None
         plan = kernels.plan_step(batch.positions, rotary.inv_freq, batch.block_table, batch.cu_q, batch.kv_lens,
                                  cache.page_size, fuse=fuse)
@@ -239,8 +239,7 @@ class Model:
             if lora is not None:
                 lora.add(i, "qkv", h, qkv)
             if plan.fused:
-                o = kernels.fused_attention(qkv, cache.k[i], cache.v[i], batch.slot_mapping, batch.block_table,
-                                            batch.cu_q, batch.kv_lens, c.num_heads, self.scale, plan, layer.sinks)
+                o = self._fused_attention(i, layer, qkv, batch, cache, plan, rotary)
             else:
                 o = self._attention(i, layer, qkv, batch, cache, plan, rotary)
             x = linear(o, layer.o, layer.o_bias, rows=rows)
@@ -271,6 +270,23 @@ class Model:
         if lora is not None:
             lora.add(i, "down", a, x)
         return x
+
+    def _fused_attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan,
+                         rotary: Rotary) -> torch.Tensor:
+        """_attention's steps in one CPU call: q/k norms, rotary (the layer's base and factor, partial dims), K/V
+        into the cache, attention (window, soft cap, sinks); image runs then attend both ways as there."""
+        c = self.config
+        inv_freq = rotary.sliding_inv_freq if layer.sliding_rope else rotary.inv_freq
+        o, q = kernels.fused_attention(qkv, cache.k[i], cache.v[i], batch.slot_mapping, batch.block_table, batch.cu_q,
+                                       batch.kv_lens, c.num_heads, self.scale, plan, layer.sinks,
+                                       rotary=plan.rotary_tables(inv_freq, rotary.attention_factor),
+                                       q_norm=layer.q_norm, k_norm=layer.k_norm, norm_eps=c.rms_norm_eps,
+                                       window=layer.window, softcap=c.attn_softcap, with_q=True)
+        if batch.mm_blocks:
+            o = o.view(-1, c.num_heads, c.head_dim)
+            image_attention.attend_blocks(o, q, cache.k[i], cache.v[i], batch, cache.page_size, self.scale,
+                                          layer.window, c.attn_softcap)
+        return o.reshape(-1, self.q_size)
 
     def _attention(self, i: int, layer: Layer, qkv: torch.Tensor, batch: Batch, cache, plan,
                    rotary: Rotary) -> torch.Tensor:

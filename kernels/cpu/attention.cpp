@@ -17,6 +17,10 @@
 // the result never depends on what else is in the batch, nor on how a prompt was cut into chunks (a job
 // preempted and resumed recomputes its K/V in other chunks and gets the same bits).
 // GQA: a KV head's G query heads run in one task.
+// Per-layer options of the architectures beyond Llama's: q/k RMSNorm per head before the rotation (Qwen3,
+// Gemma 3), rotation of the first dims only (the cos/sin tables' width), a sliding window (a row at position p
+// sees positions > p - window), soft-capped scores (c tanh(s / c), Gemma 2) and sink logits (gpt-oss). A row's
+// window starts at its own position, so these keep the bits' independence from the batch and the chunking.
 #include "common.h"
 #include "ops.h"
 
@@ -61,6 +65,39 @@ inline void rotate(const float* x, const float* c, const float* s, int64_t half,
     out[i] = a * c[i] - b * s[i];
     out[half + i] = b * c[i] + a * s[i];
   }
+}
+
+// x's RMSNorm (x / sqrt(mean(x^2) + eps) * w) into out, n floats: a head's q/k norm
+inline void head_norm(const float* x, const float* w, float eps, int64_t n, float* out) {
+  float ss = 0.0f;
+  int64_t i = 0;
+#ifdef PD_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  ss = hsum(acc);
+#endif
+  for (; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / (float)n + eps);
+  for (i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+// A head's row as attention takes it: normed (w not null), its first 2 rh dims rotated, the rest copied
+inline void prepare_head(const float* x, const float* w, float eps, const float* c, const float* s, int64_t rh,
+                         int64_t D, float* tmp, float* out) {
+  if (w != nullptr) {
+    head_norm(x, w, eps, D, tmp);
+    x = tmp;
+  }
+  rotate(x, c, s, rh, out);
+  if (2 * rh < D) std::memcpy(out + 2 * rh, x + 2 * rh, (D - 2 * rh) * sizeof(float));
+}
+
+// Scores soft-capped in place: s = cap tanh(s / cap) (cap > 0)
+inline void soft_cap(float* s, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) s[i] = cap * std::tanh(s[i] / cap);
 }
 
 // A pool element as fp32: pools hold float or fp16 (uint16_t bits).
@@ -149,10 +186,11 @@ inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D
 // page (what may be prefetched).
 template <typename T>
 void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t stride, int64_t n, int64_t avail,
-                   int64_t D, float sc, Partial* st, float* A, float* scores) {
+                   int64_t D, float sc, float cap, Partial* st, float* A, float* scores) {
   (void)avail;
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t p = 0; p < n; ++p) scores[p] = sc * dot(q + g * D, K + p * stride, D);
+    if (cap > 0.0f) soft_cap(scores, n, cap);
     online_softmax(scores, n, st[g], A + g * D, D);
     for (int64_t p = 0; p < n; ++p) axpy(scores[p], V + p * stride, A + g * D, D);
   }
@@ -163,7 +201,7 @@ void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t st
 // at a time, their dot products reduced together), each V row load likewise.
 template <int G, typename T>
 void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t n, int64_t avail, int64_t D,
-                float sc, Partial* st, float* A, float* scores) {
+                float sc, float cap, Partial* st, float* A, float* scores) {
   const __m256 scale = _mm256_set1_ps(sc);
   int64_t p = 0;
   for (; p + 4 <= n; p += 4) {
@@ -194,7 +232,10 @@ void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t 
   }
   for (; p < n; ++p)
     for (int g = 0; g < G; ++g) scores[g * kChunk + p] = sc * dot(q + g * D, K + p * stride, D);
-  for (int g = 0; g < G; ++g) online_softmax(scores + g * kChunk, n, st[g], A + g * D, D);
+  for (int g = 0; g < G; ++g) {
+    if (cap > 0.0f) soft_cap(scores + g * kChunk, n, cap);
+    online_softmax(scores + g * kChunk, n, st[g], A + g * D, D);
+  }
   for (int64_t d0 = 0; d0 < D; d0 += 64) {
     __m256 acc[G][8];
     for (int g = 0; g < G; ++g)
@@ -214,8 +255,8 @@ void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t 
 #endif
 
 template <typename T>
-using ChunkFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, float, Partial*, float*,
-                         float*);
+using ChunkFn = void (*)(const float*, const T*, const T*, int64_t, int64_t, int64_t, int64_t, float, float, Partial*,
+                         float*, float*);
 
 template <typename T>
 ChunkFn<T> fast_chunk(int64_t G, int64_t D) {  // nullptr: use chunk_generic
@@ -245,7 +286,9 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                                           const at::Tensor& block_table, const at::Tensor& cu_q,
                                           const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q,
-                                          const c10::optional<at::Tensor>& sinks) {
+                                          const c10::optional<at::Tensor>& sinks, const c10::optional<at::Tensor>& q_norm,
+                                          const c10::optional<at::Tensor>& k_norm, double norm_eps, int64_t window,
+                                          double softcap) {
   check_cpu_f32(qkv, "qkv");
   if (sinks.has_value()) {
     check_cpu_f32(*sinks, "sinks");
@@ -265,7 +308,23 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   const int64_t T = qkv.size(0), half = D / 2, G = Hq / Hkv;
   TORCH_CHECK(Hq % Hkv == 0 && D % 2 == 0 && qkv.dim() == 2 && qkv.size(1) == (Hq + 2 * Hkv) * D,
               "qkv does not match the pools' heads");
-  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == T && cos.size(1) == half, "bad rotary tables");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.dim() == 2 && cos.size(0) == T && cos.size(1) <= half,
+              "bad rotary tables: (T, rotated dims / 2) each, at most half the head");
+  const int64_t rh = cos.size(1);
+  TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "q_norm and k_norm go together");
+  if (q_norm.has_value()) {
+    check_cpu_f32(*q_norm, "q_norm");
+    check_cpu_f32(*k_norm, "k_norm");
+    TORCH_CHECK(q_norm->dim() == 1 && q_norm->size(0) == D && k_norm->dim() == 1 && k_norm->size(0) == D &&
+                    q_norm->is_contiguous() && k_norm->is_contiguous(),
+                "q_norm and k_norm must be (D,) contiguous float32: one weight per head dim");
+  }
+  const float* qn = q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr;
+  const float* kn = k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr;
+  const float neps = (float)norm_eps;
+  TORCH_CHECK(window >= 0, "window must be >= 0 (0: none)");
+  TORCH_CHECK(softcap >= 0.0, "softcap must be >= 0 (0: none)");
+  const float cap = (float)softcap;
   TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.numel() == T, "slot_mapping must be (T,) int64");
   TORCH_CHECK(block_table.scalar_type() == at::kInt && cu_q.scalar_type() == at::kInt &&
                   kv_lens.scalar_type() == at::kInt && block_table.is_contiguous() && cu_q.is_contiguous() &&
@@ -298,13 +357,14 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
   at::Tensor qrot = at::empty({T, Hq, D}, qkv.options());
   float* q = qrot.data_ptr<float>();
   const int64_t row = (Hq + 2 * Hkv) * D;
-  std::vector<float> krot(D);
+  std::vector<float> krot(D), tmp(D);
   const auto write = [&](auto* kw, auto* vw) {  // the pools' element type
     for (int64_t t = 0; t < T; ++t) {
       const float* r = x + t * row;
-      for (int64_t h = 0; h < Hq; ++h) rotate(r + h * D, cs + t * half, sn + t * half, half, q + (t * Hq + h) * D);
+      const float *c = cs + t * rh, *s = sn + t * rh;
+      for (int64_t h = 0; h < Hq; ++h) prepare_head(r + h * D, qn, neps, c, s, rh, D, tmp.data(), q + (t * Hq + h) * D);
       for (int64_t h = 0; h < Hkv; ++h) {
-        rotate(r + (Hq + h) * D, cs + t * half, sn + t * half, half, krot.data());
+        prepare_head(r + (Hq + h) * D, kn, neps, c, s, rh, D, tmp.data(), krot.data());
         store_row(krot.data(), D, kw + (slots[t] * Hkv + h) * D);
         store_row(r + (Hq + Hkv + h) * D, D, vw + (slots[t] * Hkv + h) * D);
       }
@@ -375,14 +435,18 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
         const Elem* V = vp + ((page * ps + c0 % ps) * Hkv + h) * D;
         const int64_t stride = Hkv * D, avail = ps - c0 % ps;
         for (int64_t i = i0; i < i1; ++i) {
-          const int64_t n = std::min(c1, len - ql + i + 1) - c0;  // causal: positions <= this row's
+          const int64_t pos = len - ql + i;
+          // causal: positions <= this row's; a window keeps those > pos - window
+          const int64_t from = window > 0 ? std::max(c0, pos - window + 1) : c0;
+          const int64_t n = std::min(c1, pos + 1) - from;
           if (n <= 0) continue;
           const float* qv = q + ((cu[b] + i) * Hq + h * G) * D;  // this row's G heads, contiguous
-          const int64_t k = (i - i0) * G;
+          const int64_t k = (i - i0) * G, skip = (from - c0) * stride;
           if (fast) {
-            fast(qv, K, V, stride, n, avail, D, sc, st + k, A + k * D, scores);
+            fast(qv, K + skip, V + skip, stride, n, avail - (from - c0), D, sc, cap, st + k, A + k * D, scores);
           } else {
-            chunk_generic(qv, G, K, V, stride, n, avail, D, sc, st + k, A + k * D, scores);
+            chunk_generic(qv, G, K + skip, V + skip, stride, n, avail - (from - c0), D, sc, cap, st + k, A + k * D,
+                          scores);
           }
         }
         c0 = c1;
@@ -434,7 +498,8 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("attend(Tensor qkv, Tensor(a!) k_pool, Tensor(b!) v_pool, Tensor cos, Tensor sin, Tensor slot_mapping, "
-          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q, Tensor? sinks=None) "
+          "Tensor block_table, Tensor cu_q, Tensor kv_lens, int Hq, float scale, int max_q, Tensor? sinks=None, "
+          "Tensor? q_norm=None, Tensor? k_norm=None, float norm_eps=0.0, int window=0, float softcap=0.0) "
           "-> (Tensor, Tensor)",
           &attend);
 }

@@ -13,12 +13,17 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
                    int64_t fmt, int64_t act);
 
 // rotary + K/V write + attention of the short query chunks (attention.cpp); returns (out, rotated q); sinks:
-// (Hq,) float32 logits added to each head's softmax denominator (gpt-oss), or none
+// (Hq,) float32 logits added to each head's softmax denominator (gpt-oss), or none; q_norm / k_norm: (D,)
+// per-head RMSNorm weights applied before the rotation (norm_eps); window: a sliding window (0 none);
+// softcap: scores' soft cap (0 none); cos/sin (T, r / 2) rotate each head's first r dims
 std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tensor& k_pool, const at::Tensor& v_pool,
                                           const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& slot_mapping,
                                           const at::Tensor& block_table, const at::Tensor& cu_q,
                                           const at::Tensor& kv_lens, int64_t Hq, double scale, int64_t max_q,
-                                          const c10::optional<at::Tensor>& sinks = c10::nullopt);
+                                          const c10::optional<at::Tensor>& sinks = c10::nullopt,
+                                          const c10::optional<at::Tensor>& q_norm = c10::nullopt,
+                                          const c10::optional<at::Tensor>& k_norm = c10::nullopt, double norm_eps = 0.0,
+                                          int64_t window = 0, double softcap = 0.0);
 
 // (norm(x + residual) * weight, x + residual) (norm.cpp)
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,

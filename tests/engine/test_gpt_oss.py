@@ -371,7 +371,7 @@ def test_gguf_matches_transformers(tmp_path, variant):
 
 
 @pytest.mark.parametrize("experts", ["Q8_0", "MXFP4"])
-def test_gguf_experts_load_packed(tmp_path, experts):
+def test_gguf_experts_load_packed(tmp_path, experts, monkeypatch):
     """weights="packed": every expert (Q8_0, or MXFP4 as real files hold them; the rest F32) stays one packed
     matrix, run by the MoE kernel with the torch path's bits; prompt rows (dense weights, as repack's rule gives them) follow the dense load; decode rows (int8
     activations) give each sparse block's output within 3 % of the dense block's (measured 1.0-1.4 %) and
@@ -388,7 +388,10 @@ def test_gguf_experts_load_packed(tmp_path, experts):
     assert all(isinstance(w, PackedLinear) for layer in packed.layers for w in layer.moe.gate_up + layer.moe.down)
     assert estimate_memory(path, weights="packed").weights_bytes == packed.memory_bytes()
     ids = prompt_ids(24, seed=8)
+    # over pools of the dense model's element type (a packed model's own are fp16: engine.cache.budget.pool_dtype)
+    monkeypatch.setattr(packed, "kv_pool_dtype", lambda: torch.float32)
     torch.testing.assert_close(forward_tokens(packed, ids), forward_tokens(dense, ids), rtol=1e-4, atol=2e-4)
+    monkeypatch.undo()
     h = torch.randn(8, dense.config.hidden_size, generator=torch.Generator().manual_seed(9))
     for d_layer, p_layer in zip(dense.layers, packed.layers):
         want, got = d_layer.moe(h), p_layer.moe(h)

@@ -95,3 +95,20 @@ def test_the_bulk_build_runs_no_python_per_token(meta):
     finally:
         sys.setprofile(None)
     assert calls < 5_000, f"{calls} Python calls building a {len(meta['tokenizer.ggml.tokens'])}-token tokenizer"
+
+
+def test_merge_lists_are_the_pair_lists_they_stand_for():
+    """MergeList (pieces one after another) and SplitMerges (GGUF's "left right" strings) read as the lists of
+    pairs they replace, and tokenizers' BPE takes each as it is, building the model the list builds."""
+    pairs = [("a", "b"), ("ab", "c"), ("\u2581", "x y")]
+    merges = gguf_vocab.MergeList([piece for pair in pairs for piece in pair])
+    split = gguf_vocab.SplitMerges(["a b", "ab c", "\u2581 x y"])
+    for seq in (merges, split):
+        assert len(seq) == 3 and list(seq) == pairs and seq[:] == pairs and seq[1:] == pairs[1:]
+        assert seq[0] == pairs[0] and seq[-1] == pairs[-1]
+        with pytest.raises(IndexError):
+            seq[3]
+    vocab = {t: i for i, t in enumerate(["a", "b", "c", "ab", "abc", "\u2581", "x y", "\u2581x y"])}
+    for seq in (merges, split):
+        model = models.BPE(vocab, seq)  # the sequence itself, not a list made from it
+        assert HFTokenizer(model).to_str() == HFTokenizer(models.BPE(vocab, list(seq))).to_str()

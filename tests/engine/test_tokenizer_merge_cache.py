@@ -12,6 +12,7 @@ import pytest
 
 from engine import envs
 from engine.model.tokenizer import Tokenizer, merge_cache, spm_merges
+from engine.model.tokenizer.gguf_vocab import SPIECE
 from tests.engine.test_tokenizer import SPM_TEXTS, TEXTS
 from tests.engine.test_tokenizer_gguf_size import _vocabulary_file
 from tools.models import _synthetic_vocab as synthetic_vocab
@@ -118,13 +119,13 @@ def _corrupt_header(data: bytes) -> bytes:  # the magic
 
 
 def _corrupt_out_of_range(data: bytes) -> bytes:
-    """Arrays whose digest checks but whose last index names no piece."""
+    """Arrays whose digest checks but whose last merge's right piece names no token."""
     head = merge_cache._HEAD.unpack_from(data)
-    n = head[3]
-    arrays = np.frombuffer(data, np.int32, 2 * n, merge_cache._HEAD.size).copy()
-    arrays[-1] = head[2]
-    left, right = arrays[:n], arrays[n:]
-    return merge_cache._HEAD.pack(*head[:4], merge_cache._digest(left, right)) + left.tobytes() + right.tobytes()
+    n_tokens, n_merges, n_renamed = head[2:5]
+    ids = np.frombuffer(data, np.int32, 2 * n_merges + n_renamed, merge_cache._HEAD.size).copy()
+    pairs, renamed = ids[:2 * n_merges], ids[2 * n_merges:]
+    pairs[-1] = n_tokens
+    return merge_cache._HEAD.pack(*head[:5], merge_cache._digest(pairs, renamed)) + ids.tobytes()
 
 
 @pytest.mark.parametrize("corrupt", [_corrupt_flip, _corrupt_truncate, _corrupt_header, _corrupt_out_of_range])
@@ -151,3 +152,45 @@ def test_an_unwritable_cache_is_skipped(tmp_path, monkeypatch):
         finally:
             envs.refresh("PAGEDECK_TOKENIZER_CACHE")
     _same(built, _uncached(path, monkeypatch))
+
+
+def _version_1_entry(path) -> bytes:
+    """The entry the first layout held for the file: magic, version 1, piece count, merge count, a digest, then
+    every merge's left piece and every right piece as indices into the vocabulary's distinct pieces."""
+    import hashlib
+    import struct
+
+    from engine.model.gguf.file import GGUFFile
+
+    meta = GGUFFile(path).metadata
+    tokens = [SPIECE * len(t) if t.isspace() and " " in t and k != 4 else t  # Gemma's whitespace runs
+              for t, k in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"])]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    left, right = spm_merges.merge_indices(vocab, {t: -i for i, t in enumerate(tokens)})
+    left, right = left.astype(np.int32), right.astype(np.int32)
+    digest = hashlib.blake2b(left.tobytes() + right.tobytes(), digest_size=32).digest()
+    return struct.pack("<8sIqq32s", b"PDMERGES", 1, len(vocab), left.size, digest) + left.tobytes() + right.tobytes()
+
+
+def test_an_entry_of_the_first_layout_is_rebuilt_never_misread(tmp_path, cache, monkeypatch):
+    """A whole, self-consistent entry of the first layout under the file's key: its version is read first and
+    rejected, the merges are recovered again and the entry is rewritten in the current layout."""
+    path = _spm_file(tmp_path / "model.gguf")
+    Tokenizer.load(path)
+    (entry,) = cache.glob("*.merges")
+    current = entry.read_bytes()
+    old = _version_1_entry(path)
+    entry.write_bytes(old)
+    recovered = []
+    real = spm_merges.merge_indices
+
+    def counted(*args, **kwargs):
+        recovered.append(1)
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr("engine.model.tokenizer.gguf_vocab.merge_indices", counted)
+        rebuilt = Tokenizer.load(path)
+    assert recovered == [1]
+    _same(rebuilt, _uncached(path, monkeypatch))
+    assert entry.read_bytes() == current != old

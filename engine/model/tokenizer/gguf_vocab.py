@@ -8,17 +8,23 @@ normalizer/decoder its original tokenizer.json has, the way transformers' GGUF l
 
 Vocabularies run to 262k tokens, so nothing here steps through them in Python bytecode: the vocabulary map,
 the merge pairs and the SentencePiece merges are built with C-level iteration (dict(zip), map over
-str/dict methods) and numpy, and only the few hundred special tokens are looked at one by one. A
-Qwen-2.5-sized BPE (151,936 tokens) then costs about what the tokenizers library's own BPE
-construction does. That construction is most of the build, and it is not worth caching as the library's
-own serialized pipeline: Tokenizer.from_str / from_file of the saved JSON take more CPU than building the
-BPE model from the vocabulary map and merge pairs (they parse the JSON, then build the same model), and
-neither releases the GIL. What is cached is the SentencePiece merge recovery (merge_cache).
+str/dict methods) and numpy, and only the few hundred special tokens are looked at one by one. The merges
+reach the tokenizers library as a MergeList, a sequence that makes each (left, right) pair as the library
+reads it, not as a list of 10^5 tuples held until the build ends (their allocation, the garbage collector's
+passes over them and their release are a noticeable share of the build). A Qwen-2.5-sized BPE (151,936
+tokens) then costs about what the tokenizers library's own BPE construction does. That construction is
+most of the build, and it is not worth caching as the library's own serialized pipeline:
+Tokenizer.from_str / from_file of the saved JSON take more CPU than building the BPE model from the
+vocabulary map and merge pairs (they parse the JSON, then build the same model), and neither releases the
+GIL. What is cached is the SentencePiece merge recovery (merge_cache), as token ids, so a cached load
+selects the merges' pieces from the token list with one numpy selection (the string objects the
+vocabulary map holds, none made anew).
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator, Sequence
 from itertools import repeat
 
 import numpy as np
@@ -55,6 +61,7 @@ PRE_SPLITS = {
 _IGNORE_MERGES = {"llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx", "falcon3"}
 _BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3"}  # llama.cpp's LLAMA3 pre-type sets add_bos
 TOKENIZER_MODELS = ("gpt2", "llama")
+_NONE = np.empty(0, np.int64)  # no token ids
 
 
 def from_gguf(meta: dict, source: str, cache_key: str | None = None) -> HFTokenizer:
@@ -105,8 +112,8 @@ def _byte_level(meta: dict, tokens: list[str], source: str) -> HFTokenizer:
             f"{source}: GGUF pre-tokenizer {pre!r} is not supported; supported: {', '.join(sorted(PRE_SPLITS))}")
     if "tokenizer.ggml.merges" not in meta:
         raise ValueError(f"{source}: GGUF tokenizer metadata is missing tokenizer.ggml.merges")
-    merges = merge_pairs(meta["tokenizer.ggml.merges"])
-    tok = HFTokenizer(models.BPE(token_ids(tokens), merges, ignore_merges=pre in _IGNORE_MERGES))
+    tok = HFTokenizer(_bpe(token_ids(tokens), SplitMerges(meta["tokenizer.ggml.merges"]),
+                           ignore_merges=pre in _IGNORE_MERGES))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_SPLITS[pre]]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -119,28 +126,82 @@ def token_ids(tokens: list[str]) -> dict[str, int]:
     return dict(zip(tokens, range(len(tokens))))
 
 
-def merge_pairs(merges: list[str]) -> list[tuple[str, str]]:
-    """GGUF merges ("left right", split at the first space) as the (left, right) pairs tokenizers takes."""
-    return list(map(operator.itemgetter(0, 2), map(str.partition, merges, repeat(" "))))
+class MergeList(Sequence):
+    """Merges as the (left, right) pairs tokenizers' BPE takes, from a flat list of their pieces (left, right,
+    left, right, ...), each pair made when it is read: tokenizers iterates the sequence once and drops each
+    pair before taking the next, so no pair outlives its turn where a list would hold one per merge."""
+
+    def __init__(self, pieces: list[str]):
+        self._pieces = pieces
+
+    def __len__(self) -> int:
+        return len(self._pieces) // 2
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if not -len(self) <= i < len(self):
+            raise IndexError("merge index out of range")
+        i %= len(self)
+        return self._pieces[2 * i], self._pieces[2 * i + 1]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        pieces = iter(self._pieces)
+        return zip(pieces, pieces)
+
+
+class SplitMerges(Sequence):
+    """A GGUF's merges ("left right", split at the first space) as (left, right) pairs, each split when read
+    (as MergeList's pairs are made)."""
+
+    def __init__(self, merges: list[str]):
+        self._merges = merges
+
+    def __len__(self) -> int:
+        return len(self._merges)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [_LEFT_RIGHT(m.partition(" ")) for m in self._merges[i]]
+        return _LEFT_RIGHT(self._merges[i].partition(" "))
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return map(_LEFT_RIGHT, map(str.partition, self._merges, repeat(" ")))
+
+
+_LEFT_RIGHT = operator.itemgetter(0, 2)
+
+
+def _bpe(vocab: dict[str, int], merges: Sequence[tuple[str, str]], **options) -> models.BPE:
+    """tokenizers' BPE model of `vocab` and `merges`; where the library takes no sequence but a list (it
+    reads any sequence today), the merges as a list."""
+    try:
+        return models.BPE(vocab, merges, **options)
+    except TypeError:
+        return models.BPE(vocab, list(merges), **options)
 
 
 def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str, cache_key: str | None) -> HFTokenizer:
     gemma = arch.startswith("gemma")
-    if gemma:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space.
-        # User-defined ones keep their real spaces: they are matched in the raw text (from_gguf adds them).
-        blank = np.fromiter(map(str.isspace, tokens), bool, len(tokens)) & (types != _GGUF_USER_DEFINED)
+    listed = "tokenizer.ggml.merges" in meta
+    entry = merge_cache.load(cache_key, len(tokens)) if cache_key is not None and not listed else None
+    renamed = entry.renamed if entry is not None else _whitespace_runs(tokens, types) if gemma else _NONE
+    if renamed.size:  # Gemma stores whitespace-run tokens with real spaces; its text has them as the visible space
         tokens = list(tokens)
-        for i in np.flatnonzero(blank).tolist():
-            if " " in tokens[i]:
-                tokens[i] = SPIECE * len(tokens[i])
+        for i in renamed.tolist():
+            tokens[i] = SPIECE * len(tokens[i])
     vocab = token_ids(tokens)
-    if "tokenizer.ggml.merges" in meta:
-        merges = merge_pairs(meta["tokenizer.ggml.merges"])
+    if listed:
+        merges = SplitMerges(meta["tokenizer.ggml.merges"])
     else:
-        merges = _recovered_merges(meta, tokens, vocab, gemma, cache_key)
+        if entry is None:
+            entry = merge_cache.Entry(_recovered_pairs(meta, tokens, vocab, gemma), renamed)
+            if cache_key is not None:
+                merge_cache.store(cache_key, len(tokens), entry)
+        merges = MergeList(np.fromiter(tokens, object, len(tokens)).take(entry.pairs.reshape(-1)).tolist())
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
-    tok = HFTokenizer(models.BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    tok = HFTokenizer(_bpe(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
     steps = [decoders.Replace(SPIECE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if not meta.get("tokenizer.ggml.add_space_prefix", not gemma):  # Gemma's converter writes False
         tok.normalizer = normalizers.Replace(" ", SPIECE)
@@ -152,17 +213,19 @@ def _sentencepiece(meta: dict, tokens: list[str], types: np.ndarray, arch: str, 
     return tok
 
 
-def _recovered_merges(meta: dict, tokens: list[str], vocab: dict[str, int], gemma: bool,
-                      cache_key: str | None) -> list[tuple[str, str]]:
-    """The merges a SentencePiece vocabulary implies (spm_merges), from the merge cache where `cache_key` has
-    a valid entry, else recovered (and then stored under `cache_key`)."""
+def _whitespace_runs(tokens: list[str], types: np.ndarray) -> np.ndarray:
+    """The ids of Gemma's whitespace tokens holding real spaces, which its text writes as SentencePiece's
+    visible space. User-defined ones keep their real spaces: they are matched in the raw text (from_gguf
+    adds them)."""
+    blank = np.fromiter(map(str.isspace, tokens), bool, len(tokens)) & (types != _GGUF_USER_DEFINED)
+    return np.array([i for i in np.flatnonzero(blank).tolist() if " " in tokens[i]], np.int64)
+
+
+def _recovered_pairs(meta: dict, tokens: list[str], vocab: dict[str, int], gemma: bool) -> np.ndarray:
+    """The merges a SentencePiece vocabulary implies (spm_merges), best first, as (merges, 2) token ids."""
     keys = np.fromiter(vocab, object, len(vocab))
-    found = merge_cache.load(cache_key, len(keys)) if cache_key is not None else None
-    if found is None:
-        scores = (dict(zip(tokens, range(0, -len(tokens), -1))) if gemma
-                  else dict(zip(tokens, meta.get("tokenizer.ggml.scores") or repeat(0.0, len(tokens)))))
-        found = merge_indices(vocab, scores, keys)
-        if cache_key is not None:
-            merge_cache.store(cache_key, len(keys), *found)
-    left, right = found
-    return list(zip(keys[left].tolist(), keys[right].tolist()))
+    scores = (dict(zip(tokens, range(0, -len(tokens), -1))) if gemma
+              else dict(zip(tokens, meta.get("tokenizer.ggml.scores") or repeat(0.0, len(tokens)))))
+    left, right = merge_indices(vocab, scores, keys)
+    ids = np.fromiter(vocab.values(), np.int64, len(vocab))  # the id of each of keys' pieces
+    return np.stack([ids[left], ids[right]], axis=1)

@@ -2,16 +2,21 @@
 
 Recovering the merges of a 262k-piece SentencePiece vocabulary (spm_merges: ~2M candidate splits hashed,
 matched and sorted) is most of a Gemma-3 file's tokenizer build, and its result depends on the file's header
-alone. So the merges are kept under the user cache directory (PAGEDECK_TOKENIZER_CACHE, engine.envs), one
-entry per file version, as two int32 arrays of indices into the vocabulary's pieces.
+alone. So the result is kept under the user cache directory (PAGEDECK_TOKENIZER_CACHE, engine.envs), one
+entry per file version, as int32 token ids (positions in the file's token list): each merge's left and right
+piece, one pair after the other, and the tokens whose text the build renames (Gemma's whitespace runs, which
+the file writes with real spaces). With those, a load makes the merge list straight from the token list (one
+numpy selection) and steps through no token in Python.
 
 An entry is trusted only when everything checks: its name is the file's version key (GGUFFile.version_key: a
 BLAKE2b digest of the file's size, modification time and whole header, which holds the vocabulary, scores and
-architecture the merges come from), so a changed file never meets an old entry; inside, a magic, this module's VERSION, the piece count, the merge
-count and a BLAKE2b digest of the arrays must match and every index must name a piece. Anything else (a
-truncated, corrupt or foreign file) is rebuilt from the vocabulary and written again. Entries are written to
-a temporary file and renamed into place, so a reader never sees half of one; a cache that cannot be written
-(read-only, full disk) is skipped, never an error.
+architecture the merges come from), so a changed file never meets an old entry; inside, a magic and this
+module's VERSION (read first, at the same place in every version, so an entry of another layout is rejected
+before anything else in it is read), the token count, the merge and rename counts and a BLAKE2b digest of the
+arrays must match and every id must name a token. Anything else (an entry of another version, a truncated,
+corrupt or foreign file) is rebuilt from the vocabulary and written again. Entries are written to a temporary
+file and renamed into place, so a reader never sees half of one; a cache that cannot be written (read-only,
+full disk) is skipped, never an error.
 """
 
 from __future__ import annotations
@@ -21,14 +26,23 @@ import os
 import struct
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from engine import envs
 
-VERSION = 1  # bump whenever spm_merges' result for the same header could change
+VERSION = 2  # bump whenever an entry's layout, or what gguf_vocab builds from the same header, changes
 _MAGIC = b"PDMERGES"
-_HEAD = struct.Struct("<8sIqq32s")  # magic, version, pieces, merges, digest of the arrays
+_TAG = struct.Struct("<8sI")  # magic, version: the start of an entry of any version
+_HEAD = struct.Struct("<8sIqqq32s")  # magic, version, tokens, merges, renamed, digest of the arrays
+
+
+class Entry(NamedTuple):
+    """A vocabulary's recovered merges, as token ids."""
+
+    pairs: np.ndarray  # (merges, 2) int32: each merge's left and right piece, best merge first
+    renamed: np.ndarray  # int32: the tokens whose spaces the build writes as SentencePiece's visible space
 
 
 def cache_dir() -> Path | None:
@@ -44,16 +58,16 @@ def cache_dir() -> Path | None:
     return value
 
 
-def _digest(left: np.ndarray, right: np.ndarray) -> bytes:
+def _digest(pairs: np.ndarray, renamed: np.ndarray) -> bytes:
     h = hashlib.blake2b(digest_size=32)
-    h.update(left.tobytes())
-    h.update(right.tobytes())
+    h.update(pairs.tobytes())
+    h.update(renamed.tobytes())
     return h.digest()
 
 
-def load(key: str, pieces: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(left, right) piece indices of the entry `key` for a vocabulary of `pieces` pieces, or None where
-    there is no entry or it fails any check (module docstring)."""
+def load(key: str, tokens: int) -> Entry | None:
+    """The entry `key` for a vocabulary of `tokens` tokens, or None where there is no entry or it fails any
+    check (module docstring)."""
     folder = cache_dir()
     if folder is None:
         return None
@@ -61,36 +75,35 @@ def load(key: str, pieces: int) -> tuple[np.ndarray, np.ndarray] | None:
         data = (folder / f"{key}.merges").read_bytes()
     except OSError:
         return None
-    if len(data) < _HEAD.size:
+    if len(data) < _TAG.size or _TAG.unpack_from(data) != (_MAGIC, VERSION) or len(data) < _HEAD.size:
         return None
-    magic, version, n_pieces, n_merges, digest = _HEAD.unpack_from(data)
-    if magic != _MAGIC or version != VERSION or n_pieces != pieces or n_merges < 0 \
-            or len(data) != _HEAD.size + 8 * n_merges:
+    _, _, n_tokens, n_merges, n_renamed, digest = _HEAD.unpack_from(data)
+    if n_tokens != tokens or n_merges < 0 or n_renamed < 0 \
+            or len(data) != _HEAD.size + 4 * (2 * n_merges + n_renamed):
         return None
-    arrays = np.frombuffer(data, np.int32, 2 * n_merges, _HEAD.size)
-    left, right = arrays[:n_merges], arrays[n_merges:]
-    if _digest(left, right) != digest:
+    ids = np.frombuffer(data, np.int32, 2 * n_merges + n_renamed, _HEAD.size)
+    entry = Entry(ids[:2 * n_merges].reshape(n_merges, 2), ids[2 * n_merges:])
+    if _digest(*entry) != digest or (ids.size and (ids.min() < 0 or ids.max() >= tokens)):
         return None
-    if n_merges and (min(left.min(), right.min()) < 0 or max(left.max(), right.max()) >= pieces):
-        return None
-    return left, right
+    return entry
 
 
-def store(key: str, pieces: int, left: np.ndarray, right: np.ndarray) -> None:
-    """Write the entry `key` (atomically); a cache that cannot be written is left as it is."""
+def store(key: str, tokens: int, entry: Entry) -> None:
+    """Write `entry` under `key` (atomically); a cache that cannot be written is left as it is."""
     folder = cache_dir()
     if folder is None:
         return
-    left, right = np.ascontiguousarray(left, np.int32), np.ascontiguousarray(right, np.int32)
-    head = _HEAD.pack(_MAGIC, VERSION, pieces, left.size, _digest(left, right))
+    pairs = np.ascontiguousarray(entry.pairs, np.int32).reshape(-1, 2)
+    renamed = np.ascontiguousarray(entry.renamed, np.int32).reshape(-1)
+    head = _HEAD.pack(_MAGIC, VERSION, tokens, len(pairs), renamed.size, _digest(pairs, renamed))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(head)
-                f.write(left.tobytes())
-                f.write(right.tobytes())
+                f.write(pairs.tobytes())
+                f.write(renamed.tobytes())
             os.replace(tmp, folder / f"{key}.merges")
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -21,7 +21,7 @@ from ..contract import WEIGHT_NAMES
 from ..model.batch import Batch
 from ..model.catalog.memory import estimate_memory
 from ..model.model import Model
-from .measure import copy_bandwidth
+from .measure import read_bandwidth
 from .serving import decode_weight_bytes
 
 
@@ -67,14 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         model.forward(batch, cache)
         steps.append(time.perf_counter() - t)
     step = statistics.median(steps[len(steps) // 4:])
-    bandwidth, weight_bytes = copy_bandwidth(model.device), decode_weight_bytes(model)
+    bandwidth, weight_bytes = read_bandwidth(model.device), decode_weight_bytes(model)
     file_bytes = Path(args.model).stat().st_size if Path(args.model).is_file() else sum(
         f.stat().st_size for f in Path(args.model).glob("*.safetensors"))
     roofline = bandwidth / weight_bytes
     print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, loaded in {load_s:.1f} s, "
           f"{torch.get_num_threads()} threads")
     print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
-          f"{bandwidth / 1e9:.1f} GB/s copy bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
+          f"{bandwidth / 1e9:.1f} GB/s read bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
     print(f"anonymous memory: +{(peak - base) / 1e6:.0f} MB at the peak of loading ({(peak - base) / file_bytes:.2f}x "
           f"the {file_bytes / 1e6:.0f} MB file), +{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
           f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x; estimated before "

@@ -1,6 +1,6 @@
-"""What every benchmark measures the same way: device synchronisation, the copy bandwidth that is the
-memory roofline's denominator, and model files read into the page cache before a timed load (used by
-`python -m engine bench` and the tools)."""
+"""What every benchmark measures the same way: device synchronisation, the read bandwidth that is the decode
+roofline's denominator, the copy bandwidth the attention and dequant benches compare with, and model files read
+into the page cache before a timed load (used by `python -m engine bench` and the tools)."""
 from __future__ import annotations
 
 import time
@@ -13,6 +13,24 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work, so wall-clock timings cover it (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def read_bandwidth(device: torch.device, nbytes: int | None = None, rounds: int = 7) -> float:
+    """Bytes/s of reading a large tensor once (a sum over it, on the threads torch has), best of `rounds`: the
+    decode roofline's denominator, since a decode step reads its weights and writes next to nothing. A copy
+    counts a write beside each read, and its first touches of the destination fault pages in; on the 2-core
+    VMs here it read 33-74 GB/s from one run to the next where this reads 42-49."""
+    nbytes = nbytes or (1 << 30 if device.type == "cuda" else 512 << 20)
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    best = float("inf")
+    for _ in range(rounds):
+        sync(device)
+        t = time.perf_counter()
+        src.sum()
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    del src
+    return nbytes / best
 
 
 def copy_bandwidth(device: torch.device, nbytes: int | None = None) -> float:

@@ -11,7 +11,7 @@ Definitions (the same for every side):
 - prefill tok/s: the uncached TTFT prompt's tokens / its TTFT.
 - TTFT: request start to first token. "cached": a second request that shares the first one's prefix and
   differs in the tail (transformers has no prefix cache and recomputes the whole prompt). Median of 3.
-- decode roofline: weight bytes read per decode step / copy bandwidth measured here and now.
+- decode roofline: weight bytes read per decode step / read bandwidth measured here and now.
 The engine and the peer run alternately, --repeats times each; every figure is the median of the repeats.
 Progress goes to stderr; the table and the JSON line go to stdout.
 """
@@ -34,7 +34,7 @@ from ..generator.job import DynamicJob
 from ..model.model import Model
 from ..model.model_and_tokenizer import load_model_and_tokenizer
 from ..model.tokenizer import Tokenizer
-from .measure import copy_bandwidth, read_through
+from .measure import read_bandwidth, read_through
 from .workload import Workload, make_workload
 
 TTFT_REPEATS = 3
@@ -247,8 +247,8 @@ def _bench(args: argparse.Namespace) -> int:
     vocab = min(model.vocab_size, tokenizer.vocab_size)
     w = make_workload(args, vocab, tokenizer.special_token_ids | tokenizer.stop_token_ids, model.config.max_seq_len)
 
-    log("measuring copy bandwidth")
-    bandwidth = copy_bandwidth(model.device)
+    log("measuring read bandwidth")
+    bandwidth = read_bandwidth(model.device)
     weight_bytes = decode_weight_bytes(model)
     roofline = bandwidth / weight_bytes
     dense_roofline = bandwidth / decode_weight_bytes(model, dense=True)
@@ -257,7 +257,7 @@ def _bench(args: argparse.Namespace) -> int:
         "weights": model.weight_format, "peer": args.peer, "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(), "streams": args.streams, "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens, "shared_prefix": args.shared_prefix, "tail_tokens": args.tail_tokens,
-        "page_size": PAGE_SIZE, "copy_bandwidth_gb_s": bandwidth / 1e9, "decode_weight_bytes": weight_bytes,
+        "page_size": PAGE_SIZE, "read_bandwidth_gb_s": bandwidth / 1e9, "decode_weight_bytes": weight_bytes,
         "roofline_tok_s": roofline, "dense_roofline_tok_s": dense_roofline,
         "weights_bytes": model.memory_bytes(), **memory,
         "file_bytes": sum(f.stat().st_size for f in _model_files(model.path)) if model.path else 0,
@@ -335,7 +335,7 @@ def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
         f"{setup['streams']} streams, prompts {setup['prompt_tokens']}, new {setup['new_tokens']}, "
         f"shared prefix {setup['shared_prefix']} + tail {setup['tail_tokens']}; "
         f"medians of {setup['repeats']} alternating runs",
-        f"copy bandwidth {setup['copy_bandwidth_gb_s']:.1f} GB/s, decode weights "
+        f"read bandwidth {setup['read_bandwidth_gb_s']:.1f} GB/s, decode weights "
         f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
         + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
         f"memory after load: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "

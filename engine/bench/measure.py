@@ -18,8 +18,7 @@ def sync(device: torch.device) -> None:
 def read_bandwidth(device: torch.device, nbytes: int | None = None, rounds: int = 7) -> float:
     """Bytes/s of reading a large tensor once (a sum over it, on the threads torch has), best of `rounds`: the
     decode roofline's denominator, since a decode step reads its weights and writes next to nothing. A copy
-    counts a write beside each read, and its first touches of the destination fault pages in; on the 2-core
-    VMs here it read 33-74 GB/s from one run to the next where this reads 42-49."""
+    counts a write beside each read, and its first touches of the destination fault pages in."""
     nbytes = nbytes or (1 << 30 if device.type == "cuda" else 512 << 20)
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     best = float("inf")

@@ -11,7 +11,8 @@ Definitions (the same for every side):
 - prefill tok/s: the uncached TTFT prompt's tokens / its TTFT.
 - TTFT: request start to first token. "cached": a second request that shares the first one's prefix and
   differs in the tail (transformers has no prefix cache and recomputes the whole prompt). Median of 3.
-- decode roofline: weight bytes read per decode step / read bandwidth measured here and now.
+- decode roofline: weight bytes read per decode step / read bandwidth, the median of readings taken before each
+  round and after the last.
 The engine and the peer run alternately, --repeats times each; every figure is the median of the repeats.
 Progress goes to stderr; the table and the JSON line go to stdout.
 """
@@ -247,18 +248,13 @@ def _bench(args: argparse.Namespace) -> int:
     vocab = min(model.vocab_size, tokenizer.vocab_size)
     w = make_workload(args, vocab, tokenizer.special_token_ids | tokenizer.stop_token_ids, model.config.max_seq_len)
 
-    log("measuring read bandwidth")
-    bandwidth = read_bandwidth(model.device)
     weight_bytes = decode_weight_bytes(model)
-    roofline = bandwidth / weight_bytes
-    dense_roofline = bandwidth / decode_weight_bytes(model, dense=True)
     setup = {
         "model": model.name, "device": str(model.device), "dtype": str(model.dtype).replace("torch.", ""),
         "weights": model.weight_format, "peer": args.peer, "repeats": args.repeats,
         "torch_threads": torch.get_num_threads(), "streams": args.streams, "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens, "shared_prefix": args.shared_prefix, "tail_tokens": args.tail_tokens,
-        "page_size": PAGE_SIZE, "read_bandwidth_gb_s": bandwidth / 1e9, "decode_weight_bytes": weight_bytes,
-        "roofline_tok_s": roofline, "dense_roofline_tok_s": dense_roofline,
+        "page_size": PAGE_SIZE, "decode_weight_bytes": weight_bytes,
         "weights_bytes": model.memory_bytes(), **memory,
         "file_bytes": sum(f.stat().st_size for f in _model_files(model.path)) if model.path else 0,
         "date": time.strftime("%Y-%m-%d"),
@@ -274,14 +270,25 @@ def _bench(args: argparse.Namespace) -> int:
 
         sides.append(LlamaCppPeer(args.model, w, torch.get_num_threads(), log=log))
     runs: list[list[dict]] = [[] for _ in sides]
+    # The VM's memory bandwidth drifts over minutes (42-82 GB/s in one hour here), so it is read before each
+    # round and after the last, and the roofline divides by the median of those readings.
+    log("measuring read bandwidth")
+    readings = [read_bandwidth(model.device)]
     try:
         for r in range(args.repeats):  # alternate, so drift on a shared machine hits every side alike
             for side, into in zip(sides, runs):
                 log(f"-- repeat {r + 1}/{args.repeats}: {side.name}")
                 into.append(side.run())
+            readings.append(read_bandwidth(model.device))
     finally:
         for side in sides[1:]:
             side.close()
+    bandwidth = statistics.median(readings)
+    roofline = bandwidth / weight_bytes
+    setup.update({"read_bandwidth_gb_s": bandwidth / 1e9,
+                  "read_bandwidth_readings_gb_s": [round(b / 1e9, 1) for b in readings],
+                  "roofline_tok_s": roofline,
+                  "dense_roofline_tok_s": bandwidth / decode_weight_bytes(model, dense=True)})
     engine = {"load_s": load_s, **medians(runs[0])}
     engine["roofline_pct"] = 100 * engine["batch1_tok_s"] / roofline
     peer, ratio = {}, {}
@@ -335,7 +342,8 @@ def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
         f"{setup['streams']} streams, prompts {setup['prompt_tokens']}, new {setup['new_tokens']}, "
         f"shared prefix {setup['shared_prefix']} + tail {setup['tail_tokens']}; "
         f"medians of {setup['repeats']} alternating runs",
-        f"read bandwidth {setup['read_bandwidth_gb_s']:.1f} GB/s, decode weights "
+        f"read bandwidth {setup['read_bandwidth_gb_s']:.1f} GB/s (median of "
+        f"{', '.join(map(str, setup['read_bandwidth_readings_gb_s']))}), decode weights "
         f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
         + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
         f"memory after load: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "

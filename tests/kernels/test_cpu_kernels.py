@@ -373,3 +373,23 @@ def test_two_checkouts_of_the_same_sources_build_under_different_names(tmp_path,
     shutil.copytree(cpu_ext.SOURCES[0].parent, copy)
     monkeypatch.setattr(cpu_ext, "SOURCES", [copy / path.name for path in cpu_ext.SOURCES])
     assert cpu_ext.build_name() != here
+
+
+def test_a_finished_build_loads_without_torchs_extension_loader():
+    """A start whose build is in torch's extension cache already loads the library straight from the folder
+    torch's own rule names (torch's loader imports setuptools and runs ninja: ~0.1 s of every start)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    if not cpu_ext.available():
+        pytest.skip("the CPU kernels do not build here")
+    name = cpu_ext.build_name()
+    assert str(cpu_ext.build_directory(name)) == _get_build_directory(name, verbose=False)
+    probe = ("import sys; from kernels import cpu_ext; "
+             "print(cpu_ext.available(), 'torch.utils.cpp_extension' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout.split() == ["True", "False"], proc.stderr

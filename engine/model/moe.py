@@ -175,6 +175,8 @@ def tensor_shape(config: "ModelConfig", name: str) -> tuple[int, int] | None:
     if f".{module}experts." in name:
         if name.endswith(".bias"):
             return (h,) if name.endswith(_bias(down)) else (i,)
+        if name.endswith(".gate_up_proj.weight"):  # an expert's [gate | up], fused as the file was read
+            return (2 * i, h)
         return (h, i) if name.endswith(down) else (i, h)
     if name.endswith(module + router):
         return (config.num_experts, h)
@@ -221,6 +223,24 @@ def gguf_expert_names(gguf_name: str, config: "ModelConfig") -> list[str] | None
     name = names[_GGUF_STACKS[parts[2]]]
     name = _bias(name) if parts[3] == "bias" else name
     return [f"model.layers.{parts[1]}.{module}experts.{e}.{name}" for e in range(config.num_experts)]
+
+
+def gguf_gate_up_pairs(gguf_names: list[str], config: "ModelConfig") -> dict[str, str]:
+    """{blk.{i}.ffn_gate_exps.weight: blk.{i}.ffn_up_exps.weight} for each layer holding both stacks, whose
+    experts' gate and up the model fuses into one [gate | up] matrix each."""
+    names = set(gguf_names)
+    return {n: n.replace("ffn_gate_exps", "ffn_up_exps") for n in gguf_names
+            if n.startswith("blk.") and n.endswith(".ffn_gate_exps.weight")
+            and n.replace("ffn_gate_exps", "ffn_up_exps") in names and gguf_expert_names(n, config)}
+
+
+def gguf_gate_up_names(gguf_name: str, config: "ModelConfig") -> list[str]:
+    """The HF names, expert by expert, of the fused [gate | up] matrices (what build() takes for
+    experts.{e}.gate_up_proj.weight) of the layer a gate or up expert stack belongs to."""
+    names = gguf_expert_names(gguf_name, config)
+    if not names:
+        raise ValueError(f"{gguf_name} is no expert stack of a {config.arch} model")
+    return [n.rsplit(".", 2)[0] + ".gate_up_proj.weight" for n in names]
 
 
 def router_name(config: "ModelConfig") -> str:

@@ -404,6 +404,30 @@ def test_gguf_experts_load_packed(tmp_path, experts, monkeypatch):
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.75
 
 
+def test_mxfp4_gate_and_up_are_written_once_into_each_experts_matrix(tmp_path, monkeypatch):
+    """An MXFP4 file's gate and up expert stacks go straight into each expert's [gate | up] (one copy from the
+    file): the same bytes, flags and logits as packing each stack and stacking the parts."""
+    from engine.model import moe
+    from engine.model.packing import experts
+
+    folder = write_gpt_oss(tmp_path / "hf", seed=7, rope_parameters={**YARN, "truncate": True}, swiglu_limit=7.0)
+    path = write_gpt_oss_gguf(folder, tmp_path / "m.gguf", lambda name: "MXFP4" if "_exps" in name else "F32")
+    written = []
+    pack = experts.pack_gate_up
+    monkeypatch.setattr(experts, "pack_gate_up", lambda *a, **k: written.append(pack(*a, **k)) or written[-1])
+    direct = Model.load(path, device="cpu", dtype=torch.float32, weights="packed")
+    assert len(written) == direct.config.num_layers and all(w is not None for w in written)
+    monkeypatch.setattr(moe, "gguf_gate_up_pairs", lambda names, config: {})
+    stacked = Model.load(path, device="cpu", dtype=torch.float32, weights="packed")
+    for a, b in zip(direct.layers, stacked.layers):
+        for x, y in zip(a.moe.gate_up, b.moe.gate_up):
+            assert type(x) is type(y) and x.shape == y.shape and x.jit_dense == y.jit_dense
+            assert torch.equal(x.qs, y.qs)
+    assert direct.memory_bytes() == stacked.memory_bytes() == estimate_memory(path, weights="packed").weights_bytes
+    ids = prompt_ids(24, seed=8)
+    assert torch.equal(forward_tokens(direct, ids), forward_tokens(stacked, ids))
+
+
 @pytest.mark.parametrize("seqs,Hq,Hkv,D,ps", [
     ([(1, 1), (1, 37), (1, 300), (1, 1200)], 8, 2, 64, 16),  # decode; long contexts split into merged slices
     ([(5, 40), (1, 17), (3, 290), (16, 16)], 8, 2, 32, 16),  # D % 64 != 0 (the generic path); verification rows

@@ -111,6 +111,17 @@ class GGUFFile:
         return experts.pack_stack(raw, t.tensor_type, tuple(t.shape), fmt, keep_dense,
                                   lambda start, stop: self._drop_pages(name, t.offset + start, t.offset + stop))
 
+    def packed_gate_up(self, gate: str, up: str, fmt: str = "packed", keep_dense: bool = True) -> list | None:
+        """Two 3-D expert stacks (gate's and up's) as each expert's fused [gate | up] packed matrix, written once
+        from the file (engine.model.packing.experts.pack_gate_up), or None where that format packs the stacks
+        one by one; each tile's file pages are dropped once read."""
+        (g, g_raw), (u, u_raw) = self.rows(gate), self.rows(up)
+        if g.tensor_type != u.tensor_type or tuple(g.shape) != tuple(u.shape) or len(g.shape) != 3:
+            return None
+        return experts.pack_gate_up(g_raw, u_raw, g.tensor_type, tuple(g.shape), fmt, keep_dense,
+                                    lambda start, stop: self._drop_pages(gate, g.offset + start, g.offset + stop),
+                                    lambda start, stop: self._drop_pages(up, u.offset + start, u.offset + stop))
+
     def embedding_rows(self, name: str) -> GGMLRows:
         """The table as a copy of its ggml rows (engine.model.embedding)."""
         t = self._by_name[name]

@@ -97,7 +97,8 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo) or any(
         repack.keeps_packed(t.name, t.tensor_type.name, len(t.shape), fmt) for t, _ in stacks)
     fused = fused_q4.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
-    expected = list(dict.fromkeys(fused[n].name if n in fused else n for n in expected))
+    pairs = moe.gguf_gate_up_pairs([t.name for t, _ in stacks], config)  # gate's stack -> up's
+    renamed: dict[str, str] = {}  # experts' gate and up names -> their fused [gate | up]'s, where written so
     done = 0
     state: dict[str, torch.Tensor] = {}
     for t, name in todo:
@@ -122,13 +123,30 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
         done += t.nbytes
         if progress:
             progress(done / total)
+    by_name = {t.name: (t, experts) for t, experts in stacks}
+    joined: set[str] = set()  # up stacks already written into their experts' [gate | up]
     for t, experts in stacks:  # one (rows, cols) matrix per expert: packed expert by expert, or dequantized
-        kept = gf.packed_experts(t.name, fmt, keep_dense)
-        state.update(zip(experts, kept if kept is not None else gf.tensor(t.name, dtype, device).unbind(0)))
+        if t.name in joined:
+            continue
+        names, kept = experts, None
+        if t.name in pairs:  # gate's stack: written with up's into each expert's [gate | up] where the format allows
+            up = by_name[pairs[t.name]][0]
+            kept = gf.packed_gate_up(t.name, up.name, fmt, keep_dense)
+            if kept is not None:
+                names = moe.gguf_gate_up_names(t.name, config)
+                renamed.update(zip(experts, names))
+                renamed.update(zip(by_name[up.name][1], names))
+                joined.add(up.name)
+                gf.release(up.name)
+                done += up.nbytes
+        if kept is None:
+            kept = gf.packed_experts(t.name, fmt, keep_dense)
+        state.update(zip(names, kept if kept is not None else gf.tensor(t.name, dtype, device).unbind(0)))
         gf.release(t.name)
         done += t.nbytes
         if progress:
             progress(done / total)
+    expected = list(dict.fromkeys(fused[n].name if n in fused else renamed.get(n, n) for n in expected))
     check_names(path, expected, state, unexpected)
     check_shapes(path, config, state)
     gf.close()  # nothing loaded views the file: unmap it

@@ -16,9 +16,12 @@ from collections.abc import Callable
 import torch
 from gguf import GGMLQuantizationType
 
-from ..qlinear import PackedLinear
+from kernels.formats import GROUP
+
+from ..qlinear import LUT4_CLASSES, PackedLinear, tile_rows
 from . import repack
 from .readahead import read_ahead
+
 
 def pack_stack(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int, int], fmt: str,
                keep_dense: bool, drop: Callable[[int, int], None] | None = None) -> list[PackedLinear]:
@@ -39,6 +42,42 @@ def pack_stack(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int,
                 drop((first + r0) * row_bytes, (first + r1) * row_bytes)
 
         out.append(repack.from_blocks(raw[first:first + n], qtype, (n, k), fmt, keep_dense, done))
+    return out
+
+
+def pack_gate_up(gate: torch.Tensor, up: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int, int],
+                 fmt: str, keep_dense: bool, drop_gate: Callable[[int, int], None] | None = None,
+                 drop_up: Callable[[int, int], None] | None = None) -> list[PackedLinear] | None:
+    """Each expert's fused [gate | up] matrix from the two stacks (raw (experts * rows, row bytes) views of the
+    file, both of `shape` and type `qtype`), its blocks written once straight into it, or None where the
+    kernel format is not the file's blocks as they are (the lut4 family: MXFP4, IQ4_NL, IQ4_XS) or a dense
+    copy is kept: those pack each stack (pack_stack) and the loader stacks the parts. Packing the parts first
+    wrote every byte twice (gpt-oss-20b's gate and up are 2 x 24 x 32 experts of 4.4 MB) and faulted in
+    both copies' pages; the result holds the same bytes as stacking them."""
+    experts, n, k = shape
+    kind = repack.kernel_format(qtype.name, fmt)
+    cls = LUT4_CLASSES.get(kind)
+    jit = keep_dense and not repack.dense_copy_forced() and repack.decodes_exactly(qtype.name, kind)
+    if cls is None or fmt != "packed" or (keep_dense and not jit) or gate.shape != up.shape:
+        return None
+    if gate.shape[0] != experts * n or k % GROUP:
+        raise ValueError(f"expert stacks of shape {tuple(shape)} have {gate.shape[0]} rows, expected {experts * n}")
+    row_bytes, step = gate.shape[1], tile_rows(k)
+    read_ahead(gate)
+    read_ahead(up)
+    out = []
+    for e in range(experts):
+        qs = torch.empty(2 * n, row_bytes, dtype=torch.uint8)
+        for half, (stack, drop) in enumerate(((gate, drop_gate), (up, drop_up))):
+            first = e * n
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                qs[half * n + r0:half * n + r1] = stack[first + r0:first + r1]
+                if drop is not None:
+                    drop((first + r0) * row_bytes, (first + r1) * row_bytes)
+        matrix = cls(qs, None)
+        matrix.jit_dense = jit
+        out.append(matrix)
     return out
 
 

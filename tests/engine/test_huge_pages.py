@@ -85,7 +85,10 @@ def test_collapse_keeps_the_contents():
     buf = torch.randint(0, 256, (24 * MB,), dtype=torch.uint8)
     before = buf.clone()
     done = huge_pages.collapse(huge_pages.aligned_ranges([buf.untyped_storage()]))
-    assert done >= 20 * MB and huge_kb(buf.data_ptr(), buf.numel()) >= done // 1024  # its mappings may hold more
+    # every whole 2 MB page collapsed, and huge pages back the buffer when smaps is read; not necessarily all
+    # of them: the kernel may split a collapsed page again before that (it did once in a full-suite run, 20 of
+    # 22 MB still huge), which costs speed, never contents
+    assert done >= 20 * MB and huge_kb(buf.data_ptr(), buf.numel()) >= 4 * 1024
     assert torch.equal(buf, before)
 
 

@@ -67,9 +67,8 @@ def pack_gate_up(gate: torch.Tensor, up: torch.Tensor, qtype: GGMLQuantizationTy
     read_ahead(up)
     out = []
     for e in range(experts):
-        qs = torch.empty(2 * n, row_bytes, dtype=torch.uint8)
+        qs, first = torch.empty(2 * n, row_bytes, dtype=torch.uint8), e * n
         for half, (stack, drop) in enumerate(((gate, drop_gate), (up, drop_up))):
-            first = e * n
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
                 qs[half * n + r0:half * n + r1] = stack[first + r0:first + r1]

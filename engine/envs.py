@@ -101,7 +101,8 @@ def _path_or_off(raw: str | None) -> Path | bool | None:
 
 
 def _cpu_isa(raw: str | None) -> str:
-    return "avx2" if (raw or "").strip() == "avx2" else "native"
+    value = (raw or "").strip()
+    return value if value in ("avx2", "avx512") else "native"
 
 
 VARIABLES: dict[str, Var] = {v.name: v for v in [
@@ -129,9 +130,9 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
     Var("PAGEDECK_CPU_KERNELS", "flag (0: off)", "on",
         "0 turns pagedeck's C++ CPU kernels off (nothing is built or loaded; torch's kernels run instead)",
         ("kernels.cpu_ext",), _on_unless_0),
-    Var("PAGEDECK_CPU_ISA", "native / avx2", "native",
-        "avx2 builds the CPU kernels without AVX-512 and VNNI even where the CPU has them (tests run both "
-        "integer-dot paths on one machine)", ("kernels.cpu_ext",), _cpu_isa),
+    Var("PAGEDECK_CPU_ISA", "native / avx2 / avx512", "native",
+        "avx2 builds the CPU kernels without AVX-512 and VNNI even where the CPU has them, avx512 without "
+        "AVX512-VBMI's byte permutes (tests run every kernel path on one machine)", ("kernels.cpu_ext",), _cpu_isa),
     Var("PAGEDECK_ROW_GROUPS", "flag (0: off)", "on",
         "0 keeps Q4_K matrices in rows instead of 16-row groups (benchmarks comparing the two)",
         ("kernels.packed",), _on_unless_0),

@@ -9,7 +9,8 @@ The extension is built once per source version with torch.utils.cpp_extension (g
 of compiler time) into torch's extension cache (~/.cache/torch_extensions or $TORCH_EXTENSIONS_DIR, never the
 tree) and loaded as torch.ops.pagedeck.*. Without a compiler, or with PAGEDECK_CPU_KERNELS=0,
 `ops()` returns None and callers use their torch paths. PAGEDECK_CPU_ISA=avx2 builds without AVX-512 and
-VNNI even where the CPU has them (the tests run both integer-dot paths on any machine). The packed matmul's
+VNNI even where the CPU has them, =avx512 without AVX512-VBMI (the tests run each path on any machine that
+has the wider one). The packed matmul's
 two path switches, PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK, go into the extension when it loads (its
 set_tuning op): the C++ never reads the environment. The variables are engine.envs's, the one module that
 reads pagedeck's environment (stdlib only, so importing it brings no engine code here).
@@ -37,7 +38,9 @@ SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "a
 # the soname torch already loaded from torch/lib, so the process keeps one OpenMP runtime.
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
-AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # PAGEDECK_CPU_ISA=avx2
+# PAGEDECK_CPU_ISA's narrower builds: what a CPU without AVX-512 and VNNI compiles, and an AVX-512 one without
+# VBMI (Skylake-X, Cascade Lake)
+NARROWER = {"avx2": ["-mno-avx512f", "-mno-avxvnni"], "avx512": ["-mno-avx512vbmi", "-mno-avx512vbmi2"]}
 STALE_LOCK_S = 600.0  # a build takes ~1 min on 2 cores; a lock this old belongs to a build that was killed
 _lock = threading.Lock()
 _libs: dict = {}  # (PAGEDECK_CPU_KERNELS, PAGEDECK_CPU_ISA) -> the loaded ops, or None
@@ -97,7 +100,7 @@ def current_tuning() -> tuple[int | None, int | None]:
 
 
 def cflags() -> list[str]:
-    return CFLAGS + (AVX2_ONLY if envs.PAGEDECK_CPU_ISA == "avx2" else [])
+    return CFLAGS + NARROWER.get(envs.PAGEDECK_CPU_ISA, [])
 
 
 def _cpu_flags() -> bytes:

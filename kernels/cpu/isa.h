@@ -8,6 +8,7 @@
 //   PD_VNNI    AVX512-VNNI on 256-bit registers: dpbusd / dpwssd instead of maddubs + madd
 //   PD_AVX512  AVX512-F/BW + VNNI: the 512-bit tiles and panel unpackers
 //   PD_AVX512_BYTES  AVX512-BW/VL byte masks on 256-bit registers (q5's fifth bits)
+//   PD_AVX512_VBMI   PD_AVX512 + AVX512-VBMI: any-byte permutes (lut4's unpacking of 17- and 18-byte blocks)
 // kernels/cpu_ext.py's PAGEDECK_CPU_ISA=avx2 compiles with -mno-avx512f -mno-avxvnni: PD_AVX2 alone.
 // Every primitive gives the same integers (or floats) whichever form it compiles to, so every build has the
 // same bits.
@@ -24,6 +25,9 @@
 #endif
 #if defined(__AVX512VNNI__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #define PD_AVX512 1
+#if defined(__AVX512VBMI__)
+#define PD_AVX512_VBMI 1
+#endif
 #endif
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 #define PD_AVX512_BYTES 1

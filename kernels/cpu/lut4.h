@@ -122,6 +122,100 @@ inline __m256i values(const uint8_t* p, __m256i tab) {
   return _mm256_shuffle_epi8(tab, idx);
 }
 
+#ifdef PD_AVX512
+// The 512-bit form of a group of 8 whole blocks, the one-row path's hot loop (the 256-bit one left a core at
+// about half its share of DRAM bandwidth on gpt-oss's experts): two or four blocks' nibble bytes in one
+// register, one table lookup for both nibbles of them, and the 8 blocks' dpbusd lanes reduced to one sum a block
+// by a shuffle tree shared by the group. The same exact integer sums and the same float sequence as the
+// 256-bit form, so the bits never depend on the instruction set.
+
+// a byte index of a 512-bit permute, built once per format
+struct Index64 {
+  alignas(64) uint8_t b[64];
+};
+
+// The codes (u8 v + 128) of blocks j..j+7 into c[0..4) (two blocks a register, each 32 codes in weight order)
+// and their 8 fp32 scales.
+template <class B>
+inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+#ifdef PD_AVX512_VBMI
+  if constexpr (B::kValues == 32) {
+    // Two blocks' bytes in one masked load (nothing read past them); one byte permute puts each block's 16
+    // nibble bytes twice side by side, a per-lane shift brings the high nibbles down in the second copy.
+    // The scales come out of the same loads (a gather of them cost a third of the loop).
+    static const Index64 nibbles = [] {
+      Index64 t{};
+      for (int p = 0; p < 64; ++p) t.b[p] = (uint8_t)(p / 32 * B::kBytes + (B::kBytes - 16) + p % 16);
+      return t;
+    }();
+    // the scale bytes of the blocks of two loads (a: bytes 0..63, b: 64..127): 1 byte a block (MXFP4's
+    // exponent) or 2 (IQ4_NL's fp16 d), blocks in order from byte 0
+    static const Index64 scales = [] {
+      Index64 t{};
+      constexpr int kScaleBytes = B::kBytes - 16;
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < kScaleBytes; ++i) t.b[k * kScaleBytes + i] = (uint8_t)(k / 2 * 64 + k % 2 * B::kBytes + i);
+      return t;
+    }();
+    const __m512i perm = _mm512_load_si512((const void*)nibbles.b);
+    const __m512i high = _mm512_set1_epi64(0x0004000400040004);  // shift counts of the high copies' words
+    const __m512i shift = _mm512_mask_blend_epi64(0xCC, _mm512_setzero_si512(), high);
+    const __mmask64 bytes = (1ull << (2 * B::kBytes)) - 1;
+    __m512i raw[4];
+    for (int h = 0; h < 4; ++h) {
+      raw[h] = _mm512_maskz_loadu_epi8(bytes, row + (j + 2 * h) * B::kBytes);
+      const __m512i v = _mm512_srlv_epi16(_mm512_permutexvar_epi8(perm, raw[h]), shift);
+      c[h] = _mm512_shuffle_epi8(tab, _mm512_and_si512(v, low));
+    }
+    const __m512i sidx = _mm512_load_si512((const void*)scales.b);
+    const __m128i s03 = _mm512_castsi512_si128(_mm512_permutex2var_epi8(raw[0], sidx, raw[1]));
+    const __m128i s47 = _mm512_castsi512_si128(_mm512_permutex2var_epi8(raw[2], sidx, raw[3]));
+    if constexpr (std::is_same<B, Mxfp4>::value) {  // 2^(e - 128): e8m0_half, e = 0 and 1 its subnormals
+      const __m256i e = _mm256_cvtepu8_epi32(_mm_unpacklo_epi32(s03, s47));
+      const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+      const __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+      return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e)));
+    } else {
+      return _mm256_cvtph_ps(_mm_unpacklo_epi64(s03, s47));
+    }
+  }
+#endif
+  for (int q = 0; q < 2; ++q) {  // four blocks' nibble bytes a register, each block's in one 128-bit lane
+    const int64_t jq = j + 4 * q;
+    __m512i v;
+    if constexpr (B::kValues == 256) {  // a super-block's nibble bytes lie together, 16 a block
+      v = _mm512_loadu_si512((const void*)B::nibbles(row, jq));
+    } else {
+      v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)B::nibbles(row, jq)));
+      for (int k = 1; k < 4; ++k) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)B::nibbles(row, jq + k)), k);
+    }
+    const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(v, low));
+    const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    c[2 * q] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+    c[2 * q + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
+  }
+  alignas(32) float dw[8];
+  for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
+  return _mm256_load_ps(dw);
+}
+
+// per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: hadd's pattern on 512-bit registers
+inline __m512i hadd512(__m512i a, __m512i b) {
+  const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
+  return _mm512_add_epi32(_mm512_castps_si512(_mm512_shuffle_ps(fa, fb, _MM_SHUFFLE(2, 0, 2, 0))),
+                          _mm512_castps_si512(_mm512_shuffle_ps(fa, fb, _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+// lane k = the sum of block k's 8 dpbusd lanes, s[i] holding blocks 2i (low half) and 2i + 1 (high half)
+inline __m256i block_sums8(const __m512i* s) {
+  // hadd twice: 128-bit lane 0 [b0 b2 b4 b6 : lanes 0-3], 1 [the same : lanes 4-7], 2 and 3 the odd blocks'
+  const __m512i h = hadd512(hadd512(s[0], s[1]), hadd512(s[2], s[3]));
+  const __m512i r = _mm512_add_epi32(h, _mm512_shuffle_i64x2(h, h, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0), r));
+}
+#endif
+
 // out[r] = weight row `row` (nb blocks of 32) . activation rows m0..m0+MT (quantize_rows without pairs)
 template <class B, int MT>
 inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, float* out) {
@@ -134,6 +228,24 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
       const char* q = (const char*)B::nibbles(row, j0) + kPrefetch;
       for (int64_t b = 0; b < 8 * 32 * B::kBytes / B::kValues; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
     }
+#ifdef PD_AVX512
+    if (len == 8) {
+      const __m512i tab512 = _mm512_broadcast_i32x4(_mm256_castsi256_si128(tab));
+      __m512i c[4];
+      const __m256 dwv = group8<B>(row, j0, tab512, c);
+      for (int r = 0; r < MT; ++r) {
+        const int8_t* x = a.q.data() + ((m0 + r) * nb + j0) * kBlock;
+        __m512i s[4];
+        for (int k = 0; k < 4; ++k)
+          s[k] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[k], _mm512_loadu_si512((const void*)(x + 64 * k)));
+        const int64_t at = (m0 + r) * a.nbp + j0;
+        // u x - 128 x: the block sums of v x
+        const __m256i sums = _mm256_sub_epi32(block_sums8(s), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(dwv, _mm256_loadu_ps(a.d.data() + at)), acc[r]);
+      }
+      continue;
+    }
+#endif
     __m256i c[8];
     alignas(32) float dw[8] = {};
     for (int k = 0; k < len; ++k) {

@@ -13,7 +13,7 @@ import torch
 
 import kernels
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, avx2_build_env, fused_vs_reference
+from tests.kernels.test_cpu_kernels import _has_vnni, isa_build_env, fused_vs_reference
 from tests.kernels.test_oracle import PagedCase
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
@@ -119,6 +119,6 @@ def test_pools_of_another_or_of_mixed_element_types_are_refused(k_dtype, v_dtype
 @pytest.mark.skipif(not _has_vnni(), reason="no AVX-512 here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_gives_the_same_fp16_attention():
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                          "not avx2_build"], env=avx2_build_env(), capture_output=True, text=True, timeout=900)
+                          "not avx2_build"], env=isa_build_env(), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-3000:]

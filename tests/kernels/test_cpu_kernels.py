@@ -147,32 +147,33 @@ def _has_vnni() -> bool:
     return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
-def avx2_build_env() -> dict[str, str]:
-    """The environment of a process on the AVX2-only build (PAGEDECK_CPU_ISA=avx2 adds -mno-avx512f
-    -mno-avxvnni: what a CPU without VNNI compiles), once a process of its own has built and loaded it. A build
-    that fails to compile fails here, with the compiler's words; past this point it would only make every
-    test run on it skip ("did not build") and that run pass."""
+def isa_build_env(isa: str = "avx2") -> dict[str, str]:
+    """The environment of a process on a narrower build, once a process of its own has built and loaded it:
+    PAGEDECK_CPU_ISA=avx2 adds -mno-avx512f -mno-avxvnni (what a CPU without VNNI compiles), =avx512
+    -mno-avx512vbmi (an AVX-512 CPU without VBMI's byte permutes). A build that fails to compile fails here,
+    with the compiler's words; past this point it would only make every test run on it skip ("did not
+    build") and that run pass."""
     import subprocess
     import sys
 
-    env = dict(os.environ, PAGEDECK_CPU_ISA="avx2")
+    env = dict(os.environ, PAGEDECK_CPU_ISA=isa)
     probe = "from kernels import cpu_ext; print(cpu_ext.build_name(), cpu_ext.available())"
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=900)
     words = run.stdout.split()
     assert run.returncode == 0 and words[-1:] == ["True"], \
-        "the AVX2-only build of the CPU kernels failed:\n" + run.stdout[-2000:] + run.stderr[-6000:]
+        f"the {isa} build of the CPU kernels failed:\n" + run.stdout[-2000:] + run.stderr[-6000:]
     assert words[0] != cpu_ext.build_name()  # a build of its own, not this process's
     return env
 
 
-def run_on_avx2_build(saved: dict, check: str, tests: list[str], deselect: str) -> None:
-    """Under the AVX2-only build (avx2_build_env): the Python statements `check`, with `d` the tensors `saved`
+def run_on_isa_build(saved: dict, check: str, tests: list[str], deselect: str, isa: str = "avx2") -> None:
+    """Under a narrower build (isa_build_env): the Python statements `check`, with `d` the tensors `saved`
     here (this build's results, to compare), then pytest on `tests` with -k `deselect`."""
     import subprocess
     import sys
 
-    env = avx2_build_env()
-    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"avx2_bits_{os.getpid()}.pt")
+    env = isa_build_env(isa)
+    path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"{isa}_bits_{os.getpid()}.pt")
     torch.save(saved, path)
     try:
         run = subprocess.run([sys.executable, "-c", f"import torch; d = torch.load({path!r}); {check}"], env=env,
@@ -195,7 +196,7 @@ def test_the_avx2_build_computes_the_same_arithmetic():
 
     tests = "tests/kernels/test_cpu_kernels.py"
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests, "-k",
-                          "stated_arithmetic or extreme_codes or never_depends"], env=avx2_build_env(),
+                          "stated_arithmetic or extreme_codes or never_depends"], env=isa_build_env(),
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-3000:]

@@ -1,7 +1,7 @@
 """The 4-bit lookup-table formats (kernels/cpu/lut4.h): mxfp4 (GGUF MXFP4), iq4nl (IQ4_NL) and iq4xs (IQ4_XS) hold
 the file's weights exactly (gguf-py's own decoders, every exponent and scale), the kernel computes its stated
 arithmetic (table value times int8 activation, exact per block, times the block's scale), the GEMM path gives
-the per-row path's bits, rows never depend on the batch, and the AVX2-only build gives the same bits."""
+the per-row path's bits, rows never depend on the batch, and the narrower builds (AVX2 only; AVX-512 without VBMI) give the same bits."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from engine.model.ggml_blocks import KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half, iq
 from engine.model.packing import experts, repack
 from engine.model.qlinear import IQ4NLLinear, IQ4XSLinear, MXFP4Linear, PartsLinear, Q8Linear, cat_packed
 from kernels import cpu_ext, formats
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations, run_on_avx2_build
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations, run_on_isa_build
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize as quantize_ggml
 
@@ -219,9 +219,24 @@ def test_mixed_fused_parts_keep_their_formats():
 
 
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
-def test_the_avx2_build_gives_the_same_bits():
-    """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's, the
-    per-row and the GEMM path of each format."""
+def _has_vbmi() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return "avx512vbmi" in next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("isa", [
+    "avx2",
+    # the 512-bit one-row path unpacks 17- and 18-byte blocks with VBMI's byte permutes where the CPU has them
+    # and with 128-bit inserts where it has not: the second runs only in a build without VBMI
+    pytest.param("avx512", marks=pytest.mark.skipif(not _has_vbmi(), reason="no VBMI here: the default build is it")),
+])
+def test_the_narrower_builds_give_the_same_bits(isa):
+    """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) and, on a VBMI machine, the AVX-512 build without VBMI
+    (=avx512) run this file too, and their results equal this build's, the per-row and the GEMM path of each
+    format."""
     saved = {}
     x = torch.randn(11, 1024, generator=torch.Generator().manual_seed(1))
     for fmt, cls in CLASSES.items():
@@ -236,4 +251,4 @@ def test_the_avx2_build_gives_the_same_bits():
              "        with cpu_ext.tuning(qgemm_rows=int(rows)):\n"
              "            assert torch.equal(w(d['x']), d[f + key]), (f, key)")
     saved["x"] = x
-    run_on_avx2_build(saved, check, [__file__], "not avx2_build")
+    run_on_isa_build(saved, check, [__file__], "not narrower_builds", isa)

@@ -18,7 +18,7 @@ from engine.model.packing import repack
 from engine.model.packing import repack_fast
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q4_k
@@ -241,7 +241,7 @@ def test_the_avx2_build_gives_the_same_bits():
     check = ("from engine.model.qlinear import Q4KLinear; w = Q4KLinear(d['qs']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])")
     groups = os.path.join(os.path.dirname(__file__), "test_row_groups.py")
-    run_on_avx2_build({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])}, check, [__file__, groups],
+    run_on_isa_build({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])}, check, [__file__, groups],
                       "not avx2_build and not llama_cpp")
 
 

@@ -17,7 +17,7 @@ from engine.model.qlinear import Q5Linear, cat_packed
 from kernels import cpu_ext
 from kernels.formats import Q5
 from kernels.packed import q5_codes, q5_pack
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build, quantized_activations
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build, quantized_activations
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize as quantize_ggml
 
@@ -144,5 +144,5 @@ def test_the_avx2_build_gives_the_same_bits():
     x = torch.randn(20, 1056, generator=torch.Generator().manual_seed(1))
     check = ("from engine.model.qlinear import Q5Linear; w = Q5Linear.from_packed(d['qs'], d['d'], d['m']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])")
-    run_on_avx2_build({"qs": w.qs, "d": w.scale, "m": w.minimum, "x": x, "y": w(x), "y1": w(x[:3])}, check,
+    run_on_isa_build({"qs": w.qs, "d": w.scale, "m": w.minimum, "x": x, "y": w(x), "y1": w(x[:3])}, check,
                       [__file__], "not avx2_build and not gemma_like")

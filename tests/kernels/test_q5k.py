@@ -15,7 +15,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine.model.packing import repack
 from engine.model.qlinear.superblock import Q5KLinear
 from kernels import cpu_ext, formats
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build
 from tests.kernels.test_q4k import full_scale_activations, q4_k_fields, reference_superblocks
 from tests.kernels.test_qgemm import _call
 
@@ -133,7 +133,7 @@ def test_the_avx2_build_gives_the_same_bits():
     x = torch.randn(20, 1024, generator=torch.Generator().manual_seed(1))
     check = ("from engine.model.qlinear.superblock import Q5KLinear; w = Q5KLinear(d['qs']); "
              "assert torch.equal(w(d['x']), d['y']) and torch.equal(w(d['x'][:3]), d['y1'])")
-    run_on_avx2_build({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])}, check, [__file__],
+    run_on_isa_build({"qs": w.row_blocks(), "x": x, "y": w(x), "y1": w(x[:3])}, check, [__file__],
                       "not avx2_build and not llama_cpp")
 
 

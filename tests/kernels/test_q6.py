@@ -12,7 +12,7 @@ from engine.model.packing import repack
 from engine.model.ggml_blocks import dequantize, q6_k_affine
 from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build, quantized_activations, random_q4
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build, quantized_activations, random_q4
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize_q6_k
 
@@ -153,4 +153,4 @@ def test_the_avx2_build_gives_the_same_bits():
     w = random_q6(40, 1024, 8)
     x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(1))
     check = "from engine.model.qlinear import Q6Linear; assert torch.equal(Q6Linear(d['qs'])(d['x']), d['y'])"
-    run_on_avx2_build({"qs": w.row_blocks(), "x": x, "y": w(x)}, check, [__file__], "not avx2_build")
+    run_on_isa_build({"qs": w.row_blocks(), "x": x, "y": w(x)}, check, [__file__], "not avx2_build")

@@ -12,7 +12,7 @@ import torch
 from engine.model.qlinear import Q8Linear
 from kernels import cpu_ext, formats
 from kernels.packed import q8_dequantize, q8_ungroup
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_avx2_build
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build
 from tests.kernels.test_qgemm import _call
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
@@ -114,5 +114,5 @@ def test_the_avx2_build_gives_the_same_bits():
     check = ("from kernels.packed import qmatmul; from kernels.formats import Q8; w = (d['qs'], d['d'], None); "
              "f = Q8.id(grouped=True); "
              "assert torch.equal(qmatmul(d['x'], w, f), d['y']) and torch.equal(qmatmul(d['x'][:1], w, f), d['y1'])")
-    run_on_avx2_build({"qs": g.qs, "d": g.scale, "x": x, "y": g(x), "y1": g(x[:1])}, check, [__file__],
+    run_on_isa_build({"qs": g.qs, "d": g.scale, "x": x, "y": g(x), "y1": g(x[:1])}, check, [__file__],
                       "not avx2_build and not tied")

@@ -11,6 +11,8 @@ weights come from DRAM, not cache; ms a token and GB/s, medians of --rounds, eac
 on Llama-3-8B's down and output-head shapes (tools.bench._q6_bench), the same way, with GB/s.
 `--q8-groups 262144x640` times q8 rows against the same rows regrouped 16 at a time (q8g, tools.bench._q8g_bench) at
 each of --rows, alternating call by call, on a random matrix of that shape (a 262k-token output head's).
+`--mxfp4` times one-row calls on gpt-oss-shaped MXFP4 expert matrices against q8 ones of the same bytes, from
+DRAM, each of --threads (tools.bench._lut4_bench).
 
 Each kernel call (torch.ops.pagedeck.qmatmul, no Python layer around it) on one layer's q|k|v, o, gate|up
 (SwiGLU epilogue) and down matrices and on the output head, alternating thread counts round by round,
@@ -49,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
     ap.add_argument("--q6", action="store_true", help="q6 vs q8 one-row calls on 8B shapes (rows: first of --rows)")
     ap.add_argument("--q8-groups", default="", metavar="NxK", help="q8 rows vs q8g groups on a random N x K matrix")
+    ap.add_argument("--mxfp4", action="store_true", help="mxfp4 vs q8 one-row calls from DRAM, gpt-oss expert shapes")
     ap.add_argument("--stream", action="store_true", help="a decode step's weight stream, per matrix class")
     ap.add_argument("--model", default=None, help="with --stream: a .gguf (default: the embedded model)")
     args = ap.parse_args(argv)
@@ -59,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from tools.bench._q6_bench import run as q6_run
 
         return q6_run(int(args.rows.split(",")[0]), int(args.threads.split(",")[-1]), args.rounds)
+    if args.mxfp4:
+        from tools.bench._lut4_bench import run as lut4_run
+
+        return lut4_run(ops, [int(t) for t in args.threads.split(",")], args.rounds)
     if args.q8_groups:
         from tools.bench._q8g_bench import run as q8g_run
 

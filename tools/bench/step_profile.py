@@ -29,6 +29,7 @@ from engine.cache.paged_cache import PagedCache
 from engine.contract import WEIGHT_NAMES
 from engine.model import model as model_module
 from engine.model.batch import Batch
+from engine.model import moe_kernel
 from engine.model.model import Model
 from engine.model.qlinear import PackedLinear
 
@@ -66,6 +67,8 @@ def timed(model: Model, clock, into: dict[str, float]):
                "decode_layers": "all layers in one call (kernels.decode_layers)",
                "apply_rotary": "rotary", "write_kv": "K/V write", "paged_attention": "attention (SDPA)"}
     saved = [(model_module, "linear")] + [(kernels, name) for name in classes if hasattr(kernels, name)]
+    classes["experts"] = "experts (mixture of experts: gate|up, SwiGLU, down, weighted sum)"
+    saved.append((moe_kernel, "experts"))
     originals = [getattr(obj, name) for obj, name in saved]
     model_module.linear = wrap(originals[0], linear_class)
     for (obj, name), fn in zip(saved[1:], originals[1:]):

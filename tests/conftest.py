@@ -13,10 +13,17 @@ import pytest  # noqa: E402
 def pytest_sessionstart(session):
     """Build pagedeck's CPU kernels (kernels.cpu_ext) once, up front, into torch's extension cache (outside the
     tree): ~40 s of compiler time on a fresh machine, paid here rather than inside a test or a server
-    subprocess with its own start-up timeout. Afterwards it only loads (~1 s)."""
+    subprocess with its own start-up timeout. Afterwards it only loads (~1 s).
+
+    Where a C++ compiler is present and the kernels are on, a failed build stops the run: every kernel test
+    would skip as "did not build" and the run pass without them."""
+    import shutil
+
     from kernels import cpu_ext
 
-    cpu_ext.ops()
+    if cpu_ext.ops() is None and cpu_ext.enabled() and shutil.which(os.environ.get("CXX", "c++")):
+        pytest.exit("pagedeck's CPU kernels failed to build here although a C++ compiler is present (the "
+                    "compiler's words are in the warning above); their tests would all skip", returncode=1)
 
 
 def pytest_collection_modifyitems(config, items):

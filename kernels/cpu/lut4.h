@@ -122,6 +122,31 @@ inline __m256i values(const uint8_t* p, __m256i tab) {
   return _mm256_shuffle_epi8(tab, idx);
 }
 
+// The fp32 scales of blocks j..j+7 (j a multiple of 8 for iq4xs: one super-block's), as B::scale gives them
+// one by one; IQ4_XS's 6-bit sub-block scales are taken apart in vector lanes (one at a time they were most of
+// a group's work).
+template <class B>
+inline __m256 scales8(const uint8_t* row, int64_t j) {
+  if constexpr (std::is_same<B, Iq4xs>::value) {
+    const uint8_t* sb = row + j / 8 * B::kBytes;
+    uint16_t high;
+    uint32_t low;
+    std::memcpy(&high, sb + 2, 2);
+    std::memcpy(&low, sb + 4, 4);
+    // block b: its low 4 bits are nibble b of `low` (byte b / 2, low nibble first), its high 2 bits bits 2b of `high`
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0x0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(ls));
+  } else {
+    alignas(32) float dw[8];
+    for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
+    return _mm256_load_ps(dw);
+  }
+}
+
 #ifdef PD_AVX512
 // The 512-bit form of a group of 8 whole blocks, the one-row path's hot loop (the 256-bit one left a core at
 // about half its share of DRAM bandwidth on gpt-oss's experts): two or four blocks' nibble bytes in one
@@ -195,9 +220,7 @@ inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
     c[2 * q] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
     c[2 * q + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
   }
-  alignas(32) float dw[8];
-  for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
-  return _mm256_load_ps(dw);
+  return scales8<B>(row, j);
 }
 
 // per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: hadd's pattern on 512-bit registers
@@ -247,12 +270,15 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
     }
 #endif
     __m256i c[8];
-    alignas(32) float dw[8] = {};
-    for (int k = 0; k < len; ++k) {
-      c[k] = values(B::nibbles(row, j0 + k), tab);
-      dw[k] = B::scale(row, j0 + k);
+    for (int k = 0; k < len; ++k) c[k] = values(B::nibbles(row, j0 + k), tab);
+    __m256 dwv;
+    if (len == 8) {
+      dwv = scales8<B>(row, j0);
+    } else {
+      alignas(32) float dw[8] = {};
+      for (int k = 0; k < len; ++k) dw[k] = B::scale(row, j0 + k);
+      dwv = _mm256_load_ps(dw);
     }
-    const __m256 dwv = _mm256_load_ps(dw);
     for (int r = 0; r < MT; ++r) {
       const int8_t* x = a.q.data() + ((m0 + r) * nb + j0) * kBlock;
       __m256i s[8];
@@ -293,8 +319,16 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
     }
   }
-  for (int c = 0; c < cols; ++c)
-    for (int64_t j = 0; j < nb; ++j) p.dw[j * kCols + c] = B::scale(qs + (n0 + c) * row_bytes, j);
+  for (int c = 0; c < cols; ++c) {
+    const uint8_t* row = qs + (n0 + c) * row_bytes;
+    int64_t j = 0;
+    for (; j + 8 <= nb; j += 8) {
+      alignas(32) float dw[8];
+      _mm256_store_ps(dw, scales8<B>(row, j));
+      for (int k = 0; k < 8; ++k) p.dw[(j + k) * kCols + c] = dw[k];
+    }
+    for (; j < nb; ++j) p.dw[j * kCols + c] = B::scale(row, j);
+  }
 }
 
 #else  // portable: each block's exact integer sum, scaled block by block

@@ -179,7 +179,10 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // unpacks every weight into panels once per call, a cost the rows must amortise; q4k's per-row kernel (16-row
 // groups, one dpbusd per 4 codes into each row's lane) is cheap enough that it stays ahead up to ~28 rows: the
 // whole decode step of the 3B- and 8B-shaped Q4_K_M files at 8 rows ran 1.40x / 1.54x faster with it than with
-// the GEMM, 1.20x / 1.20x at 16, 1.05x / 1.13x at 24, and 0.95x on the 3B at 32. q4, q8 and q6 cross near 8.
+// the GEMM, 1.20x / 1.20x at 16, 1.05x / 1.13x at 24, and 0.95x on the 3B at 32. q4, q8 and q6 cross near 8;
+// so does mxfp4, whose per-row path reads 8 blocks a 512-bit step. iq4xs's crosses at 10-14 (its panels unpack
+// slowly): the 8-row decode step of a Qwen2.5-1.5B-shaped IQ4_XS file spent 78 ms in its matrices through the
+// per-row path against 97 ms through the GEMM (tools.bench.step_profile --per-op, PAGEDECK_QGEMM_ROWS 16 vs 8).
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
@@ -189,7 +192,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  return f == kQ4K || f == kQ4K16 || f == kQ5K ? 32 : 8;
+  return f == kQ4K || f == kQ4K16 || f == kQ5K ? 32 : f == formats::kIQ4XS ? 12 : 8;
 }
 
 // Output rows per chunk of the per-row path, one activation row: ~kChunkBytes of weights, so that each thread

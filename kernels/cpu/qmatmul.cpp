@@ -183,6 +183,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // so does mxfp4, whose per-row path reads 8 blocks a 512-bit step. iq4xs's crosses at 10-14 (its panels unpack
 // slowly): the 8-row decode step of a Qwen2.5-1.5B-shaped IQ4_XS file spent 78 ms in its matrices through the
 // per-row path against 97 ms through the GEMM (tools.bench.step_profile --per-op, PAGEDECK_QGEMM_ROWS 16 vs 8).
+// q5k's rows (not grouped as q4k16's are) cost each activation row nearly a one-row call: random Q5_K matrices
+// of Qwen2.5-1.5B's gate and down shapes, 8 a call, 2 threads, GEMM / per-row time 1.38 and 1.05 at 8 rows,
+// 0.94 and 0.77 at 12, 0.80 and 0.65 at 16.
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
@@ -192,7 +195,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  return f == kQ4K || f == kQ4K16 || f == kQ5K ? 32 : f == formats::kIQ4XS ? 12 : 8;
+  return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 
 // Output rows per chunk of the per-row path, one activation row: ~kChunkBytes of weights, so that each thread

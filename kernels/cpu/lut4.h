@@ -123,8 +123,8 @@ inline __m256i values(const uint8_t* p, __m256i tab) {
 }
 
 // The fp32 scales of blocks j..j+7 (j a multiple of 8 for iq4xs: one super-block's), as B::scale gives them
-// one by one; IQ4_XS's 6-bit sub-block scales are taken apart in vector lanes (one at a time they were most of
-// a group's work).
+// one by one; IQ4_XS's 6-bit sub-block scales are taken apart in vector lanes (one at a time they cost more
+// than the group's dot products).
 template <class B>
 inline __m256 scales8(const uint8_t* row, int64_t j) {
   if constexpr (std::is_same<B, Iq4xs>::value) {
@@ -168,7 +168,7 @@ inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
   if constexpr (B::kValues == 32) {
     // Two blocks' bytes in one masked load (nothing read past them); one byte permute puts each block's 16
     // nibble bytes twice side by side, a per-lane shift brings the high nibbles down in the second copy.
-    // The scales come out of the same loads (a gather of them cost a third of the loop).
+    // The scales come out of the same loads (a gather of them costs a third of the loop).
     static const Index64 nibbles = [] {
       Index64 t{};
       for (int p = 0; p < 64; ++p) t.b[p] = (uint8_t)(p / 32 * B::kBytes + (B::kBytes - 16) + p % 16);

@@ -29,7 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q8.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q6k16.h, q8.h)
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Format:
 # The kernel ids are the C++ kernels' (kernels/cpu/formats.h); their order is history, never meaning.
 Q8 = Format("q8", 0, {"Q8_0": 0}, GROUP, GROUP, 1, grouped_id=6)
 Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2)
-Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0)
+Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0, grouped_id=11)
 Q4K = Format("q4k", 3, {"Q4_K": 0}, SUPER, 144, 0, grouped_id=4)
 Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
 # the 4-bit lookup-table family (kernels/cpu/lut4.h): the file's blocks as they are, their scales inside them
@@ -86,7 +86,7 @@ REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, Q3_K, IQ2_X
 HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() for t in f.exact}  # GGUF type name -> its format
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
               "iq4xs": "kIQ4XS", "q5k": "kQ5K"}
-_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16"}
 
 
 def get(name: str) -> Format:

@@ -21,6 +21,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   (kernels/cpu/q4k16.h): one vector holds 16 rows' bytes, so a decode-sized product needs no horizontal
   reduction; the same bits as the rows. Built by group_superblocks where the CPU kernels run and N % 32 == 0;
   superblock_rows gives the rows back.
+- q6k16: Q6_K super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 3360) (kernels/cpu/q6k16.h): the
+  codes of 16 rows are taken apart once for all the activation rows of a call; the same bits as the rows.
+  Built only where its kernel is vectorized (AVX-512 VNNI builds: native_group).
 - q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8
   (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
   count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
@@ -62,12 +65,20 @@ def pad_scales(t: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-def groupable(n: int) -> bool:
-    """Whether n rows of Q4_K super-blocks are kept in groups of 16 here: the CPU kernels built, whole groups
-    in each half (a [gate | up] matrix's SwiGLU splits it in halves), and not turned off
-    (PAGEDECK_ROW_GROUPS=0 keeps the rows, for benchmarks comparing the two)."""
-    return (n % (2 * GROUP_ROWS) == 0 and envs.PAGEDECK_ROW_GROUPS
-            and cpu_ext.ops() is not None)
+def groupable(n: int, grouped_id: int | None = None) -> bool:
+    """Whether n rows are kept in groups of 16 here: the CPU kernels built, whole groups in each half (a
+    [gate | up] matrix's SwiGLU splits it in halves), not turned off (PAGEDECK_ROW_GROUPS=0 keeps the rows, for
+    benchmarks comparing the two), and, given a grouped format's id, its group kernel vectorized in this build
+    (native_group)."""
+    return (n % (2 * GROUP_ROWS) == 0 and envs.PAGEDECK_ROW_GROUPS and cpu_ext.ops() is not None
+            and (grouped_id is None or native_group(grouped_id)))
+
+
+def native_group(grouped_id: int) -> bool:
+    """Whether this build's kernel for the grouped format `grouped_id` is vectorized (q4k16: AVX2; q6k16:
+    AVX-512 VNNI); elsewhere a group's rows go one by one through the rows' kernel, slower than rows."""
+    ops = cpu_ext.ops()
+    return ops is not None and grouped_id in ops.native_groups()
 
 
 def group_superblocks(rows: torch.Tensor, groups: torch.Tensor, block_bytes: int) -> None:

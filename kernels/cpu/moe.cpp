@@ -169,19 +169,19 @@ void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind
   take(src.xs16, dst.xs16, src.xs16.empty() ? 0 : 2 * nbp);
 }
 
-// out[m * ldo + n - n0] = weight row n . activation row m for rows [n0, n1) (whole groups for q4k16) and all M
+// out[m * ldo + n - n0] = weight row n . activation row m for rows [n0, n1) (whole groups for the grouped formats) and all M
 // activation rows: the row kernels qmatmul's per-row path calls (dispatch.h), each weight row met by every
 // activation row.
 void products(const ExpertMatrix& mat, const QuantAct& a, int64_t M, int64_t n0, int64_t n1, float* out, int64_t ldo) {
   with_format(mat.f, [&](auto format) {
     constexpr int F = decltype(format)::value;
     thread_local std::vector<float> col;
-    if constexpr (F == kQ4K16) {
-      col.resize(M * q4k16::kRows);
-      for (int64_t n = n0; n < n1; n += q4k16::kRows) {
-        q4k16::group_rows(mat.w.qs, mat.w.K, a.k, M, n / q4k16::kRows, col.data());
-        for (int64_t m = 0; m < M; ++m)
-          std::copy_n(col.data() + m * q4k16::kRows, q4k16::kRows, out + m * ldo + n - n0);
+    if constexpr (grouped_rows(F)) {
+      constexpr int64_t kRows = formats::kLayouts[F].rows;
+      col.resize(M * kRows);
+      for (int64_t n = n0; n < n1; n += kRows) {
+        group_rows<F>(mat.w, a, M, n / kRows, col.data());
+        for (int64_t m = 0; m < M; ++m) std::copy_n(col.data() + m * kRows, kRows, out + m * ldo + n - n0);
       }
     } else if constexpr (has_row_kernel(F)) {
       col.resize(M);
@@ -213,10 +213,10 @@ struct Task {
   int64_t expert, n0, n1;
 };
 
-// Chunks of about `target` weight bytes (whole groups for q4k16) over an expert's Nout output rows.
+// Chunks of about `target` weight bytes (whole groups for the grouped formats) over an expert's Nout output rows.
 void add_tasks(int64_t expert, const ExpertMatrix& mat, int64_t Nout, int64_t bytes_a_row, int64_t target,
                std::vector<Task>& tasks) {
-  const int64_t unit = mat.f == kQ4K16 ? q4k16::kRows : 1, units = Nout / unit;
+  const int64_t unit = formats::kLayouts[mat.f].rows, units = Nout / unit;
   const int64_t chunks = std::max<int64_t>(1, std::min(units, (Nout * bytes_a_row + target - 1) / target));
   for (int64_t c = 0; c < chunks; ++c)
     tasks.push_back({expert, units * c / chunks * unit, units * (c + 1) / chunks * unit});

@@ -9,6 +9,8 @@
 //   q5k: GGUF Q5_K super-blocks as the file stores them (kquant.h): q4k's kernels with a fifth-bit plane.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
 //       the same bits as q4k without its per-row horizontal reductions.
+//   q6k16: Q6_K super-blocks with rows regrouped 16 at a time (q6k16.h; qs is (N / 16, K / 256 * 3360)), the same
+//       bits as q6, the codes taken apart once for all the activation rows of a call.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
@@ -29,7 +31,7 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q4k.h and q4k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
+// q6k16.h, q4k.h and q4k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
@@ -41,6 +43,7 @@
 #include "q4k.h"
 #include "q4k16.h"
 #include "q6.h"
+#include "q6k16.h"
 #include "q8.h"
 #include "qgemm.h"
 #include "rows.h"
@@ -67,24 +70,35 @@ using formats::kQ4K16;
 using formats::kQ5;
 using formats::kQ5K;
 using formats::kQ6;
+using formats::kQ6K16;
 using formats::kQ8;
 using formats::kQ8G;
 using rows::Weights;
 
-// q4k16: y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate and up groups in turn
+// The grouped formats (q4k16, q6k16): y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate groups
+// of the range, then its up groups, so that each pass streams its own half of W (alternating a gate and an up
+// group switched streams every 14-20 KB at 1536 wide).
+template <int F>
 void compute_groups(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act act, int64_t n0, int64_t n1,
                     float* y) {
-  using q4k16::kRows;
-  thread_local std::vector<float> gate, up;
-  gate.resize(M * kRows);
-  up.resize(M * kRows);
-  for (int64_t n = n0; n < n1; n += kRows) {
-    q4k16::group_rows(w.qs, w.K, a.k, M, n / kRows, gate.data());
-    if (act == kSwiGLU) {
-      q4k16::group_rows(w.qs, w.K, a.k, M, (n + Nout) / kRows, up.data());
-      silu_mul(gate.data(), up.data(), M * kRows);
+  constexpr int64_t kRows = formats::kLayouts[F].rows;
+  const int64_t len = n1 - n0;
+  thread_local std::vector<float> buf, gate, up;
+  buf.resize(M * kRows);
+  auto pass = [&](int64_t first, float* out, int64_t ldo) {  // rows [first, first + len) into out (M, ldo)
+    for (int64_t n = 0; n < len; n += kRows) {
+      group_rows<F>(w, a, M, (first + n) / kRows, buf.data());
+      for (int64_t m = 0; m < M; ++m) std::memcpy(out + m * ldo + n, buf.data() + m * kRows, kRows * sizeof(float));
     }
-    for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * Nout + n, gate.data() + m * kRows, kRows * sizeof(float));
+  };
+  if (act != kSwiGLU) return pass(n0, y + n0, Nout);
+  gate.resize(M * len);
+  up.resize(M * len);
+  pass(n0, gate.data(), len);
+  pass(n0 + Nout, up.data(), len);
+  for (int64_t m = 0; m < M; ++m) {
+    silu_mul(gate.data() + m * len, up.data() + m * len, len);
+    std::memcpy(y + m * Nout + n0, gate.data() + m * len, len * sizeof(float));
   }
 }
 
@@ -128,6 +142,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     lut4::unpack_panel<typename lut4::Of<F>::type>(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
+  } else if (F == kQ6K16) {
+    q6k16::unpack_panel(w.qs, w.nb, n0 / q6k16::kRows, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -145,7 +161,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K;  // q4k.h's panels and tiles
-  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F;
+  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F == kQ6K16 ? (int)kQ6 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
@@ -185,7 +201,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // per-row path against 97 ms through the GEMM (tools.bench.step_profile --per-op, PAGEDECK_QGEMM_ROWS 16 vs 8).
 // q5k's rows (not grouped as q4k16's are) cost each activation row nearly a one-row call: random Q5_K matrices
 // of Qwen2.5-1.5B's gate and down shapes, 8 a call, 2 threads, GEMM / per-row time 1.38 and 1.05 at 8 rows,
-// 0.94 and 0.77 at 12, 0.80 and 0.65 at 16.
+// 0.94 and 0.77 at 12, 0.80 and 0.65 at 16. q6k16's group kernel (one dpbusd per 4 codes of 16 rows, the codes
+// unpacked once a call) keeps up with the GEMM to ~128 rows: four random Q6_K matrices of Qwen2.5-1.5B's down and
+// gate shapes, 2 threads, group kernel / GEMM time 0.82-0.87 at 32 rows, 0.95-1.03 at 128, 1.0 at 512.
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
@@ -195,6 +213,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
+  if (f == kQ6K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 
@@ -202,15 +221,17 @@ int64_t gemm_rows(Format f) {
 // streams long contiguous runs (16-row chunks, 36 KB of a 4096-wide Q4_K matrix, interleaved the two threads'
 // reads every 36 KB: the 8B-shaped file's whole step was 1.22-1.28x slower with them than with 64-256 rows,
 // alternated in one process), but at least 4 chunks a thread so that the threads still finish together on
-// small matrices (a chunk is the most one thread can be left doing alone); several activation rows, 8 rows.
+// small matrices (a chunk is the most one thread can be left doing alone); several activation rows, 8 rows,
+// except for the grouped formats, whose kernels cost too little per byte for that: 16-row chunks of q6k16 at
+// 1536 wide (20 KB each) ran 8 rows 1.3-1.4x slower than 128-row ones.
 // PAGEDECK_ROW_CHUNK overrides it (benchmarks compare splits in one process; 0: one range per thread).
 constexpr int64_t kChunkBytes = 512 << 10;
 
-int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes) {
+int64_t row_chunk(int64_t Nout, int64_t M, int64_t row_bytes, bool groups) {
   const int64_t forced = forced_row_chunk.load(std::memory_order_relaxed);
   const int64_t threads = at::get_num_threads();
   if (forced != kUnset) return forced > 0 ? forced : (Nout + threads - 1) / threads;
-  if (M > 1) return 8;
+  if (M > 1 && !groups) return 8;
   const int64_t rows = std::min(kChunkBytes / std::max<int64_t>(row_bytes, 1), Nout / (4 * threads));
   return std::max<int64_t>(16, rows / 16 * 16);
 }
@@ -236,7 +257,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
               qs.scalar_type(), " ", qs.sizes());
   TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
   const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
-  const bool q6 = f == kQ6, q4k = f == kQ4K, q4k16 = f == kQ4K16, q8g = f == kQ8G;
+  const bool q6 = f == kQ6 || f == kQ6K16, q4k = f == kQ4K, q4k16 = f == kQ4K16, q8g = f == kQ8G;
   const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
@@ -290,8 +311,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   // Output rows go in chunks taken from a shared counter (ggml's scheme), not in one fixed range per thread:
   // on a shared machine a thread that loses its core for a while no longer leaves the other waiting at the
   // join with its whole half still to do. Each row's result is the same whichever thread computes it.
-  int64_t chunk = row_chunk(Nout, M, qs.numel() / N);  // a row's bytes (q4's scales and minimums aside)
-  if (q4k16) chunk = (chunk + q4k16::kRows - 1) / q4k16::kRows * q4k16::kRows;  // whole groups
+  int64_t chunk = row_chunk(Nout, M, qs.numel() / N, L.rows > 1);  // a row's bytes (q4's scales and minimums aside)
+  if (L.rows > 1) chunk = (chunk + L.rows - 1) / L.rows * L.rows;  // whole groups
   const int64_t chunks = (Nout + chunk - 1) / chunk;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), chunks), 1, [&](int64_t, int64_t) {
@@ -300,8 +321,8 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
       const int64_t n0 = c * chunk, n1 = std::min(Nout, n0 + chunk);
       with_format(f, [&](auto F) {
         constexpr int G = decltype(F)::value;
-        if constexpr (G == kQ4K16) {
-          compute_groups(w, a, M, Nout, ac, n0, n1, out);
+        if constexpr (grouped_rows(G)) {
+          compute_groups<G>(w, a, M, Nout, ac, n0, n1, out);
         } else if constexpr (G != kQ8G) {  // q8g always takes the GEMM tiles (big)
           compute<G>(w, a, M, Nout, ac, n0, n1, out);
         }
@@ -319,9 +340,23 @@ void set_tuning(c10::optional<int64_t> gemm_rows_from, c10::optional<int64_t> ch
 
 std::vector<int64_t> get_tuning() { return {forced_gemm_rows.load(), forced_row_chunk.load()}; }
 
+// The grouped formats whose 16-row kernel is vectorized in this build (the others run each row of a group
+// through the rows' kernel: correct, slower than keeping the rows); the loader groups only these.
+std::vector<int64_t> native_groups() {
+  std::vector<int64_t> ids;
+#ifdef PD_AVX2
+  ids.push_back(kQ4K16);
+#endif
+#ifdef PD_AVX512
+  ids.push_back(kQ6K16);
+#endif
+  return ids;
+}
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("set_tuning(int? qgemm_rows, int? row_chunk) -> ()", &set_tuning);
   lib.def("get_tuning() -> int[]", &get_tuning);
+  lib.def("native_groups() -> int[]", &native_groups);
   lib.def("qmatmul(Tensor x, Tensor qs, Tensor d, Tensor? m, int fmt, int act) -> Tensor", &qmatmul);
 }
 

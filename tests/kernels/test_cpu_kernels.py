@@ -138,13 +138,17 @@ def test_extreme_codes_and_activations_sum_exactly(fmt):
     torch.testing.assert_close(w(x).double(), reference_matmul(x, w), rtol=1e-6, atol=1e-6)
 
 
-def _has_vnni() -> bool:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
+            return set(next((line for line in f if line.startswith("flags")), "").split())
     except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
+        return set()
+
+
+def _has_vnni() -> bool:
+    return bool({"avx512_vnni", "avx_vnni"} & cpu_flags())
 
 
 def isa_build_env(isa: str = "avx2") -> dict[str, str]:

@@ -62,7 +62,7 @@ def test_the_loaders_tensors_are_the_tables_layout(qtype):
 def test_the_kernel_refuses_blocks_of_another_format():
     ops, x = cpu_ext.ops(), torch.randn(2, 512)
     q6, q4k, q4, q8 = _packed(Q.Q6_K), _packed(Q.Q4_K), _packed(Q.Q4_0), _packed(Q.Q8_0)
-    assert torch.equal(ops.qmatmul(x, *q6.blocks, formats.Q6.kernel_id, 0), q6(x))
+    assert torch.equal(ops.qmatmul(x, *q6.blocks, q6.kernel_id, 0), q6(x))
     with pytest.raises(RuntimeError, match="do not match their declared format q4k"):
         ops.qmatmul(x, *q6.blocks, formats.Q4K.kernel_id, 0)
     with pytest.raises(RuntimeError, match="do not match their declared format q6"):

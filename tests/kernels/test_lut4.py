@@ -15,7 +15,8 @@ from engine.model.ggml_blocks import KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half, iq
 from engine.model.packing import experts, repack
 from engine.model.qlinear import IQ4NLLinear, IQ4XSLinear, MXFP4Linear, PartsLinear, Q8Linear, cat_packed
 from kernels import cpu_ext, formats
-from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, quantized_activations, run_on_isa_build
+from tests.kernels.test_cpu_kernels import (_has_vnni, assert_rows_independent, cpu_flags, quantized_activations,
+                                             run_on_isa_build)
 from tests.kernels.test_qgemm import _call
 from tools.ggml_writers import quantize as quantize_ggml
 
@@ -218,15 +219,11 @@ def test_mixed_fused_parts_keep_their_formats():
     assert torch.equal(both(x), torch.cat([a(x), b(x)], dim=-1))
 
 
-@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 def _has_vbmi() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512vbmi" in next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
+    return "avx512vbmi" in cpu_flags()
 
 
+@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 @pytest.mark.parametrize("isa", [
     "avx2",
     # the 512-bit one-row path unpacks 17- and 18-byte blocks with VBMI's byte permutes where the CPU has them

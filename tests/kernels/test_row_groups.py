@@ -2,7 +2,8 @@
 as the header states (a NumPy statement of the layout) and go back to the same rows; their products are q4k's
 own on the same rows bit for bit (per-row path for 1-7 activation rows, GEMM path, SwiGLU), hence llama.cpp's
 arithmetic (test_q4k.py checks q4k against it); a row's result never depends on the batch or the thread count;
-a grouped matrix decodes, gathers, converts and stacks the same weights as its rows; Q6_K stays in rows."""
+a grouped matrix decodes, gathers, converts and stacks the same weights as its rows. (Q6_K's groups:
+test_q6_groups.py.)"""
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,6 @@ from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES, group_superblocks, superblock_rows
 from tests.kernels.test_cpu_kernels import assert_rows_independent
 from tests.kernels.test_q4k import gguf_weights, random_q4k, reference_q4k
-from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
@@ -48,12 +48,6 @@ def test_groups_are_the_rows_bytes_as_stated_and_go_back():
     group_superblocks(rows, groups, 144)
     assert np.array_equal(groups.numpy(), layout(rows)) and torch.equal(groups, w.qs)
     assert torch.equal(superblock_rows(groups, 144), rows)
-
-
-def test_q6_k_stays_in_rows():
-    """Q6_K grouped the same way gave a decode step nothing on two cores (kernels/PERF.md): rows, as stored."""
-    w = random_q6(48, 512, 1)
-    assert not w.grouped and w.qs.shape == (48, 2 * 210)
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 7, 8, 13, 40])
@@ -98,8 +92,8 @@ def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
 def test_bad_groups_are_refused_by_name():
     with pytest.raises(ValueError, match="q4k groups must be uint8"):
         Q4KLinear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
-    with pytest.raises(RuntimeError, match="Q4_K super-blocks"):
-        group_superblocks(torch.zeros(16, 210, dtype=torch.uint8), torch.zeros(1, 3360, dtype=torch.uint8), 210)
+    with pytest.raises(RuntimeError, match="Q4_K .* super-blocks, not 176-byte"):
+        group_superblocks(torch.zeros(16, 176, dtype=torch.uint8), torch.zeros(1, 2816, dtype=torch.uint8), 176)
     rows = random_q4k(48, 256, 6).row_blocks()  # 48 rows as groups: SwiGLU's halves would split a group
     groups = Q4KLinear.empty_groups(48, 256)
     group_superblocks(rows, groups, 144)

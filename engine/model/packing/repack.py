@@ -230,15 +230,15 @@ def from_blocks(raw: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int
 def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int], fmt: str, keep_dense: bool,
                  exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
     n, k = shape
-    if kernel_format(qtype.name, fmt) == "q4k" and groupable(n):  # the file's super-blocks, into groups
-        groups, step = Q4KLinear.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
+    kind = kernel_format(qtype.name, fmt)
+    cls = _SUPERBLOCKS.get(kind)
+    if cls is not None and cls.GROUPS and groupable(n, cls.spec.grouped_id):  # the file's super-blocks, into groups
+        groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):
-            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS],
-                              formats.Q4K.code_bytes)
+            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], cls.BLOCK_BYTES)
             if done is not None:
                 done(r0, min(r0 + step, n))
-        return Q4KLinear(groups, exact, grouped=True)
-    kind = kernel_format(qtype.name, fmt)
+        return cls(groups, exact, grouped=True)
     if kind in _SUPERBLOCKS or kind in LUT4_CLASSES:  # the file's blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):

@@ -51,7 +51,7 @@ class Q8Linear(PackedLinear):
             ops.q4_to_q8(p.qs, p.scale, p.minimum, qs, scale)
             return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         if ops is not None and isinstance(p, Q6Linear):
-            ops.q6_k_to_q8(p.qs, qs, scale)
+            ops.q6_k_to_q8(p.row_blocks().contiguous(), qs, scale)
             return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         if ops is not None and isinstance(p, Q4KLinear):  # through q4, the bits mixed groups had before q4k
             q4 = p.to_q4()

@@ -1,5 +1,5 @@
-"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K) and q4k (GGUF Q4_K, in rows or regrouped 16
-at a time)."""
+"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K) and q4k (GGUF Q4_K), each in rows or
+regrouped 16 at a time, and q5k (GGUF Q5_K, in rows)."""
 from __future__ import annotations
 
 import torch
@@ -18,9 +18,9 @@ class SuperBlockLinear(PackedLinear):
     """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of SUPER weights
     each, their scales inside the blocks, decoded exactly as gguf does.
 
-    A format with GROUPS (q4k) keeps, where the CPU kernels run and N % 32 == 0 (kernels.packed.groupable), its rows regrouped 16 at a
-    time in `qs` (kernels.packed's q4k16: the same bytes, the same bits, a decode kernel without horizontal
-    reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
+    A format with GROUPS (q4k, q6) keeps, where its group kernel is built and N % 32 == 0
+    (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16 and q6k16: the
+    same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
     rows straight into groups, kernels.packed.group_superblocks)."""
 
     format: str
@@ -38,7 +38,7 @@ class SuperBlockLinear(PackedLinear):
                              f"got {qs.dtype} {tuple(qs.shape)}")
         self.qs, self.grouped = qs.contiguous(), grouped
         super().__init__((n, row_bytes // self.BLOCK_BYTES * SUPER), dense)
-        if not grouped and self.GROUPS and groupable(n):
+        if not grouped and self.GROUPS and groupable(n, self.spec.grouped_id):
             groups = self.empty_groups(n, self.shape[1])
             group_superblocks(self.qs, groups, self.BLOCK_BYTES)
             self.qs, self.grouped = groups, True
@@ -86,13 +86,14 @@ class SuperBlockLinear(PackedLinear):
 
 
 class Q6Linear(SuperBlockLinear):
-    """GGUF Q6_K super-blocks (kernels.packed's q6): w = d * sc * (code - 32), 6.56 bits a weight (as q8 they
-    took 8.5)."""
+    """GGUF Q6_K super-blocks (kernels.packed's q6, or q6k16 in groups): w = d * sc * (code - 32), 6.56 bits a
+    weight (as q8 they took 8.5)."""
 
     spec = formats.Q6
     format = spec.name
     BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.Q6_K
+    GROUPS = True
 
 
 class Q4KLinear(SuperBlockLinear):

@@ -1,0 +1,270 @@
+// The q6k16 format of qmatmul: GGUF Q6_K rows regrouped 16 at a time, so that one 512-bit vector holds the same
+// 4 code bytes of 16 weight rows and a step of several activation rows shares each unpacked super-block. q6.h's
+// rows cost each activation row ~50 instructions a super-block (two madds, and a tree of hadds to bring each
+// 32-weight block's sum into its lane), so an 8-row step cost nearly 8 one-row calls; here an activation row
+// costs 4 dpbusd a weight row and super-block, the 6-bit codes are taken apart once for all the rows of a call.
+//
+// A group of 16 rows (r = 0..15) stores, per super-block s, kGroupBytes = 16 x 210 bytes:
+//   [0, 3072)     48 lines of 64 bytes, line 3 (8 n + w) + p holding row r's 4 bytes at 4 r:
+//                 p = 0: low-nibble bytes 64 n + 4 w.., p = 1: 64 n + 32 + 4 w.., p = 2: high-pair bytes 128 + 32 n + 4 w..
+//   [3072, 3104)  d of the 16 rows (fp16)
+//   [3104, 3360)  the sixteen int8 scales as [16 j + r] = row r's sc[j]
+// so the three lines of (n, w) give, for k = 0..3, the codes of weights 128 n + 32 k + 4 w + (0..3) of all 16
+// rows: one dpbusd against the 4 activation codes broadcast adds them into each row's own int32 lane.
+//
+// The arithmetic is q6.h's exactly: per row, super-block and 32-weight block b the exact integer
+//   S_b = sc[2b] (q_lo . x_lo - 32 xs[2b]) + sc[2b+1] (q_hi . x_hi - 32 xs[2b+1])
+// (q6.h's, regrouped), then acc_b = fma(S_b, d * dx_b, acc_b) a super-block after another and hsum's order over
+// the eight acc_b at the end. So this kernel, q6.h's rows and the GEMM path (panels unpacked from the groups)
+// give the same bits, whatever the batch, row order or thread count. Without AVX-512 each row of a group goes
+// through q6.h's own tile (the loader keeps Q6_K in rows there: kernels.packed.groupable).
+#pragma once
+
+#include "common.h"
+#include "kquant.h"
+#include "panel.h"
+#include "q6.h"
+
+#include <vector>
+
+namespace pagedeck {
+namespace q6k16 {
+
+constexpr int kRows = 16;
+constexpr int64_t kGroupBytes = kRows * q6::kBytes;  // one super-block of a group: 3360 bytes
+constexpr int kCodes = 0, kD = 3072, kScales = 3104;
+// Prefetch distance, into L1: one group super-block ahead. Qwen2.5-1.5B's Q6_K shapes, one activation row, 2
+// threads, random weights from DRAM: q4k16's two ahead into L2 read 33-39 GB/s where the rows read 36-46, four
+// ahead 31-35, none 26-30; this one 37-42.
+constexpr int64_t kAhead = kGroupBytes;
+
+// The byte of a group super-block that holds byte `i` (0..209) of row r's super-block (the layout above).
+inline int64_t at(int r, int i) {
+  if (i < 128) return kCodes + 64 * (3 * (8 * (i / 64) + (i % 32) / 4) + (i % 64) / 32) + 4 * r + i % 4;
+  if (i < 192) return kCodes + 64 * (3 * (8 * ((i - 128) / 32) + ((i - 128) % 32) / 4) + 2) + 4 * r + i % 4;
+  if (i < 208) return kScales + 16 * (i - 192) + r;
+  return kD + 2 * r + i - 208;
+}
+
+// row-ordered super-blocks <-> one group's (Pack: rows -> group); `rows` points at row 0, rows row_bytes apart
+template <bool Pack>
+inline void move_group(uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* grp) {
+  auto move = [](uint8_t* in_group, uint8_t* in_row, size_t n) {
+    Pack ? std::memcpy(in_group, in_row, n) : std::memcpy(in_row, in_group, n);
+  };
+  for (int64_t s = 0; s < nsb; ++s)
+    for (int r = 0; r < kRows; ++r) {
+      uint8_t* sb = rows + r * row_bytes + s * q6::kBytes;
+      uint8_t* o = grp + s * kGroupBytes;
+      for (int i = 0; i < 192; i += 4) move(o + at(r, i), sb + i, 4);
+      for (int i = 192; i < 208; ++i) move(o + at(r, i), sb + i, 1);
+      move(o + at(r, 208), sb + 208, 2);
+    }
+}
+
+inline void unpack_super(const uint8_t* g, int r, uint8_t sb[q6::kBytes]) {
+  for (int i = 0; i < q6::kBytes; ++i) sb[i] = g[at(r, i)];
+}
+
+// The activations q6.h reads (quantize_rows with sums per 16): int8 q (M, K), scales dx (M, nbp), xs (M, 2 nbp).
+struct Acts {
+  const int8_t* q;
+  const float* dx;
+  const int16_t* xs;
+  int64_t nbp;
+};
+
+#ifdef PD_AVX512
+// One group super-block taken apart: codes[8 b + w] = the codes of weights 32 b + 4 w + (0..3) of the 16 rows
+// (one int32 lane a row), sc[j] the rows' scale j as int32, d their d.
+struct Unpacked {
+  __m512i codes[64];
+  __m512i sc[16];
+  __m512 d;
+};
+
+inline void unpack(const uint8_t* g, Unpacked& u) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  for (int n = 0; n < 2; ++n)
+    for (int w = 0; w < 8; ++w) {
+      const uint8_t* line = g + kCodes + 64 * 3 * (8 * n + w);
+      const __m512i q0 = _mm512_loadu_si512(line), q1 = _mm512_loadu_si512(line + 64);
+      const __m512i h = _mm512_loadu_si512(line + 128);
+      // (lo4 & 0x0F) | (hi2 & 0x30): the low nibble and the high pair moved to bits 4-5
+      auto join = [&](__m512i lo4, __m512i hi2) {
+        return _mm512_or_si512(_mm512_and_si512(lo4, m4), _mm512_and_si512(hi2, m30));
+      };
+      __m512i* c = u.codes + 8 * 4 * n + w;
+      c[0] = join(q0, _mm512_slli_epi16(h, 4));
+      c[8] = join(q1, _mm512_slli_epi16(h, 2));
+      c[16] = join(_mm512_srli_epi16(q0, 4), h);
+      c[24] = join(_mm512_srli_epi16(q1, 4), _mm512_srli_epi16(h, 2));
+    }
+  for (int j = 0; j < 16; ++j)
+    u.sc[j] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(g + kScales + 16 * j)));
+  u.d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
+}
+
+// acc[8 m + b] (16 rows each) += the super-block s of activation rows m0..m0+MT: MT rows share each code vector
+// and give the core independent dpbusd chains to overlap.
+template <int MT>
+inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+  const int8_t* x[MT];
+  const int16_t* xs[MT];
+  const float* dx[MT];
+  for (int r = 0; r < MT; ++r) {
+    const int64_t at = (m0 + r) * a.nbp + s * 8;
+    x[r] = a.q + (m0 + r) * K + s * q6::kSuper;
+    xs[r] = a.xs + 2 * at;
+    dx[r] = a.dx + at;
+  }
+  for (int b = 0; b < 8; ++b) {
+    __m512i lo[MT], hi[MT];
+    for (int r = 0; r < MT; ++r) {
+      lo[r] = _mm512_set1_epi32(-32 * (int32_t)xs[r][2 * b]);
+      hi[r] = _mm512_set1_epi32(-32 * (int32_t)xs[r][2 * b + 1]);
+    }
+    for (int w = 0; w < 4; ++w) {
+      const __m512i cl = u.codes[8 * b + w], ch = u.codes[8 * b + 4 + w];
+      for (int r = 0; r < MT; ++r) {
+        int32_t xl, xh;
+        std::memcpy(&xl, x[r] + 32 * b + 4 * w, 4);
+        std::memcpy(&xh, x[r] + 32 * b + 16 + 4 * w, 4);
+        lo[r] = _mm512_dpbusd_epi32(lo[r], cl, _mm512_set1_epi32(xl));
+        hi[r] = _mm512_dpbusd_epi32(hi[r], ch, _mm512_set1_epi32(xh));
+      }
+    }
+    for (int r = 0; r < MT; ++r) {
+      const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(lo[r], u.sc[2 * b]), _mm512_mullo_epi32(hi[r], u.sc[2 * b + 1]));
+      __m512& o = acc[8 * (m0 + r) + b];
+      o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(u.d, _mm512_set1_ps(dx[r][b])), o);
+    }
+  }
+}
+
+// One activation row: the same integers and float steps as accumulate<1>, each line triple's codes used as they
+// are taken apart (no round trip through Unpacked: at one row that store and reload cost ~20 % of the step).
+inline void one_row(const uint8_t* g, const Acts& a, int64_t s, __m512 acc[8]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  auto join = [&](__m512i lo4, __m512i hi2) { return _mm512_or_si512(_mm512_and_si512(lo4, m4), _mm512_and_si512(hi2, m30)); };
+  const int8_t* x = a.q + s * q6::kSuper;
+  const int16_t* xs = a.xs + 2 * s * 8;
+  const float* dx = a.dx + s * 8;
+  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
+  for (int n = 0; n < 2; ++n) {
+    __m512i lo[4], hi[4];
+    for (int k = 0; k < 4; ++k) {
+      lo[k] = _mm512_set1_epi32(-32 * (int32_t)xs[2 * (4 * n + k)]);
+      hi[k] = _mm512_set1_epi32(-32 * (int32_t)xs[2 * (4 * n + k) + 1]);
+    }
+    for (int w = 0; w < 8; ++w) {
+      const uint8_t* line = g + kCodes + 64 * 3 * (8 * n + w);
+      const __m512i q0 = _mm512_loadu_si512(line), q1 = _mm512_loadu_si512(line + 64);
+      const __m512i h = _mm512_loadu_si512(line + 128);
+      const __m512i c[4] = {join(q0, _mm512_slli_epi16(h, 4)), join(q1, _mm512_slli_epi16(h, 2)),
+                            join(_mm512_srli_epi16(q0, 4), h), join(_mm512_srli_epi16(q1, 4), _mm512_srli_epi16(h, 2))};
+      for (int k = 0; k < 4; ++k) {
+        int32_t xv;
+        std::memcpy(&xv, x + 128 * n + 32 * k + 4 * w, 4);
+        __m512i& t = w < 4 ? lo[k] : hi[k];
+        t = _mm512_dpbusd_epi32(t, c[k], _mm512_set1_epi32(xv));
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      const int b = 4 * n + k;
+      const __m512i sl = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(g + kScales + 16 * (2 * b))));
+      const __m512i sh = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(g + kScales + 16 * (2 * b + 1))));
+      const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(lo[k], sl), _mm512_mullo_epi32(hi[k], sh));
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx[b])), acc[b]);
+    }
+  }
+}
+
+// out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
+inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
+  const int64_t nsb = K / q6::kSuper;
+  const uint8_t* grp = qs + g * nsb * kGroupBytes;
+  thread_local std::vector<__m512> acc;
+  thread_local Unpacked u;
+  acc.assign(8 * M, _mm512_setzero_ps());
+  if (M == 1) {
+    __m512 one[8];
+    for (int b = 0; b < 8; ++b) one[b] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t* gs = grp + s * kGroupBytes;
+      for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + kAhead + i), _MM_HINT_T0);
+      one_row(gs, a, s, one);
+    }
+    for (int b = 0; b < 8; ++b) acc[b] = one[b];
+  }
+  for (int64_t s = 0; s < nsb && M > 1; ++s) {
+    const uint8_t* gs = grp + s * kGroupBytes;
+    for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + kAhead + i), _MM_HINT_T0);
+    unpack(gs, u);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) accumulate<4>(u, a, K, m, s, acc.data());
+    for (; m + 2 <= M; m += 2) accumulate<2>(u, a, K, m, s, acc.data());
+    if (m < M) accumulate<1>(u, a, K, m, s, acc.data());
+  }
+  for (int64_t m = 0; m < M; ++m) {  // hsum's order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then + 0
+    const __m512* v = acc.data() + 8 * m;
+    const __m512 e = _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6]));
+    const __m512 o = _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7]));
+    _mm512_storeu_ps(out + m * kRows, _mm512_add_ps(_mm512_add_ps(e, o), _mm512_setzero_ps()));
+  }
+}
+#else  // each row of the group through q6.h's tile
+inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
+  const int64_t nsb = K / q6::kSuper;
+  const uint8_t* grp = qs + g * nsb * kGroupBytes;
+  thread_local std::vector<uint8_t> row;
+  thread_local std::vector<float> col;
+  row.resize(nsb * q6::kBytes);
+  col.resize(M);
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t s = 0; s < nsb; ++s) unpack_super(grp + s * kGroupBytes, r, row.data() + s * q6::kBytes);
+    q6::weight_row(row.data(), K, a.q, a.dx, a.xs, a.nbp, M, 0, col.data());
+    for (int64_t m = 0; m < M; ++m) out[m * kRows + r] = col[m];
+  }
+}
+#endif
+
+#ifdef PD_AVX2
+// The GEMM path's panel of group g (q6.h's unpack_panel's meaning of the fields): its 16 rows are the panel's
+// 16 columns, so a block's word t of every column is one vector of the unpacked group.
+inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& p) {
+  using gemm::kCols;
+  static_assert(kCols == kRows, "a q6k16 group is one GEMM panel");
+  const int64_t nsb = nb / 8;
+  const uint8_t* grp = qs + g * nsb * kGroupBytes;
+  p.codes.resize(nb * 8 * kCols);
+  p.dw.resize(nb * kCols);
+  p.zw.assign(nb * kCols, 0.0f);
+  p.slo.resize(nb * kCols);
+  p.shi.resize(nb * kCols);
+#ifdef PD_AVX512
+  thread_local Unpacked u;
+  for (int64_t s = 0; s < nsb; ++s) {
+    unpack(grp + s * kGroupBytes, u);
+    for (int b = 0; b < 8; ++b) {
+      for (int t = 0; t < 8; ++t)
+        _mm512_storeu_si512(p.codes.data() + ((s * 8 + b) * 8 + t) * kCols, u.codes[8 * b + t]);
+      const int64_t at = (s * 8 + b) * kCols;
+      _mm512_storeu_ps(p.dw.data() + at, u.d);
+      _mm512_storeu_si512(p.slo.data() + at, u.sc[2 * b]);
+      _mm512_storeu_si512(p.shi.data() + at, u.sc[2 * b + 1]);
+    }
+  }
+#else  // the group's rows, then q6.h's unpacker
+  thread_local std::vector<uint8_t> rows;
+  rows.resize(kRows * nsb * q6::kBytes);
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t s = 0; s < nsb; ++s)
+      unpack_super(grp + s * kGroupBytes, r, rows.data() + (r * nsb + s) * q6::kBytes);
+  q6::unpack_panel(rows.data(), nb, 0, kRows, p);
+#endif
+}
+#endif
+
+}  // namespace q6k16
+}  // namespace pagedeck

@@ -12,6 +12,7 @@
 #include "q4k.h"
 #include "q4k16.h"
 #include "q6.h"
+#include "q5k16.h"
 #include "q6k16.h"
 #include "q8.h"
 #include "rows.h"
@@ -27,6 +28,8 @@ static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                       q4k16::kGroupBytes &&
                   formats::kLayouts[formats::kQ6K16].code_bytes * formats::kLayouts[formats::kQ6K16].rows ==
                       q6k16::kGroupBytes &&
+                  formats::kLayouts[formats::kQ5K16].code_bytes * formats::kLayouts[formats::kQ5K16].rows ==
+                      q5k16::kGroupBytes &&
                   formats::kLayouts[formats::kQ8G].rows == q8g::kRows &&
                   formats::kLayouts[formats::kQ4K].values == q4k::kSuper &&
                   formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
@@ -54,6 +57,7 @@ void with_format(formats::Format f, Fn&& fn) {
     case kIQ4XS: return fn(std::integral_constant<int, kIQ4XS>{});
     case kQ5K: return fn(std::integral_constant<int, kQ5K>{});
     case kQ6K16: return fn(std::integral_constant<int, kQ6K16>{});
+    case kQ5K16: return fn(std::integral_constant<int, kQ5K16>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
@@ -66,22 +70,23 @@ constexpr int kRowActKinds = 3;
 
 constexpr RowActs row_acts(int F) {
   using namespace formats;
-  if (F == kQ4K || F == kQ4K16 || F == kQ5K) return RowActs::kPer256;
+  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16) return RowActs::kPer256;
   return F == kQ4 || F == kQ5 ? RowActs::kPaired : RowActs::kNatural;
 }
 
-// Whether format F has per-row kernels (weight_row, or q4k16's and q6k16's 16-row groups): q8g has only GEMM
+// Whether format F has per-row kernels (weight_row, or the grouped formats' 16-row groups): q8g has only GEMM
 // tiles.
 constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 
 // out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
 // Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
 // DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
-// prefetching did not win that back. (q4k16 and q6k16 compute 16-row groups instead: group_rows below.)
+// prefetching did not win that back. (The grouped formats compute 16-row groups instead: group_rows below.)
 template <int F>
 void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   using namespace formats;
-  static_assert(F != kQ4K16 && F != kQ6K16 && F != kQ8G, "q4k16 and q6k16 go by 16-row groups, q8g by GEMM tiles");
+  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kQ8G,
+                "the grouped formats go by 16-row groups, q8g by GEMM tiles");
   if constexpr (F == kQ6) {
     q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
   } else if constexpr (F == kQ4K) {
@@ -98,7 +103,9 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
 }
 
 // Whether format F keeps its rows in 16-row groups whose kernel computes a whole group (group_rows).
-constexpr bool grouped_rows(int F) { return F == formats::kQ4K16 || F == formats::kQ6K16; }
+constexpr bool grouped_rows(int F) {
+  return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16;
+}
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows, of a grouped format F
 template <int F>
@@ -106,6 +113,8 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
   static_assert(grouped_rows(F), "group_rows takes the grouped formats");
   if constexpr (F == formats::kQ4K16) {
     q4k16::group_rows(w.qs, w.K, a.k, M, g, out);
+  } else if constexpr (F == formats::kQ5K16) {
+    q5k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else {
     q6k16::group_rows(w.qs, w.K, {a.q.data(), a.d.data(), a.xs16.data(), a.nbp}, M, g, out);
   }

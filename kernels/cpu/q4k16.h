@@ -22,11 +22,12 @@
 #include "common.h"
 #include "q4k.h"
 #include "panel.h"
+#include "row_groups.h"
 
 namespace pagedeck {
 namespace q4k16 {
 
-constexpr int kRows = 16;
+constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * q4k::kBytes;  // one super-block of a group: 2304 bytes
 // Prefetch distance, into L2: two group super-blocks ahead. The 8B-shaped file's whole decode step, alternated
 // in one process against q4k's rows: no software prefetch 1.09-1.13x, this 1.23-1.26x (four ahead 1.15-1.22x);
@@ -34,34 +35,18 @@ constexpr int64_t kGroupBytes = kRows * q4k::kBytes;  // one super-block of a gr
 constexpr int64_t kAhead = 2 * kGroupBytes;
 constexpr int kD = 0, kDmin = 32, kScales = 64, kCodes = 256;
 
-// The byte of a group super-block that holds byte `i` (0..143) of row r's super-block (the layout above).
-inline int64_t at(int r, int i) {
-  if (i < 2) return kD + 2 * r + i;
-  if (i < 4) return kDmin + 2 * r + i - 2;
-  if (i < 16) return kScales + 64 * ((i - 4) / 4) + 4 * r + (i - 4) % 4;
-  return kCodes + 64 * ((i - 16) / 4) + 4 * r + (i - 16) % 4;
-}
-
-// row-ordered super-blocks <-> one group's (Pack: rows -> group); `rows` points at row 0, rows row_bytes apart
-template <bool Pack>
-inline void move_group(uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* grp) {
-  auto move = [](uint8_t* in_group, uint8_t* in_row, size_t n) {
-    Pack ? std::memcpy(in_group, in_row, n) : std::memcpy(in_row, in_group, n);
-  };
-  for (int64_t s = 0; s < nsb; ++s)
-    for (int r = 0; r < kRows; ++r) {
-      uint8_t* sb = rows + r * row_bytes + s * q4k::kBytes;
-      uint8_t* o = grp + s * kGroupBytes;
-      move(o + kD + 2 * r, sb, 2);
-      move(o + kDmin + 2 * r, sb + 2, 2);
-      for (int w = 0; w < 3; ++w) move(o + kScales + 64 * w + 4 * r, sb + 4 + 4 * w, 4);
-      for (int k = 0; k < 32; ++k) move(o + kCodes + 64 * k + 4 * r, sb + 16 + 4 * k, 4);
-    }
-}
-
-inline void unpack_super(const uint8_t* g, int r, uint8_t sb[q4k::kBytes]) {
-  for (int i = 0; i < q4k::kBytes; ++i) sb[i] = g[at(r, i)];
-}
+// The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..143) of row r's
+// super-block, as stated above.
+struct Group {
+  static constexpr int64_t kBytes = q4k::kBytes, kGroupBytes = q4k16::kGroupBytes;
+  static constexpr row_groups::Run kRuns[] = {{0, 4, 2}, {4, 144, 4}};
+  static int64_t at(int r, int i) {
+    if (i < 2) return kD + 2 * r + i;
+    if (i < 4) return kDmin + 2 * r + i - 2;
+    if (i < 16) return kScales + 64 * ((i - 4) / 4) + 4 * r + (i - 4) % 4;
+    return kCodes + 64 * ((i - 16) / 4) + 4 * r + (i - 16) % 4;
+  }
+};
 
 #ifdef PD_AVX2
 // out[m * 16 + r] = weight row 16 g + r . activation row m0 + m, m < MT. Per super-block, each half h of the
@@ -154,13 +139,9 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K
 #else  // portable: each row of the group through q4k's portable tile
 template <int MT>
 inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
-  std::vector<uint8_t> row(nsb * q4k::kBytes);
-  for (int r = 0; r < kRows; ++r) {
-    for (int64_t s = 0; s < nsb; ++s) unpack_super(grp + s * kGroupBytes, r, row.data() + s * q4k::kBytes);
-    float o[MT];
-    q4k::tile<MT>(row.data(), nsb, a, K, m0, o);
-    for (int m = 0; m < MT; ++m) out[m * kRows + r] = o[m];
-  }
+  row_groups::each_row<Group>(grp, nsb, MT, out, [&](const uint8_t* row, float* col) {
+    q4k::tile<MT>(row, nsb, a, K, m0, col);
+  });
 }
 #endif
 
@@ -200,7 +181,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
         }
     for (int r = 0; r < kRows; ++r) {
       uint8_t sb[16];  // the row's d, dmin and scale bytes, as its super-block starts
-      for (int i = 0; i < 16; ++i) sb[i] = gs[at(r, i)];
+      for (int i = 0; i < 16; ++i) sb[i] = gs[Group::at(r, i)];
       q4k::panel_scales(sb, s, r, p);
     }
   }

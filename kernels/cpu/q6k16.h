@@ -24,13 +24,14 @@
 #include "kquant.h"
 #include "panel.h"
 #include "q6.h"
+#include "row_groups.h"
 
 #include <vector>
 
 namespace pagedeck {
 namespace q6k16 {
 
-constexpr int kRows = 16;
+constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * q6::kBytes;  // one super-block of a group: 3360 bytes
 constexpr int kCodes = 0, kD = 3072, kScales = 3104;
 // Prefetch distance, into L1: one group super-block ahead. Qwen2.5-1.5B's Q6_K shapes, one activation row, 2
@@ -38,33 +39,18 @@ constexpr int kCodes = 0, kD = 3072, kScales = 3104;
 // ahead 31-35, none 26-30; this one 37-42.
 constexpr int64_t kAhead = kGroupBytes;
 
-// The byte of a group super-block that holds byte `i` (0..209) of row r's super-block (the layout above).
-inline int64_t at(int r, int i) {
-  if (i < 128) return kCodes + 64 * (3 * (8 * (i / 64) + (i % 32) / 4) + (i % 64) / 32) + 4 * r + i % 4;
-  if (i < 192) return kCodes + 64 * (3 * (8 * ((i - 128) / 32) + ((i - 128) % 32) / 4) + 2) + 4 * r + i % 4;
-  if (i < 208) return kScales + 16 * (i - 192) + r;
-  return kD + 2 * r + i - 208;
-}
-
-// row-ordered super-blocks <-> one group's (Pack: rows -> group); `rows` points at row 0, rows row_bytes apart
-template <bool Pack>
-inline void move_group(uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* grp) {
-  auto move = [](uint8_t* in_group, uint8_t* in_row, size_t n) {
-    Pack ? std::memcpy(in_group, in_row, n) : std::memcpy(in_row, in_group, n);
-  };
-  for (int64_t s = 0; s < nsb; ++s)
-    for (int r = 0; r < kRows; ++r) {
-      uint8_t* sb = rows + r * row_bytes + s * q6::kBytes;
-      uint8_t* o = grp + s * kGroupBytes;
-      for (int i = 0; i < 192; i += 4) move(o + at(r, i), sb + i, 4);
-      for (int i = 192; i < 208; ++i) move(o + at(r, i), sb + i, 1);
-      move(o + at(r, 208), sb + 208, 2);
-    }
-}
-
-inline void unpack_super(const uint8_t* g, int r, uint8_t sb[q6::kBytes]) {
-  for (int i = 0; i < q6::kBytes; ++i) sb[i] = g[at(r, i)];
-}
+// The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..209) of row r's
+// super-block, as stated above.
+struct Group {
+  static constexpr int64_t kBytes = q6::kBytes, kGroupBytes = q6k16::kGroupBytes, kAhead = q6k16::kAhead;
+  static constexpr row_groups::Run kRuns[] = {{0, 192, 4}, {192, 208, 1}, {208, 210, 2}};
+  static int64_t at(int r, int i) {
+    if (i < 128) return kCodes + 64 * (3 * (8 * (i / 64) + (i % 32) / 4) + (i % 64) / 32) + 4 * r + i % 4;
+    if (i < 192) return kCodes + 64 * (3 * (8 * ((i - 128) / 32) + ((i - 128) % 32) / 4) + 2) + 4 * r + i % 4;
+    if (i < 208) return kScales + 16 * (i - 192) + r;
+    return kD + 2 * r + i - 208;
+  }
+};
 
 // The activations q6.h reads (quantize_rows with sums per 16): int8 q (M, K), scales dx (M, nbp), xs (M, 2 nbp).
 struct Acts {
@@ -142,44 +128,6 @@ inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, 
   }
 }
 
-// One activation row: the same integers and float steps as accumulate<1>, each line triple's codes used as they
-// are taken apart (no round trip through Unpacked: at one row that store and reload cost ~20 % of the step).
-inline void one_row(const uint8_t* g, const Acts& a, int64_t s, __m512 acc[8]) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  auto join = [&](__m512i lo4, __m512i hi2) { return _mm512_or_si512(_mm512_and_si512(lo4, m4), _mm512_and_si512(hi2, m30)); };
-  const int8_t* x = a.q + s * q6::kSuper;
-  const int16_t* xs = a.xs + 2 * s * 8;
-  const float* dx = a.dx + s * 8;
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
-  for (int n = 0; n < 2; ++n) {
-    __m512i lo[4], hi[4];
-    for (int k = 0; k < 4; ++k) {
-      lo[k] = _mm512_set1_epi32(-32 * (int32_t)xs[2 * (4 * n + k)]);
-      hi[k] = _mm512_set1_epi32(-32 * (int32_t)xs[2 * (4 * n + k) + 1]);
-    }
-    for (int w = 0; w < 8; ++w) {
-      const uint8_t* line = g + kCodes + 64 * 3 * (8 * n + w);
-      const __m512i q0 = _mm512_loadu_si512(line), q1 = _mm512_loadu_si512(line + 64);
-      const __m512i h = _mm512_loadu_si512(line + 128);
-      const __m512i c[4] = {join(q0, _mm512_slli_epi16(h, 4)), join(q1, _mm512_slli_epi16(h, 2)),
-                            join(_mm512_srli_epi16(q0, 4), h), join(_mm512_srli_epi16(q1, 4), _mm512_srli_epi16(h, 2))};
-      for (int k = 0; k < 4; ++k) {
-        int32_t xv;
-        std::memcpy(&xv, x + 128 * n + 32 * k + 4 * w, 4);
-        __m512i& t = w < 4 ? lo[k] : hi[k];
-        t = _mm512_dpbusd_epi32(t, c[k], _mm512_set1_epi32(xv));
-      }
-    }
-    for (int k = 0; k < 4; ++k) {
-      const int b = 4 * n + k;
-      const __m512i sl = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(g + kScales + 16 * (2 * b))));
-      const __m512i sh = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(g + kScales + 16 * (2 * b + 1))));
-      const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(lo[k], sl), _mm512_mullo_epi32(hi[k], sh));
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(d, _mm512_set1_ps(dx[b])), acc[b]);
-    }
-  }
-}
-
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
 inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / q6::kSuper;
@@ -187,25 +135,8 @@ inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, i
   thread_local std::vector<__m512> acc;
   thread_local Unpacked u;
   acc.assign(8 * M, _mm512_setzero_ps());
-  if (M == 1) {
-    __m512 one[8];
-    for (int b = 0; b < 8; ++b) one[b] = _mm512_setzero_ps();
-    for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* gs = grp + s * kGroupBytes;
-      for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + kAhead + i), _MM_HINT_T0);
-      one_row(gs, a, s, one);
-    }
-    for (int b = 0; b < 8; ++b) acc[b] = one[b];
-  }
-  for (int64_t s = 0; s < nsb && M > 1; ++s) {
-    const uint8_t* gs = grp + s * kGroupBytes;
-    for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + kAhead + i), _MM_HINT_T0);
-    unpack(gs, u);
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) accumulate<4>(u, a, K, m, s, acc.data());
-    for (; m + 2 <= M; m += 2) accumulate<2>(u, a, K, m, s, acc.data());
-    if (m < M) accumulate<1>(u, a, K, m, s, acc.data());
-  }
+  row_groups::each_super<Group>(grp, nsb, M, [&](const uint8_t* gs) { unpack(gs, u); },
+                                [&](auto mt, int64_t m0, int64_t s) { accumulate<mt>(u, a, K, m0, s, acc.data()); });
   for (int64_t m = 0; m < M; ++m) {  // hsum's order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then + 0
     const __m512* v = acc.data() + 8 * m;
     const __m512 e = _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6]));
@@ -216,16 +147,9 @@ inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, i
 #else  // each row of the group through q6.h's tile
 inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / q6::kSuper;
-  const uint8_t* grp = qs + g * nsb * kGroupBytes;
-  thread_local std::vector<uint8_t> row;
-  thread_local std::vector<float> col;
-  row.resize(nsb * q6::kBytes);
-  col.resize(M);
-  for (int r = 0; r < kRows; ++r) {
-    for (int64_t s = 0; s < nsb; ++s) unpack_super(grp + s * kGroupBytes, r, row.data() + s * q6::kBytes);
-    q6::weight_row(row.data(), K, a.q, a.dx, a.xs, a.nbp, M, 0, col.data());
-    for (int64_t m = 0; m < M; ++m) out[m * kRows + r] = col[m];
-  }
+  row_groups::each_row<Group>(qs + g * nsb * kGroupBytes, nsb, M, out, [&](const uint8_t* row, float* col) {
+    q6::weight_row(row, K, a.q, a.dx, a.xs, a.nbp, M, 0, col);
+  });
 }
 #endif
 
@@ -257,10 +181,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
   }
 #else  // the group's rows, then q6.h's unpacker
   thread_local std::vector<uint8_t> rows;
-  rows.resize(kRows * nsb * q6::kBytes);
-  for (int r = 0; r < kRows; ++r)
-    for (int64_t s = 0; s < nsb; ++s)
-      unpack_super(grp + s * kGroupBytes, r, rows.data() + (r * nsb + s) * q6::kBytes);
+  row_groups::group_to_rows<Group>(grp, nsb, rows);
   q6::unpack_panel(rows.data(), nb, 0, kRows, p);
 #endif
 }

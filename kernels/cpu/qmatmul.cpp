@@ -9,6 +9,8 @@
 //   q5k: GGUF Q5_K super-blocks as the file stores them (kquant.h): q4k's kernels with a fifth-bit plane.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
 //       the same bits as q4k without its per-row horizontal reductions.
+//   q5k16: Q5_K super-blocks with rows regrouped 16 at a time (q5k16.h; qs is (N / 16, K / 256 * 2816)), q6k16's
+//       scheme with q5k's bits.
 //   q6k16: Q6_K super-blocks with rows regrouped 16 at a time (q6k16.h; qs is (N / 16, K / 256 * 3360)), the same
 //       bits as q6, the codes taken apart once for all the activation rows of a call.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
@@ -31,7 +33,7 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q4k.h and q4k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
+// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
@@ -43,6 +45,7 @@
 #include "q4k.h"
 #include "q4k16.h"
 #include "q6.h"
+#include "q5k16.h"
 #include "q6k16.h"
 #include "q8.h"
 #include "qgemm.h"
@@ -69,6 +72,7 @@ using formats::kQ4K;
 using formats::kQ4K16;
 using formats::kQ5;
 using formats::kQ5K;
+using formats::kQ5K16;
 using formats::kQ6;
 using formats::kQ6K16;
 using formats::kQ8;
@@ -144,6 +148,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
   } else if (F == kQ6K16) {
     q6k16::unpack_panel(w.qs, w.nb, n0 / q6k16::kRows, panel);
+  } else if (F == kQ5K16) {
+    q5k16::unpack_panel(w.qs, w.nb, n0 / q5k16::kRows, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -160,7 +166,7 @@ template <int F>
 void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t M, int64_t Nout, Act act,
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
-  constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K;  // q4k.h's panels and tiles
+  constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
   constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F == kQ6K16 ? (int)kQ6 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
@@ -213,7 +219,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  if (f == kQ6K16) return 64;
+  if (f == kQ6K16 || f == kQ5K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 
@@ -281,7 +287,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;
 #endif
-  if (q4k || q4k16 || f == kQ5K) {  // activations per 256 (q4k.h)
+  if (q4k || q4k16 || f == kQ5K || f == kQ5K16) {  // activations per 256 (q4k.h)
     quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
     quantize_rows(x.data_ptr<float>(), M, K, a, affine && !big, q6);
@@ -349,6 +355,7 @@ std::vector<int64_t> native_groups() {
 #endif
 #ifdef PD_AVX512
   ids.push_back(kQ6K16);
+  ids.push_back(kQ5K16);
 #endif
   return ids;
 }

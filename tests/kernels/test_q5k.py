@@ -15,6 +15,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from engine.model.packing import repack
 from engine.model.qlinear.superblock import Q5KLinear
 from kernels import cpu_ext, formats
+from kernels.packed import native_group
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build
 from tests.kernels.test_q4k import full_scale_activations, q4_k_fields, reference_superblocks
 from tests.kernels.test_qgemm import _call
@@ -119,7 +120,8 @@ def test_loader_keeps_q5_k_as_q5k(N):
     seen = []
     got = repack.from_blocks(w.row_blocks(), Q.Q5_K, (N, 768), "packed", keep_dense=False,
                              done=lambda r0, r1: seen.append(r1))
-    assert isinstance(got, Q5KLinear) and not got.grouped
+    # groups where the group kernel is vectorized and the rows make whole groups in each SwiGLU half
+    assert isinstance(got, Q5KLinear) and got.grouped == (N == 64 and native_group(formats.Q5K.grouped_id))
     assert torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
     assert seen[-1] == N
     assert repack.kernel_format("Q5_K", "packed") == "q5k" and repack.kernel_format("Q5_K", "q8") == "q8"

@@ -1,5 +1,5 @@
-"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K) and q4k (GGUF Q4_K), each in rows or
-regrouped 16 at a time, and q5k (GGUF Q5_K, in rows)."""
+"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K) and q5k (GGUF Q5_K), each in
+rows or regrouped 16 at a time."""
 from __future__ import annotations
 
 import torch
@@ -18,9 +18,9 @@ class SuperBlockLinear(PackedLinear):
     """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of SUPER weights
     each, their scales inside the blocks, decoded exactly as gguf does.
 
-    A format with GROUPS (q4k, q6) keeps, where its group kernel is built and N % 32 == 0
-    (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16 and q6k16: the
-    same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
+    A format with GROUPS (q4k, q5k, q6) keeps, where its group kernel is built and N % 32 == 0
+    (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16, q5k16 and q6k16:
+    the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
     rows straight into groups, kernels.packed.group_superblocks)."""
 
     format: str
@@ -121,9 +121,10 @@ class Q4KLinear(SuperBlockLinear):
 class Q5KLinear(SuperBlockLinear):
     """GGUF Q5_K super-blocks (kernels.packed's q5k): Q4_K's scales and nibbles plus a plane of fifth bits, w =
     d * sc * code - dmin * m with codes 0..31, 5.5 bits a weight (as q8 they took 8.5). Multiplied by q4k's
-    kernels read through Q5_K's layout (kernels/cpu/q4k.h), rows only (no 16-row groups)."""
+    kernels read through Q5_K's layout (kernels/cpu/q4k.h), or in 16-row groups q5k16 (kernels/cpu/q5k16.h)."""
 
     spec = formats.Q5K
     format = spec.name
     BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.Q5_K
+    GROUPS = True

@@ -1,0 +1,84 @@
+// What the 16-row grouped formats (q4k16.h, q5k16.h, q6k16.h) share: moving a group's super-blocks between the
+// file's row order and the group's interleaved layout, and the portable fallback that runs each row of a group
+// through the rows' own kernel. Each format describes its layout as a struct G with kBytes (a row's super-block),
+// kGroupBytes (16 of them, interleaved), kRuns (the super-block's byte ranges, each moved `unit` bytes at a time)
+// and at(r, i) (the group byte holding byte i of row r's super-block).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "common.h"
+
+namespace pagedeck {
+namespace row_groups {
+
+constexpr int kRows = 16;
+
+struct Run {
+  int start, end, unit;  // bytes [start, end) of a row's super-block, moved `unit` bytes at a time
+};
+
+// row-ordered super-blocks <-> one group's (Pack: rows -> group); `rows` points at row 0, rows row_bytes apart
+template <bool Pack, class G>
+inline void move_group(uint8_t* rows, int64_t row_bytes, int64_t nsb, uint8_t* grp) {
+  for (int64_t s = 0; s < nsb; ++s)
+    for (int r = 0; r < kRows; ++r) {
+      uint8_t* sb = rows + r * row_bytes + s * G::kBytes;
+      uint8_t* o = grp + s * G::kGroupBytes;
+      for (const Run& run : G::kRuns)
+        for (int i = run.start; i < run.end; i += run.unit)
+          Pack ? std::memcpy(o + G::at(r, i), sb + i, run.unit) : std::memcpy(sb + i, o + G::at(r, i), run.unit);
+    }
+}
+
+// row r's super-block from one group super-block g
+template <class G>
+inline void unpack_super(const uint8_t* g, int r, uint8_t* sb) {
+  for (int i = 0; i < G::kBytes; ++i) sb[i] = g[G::at(r, i)];
+}
+
+// the 16 rows of group super-blocks grp.. (nsb of them) in row order, into rows (16 x nsb super-blocks)
+template <class G>
+inline void group_to_rows(const uint8_t* grp, int64_t nsb, std::vector<uint8_t>& rows) {
+  rows.resize(kRows * nsb * G::kBytes);
+  for (int r = 0; r < kRows; ++r)
+    for (int64_t s = 0; s < nsb; ++s)
+      unpack_super<G>(grp + s * G::kGroupBytes, r, rows.data() + (r * nsb + s) * G::kBytes);
+}
+
+// out[m * 16 + r] = row_kernel(row r's super-blocks, col)[m] for M activation rows: each row of a group through
+// the rows' kernel (row_kernel(row, col) fills col[0..M)), for builds without the group kernel
+template <class G, class Fn>
+inline void each_row(const uint8_t* grp, int64_t nsb, int64_t M, float* out, Fn&& row_kernel) {
+  thread_local std::vector<uint8_t> row;
+  thread_local std::vector<float> col;
+  row.resize(nsb * G::kBytes);
+  col.resize(M);
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t s = 0; s < nsb; ++s) unpack_super<G>(grp + s * G::kGroupBytes, r, row.data() + s * G::kBytes);
+    row_kernel(row.data(), col.data());
+    for (int64_t m = 0; m < M; ++m) out[m * kRows + r] = col[m];
+  }
+}
+
+// The group kernels' loop (q5k16.h, q6k16.h): per group super-block s, its lines prefetched into L1 G::kAhead
+// bytes ahead, unpack(bytes) once, then accumulate(std::integral_constant<int, MT>, m0, s) over the M activation
+// rows 4, 2 and 1 at a time (they share the unpacked codes).
+template <class G, class Unpack, class Accumulate>
+inline void each_super(const uint8_t* grp, int64_t nsb, int64_t M, Unpack&& unpack, Accumulate&& accumulate) {
+  for (int64_t s = 0; s < nsb; ++s) {
+    const uint8_t* gs = grp + s * G::kGroupBytes;
+    for (int64_t i = 0; i < G::kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + G::kAhead + i), _MM_HINT_T0);
+    unpack(gs);
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) accumulate(std::integral_constant<int, 4>{}, m, s);
+    for (; m + 2 <= M; m += 2) accumulate(std::integral_constant<int, 2>{}, m, s);
+    if (m < M) accumulate(std::integral_constant<int, 1>{}, m, s);
+  }
+}
+
+}  // namespace row_groups
+}  // namespace pagedeck

@@ -227,8 +227,14 @@ void move_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block
                     : block_bytes == q4k::kBytes ? row_groups::move_group<Pack, q4k16::Group>
                                                  : row_groups::move_group<Pack, q5k16::Group>;
   at::parallel_for(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
-    for (int64_t i = g0; i < g1; ++i)
-      move(r + i * group_bytes, row_bytes, row_bytes / block_bytes, g + i * group_bytes);
+    // Pack: a group's 16 rows (contiguous) copied first: read from the mapped file, the gathers across 16 rows
+    // faulted its pages in 2.1 GB/s where one sequential copy and gathers from cache run ~2x that
+    std::vector<uint8_t> buf(Pack ? group_bytes : 0);
+    for (int64_t i = g0; i < g1; ++i) {
+      uint8_t* src = r + i * group_bytes;
+      if (Pack) src = (uint8_t*)std::memcpy(buf.data(), src, group_bytes);
+      move(src, row_bytes, row_bytes / block_bytes, g + i * group_bytes);
+    }
   });
 }
 

@@ -29,7 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q5k16.h, q6k16.h, q8.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q5k16.h, q6k16.h, iq4xs16.h, q8.h)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
 # the 4-bit lookup-table family (kernels/cpu/lut4.h): the file's blocks as they are, their scales inside them
 MXFP4 = Format("mxfp4", 7, {"MXFP4": 0}, GROUP, 17, 0)  # E8M0 exponent byte + 32 E2M1 codes
 IQ4NL = Format("iq4nl", 8, {"IQ4_NL": 0}, GROUP, 18, 0)  # fp16 d + 32 codes into kvalues_iq4nl
-IQ4XS = Format("iq4xs", 9, {"IQ4_XS": 0}, SUPER, 136, 0)  # fp16 d, eight 6-bit scales, 256 codes (IQ4_NL's table)
+IQ4XS = Format("iq4xs", 9, {"IQ4_XS": 0}, SUPER, 136, 0, grouped_id=13)  # fp16 d, eight 6-bit scales, 256 codes (IQ4_NL's table)
 # Q4_K with a plane of fifth bits, read by q4k's kernels through its layout (kernels/cpu/kquant.h, q4k.h)
 Q5K = Format("q5k", 10, {"Q5_K": 0}, SUPER, 176, 0, grouped_id=12)
 
@@ -86,7 +86,7 @@ REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, Q3_K, IQ2_X
 HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() for t in f.exact}  # GGUF type name -> its format
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
               "iq4xs": "kIQ4XS", "q5k": "kQ5K"}
-_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16"}
 
 
 def get(name: str) -> Format:

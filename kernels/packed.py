@@ -26,6 +26,8 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   Built only where its kernel is vectorized (AVX-512 VNNI builds: native_group).
 - q5k16: Q5_K super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 2816) (kernels/cpu/q5k16.h), q6k16's
   scheme with q5k's bits; AVX-512 VNNI builds only, as q6k16.
+- iq4xs16: IQ4_XS super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 2176) (kernels/cpu/iq4xs16.h),
+  q6k16's scheme with iq4xs's (lut4's) bits; AVX-512 VNNI builds only.
 - q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8
   (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
   count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
@@ -77,8 +79,9 @@ def groupable(n: int, grouped_id: int | None = None) -> bool:
 
 
 def native_group(grouped_id: int) -> bool:
-    """Whether this build's kernel for the grouped format `grouped_id` is vectorized (q4k16: AVX2; q6k16:
-    q5k16 and q6k16: AVX-512 VNNI); elsewhere a group's rows go one by one through the rows' kernel, slower than rows."""
+    """Whether this build's kernel for the grouped format `grouped_id` is vectorized (q4k16: AVX2; q5k16, q6k16
+    and iq4xs16: AVX-512 VNNI); elsewhere a group's rows go one by one through the rows' kernel, slower than
+    rows."""
     ops = cpu_ext.ops()
     return ops is not None and grouped_id in ops.native_groups()
 

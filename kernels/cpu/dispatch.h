@@ -7,6 +7,7 @@
 #include "affine.h"
 #include "common.h"
 #include "formats.h"
+#include "iq4xs16.h"
 #include "kquant.h"
 #include "lut4.h"
 #include "q4k.h"
@@ -30,6 +31,8 @@ static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                       q6k16::kGroupBytes &&
                   formats::kLayouts[formats::kQ5K16].code_bytes * formats::kLayouts[formats::kQ5K16].rows ==
                       q5k16::kGroupBytes &&
+                  formats::kLayouts[formats::kIQ4XS16].code_bytes * formats::kLayouts[formats::kIQ4XS16].rows ==
+                      iq4xs16::kGroupBytes &&
                   formats::kLayouts[formats::kQ8G].rows == q8g::kRows &&
                   formats::kLayouts[formats::kQ4K].values == q4k::kSuper &&
                   formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
@@ -58,6 +61,7 @@ void with_format(formats::Format f, Fn&& fn) {
     case kQ5K: return fn(std::integral_constant<int, kQ5K>{});
     case kQ6K16: return fn(std::integral_constant<int, kQ6K16>{});
     case kQ5K16: return fn(std::integral_constant<int, kQ5K16>{});
+    case kIQ4XS16: return fn(std::integral_constant<int, kIQ4XS16>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
@@ -85,7 +89,7 @@ constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 template <int F>
 void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   using namespace formats;
-  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kQ8G,
+  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kIQ4XS16 && F != kQ8G,
                 "the grouped formats go by 16-row groups, q8g by GEMM tiles");
   if constexpr (F == kQ6) {
     q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
@@ -104,7 +108,7 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
 
 // Whether format F keeps its rows in 16-row groups whose kernel computes a whole group (group_rows).
 constexpr bool grouped_rows(int F) {
-  return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16;
+  return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16 || F == formats::kIQ4XS16;
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows, of a grouped format F
@@ -115,6 +119,8 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
     q4k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else if constexpr (F == formats::kQ5K16) {
     q5k16::group_rows(w.qs, w.K, a.k, M, g, out);
+  } else if constexpr (F == formats::kIQ4XS16) {
+    iq4xs16::group_rows(w.qs, w.K, a, M, g, out);
   } else {
     q6k16::group_rows(w.qs, w.K, {a.q.data(), a.d.data(), a.xs16.data(), a.nbp}, M, g, out);
   }

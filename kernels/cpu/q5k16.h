@@ -75,11 +75,13 @@ inline void unpack(const uint8_t* g, Unpacked& u) {
     }
   }
   // ggml's kmask regrouping (kquant.h's scales), 16 rows at once
-  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f), k3 = _mm512_set1_epi32(0x03030303);
+  const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+  const __m512i k3 = _mm512_set1_epi32(0x03030303);
   const __m512i u0 = _mm512_loadu_si512(g + kScales), u1 = _mm512_loadu_si512(g + kScales + 64);
   const __m512i u2 = _mm512_loadu_si512(g + kScales + 128);
   const __m512i s03 = _mm512_and_si512(u0, k1), m03 = _mm512_and_si512(u1, k1);
-  const __m512i s47 = _mm512_or_si512(_mm512_and_si512(u2, k2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
+  const __m512i s47 = _mm512_or_si512(_mm512_and_si512(u2, k2),
+                                      _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4));
   const __m512i m47 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4));
   const __m512i byte = _mm512_set1_epi32(0xFF);
@@ -129,14 +131,8 @@ inline void accumulate(const Unpacked& u, const ActK& a, int64_t K, int64_t m0, 
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
 inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
-  const int64_t nsb = K / q4k::kSuper;
-  const uint8_t* grp = qs + g * nsb * kGroupBytes;
-  thread_local std::vector<__m512> acc;
-  thread_local Unpacked u;
-  acc.assign(M, _mm512_setzero_ps());
-  row_groups::each_super<Group>(grp, nsb, M, [&](const uint8_t* gs) { unpack(gs, u); },
-                                [&](auto mt, int64_t m0, int64_t s) { accumulate<mt>(u, a, K, m0, s, acc.data()); });
-  for (int64_t m = 0; m < M; ++m) _mm512_storeu_ps(out + m * kRows, acc[m]);
+  row_groups::group_kernel<Group, Unpacked, 1>(qs, K / q4k::kSuper, M, g, out, unpack,
+      [&](auto mt, const Unpacked& u, int64_t m0, int64_t s, __m512* acc) { accumulate<mt>(u, a, K, m0, s, acc); });
 }
 #else  // each row of the group through the rows' tile
 inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
@@ -151,10 +147,8 @@ inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, i
 // The GEMM path's panel of group g: its 16 rows, then q4k.h's Q5_K unpacker (prompt rows are few next to a
 // panel's reuse, so the regrouping back costs little there).
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& p) {
-  const int64_t nsb = nb / 8;
-  thread_local std::vector<uint8_t> rows;
-  row_groups::group_to_rows<Group>(qs + g * nsb * kGroupBytes, nsb, rows);
-  q4k::unpack_panel<L>(rows.data(), nb, 0, kRows, p);
+  row_groups::panel_via_rows<Group>(qs, nb, g,
+                                    [&](const uint8_t* rows) { q4k::unpack_panel<L>(rows, nb, 0, kRows, p); });
 }
 #endif
 

@@ -6,7 +6,8 @@
 //
 // A group of 16 rows (r = 0..15) stores, per super-block s, kGroupBytes = 16 x 210 bytes:
 //   [0, 3072)     48 lines of 64 bytes, line 3 (8 n + w) + p holding row r's 4 bytes at 4 r:
-//                 p = 0: low-nibble bytes 64 n + 4 w.., p = 1: 64 n + 32 + 4 w.., p = 2: high-pair bytes 128 + 32 n + 4 w..
+//                 p = 0: low-nibble bytes 64 n + 4 w.., p = 1: 64 n + 32 + 4 w..,
+//                 p = 2: high-pair bytes 128 + 32 n + 4 w..
 //   [3072, 3104)  d of the 16 rows (fp16)
 //   [3104, 3360)  the sixteen int8 scales as [16 j + r] = row r's sc[j]
 // so the three lines of (n, w) give, for k = 0..3, the codes of weights 128 n + 32 k + 4 w + (0..3) of all 16
@@ -121,7 +122,8 @@ inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, 
       }
     }
     for (int r = 0; r < MT; ++r) {
-      const __m512i S = _mm512_add_epi32(_mm512_mullo_epi32(lo[r], u.sc[2 * b]), _mm512_mullo_epi32(hi[r], u.sc[2 * b + 1]));
+      const __m512i S =
+          _mm512_add_epi32(_mm512_mullo_epi32(lo[r], u.sc[2 * b]), _mm512_mullo_epi32(hi[r], u.sc[2 * b + 1]));
       __m512& o = acc[8 * (m0 + r) + b];
       o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(u.d, _mm512_set1_ps(dx[r][b])), o);
     }
@@ -130,19 +132,8 @@ inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, 
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
 inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
-  const int64_t nsb = K / q6::kSuper;
-  const uint8_t* grp = qs + g * nsb * kGroupBytes;
-  thread_local std::vector<__m512> acc;
-  thread_local Unpacked u;
-  acc.assign(8 * M, _mm512_setzero_ps());
-  row_groups::each_super<Group>(grp, nsb, M, [&](const uint8_t* gs) { unpack(gs, u); },
-                                [&](auto mt, int64_t m0, int64_t s) { accumulate<mt>(u, a, K, m0, s, acc.data()); });
-  for (int64_t m = 0; m < M; ++m) {  // hsum's order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then + 0
-    const __m512* v = acc.data() + 8 * m;
-    const __m512 e = _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6]));
-    const __m512 o = _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7]));
-    _mm512_storeu_ps(out + m * kRows, _mm512_add_ps(_mm512_add_ps(e, o), _mm512_setzero_ps()));
-  }
+  row_groups::group_kernel<Group, Unpacked, 8>(qs, K / q6::kSuper, M, g, out, unpack,
+      [&](auto mt, const Unpacked& u, int64_t m0, int64_t s, __m512* acc) { accumulate<mt>(u, a, K, m0, s, acc); });
 }
 #else  // each row of the group through q6.h's tile
 inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
@@ -180,9 +171,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
     }
   }
 #else  // the group's rows, then q6.h's unpacker
-  thread_local std::vector<uint8_t> rows;
-  row_groups::group_to_rows<Group>(grp, nsb, rows);
-  q6::unpack_panel(rows.data(), nb, 0, kRows, p);
+  row_groups::panel_via_rows<Group>(qs, nb, g, [&](const uint8_t* rows) { q6::unpack_panel(rows, nb, 0, kRows, p); });
 #endif
 }
 #endif

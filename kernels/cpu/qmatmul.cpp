@@ -11,6 +11,8 @@
 //       the same bits as q4k without its per-row horizontal reductions.
 //   q5k16: Q5_K super-blocks with rows regrouped 16 at a time (q5k16.h; qs is (N / 16, K / 256 * 2816)), q6k16's
 //       scheme with q5k's bits.
+//   iq4xs16: IQ4_XS super-blocks with rows regrouped 16 at a time (iq4xs16.h; qs is (N / 16, K / 256 * 2176)),
+//       q6k16's scheme with iq4xs's bits.
 //   q6k16: Q6_K super-blocks with rows regrouped 16 at a time (q6k16.h; qs is (N / 16, K / 256 * 3360)), the same
 //       bits as q6, the codes taken apart once for all the activation rows of a call.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
@@ -33,12 +35,13 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs).
+// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs) with iq4xs16.h.
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
 #include "dispatch.h"
 #include "formats.h"
+#include "iq4xs16.h"
 #include "kquant.h"
 #include "lut4.h"
 #include "ops.h"
@@ -73,6 +76,7 @@ using formats::kQ4K16;
 using formats::kQ5;
 using formats::kQ5K;
 using formats::kQ5K16;
+using formats::kIQ4XS16;
 using formats::kQ6;
 using formats::kQ6K16;
 using formats::kQ8;
@@ -150,6 +154,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q6k16::unpack_panel(w.qs, w.nb, n0 / q6k16::kRows, panel);
   } else if (F == kQ5K16) {
     q5k16::unpack_panel(w.qs, w.nb, n0 / q5k16::kRows, panel);
+  } else if (F == kIQ4XS16) {
+    iq4xs16::unpack_panel(w.qs, w.nb, n0 / iq4xs16::kRows, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -167,7 +173,10 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
-  constexpr int G = Q4K ? (int)gemm::kQ4 : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8 : F == kQ6K16 ? (int)kQ6 : F;
+  constexpr int G = Q4K                                        ? (int)gemm::kQ4
+                    : F == kQ8G || lut4::kIs<F> || F == kIQ4XS16 ? (int)gemm::kQ8
+                    : F == kQ6K16                                ? (int)kQ6
+                                                                 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
@@ -219,7 +228,7 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  if (f == kQ6K16 || f == kQ5K16) return 64;
+  if (f == kQ6K16 || f == kQ5K16 || f == kIQ4XS16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 
@@ -356,6 +365,7 @@ std::vector<int64_t> native_groups() {
 #ifdef PD_AVX512
   ids.push_back(kQ6K16);
   ids.push_back(kQ5K16);
+  ids.push_back(kIQ4XS16);
 #endif
   return ids;
 }

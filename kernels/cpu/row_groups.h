@@ -95,20 +95,56 @@ inline void each_row(const uint8_t* grp, int64_t nsb, int64_t M, float* out, Fn&
   }
 }
 
-// The group kernels' loop (q5k16.h, q6k16.h): per group super-block s, its lines prefetched into L1 G::kAhead
-// bytes ahead, unpack(bytes) once, then accumulate(std::integral_constant<int, MT>, m0, s) over the M activation
-// rows 4, 2 and 1 at a time (they share the unpacked codes).
-template <class G, class Unpack, class Accumulate>
-inline void each_super(const uint8_t* grp, int64_t nsb, int64_t M, Unpack&& unpack, Accumulate&& accumulate) {
+#ifdef PD_AVX512
+// out[m * 16 + r] = hsum's order over the eight per-block accumulators acc[8 m + b] of activation row m (isa.h's
+// hsum(acc) + hsum(0) for each row's lanes): ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then + 0
+inline void store_hsum8(const __m512* acc, int64_t M, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    const __m512* v = acc + 8 * m;
+    const __m512 e = _mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6]));
+    const __m512 o = _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7]));
+    _mm512_storeu_ps(out + m * kRows, _mm512_add_ps(_mm512_add_ps(e, o), _mm512_setzero_ps()));
+  }
+}
+#endif
+
+#ifdef PD_AVX512
+// The group kernels (q5k16.h, q6k16.h, iq4xs16.h): out[m * 16 + r] = weight row 16 g + r . activation row m for
+// all M rows. Per group super-block s (its lines prefetched into L1 G::kAhead bytes ahead) unpack(bytes, u) once
+// into the format's U, then accumulate(std::integral_constant<int, MT>, u, m0, s, acc) over the activation rows 4,
+// 2 and 1 at a time (they share the unpacked codes); kAccs fp32 accumulators a row: 8 (one a 32-weight block,
+// finished in hsum's order: store_hsum8) or 1 (the row's result).
+template <class G, class U, int kAccs, class Unpack, class Accumulate>
+inline void group_kernel(const uint8_t* qs, int64_t nsb, int64_t M, int64_t g, float* out, Unpack&& unpack,
+                         Accumulate&& accumulate) {
+  const uint8_t* grp = qs + g * nsb * G::kGroupBytes;
+  thread_local std::vector<__m512> acc;
+  thread_local U u;
+  acc.assign(kAccs * M, _mm512_setzero_ps());
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* gs = grp + s * G::kGroupBytes;
     for (int64_t i = 0; i < G::kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + G::kAhead + i), _MM_HINT_T0);
-    unpack(gs);
+    unpack(gs, u);
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) accumulate(std::integral_constant<int, 4>{}, m, s);
-    for (; m + 2 <= M; m += 2) accumulate(std::integral_constant<int, 2>{}, m, s);
-    if (m < M) accumulate(std::integral_constant<int, 1>{}, m, s);
+    for (; m + 4 <= M; m += 4) accumulate(std::integral_constant<int, 4>{}, u, m, s, acc.data());
+    for (; m + 2 <= M; m += 2) accumulate(std::integral_constant<int, 2>{}, u, m, s, acc.data());
+    if (m < M) accumulate(std::integral_constant<int, 1>{}, u, m, s, acc.data());
   }
+  if constexpr (kAccs == 8) {
+    store_hsum8(acc.data(), M, out);
+  } else {
+    for (int64_t m = 0; m < M; ++m) _mm512_storeu_ps(out + m * kRows, acc[m]);
+  }
+}
+#endif
+
+// A GEMM panel of group g through the rows' own unpacker: unpack_rows(the group's 16 rows, row-ordered)
+template <class G, class UnpackRows>
+inline void panel_via_rows(const uint8_t* qs, int64_t nb, int64_t g, UnpackRows&& unpack_rows) {
+  const int64_t nsb = nb / 8;
+  thread_local std::vector<uint8_t> rows;
+  group_to_rows<G>(qs + g * nsb * G::kGroupBytes, nsb, rows);
+  unpack_rows(rows.data());
 }
 
 }  // namespace row_groups

@@ -50,7 +50,7 @@ def table_values_and_scales(w) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, K/32, 32) table values of the codes and (N, K/32) block scales, read from the blocks as the format's
     definition says (not through the decoders under test)."""
     n, k = w.shape
-    raw = w.qs.reshape(-1, w.spec.code_bytes)
+    raw = w.row_blocks().reshape(-1, w.spec.code_bytes)
     if w.format == "iq4xs":
         nibbles, scales = raw[:, 8:].reshape(-1, 16), iq4_xs_scales(raw).reshape(-1)
     elif w.format == "iq4nl":
@@ -202,7 +202,7 @@ def test_loader_keeps_the_files_blocks(fmt):
     assert [type(e) for e in stack] == [CLASSES[fmt]] * 3
     assert all(torch.equal(e.qs, qs[16 * i:16 * (i + 1)]) for i, e in enumerate(stack))
     fused = cat_packed(stack[:2])  # gate|up of one format: stacked as they are
-    assert type(fused) is CLASSES[fmt] and torch.equal(fused.qs, qs[:32])
+    assert type(fused) is CLASSES[fmt] and torch.equal(fused.row_blocks(), qs[:32])
     as_q8 = repack.from_blocks(qs[:16], qtype, (16, 512), "q8", keep_dense=False)
     assert isinstance(as_q8, Q8Linear) and got.nbytes() < 0.55 * as_q8.nbytes()
 

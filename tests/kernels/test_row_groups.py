@@ -92,8 +92,8 @@ def test_grouped_weights_decode_gather_convert_and_stack_as_their_rows():
 def test_bad_groups_are_refused_by_name():
     with pytest.raises(ValueError, match="q4k groups must be uint8"):
         Q4KLinear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
-    with pytest.raises(RuntimeError, match="Q4_K .* super-blocks, not 136-byte"):
-        group_superblocks(torch.zeros(16, 136, dtype=torch.uint8), torch.zeros(1, 2176, dtype=torch.uint8), 136)
+    with pytest.raises(RuntimeError, match="Q4_K .* super-blocks, not 18-byte"):
+        group_superblocks(torch.zeros(16, 18, dtype=torch.uint8), torch.zeros(1, 288, dtype=torch.uint8), 18)
     rows = random_q4k(48, 256, 6).row_blocks()  # 48 rows as groups: SwiGLU's halves would split a group
     groups = Q4KLinear.empty_groups(48, 256)
     group_superblocks(rows, groups, 144)

@@ -1,20 +1,22 @@
-"""Q6_K and Q5_K rows regrouped 16 at a time (q6k16 and q5k16, kernels/cpu/q6k16.h and q5k16.h): their bytes are
-the file's rows rearranged as the headers state (a NumPy statement of each layout) and go back to the same rows;
-their products are the rows' own bit for bit (the group kernel for any number of activation rows, the GEMM path,
-SwiGLU), hence the rows' arithmetic (test_q6.py and test_q5k.py check it against float64 references); the
-AVX2-only build, which runs a group's rows through the rows' tile, gives the same bits; the loader groups them
-only where the group kernels are vectorized. (Q4_K's groups: test_row_groups.py.)"""
+"""Q6_K, Q5_K and IQ4_XS rows regrouped 16 at a time (q6k16, q5k16 and iq4xs16, kernels/cpu/q6k16.h, q5k16.h and
+iq4xs16.h): their bytes are the file's rows rearranged as the headers state (a NumPy statement of each layout) and go
+back to the same rows; their products are the rows' own bit for bit (the group kernel for any number of activation
+rows, the GEMM path, SwiGLU), hence the rows' arithmetic (test_q6.py, test_q5k.py and test_lut4.py check it against
+float64 references); the AVX2-only build, which runs a group's rows through the rows' tile, gives the same bits; the
+loader groups them only where the group kernels are vectorized. (Q4_K's groups: test_row_groups.py.)"""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from engine.model.qlinear import Q6Linear, SuperBlockLinear, cat_packed
+from engine.model.qlinear import IQ4XSLinear, Q6Linear, SuperBlockLinear, cat_packed
 from engine.model.qlinear.superblock import Q5KLinear
 from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES, group_superblocks, native_group, superblock_rows
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, cpu_flags, run_on_isa_build
+from tests.kernels.test_lut4 import random_blocks
+from tests.kernels.test_lut4 import reference as reference_lut4
 from tests.kernels.test_q5k import random_q5k, reference_q5k
 from tests.kernels.test_q6 import random_q6, reference_q6
 from tests.kernels.test_qgemm import _call
@@ -31,7 +33,15 @@ def _random_q5k(n: int, k: int, seed: int, source: str = "writer") -> Q5KLinear:
     return random_q5k(n, k, seed)  # random fields (every code, fifth bit, scale and minimum)
 
 
-KINDS = {"q6": (Q6Linear, _random_q6, reference_q6), "q5k": (Q5KLinear, _random_q5k, reference_q5k)}
+def _random_iq4xs(n: int, k: int, seed: int, source: str = "writer") -> IQ4XSLinear:
+    return IQ4XSLinear(random_blocks("iq4xs", n, k, seed))  # every code and sub-block scale, finite d
+
+
+KINDS = {"q6": (Q6Linear, _random_q6, reference_q6), "q5k": (Q5KLinear, _random_q5k, reference_q5k),
+         "iq4xs": (IQ4XSLinear, _random_iq4xs, reference_lut4)}
+# the layouts of the word-interleaved formats: (first byte, bytes, unit) per field of a row's block
+FIELDS = {"q5k": [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)],
+          "iq4xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)]}
 
 
 def grouped(w: SuperBlockLinear) -> SuperBlockLinear:
@@ -51,12 +61,13 @@ def in_rows(w: SuperBlockLinear) -> SuperBlockLinear:
     return out
 
 
-def layout_q5k(rows: torch.Tensor) -> np.ndarray:
-    """q5k16's groups as its header states them: per group and super-block, field by field (d, dmin, the scale
-    words, the fifth-bit words, the nibble words), unit j of rows 0..15, then unit j + 1 of rows 0..15..."""
-    n, nsb = rows.shape[0], rows.shape[1] // 176
-    b = rows.numpy().reshape(n // 16, 16, nsb, 176).transpose(0, 2, 1, 3)  # (group, super-block, row, byte)
-    fields = [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)]
+def layout_words(rows: torch.Tensor, kind: str) -> np.ndarray:
+    """q5k16's and iq4xs16's groups as their headers state them: per group and super-block, field by field (q5k:
+    d, dmin, the scale words, the fifth-bit words, the nibble words; iq4xs: d, the high scale bits, the low ones,
+    the nibble words), unit j of rows 0..15, then unit j + 1 of rows 0..15..."""
+    fields, size = FIELDS[kind], sum(f[1] for f in FIELDS[kind])
+    n, nsb = rows.shape[0], rows.shape[1] // size
+    b = rows.numpy().reshape(n // 16, 16, nsb, size).transpose(0, 2, 1, 3)  # (group, super-block, row, byte)
     parts = [b[..., lo:lo + size].reshape(*b.shape[:3], size // unit, unit).transpose(0, 1, 3, 2, 4)
              for lo, size, unit in fields]
     return np.concatenate([p.reshape(n // 16, nsb, -1) for p in parts], -1).reshape(n // 16, -1)
@@ -87,13 +98,14 @@ def test_groups_are_the_rows_bytes_as_stated_and_go_back(kind):
     rows = in_rows(random(64, 768, 1, "random bytes")).qs
     groups = torch.empty(4, 3 * 16 * cls.BLOCK_BYTES, dtype=torch.uint8)
     group_superblocks(rows, groups, cls.BLOCK_BYTES)
-    assert np.array_equal(groups.numpy(), (layout if kind == "q6" else layout_q5k)(rows))
+    assert np.array_equal(groups.numpy(), layout(rows) if kind == "q6" else layout_words(rows, kind))
     assert torch.equal(superblock_rows(groups, cls.BLOCK_BYTES), rows)
 
 
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 13, 40])
 @pytest.mark.parametrize("rows_from", ["1000000", "1"])  # the group kernel for every M; the GEMM path for every M
-@pytest.mark.parametrize("kind,source", [("q6", "writer"), ("q6", "random bytes"), ("q5k", "random fields")])
+@pytest.mark.parametrize("kind,source", [("q6", "writer"), ("q6", "random bytes"), ("q5k", "random fields"),
+                                         ("iq4xs", "random blocks")])
 def test_groups_give_the_rows_bits(M, rows_from, kind, source):
     cls, random, reference = KINDS[kind]
     w = grouped(random(64, 1024, M, source))
@@ -131,7 +143,7 @@ def test_grouped_weights_decode_gather_and_stack_as_their_rows():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_they_are_grouped_where_their_group_kernel_is_vectorized(kind):
-    """AVX-512 VNNI builds group Q6_K and Q5_K (whole groups in each SwiGLU half); the others keep the rows,
+    """AVX-512 VNNI builds group Q6_K, Q5_K and IQ4_XS (whole groups in each SwiGLU half); the others keep the rows,
     which their rows' tiles run faster than a group's rows one by one."""
     cls, random, _ = KINDS[kind]
     assert native_group(cls.spec.grouped_id) == _has_avx512_vnni()
@@ -142,8 +154,8 @@ def test_they_are_grouped_where_their_group_kernel_is_vectorized(kind):
 def test_bad_groups_are_refused_by_name():
     with pytest.raises(ValueError, match="q6 groups must be uint8"):
         Q6Linear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
-    with pytest.raises(RuntimeError, match="144-byte.*176-byte.*210-byte"):
-        group_superblocks(torch.zeros(16, 136, dtype=torch.uint8), torch.zeros(1, 2176, dtype=torch.uint8), 136)
+    with pytest.raises(RuntimeError, match="136-byte.*144-byte.*176-byte.*210-byte.*not 18-byte"):
+        group_superblocks(torch.zeros(16, 18, dtype=torch.uint8), torch.zeros(1, 288, dtype=torch.uint8), 18)
 
 
 def _has_avx512_vnni() -> bool:
@@ -160,9 +172,10 @@ def test_the_avx2_build_gives_the_same_bits():
         w = grouped(random(64, 1024, 9, "random bytes"))
         saved |= {kind: w.qs, kind + "rows": _call(w, x, None, "1000000"), kind + "gemm": _call(w, x, None, "1"),
                   kind + "swiglu": _call(w, x, "swiglu", "1000000")}
-    check = ("from engine.model.qlinear import Q6Linear; from engine.model.qlinear.superblock import Q5KLinear\n"
+    check = ("from engine.model.qlinear import IQ4XSLinear, Q6Linear\n"
+             "from engine.model.qlinear.superblock import Q5KLinear\n"
              "from kernels import cpu_ext\n"
-             "for kind, cls in (('q6', Q6Linear), ('q5k', Q5KLinear)):\n"
+             "for kind, cls in (('q6', Q6Linear), ('q5k', Q5KLinear), ('iq4xs', IQ4XSLinear)):\n"
              "    w = cls(d[kind], grouped=True)\n"
              "    for rows, key in (('1000000', 'rows'), ('1', 'gemm')):\n"
              "        with cpu_ext.tuning(qgemm_rows=int(rows)):\n"

@@ -231,7 +231,7 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
                  exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
     n, k = shape
     kind = kernel_format(qtype.name, fmt)
-    cls = _SUPERBLOCKS.get(kind)
+    cls = _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind)
     if cls is not None and cls.GROUPS and groupable(n, cls.spec.grouped_id):  # the file's super-blocks, into groups
         groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):

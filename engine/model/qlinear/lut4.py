@@ -7,44 +7,17 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import formats
-from kernels.packed import NO_SCALES
 
-from ..ggml_blocks import dequantize
-from .packed_linear import PackedLinear, prompt_weights, stack_parts
+from .superblock import SuperBlockLinear
 
 
-class Lut4Linear(PackedLinear):
+class Lut4Linear(SuperBlockLinear):
     """Rows of the file's blocks (spec.code_bytes bytes a spec.values weights), decoded exactly as gguf does;
     the kernels look each code up in the format's table and multiply as q8 (kernels/cpu/lut4.h). As q8 these
-    matrices took 8.5 bits a weight; kept, 4.25 (mxfp4, iq4xs) or 4.5 (iq4nl)."""
+    matrices took 8.5 bits a weight; kept, 4.25 (mxfp4, iq4xs) or 4.5 (iq4nl). IQ4_XS rows are regrouped 16 at
+    a time where the group kernel is built (iq4xs16, kernels/cpu/iq4xs16.h), as the K-quants' are."""
 
     QTYPE: GGMLQuantizationType
-
-    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None):
-        n, row_bytes = qs.shape
-        if qs.dtype != torch.uint8 or row_bytes % self.spec.code_bytes:
-            raise ValueError(f"{self.format} rows must be uint8 {self.QTYPE.name} blocks ({self.spec.code_bytes} "
-                             f"bytes each), got {qs.dtype} {tuple(qs.shape)}")
-        self.qs = qs.contiguous()
-        super().__init__((n, row_bytes // self.spec.code_bytes * self.spec.values), dense)
-
-    @classmethod
-    def cat(cls, parts: list["Lut4Linear"], consume: bool = False) -> "Lut4Linear":
-        """Stack along the output dim: the blocks as they are (see stack_parts)."""
-        dense, jit = prompt_weights(parts, consume)
-        out = cls(stack_parts(parts, "qs", consume), dense)
-        out.jit_dense = jit
-        return out
-
-    def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return dequantize(self.qs[start:stop], self.QTYPE, (stop - start, self.shape[1]))
-
-    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.qs[ids], self.QTYPE, (ids.numel(), self.shape[1]))
-
-    @property
-    def blocks(self) -> tuple:
-        return self.qs, NO_SCALES, None
 
 
 class MXFP4Linear(Lut4Linear):
@@ -53,6 +26,7 @@ class MXFP4Linear(Lut4Linear):
 
     spec = formats.MXFP4
     format = spec.name
+    BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.MXFP4
 
 
@@ -61,6 +35,7 @@ class IQ4NLLinear(Lut4Linear):
 
     spec = formats.IQ4NL
     format = spec.name
+    BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.IQ4_NL
 
 
@@ -70,7 +45,9 @@ class IQ4XSLinear(Lut4Linear):
 
     spec = formats.IQ4XS
     format = spec.name
+    BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.IQ4_XS
+    GROUPS = True
 
 
 LUT4_CLASSES: dict[str, type[Lut4Linear]] = {c.format: c for c in (MXFP4Linear, IQ4NLLinear, IQ4XSLinear)}

@@ -6,7 +6,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext, formats
-from kernels.formats import GROUP, GROUP_ROWS, SUPER
+from kernels.formats import GROUP, GROUP_ROWS
 from kernels.packed import NO_SCALES, group_superblocks, groupable, padded_scales, superblock_rows
 
 from ..ggml_blocks import dequantize
@@ -15,13 +15,16 @@ from .packed_linear import PackedLinear, prompt_weights, stack_parts
 
 
 class SuperBlockLinear(PackedLinear):
-    """A GGUF K-quant kept as the file stores it: rows of BLOCK_BYTES-byte super-blocks of SUPER weights
-    each, their scales inside the blocks, decoded exactly as gguf does.
+    """A GGUF type kept as the file stores it: rows of BLOCK_BYTES-byte blocks of spec.values weights each (the
+    K-quants' super-blocks, the lookup-table family's blocks: lut4.py), their scales inside the blocks, decoded
+    exactly as gguf does.
 
-    A format with GROUPS (q4k, q5k, q6) keeps, where its group kernel is built and N % 32 == 0
+    A format with GROUPS (q4k, q5k, q6, iq4xs) keeps, where its group kernel is built and N % 32 == 0
     (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16, q5k16 and q6k16:
-    the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or groups with grouped=True (the loader writes the file's
-    rows straight into groups, kernels.packed.group_superblocks)."""
+    the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or
+    groups with grouped=True (the loader writes the file's rows straight into groups,
+    kernels.packed.group_superblocks).
+    """
 
     format: str
     BLOCK_BYTES: int
@@ -34,10 +37,10 @@ class SuperBlockLinear(PackedLinear):
             n, row_bytes = n * GROUP_ROWS, row_bytes // GROUP_ROWS
         if qs.dtype != torch.uint8 or row_bytes % self.BLOCK_BYTES or (grouped and qs.shape[1] % GROUP_ROWS):
             raise ValueError(f"{self.format} {'groups' if grouped else 'rows'} must be uint8 {self.QTYPE.name} "
-                             f"super-blocks ({self.BLOCK_BYTES} bytes each{', 16 rows a group' if grouped else ''}), "
+                             f"blocks ({self.BLOCK_BYTES} bytes each{', 16 rows a group' if grouped else ''}), "
                              f"got {qs.dtype} {tuple(qs.shape)}")
         self.qs, self.grouped = qs.contiguous(), grouped
-        super().__init__((n, row_bytes // self.BLOCK_BYTES * SUPER), dense)
+        super().__init__((n, row_bytes // self.BLOCK_BYTES * self.spec.values), dense)
         if not grouped and self.GROUPS and groupable(n, self.spec.grouped_id):
             groups = self.empty_groups(n, self.shape[1])
             group_superblocks(self.qs, groups, self.BLOCK_BYTES)
@@ -46,7 +49,7 @@ class SuperBlockLinear(PackedLinear):
     @classmethod
     def empty_groups(cls, n: int, k: int) -> torch.Tensor:
         """Uninitialized groups for n rows of k weights (n % 16 == 0), for the loader to fill."""
-        return torch.empty(n // GROUP_ROWS, k // SUPER * GROUP_ROWS * cls.BLOCK_BYTES, dtype=torch.uint8)
+        return torch.empty(n // GROUP_ROWS, k // cls.spec.values * GROUP_ROWS * cls.BLOCK_BYTES, dtype=torch.uint8)
 
     def row_blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows [start, stop) as the file's super-block rows (ungrouped where they are kept in groups)."""

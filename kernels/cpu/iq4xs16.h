@@ -165,10 +165,33 @@ inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t 
 #endif
 
 #ifdef PD_AVX2
-// The GEMM path's panel of group g: its 16 rows, then lut4.h's unpacker (q8's panel)
+// The GEMM path's panel of group g (lut4.h's unpack_panel's meaning of the fields: q8's panel): its 16 rows are
+// the panel's 16 columns, so block j's word t of every column is one vector of the unpacked group. (Through the
+// rows and lut4.h's unpacker, the regrouping cost more than the GEMM: 4x its time at 16 rows.)
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& p) {
+#ifdef PD_AVX512
+  using gemm::kCols;
+  static_assert(kCols == kRows, "an iq4xs16 group is one GEMM panel");
+  const int64_t nsb = nb / 8;
+  const uint8_t* grp = qs + g * nsb * kGroupBytes;
+  p.codes.resize(nb * 8 * kCols);
+  p.dw.resize(nb * kCols);
+  p.zw.assign(nb * kCols, 0.0f);
+  p.slo.clear();
+  p.shi.clear();
+  thread_local Unpacked u;
+  for (int64_t s = 0; s < nsb; ++s) {
+    unpack(grp + s * kGroupBytes, u);
+    for (int b = 0; b < 8; ++b) {
+      for (int t = 0; t < 8; ++t)
+        _mm512_storeu_si512(p.codes.data() + ((s * 8 + b) * 8 + t) * kCols, u.codes[8 * b + t]);
+      _mm512_storeu_ps(p.dw.data() + (s * 8 + b) * kCols, u.dw[b]);
+    }
+  }
+#else
   row_groups::panel_via_rows<Group>(qs, nb, g,
                                     [&](const uint8_t* rows) { lut4::unpack_panel<B>(rows, nb, 0, kRows, p); });
+#endif
 }
 #endif
 

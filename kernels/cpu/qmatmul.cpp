@@ -218,7 +218,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // of Qwen2.5-1.5B's gate and down shapes, 8 a call, 2 threads, GEMM / per-row time 1.38 and 1.05 at 8 rows,
 // 0.94 and 0.77 at 12, 0.80 and 0.65 at 16. q6k16's group kernel (one dpbusd per 4 codes of 16 rows, the codes
 // unpacked once a call) keeps up with the GEMM to ~128 rows: four random Q6_K matrices of Qwen2.5-1.5B's down and
-// gate shapes, 2 threads, group kernel / GEMM time 0.82-0.87 at 32 rows, 0.95-1.03 at 128, 1.0 at 512.
+// gate shapes, 2 threads, group kernel / GEMM time 0.82-0.87 at 32 rows, 0.95-1.03 at 128, 1.0 at 512; q5k16's
+// likewise. iq4xs16's group kernel against the GEMM on Qwen2.5-1.5B's gate|up, down and q|k|v shapes: 0.58 of its
+// time at 16 rows, 0.86 at 64, 0.94 at 128, 1.08 at 512.
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
@@ -228,7 +230,8 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  if (f == kQ6K16 || f == kQ5K16 || f == kIQ4XS16) return 64;
+  if (f == kIQ4XS16) return 128;
+  if (f == kQ6K16 || f == kQ5K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 

@@ -75,9 +75,7 @@ inline void unpack_super(const uint8_t* g, int r, uint8_t* sb) {
 template <class G>
 inline void group_to_rows(const uint8_t* grp, int64_t nsb, std::vector<uint8_t>& rows) {
   rows.resize(kRows * nsb * G::kBytes);
-  for (int r = 0; r < kRows; ++r)
-    for (int64_t s = 0; s < nsb; ++s)
-      unpack_super<G>(grp + s * G::kGroupBytes, r, rows.data() + (r * nsb + s) * G::kBytes);
+  move_group<false, G>(rows.data(), nsb * G::kBytes, nsb, const_cast<uint8_t*>(grp));
 }
 
 // out[m * 16 + r] = row_kernel(row r's super-blocks, col)[m] for M activation rows: each row of a group through

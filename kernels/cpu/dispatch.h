@@ -122,7 +122,7 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
   } else if constexpr (F == formats::kIQ4XS16) {
     iq4xs16::group_rows(w.qs, w.K, a, M, g, out);
   } else {
-    q6k16::group_rows(w.qs, w.K, {a.q.data(), a.d.data(), a.xs16.data(), a.nbp}, M, g, out);
+    q6k16::group_rows(w.qs, w.K, a, M, g, out);
   }
 }
 

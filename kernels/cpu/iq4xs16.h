@@ -32,12 +32,11 @@ using B = lut4::Iq4xs;
 constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * B::kBytes;  // one super-block of a group: 2176 bytes
 constexpr int kD = 0, kHighScales = 32, kLowScales = 64, kCodes = 128;
-constexpr int64_t kAhead = kGroupBytes;  // L1 prefetch distance, as q6k16's
 
 // The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..135) of row r's
 // super-block, as stated above.
 struct Group {
-  static constexpr int64_t kBytes = B::kBytes, kGroupBytes = iq4xs16::kGroupBytes, kAhead = iq4xs16::kAhead;
+  static constexpr int64_t kBytes = B::kBytes, kGroupBytes = iq4xs16::kGroupBytes;
   static constexpr row_groups::Run kRuns[] = {{0, 4, 2}, {4, 136, 4}};
   static int64_t at(int r, int i) {
     if (i < 2) return kD + 2 * r + i;
@@ -55,9 +54,9 @@ struct Unpacked {
   __m512 dw[8];
 };
 
-// u.dw[b] = the 16 rows' fp32 scale of block b: its low 4 bits nibble b of the row's low word (byte b / 2, low
+// dw[b] = the 16 rows' fp32 scale of block b: its low 4 bits nibble b of the row's low word (byte b / 2, low
 // nibble first), its high 2 bits bits 2b of the high half-word; dw = d (ls - 32), exact in fp32
-inline void scales(const uint8_t* g, Unpacked& u) {
+inline void scales(const uint8_t* g, __m512 dw[8]) {
   const __m512i low = _mm512_loadu_si512(g + kLowScales);
   const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(g + kHighScales)));
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
@@ -65,21 +64,19 @@ inline void scales(const uint8_t* g, Unpacked& u) {
     const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(low, 4 * b), _mm512_set1_epi32(0x0F));
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(high, 2 * b), _mm512_set1_epi32(3));
     const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
-    u.dw[b] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls));
+    dw[b] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls));
   }
 }
 
 inline void unpack(const uint8_t* g, Unpacked& u) {
-  alignas(16) uint8_t t[16];
-  for (int i = 0; i < 16; ++i) t[i] = (uint8_t)(B::kTable[i] + 128);
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t)), m4 = _mm512_set1_epi8(0x0F);
+  const __m512i tab = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lut4::table<B>())), m4 = _mm512_set1_epi8(0x0F);
   for (int k = 0; k < 32; ++k) {
     const int b = k / 4, w = k % 4;
     const __m512i raw = _mm512_loadu_si512(g + kCodes + 64 * k);
     u.codes[8 * b + w] = _mm512_shuffle_epi8(tab, _mm512_and_si512(raw, m4));
     u.codes[8 * b + 4 + w] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
   }
-  scales(g, u);
+  scales(g, u.dw);
 }
 
 // acc[8 m + b] (16 rows each) += the super-block s of activation rows m0..m0+MT, which share each code vector
@@ -119,16 +116,14 @@ inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t 
 inline void one_row(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t g, float* out) {
   const int64_t nsb = K / B::kValues;
   const uint8_t* grp = qs + g * nsb * kGroupBytes;
-  alignas(16) uint8_t t[16];
-  for (int i = 0; i < 16; ++i) t[i] = (uint8_t)(B::kTable[i] + 128);
-  const __m512i tab = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)t)), m4 = _mm512_set1_epi8(0x0F);
+  const __m512i tab = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lut4::table<B>())), m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[8];
   for (int b = 0; b < 8; ++b) acc[b] = _mm512_setzero_ps();
-  thread_local Unpacked u;  // only its scales
+  __m512 dw[8];
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* gs = grp + s * kGroupBytes;
-    for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + kAhead + i), _MM_HINT_T0);
-    scales(gs, u);
+    row_groups::prefetch<Group>(gs);
+    scales(gs, dw);
     const int8_t* x = a.q.data() + s * B::kValues;
     const int32_t* isum = a.isum.data() + s * 8;
     const float* dx = a.d.data() + s * 8;
@@ -143,7 +138,7 @@ inline void one_row(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t g, 
         S = _mm512_dpbusd_epi32(S, _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)),
                                 _mm512_set1_epi32(xh));
       }
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(u.dw[b], _mm512_set1_ps(dx[b])), acc[b]);
+      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dw[b], _mm512_set1_ps(dx[b])), acc[b]);
     }
   }
   row_groups::store_hsum8(acc, 1, out);

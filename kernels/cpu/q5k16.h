@@ -35,13 +35,11 @@ using L = q4k::Q5K;
 constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * L::kBytes;  // one super-block of a group: 2816 bytes
 constexpr int kD = 0, kDmin = 32, kScales = 64, kHigh = 256, kCodes = 768;
-// Prefetch distance, into L1: one group super-block ahead, as q6k16's (the L2 distances of q4k16 read slower).
-constexpr int64_t kAhead = kGroupBytes;
 
 // The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..175) of row r's
 // super-block, as stated above.
 struct Group {
-  static constexpr int64_t kBytes = L::kBytes, kGroupBytes = q5k16::kGroupBytes, kAhead = q5k16::kAhead;
+  static constexpr int64_t kBytes = L::kBytes, kGroupBytes = q5k16::kGroupBytes;
   static constexpr row_groups::Run kRuns[] = {{0, 4, 2}, {4, 176, 4}};
   static int64_t at(int r, int i) {
     if (i < 2) return kD + 2 * r + i;

@@ -21,6 +21,7 @@
 // through q6.h's own tile (the loader keeps Q6_K in rows there: kernels.packed.groupable).
 #pragma once
 
+#include "activations.h"
 #include "common.h"
 #include "kquant.h"
 #include "panel.h"
@@ -35,15 +36,11 @@ namespace q6k16 {
 constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * q6::kBytes;  // one super-block of a group: 3360 bytes
 constexpr int kCodes = 0, kD = 3072, kScales = 3104;
-// Prefetch distance, into L1: one group super-block ahead. Qwen2.5-1.5B's Q6_K shapes, one activation row, 2
-// threads, random weights from DRAM: q4k16's two ahead into L2 read 33-39 GB/s where the rows read 36-46, four
-// ahead 31-35, none 26-30; this one 37-42.
-constexpr int64_t kAhead = kGroupBytes;
 
 // The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..209) of row r's
 // super-block, as stated above.
 struct Group {
-  static constexpr int64_t kBytes = q6::kBytes, kGroupBytes = q6k16::kGroupBytes, kAhead = q6k16::kAhead;
+  static constexpr int64_t kBytes = q6::kBytes, kGroupBytes = q6k16::kGroupBytes;
   static constexpr row_groups::Run kRuns[] = {{0, 192, 4}, {192, 208, 1}, {208, 210, 2}};
   static int64_t at(int r, int i) {
     if (i < 128) return kCodes + 64 * (3 * (8 * (i / 64) + (i % 32) / 4) + (i % 64) / 32) + 4 * r + i % 4;
@@ -53,13 +50,6 @@ struct Group {
   }
 };
 
-// The activations q6.h reads (quantize_rows with sums per 16): int8 q (M, K), scales dx (M, nbp), xs (M, 2 nbp).
-struct Acts {
-  const int8_t* q;
-  const float* dx;
-  const int16_t* xs;
-  int64_t nbp;
-};
 
 #ifdef PD_AVX512
 // One group super-block taken apart: codes[8 b + w] = the codes of weights 32 b + 4 w + (0..3) of the 16 rows
@@ -95,15 +85,15 @@ inline void unpack(const uint8_t* g, Unpacked& u) {
 // acc[8 m + b] (16 rows each) += the super-block s of activation rows m0..m0+MT: MT rows share each code vector
 // and give the core independent dpbusd chains to overlap.
 template <int MT>
-inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
   const int8_t* x[MT];
   const int16_t* xs[MT];
   const float* dx[MT];
   for (int r = 0; r < MT; ++r) {
     const int64_t at = (m0 + r) * a.nbp + s * 8;
-    x[r] = a.q + (m0 + r) * K + s * q6::kSuper;
-    xs[r] = a.xs + 2 * at;
-    dx[r] = a.dx + at;
+    x[r] = a.q.data() + (m0 + r) * K + s * q6::kSuper;
+    xs[r] = a.xs16.data() + 2 * at;
+    dx[r] = a.d.data() + at;
   }
   for (int b = 0; b < 8; ++b) {
     __m512i lo[MT], hi[MT];
@@ -131,15 +121,15 @@ inline void accumulate(const Unpacked& u, const Acts& a, int64_t K, int64_t m0, 
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
-inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
+inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
   row_groups::group_kernel<Group, Unpacked, 8>(qs, K / q6::kSuper, M, g, out, unpack,
       [&](auto mt, const Unpacked& u, int64_t m0, int64_t s, __m512* acc) { accumulate<mt>(u, a, K, m0, s, acc); });
 }
 #else  // each row of the group through q6.h's tile
-inline void group_rows(const uint8_t* qs, int64_t K, const Acts& a, int64_t M, int64_t g, float* out) {
+inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / q6::kSuper;
   row_groups::each_row<Group>(qs + g * nsb * kGroupBytes, nsb, M, out, [&](const uint8_t* row, float* col) {
-    q6::weight_row(row, K, a.q, a.dx, a.xs, a.nbp, M, 0, col);
+    q6::weight_row(row, K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, 0, col);
   });
 }
 #endif

@@ -20,9 +20,9 @@ class SuperBlockLinear(PackedLinear):
     exactly as gguf does.
 
     A format with GROUPS (q4k, q5k, q6, iq4xs) keeps, where its group kernel is built and N % 32 == 0
-    (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16, q5k16 and q6k16:
-    the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows, or
-    groups with grouped=True (the loader writes the file's rows straight into groups,
+    (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16, q5k16, q6k16 and
+    iq4xs16: the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows,
+    or groups with grouped=True (the loader writes the file's rows straight into groups,
     kernels.packed.group_superblocks).
     """
 

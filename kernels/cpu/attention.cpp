@@ -198,6 +198,11 @@ void chunk_generic(const float* q, int64_t G, const T* K, const T* V, int64_t st
 }
 
 #ifdef PD_AVX2
+#ifdef PD_AVX512
+constexpr int kVectorRegs = 32;  // AVX-512VL: ymm0-31
+#else
+constexpr int kVectorRegs = 16;
+#endif
 // The same for D % 64 == 0 with the G heads in registers: each K row load serves all G heads (4 positions
 // at a time, their dot products reduced together), each V row load likewise.
 template <int G, typename T>
@@ -237,20 +242,23 @@ void chunk_fast(const float* q, const T* K, const T* V, int64_t stride, int64_t 
     if (cap > 0.0f) soft_cap(scores + g * kChunk, n, cap);
     online_softmax(scores + g * kChunk, n, st[g], A + g * D, D);
   }
-  for (int64_t d0 = 0; d0 < D; d0 += 64) {
-    __m256 acc[G][8];
+  // the weighted V rows in slices of J vectors of dims, G J accumulators kept in registers (a lane's sum over t
+  // is the same sequence whatever the slice width)
+  constexpr int J = kVectorRegs >= 32 ? (G <= 3 ? 8 : G <= 6 ? 4 : 2) : (G <= 1 ? 8 : G <= 3 ? 4 : G <= 6 ? 2 : 1);
+  for (int64_t d0 = 0; d0 < D; d0 += 8 * J) {
+    __m256 acc[G][J];
     for (int g = 0; g < G; ++g)
-      for (int j = 0; j < 8; ++j) acc[g][j] = _mm256_loadu_ps(A + g * D + d0 + 8 * j);
+      for (int j = 0; j < J; ++j) acc[g][j] = _mm256_loadu_ps(A + g * D + d0 + 8 * j);
     for (int64_t t = 0; t < n; ++t) {
       const T* v = V + t * stride + d0;
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < J; ++j) {
         const __m256 vj = load8(v + 8 * j);
         for (int g = 0; g < G; ++g)
           acc[g][j] = _mm256_fmadd_ps(_mm256_broadcast_ss(scores + g * kChunk + t), vj, acc[g][j]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int j = 0; j < 8; ++j) _mm256_storeu_ps(A + g * D + d0 + 8 * j, acc[g][j]);
+      for (int j = 0; j < J; ++j) _mm256_storeu_ps(A + g * D + d0 + 8 * j, acc[g][j]);
   }
 }
 #endif

@@ -9,7 +9,8 @@
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
 // With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512_seq (the same with
 // its accumulators in registers), and q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
-// unpack_block16, panel.h's unpack_scales16); q6 keeps the 256-bit tile. The panel layout is panel.h's; each
+// unpack_block16, panel.h's unpack_scales16); q6 takes tile512 too, its sub-block scales applied in fp32 (exact
+// there). The panel layout is panel.h's; each
 // format's own unpacker lives with the format (affine.h, q8.h, q6.h) and unpack_panel here picks it. Another
 // format feeds the same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as panel.h documents; q4k fills
 // a Panel with its own meaning of the fields and runs its own tile (q4k.h: integer sub-block scales).
@@ -255,31 +256,37 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
     }
     const int64_t j1 = std::min<int64_t>(nb, j0 + kChunk512);
     for (int64_t j = j0 + l; j < j1; j += 8) {
+      // q6: each half of 16 starts from -32 times its activations' sum, so that it ends at sum (q - 32) x
+      auto start = [&](int r, int h) {
+        return F == kQ6 ? _mm512_set1_epi32(-32 * a.xs16[2 * ((m0 + r) * a.nbp + j) + h]) : _mm512_setzero_si512();
+      };
       __m512i sums[R], lo[R];
-      for (int r = 0; r < R; ++r) sums[r] = lo[r] = _mm512_setzero_si512();
+      for (int r = 0; r < R; ++r) sums[r] = lo[r] = start(r, 0);
       const int32_t* wp = p.codes + j * 8 * kCols;
       for (int t = 0; t < 8; ++t) {
         if (F == kQ6 && t == 4) {
           for (int r = 0; r < R; ++r) {
             lo[r] = sums[r];
-            sums[r] = _mm512_setzero_si512();
+            sums[r] = start(r, 1);
           }
         }
         step512<R>(wp, xrow, j, t, sums);
       }
       const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
       const __m512 zw = Q4 ? _mm512_loadu_ps(p.zw + j * kCols) : dw;
+      // q6's block sum S = slo * lo + shi * hi in fp32, exact: |lo|, |hi| <= 16 * 32 * 128 = 2^16 and |s| <= 2^7, so
+      // each product and the sum are integers of at most 2^24 (the 256-bit tile's two vpmulld, here two cvt)
+      const __m512 slo = F == kQ6 ? _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(p.slo + j * kCols))) : dw;
+      const __m512 shi = F == kQ6 ? _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(p.shi + j * kCols))) : dw;
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j;
-        __m512i isums = sums[r];
+        __m512 s;
         if (F == kQ6) {
-          const __m512i slo = _mm512_loadu_si512((const void*)(p.slo + j * kCols));
-          const __m512i shi = _mm512_loadu_si512((const void*)(p.shi + j * kCols));
-          const __m512i xlo = _mm512_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm512_set1_epi32(32 * a.xs16[2 * at + 1]);
-          isums = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_sub_epi32(lo[r], xlo), slo),
-                                   _mm512_mullo_epi32(_mm512_sub_epi32(sums[r], xhi), shi));
+          s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), shi, _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r]), slo));
+        } else {
+          s = _mm512_cvtepi32_ps(sums[r]);
         }
-        va[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isums), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r]);
+        va[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r]);
         if (Q4) {
           const float c = F == kQ5 ? a.c[at] + a.c[at] : a.c[at];
           vm[r] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), vm[r]));
@@ -303,10 +310,11 @@ constexpr int kRows512 = 4;  // activation rows per 512-bit register tile
 #endif
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
-// q6 keeps the 256-bit tile: its zmm form (two vpmulld a block and row) ran 0.7x as fast at 512 rows. q8 takes
-// tile512_seq (panel_rows), never tile512.
+// q6 takes tile512 with its sub-block scales applied in fp32: with two vpmulld a block and row instead, its zmm
+// form ran 0.7x as fast as the ymm tile at 512 rows; in fp32 it runs ~1.5x faster than the ymm tile
+// (kernels.md, "Q6_K prompt rows"). q8 takes tile512_seq (panel_rows), never tile512.
 template <int F>
-constexpr bool kWide = F != kQ6 && F != kQ8;
+constexpr bool kWide = F != kQ8;
 
 template <int F, int R = 1>
 inline void rows_tail(const View& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {

@@ -217,9 +217,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // q5k's rows (not grouped as q4k16's are) cost each activation row nearly a one-row call: random Q5_K matrices
 // of Qwen2.5-1.5B's gate and down shapes, 8 a call, 2 threads, GEMM / per-row time 1.38 and 1.05 at 8 rows,
 // 0.94 and 0.77 at 12, 0.80 and 0.65 at 16. q6k16's group kernel (one dpbusd per 4 codes of 16 rows, the codes
-// unpacked once a call) keeps up with the GEMM to ~128 rows: four random Q6_K matrices of Qwen2.5-1.5B's down and
-// gate shapes, 2 threads, group kernel / GEMM time 0.82-0.87 at 32 rows, 0.95-1.03 at 128, 1.0 at 512; q5k16's
-// likewise. iq4xs16's group kernel against the GEMM on Qwen2.5-1.5B's gate|up, down and q|k|v shapes: 0.58 of its
+// unpacked once a call) keeps up with the GEMM to ~32-64 rows since q6's GEMM tile went 512-bit
+// (`python -m tools.bench.qmatmul_bench --prompt-rows 16,32,64 --threads 2 --gemm-format q6`: group kernel / GEMM
+// time 0.7-0.85 at 16 rows, ~1.0 at 32, 1.1-1.3 at 64); q5k16's crosses near 64 too. iq4xs16's group kernel against the GEMM on Qwen2.5-1.5B's gate|up, down and q|k|v shapes: 0.58 of its
 // time at 16 rows, 0.86 at 64, 0.94 at 128, 1.08 at 512.
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing

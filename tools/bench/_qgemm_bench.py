@@ -1,5 +1,7 @@
-"""(A helper of tools.bench.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul against its per-weight-row path, on random Q4
-matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench --prompt-rows 128,512 --threads 1`).
+"""(A helper of tools.bench.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul
+against its per-weight-row path, on random Q4 (or, `--gemm-format q6`, Q6_K super-blocks kept as the loader keeps
+them: 16-row groups on AVX-512 VNNI builds) matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench
+--prompt-rows 128,512 --threads 1 [--gemm-format q6]`).
 
 Both paths compute the same bits (kernels.cpu_ext.set_tuning picks one per call); the rounds alternate them so a
 shared machine's load meets both alike. Figures: process CPU time per call (what the kernel costs, whatever
@@ -12,7 +14,6 @@ import time
 
 import torch
 
-from kernels.formats import Q4
 from kernels import cpu_ext
 from kernels.packed import ACTIVATIONS
 
@@ -21,31 +22,45 @@ SHAPES = {"o (4096x4096)": (4096, 4096, None), "gate_up (28672x4096, swiglu)": (
 PATHS = {"per-row": 1000000000, "gemm": 1}  # rows from which the GEMM path runs
 
 
-def random_q4(N: int, K: int) -> tuple:
+def random_q4(N: int, K: int):
     from engine.model.qlinear import Q4Linear
 
     g = torch.Generator().manual_seed(N + K)
     scale = (torch.rand(N, K // 32, generator=g) * 0.02 + 0.001).half()
-    return Q4Linear(torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), scale, -8 * scale.float()).blocks
+    return Q4Linear(torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), scale, -8 * scale.float())
 
 
-def run(ops, rows: list[int], threads: int, rounds: int) -> int:
+def random_q6(N: int, K: int):
+    """Random Q6_K super-blocks (every code and scale) with small finite d, as the loader keeps them."""
+    from engine.model.qlinear import Q6Linear
+
+    g = torch.Generator().manual_seed(N + K)
+    raw = torch.randint(0, 256, (N * K // 256, 210), generator=g, dtype=torch.uint8)
+    raw[:, 208:210] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
+    return Q6Linear(raw.reshape(N, -1))
+
+
+FORMATS = {"q4": random_q4, "q6": random_q6}
+
+
+def run(ops, rows: list[int], threads: int, rounds: int, fmt: str = "q4") -> int:
     torch.set_num_threads(threads)
-    weights = {name: (random_q4(N, K), act, N, K) for name, (N, K, act) in SHAPES.items()}
+    weights = {name: (FORMATS[fmt](N, K), act, N, K) for name, (N, K, act) in SHAPES.items()}
     times: dict = {}
     for _ in range(rounds):
         for m in rows:
-            for name, (blocks, act, N, K) in weights.items():
+            for name, (w, act, N, K) in weights.items():
                 x = torch.randn(m, K)
                 for path, rows_from in PATHS.items():
                     cpu_ext.set_tuning(qgemm_rows=rows_from)
-                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
+                    ops.qmatmul(x, *w.blocks, w.kernel_id, ACTIVATIONS[act])
                     c0, w0 = time.process_time(), time.perf_counter()
-                    ops.qmatmul(x, *blocks, Q4.kernel_id, ACTIVATIONS[act])
+                    ops.qmatmul(x, *w.blocks, w.kernel_id, ACTIVATIONS[act])
                     times.setdefault((m, name, path), []).append((time.process_time() - c0,
                                                                   time.perf_counter() - w0))
     cpu_ext.set_tuning()  # the environment's switches again
-    print(f"Q4 packed matmul, {threads} thread(s), medians of {rounds} alternating rounds")
+    formats = sorted({w.format for w, *_ in weights.values()})
+    print(f"{fmt} packed matmul ({', '.join(formats)}), {threads} thread(s), medians of {rounds} alternating rounds")
     print("| rows | matrix | path | CPU ms a call | wall ms | int8 GMAC/s (CPU time) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (m, name, path), runs in times.items():

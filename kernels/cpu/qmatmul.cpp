@@ -219,8 +219,11 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // 0.94 and 0.77 at 12, 0.80 and 0.65 at 16. q6k16's group kernel (one dpbusd per 4 codes of 16 rows, the codes
 // unpacked once a call) keeps up with the GEMM to ~32-64 rows since q6's GEMM tile went 512-bit
 // (`python -m tools.bench.qmatmul_bench --prompt-rows 16,32,64 --threads 2 --gemm-format q6`: group kernel / GEMM
-// time 0.7-0.85 at 16 rows, ~1.0 at 32, 1.1-1.3 at 64); q5k16's crosses near 64 too. iq4xs16's group kernel against the GEMM on Qwen2.5-1.5B's gate|up, down and q|k|v shapes: 0.58 of its
-// time at 16 rows, 0.86 at 64, 0.94 at 128, 1.08 at 512.
+// time 0.7-0.85 at 16 rows, ~1.0 at 32, 1.1-1.3 at 64). q5k16's group kernel stays ahead to ~1024 rows (its
+// panels unpack through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.9-3.5 at 64 rows,
+// 1.3-1.5 at 256, ~1.0 at 1024; a 256-token prompt of the Qwen2.5-1.5B-shaped Q5_K_M file prefilled in 0.90-0.92 s
+// through the group kernels against 1.10-1.15 s through the GEMM. iq4xs16's stays ahead to ~256 rows
+// (--gemm-format iq4xs: 1.0-1.2 at 128 rows, 1.0-1.1 at 256, 0.75-0.85 at 1024).
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
@@ -230,8 +233,9 @@ std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 int64_t gemm_rows(Format f) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
-  if (f == kIQ4XS16) return 128;
-  if (f == kQ6K16 || f == kQ5K16) return 64;
+  if (f == kQ5K16) return 1024;
+  if (f == kIQ4XS16) return 256;
+  if (f == kQ6K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 

@@ -1,6 +1,6 @@
 """(A helper of tools.bench.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul
-against its per-weight-row path, on random Q4 (or, `--gemm-format q6`, Q6_K super-blocks kept as the loader keeps
-them: 16-row groups on AVX-512 VNNI builds) matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench
+against its per-weight-row path, on random Q4 (or, `--gemm-format q6|q5k|iq4xs`, Q6_K, Q5_K or IQ4_XS super-blocks kept
+as the loader keeps them: 16-row groups on AVX-512 VNNI builds) matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench
 --prompt-rows 128,512 --threads 1 [--gemm-format q6]`).
 
 Both paths compute the same bits (kernels.cpu_ext.set_tuning picks one per call); the rounds alternate them so a
@@ -30,17 +30,35 @@ def random_q4(N: int, K: int):
     return Q4Linear(torch.randint(0, 16, (N, K), generator=g, dtype=torch.uint8), scale, -8 * scale.float())
 
 
+def random_superblocks(cls, halves: tuple[int, ...], N: int, K: int):
+    """Random super-blocks of cls (every code and scale) with small finite fp16 fields at the byte offsets in
+    halves, kept as the loader keeps them (16-row groups where this build has their group kernel)."""
+    g = torch.Generator().manual_seed(N + K)
+    raw = torch.randint(0, 256, (N * K // 256, cls.BLOCK_BYTES), generator=g, dtype=torch.uint8)
+    for at in halves:
+        raw[:, at:at + 2] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
+    return cls(raw.reshape(N, -1))
+
+
 def random_q6(N: int, K: int):
-    """Random Q6_K super-blocks (every code and scale) with small finite d, as the loader keeps them."""
     from engine.model.qlinear import Q6Linear
 
-    g = torch.Generator().manual_seed(N + K)
-    raw = torch.randint(0, 256, (N * K // 256, 210), generator=g, dtype=torch.uint8)
-    raw[:, 208:210] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
-    return Q6Linear(raw.reshape(N, -1))
+    return random_superblocks(Q6Linear, (208,), N, K)
 
 
-FORMATS = {"q4": random_q4, "q6": random_q6}
+def random_q5k(N: int, K: int):
+    from engine.model.qlinear.superblock import Q5KLinear
+
+    return random_superblocks(Q5KLinear, (0, 2), N, K)
+
+
+def random_iq4xs(N: int, K: int):
+    from engine.model.qlinear import IQ4XSLinear
+
+    return random_superblocks(IQ4XSLinear, (0,), N, K)
+
+
+FORMATS = {"q4": random_q4, "q6": random_q6, "q5k": random_q5k, "iq4xs": random_iq4xs}
 
 
 def run(ops, rows: list[int], threads: int, rounds: int, fmt: str = "q4") -> int:

@@ -1,4 +1,4 @@
-"""All-Q4_K q|k|v and gate|up groups copied straight into their fused q4k matrix (engine.model.packing.fused_q4) give
+"""All-Q4_K q|k|v and gate|up groups (and all-Q6_K, all-Q5_K, all-IQ4_XS ones) copied straight into their fused matrix (engine.model.packing.fused_q4) give
 the bits of packing each part and stacking them (qlinear.cat_packed), in a Q4_K_M file whose mixed groups
 (Q6_K v) still take cat_packed (each part in its own format); the memory estimate stays byte for byte."""
 
@@ -45,3 +45,23 @@ def test_estimate_still_byte_for_byte(path, monkeypatch):
     est = memory.estimate_memory(path, weights="packed")
     model = Model.load(path, weights="packed")
     assert est.weights_bytes == model.memory_bytes()
+
+
+@pytest.mark.parametrize("quant", ["Q6_K", "Q5_K", "IQ4_XS"])
+def test_other_superblock_types_fuse_while_reading(tmp_path_factory, monkeypatch, quant):
+    """Q6_K, Q5_K and IQ4_XS groups (in 16-row groups where this build has their group kernels) are written
+    straight into their fused matrix too, with the bits of stacking the parts."""
+    path = gguf_file(tmp_path_factory, "fused-" + quant.lower(), "tiny-256", 4, quant)
+    plan, direct, stacked = load_fused_and_stacked(path, monkeypatch)
+    assert {type(t).__name__ for t in plan.values()} == {"FusedSuperBlocks"}
+    fused = 0
+    for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
+        for name in ("qkv", "gate_up"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert type(x) is type(y) and x.shape == y.shape, (i, name)
+            assert getattr(x, "grouped", None) == getattr(y, "grouped", None)
+            assert all(torch.equal(p, q) for p, q in zip(packed_bytes(x), packed_bytes(y))), (i, name)
+            fused += f"model.layers.{i}.{'self_attn.qkv' if name == 'qkv' else 'mlp.gate_up'}_proj.weight" in {
+                t.name for t in plan.values()}
+    assert fused >= 4  # at least every layer's gate|up
+    assert_same_logits(direct, stacked)

@@ -1,14 +1,15 @@
 """Fused q|k|v and gate|up matrices whose parts all share one ggml type the kernels hold exactly and cheaply
-(Q4_K as q4k; Q5_0 / Q5_1 as q5; Q8_0 as q8), written straight into the fused matrix.
+(Q4_K, Q5_K, Q6_K, IQ4_XS and the other types kept as the file's blocks; Q5_0 / Q5_1 as q5; Q8_0 as q8), written
+straight into the fused matrix.
 
 Packing each part on its own and then stacking the parts (engine.model.qlinear.cat_packed) writes every byte
 of the fused matrices a second time, and the scales of q5 and q8 twice more (stacked, then padded): gate|up
 alone is 60 MB a layer of an 8B-shaped Q4_K_M file, and a Gemma-3-270M-shaped file's 640-wide q/k/gate/up are
 Q5_0 (llama.cpp's fallback for K-quants on rows that are no multiple of 256). Here the fused matrix (its
 codes, and its padded scales where the format has them) is allocated once and each part's blocks are written
-once from the mapped file into their rows: Q4_K super-blocks as they are (into their groups of 16 rows where
-the kernels run), Q5 / Q8_0 blocks through the C++ repackers (repack_fast.tile_into). The bits are those of
-packing the parts and stacking them.
+once from the mapped file into their rows: super-blocks as they are (into their groups of 16 rows where the
+build has the format's group kernel), Q5 / Q8_0 blocks through the C++ repackers (repack_fast.tile_into). The
+bits are those of packing the parts and stacking them.
 
 Mixed groups (a Q4_K_M file's Q4_K q/k beside a Q6_K v) and models keeping a dense copy still go through
 cat_packed: which format a mixed group becomes is its rule.
@@ -20,11 +21,12 @@ import torch
 from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext
-from kernels.formats import GROUP, GROUP_ROWS, Q4K, Q5
+from kernels.formats import GROUP, GROUP_ROWS, Q5
 from kernels.packed import group_superblocks, groupable, padded_scales
 
-from ..qlinear import Q4KLinear, Q5Linear, Q8Linear
+from ..qlinear import Q5Linear, Q8Linear, SuperBlockLinear
 from . import repack_fast
+from .repack import block_class, kernel_format
 from .readahead import read_ahead
 
 Q = GGMLQuantizationType
@@ -33,30 +35,33 @@ FUSED_NAMES = {("q_proj.weight", "k_proj.weight", "v_proj.weight"): "qkv_proj.we
                ("gate_proj.weight", "up_proj.weight"): "gate_up_proj.weight"}
 
 
-class FusedQ4:
-    """One fused matrix being written: its parts' rows, in group order, as the file's tensors arrive."""
+class FusedSuperBlocks:
+    """One fused matrix kept as the file's blocks (cls: repack.block_class's, e.g. Q4KLinear, Q6Linear) being
+    written: its parts' rows, in group order, as the file's tensors arrive."""
 
-    def __init__(self, name: str, parts: list[str], rows: list[int], k: int):
-        self.name, self.parts = name, parts
+    def __init__(self, name: str, parts: list[str], rows: list[int], k: int, cls: type[SuperBlockLinear]):
+        self.name, self.parts, self.cls = name, parts, cls
         self.offsets = dict(zip(parts, [sum(rows[:i]) for i in range(len(rows) + 1)]))
         self.ends = {p: self.offsets[p] + r for p, r in zip(parts, rows)}
         # groups of 16 rows where every part is whole groups (each part's rows written as its own groups)
-        self.grouped = all(groupable(r) for r in rows)
-        self.qs = (Q4KLinear.empty_groups(sum(rows), k) if self.grouped
-                   else torch.empty(Q4K.qs_shape(sum(rows), k), dtype=torch.uint8))
+        self.grouped = cls.GROUPS and all(groupable(r, cls.spec.grouped_id) for r in rows)
+        n = sum(rows)
+        self.qs = (cls.empty_groups(n, k) if self.grouped
+                   else torch.empty(n, k // cls.spec.values * cls.BLOCK_BYTES, dtype=torch.uint8))
         self.todo = set(parts)
 
-    def write(self, part: str, raw: torch.Tensor) -> Q4KLinear | None:
-        """Copy the part's Q4_K rows `raw` into its rows; the fused matrix once every part is written."""
+    def write(self, part: str, raw: torch.Tensor) -> SuperBlockLinear | None:
+        """Copy the part's rows `raw` (the file's super-blocks) into its rows; the fused matrix once every part is
+        written."""
         r0, r1 = self.offsets[part], self.ends[part]
         read_ahead(raw)
         if self.grouped:
             group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS],
-                              Q4K.code_bytes)
+                              self.cls.BLOCK_BYTES)
         else:
             self.qs[r0:r1] = raw.reshape(r1 - r0, -1)
         self.todo.discard(part)
-        return None if self.todo else Q4KLinear(self.qs, grouped=self.grouped)
+        return None if self.todo else self.cls(self.qs, grouped=self.grouped)
 
 
 class FusedRows:
@@ -94,13 +99,14 @@ _REPACKED = (Q.Q5_0, Q.Q5_1, Q.Q8_0)  # written through repack_fast.tile_into (F
 
 
 def plan(stored: dict[str, tuple[GGMLQuantizationType, tuple[int, ...]]], fmt: str,
-         keep_dense: bool) -> dict[str, FusedQ4]:
+         keep_dense: bool) -> dict[str, FusedSuperBlocks | FusedRows]:
     """{part's HF name: the fused matrix it is written into} for every q|k|v and gate|up group of `stored`
-    (HF name -> (ggml type, shape)) whose parts are all Q4_K (-> q4k), all Q5_0 or Q5_1 (-> q5) or all Q8_0
-    (-> q8); empty where the kernels are not built, where a dense copy is kept or for unfused layouts."""
+    (HF name -> (ggml type, shape)) whose parts are all of one type kept as the file's blocks (Q4_K, Q5_K, Q6_K,
+    IQ4_XS, ...: repack.block_class), all Q5_0 or Q5_1 (-> q5) or all Q8_0 (-> q8); empty where the kernels are
+    not built, where a dense copy is kept or for unfused layouts."""
     if keep_dense or fmt != "packed" or cpu_ext.ops() is None:
         return {}
-    out: dict[str, FusedQ4 | FusedRows] = {}
+    out: dict[str, FusedSuperBlocks | FusedRows] = {}
     for name in stored:
         for group, fused in FUSED_NAMES.items():
             if not name.endswith(group[0]):
@@ -115,8 +121,9 @@ def plan(stored: dict[str, tuple[GGMLQuantizationType, tuple[int, ...]]], fmt: s
             if len(types) != 1 or any(len(s) != 2 or s[1] != k for s in shapes):
                 continue
             qtype, rows = types.pop(), [s[0] for s in shapes]
-            if qtype == Q.Q4_K and k % 256 == 0:
-                target = FusedQ4(prefix + fused, parts, rows, k)
+            cls = block_class(kernel_format(qtype.name, fmt))
+            if cls is not None and k % cls.spec.values == 0:  # kept as the file's blocks
+                target = FusedSuperBlocks(prefix + fused, parts, rows, k, cls)
             elif qtype in _REPACKED and k % GROUP == 0:
                 target = FusedRows(prefix + fused, parts, rows, k, qtype)
             else:

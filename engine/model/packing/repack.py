@@ -65,7 +65,8 @@ from ... import envs
 from . import repack_fast
 from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
-from ..qlinear import LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, tile_rows
+from ..qlinear import (LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, SuperBlockLinear,
+                       tile_rows)
 from ..qlinear.superblock import Q5KLinear
 
 PACKED_FORMATS = ("packed", "q8")
@@ -124,6 +125,12 @@ def kernel_format(dtype: str, fmt: str) -> str:
     """The kernel format a stored type becomes (before the fused-parts rule): under weights="packed" the one
     holding it exactly (kernels.formats), else q8."""
     return formats.holding(dtype, fmt).name
+
+
+def block_class(kind: str) -> type[SuperBlockLinear] | None:
+    """The class that keeps kernel format `kind` as the file's own blocks (K-quant super-blocks, the 4-bit
+    lookup-table formats), or None where the format is repacked (q4, q5, q8)."""
+    return _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind)
 
 
 def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False) -> dict[str, str]:
@@ -231,7 +238,7 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
                  exact: torch.Tensor | None, step: int, done: Callable[[int, int], None] | None) -> PackedLinear:
     n, k = shape
     kind = kernel_format(qtype.name, fmt)
-    cls = _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind)
+    cls = block_class(kind)
     if cls is not None and cls.GROUPS and groupable(n, cls.spec.grouped_id):  # the file's super-blocks, into groups
         groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):

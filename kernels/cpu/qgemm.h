@@ -10,10 +10,10 @@
 // With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512_seq (the same with
 // its accumulators in registers), and q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
 // unpack_block16, panel.h's unpack_scales16); q6 takes tile512 too, its sub-block scales applied in fp32 (exact
-// there). The panel layout is panel.h's; each
-// format's own unpacker lives with the format (affine.h, q8.h, q6.h) and unpack_panel here picks it. Another
-// format feeds the same tiles by filling a Panel (codes, dw, zw; q6: slo, shi) as panel.h documents; q4k fills
-// a Panel with its own meaning of the fields and runs its own tile (q4k.h: integer sub-block scales).
+// there). The panel layout is panel.h's; each format's own unpacker lives with the format (affine.h, q8.h, q6.h)
+// and unpack_panel here picks it. Another format feeds the same tiles by filling a Panel (codes, dw, zw; q6: slo,
+// shi) as panel.h documents; q4k fills a Panel with its own meaning of the fields and runs its own tile (q4k.h:
+// integer sub-block scales).
 //
 // Results are bit-identical to dot_tile's: the block sums are exact integers either way, and the float part
 // repeats dot_tile's per-element sequence exactly: per block j, lane j % 8 of the element's accumulator
@@ -311,8 +311,9 @@ constexpr int kRows512 = 4;  // activation rows per 512-bit register tile
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
 // q6 takes tile512 with its sub-block scales applied in fp32: with two vpmulld a block and row instead, its zmm
-// form ran 0.7x as fast as the ymm tile at 512 rows; in fp32 it runs ~1.5x faster than the ymm tile
-// (kernels.md, "Q6_K prompt rows"). q8 takes tile512_seq (panel_rows), never tile512.
+// form ran 0.7x as fast as the ymm tile at 512 rows; in fp32 it runs ~1.3x faster than the ymm tile
+// (docs/performance/kernels.md, "Prompt rows of the K-quant mixes"). q8 takes tile512_seq (panel_rows), never
+// tile512.
 template <int F>
 constexpr bool kWide = F != kQ8;
 

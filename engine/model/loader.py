@@ -126,7 +126,7 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         return w[name].to(device=device, dtype=dtype)
 
     def fused(names: list[str], stored_fused: str):
-        # stored fused, or fused while reading (engine.model.packing.fused_q4)
+        # stored fused, or fused while reading (engine.model.packing.fused_on_read)
         if c.fused_projections or stored_fused in w:
             return get(stored_fused)
         parts = [get(n) for n in names]

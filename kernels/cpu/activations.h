@@ -58,9 +58,10 @@ inline __m256i quantize32(const float* v, __m256 inv, int8_t* q) {
 // pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
 // so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
 // (an odd last block stays as it is).
-// Activations a thread quantizes at least (values): a decode step's few rows stay on the calling thread, a
-// prompt's many are split over the threads (every block's result is its own whichever thread computes it).
-constexpr int64_t kQuantizeGrain = 1 << 16;
+// Activations a thread quantizes at least (values): a decode step's rows (8 x 14,336 at most for an 8B's down)
+// stay on the calling thread, no fork and join added to it; a prompt's are split over the threads (every block's
+// result is its own whichever thread computes it).
+constexpr int64_t kQuantizeGrain = 1 << 18;
 
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
   const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;

@@ -50,7 +50,6 @@ struct Group {
   }
 };
 
-
 #ifdef PD_AVX512
 // One group super-block taken apart: codes[8 b + w] = the codes of weights 32 b + 4 w + (0..3) of the 16 rows
 // (one int32 lane a row), sc[j] the rows' scale j as int32, d their d.

@@ -221,8 +221,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // (`python -m tools.bench.qmatmul_bench --prompt-rows 16,32,64 --threads 2 --gemm-format q6`: group kernel / GEMM
 // time 0.7-0.85 at 16 rows, ~1.0 at 32, 1.1-1.3 at 64). q5k16's group kernel stays ahead to ~1024 rows (its
 // panels unpack through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.9-3.5 at 64 rows,
-// 1.3-1.5 at 256, ~1.0 at 1024; a 256-token prompt of the Qwen2.5-1.5B-shaped Q5_K_M file prefilled in 0.90-0.92 s
-// through the group kernels against 1.10-1.15 s through the GEMM. iq4xs16's stays ahead to ~256 rows
+// 1.3-1.5 at 256, ~1.0 at 1024. iq4xs16's stays ahead to ~256 rows
 // (--gemm-format iq4xs: 1.0-1.2 at 128 rows, 1.0-1.1 at 256, 0.75-0.85 at 1024).
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing

@@ -1,4 +1,4 @@
-"""What the fused-group tests (test_fused_q4, test_fused_rows) share: a synthetic GGUF file in its own temporary
+"""What the fused-group tests (test_fused_on_read, test_fused_rows) share: a synthetic GGUF file in its own temporary
 folder, a file loaded both ways (groups written straight into their fused matrix while reading, and each part
 packed then stacked), the packed bytes to compare, and the check that both loads give the same logits."""
 
@@ -9,7 +9,7 @@ import torch
 from engine import Model
 from engine.cache.paged_cache import PagedCache
 from engine.model.batch import Batch
-from engine.model.packing import fused_q4
+from engine.model.packing import fused_on_read
 from tools.models.synthetic_gguf import write_random_gguf
 
 
@@ -19,15 +19,15 @@ def gguf_file(tmp_path_factory, folder: str, arch: str, layers: int, quant: str)
 
 
 def load_fused_and_stacked(path: Path, monkeypatch) -> tuple[dict, Model, Model]:
-    """The fusing plan fused_q4 made for the file, the model loaded with it (fused while reading) and the model
+    """The fusing plan fused_on_read made for the file, the model loaded with it (fused while reading) and the model
     loaded without one (every part packed, then stacked). The dense copy is off: it would take the stacking
     route in both loads."""
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
     planned = []
-    real_plan = fused_q4.plan
-    monkeypatch.setattr(fused_q4, "plan", lambda *a: planned.append(real_plan(*a)) or planned[-1])
+    real_plan = fused_on_read.plan
+    monkeypatch.setattr(fused_on_read, "plan", lambda *a: planned.append(real_plan(*a)) or planned[-1])
     direct = Model.load(path, weights="packed")
-    monkeypatch.setattr(fused_q4, "plan", lambda *a: {})
+    monkeypatch.setattr(fused_on_read, "plan", lambda *a: {})
     stacked = Model.load(path, weights="packed")
     return planned[0], direct, stacked
 

@@ -1,5 +1,5 @@
 """Q5_0 / Q5_1 / Q8_0 q|k|v and gate|up groups written straight into their fused q5 or q8 matrix
-(engine.model.packing.fused_q4.FusedRows) give the bits of packing each part and stacking them
+(engine.model.packing.fused_on_read.FusedRows) give the bits of packing each part and stacking them
 (qlinear.cat_packed): codes, scales and the zero SCALE_PAD tail, the same logits, and the memory estimate
 stays byte for byte. A 64-wide Q4_K_M file is the Gemma-3-270M case: its K-quants fall back to Q5_0 / Q8_0
 (gate|up Q5_0: fused; q|k Q5_0 beside a Q8_0 v in some layers: mixed, kept in parts)."""
@@ -9,7 +9,7 @@ import torch
 
 from engine import Model
 from engine.model.catalog import memory
-from engine.model.packing import fused_q4
+from engine.model.packing import fused_on_read
 from engine.model.qlinear import PartsLinear, Q5Linear, Q8Linear
 from kernels import cpu_ext
 from tests.engine.fused_checks import assert_same_logits, gguf_file, load_fused_and_stacked, packed_bytes
@@ -34,7 +34,7 @@ def test_fused_while_reading_matches_stacking(path, monkeypatch):
     whole_qkv = sum(not isinstance(lr.qkv, PartsLinear) for lr in direct.layers)
     assert len(targets) == 3 + whole_qkv  # every gate|up, each q|k|v of one type
     assert whole_qkv == 3 if quant != "Q4_K_M" else 0 < whole_qkv < 3  # Q4_K_M: a Q8_0 v somewhere (mixed)
-    assert all(isinstance(t, fused_q4.FusedRows) for t in plan.values())
+    assert all(isinstance(t, fused_on_read.FusedRows) for t in plan.values())
     kind = Q8Linear if quant == "Q8_0" else Q5Linear
     for i, (a, b) in enumerate(zip(direct.layers, stacked.layers)):
         assert isinstance(a.gate_up, kind)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model import moe
-from engine.model.packing import fused_q4
+from engine.model.packing import fused_on_read
 from engine.model.packing import repack
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantizable
@@ -96,7 +96,7 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     keep_dense = keeps_dense_copy(config, fmt, types.get)
     packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo) or any(
         repack.keeps_packed(t.name, t.tensor_type.name, len(t.shape), fmt) for t, _ in stacks)
-    fused = fused_q4.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
+    fused = fused_on_read.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
     pairs = moe.gguf_gate_up_pairs([t.name for t, _ in stacks], config)  # gate's stack -> up's
     renamed: dict[str, str] = {}  # experts' gate and up names -> their fused [gate | up]'s, where written so
     done = 0

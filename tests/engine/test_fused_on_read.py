@@ -1,5 +1,5 @@
 """All-Q4_K q|k|v and gate|up groups (and all-Q6_K, all-Q5_K, all-IQ4_XS ones) copied straight into their fused
-matrix (engine.model.packing.fused_q4) give the bits of packing each part and stacking them (qlinear.cat_packed), in
+matrix (engine.model.packing.fused_on_read) give the bits of packing each part and stacking them (qlinear.cat_packed), in
 a Q4_K_M file whose mixed groups (Q6_K v) still take cat_packed (each part in its own format); the memory estimate
 stays byte for byte."""
 

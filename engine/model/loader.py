@@ -20,7 +20,7 @@ from .embedding import GGMLRows
 from .catalog.memory import check_fits
 from .moe import MoEBlock, build as build_moe
 from .qlinear import PackedLinear, Q8Linear, cat_packed
-from .heap import release_freed_memory
+from .heap import loading_heap, release_freed_memory
 from .weights import default_model_path, load_weights
 
 
@@ -99,10 +99,12 @@ def plan_load(path: str | Path | None, device: str | torch.device | None, dtype:
 
 
 def load(plan: LoadPlan, progress: Callable[[float], None] | None = None) -> tuple[ModelConfig, ModelWeights]:
-    """Read the checkpoint and build its weights (progress(1.0) once they are built)."""
-    config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt)
-    built = build(config, state, plan.device, plan.dtype, plan.fmt)
-    del state
+    """Read the checkpoint and build its weights (progress(1.0) once they are built); the weights' large
+    blocks get mappings of their own (heap.loading_heap), so that freeing the model gives them back whole."""
+    with loading_heap():
+        config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt)
+        built = build(config, state, plan.device, plan.dtype, plan.fmt)
+        del state
     release_freed_memory()
     if progress is not None:
         progress(1.0)

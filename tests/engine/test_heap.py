@@ -1,0 +1,73 @@
+"""While a model loads, glibc maps every new block of 4 MB or more on its own (so freeing the model gives it
+back whole, not as holes between live objects); once no load is in progress such blocks extend the arenas
+again. Read through mallinfo2's hblkhd (bytes in blocks glibc maps on their own) in a fresh process, whose
+arenas hold no free chunk of the probe's size (glibc reuses a free chunk before it maps a new block)."""
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.model import heap
+
+if not hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2") or heap._libc() is None:
+    pytest.skip("needs glibc >= 2.33 (mallinfo2, mallopt)", allow_module_level=True)
+
+BLOCK = 16 << 20  # above the load threshold, below the serving one
+
+_PROBE = """
+import ctypes, json, sys, threading
+from engine.model import heap
+
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+BLOCK = int(sys.argv[1])
+
+def mapped_by_a_block():  # how much glibc's own mappings grow while one BLOCK is allocated
+    before = libc.mallinfo2().hblkhd
+    p = libc.malloc(BLOCK)
+    try:
+        return libc.mallinfo2().hblkhd - before
+    finally:
+        libc.free(p)
+
+seen = {}
+with heap.loading_heap():
+    seen["loading"] = mapped_by_a_block()
+seen["after"] = mapped_by_a_block()
+entered, release = threading.Event(), threading.Event()
+
+def other_load():
+    with heap.loading_heap():
+        entered.set()
+        release.wait(10)
+
+t = threading.Thread(target=other_load)
+with heap.loading_heap():
+    t.start()
+    entered.wait(10)
+seen["one_of_two_ended"] = mapped_by_a_block()
+release.set()
+t.join()
+seen["both_ended"] = mapped_by_a_block()
+print(json.dumps(seen))
+"""
+
+
+def test_loads_map_large_blocks_until_the_last_load_ends():
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(BLOCK)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["loading"] >= BLOCK, seen
+    assert seen["after"] == 0, seen
+    assert seen["one_of_two_ended"] >= BLOCK, seen  # the other load still runs
+    assert seen["both_ended"] == 0, seen

@@ -9,9 +9,9 @@ model is freed at the next load, every page such a tensor shares with a live obj
 default model RSS crept with every reload, trimmed or not, until it levelled off some 25 MB above the first
 load (a third of the model's weights).
 `loading_heap()` holds the threshold at `LOAD_MMAP_THRESHOLD` while a model loads, so the new blocks of 4 MB
-or more get mappings of their own and go back whole when freed (the same reloads
-level off at about half that), and at 32 MB after, the value the dynamic rule settles on: a low threshold while serving too cost ~15 % of
-prefill (activations mapped and faulted in afresh at every step)."""
+or more get mappings of their own and go back whole when freed (the same reloads level off at about half
+that), and at 32 MB after, the value the dynamic rule settles on: a low threshold while serving too cost
+~15 % of prefill (activations mapped and faulted in afresh at every step)."""
 
 from __future__ import annotations
 

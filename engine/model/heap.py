@@ -10,8 +10,8 @@ default model RSS crept with every reload, trimmed or not, until it levelled off
 load (a third of the model's weights).
 `loading_heap()` holds the threshold at `LOAD_MMAP_THRESHOLD` while a model loads, so the new blocks of 4 MB
 or more get mappings of their own and go back whole when freed (the same reloads level off at about half
-that), and at 32 MB after, the value the dynamic rule settles on: a low threshold while serving too cost
-~15 % of prefill (activations mapped and faulted in afresh at every step)."""
+that), and at 32 MB after, with an arena's free top kept up to 64 MB, where the dynamic rule settles: a low
+threshold while serving too cost ~15 % of prefill (activations mapped and faulted in afresh at every step)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,10 @@ import functools
 import threading
 from contextlib import contextmanager
 
-M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 LOAD_MMAP_THRESHOLD = 4 << 20
 SERVE_MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems
+SERVE_TRIM_THRESHOLD = 2 * SERVE_MMAP_THRESHOLD  # what the dynamic rule pairs with it (a fixed threshold stops it)
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,3 +68,4 @@ def loading_heap():
             _loads -= 1
             if lib is not None and _loads == 0:
                 lib.mallopt(M_MMAP_THRESHOLD, SERVE_MMAP_THRESHOLD)
+                lib.mallopt(M_TRIM_THRESHOLD, SERVE_TRIM_THRESHOLD)

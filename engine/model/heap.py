@@ -10,8 +10,9 @@ default model RSS crept with every reload, trimmed or not, until it levelled off
 load (a third of the model's weights).
 `loading_heap()` holds the threshold at `LOAD_MMAP_THRESHOLD` while a model loads, so the new blocks of 4 MB
 or more get mappings of their own and go back whole when freed (the same reloads level off at about half
-that), and at 32 MB after, with an arena's free top kept up to 64 MB, where the dynamic rule settles: a low
-threshold while serving too cost ~15 % of prefill (activations mapped and faulted in afresh at every step)."""
+that), and at 32 MB after, where the dynamic rule settles. The trim threshold is left as it is (set to the
+rule's 64 MB as well, it kept more of the arenas' holes resident across reloads). A low threshold while
+serving too cost ~15 % of prefill (activations mapped and faulted in afresh at every step)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,9 @@ import functools
 import threading
 from contextlib import contextmanager
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 LOAD_MMAP_THRESHOLD = 4 << 20
 SERVE_MMAP_THRESHOLD = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit systems
-SERVE_TRIM_THRESHOLD = 2 * SERVE_MMAP_THRESHOLD  # what the dynamic rule pairs with it (a fixed threshold stops it)
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,4 +68,3 @@ def loading_heap():
             _loads -= 1
             if lib is not None and _loads == 0:
                 lib.mallopt(M_MMAP_THRESHOLD, SERVE_MMAP_THRESHOLD)
-                lib.mallopt(M_TRIM_THRESHOLD, SERVE_TRIM_THRESHOLD)

@@ -169,13 +169,39 @@ struct Partial {  // online-softmax state of one query row over one context slic
 
 // Softmax bookkeeping of one head for a chunk of n scores: rescale the running sum and output to the new
 // maximum, turn the scores into weights exp(s - max) and add them to the sum.
-inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D) {
+// The maximum and the rescale are vector loops: a maximum is exact in any order and a product lane by lane is
+// the scalar one, so the bits are the scalar loops' (whose chain of maxima, one a score, slowed every chunk).
+inline float max_of(const float* s, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t p = 0; p < n; ++p) mx = std::max(mx, s[p]);
-  const float m_new = std::max(st.max, mx);
+  int64_t p = 0;
+#ifdef PD_AVX2
+  if (n >= 16) {
+    __m256 m0 = _mm256_loadu_ps(s), m1 = _mm256_loadu_ps(s + 8);
+    for (p = 16; p + 16 <= n; p += 16) {
+      m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + p));
+      m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + p + 8));
+    }
+    mx = hmax(_mm256_max_ps(m0, m1));
+  }
+#endif
+  for (; p < n; ++p) mx = std::max(mx, s[p]);
+  return mx;
+}
+
+inline void scale_by(float* a, int64_t D, float alpha) {
+  int64_t d = 0;
+#ifdef PD_AVX2
+  const __m256 f = _mm256_set1_ps(alpha);
+  for (; d + 8 <= D; d += 8) _mm256_storeu_ps(a + d, _mm256_mul_ps(_mm256_loadu_ps(a + d), f));
+#endif
+  for (; d < D; ++d) a[d] *= alpha;
+}
+
+inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D) {
+  const float m_new = std::max(st.max, max_of(s, n));
   if (st.max != m_new && st.sum > 0.0f) {
     const float alpha = std::exp(st.max - m_new);
-    for (int64_t d = 0; d < D; ++d) a[d] *= alpha;
+    scale_by(a, D, alpha);
     st.sum *= alpha;
   }
   st.max = m_new;

@@ -122,3 +122,27 @@ def test_the_avx2_build_gives_the_same_fp16_attention():
                           "not avx2_build"], env=isa_build_env(), capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and " skipped" not in run.stdout, run.stdout[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [F16, torch.float32])
+def test_one_position_far_above_the_rest_takes_the_whole_weight(dtype):
+    """Every history key zero but one, whose score is 200 (the others 0): the softmax puts all its weight there,
+    so each head's output is that position's V row, exactly. A running maximum that missed the position (at any
+    offset within a chunk, a slice or a page) would weigh it wrongly (exp(200) is past fp32): not V."""
+    L, Hq, Hkv, D, ps = 1100, 3, 1, 64, 256  # one KV head of three query heads: the register-blocked path
+    case, qkv, positions, slots, _, _ = inputs([(1, L)], Hq, Hkv, D, ps, seed=11, dtype=dtype)
+    history = case.slots(0, 0, L - 1, ps)
+    c = (200.0 * D ** 0.5) ** 0.5  # q . k scale = c^2 D^-0.5 = 200
+    qkv[:, : Hq * D] = 0.0
+    qkv[:, 0 : Hq * D : D] = c  # every query head along dim 0
+    qkv[:, Hq * D : (Hq + Hkv) * D] = 0.0  # the new position's key: score 0
+    inv_freq = torch.zeros(D // 2)  # no rotation: the keys stay as written
+    plan = kernels.plan_step(positions, inv_freq, case.block_table, case.cu_q, case.kv, ps, fuse=True)
+    for top in (0, 7, 8, 15, 16, 17, 31, 63, 64, 100, 255, 256, 511, 512, 700, L - 2):
+        k_pool, v_pool = case.k_cache.clone(), case.v_cache.clone()
+        k_pool.view(-1, Hkv, D)[history] = 0.0
+        k_pool.view(-1, Hkv, D)[history[top], 0, 0] = c
+        out = kernels.fused_attention(qkv, k_pool, v_pool, slots, case.block_table, case.cu_q, case.kv, Hq,
+                                      D ** -0.5, plan)
+        expected = v_pool.view(-1, Hkv, D)[history[top], 0].float().repeat(Hq)
+        assert torch.equal(out[0], expected), f"the position at {top}"

@@ -167,10 +167,9 @@ struct Partial {  // online-softmax state of one query row over one context slic
   float max, sum;
 };
 
-// Softmax bookkeeping of one head for a chunk of n scores: rescale the running sum and output to the new
-// maximum, turn the scores into weights exp(s - max) and add them to the sum.
-// The maximum and the rescale are vector loops: a maximum is exact in any order and a product lane by lane is
-// the scalar one, so the bits are the scalar loops' (whose chain of maxima, one a score, slowed every chunk).
+// The largest of n scores and an accumulator rescaled, as vector loops: a maximum is exact in any order and a
+// product lane by lane is the scalar one, so the bits are the scalar loops' (whose chain of maxima, one a
+// score, slowed every chunk).
 inline float max_of(const float* s, int64_t n) {
   float mx = -std::numeric_limits<float>::infinity();
   int64_t p = 0;
@@ -197,6 +196,8 @@ inline void scale_by(float* a, int64_t D, float alpha) {
   for (; d < D; ++d) a[d] *= alpha;
 }
 
+// Softmax bookkeeping of one head for a chunk of n scores: rescale the running sum and output to the new
+// maximum, turn the scores into weights exp(s - max) and add them to the sum.
 inline void online_softmax(float* s, int64_t n, Partial& st, float* a, int64_t D) {
   const float m_new = std::max(st.max, max_of(s, n));
   if (st.max != m_new && st.sum > 0.0f) {

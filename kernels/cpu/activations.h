@@ -55,14 +55,61 @@ inline __m256i quantize32(const float* v, __m256 inv, int8_t* q) {
 }
 #endif
 
-// pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
-// so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
-// (an odd last block stays as it is).
 // Activations a thread quantizes at least (values): a decode step's rows (8 x 14,336 at most for an 8B's down)
 // stay on the calling thread, no fork and join added to it; a prompt's are split over the threads (every block's
 // result is its own whichever thread computes it).
 constexpr int64_t kQuantizeGrain = 1 << 18;
 
+// One block of 32 activations v into q (int8) and its slot r of a's per-block figures.
+inline void quantize_block(const float* v, int8_t* q, QuantAct& a, int64_t r, bool sums16) {
+#ifdef PD_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
+         x3 = _mm256_loadu_ps(v + 24);
+  __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
+                            _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
+  const float amax = hmax(mx);
+  a.s[r] = hsum(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)));
+  const float d = amax / 127.0f;
+  a.d[r] = d;
+  const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
+  const __m256i s32 = quantize32(v, inv, q);
+  a.isum[r] = hsum_i32(s32);
+  if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
+    __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    t = _mm_hadd_epi32(t, t);
+    a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
+    a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
+  }
+  a.c[r] = 8.0f * d * (float)a.isum[r];
+#else  // portable
+  float amax = 0.0f, sum = 0.0f;
+  for (int i = 0; i < kBlock; ++i) {
+    amax = std::max(amax, std::fabs(v[i]));
+    sum += v[i];
+  }
+  const float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
+  a.d[r] = d;
+  a.s[r] = sum;
+  int32_t isum = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    q[i] = (int8_t)std::nearbyint(v[i] * inv);
+    isum += q[i];
+  }
+  a.isum[r] = isum;
+  a.c[r] = 8.0f * d * (float)isum;
+  if (sums16) {
+    int32_t lo = 0;
+    for (int i = 0; i < 16; ++i) lo += q[i];
+    a.xs16[2 * r] = (int16_t)lo;
+    a.xs16[2 * r + 1] = (int16_t)(isum - lo);
+  }
+#endif
+}
+
+// pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
+// so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
+// (an odd last block stays as it is).
 inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
   const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
   a.nbp = nbp;
@@ -73,54 +120,8 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
   a.isum.assign(M * nbp, 0);
   a.xs16.assign(sums16 ? M * nbp * 2 : 0, 0);
   at::parallel_for(0, M * nb, kQuantizeGrain / kBlock, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t r = blk / nb * nbp + blk % nb;
-      const float* v = x + blk * kBlock;
-      int8_t* q = a.q.data() + blk * kBlock;
-#ifdef PD_AVX2
-      const __m256 sign = _mm256_set1_ps(-0.0f);
-      __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
-             x3 = _mm256_loadu_ps(v + 24);
-      __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x0), _mm256_andnot_ps(sign, x1)),
-                                _mm256_max_ps(_mm256_andnot_ps(sign, x2), _mm256_andnot_ps(sign, x3)));
-      const float amax = hmax(mx);
-      a.s[r] = hsum(_mm256_add_ps(_mm256_add_ps(x0, x1), _mm256_add_ps(x2, x3)));
-      const float d = amax / 127.0f;
-      a.d[r] = d;
-      const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
-      const __m256i s32 = quantize32(v, inv, q);
-      a.isum[r] = hsum_i32(s32);
-      if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
-        __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-        t = _mm_hadd_epi32(t, t);
-        a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
-        a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
-      }
-      a.c[r] = 8.0f * d * (float)a.isum[r];
-#else  // portable
-      float amax = 0.0f, sum = 0.0f;
-      for (int i = 0; i < kBlock; ++i) {
-        amax = std::max(amax, std::fabs(v[i]));
-        sum += v[i];
-      }
-      const float d = amax / 127.0f, inv = d > 0.0f ? 127.0f / amax : 0.0f;
-      a.d[r] = d;
-      a.s[r] = sum;
-      int32_t isum = 0;
-      for (int i = 0; i < kBlock; ++i) {
-        q[i] = (int8_t)std::nearbyint(v[i] * inv);
-        isum += q[i];
-      }
-      a.isum[r] = isum;
-      a.c[r] = 8.0f * d * (float)isum;
-      if (sums16) {
-        int32_t lo = 0;
-        for (int i = 0; i < 16; ++i) lo += q[i];
-        a.xs16[2 * r] = (int16_t)lo;
-        a.xs16[2 * r + 1] = (int16_t)(isum - lo);
-      }
-#endif
-    }
+    for (int64_t blk = b0; blk < b1; ++blk)
+      quantize_block(x + blk * kBlock, a.q.data() + blk * kBlock, a, blk / nb * nbp + blk % nb, sums16);
   });
 #ifdef PD_AVX2
   if (!pairs) return;

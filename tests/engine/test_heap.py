@@ -1,7 +1,8 @@
 """While a model loads, glibc maps every new block of 4 MB or more on its own (so freeing the model gives it
 back whole, not as holes between live objects); once no load is in progress such blocks extend the arenas
-again. Read through mallinfo2's hblkhd (bytes in blocks glibc maps on their own) in a fresh process, whose
-arenas hold no free chunk of the probe's size (glibc reuses a free chunk before it maps a new block)."""
+again. Read through mallinfo2's hblkhd (bytes in blocks glibc maps on their own; tests.app.soak_meter's
+reader) in a fresh process, whose arenas hold no free chunk of the probe's size (glibc reuses a free chunk
+before it maps a new block)."""
 from __future__ import annotations
 
 import ctypes
@@ -25,22 +26,18 @@ BLOCK = 16 << 20  # above the load threshold, below the serving one
 _PROBE = """
 import ctypes, json, sys, threading
 from engine.model import heap
-
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+from tests.app.soak_meter import MB, _malloc_mapped_mb
 
 libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = Mallinfo2
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 BLOCK = int(sys.argv[1])
 
 def mapped_by_a_block():  # how much glibc's own mappings grow while one BLOCK is allocated
-    before = libc.mallinfo2().hblkhd
+    before = _malloc_mapped_mb()
     p = libc.malloc(BLOCK)
     try:
-        return libc.mallinfo2().hblkhd - before
+        return round((_malloc_mapped_mb() - before) * MB)
     finally:
         libc.free(p)
 

@@ -46,8 +46,7 @@ class FusedSuperBlocks:
         # groups of 16 rows where every part is whole groups (each part's rows written as its own groups)
         self.grouped = cls.GROUPS and all(groupable(r, cls.spec.grouped_id) for r in rows)
         n = sum(rows)
-        self.qs = (cls.empty_groups(n, k) if self.grouped
-                   else torch.empty(n, k // cls.spec.values * cls.BLOCK_BYTES, dtype=torch.uint8))
+        self.qs = torch.empty(cls.spec.qs_shape(n, k, self.grouped), dtype=torch.uint8)
         self.todo = set(parts)
 
     def write(self, part: str, raw: torch.Tensor) -> SuperBlockLinear | None:

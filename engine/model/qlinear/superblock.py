@@ -49,7 +49,7 @@ class SuperBlockLinear(PackedLinear):
     @classmethod
     def empty_groups(cls, n: int, k: int) -> torch.Tensor:
         """Uninitialized groups for n rows of k weights (n % 16 == 0), for the loader to fill."""
-        return torch.empty(n // GROUP_ROWS, k // cls.spec.values * GROUP_ROWS * cls.BLOCK_BYTES, dtype=torch.uint8)
+        return torch.empty(cls.spec.qs_shape(n, k, grouped=True), dtype=torch.uint8)
 
     def row_blocks(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows [start, stop) as the file's super-block rows (ungrouped where they are kept in groups)."""

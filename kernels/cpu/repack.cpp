@@ -14,17 +14,18 @@
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 //   q8_0_repack:   Q8_0 blocks -> q8 (the file's codes + 128 and its scales: exact);
 //   q5_repack:     Q5_0 / Q5_1 blocks -> q5 (kernels.packed.q5_layout's order, d and m or -16 d: exact).
-// The last two are the loader's one pass over a Gemma-3-270M-like file's Q8_0 embedding and Q5_0
-// projections, where torch's route (views, masks, copies per tile) took most of the load. They move bytes on
-// the calling thread: a tile is ~1 MB, one core moves it in well under a millisecond, and the load runs beside
-// the tokenizer's thread, so a fork and join per tile waited on a busy core (tens of ms a tile, measured on
-// two loaded cores) for no gain.
+// The last two are the loader's one pass over Q8_0 and Q5_0 / Q5_1 blocks (a Gemma-3-270M-like file's embedding
+// and projections, a Q8_0 file's every matrix), where torch's route (views, masks, copies per tile) took most of
+// the load. Every function splits its work with shared_range (the calling thread and helpers as they get a
+// core), not OpenMP's fork and join: the load runs beside the tokenizer's thread and, in the many-model server,
+// beside a serving model, and a join per ~1 MB tile waited on busy cores.
 #include "common.h"
 #include "iq4xs16.h"
 #include "q4k16.h"
 #include "q5k16.h"
 #include "q6k16.h"
 #include "q8.h"
+#include "shared_range.h"
 
 #include <torch/library.h>
 
@@ -73,7 +74,7 @@ void q4_k_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Ten
   uint8_t* dst = qs.data_ptr<uint8_t>();
   uint16_t* sp = (uint16_t*)scale.data_ptr();
   uint16_t* mp = (uint16_t*)minimum.data_ptr();
-  at::parallel_for(0, supers, 1024, [&](int64_t s0, int64_t s1) {
+  shared_range::share_range(0, supers, 1024, [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       const uint8_t* b = src + s * 144;
       uint16_t dh, mh;
@@ -120,7 +121,7 @@ void q8_quantize_into(const at::Tensor& w, at::Tensor codes, at::Tensor scale, b
   const float* src = w.data_ptr<float>();
   int8_t* cp = (int8_t*)codes.data_ptr();
   uint16_t* sp = (uint16_t*)scale.data_ptr();
-  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+  shared_range::share_range(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       q8_block(src + b * kBlock, cp + b * kBlock, sp + b);
       if (biased)
@@ -139,7 +140,7 @@ void q6_k_to_q8(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = qs.data_ptr<uint8_t>();
   uint16_t* sp = (uint16_t*)scale.data_ptr();
-  at::parallel_for(0, supers, 512, [&](int64_t s0, int64_t s1) {
+  shared_range::share_range(0, supers, 512, [&](int64_t s0, int64_t s1) {
     float w[kSuper];
     for (int64_t s = s0; s < s1; ++s) {
       const uint8_t *ql = src + s * 210, *qh = ql + 128;
@@ -188,7 +189,7 @@ void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& m
   const uint16_t *sp = (const uint16_t*)scale.data_ptr(), *mp = (const uint16_t*)minimum.data_ptr();
   int8_t* dst = (int8_t*)qs8.data_ptr();
   uint16_t* op = (uint16_t*)scale8.data_ptr();
-  at::parallel_for(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
+  shared_range::share_range(0, blocks, 4096, [&](int64_t b0, int64_t b1) {
     float w[kBlock];
     for (int64_t b = b0; b < b1; ++b) {
       const float s = half_to_float(sp[b]), m = half_to_float(mp[b]);
@@ -230,7 +231,7 @@ void move_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block
                     : block_bytes == q4k::kBytes        ? row_groups::move_group<Pack, q4k16::Group>
                     : block_bytes == lut4::Iq4xs::kBytes ? row_groups::move_group<Pack, iq4xs16::Group>
                                                         : row_groups::move_group<Pack, q5k16::Group>;
-  at::parallel_for(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
+  shared_range::share_range(0, groups.size(0), 1, [&](int64_t g0, int64_t g1) {
     // Pack: a group's 16 rows (contiguous) copied first: read from the mapped file, the gathers across 16 rows
     // faulted its pages in 2.1 GB/s where one sequential copy and gathers from cache run ~2x that
     std::vector<uint8_t> buf(Pack ? group_bytes : 0);
@@ -260,7 +261,7 @@ void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
               "q8_group_in_place takes q8 rows: qs (N, K) uint8 with N % 16 == 0 and scale (N, K/32) fp16");
   uint8_t* q = qs.data_ptr<uint8_t>();
   uint16_t* d = (uint16_t*)scale.data_ptr();
-  at::parallel_for(0, n / q8g::kRows, 16, [&](int64_t g0, int64_t g1) {
+  shared_range::share_range(0, n / q8g::kRows, 16, [&](int64_t g0, int64_t g1) {
     std::vector<uint8_t> tmp(q8g::kRows * k);
     std::vector<uint16_t> tmp_scales(q8g::kRows * nb);
     for (int64_t g = g0; g < g1; ++g)
@@ -279,12 +280,14 @@ void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = qs.data_ptr<uint8_t>();
   uint16_t* sp = (uint16_t*)scale.data_ptr();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const uint8_t* in = src + b * kIn;
-    std::memcpy(sp + b, in, 2);
-    uint8_t* out = dst + b * kBlock;
-    for (int i = 0; i < kBlock; ++i) out[i] = in[2 + i] ^ 0x80;
-  }
+  shared_range::share_range(0, blocks, 8192, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* in = src + b * kIn;
+      std::memcpy(sp + b, in, 2);
+      uint8_t* out = dst + b * kBlock;
+      for (int i = 0; i < kBlock; ++i) out[i] = in[2 + i] ^ 0x80;
+    }
+  });
 }
 
 // raw (n, nb * 22) Q5_0 or (n, nb * 24) Q5_1 blocks -> q5's qs (n, nb * 20), scale = d and minimum = m (Q5_1) or
@@ -304,37 +307,39 @@ void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tenso
   uint8_t* dst = qs.data_ptr<uint8_t>();
   uint16_t* sp = (uint16_t*)scale.data_ptr();
   uint16_t* mp = (uint16_t*)minimum.data_ptr();
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < nb; ++j) {
-      const uint8_t* in = src + (r * nb + j) * in_bytes;
-      const int64_t at = r * nb + j;
-      std::memcpy(sp + at, in, 2);
-      if (q5_1) {
-        std::memcpy(mp + at, in + 2, 2);
-      } else {
-        uint16_t d;
-        std::memcpy(&d, in, 2);
-        mp[at] = to_half(-16.0f * half_to_float(d));
+  shared_range::share_range(0, n, std::max<int64_t>(1, 4096 / nb), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t j = 0; j < nb; ++j) {
+        const uint8_t* in = src + (r * nb + j) * in_bytes;
+        const int64_t at = r * nb + j;
+        std::memcpy(sp + at, in, 2);
+        if (q5_1) {
+          std::memcpy(mp + at, in + 2, 2);
+        } else {
+          uint16_t d;
+          std::memcpy(&d, in, 2);
+          mp[at] = to_half(-16.0f * half_to_float(d));
+        }
+      }
+      const uint8_t* row = src + r * nb * in_bytes;
+      uint8_t* out = dst + r * nb * kOut;
+      int64_t j = 0;
+      for (; j + 2 <= nb; j += 2, out += 2 * kOut) {
+        const uint8_t *a = row + j * in_bytes + head, *b = a + in_bytes;  // qh (4 bytes), then 16 nibble bytes
+        std::memcpy(out, a + 4, 16);
+        std::memcpy(out + 16, b + 4, 16);
+        std::memcpy(out + 32, a, 2);
+        std::memcpy(out + 34, b, 2);
+        std::memcpy(out + 36, a + 2, 2);
+        std::memcpy(out + 38, b + 2, 2);
+      }
+      if (j < nb) {
+        const uint8_t* a = row + j * in_bytes + head;
+        std::memcpy(out, a + 4, 16);
+        std::memcpy(out + 16, a, 4);
       }
     }
-    const uint8_t* row = src + r * nb * in_bytes;
-    uint8_t* out = dst + r * nb * kOut;
-    int64_t j = 0;
-    for (; j + 2 <= nb; j += 2, out += 2 * kOut) {
-      const uint8_t *a = row + j * in_bytes + head, *b = a + in_bytes;  // qh (4 bytes), then 16 nibble bytes
-      std::memcpy(out, a + 4, 16);
-      std::memcpy(out + 16, b + 4, 16);
-      std::memcpy(out + 32, a, 2);
-      std::memcpy(out + 34, b, 2);
-      std::memcpy(out + 36, a + 2, 2);
-      std::memcpy(out + 38, b + 2, 2);
-    }
-    if (j < nb) {
-      const uint8_t* a = row + j * in_bytes + head;
-      std::memcpy(out, a + 4, 16);
-      std::memcpy(out + 16, a, 4);
-    }
-  }
+  });
 }
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {

@@ -1,0 +1,72 @@
+"""The loader's repackers split their work with kernels/cpu/shared_range.h (the calling thread and helper threads
+that join when they get a core): every piece of a matrix is written exactly once, whichever thread takes it,
+and two loads at once (the many-model server) each get their own bits."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from kernels import cpu_ext
+
+pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels are not built")
+
+
+def _q8_0_blocks(blocks: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 256, (blocks, 34), generator=g, dtype=torch.uint8)
+    raw[:, :2] = (torch.rand(blocks, generator=g) * 0.02).half().view(torch.uint8).view(-1, 2)
+    return raw
+
+
+def _q8_0_expected(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The file's codes + 128 (kernel form) and its fp16 scales, as the loader keeps them."""
+    return raw[:, 2:] ^ 0x80, raw[:, :2].contiguous().view(torch.float16).reshape(-1)
+
+
+def _repack(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    qs = torch.full((raw.shape[0], 32), 0x55, dtype=torch.uint8)  # a piece left out keeps this
+    scale = torch.zeros(raw.shape[0], dtype=torch.float16)
+    cpu_ext.ops().q8_0_repack(raw, qs, scale)
+    return qs, scale
+
+
+@pytest.mark.parametrize("blocks", [8191, 8193, 65536 + 77, 200_003])  # one piece, two, uneven many
+def test_a_matrix_in_many_pieces_is_written_exactly(blocks):
+    raw = _q8_0_blocks(blocks, blocks)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(3):
+            qs, scale = _repack(raw)
+            want_qs, want_scale = _q8_0_expected(raw)
+            assert torch.equal(qs, want_qs)
+            assert torch.equal(scale.view(torch.int16), want_scale.view(torch.int16))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_two_loads_at_once_each_get_their_own_bits():
+    inputs = [_q8_0_blocks(40_000 + 997 * i, i) for i in range(2)]
+    wrong: list[str] = []
+
+    def load(raw: torch.Tensor, name: str) -> None:
+        want_qs, want_scale = _q8_0_expected(raw)
+        for i in range(40):
+            qs, scale = _repack(raw)
+            if not (torch.equal(qs, want_qs) and torch.equal(scale.view(torch.int16), want_scale.view(torch.int16))):
+                wrong.append(f"{name}, call {i}")
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        workers = [threading.Thread(target=load, args=(raw, f"load {i}")) for i, raw in enumerate(inputs)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(timeout=120)
+        assert not any(w.is_alive() for w in workers), "a load never finished: its calls wait on each other"
+    finally:
+        torch.set_num_threads(threads)
+    assert wrong == []

@@ -124,6 +124,36 @@ def test_lru_evicts_least_recently_used_cached_page():
     table.release(d.pages, 4)
 
 
+def test_recycling_takes_a_released_chain_from_its_tail():
+    # A prefix is only of use from its first page on: evicting the first page of a released chain would waste
+    # every page after it, so its tail goes first and what is left is still a prefix (vLLM's order).
+    table = PageTable(6, PS)
+    kv = FakeKV(table)
+    prompt = list(range(100, 100 + 4 * PS))
+    a, _ = run_sequence(table, kv, prompt, 0, 1)
+    table.release(a.pages, 1)
+    b = table.allocate([7] * 3 * PS, 4 * PS, ROOT, owner=2)  # the 2 empty pages, then 2 of the cached four
+    assert set(b.pages) & set(a.pages) == set(a.pages[2:])
+    table.release(b.pages, 2)
+    c = table.allocate(prompt, len(prompt), ROOT, owner=3)
+    assert c.cached_tokens == 2 * PS
+    kv.check(c.pages, prompt, c.cached_tokens, ROOT)
+
+
+def test_recycling_takes_the_chain_released_longest_ago_first():
+    table = PageTable(4, PS)
+    kv = FakeKV(table)
+    first, second = [1] * PS + [2] * PS, [3] * PS + [4] * PS
+    a, _ = run_sequence(table, kv, first, 0, 1)
+    b, _ = run_sequence(table, kv, second, 0, 2)
+    table.release(b.pages, 2)  # allocated after a, released before it: least recently used
+    table.release(a.pages, 1)
+    c = table.allocate([9] * (PS + 1), 2 * PS, ROOT, owner=3)
+    assert set(c.pages) == set(b.pages)
+    table.release(c.pages, 3)
+    assert table.allocate(first + [5], len(first) + 1, ROOT, owner=4).cached_tokens == 2 * PS
+
+
 def test_cannot_allocate_beyond_capacity():
     table = PageTable(2, PS)
     assert not table.can_allocate([1] * 10, 3 * PS, ROOT)

@@ -3,9 +3,10 @@
 Pages are named by a chained hash of their tokens (blake2b over the previous page's hash and this page's
 token ids), so two sequences with the same prefix map to the same pages. The chain starts at a root
 hash that carries extra identity (the job's LoRA set: adapter content and scales), so K/V computed under
-one adapter set is never reused under another, and jobs with equal sets share it. Unreferenced pages keep their K/V as a prompt cache and are recycled LRU,
-a released chain's tail first (vLLM's order): a prefix is only of use from its first page on, so evicting a chain's
-first page would waste every page after it.
+one adapter set is never reused under another, and jobs with equal sets share it. Unreferenced pages keep
+their K/V as a prompt cache and are recycled least recently used first, a released chain from its tail (vLLM's
+order): a prefix is only of use from its first page on, so evicting a chain's first page would waste every
+page after it.
 
 A page's name (phash) and its prev_hash label come only from its own tokens and its real predecessor's
 hash: dedup and partial-page reuse trust them to mean "K/V of these tokens at these positions". The table

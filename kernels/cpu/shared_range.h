@@ -6,9 +6,9 @@
 // for every thread of the team: with two busy-loop processes on the two cores, loading a Q8_0 file through
 // ~800 such calls took 6-7 s against 1.4 s on the calling thread alone (tools.bench.busy_load).
 //
-// The helpers (at::get_num_threads() - 1 of them, started on first use and kept) sleep on a condition variable
-// between calls. A piece's bits never depend on which thread runs it. An exception thrown by fn is re-raised on
-// the calling thread once every started piece has finished.
+// The helpers (at::get_num_threads() - 1 of them, started on first use and kept) wait for the next call awake
+// for a moment, then asleep on a condition variable. A piece's bits never depend on which thread runs it. An
+// exception thrown by fn is re-raised on the calling thread once every started piece has finished.
 #pragma once
 
 #include <ATen/Parallel.h>

@@ -25,6 +25,15 @@ def _q8_0_expected(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return raw[:, 2:] ^ 0x80, raw[:, :2].contiguous().view(torch.float16).reshape(-1)
 
 
+@pytest.fixture
+def two_threads():
+    """torch's thread count at 2 for the test (the helpers are that less one), restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _repack(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     qs = torch.full((raw.shape[0], 32), 0x55, dtype=torch.uint8)  # a piece left out keeps this
     scale = torch.zeros(raw.shape[0], dtype=torch.float16)
@@ -33,21 +42,16 @@ def _repack(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("blocks", [8191, 8193, 65536 + 77, 200_003])  # one piece, two, uneven many
-def test_a_matrix_in_many_pieces_is_written_exactly(blocks):
+def test_a_matrix_in_many_pieces_is_written_exactly(blocks, two_threads):
     raw = _q8_0_blocks(blocks, blocks)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        for _ in range(3):
-            qs, scale = _repack(raw)
-            want_qs, want_scale = _q8_0_expected(raw)
-            assert torch.equal(qs, want_qs)
-            assert torch.equal(scale.view(torch.int16), want_scale.view(torch.int16))
-    finally:
-        torch.set_num_threads(threads)
+    for _ in range(3):
+        qs, scale = _repack(raw)
+        want_qs, want_scale = _q8_0_expected(raw)
+        assert torch.equal(qs, want_qs)
+        assert torch.equal(scale.view(torch.int16), want_scale.view(torch.int16))
 
 
-def test_two_loads_at_once_each_get_their_own_bits():
+def test_two_loads_at_once_each_get_their_own_bits(two_threads):
     inputs = [_q8_0_blocks(40_000 + 997 * i, i) for i in range(2)]
     wrong: list[str] = []
 
@@ -58,15 +62,10 @@ def test_two_loads_at_once_each_get_their_own_bits():
             if not (torch.equal(qs, want_qs) and torch.equal(scale.view(torch.int16), want_scale.view(torch.int16))):
                 wrong.append(f"{name}, call {i}")
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        workers = [threading.Thread(target=load, args=(raw, f"load {i}")) for i, raw in enumerate(inputs)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join(timeout=120)
-        assert not any(w.is_alive() for w in workers), "a load never finished: its calls wait on each other"
-    finally:
-        torch.set_num_threads(threads)
+    workers = [threading.Thread(target=load, args=(raw, f"load {i}")) for i, raw in enumerate(inputs)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert not any(w.is_alive() for w in workers), "a load never finished: its calls wait on each other"
     assert wrong == []

@@ -13,7 +13,7 @@ import pytest
 
 from engine import DynamicGenerator, Model, PagedCache, Tokenizer
 from tests.tiny_models import write_tiny_gguf
-from tools.bench.pages_bench import PagedeckSide, chat_prompts
+from tools.bench.pages_bench import PagedeckSide, chat_prompts, phases
 
 ROOT = Path(__file__).resolve().parents[2]
 PS = 16
@@ -55,3 +55,13 @@ def test_llama_cpp_slots_stop_at_their_share_of_the_cache(tiny_gguf):
     assert llama["finished"] == 0 and llama["tokens"] == sum(256 - n for n in lengths)
     assert ours["finished"] == 2 and ours["tokens"] == 600
     assert "llama-server -c 512 -np 2" in out.stdout and "command: python -m tools.bench.pages_bench" in out.stdout
+
+
+def test_timeline_groups_steps_into_phases():
+    steps = [(0.02, 2, 2), (0.02, 2, 2), (1.5, 3, 1), (0.03, 3, 3), (0.03, 3, 3), (0.01, 1, 1)]
+    lines = phases(steps)
+    assert len(lines) == 4
+    assert lines[0].startswith("  2 running,     2 steps,") and "4 tokens" in lines[0]
+    assert "gave no token" in lines[1] and "1 tokens" in lines[1]
+    assert lines[2].startswith("  3 running,     2 steps,") and "6 tokens" in lines[2]
+    assert "gave no token" not in lines[2] + lines[3]

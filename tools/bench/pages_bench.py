@@ -22,6 +22,9 @@ Figures: aggregate tok/s = every generated token / wall time from the start to t
 start (every chat is sent then) -> a chat's first token, its p50 and p99 over the chats (queued time
 included); finished = replies that reached --new-tokens; peak running = the most chats decoding in one step.
 Progress goes to stderr, the table (with the CPU and the command line) to stdout; --json adds one JSON line.
+--timeline adds, after each run of a pagedeck side, its steps in phases (consecutive steps with as many chats
+running; a step where some chat gave no token, prefilling, refilling lost K/V or preempted, as its own); every
+run reports the tokens its resumed chats recomputed.
 
     python -m tools.bench.pages_bench --threads 2 --repeats 3            # make bench-pages
     python -m tools.bench.pages_bench --chats 2 --new-tokens 32 --repeats 1  # a smoke run
@@ -118,7 +121,8 @@ class PagedeckSide:
     def run(self) -> dict:
         gen = self.gen
         gen.reset_page_table()
-        preempted_before = gen.metrics()["preemptions_total"]
+        before = gen.metrics()
+        self.steps = []  # (seconds, chats running in the step, tokens it produced)
         jobs = self._jobs()
         waiting = list(range(len(jobs)))  # not yet submitted (the reservation rule holds them back)
         reserved: dict[DynamicJob, int] = {}
@@ -132,9 +136,12 @@ class PagedeckSide:
                 i = waiting.pop(0)
                 reserved[jobs[i]] = self.need[i]
                 gen.enqueue(jobs[i])
+            step_start, running = time.perf_counter(), len(gen.active)
             results = gen.iterate()
             now = time.perf_counter()
             peak = max(peak, len(gen.active))
+            made = sum(len(r.get("token_ids", ())) for r in results)
+            self.steps.append((now - step_start, max(running, len(gen.active)), made))  # admitted ones, ended ones
             for r in results:
                 if r["stage"] != "streaming":
                     continue
@@ -146,13 +153,29 @@ class PagedeckSide:
                     end[job] = now
                     finished += r["eos_reason"] == "max_new_tokens" and tokens[job] == self.new_tokens
                     reserved.pop(job, None)
-        preemptions = gen.metrics()["preemptions_total"] - preempted_before
+        after = gen.metrics()
+        preemptions = after["preemptions_total"] - before["preemptions_total"]
         if self.reserve and preemptions:
             raise RuntimeError(f"the reservation side preempted {preemptions} times: its reservations overlapped")
-        return summary(t0, first, end, tokens, finished, peak_running=peak, preemptions=preemptions)
+        return summary(t0, first, end, tokens, finished, peak_running=peak, preemptions=preemptions,
+                       recomputed=after["recomputed_tokens_total"] - before["recomputed_tokens_total"])
 
     def close(self) -> None:
         self.gen = None
+
+
+def phases(steps: list[tuple[float, int, int]]) -> list[str]:
+    """A run's steps as phases: consecutive steps with as many chats running that gave each of them a token; a
+    step that gave fewer (a prompt or lost K/V filled, a chat preempted) is a phase of its own."""
+    rows: list[list] = []  # [running, steps, seconds, tokens, refill]
+    for secs, running, made in steps:
+        refill = made < running
+        if rows and not refill and not rows[-1][4] and rows[-1][0] == running:
+            rows[-1][1:4] = [rows[-1][1] + 1, rows[-1][2] + secs, rows[-1][3] + made]
+        else:
+            rows.append([running, 1, secs, made, refill])
+    return [f"{running:3d} running, {n:5d} steps, {secs:7.2f} s, {made:6d} tokens, {secs / n * 1000:7.1f} ms a step"
+            + (" (some gave no token: prefilling, refilling or preempted)" if refill else "") for running, n, secs, made, refill in rows]
 
 
 class LlamaServerSlots:
@@ -255,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, help="torch and llama.cpp threads (default: torch's)")
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES), help="sides to run (default all)")
     ap.add_argument("--json", action="store_true", help="print one JSON object on the last line")
+    ap.add_argument("--timeline", action="store_true", help="log each pagedeck-side run's steps in phases")
     return ap
 
 
@@ -290,6 +314,9 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"-- repeat {r + 1}/{args.repeats}: {side.name}")
                 runs[side.name].append(side.run())
                 log(f"   {runs[side.name][-1]}")
+                if args.timeline and isinstance(side, PagedeckSide):
+                    for line in phases(side.steps):
+                        log(f"   {line}")
     finally:
         for side in sides:
             side.close()

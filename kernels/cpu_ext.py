@@ -32,7 +32,8 @@ import torch
 
 from engine import envs
 
-SOURCES = [Path(__file__).with_name("cpu") / name for name in ("qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp", "repack.cpp", "dequant.cpp", "moe.cpp")]
+SOURCES = [Path(__file__).with_name("cpu") / name for name in (
+    "qmatmul.cpp", "attention.cpp", "norm.cpp", "decode.cpp", "repack.cpp", "load_moves.cpp", "dequant.cpp", "moe.cpp")]
 # -fopenmp: at::parallel_for is inline OpenMP in torch's headers; without it every kernel ran on one thread
 # whatever torch.set_num_threads said (the pragmas compile to nothing). The extension then links libgomp.so.1,
 # the soname torch already loaded from torch/lib, so the process keeps one OpenMP runtime.

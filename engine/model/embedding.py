@@ -15,6 +15,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .ggml_blocks import dequantize
+from .packing import move_queue
 
 
 class GGMLRows:
@@ -34,7 +35,10 @@ class GGMLRows:
     @classmethod
     def copy_of(cls, rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> "GGMLRows":
         """A table over a copy of `rows` (e.g. a view of a mapped file, which may then be closed)."""
-        return cls(rows.reshape(int(shape[0]), -1).clone(), qtype, shape)
+        rows = rows.reshape(int(shape[0]), -1)
+        copy = torch.empty_like(rows, memory_format=torch.contiguous_format)
+        move_queue.copy(rows, copy)  # with the load's other moves where the file's are queued
+        return cls(copy, qtype, shape)
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """fp32 rows of token ids, shape (*ids.shape, hidden): only those rows' blocks are decoded."""

@@ -98,11 +98,14 @@ def plan_load(path: str | Path | None, device: str | torch.device | None, dtype:
     return LoadPlan(resolved, dev, dt, weights)
 
 
-def load(plan: LoadPlan, progress: Callable[[float], None] | None = None) -> tuple[ModelConfig, ModelWeights]:
-    """Read the checkpoint and build its weights (progress(1.0) once they are built); the weights' large
-    blocks get mappings of their own (heap.loading_heap), so that freeing the model gives them back whole."""
+def load(plan: LoadPlan, progress: Callable[[float], None] | None = None,
+         moving: Callable[[], None] | None = None) -> tuple[ModelConfig, ModelWeights]:
+    """Read the checkpoint and build its weights (progress(1.0) once they are built; moving(): see
+    engine.model.weights.load_weights); the weights' large blocks get mappings of their own
+    (heap.loading_heap), so that freeing the model gives them back whole."""
     with loading_heap():
-        config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt)
+        config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt,
+                                     moving=moving)
         built = build(config, state, plan.device, plan.dtype, plan.fmt)
         del state
     release_freed_memory()

@@ -84,16 +84,19 @@ class Model:
     @classmethod
     def load(cls, path: str | Path | None = None, device: str | torch.device | None = None,
              dtype: torch.dtype | None = None, progress: Callable[[float], None] | None = None,
-             weights: str = "dense", check_memory: bool = True) -> "Model":
+             weights: str = "dense", check_memory: bool = True,
+             moving: Callable[[], None] | None = None) -> "Model":
         """Load an HF folder or a .gguf file (None = the embedded SmolLM2-135M-Instruct).
 
         weights="dense" dequantizes everything to `dtype` (exact, the default); "packed" keeps a GGUF's
         quantized matrices packed for pagedeck's CPU kernels (q4 or q8 per type, engine/model/packing/repack.py;
         several times fewer bytes per token, int8 activations); "q8" packs every matrix as Q8_0, quantizing
         dense ones (HF folders) at load; "auto" is packed for a GGUF on a CPU, else dense. "q4" is the older
-        name of "packed". `check_memory` raises engine.ModelTooLarge before loading a model that will not fit."""
+        name of "packed". `check_memory` raises engine.ModelTooLarge before loading a model that will not fit.
+        `moving()` is called once, when the rest of the load leaves the GIL free (a GGUF's bytes moving in C++):
+        engine.load_model_and_tokenizer starts the tokenizer's build there."""
         plan = loader.plan_load(path, device, dtype, weights, check_memory)
-        config, built = loader.load(plan, progress)
+        config, built = loader.load(plan, progress, moving)
         model = cls(config, built, plan.device, plan.dtype, plan.path)
         if model.device.type == "cpu":  # decode streams every weight each step: onto 2 MB pages, off the load's path
             model.huge_page_thread = huge_pages.collapse_in_background(model.weight_storages())

@@ -1,11 +1,12 @@
 """load_model_and_tokenizer: a model's weights and its tokenizer, loaded side by side, reporting each stage.
 
 Building a tokenizer from a GGUF's vocabulary is real work (a 262k-token BPE vocabulary: ~0.5 s, most of it the
-tokenizers library building its maps) and needs nothing from the weights, so it runs on a helper thread while
-the weights load, whose repacking runs in C++ with the GIL released. The tokenizers library holds the GIL
-while it builds its BPE model, so the two overlap where the weights are in C++, not where they step in
-Python. On a Gemma-3-270M-shaped file (2 cores) `python -m engine bench` timed the load at 0.97 s one after
-the other and 0.75 s side by side (kernels/PERF.md).
+tokenizers library building its maps) and needs nothing from the weights, so it runs on a helper thread beside
+them. The tokenizers library holds the GIL while it builds its BPE model, so the two overlap only where the
+weights' loader leaves the GIL free: the loader walks the file's tensors in Python first, queueing their byte
+moves, and the tokenizer's build starts when those moves start running in one C++ call
+(engine.model.packing.move_queue; `moving`, Model.load's hook). Started at once, the build held the GIL in
+stretches of up to ~0.1 s against the loader's few hundred returns to Python.
 
 With a `progress` callback the load reports its stages as engine.contract.LoadProgress: "header" first (the
 checkpoint's metadata and tensor table, parsed once and shared with the later readers), then "weights" (its
@@ -16,11 +17,12 @@ report to its event loop).
 """
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from ..contract import LoadProgress, LoadProgressCallback
 from .catalog.info import read_model_info
@@ -70,17 +72,32 @@ def load_model_and_tokenizer(path: str | Path | None = None, progress: LoadProgr
     resolved = Path(path) if path is not None else default_model_path()
     with _stage(progress, "header"):
         _read_header(resolved)
+    moving = threading.Event()  # the weights' bytes move without the GIL from here on: the tokenizer starts
+
+    def tokenizer_beside_weights() -> Tokenizer:
+        moving.wait()
+        return _load_tokenizer(resolved, progress)
+
     with ThreadPoolExecutor(1, thread_name_prefix="pagedeck-tokenizer") as pool:
-        tokenizer = pool.submit(_load_tokenizer, resolved, progress)
-        with _stage(progress, "weights") as t0:
-            last = 0.0
-
-            def weights_progress(fraction: float) -> None:
-                nonlocal last
-                fraction = min(max(float(fraction), 0.0), 1.0)
-                if fraction - last >= _STEP or (fraction >= 1.0 > last):
-                    last = fraction
-                    progress(LoadProgress("weights", fraction, time.perf_counter() - t0))
-
-            model = Model.load(resolved, progress=weights_progress if progress is not None else None, **model_options)
+        tokenizer = pool.submit(tokenizer_beside_weights)
+        try:
+            model = _load_weights(resolved, progress, moving.set, model_options)
+        finally:
+            moving.set()  # a load that failed before its moves: the tokenizer still runs (and reports)
         return model, tokenizer.result()
+
+
+def _load_weights(path: Path, progress: LoadProgressCallback | None, moving: Callable[[], None],
+                  model_options: dict) -> Model:
+    with _stage(progress, "weights") as t0:
+        last = 0.0
+
+        def weights_progress(fraction: float) -> None:
+            nonlocal last
+            fraction = min(max(float(fraction), 0.0), 1.0)
+            if fraction - last >= _STEP or (fraction >= 1.0 > last):
+                last = fraction
+                progress(LoadProgress("weights", fraction, time.perf_counter() - t0))
+
+        return Model.load(path, progress=weights_progress if progress is not None else None, moving=moving,
+                          **model_options)

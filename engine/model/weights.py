@@ -43,16 +43,20 @@ def default_model_path() -> Path:
 
 def load_weights(
     path: str | Path | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    progress: Progress = None, fmt: str = "dense",
+    progress: Progress = None, fmt: str = "dense", moving: Callable[[], None] | None = None,
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """(config, state dict with HF names) from an HF folder or a .gguf file; None = the default model.
 
     fmt="packed": a GGUF's quantized matrices stay packed for the CPU kernels (engine.model.packing.repack); "q8": every
-    matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`."""
+    matrix (dense ones too, as in HF folders) becomes a Q8_0-packed one; "dense": everything in `dtype`.
+    `moving()` is called once, when the GIL is free for other work for the rest of the load: as a GGUF's byte
+    moves start (engine.model.packing.move_queue); at once for a folder."""
     path = default_model_path() if path is None else check_model_path(path)
     if path.is_dir():
         if fmt == "packed":
             raise ValueError(f"weights='packed' keeps a GGUF's quantized blocks; {path} is a safetensors folder "
                              "(load it with weights='dense', or 'q8' to quantize it at load)")
+        if moving is not None:
+            moving()
         return load_hf_folder(path, dtype, torch.device(device), progress, fmt)
-    return load_gguf(path, dtype, torch.device(device), progress, fmt)
+    return load_gguf(path, dtype, torch.device(device), progress, fmt, moving)

@@ -67,8 +67,9 @@ def test_progress_reports_header_then_rising_weights_and_the_tokenizer_each_with
     assert all(s != "header" for s in stages[header_done + 1:])  # the header comes first, once
     weights = [p for p in seen if p.stage == "weights"]
     fractions = [p.fraction for p in weights if not p.done]
-    assert fractions[0] == 0.0 and len(fractions) >= 3 and 0.0 < fractions[1] < 1.0
-    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    # the reports between come every 50 ms while the bytes move (tests/engine/test_move_queue.py): a tiny model
+    # may move them all before the first
+    assert fractions[0] == 0.0 and fractions == sorted(fractions) and fractions[-1] == 1.0
     steps = [b - a for a, b in zip(fractions[1:], fractions[2:])]
     assert all(step >= 0.01 or b == 1.0 for step, b in zip(steps, fractions[2:]))  # no flood of tiny steps
     tokenizer = [p for p in seen if p.stage == "tokenizer"]

@@ -18,7 +18,7 @@ import torch
 from gguf import GGML_QUANT_SIZES
 
 from engine.model.gguf.split import join_parts
-from engine.model.packing import experts, repack
+from engine.model.packing import experts, move_queue, repack
 from engine.model.embedding import GGMLRows
 from engine.model.ggml_blocks import dequantize
 from engine.model.gguf.header import PARSE_ERRORS, GGUFTensorInfo, SkippedArray, read_header
@@ -141,8 +141,15 @@ class GGUFFile:
         m = self._maps.get(name, self._map)
         start = start // mmap.PAGESIZE * mmap.PAGESIZE
         stop = min(len(m), -(-stop // mmap.PAGESIZE) * mmap.PAGESIZE)
-        if stop > start and hasattr(m, "madvise"):
+        if stop <= start or not hasattr(m, "madvise"):
+            return
+        if not move_queue.release(_address(m) + start, stop - start):  # queued behind the moves reading them
             m.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    def spans(self) -> list[tuple[int, int]]:
+        """(address, length) of this file's map and its split parts' (engine.model.packing.move_queue)."""
+        return [(_address(m), len(m)) for m in {id(m): m for m in [self._map, *self._maps.values()]}.values()
+                if len(m)]
 
     def close(self) -> None:
         """Unmap the file (and its split parts) where no tensor views them any more; else drop their pages."""
@@ -160,6 +167,11 @@ class GGUFFile:
             raise ValueError(f"{self.path} has no tensor {name!r}")
         raw = self.raw(name)
         return t, (_unpermute_rows(raw, row_perm_heads) if row_perm_heads else raw)
+
+
+def _address(m: mmap.mmap) -> int:
+    """Where the map starts in this process's memory."""
+    return torch.frombuffer(m, dtype=torch.uint8, count=1).data_ptr()
 
 
 def _unpermute_rows(raw: torch.Tensor, n_head: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from engine.model import moe
-from engine.model.packing import fused_on_read
+from engine.model.packing import fused_on_read, move_queue
 from engine.model.packing import repack
 from engine.model.config import ModelConfig
 from engine.model.ggml_blocks import dequantizable
@@ -72,8 +72,23 @@ def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
                              f"cannot read")
 
 
-def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense"):
+def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense",
+              moving: Callable[[], None] | None = None):
+    """(config, HF-named state) of a GGUF file. The byte moves out of the mapped file are queued as the tensors
+    are walked and run at the end in one C++ call (engine.model.packing.move_queue); `moving()` is called as
+    they start, when the GIL is free for the caller's other work."""
     gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
+    with move_queue.deferring(gf.spans()) as moves:
+        config, state, expected, unexpected, total = _read_tensors(gf, path, dtype, device, progress, fmt)
+        queued = moves.nbytes
+        moves.run(None if progress is None else lambda moved: progress((total - queued + moved) / total), moving)
+    check_names(path, expected, state, unexpected)
+    check_shapes(path, config, state)
+    gf.close()  # nothing loaded views the file: unmap it
+    return config, state
+
+
+def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str):
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
     expected = expected_tensor_names(config)
@@ -122,7 +137,7 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
         gf.release(t.name)  # copied or packed: the file's pages need not stay resident
         done += t.nbytes
         if progress:
-            progress(done / total)
+            progress((done - move_queue.pending()) / total)
     by_name = {t.name: (t, experts) for t, experts in stacks}
     joined: set[str] = set()  # up stacks already written into their experts' [gate | up]
     for t, experts in stacks:  # one (rows, cols) matrix per expert: packed expert by expert, or dequantized
@@ -145,9 +160,6 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
         gf.release(t.name)
         done += t.nbytes
         if progress:
-            progress(done / total)
+            progress((done - move_queue.pending()) / total)
     expected = list(dict.fromkeys(fused[n].name if n in fused else renamed.get(n, n) for n in expected))
-    check_names(path, expected, state, unexpected)
-    check_shapes(path, config, state)
-    gf.close()  # nothing loaded views the file: unmap it
-    return config, state
+    return config, state, expected, unexpected, total

@@ -22,10 +22,10 @@ from gguf import GGMLQuantizationType
 
 from kernels import cpu_ext
 from kernels.formats import GROUP, GROUP_ROWS, Q5
-from kernels.packed import group_superblocks, groupable, padded_scales
+from kernels.packed import groupable, padded_scales
 
 from ..qlinear import Q5Linear, Q8Linear, SuperBlockLinear
-from . import repack_fast
+from . import move_queue, repack_fast
 from .repack import block_class, kernel_format
 from .readahead import read_ahead
 
@@ -55,10 +55,10 @@ class FusedSuperBlocks:
         r0, r1 = self.offsets[part], self.ends[part]
         read_ahead(raw)
         if self.grouped:
-            group_superblocks(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS],
+            move_queue.group(raw.reshape(r1 - r0, -1), self.qs[r0 // GROUP_ROWS:r1 // GROUP_ROWS],
                               self.cls.BLOCK_BYTES)
         else:
-            self.qs[r0:r1] = raw.reshape(r1 - r0, -1)
+            move_queue.copy(raw.reshape(r1 - r0, -1), self.qs[r0:r1])
         self.todo.discard(part)
         return None if self.todo else self.cls(self.qs, grouped=self.grouped)
 

@@ -58,11 +58,11 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from kernels import cpu_ext, formats
 from kernels.formats import GROUP, GROUP_ROWS
-from kernels.packed import (SCALE_PAD, group_superblocks, groupable, pack_nibbles, padded_scales, q5_layout, q8_pack,
+from kernels.packed import (SCALE_PAD, groupable, pack_nibbles, padded_scales, q5_layout, q8_pack,
                             q8_quantize)
 
 from ... import envs
-from . import repack_fast
+from . import move_queue, repack_fast
 from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
 from ..qlinear import (LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, SuperBlockLinear,
@@ -242,14 +242,14 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
     if cls is not None and cls.GROUPS and groupable(n, cls.spec.grouped_id):  # the file's super-blocks, into groups
         groups, step = cls.empty_groups(n, k), max(GROUP_ROWS, step // GROUP_ROWS * GROUP_ROWS)
         for r0 in range(0, n, step):
-            group_superblocks(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], cls.BLOCK_BYTES)
+            move_queue.group(rows[r0:r0 + step], groups[r0 // GROUP_ROWS:(r0 + step) // GROUP_ROWS], cls.BLOCK_BYTES)
             if done is not None:
                 done(r0, min(r0 + step, n))
         return cls(groups, exact, grouped=True)
     if kind in _SUPERBLOCKS or kind in LUT4_CLASSES:  # the file's blocks, copied
         qs = torch.empty(rows.shape, dtype=torch.uint8)
         for r0 in range(0, n, step):
-            qs[r0:r0 + step] = rows[r0:r0 + step]
+            move_queue.copy(rows[r0:r0 + step], qs[r0:r0 + step])
             if done is not None:
                 done(r0, min(r0 + step, n))
         return LUT4_CLASSES.get(kind, _SUPERBLOCKS.get(kind))(qs, exact)

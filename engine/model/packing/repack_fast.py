@@ -14,6 +14,7 @@ from kernels import cpu_ext
 from kernels.packed import padded_scales
 
 from ..qlinear import PackedLinear, Q4Linear, Q8Linear
+from . import move_queue
 
 Q = GGMLQuantizationType
 
@@ -46,8 +47,5 @@ def tile_into(tile: torch.Tensor, qtype: GGMLQuantizationType, qs: torch.Tensor,
     ops = cpu_ext.ops()
     if ops is None or qtype not in (Q.Q8_0, Q.Q5_0, Q.Q5_1):
         return False
-    if qtype == Q.Q8_0:
-        ops.q8_0_repack(tile.contiguous(), qs, scale)
-    else:
-        ops.q5_repack(tile.contiguous(), qs, scale, minimum, qtype == Q.Q5_1)
+    move_queue.repack(tile, None if qtype == Q.Q8_0 else qtype == Q.Q5_1, qs, scale, minimum)
     return True

@@ -35,6 +35,9 @@ class MoveQueue:
 
     def __init__(self, spans: list[tuple[int, int]]):
         self.spans = spans  # (address, length) of each mapped file
+        self._clear()
+
+    def _clear(self) -> None:
         self.src: list[torch.Tensor] = []
         self.dst: list[torch.Tensor] = []
         self.scale: list[torch.Tensor] = []
@@ -87,7 +90,7 @@ class MoveQueue:
             stop.set()
             if poller is not None:
                 poller.join()
-            self.__init__(self.spans)
+            self._clear()
         if report is not None:
             report(int(moved[0]))
 

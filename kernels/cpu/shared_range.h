@@ -93,10 +93,13 @@ class Helpers {
       std::shared_ptr<Call> call;
       {
         std::unique_lock<std::mutex> lock(m_);
-        // a call whose pieces are all taken stays offered until its caller withdraws it: wait for one with some
+        // a call whose pieces are all taken stays offered until its caller withdraws it: wait for one with some.
+        // The call found open is the one taken: `next` moves without the lock (the caller and the other helpers
+        // take pieces meanwhile), so a second search could find none and read past the deque's end.
         const auto open = [](const std::shared_ptr<Call>& c) { return c->next.load() < c->pieces; };
-        wake_.wait(lock, [&] { return std::any_of(calls_.begin(), calls_.end(), open); });
-        call = *std::find_if(calls_.begin(), calls_.end(), open);
+        auto found = calls_.end();
+        wake_.wait(lock, [&] { return (found = std::find_if(calls_.begin(), calls_.end(), open)) != calls_.end(); });
+        call = *found;
       }
       call->work();
       call.reset();

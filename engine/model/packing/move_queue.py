@@ -22,6 +22,7 @@ from contextvars import ContextVar
 import torch
 
 from kernels import cpu_ext
+from kernels.packed import group_superblocks
 
 GROUP, Q8_0, Q5, COPY, RELEASE = range(5)  # kernels/cpu/load_moves.cpp's kinds
 _NONE = torch.empty(0, dtype=torch.uint8)
@@ -122,7 +123,7 @@ def group(rows: torch.Tensor, groups: torch.Tensor, block_bytes: int) -> None:
     """kernels.packed.group_superblocks(rows, groups, block_bytes), queued where rows are in the mapped file."""
     q = _queue_for(rows)
     if q is None:
-        cpu_ext.ops().group_superblocks(rows.contiguous(), groups, block_bytes)
+        group_superblocks(rows, groups, block_bytes)
     else:
         q.add(GROUP, rows, groups, arg=block_bytes)
 

@@ -6,7 +6,8 @@ hash that carries extra identity (the job's LoRA set: adapter content and scales
 one adapter set is never reused under another, and jobs with equal sets share it. Unreferenced pages keep
 their K/V as a prompt cache and are recycled least recently used first, a released chain from its tail (vLLM's
 order): a prefix is only of use from its first page on, so evicting a chain's first page would waste every
-page after it.
+page after it. Pages a queued (preempted) job will resume from (`awaited`) go after every other cached page:
+that job is certain to want them back, whereas a finished reply's pages only may be.
 
 A page's name (phash) and its prev_hash label come only from its own tokens and its real predecessor's
 hash: dedup and partial-page reuse trust them to mean "K/V of these tokens at these positions". The table
@@ -71,6 +72,7 @@ class PageTable:
         self.by_hash: dict[bytes, CachePage] = {}
         self.copy_fn = copy_fn  # copy_fn(src_page, dst_page, n_slots) copies K/V for partial-page reuse
         self._serial = itertools.count(1)
+        self.awaited: set[int] = set()  # indices of cached pages a queued job will resume from (PageGrowth)
 
     # ---- capacity ---------------------------------------------------------------------------------
     @property
@@ -188,8 +190,10 @@ class PageTable:
         return best_n
 
     def _take_unreferenced(self, n: int) -> list[CachePage]:
-        # Empty pages first, then cached ones, least recently used first.
-        pool = sorted((p for p in self.pages if p.ref_count == 0), key=lambda p: (p.kv_position > 0, p.access_serial))
+        # Empty pages first, then cached ones nobody waits for, then awaited ones; least recently used first.
+        awaited = self.awaited
+        pool = sorted((p for p in self.pages if p.ref_count == 0),
+                      key=lambda p: (p.kv_position > 0, p.index in awaited, p.access_serial))
         return pool[:n]
 
     def _assign(self, page: CachePage, prev: bytes | None, chunk: list[int], owner: int, root: bytes) -> None:
@@ -310,6 +314,7 @@ class PageTable:
             raise RuntimeError("reset_page_table() while jobs hold pages")
         for p in self.pages:
             self._clear(p)
+        self.awaited = set()
 
     # ---- defragmentation --------------------------------------------------------------------------
     def defrag_order(self) -> list[int] | None:
@@ -345,9 +350,11 @@ class PageTable:
         return [p.index for p in order]
 
     def apply_order(self, new_order: list[int]) -> None:
+        awaited = [self.pages[i] for i in self.awaited]
         self.pages = [self.pages[i] for i in new_order]
         for k, p in enumerate(self.pages):
             p.index = k
+        self.awaited = {p.index for p in awaited}
 
     # ---- inspection -------------------------------------------------------------------------------
     def states(self) -> tuple[list[int], list[bool]]:

@@ -208,6 +208,7 @@ class DynamicGenerator:
         t0 = time.perf_counter()
         results: list[dict] = []
         self.reranks.apply(list(self.pending) + self.active)
+        self.growth.await_resumes(self.pending)
         self.admission.admit(self.pending, self.active, results, self.max_batch_size, self.max_q_size)
         self.growth.grow(self.active, self.pending)
         if not self.active:

@@ -5,7 +5,8 @@ vLLM's rule (v1 scheduler): admission needs only the prompt's pages; every step,
 gets the pages its rows will write, best-ranked job first; when the pool can't give them, the lowest-ranked
 running job is preempted (possibly the one asking) and goes back to the front of the queue. Its written full
 pages stay in the prefix cache under their hashes, so when it is admitted again only K/V evicted meanwhile is
-recomputed (as a prompt chunk: Sequence.fill_len). Everything else the job carries (sampler and its random
+recomputed (as a prompt chunk: Sequence.fill_len), and the page table recycles them only after every cached
+page no queued job waits for (PageTable.awaited). Everything else the job carries (sampler and its random
 state, stream, filters, banned-string holds) never left it, so its output goes on as if nothing happened.
 
 Rank: lower `priority` first (vLLM's convention), then the job enqueued first. The best-ranked job can
@@ -85,6 +86,11 @@ class PageGrowth:
     def __init__(self, table: "PageTable", counters: "GeneratorMetrics"):
         self.table = table
         self.counters = counters
+
+    def await_resumes(self, pending: deque) -> None:
+        """Tell the page table which cached pages the queued jobs will resume from (a cancelled or resumed job's
+        stop counting at the next step)."""
+        self.table.awaited = {c.page.index for j in pending for c in j.preempted_pages if c.still_held()}
 
     # ---- admission --------------------------------------------------------------------------------
     def wants(self, job: "DynamicJob") -> list[tuple[list[int], int]]:
@@ -184,6 +190,7 @@ class PageGrowth:
             self.table.release(pages, job.serial)
             kept += [CachedPage(p, p.prev_hash, list(p.tokens)) for p in pages if p.ref_count == 0 and p.kv_position]
         job.preempted_pages = kept
+        self.table.awaited.update(c.page.index for c in kept)
         active.remove(job)
         job.preemptions += 1
         self.counters.preemptions_total += 1

@@ -79,7 +79,9 @@ class GrowthMachine(base.GenerationMachine):
             before = snapshot(self.table)
             free = self.table.num_unreferenced()
             short = self.table.pages_needed(n) - len(s.pages)
+            held, awaited = list(s.pages), self._awaited_cached()
             if self.table.grow(s.pages, n, s.root, s.owner):
+                self._check_recycling([p for p in s.pages if p not in held], awaited)
                 assert len(s.pages) == max(self.table.pages_needed(n), len(s.pages))
                 assert self.table.num_unreferenced() == free - max(short, 0)
                 return True
@@ -89,13 +91,23 @@ class GrowthMachine(base.GenerationMachine):
             if victim is s:
                 return False
 
+    def _awaited_cached(self):
+        return {i for i in self.table.awaited if self.table.pages[i].kv_position and not self.table.pages[i].ref_count}
+
+    def _check_recycling(self, taken, awaited):
+        """Pages a queued sequence will resume from are taken only when no other unreferenced page is left."""
+        if any(p.index in awaited for p in taken):
+            assert all(p.index in awaited for p in self.table.pages if p.ref_count == 0)
+
     def _preempt(self, s):
         del self.live[s.owner]
         self._record(s)
         s.stable = max(s.stable, s.recorded)
         self.table.release(s.pages, s.owner)
+        s.kept = [p for p in s.pages if p.ref_count == 0 and p.kv_position]
         s.pages = []
         self.preempted[s.owner] = s
+        self._await()
         self.preemptions += 1
 
     @precondition(lambda self: self.preempted)
@@ -111,7 +123,10 @@ class GrowthMachine(base.GenerationMachine):
             assert snapshot(self.table) == before
             return
         free, cost = self.table.num_unreferenced(), self.table.pages_to_allocate([(lookup, n)], s.root)
+        awaited = self._awaited_cached()
+        hits = {self.table.by_hash[h].index for h in self.table.prompt_hashes(lookup, s.root) if h in self.table.by_hash}
         alloc = self.table.allocate(lookup, n, s.root, s.owner)
+        self._check_recycling([p for p in alloc.pages if p.index not in hits], awaited)  # the pages taken fresh
         assert self.table.num_unreferenced() == free - cost
         assert alloc.cached_tokens <= max(s.stable - 1, 0) and alloc.draft_tokens <= alloc.cached_tokens
         self.kv.check(alloc.pages, s.tokens, alloc.cached_tokens, s.root)
@@ -122,11 +137,18 @@ class GrowthMachine(base.GenerationMachine):
         del self.preempted[s.owner]
         self.live[s.owner] = s
         self.resumes += 1
+        self._await()
 
     @precondition(lambda self: self.preempted)
     @rule(data=st.data())
     def cancel_preempted(self, data):
         del self.preempted[data.draw(st.sampled_from(sorted(self.preempted)))]
+        self._await()
+
+    def _await(self):
+        """As the generator tells the table (PageGrowth.await_resumes): the cached pages queued sequences left."""
+        self.table.awaited = {p.index for s in self.preempted.values() for p in s.kept
+                              if p.ref_count == 0 and p.kv_position}
 
     @invariant()
     def pool_matches_its_model(self):

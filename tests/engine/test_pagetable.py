@@ -154,6 +154,25 @@ def test_recycling_takes_the_chain_released_longest_ago_first():
     assert table.allocate(first + [5], len(first) + 1, ROOT, owner=4).cached_tokens == 2 * PS
 
 
+def test_pages_a_queued_job_awaits_are_recycled_after_every_other_cached_page():
+    # A preempted job is certain to want its pages back; a finished reply's only may be. So its pages go last,
+    # even when they were released longer ago, and a defragmentation keeps them marked.
+    table = PageTable(4, PS)
+    kv = FakeKV(table)
+    waiting, done = [1] * PS + [2] * PS, [3] * PS + [4] * PS
+    a, _ = run_sequence(table, kv, waiting, 0, 1)
+    table.release(a.pages, 1)  # preempted: released first, least recently used
+    b, _ = run_sequence(table, kv, done, 0, 2)
+    table.release(b.pages, 2)
+    table.awaited = {p.index for p in a.pages}
+    table.apply_order([3, 2, 1, 0])
+    assert table.awaited == {p.index for p in a.pages}
+    c = table.allocate([9] * (PS + 1), 2 * PS, ROOT, owner=3)
+    assert set(c.pages) == set(b.pages)
+    table.release(c.pages, 3)
+    assert table.allocate(waiting + [5], len(waiting) + 1, ROOT, owner=4).cached_tokens == 2 * PS
+
+
 def test_cannot_allocate_beyond_capacity():
     table = PageTable(2, PS)
     assert not table.can_allocate([1] * 10, 3 * PS, ROOT)

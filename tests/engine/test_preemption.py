@@ -134,6 +134,21 @@ def test_priority_decides_who_is_preempted(weights):
                            for i in (1, 2))
 
 
+def test_a_queued_jobs_pages_outlast_a_finished_jobs(weights):
+    """Pages a preempted job will resume from are recycled after a finished job's: here job 3, preempted, waits
+    while job 4 grows past the moment job 2 ends, and job 4's new pages come from job 2's cache, not job 3's
+    (with plain LRU job 3 recomputes 31 tokens instead of 15). Every output is still the solo run's."""
+    lens = [53, 26, 50, 38, 139]
+    gen = generator(weights, 10 * PS, max_chunk_size=PS, max_seq_len=256)
+    jobs = [DynamicJob(prompt_ids(10, i), n, gen_settings=GREEDY) for i, n in enumerate(lens)]
+    squeezed, _ = run(gen, jobs, checked)
+    assert [j.recomputed_tokens for j in jobs] == [0, 0, 0, 15, 29]
+    for i, n in enumerate(lens):
+        alone = run(generator(weights, 1024, max_seq_len=256), [DynamicJob(prompt_ids(10, i), n, gen_settings=GREEDY)])
+        assert squeezed[i] == alone[0][0], i
+    check_released(gen.pagetable)
+
+
 def test_a_job_the_whole_cache_cannot_hold_is_refused_alone(weights):
     gen = generator(weights, 4 * PS, max_seq_len=256)
     ok = DynamicJob(prompt_ids(10), 20, gen_settings=GREEDY)

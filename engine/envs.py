@@ -136,7 +136,7 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
     Var("PAGEDECK_ROW_GROUPS", "flag (0: off)", "on",
         "0 keeps Q4_K matrices in rows instead of 16-row groups (benchmarks comparing the two)",
         ("kernels.packed",), _on_unless_0),
-    Var("PAGEDECK_QGEMM_ROWS", "int", "per format: 1024 for q5k16, 256 for iq4xs16, 64 for q6k16, 32 for q4k and q4k16, 12 for q5k and iq4xs, 8 for the others",
+    Var("PAGEDECK_QGEMM_ROWS", "int", "per format: 1024 for q5k16, 256 for iq4xs16, 64 for q6k16, 32 for q4k and q4k16, 12 for q5k and iq4xs, 5 for q4 and q8 rows of K <= 2048, 8 for the others",
         "activation rows from which a packed matmul takes the GEMM path instead of the per-row one, for every "
         "format; given to the C++ kernels when they load (kernels.cpu_ext.set_tuning overrides it in-process)",
         ("kernels.cpu_ext",), _number(int)),

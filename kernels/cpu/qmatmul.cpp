@@ -223,15 +223,25 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // panels unpack through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.9-3.5 at 64 rows,
 // 1.3-1.5 at 256, ~1.0 at 1024. iq4xs16's stays ahead to ~256 rows
 // (--gemm-format iq4xs: 1.0-1.2 at 128 rows, 1.0-1.1 at 256, 0.75-0.85 at 1024).
+// Short rows move q4 and q8 to the GEMM from 5 rows: dot_tile's per-group epilogue and final sums weigh on a
+// row of K <= 2048 (18-64 blocks), so each activation row costs it nearly a one-row call. The default model's
+// whole decode step (K 576 and 1536; 1,900 positions, fp16 K/V, `tools.bench.step_profile --batches B`,
+// PAGEDECK_QGEMM_ROWS 2 against 8, two alternating runs) at 3 / 4 / 5 / 6 / 7 rows: 12.7 / 14.3 / 16.5 / 18.8 /
+// 20.6 ms through the GEMM against 12.9 / 14.1 / 17.0 / 20.5 / 23.9 per row; at 2 rows 10.5 against 10.2; a
+// Qwen2.5-1.5B-shaped Q8_0 file's step at 6 rows (500 positions) 91 ms under this rule against 111 ms (82 ms
+// with its 8960-wide down projection through the GEMM too: wider rows may cross lower than 8 as well). Not
+// q5, whose panels unpack slowly: a Gemma-3-270M-shaped file's Q5_0 matrices (K 640) at 4 rows took 6.0 ms
+// through the GEMM against 3.3 ms per row (--per-op).
 // The overrides of gemm_rows and row_chunk below (kUnset: none): PAGEDECK_QGEMM_ROWS and PAGEDECK_ROW_CHUNK,
 // given once when the extension loads (kernels/cpu_ext.py, set_tuning) and by benchmarks and tests comparing
 // paths in one process (cpu_ext.set_tuning); a matmul reads these, never the environment.
 constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 
-int64_t gemm_rows(Format f) {
+int64_t gemm_rows(Format f, int64_t K) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
+  if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
   if (f == kQ5K16) return 1024;
   if (f == kIQ4XS16) return 256;
   if (f == kQ6K16) return 64;
@@ -297,7 +307,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (M == 0) return y;
   QuantAct& a = scratch();
 #ifdef PD_AVX2
-  const bool big = q8g || M >= gemm_rows(f);
+  const bool big = q8g || M >= gemm_rows(f, K);
 #else
   TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;

@@ -82,7 +82,7 @@ constexpr RowActs row_acts(int F) {
 // tiles.
 constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 
-// out[m] = row n of W . activation row m, for all M rows: 4 activation rows share each unpacked weight row.
+// out[m] = row n of W . activation row m, for all M rows: up to 4 activation rows share each unpacked weight row.
 // Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
 // DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
 // prefetching did not win that back. (The grouped formats compute 16-row groups instead: group_rows below.)
@@ -102,7 +102,9 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
   } else {
     int64_t m = 0;
     for (; m + 4 <= M; m += 4) rows::dot_tile<4, 1, F>(w, n, a, m, out + m, 1);
-    for (; m < M; ++m) rows::dot_tile<1, 1, F>(w, n, a, m, out + m, 1);
+    if (M - m == 3) rows::dot_tile<3, 1, F>(w, n, a, m, out + m, 1);  // the rest in one tile: the weight row
+    if (M - m == 2) rows::dot_tile<2, 1, F>(w, n, a, m, out + m, 1);  // unpacked once for them all
+    if (M - m == 1) rows::dot_tile<1, 1, F>(w, n, a, m, out + m, 1);
   }
 }
 

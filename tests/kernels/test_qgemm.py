@@ -30,7 +30,8 @@ def _weights(fmt: str, N: int, K: int):
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
-@pytest.mark.parametrize("N,K,M", [(96, 576, 40), (37, 544, 17), (5, 32, 16), (70, 1536, 23)])  # odd N, K/32 17, 1
+@pytest.mark.parametrize("N,K,M", [(96, 576, 40), (37, 544, 17), (5, 32, 16), (70, 1536, 23),  # odd N, K/32 17, 1
+                                   (48, 576, 6), (48, 576, 7)])  # per-row tails of 2 and 3 rows
 def test_gemm_path_gives_the_per_row_paths_bits(fmt, N, K, M):
     w = _weights(fmt, N, K)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3

@@ -114,6 +114,8 @@ class ScheduledSeq(Generic[Owner]):
 
     @property
     def prompt_rows(self) -> int:
-        """How many of the fed tokens are prompt tokens. A resumed job's refill feeds its reply too, whose rows
-        must take the model's path for generated rows (as when they were first decoded) to give the same K/V."""
-        return max(0, min(len(self.tokens), self.seq.prompt_len - self.start)) if self.prefill else 0
+        """How many of the fed tokens are prompt tokens, by position: a prompt token takes the prompt rows' path
+        whether it comes in a prefill chunk or alone (a prompt found in the cache but for its last token feeds
+        that token as a decode step does), so its K/V are the bits a fresh prefill gives. A resumed job's refill
+        feeds its reply too, whose rows take the model's path for generated rows (as when first decoded)."""
+        return max(0, min(len(self.tokens), self.seq.prompt_len - self.start))

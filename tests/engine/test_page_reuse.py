@@ -116,3 +116,32 @@ def test_fresh_concurrent_copies_and_a_cfg_pair_match_one_pass(long_tiny):
     cfg = run_checked(gen, [pair])
     assert seqs[0].pages[:4] == seqs[1].pages[:4]  # generated pages too: the second deduplicated onto the first
     assert_like_one_pass(model, prompt, copies + cfg, n)
+
+
+def test_default_model_packed_prompt_found_in_the_cache_gives_a_fresh_runs_bits():
+    """Chat prompts run together, then each again on the same generator (its prompt found in the cache but for
+    its last token, or sharing a partial page with another's), give the tokens and logits of a fresh generator,
+    bit for bit: a prompt token fed alone takes the prompt rows' path, whose few-row products give the bits of
+    a longer call (dense_weights.MIN_ROWS)."""
+    model, tok = Model.load(weights="packed"), Tokenizer.load()
+    tok.set_chat_format("auto")
+    questions = ["Name three rivers in Europe.", "Write a haiku about snow.", "Say hello in French."]
+    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True),
+                          encode_special_tokens=True)[0].tolist() for q in questions]
+
+    def generator():
+        return DynamicGenerator(model, PagedCache(model, max_tokens=4096, page_size=256), tok)
+
+    def jobs(ps):
+        return [DynamicJob(torch.tensor([p]), 24, gen_settings=SamplerSettings.greedy(), return_logits=True)
+                for p in ps]
+
+    fresh = [run_checked(generator(), jobs([p]))[0] for p in prompts]
+    shared = generator()
+    together = run_checked(shared, jobs(prompts))
+    again = [run_checked(shared, jobs([p]))[0] for p in prompts]
+    assert [r[3] for r in again] == [len(p) - 1 for p in prompts]  # all but the last prompt token cached
+    for i, (want, a, b) in enumerate(zip(fresh, together, again)):
+        for got in (a, b):
+            assert got[0] == want[0], i
+            assert torch.equal(got[1], want[1]), i

@@ -22,6 +22,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .metrics import preempted_pages
+
 if TYPE_CHECKING:
     from ..cache.pagetable import CachePage, PageTable
     from .job import DynamicJob
@@ -90,7 +92,7 @@ class PageGrowth:
     def await_resumes(self, pending: deque) -> None:
         """Tell the page table which cached pages the queued jobs will resume from (a cancelled or resumed job's
         stop counting at the next step)."""
-        self.table.awaited = {c.page.index for j in pending for c in j.preempted_pages if c.still_held()}
+        self.table.awaited = set(preempted_pages(pending))
 
     # ---- admission --------------------------------------------------------------------------------
     def wants(self, job: "DynamicJob") -> list[tuple[list[int], int]]:

@@ -4,7 +4,9 @@ PagedCache, DynamicGenerator, DynamicJob) and its reasoning parser (engine.chat.
 
 The generator keeps its cache between turns, so each turn's prompt reuses the pages of the history already
 computed (the engine's prefix caching). When the history outgrows the cache the oldest turns are dropped
-(the system prompt stays), as Ollama does when a chat exceeds its context.
+(the system prompt stays), as Ollama does when a chat exceeds its context, until a quarter of the context (or
+the reply limit, if smaller) is left for the reply. A reply has no limit of its own unless one is set: it may
+fill the context, as `ollama run` and llama-server allow, so a thinking model can think at length.
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ from engine.contract import DEFAULT_PAGE_SIZE, SamplerSettings
 
 @dataclass
 class Options:
-    """What /set changes: sampler settings, seed, reply length, system prompt, whether thinking is shown."""
+    """What /set changes: sampler settings, seed, reply length, system prompt, whether thinking is shown,
+    whether a reply that repeats itself is stopped."""
     sampler: SamplerSettings = field(default_factory=SamplerSettings)
     seed: int | None = None
-    max_tokens: int = 1024
+    max_tokens: int | None = None  # None: until the context is full
     system: str | None = None
     show_thinking: bool = False
+    stop_on_loops: bool = True  # end a reply stuck repeating itself (the engine's LoopGuard), as the app does
     verbose: bool = False  # token counts and speed after each reply
 
 
@@ -62,15 +66,17 @@ class ChatSession:
         self.history.clear()
 
     def _prompt_ids(self, user: str):
-        """The rendered prompt of the history plus `user`, oldest turns dropped until it leaves room for the
-        reply; ValueError when the message alone does not fit."""
+        """The rendered prompt of the history plus `user`, oldest turns dropped until it leaves a quarter of the
+        context (or the reply limit, if smaller) for the reply; ValueError when the message alone leaves no room
+        for 16 tokens (or the limit, if smaller)."""
         system = [{"role": "system", "content": self.options.system}] if self.options.system else []
         turns = self.history + [{"role": "user", "content": user}]
+        limit = self.options.max_tokens or self.ctx
         while True:
             text = self.tokenizer.apply_chat_template(system + turns, add_generation_prompt=True)
             ids = self.tokenizer.encode(text, encode_special_tokens=True)
             room = min(self.ctx, self.model.config.max_seq_len) - ids.shape[1]
-            if room >= min(self.options.max_tokens, 16):
+            if room >= min(limit, self.ctx // 4) or (len(turns) <= 1 and room >= min(limit, 16)):
                 return text, ids, room
             if len(turns) <= 1:
                 raise ValueError(f"the message is {ids.shape[1]} tokens; the context holds {self.ctx} "
@@ -88,9 +94,10 @@ class ChatSession:
 
         text, ids, room = self._prompt_ids(user)
         parser = ReplyParser(self.markers, in_reasoning=starts_in_reasoning(text, self.markers))
-        job = engine.DynamicJob(ids, min(self.options.max_tokens, room), gen_settings=self.options.sampler,
+        job = engine.DynamicJob(ids, min(self.options.max_tokens or room, room), gen_settings=self.options.sampler,
                                 seed=self.options.seed, stop_conditions=sorted(self.tokenizer.stop_token_ids),
-                                decode_special_tokens=self.markers is not None)
+                                decode_special_tokens=self.markers is not None,
+                                stop_on_loops=self.options.stop_on_loops)
         reply, t0, done = Reply(prompt_tokens=ids.shape[1]), time.perf_counter(), False
         self.turn_started = t0
         self.generator.enqueue(job)
@@ -127,6 +134,9 @@ class ChatSession:
         if name in ("think", "nothink"):
             o.show_thinking = name == "think"
             return "thinking is " + ("shown" if o.show_thinking else "folded")
+        if name in ("loops", "noloops"):
+            o.stop_on_loops = name == "noloops"
+            return "a reply that repeats itself is " + ("stopped" if o.stop_on_loops else "let run")
         if name in ("verbose", "quiet"):
             o.verbose = name == "verbose"
             return "token counts are " + ("shown" if o.verbose else "hidden")
@@ -134,8 +144,10 @@ class ChatSession:
             raise ValueError(f"/set {name} needs a value")
         if name == "seed":
             o.seed = int(value)
-        elif name in ("max_tokens", "num_predict"):
-            o.max_tokens = max(1, int(value))
+        elif name in ("max_tokens", "num_predict"):  # none (or ollama's -1): until the context is full
+            o.max_tokens = None if value.lower() in ("none", "-1") else int(value)
+            if o.max_tokens is not None and o.max_tokens < 1:
+                raise ValueError("max_tokens must be at least 1, or none (until the context is full)")
         elif name in SAMPLER_NAMES:
             field_name, kind = SAMPLER_NAMES[name]
             sampler = replace(o.sampler, **{field_name: kind(value)})

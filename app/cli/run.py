@@ -24,9 +24,12 @@ def add_parser(parser, name: str) -> None:
     parser.add_argument("--greedy", action="store_true", help="always the likeliest token (temperature 0)")
     parser.add_argument("--temperature", type=float, metavar="T")
     parser.add_argument("--seed", type=int, metavar="S", help="makes sampling reproducible")
-    parser.add_argument("--max-tokens", type=int, default=1024, metavar="N", help="longest reply (default 1024)")
+    parser.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                        help="longest reply (default: until the context is full)")
     parser.add_argument("--ctx", type=int, default=4096, metavar="TOKENS", help="context (KV cache) size")
     parser.add_argument("--think", action="store_true", help="show a thinking model's reasoning (default: folded)")
+    parser.add_argument("--allow-loops", action="store_true",
+                        help="let a reply that repeats one sentence go on (default: stopped at the 4th copy)")
     parser.add_argument("--verbose", action="store_true", help="after each reply: its token counts and speed")
     parser.add_argument("--weights", default="auto", help="weight format (as `python -m engine serve --weights`)")
     parser.add_argument("--data-dir", type=Path, default=None, help="the app's data folder (default: the user's)")
@@ -48,11 +51,13 @@ def run(args) -> int:
     from app.cli.chat_session import ChatSession, Options
     from engine.contract import SamplerSettings
 
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise CLIError("--max-tokens must be at least 1 (leave it out: until the context is full)")
     sampler = SamplerSettings.greedy() if args.greedy else SamplerSettings()
     if args.temperature is not None:
         sampler.temperature = args.temperature
     options = Options(sampler=sampler, seed=args.seed, max_tokens=args.max_tokens, system=args.system,
-                      show_thinking=args.think, verbose=args.verbose)
+                      show_thinking=args.think, verbose=args.verbose, stop_on_loops=not args.allow_loops)
     path = model_path(args.model, args.data_dir)
     prompt = " ".join(args.prompt)
     if not sys.stdin.isatty():
@@ -105,6 +110,15 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
     out.write("\n")
     out.flush()
     last = session.last
+    if last is not None and last.eos_reason == "max_new_tokens":  # cut, not finished: say where and why
+        limit = session.options.max_tokens
+        why = (f"the reply limit ({limit} tokens; /set max_tokens none lifts it)"
+               if limit is not None and last.new_tokens >= limit else
+               f"the end of the context ({session.ctx} tokens; /clear or a larger --ctx makes room)")
+        print(f"{DIM}[cut at {why}]{RESET}", file=sys.stderr, flush=True)
+    elif last is not None and last.eos_reason == "repetition":
+        print(f"{DIM}[stopped: the reply kept repeating itself; /set loops lets it run]{RESET}", file=sys.stderr,
+              flush=True)
     if session.options.verbose and last is not None:
         rate = last.new_tokens / last.seconds if last.seconds > 0 else 0.0
         print(f"{DIM}[prompt {last.prompt_tokens} tokens, reply {last.new_tokens} tokens, {rate:.1f} tok/s, "

@@ -7,9 +7,11 @@ import shlex
 BYE = object()  # what command() returns for /bye
 
 HELP = """Available Commands:
-  /set temperature T   sampling temperature (also top_k, top_p, min_p, repeat_penalty, seed, max_tokens)
+  /set temperature T   sampling temperature (also top_k, top_p, min_p, repeat_penalty, seed)
+  /set max_tokens N    longest reply (none: until the context is full)
   /set system TEXT     system prompt (empty to clear)
   /set think|nothink   show or fold a thinking model's reasoning
+  /set loops|noloops   let a reply that repeats itself run, or stop it (the default)
   /set verbose|quiet   show or hide each reply's token counts and speed
   /show                the current settings
   /think               the last reply's folded reasoning
@@ -43,8 +45,10 @@ def command(session, line: str):
     elif name == "/show":
         o, s = session.options, session.options.sampler
         print(f"temperature {s.temperature}, top_k {s.top_k}, top_p {s.top_p}, min_p {s.min_p}, "
-              f"repeat_penalty {s.token_repetition_penalty}, seed {o.seed}, max_tokens {o.max_tokens}, "
-              f"context {session.ctx} tokens, thinking {'shown' if o.show_thinking else 'folded'}\n"
+              f"repeat_penalty {s.token_repetition_penalty}, seed {o.seed}, "
+              f"max_tokens {o.max_tokens or 'none (until the context is full)'}, "
+              f"context {session.ctx} tokens, thinking {'shown' if o.show_thinking else 'folded'}, "
+              f"repeating replies {'stopped' if o.stop_on_loops else 'let run'}\n"
               f"system: {o.system or '(none)'}\nprompt format: {session.chat_format.label}")
     elif name == "/think":
         last = session.last

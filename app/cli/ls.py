@@ -38,8 +38,9 @@ def run(args) -> int:
 
     console = Console()
     if not found:
-        console.print("No models found. `pagedeck get REPO` downloads one; `pagedeck ls --folder DIR` looks in a "
-                      "folder of your own.")
+        console.print("No models found besides the embedded SmolLM2-135M-Instruct (`pagedeck run default`). "
+                      "`pagedeck get REPO` downloads one; `pagedeck ls --folder DIR` looks in a folder of your own.",
+                      highlight=False)
         return 0
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col, justify in (("NAME", "left"), ("ARCH", "left"), ("PARAMS", "right"), ("QUANT", "left"),

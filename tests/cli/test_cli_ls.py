@@ -44,7 +44,8 @@ def test_ls_json_lists_the_added_folder(tmp_path, models_folder):
 def test_ls_with_no_models_says_how_to_get_one(tmp_path):
     r = pagedeck(["ls", "--json"], cli_env(tmp_path))
     assert r.returncode == 0 and json.loads(r.stdout) == []
-    assert "pagedeck get" in pagedeck(["ls"], cli_env(tmp_path)).stdout
+    said = " ".join(pagedeck(["ls"], cli_env(tmp_path)).stdout.split())  # rich wraps the line
+    assert "pagedeck get" in said and "`pagedeck run default`" in said
 
 
 def test_help_lists_the_commands_and_app_flags(tmp_path):

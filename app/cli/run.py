@@ -4,11 +4,13 @@ MODEL is a path (.gguf file or HF folder), a name as `pagedeck ls` shows it (or 
 `default` (the embedded SmolLM2-135M-Instruct). With a PROMPT, or text on stdin, it answers once and exits
 (stdin is appended to the prompt, as `ollama run` does); otherwise it is an interactive chat: tokens are
 streamed, the input line keeps its history across sessions (arrow keys; prompt_toolkit), and `/` commands
-change settings (app.cli.slash). A thinking model's reasoning is folded into one line unless --think.
+change settings (app.cli.slash). A thinking model's reasoning is folded into one line (its seconds counting
+while it thinks) unless --think.
 """
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from app.cli import models
@@ -80,6 +82,7 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
     out = sys.stdout
     show = session.options.show_thinking
     thinking = False
+    shown_at = 0.0  # when the folded "Thinking…" line last showed its seconds
     stream = session.send(text)
     try:
         for reasoning, content in stream:
@@ -90,6 +93,9 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
                         out.write(DIM + ("" if show else "Thinking…"))
                 if show:
                     out.write(reasoning)
+                elif interactive and time.perf_counter() - shown_at >= 0.5:  # a long thought shows it goes on
+                    shown_at = time.perf_counter()
+                    out.write(f"\r\x1b[2K{DIM}Thinking… {session_seconds(session)}")
             if content:
                 if thinking:
                     thinking = False
@@ -127,8 +133,6 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
 
 
 def session_seconds(session) -> str:
-    import time
-
     return f"{time.perf_counter() - session.turn_started:.1f}s"
 
 

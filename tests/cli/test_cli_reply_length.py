@@ -3,6 +3,8 @@ thinks past any fixed cap), a reply that was cut says where, an explicit limit s
 max_tokens takes a number or none. The real ChatSession and stream_reply on a tiny random Qwen3 with a
 2048-token context, whose greedy reply never reaches its end-of-turn token within it (its loops let run);
 the loop guard on the embedded model."""
+import re
+
 import pytest
 
 from app.cli.chat_session import ChatSession, Options
@@ -72,3 +74,22 @@ def test_the_default_model_stuck_in_a_loop_is_stopped_and_says_so(tmp_path):
     let_run = pagedeck(ask + ["--allow-loops", "--verbose"], cli_env(tmp_path, own_home=False))
     assert "[cut at the end of the context (1024 tokens" in let_run.stderr
     assert len(let_run.stdout) > len(stopped.stdout)
+
+
+def test_a_long_thought_counts_its_seconds_while_folded(tmp_path_factory, capsys):
+    """A reply that thinks until the context is full (the template opens <think> in the prompt and the random
+    model never closes it): the folded line shows the thinking's seconds as they pass, not one still line."""
+    import json
+
+    folder = write_tiny_model(tmp_path_factory.mktemp("thinks") / "m", "qwen3", max_position_embeddings=CTX)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"  # Qwen3's markers, old thinking
+                               "{{ m.content.split('</think>')[-1] }}<|im_end|>\n{% endfor %}"  # dropped
+                               "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    thinker = ChatSession(folder, ctx=CTX, weights="dense",
+                          options=Options(sampler=SamplerSettings.greedy(), stop_on_loops=False))
+    assert stream_reply(thinker, "Think it through.", interactive=True)
+    assert thinker.last.reasoning and not thinker.last.content and thinker.last.new_tokens > 1024
+    shown = [float(s) for s in re.findall(r"Thinking… ([0-9.]+)s", capsys.readouterr().out)]
+    assert len(shown) >= 3 and shown == sorted(shown) and shown[-1] >= 1.0, shown

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from app.cli import models
 from app.cli.errors import CLIError
+from app.core.formatting import ENDINGS
 
 DIM, RESET = "\x1b[2m", "\x1b[0m"
 
@@ -122,9 +123,8 @@ def stream_reply(session, text: str, interactive: bool) -> bool:
                if limit is not None and last.new_tokens >= limit else
                f"the end of the context ({session.ctx} tokens; /clear or a larger --ctx makes room)")
         print(f"{DIM}[cut at {why}]{RESET}", file=sys.stderr, flush=True)
-    elif last is not None and last.eos_reason == "repetition":
-        print(f"{DIM}[stopped: the reply kept repeating itself; /set loops lets it run]{RESET}", file=sys.stderr,
-              flush=True)
+    elif last is not None and last.eos_reason == "repetition":  # in the app's stats line's words
+        print(f"{DIM}[{ENDINGS['repetition']}; /set loops lets it run]{RESET}", file=sys.stderr, flush=True)
     if session.options.verbose and last is not None:
         rate = last.new_tokens / last.seconds if last.seconds > 0 else 0.0
         print(f"{DIM}[prompt {last.prompt_tokens} tokens, reply {last.new_tokens} tokens, {rate:.1f} tok/s, "

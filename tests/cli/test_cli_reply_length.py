@@ -70,7 +70,7 @@ def test_the_default_model_stuck_in_a_loop_is_stopped_and_says_so(tmp_path):
            "Write a very long essay about the history of Rome, with many sections."]
     stopped = pagedeck(ask, cli_env(tmp_path, own_home=False))
     assert stopped.returncode == 0, stopped.stderr
-    assert "[stopped: the reply kept repeating itself" in stopped.stderr
+    assert "[stopped: repeating itself; /set loops lets it run]" in stopped.stderr
     let_run = pagedeck(ask + ["--allow-loops", "--verbose"], cli_env(tmp_path, own_home=False))
     assert "[cut at the end of the context (1024 tokens" in let_run.stderr
     assert len(let_run.stdout) > len(stopped.stdout)

@@ -14,23 +14,20 @@ MIN_ROWS = 12  # MKL's sgemm gives a row the bits it gets in any longer call onl
 # prompt rows its chunk has (a prefix found in the cache leaves a chunk of one row)
 
 
-def _linear(x: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    m = x.shape[0]
-    if m >= MIN_ROWS:
-        return F.linear(x, weights, bias)
-    padded = x.new_zeros(MIN_ROWS, x.shape[1])
-    padded[:m] = x
-    return F.linear(padded, weights, bias)[:m]
-
-
 def dense_product(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ W.T with W's (a PackedLinear's) exact dense weights: the kept copy, else decoded just in time into a
     reused scratch buffer (`scratch`): the whole matrix where it fits, so F.linear sees the same operands as with
     a copy and gives the same bits; a wider matrix (the default model's 49152-row tied head) in slabs of rows aligned so
     that MKL's sgemm gives the whole matrix's bits too (slabs of 7281 rows did not at 1-7 rows; multiples of
-    1024 did at 1-96 rows, measured; the tests compare the logits bit for bit)."""
+    1024 did at 1-96 rows, measured; the tests compare the logits bit for bit). A call of fewer than MIN_ROWS
+    rows is padded with zero rows to MIN_ROWS, once, before any slab."""
+    m = x.shape[0]
+    if m < MIN_ROWS:
+        padded = x.new_zeros(MIN_ROWS, x.shape[1])
+        padded[:m] = x
+        return dense_product(padded, w, bias)[:m]
     if w.dense is not None:
-        return _linear(x, w.dense.to(x.dtype), bias)
+        return F.linear(x, w.dense.to(x.dtype), bias)
     N, K = w.shape
     if w.jit_dense:
         step = scratch.MAX_WEIGHTS // K  # slabs start on multiples of 1024 rows (64 for very wide K): MKL's
@@ -39,16 +36,16 @@ def dense_product(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch
         if step >= N:
             weights = buf[: N * K].view(N, K)
             w.dense_into(0, N, weights)
-            return _linear(x, weights.to(x.dtype), bias)
+            return F.linear(x, weights.to(x.dtype), bias)
         y = x.new_empty(x.shape[0], N)
         for r0 in range(0, N, step):
             r1 = min(r0 + step, N)
             weights = buf[: (r1 - r0) * K].view(r1 - r0, K)
             w.dense_into(r0, r1, weights)
-            y[:, r0:r1] = _linear(x, weights.to(x.dtype), None if bias is None else bias[r0:r1])
+            y[:, r0:r1] = F.linear(x, weights.to(x.dtype), None if bias is None else bias[r0:r1])
         return y
     y = x.new_empty(x.shape[0], N)
     for r0 in range(0, N, TILE_ROWS):
         r1 = min(r0 + TILE_ROWS, N)
-        y[:, r0:r1] = _linear(x, w.dense_rows(r0, r1).to(x.dtype), None if bias is None else bias[r0:r1])
+        y[:, r0:r1] = F.linear(x, w.dense_rows(r0, r1).to(x.dtype), None if bias is None else bias[r0:r1])
     return y

@@ -17,6 +17,8 @@ import functools
 import logging
 import sys
 import threading
+import time
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +27,9 @@ from .. import envs
 HUGE_PAGE = 2 << 20
 MADV_COLLAPSE = 25  # linux/mman.h
 STEP = 16 << 20  # bytes a call: short calls, so a reload or exit never waits long
+TRANSIENT = (11, 12)  # EAGAIN (a page busy), ENOMEM (no free 2 MB page now): worth a retry
+RETRY_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8)  # seconds between a refused page's tries
+GIVE_UP = 4  # pages refused in a row, after their retries, before the rest is left on 4 KB pages
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +61,57 @@ def _madvise():
     return fn
 
 
-def collapse(ranges: list[tuple[int, int]]) -> int:
-    """MADV_COLLAPSE each range, STEP bytes a call (ctypes lets the GIL go); returns the bytes collapsed. Stops at
-    the first refusal other than a busy or short-of-memory range (an old kernel: EINVAL). The storages are not
-    held: a model dropped meanwhile (a reload) must not stay in memory beside the next one; collapsing a range
-    freed or reused since only changes its page size, never its contents, and an unmapped one is refused."""
+class Collapsed(NamedTuple):
+    """What collapse() did: bytes now on 2 MB pages, and bytes the kernel kept refusing for want of a free 2 MB
+    page (or a busy page) after every retry; the two add up to the ranges' length unless it stopped early."""
+    done: int
+    refused: int
+
+
+def _collapse_page(madvise, at: int) -> int:
+    """MADV_COLLAPSE one 2 MB page, retried while the kernel says busy or short of memory (compaction or another
+    process may free a 2 MB page within a second); 0 if done, else the last errno."""
+    for wait in (*RETRY_WAITS, None):
+        if madvise(at, HUGE_PAGE, MADV_COLLAPSE) == 0:
+            return 0
+        err = ctypes.get_errno()
+        if err not in TRANSIENT or wait is None:
+            return err
+        time.sleep(wait)
+
+
+def collapse(ranges: list[tuple[int, int]]) -> Collapsed:
+    """MADV_COLLAPSE each range, STEP bytes a call (ctypes lets the GIL go). A step the kernel refuses as busy or
+    short of memory is retried a page at a time (the kernel stops a call at the first page it cannot allocate, so
+    one refusal would otherwise leave up to STEP bytes on 4 KB pages for good); after GIVE_UP pages refused in a
+    row the machine has no 2 MB pages to give and the rest is left. Stops at any other refusal (an old kernel:
+    EINVAL). The storages are not held: a model dropped meanwhile (a reload) must not stay in memory beside the
+    next one; collapsing a range freed or reused since only changes its page size, never its contents, and an
+    unmapped one is refused."""
     madvise = _madvise()
-    done = 0
+    done = refused = in_a_row = 0
     if madvise is None:
-        return 0
+        return Collapsed(0, 0)
     for start, length in ranges:
         for at in range(start, start + length, STEP):
             n = min(STEP, start + length - at)
             if madvise(at, n, MADV_COLLAPSE) == 0:
-                done += n
+                done, in_a_row = done + n, 0
                 continue
-            err = ctypes.get_errno()
-            if err not in (11, 12):  # EAGAIN (busy), ENOMEM (no free 2 MB page now): go on; else stop
-                log.debug("MADV_COLLAPSE refused (errno %d): weights stay on 4 KB pages", err)
-                return done
-    return done
+            if ctypes.get_errno() not in TRANSIENT:
+                log.debug("MADV_COLLAPSE refused (errno %d): weights stay on 4 KB pages", ctypes.get_errno())
+                return Collapsed(done, refused)
+            for page in range(at, at + n, HUGE_PAGE):
+                err = _collapse_page(madvise, page) if in_a_row < GIVE_UP else TRANSIENT[0]
+                if err == 0:
+                    done, in_a_row = done + HUGE_PAGE, 0
+                elif err in TRANSIENT:
+                    refused, in_a_row = refused + HUGE_PAGE, in_a_row + 1
+                else:
+                    return Collapsed(done, refused)
+    if refused:
+        log.debug("%d MB of weights stay on 4 KB pages: no free 2 MB page", refused >> 20)
+    return Collapsed(done, refused)
 
 
 def collapse_in_background(storages: list[torch.UntypedStorage]) -> threading.Thread | None:

@@ -140,6 +140,7 @@ def test_a_loaded_model_moves_and_answers_the_same(path, monkeypatch):
     assert moved.huge_page_thread is not None, "the loader did not start moving the weights onto 2 MB pages"
     moved.huge_page_thread.join(timeout=60)
     assert not moved.huge_page_thread.is_alive()
-    head = moved.lm_head.blocks[0]  # the 13 MB q8 head's codes: at least four whole 2 MB pages
-    assert huge_kb(head.data_ptr(), head.numel() * head.element_size()) >= 8 * 1024
+    head = moved.lm_head.blocks[0]  # the 13 MB q8 head's codes: at least five whole 2 MB pages, of which a
+    # machine short of free 2 MB pages may give only some (see test_collapse_keeps_the_contents)
+    assert huge_kb(head.data_ptr(), head.numel() * head.element_size()) >= 2 * 1024
     assert torch.equal(logits(moved), logits(plain))

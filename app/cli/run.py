@@ -69,7 +69,8 @@ def run(args) -> int:
     try:
         session = ChatSession(path, ctx=args.ctx, weights=args.weights, options=options)
     except (OSError, ValueError, NotImplementedError, MemoryError) as e:
-        raise CLIError(f"could not load {args.model}: {e}") from None
+        why = str(e)  # the engine's errors mostly name the file already
+        raise CLIError(f"could not load the model: {why}" if str(path) in why else f"could not load {args.model}: {why}") from None
     if prompt.strip() or not sys.stdin.isatty():
         if not prompt.strip():
             raise CLIError("the prompt is empty")

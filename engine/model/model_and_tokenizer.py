@@ -56,7 +56,8 @@ def _read_header(path: Path) -> None:
         raise FileNotFoundError(f"{path}: no such model file or folder")
     info = read_model_info(path)
     if info.config is None:
-        raise ValueError(f"{path}: {info.problem or 'not a model this engine reads'}")
+        problem = info.problem or "not a model this engine reads"
+        raise ValueError(problem if str(path) in problem else f"{path}: {problem}")
 
 
 def _load_tokenizer(path: Path, progress: LoadProgressCallback | None) -> Tokenizer:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import Model, Tokenizer
+from engine import Model, Tokenizer, load_model_and_tokenizer
 from engine.model.catalog import discovery
 from engine.model.catalog.info import read_model_info
 from tools.logits import forward_tokens
@@ -68,6 +68,20 @@ def test_the_cli_says_it_in_one_line(files):
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), run.stderr
         assert __import__("re").search(ODD[name], lines[0]), lines[0]
+
+
+def test_the_app_and_pagedeck_run_name_the_file_once(files):
+    """The header stage (what the app and `pagedeck run` load through) and the CLI around it add the path only
+    where the reader's own message lacks it."""
+    for name in ("truncated.gguf", "empty.gguf", "zip-renamed.gguf"):
+        path = files["dir"] / name
+        with pytest.raises(ValueError, match=ODD[name]) as err:
+            load_model_and_tokenizer(path, weights="dense")
+        assert str(err.value).count(str(path)) == 1, str(err.value)
+        run = subprocess.run([sys.executable, "-m", "app", "run", str(path), "hi"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 1 and run.stderr.count(str(path)) == 1, run.stderr
+        assert run.stderr.startswith("pagedeck: could not load the model: "), run.stderr
 
 
 def test_a_split_set_loads_as_one_model(files):

@@ -156,4 +156,18 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, HfHubHTTPError):
         status = getattr(exc.response, "status_code", None)
         return f"the Hub answered {status}" if status else str(exc).splitlines()[0]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}"
+    detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+    kinds = {c.__name__ for c in type(exc).__mro__}  # httpx's classes, whichever copy huggingface_hub bundles
+    if kinds & {"TimeoutException", "Timeout", "TimeoutError"}:
+        return f"{_host(exc)} did not answer in time ({detail})"
+    if kinds & {"ConnectError", "NetworkError", "ConnectionError"}:
+        return f"cannot reach {_host(exc)}: no network, or a proxy or firewall in the way ({detail})"
+    return f"{type(exc).__name__}: {detail}"
+
+
+def _host(exc: BaseException) -> str:
+    """The host a failed request went to, else "the Hub"."""
+    try:
+        return str(exc.request.url.host) or "the Hub"
+    except Exception:  # no request attached (httpx raises RuntimeError), or not an httpx error
+        return "the Hub"

@@ -75,6 +75,16 @@ def test_unknown_repo_is_a_clear_404(hub):
         Hub(endpoint=hub.url, token=False).files("tester/nope")
 
 
+@pytest.mark.parametrize("endpoint, why", [
+    ("http://127.0.0.1:9", r"cannot reach 127\.0\.0\.1: no network, or a proxy or firewall in the way \(.*refused"),
+    ("http://no-such-host.invalid", r"cannot reach no-such-host\.invalid: no network")])
+def test_an_unreachable_hub_is_named_as_such(endpoint, why):
+    """A closed port and a name that resolves nowhere (what a machine offline sees): the host and the likely
+    cause, not a bare exception class."""
+    with pytest.raises(HubError, match=r"Could not list the files of tester/x: " + why):
+        Hub(endpoint=endpoint, token=False).files("tester/x")
+
+
 def test_missing_file_is_a_clear_404(hub, cache):
     (m,) = [m for m in Hub(endpoint=hub.url, token=False).files("tester/Tiny-Llama-GGUF") if m.quant == "F16"]
     del hub.repos["tester/Tiny-Llama-GGUF"]["tiny-llama-F16.gguf"]  # gone between listing and download

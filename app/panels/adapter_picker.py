@@ -11,6 +11,8 @@ from PySide6.QtWidgets import (
     QCheckBox, QDoubleSpinBox, QHeaderView, QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
+from app.panels.wheel_guard import guard_wheel
+
 
 class AdapterPicker(QWidget):
     def __init__(self, loaded: list[str], value: tuple[tuple[str, float], ...] | None, parent: QWidget | None = None):
@@ -45,6 +47,7 @@ class AdapterPicker(QWidget):
         spin.setSingleStep(0.05)
         spin.setValue(1.0 if scale is None else float(scale))
         self.table.setCellWidget(row, 1, spin)
+        guard_wheel(spin)  # the table scrolls under the pointer, not the scale
 
     def names(self) -> list[str]:
         return [self.table.item(r, 0).data(Qt.ItemDataRole.UserRole) for r in range(self.table.rowCount())]

@@ -26,6 +26,7 @@ from app.core.formatting import human_count
 from app.panels.chart_grid import ChartGrid, axis_width
 from app.panels.expert_map import ExpertMap
 from app.panels.pagemap import PageMapWidget
+from app.panels.wheel_guard import guard_wheel
 from app.panels.wrap_label import WrapLabel
 from engine.contract import METRICS_KEYS
 
@@ -255,6 +256,7 @@ class DashboardDock(QDockWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(body)
+        guard_wheel(body)
         scroll.setAccessibleName("Dashboard panel")
         self.setWidget(scroll)
         # narrower, the charts' titles would break inside words: the dock column stops here instead

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
     QTableWidgetItem, QVBoxLayout, QWidget,
 )
 
+from app.panels.wheel_guard import guard_wheel
 from engine.contract import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHT_FILES, demo_adapters_folder, find_adapters
 
 DEFAULT_LORA_DIR = demo_adapters_folder()
@@ -200,6 +201,7 @@ class LoraPanel(QWidget):
         scale.setValue(1.0)
         scale.setEnabled(info.problem is None)
         self.table.setCellWidget(row, self.COL_SCALE, scale)
+        guard_wheel(scale)  # the table scrolls under the pointer, not the scale
         loaded = QTableWidgetItem()
         loaded.setFlags(Qt.ItemIsEnabled | Qt.ItemIsUserCheckable if not info.problem else Qt.NoItemFlags)
         loaded.setCheckState(Qt.Checked if info.name in self._loaded else Qt.Unchecked)

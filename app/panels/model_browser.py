@@ -72,13 +72,14 @@ class ModelBrowser(QWidget):
         self.scan_button.clicked.connect(self.scan)
         self.add_button = QPushButton("Add folder…")
         self.add_button.clicked.connect(self._choose_folder)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.status, 1)
+        buttons = QHBoxLayout()  # the status on a line of its own: beside the buttons, in a dock ~330 px wide,
+        buttons.addStretch(1)  # it wrapped a word a line
         buttons.addWidget(self.add_button)
         buttons.addWidget(self.scan_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.tree, 1)
+        layout.addWidget(self.status)
         layout.addLayout(buttons)
         layout.addWidget(self.estimate_label)
         self._scanned.connect(self._show)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from PySide6.QtCore import QRect, QSize, Qt
 from PySide6.QtWidgets import QDockWidget, QFrame, QMainWindow, QScrollArea, QSplitter, QWidget
 
+from app.panels.wheel_guard import guard_wheel
+
 PREFERRED_SIZE = QSize(1400, 900)  # first start, shrunk to the screen's available area
 CENTRAL_MINIMUM = QSize(360, 320)  # the chat area's minimum, whatever its panes would like
 TILE_MINIMUM = QSize(250, 150)  # a tile squeezes its pane down to this (the pane's own minimum can be wider)
@@ -37,7 +39,9 @@ def fit_window(window: QMainWindow, available: QRect, restored: bool, side_docks
 
 
 def scrolled(widget: QWidget) -> QScrollArea:
-    """The widget in a frameless scroll area: it can shrink below its minimum size without clipping."""
+    """The widget in a frameless scroll area: it can shrink below its minimum size without clipping. Its value
+    widgets pass the wheel to the area until focused (app.panels.wheel_guard)."""
+    guard_wheel(widget)
     area = QScrollArea()
     area.setWidgetResizable(True)
     area.setFrameShape(QFrame.Shape.NoFrame)

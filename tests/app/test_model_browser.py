@@ -88,3 +88,14 @@ def test_the_estimate_names_the_peak_of_loading(panel):
     est = estimate_memory(item.data(0, Qt.UserRole), cache_tokens=4096)
     assert est.load_peak_bytes > est.weights_bytes
     assert f"loading peaks at ~{_gib(est.load_peak_bytes)}" in browser.estimate_label.text()
+
+
+def test_the_scan_status_reads_on_one_line_in_a_narrow_dock(panel, qtbot):
+    """At the dock's width on a 1366x768 screen (~340 px) the status ("N models found, M usable") keeps a line of
+    its own rather than wrapping a word a line beside the buttons."""
+    panel.resize(340, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    status = panel.browser.status
+    assert status.text().endswith("usable")
+    assert status.height() < 2 * status.fontMetrics().lineSpacing(), (status.text(), status.height())

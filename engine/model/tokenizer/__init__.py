@@ -2,8 +2,8 @@
 model's chat template), built from an HF folder's tokenizer.json or from a GGUF's vocabulary (gguf_vocab:
 byte-level BPE or SentencePiece, whose merges spm_merges recovers from the scores).
 
-May import: gguf/ (the vocabulary's string arrays), weights, chat_format and engine.contract; never the
-weights' packing or the model.
+May import: gguf/ (the vocabulary's string arrays), weights, heap (freed memory given back), chat_format and
+engine.contract; never the weights' packing or the model.
 """
 from .tokenizer import Tokenizer
 

@@ -9,8 +9,11 @@ offered as one entry made of the files the loader reads (configs, tokenizer, wei
 from __future__ import annotations
 
 import re
+import socket
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 # llama.cpp's quantization labels as GGUF file names carry them (the last match in the name wins).
 _QUANT = re.compile(r"(?i)(?<![a-z0-9])(IQ\d_[A-Z]+|I?Q\d_K(?:_[SML]|_XL)?|Q\d_[01]|TQ\d_\d|Q\d|BF16|F16|F32)"
@@ -19,6 +22,7 @@ _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 # The files of an HF folder the loader reads; other formats (pytorch .bin, onnx, flax) are not needed.
 _HF_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".tiktoken")
 _HF_SKIP = ("README", ".gitattributes")
+REACH_TIMEOUT = 5.0  # seconds the reachability check waits for a connection
 
 
 class HubError(Exception):
@@ -83,6 +87,7 @@ class Hub:
     def search(self, query: str, limit: int = 40) -> list[HubRepo]:
         """Repositories matching `query` that hold GGUF files or safetensors weights, most downloaded first."""
         try:
+            check_reachable(self.endpoint)
             found = list(self.api.list_models(search=query.strip() or None, sort="downloads", limit=limit))
         except Exception as exc:
             raise HubError(f"Searching the Hub at {self.endpoint} failed: {describe_error(exc)}") from exc
@@ -98,6 +103,7 @@ class Hub:
         """The loadable entries of a repository: every GGUF file (split files' first part stands for the
         model) and, when it has config.json and safetensors, the HF folder; with sizes, hashes and fit."""
         try:
+            check_reachable(self.endpoint)
             info = self.api.model_info(repo_id, files_metadata=True)
         except Exception as exc:
             raise HubError(f"Could not list the files of {repo_id}: {describe_error(exc)}") from exc
@@ -145,6 +151,29 @@ def hub_cache_dir() -> Path:
     return next(folder for source, folder in model_locations() if source == "Hugging Face cache")
 
 
+class Unreachable(ConnectionError):
+    """Nothing answers at the endpoint's host (describe_error names the host)."""
+
+    def __init__(self, host: str, why: OSError):
+        super().__init__(why.strerror or str(why) or type(why).__name__)
+        self.host = host
+
+
+def check_reachable(endpoint: str) -> None:
+    """Raise Unreachable at once where a connection to the endpoint's host fails: huggingface_hub retries a
+    failed connection five times with growing waits (~23 s) before it gives up, which offline is only a wait.
+    Skipped where a proxy carries the requests (the host may be reachable only through it)."""
+    url = urlsplit(endpoint)
+    if not url.hostname or urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(
+            url.hostname):
+        return
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=REACH_TIMEOUT).close()
+    except OSError as exc:
+        raise Unreachable(url.hostname, exc) from exc
+
+
 def describe_error(exc: BaseException) -> str:
     """An exception in words: the Hub's not-found errors named as such, connection failures as such."""
     from huggingface_hub.errors import HfHubHTTPError, RemoteEntryNotFoundError, RepositoryNotFoundError
@@ -167,6 +196,8 @@ def describe_error(exc: BaseException) -> str:
 
 def _host(exc: BaseException) -> str:
     """The host a failed request went to, else "the Hub"."""
+    if isinstance(exc, Unreachable):
+        return exc.host
     try:
         return str(exc.request.url.host) or "the Hub"
     except Exception:  # no request attached (httpx raises RuntimeError), or not an httpx error

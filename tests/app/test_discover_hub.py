@@ -85,6 +85,29 @@ def test_an_unreachable_hub_is_named_as_such(endpoint, why):
         Hub(endpoint=endpoint, token=False).files("tester/x")
 
 
+def test_search_offline_fails_at_once_without_the_hub_clients_retries(caplog):
+    """huggingface_hub retries a failed connection five times with growing waits (~23 s offline); the search
+    says the host cannot be reached before any of that (no retry logged)."""
+    caplog.set_level("WARNING")
+    with pytest.raises(HubError, match=r"Searching the Hub at http://127.0.0.1:9 failed: cannot reach 127\.0\.0\.1"):
+        Hub(endpoint="http://127.0.0.1:9", token=False).search("qwen")
+    assert not [r for r in caplog.records if "Retry" in r.getMessage()]
+
+
+def test_behind_a_proxy_the_reachability_check_stands_aside(monkeypatch):
+    """Through a proxy the Hub's host may not be reachable directly; the proxy's client decides then."""
+    from app.discover.hub import Unreachable, check_reachable
+
+    with pytest.raises(Unreachable):
+        check_reachable("http://no-such-host.invalid")
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:3128")
+    monkeypatch.setenv("no_proxy", "")
+    check_reachable("http://no-such-host.invalid")
+    monkeypatch.setenv("no_proxy", "no-such-host.invalid")
+    with pytest.raises(Unreachable):
+        check_reachable("http://no-such-host.invalid")
+
+
 def test_missing_file_is_a_clear_404(hub, cache):
     (m,) = [m for m in Hub(endpoint=hub.url, token=False).files("tester/Tiny-Llama-GGUF") if m.quant == "F16"]
     del hub.repos["tester/Tiny-Llama-GGUF"]["tiny-llama-F16.gguf"]  # gone between listing and download

@@ -70,7 +70,8 @@ def run(args) -> int:
         session = ChatSession(path, ctx=args.ctx, weights=args.weights, options=options)
     except (OSError, ValueError, NotImplementedError, MemoryError) as e:
         why = str(e)  # the engine's errors mostly name the file already
-        raise CLIError(f"could not load the model: {why}" if str(path) in why else f"could not load {args.model}: {why}") from None
+        named = f"the model: {why}" if str(path) in why else f"{args.model}: {why}"
+        raise CLIError(f"could not load {named}") from None
     if prompt.strip() or not sys.stdin.isatty():
         if not prompt.strip():
             raise CLIError("the prompt is empty")

@@ -255,6 +255,7 @@ class ChatPane(PaneActions, QWidget):
         super().showEvent(e)
         if self.transcript.streaming_id is not None:
             self.scheduler.mark(self)
+        self.update_empty_state()  # a pane made for a new tile asked before it was in the window: which model?
 
     def _actions(self, m, last_reply: int | None) -> list[tuple[str, str]]:
         """Links in a message's header; ("", text) is plain text (the ‹1/3› version counter)."""

@@ -211,9 +211,11 @@ class MainWindow(QMainWindow):
         self.prefs.set_chat_template_for((self.service.request or {}).get("path"), choice)
 
     def _format_changed(self, info: dict | None) -> None:
+        """A model loaded or its prompt format changed: every pane's format, start page and context meter (whose
+        limit a pane opened before the load could not know)."""
         self.prompt_format.show_format(info)
         for pane in self.chats.panes.values():
-            pane.update_format()
+            pane.update_meter()
 
     def _loras_active(self, names: list[str]) -> None:
         """The LoRA panel shows (label and ticks) the set the engine runs for the chats, e.g. after a reload."""

@@ -22,12 +22,23 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.chat_pane import ChatPane, PromptEdit
-from app.chat.pane_widgets import ElidedLabel
+from app.chat.pane_widgets import ElidedLabel, activity_icon
 from app.core.formatting import NO_LORA
 from app.core.presets import BUILTIN_PRESETS, matching_preset
 from app.core.tasks import spawn
 
 LOAD_ANOTHER = "Load another model…"
+
+
+_PLACES = {2: ("left", "right"), 3: ("left", "middle", "right"),
+           4: ("top left", "top right", "bottom left", "bottom right")}
+
+
+def tile_place(n: int, count: int) -> str:
+    """Where the n-th of `count` tiles sits, in words (window_layout.grid's order: a row of up to three, or two
+    rows of two)."""
+    places = _PLACES.get(count)
+    return places[n] if places else f"tile {n + 1}"
 
 
 class CompareBar(QWidget):
@@ -118,16 +129,26 @@ class CompareBar(QWidget):
             self.checks[cid], self.model_boxes[cid] = check, models
         self.winner.clear()
         for pane in panes:
-            self.winner.addItem(pane.session.chat.title, pane.session.chat_id)
+            self.winner.addItem(activity_icon("", pane.swatch.colour()), "", pane.session.chat_id)
+        self._name_winners()
 
     def rename(self, chat_id: int, title: str) -> None:
         """A compared chat's new title (renamed, or titled by its first message): its chip and winner entry."""
         check = self.checks.get(chat_id)
         if check is not None:
             check.set_name(title)
-        index = self.winner.findData(chat_id)
-        if index >= 0:
-            self.winner.setItemText(index, title)
+        self._name_winners()
+
+    def _name_winners(self) -> None:
+        """Each winner entry is its chat's title, with the tile's place where titles repeat (four panes sent the
+        same first message are all titled by it; the entry's colour square alone says nothing to a screen
+        reader)."""
+        titles = [pane.session.chat.title for pane in self.panes]
+        for n, (pane, title) in enumerate(zip(self.panes, titles)):
+            index = self.winner.findData(pane.session.chat_id)
+            if index >= 0:
+                repeated = titles.count(title) > 1
+                self.winner.setItemText(index, f"{title} ({tile_place(n, len(titles))})" if repeated else title)
 
     def refresh_models(self, _models=None) -> None:
         """Every chip's model list and settings summary, as they are now."""

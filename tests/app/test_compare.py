@@ -198,3 +198,19 @@ def replace(settings, **kw):
     from dataclasses import replace as r
 
     return r(settings, **kw)
+
+
+def test_winner_entries_tell_same_titled_chats_apart(qtbot, store):
+    """Four chats sent the same first message are all titled by it: each winner entry adds its tile's place
+    (the entry's colour square is not read out), and a renamed chat's entry drops it once its title is its own."""
+    window = make_window(qtbot, store)
+    panes = [window.new_chat("Name three colours.") for _ in range(4)]
+    window.chats.show_side_by_side(panes)
+    window.chats.set_compare(True)
+    bar = window.chats.compare
+    entries = [bar.winner.itemText(i) for i in range(bar.winner.count())]
+    assert entries == [f"Name three colours. ({place})" for place in
+                       ("top left", "top right", "bottom left", "bottom right")], entries
+    assert all(not bar.winner.itemIcon(i).isNull() for i in range(bar.winner.count()))  # the chat's colour
+    bar.panes[0].session.rename("Colours")  # as the chat list or the pane's title does
+    assert bar.winner.itemText(0) == "Colours" and bar.winner.itemText(1) == "Name three colours. (top right)"

@@ -118,6 +118,7 @@ class ServerPanel(QWidget):
         layout.addWidget(self.status_label)
         layout.addWidget(self.table, 1)
         layout.addWidget(self.error_label)
+        layout.addStretch(0)  # while the table is hidden (not serving) the room left goes here, not between
         server.changed.connect(self.refresh)
         server.failed.connect(self.show_error)
         self._tick = QTimer(self)  # counts the time left down while an idle timer runs

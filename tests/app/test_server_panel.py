@@ -199,3 +199,21 @@ def test_remote_errors_are_shown_never_raised(qtbot, loop, store, tiny_model, re
         await win.shutdown()
 
     run(loop, body(), 200)
+
+
+def test_the_stopped_server_panel_keeps_its_parts_together_at_the_top(qtbot, store):
+    """Not serving (the models' table hidden), the spare height goes below the panel's parts, not between
+    them: Start sits under the form and the status under Start, however tall the dock."""
+    from app.panels.server_panel import ServerPanel
+
+    win = make_window(qtbot, store)
+    panel = ServerPanel(win.local_server)  # on its own, as tall as a dock on a 1366x768 screen
+    qtbot.addWidget(panel)
+    panel.resize(340, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    line = panel.fontMetrics().lineSpacing()
+    start, status, last_field = panel.start_button, panel.status_label, panel.ttl_spin
+    assert not panel.table.isVisible()
+    assert start.geometry().top() - last_field.geometry().bottom() < 2 * line, (start.geometry(), last_field.geometry())
+    assert status.geometry().top() - start.geometry().bottom() < 2 * line, (status.geometry(), start.geometry())

@@ -1,6 +1,7 @@
 """`python -m engine bench-load MODEL [--weights auto] [--threads 2]`: what loading a model costs and how fast
 it decodes: anonymous memory before, at the peak of and after loading (sampled every 20 ms), against the
-file size; batch-1 decode step time against the weight-bandwidth roofline. One process, one model.
+file size; batch-1 decode step time against the weight-bandwidth roofline, once the loader's background move of
+the weights onto 2 MB pages has finished (engine.model.huge_pages). One process, one model.
 
 For big files where `python -m engine bench`'s TTFT runs take too long on a CPU (e.g. tools.models.synthetic_gguf's
 7B-shaped Q4_K_M layers).
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="auto", choices=WEIGHT_NAMES)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--while-moving", action="store_true",
+                    help="decode at once, while the weights still move onto 2 MB pages (the first seconds a user "
+                         "sees), and print every step")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -57,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     done.set()
     sampler.join()
     after = _anon_bytes()
+    moved = ""
+    mover = model.huge_page_thread
+    if mover is not None and not args.while_moving:  # the steady state: decode after the background move
+        t = time.perf_counter()
+        mover.join()
+        moved = f"; weights on 2 MB pages {time.perf_counter() - t:.1f} s later"
     cache = PagedCache(model, max_tokens=512, page_size=256)
     prompt = list(range(100, 116))
     model.forward(Batch.build([(prompt, 0, [0, 1])], 256, [len(prompt)]), cache)
@@ -67,11 +77,15 @@ def main(argv: list[str] | None = None) -> int:
         model.forward(batch, cache)
         steps.append(time.perf_counter() - t)
     step = statistics.median(steps[len(steps) // 4:])
+    if args.while_moving:
+        still = mover is not None and mover.is_alive()
+        print(f"steps while moving ({'still moving after them' if still else 'the move done meanwhile'}): "
+              + " ".join(f"{s * 1e3:.0f}" for s in steps) + " ms")
     bandwidth, weight_bytes = read_bandwidth(model.device), decode_weight_bytes(model)
     file_bytes = Path(args.model).stat().st_size if Path(args.model).is_file() else sum(
         f.stat().st_size for f in Path(args.model).glob("*.safetensors"))
     roofline = bandwidth / weight_bytes
-    print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, loaded in {load_s:.1f} s, "
+    print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, loaded in {load_s:.1f} s{moved}, "
           f"{torch.get_num_threads()} threads")
     print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
           f"{bandwidth / 1e9:.1f} GB/s read bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")

@@ -9,6 +9,8 @@ import ctypes.util
 import errno
 import functools
 import mmap
+import os
+import threading
 import time
 
 import pytest
@@ -144,3 +146,17 @@ def test_a_loaded_model_moves_and_answers_the_same(path, monkeypatch):
     # machine short of free 2 MB pages may give only some (see test_collapse_keeps_the_contents)
     assert huge_kb(head.data_ptr(), head.numel() * head.element_size()) >= 2 * 1024
     assert torch.equal(logits(moved), logits(plain))
+
+
+def test_the_background_move_runs_at_the_lowest_priority(monkeypatch):
+    """Each collapsed page is a 2 MB copy; beside a decode step on two cores they slowed its steps 2-7x, so the
+    thread runs at nice 19 (and the caller's priority is left alone)."""
+    seen = []
+    monkeypatch.setattr(huge_pages, "collapse",
+                        lambda ranges: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    buf = torch.empty(4 * MB, dtype=torch.uint8)
+    th = huge_pages.collapse_in_background([buf.untyped_storage()])
+    assert th is not None
+    th.join(timeout=30)
+    assert seen == [19] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours

@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     file_bytes = Path(args.model).stat().st_size if Path(args.model).is_file() else sum(
         f.stat().st_size for f in Path(args.model).glob("*.safetensors"))
     roofline = bandwidth / weight_bytes
-    print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, loaded in {load_s:.1f} s{moved}, "
-          f"{torch.get_num_threads()} threads")
+    print(f"{model.name}: {model.weight_format} weights, {model.config.num_layers} layers, "
+          f"loaded in {load_s:.1f} s{moved}, {torch.get_num_threads()} threads")
     print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
           f"{bandwidth / 1e9:.1f} GB/s read bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
     print(f"anonymous memory: +{(peak - base) / 1e6:.0f} MB at the peak of loading ({(peak - base) / file_bytes:.2f}x "

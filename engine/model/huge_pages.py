@@ -119,7 +119,7 @@ def collapse(ranges: list[tuple[int, int]]) -> Collapsed:
 def _background(ranges: list[tuple[int, int]]) -> Collapsed:
     """collapse() at the lowest CPU priority (nice 19, this thread only): each collapsed page is a 2 MB copy, and
     on two cores the copies beside a decode step made its first seconds' steps 2-7x slower (Qwen2.5-1.5B Q6_K:
-    43-177 ms against 26); at nice 19 the steps keep their pace and the copies take the idle time between them."""
+    52-267 ms against ~31); at nice 19 the steps keep their pace and the copies take the idle time between them."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):  # not Linux, or not allowed: the copies compete as before

@@ -116,7 +116,9 @@ class ModelBrowser(QWidget):
         self.set_load_options(**self.options)  # the panel's choices may have changed during the scan
         usable = sum(m.supported for m in self.found)
         self.status.setText(f"Scan failed: {error}" if error else
-                            f"{len(self.found)} models found, {usable} usable")
+                            f"{len(self.found)} models found, {usable} usable" if self.found else
+                            "No models found besides the embedded default (Default loads it). Discover downloads "
+                            "more; Add folder… looks where yours are.")
 
     def _row(self, m) -> QTreeWidgetItem:
         info = m.info

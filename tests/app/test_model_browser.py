@@ -99,3 +99,13 @@ def test_the_scan_status_reads_on_one_line_in_a_narrow_dock(panel, qtbot):
     status = panel.browser.status
     assert status.text().endswith("usable")
     assert status.height() < 2 * status.fontMetrics().lineSpacing(), (status.text(), status.height())
+
+
+def test_nothing_found_says_what_there_is_and_where_to_get_more(qtbot, tmp_path):
+    """A first start finds nothing on disk: the list says the embedded model is there all the same and where
+    more come from, rather than "0 models found, 0 usable"."""
+    browser = ModelBrowser(tmp_path / "folders.json", finder=lambda folders, **options: [])
+    qtbot.addWidget(browser)
+    qtbot.waitUntil(lambda: not browser.scanning, timeout=60000)
+    text = browser.status.text()
+    assert "embedded default" in text and "Discover" in text and "Add folder" in text, text

@@ -164,8 +164,9 @@ def check_reachable(endpoint: str) -> None:
     failed connection five times with growing waits (~23 s) before it gives up, which offline is only a wait.
     Skipped where a proxy carries the requests (the host may be reachable only through it)."""
     url = urlsplit(endpoint)
-    if not url.hostname or urllib.request.getproxies().get(url.scheme) and not urllib.request.proxy_bypass(
-            url.hostname):
+    proxied = url.hostname and url.scheme in urllib.request.getproxies() and not urllib.request.proxy_bypass(
+        url.hostname)
+    if not url.hostname or proxied:
         return
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),

@@ -100,17 +100,21 @@ def collapse(ranges: list[tuple[int, int]]) -> Collapsed:
             if madvise(at, n, MADV_COLLAPSE) == 0:
                 done, in_a_row = done + n, 0
                 continue
-            if ctypes.get_errno() not in TRANSIENT:
-                log.debug("MADV_COLLAPSE refused (errno %d): weights stay on 4 KB pages", ctypes.get_errno())
-                return Collapsed(done, refused)
-            for page in range(at, at + n, HUGE_PAGE):
-                err = _collapse_page(madvise, page) if in_a_row < GIVE_UP else TRANSIENT[0]
+            err = ctypes.get_errno()
+            for page in range(at, at + n, HUGE_PAGE) if err in TRANSIENT else ():
+                if in_a_row >= GIVE_UP:  # no 2 MB page to be had now: the rest of this step stays as it is
+                    refused += at + n - page
+                    break
+                err = _collapse_page(madvise, page)
                 if err == 0:
                     done, in_a_row = done + HUGE_PAGE, 0
                 elif err in TRANSIENT:
                     refused, in_a_row = refused + HUGE_PAGE, in_a_row + 1
                 else:
-                    return Collapsed(done, refused)
+                    break
+            if err not in (0, *TRANSIENT):  # an old kernel (EINVAL), an unmapped range: nothing more to do
+                log.debug("MADV_COLLAPSE refused (errno %d): weights stay on 4 KB pages", err)
+                return Collapsed(done, refused)
     if refused:
         log.debug("%d MB of weights stay on 4 KB pages: no free 2 MB page", refused >> 20)
     return Collapsed(done, refused)

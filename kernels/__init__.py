@@ -103,10 +103,8 @@ def paged_attention(
     the last `window` positions (itself included); `softcap`: scores become softcap * tanh(s / softcap);
     `sinks` (Hq,): one more logit per head in the softmax's denominator, with no value (gpt-oss)."""
     if use_triton(q):
-        if sinks is not None:
-            raise ValueError("attention sinks (gpt-oss) are not supported by the Triton attention kernels; "
-                             "run this model on the CPU")
-        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
+        return _triton().paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap,
+                                         sinks)
     return _attention.paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale,
                                       plan.attention if plan is not None else None, window, softcap, sinks)
 

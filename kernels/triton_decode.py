@@ -8,7 +8,9 @@ output directly. The split count needs no device sync: it comes from the block t
 bound on the context) and the SM count, and each program sizes its range from its own kv length.
 
 Sliding-window layers (WINDOW > 0) start each sequence's range at kv_len - WINDOW, so pages before the
-window are never read; soft-capped layers (SOFTCAP) map each score s to softcap * tanh(s / softcap)."""
+window are never read; soft-capped layers (SOFTCAP) map each score s to softcap * tanh(s / softcap).
+Layers with attention sinks (SINKS, gpt-oss) add each head's sink logit to the softmax's denominator where
+the output is normalized: in stage 1 when it writes the output directly, else in stage 2's merge."""
 
 from __future__ import annotations
 
@@ -34,11 +36,22 @@ def scores(qk, qk_scale, sm_scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def add_sink(acc, l_i, m_i, sinks, heads, row_ok):
+    """Fold each row's sink logit (natural units, no value) into a running softmax whose maximum is m_i
+    (base 2): the denominator grows, the weighted values stay; returned rescaled to the new maximum."""
+    sink = tl.load(sinks + heads, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634  # LOG2E
+    m_new = tl.maximum(m_i, sink)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    return acc * alpha[:, None], l_i * alpha + tl.exp2(sink - m_safe)
+
+
+@triton.jit
 def _decode_stage1(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
-                   bt, s_bt, kv_lens, out, s_ot, s_oh, mid_o, mid_lse, qk_scale, sm_scale, softcap, window, S,
+                   bt, s_bt, kv_lens, out, s_ot, s_oh, mid_o, mid_lse, sinks, qk_scale, sm_scale, softcap, window, S,
                    G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                   DIRECT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr):
+                   DIRECT: tl.constexpr, IEEE: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -80,6 +93,8 @@ def _decode_stage1(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd
         m_i = m_new
     omask = row_ok[:, None] & (d[None, :] < D)
     if DIRECT:
+        if SINKS:
+            acc, l_i = add_sink(acc, l_i, m_i, sinks, heads, row_ok)
         o = acc / l_i[:, None]
         tl.store(out + b * s_ot + heads[:, None] * s_oh + d[None, :], o.to(out.dtype.element_ty), mask=omask)
     else:
@@ -93,7 +108,8 @@ def _decode_stage1(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd
 
 
 @triton.jit
-def _decode_stage2(mid_o, mid_lse, out, s_ot, s_oh, S, D: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_stage2(mid_o, mid_lse, out, s_ot, s_oh, sinks, S, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   SINKS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     hq = tl.num_programs(1)
@@ -112,6 +128,12 @@ def _decode_stage2(mid_o, mid_lse, out, s_ot, s_oh, S, D: tl.constexpr, BLOCK_D:
         acc = acc * a + o * w
         w_sum = w_sum * a + w
         m = m_new
+    if SINKS:  # one more logit with no value: only the denominator grows
+        sink = tl.load(sinks + h).to(tl.float32) * 1.4426950408889634  # LOG2E
+        m_new = tl.maximum(m, sink)
+        a = tl.exp2(m - m_new)
+        acc = acc * a
+        w_sum = w_sum * a + tl.exp2(sink - m_new)
     tl.store(out + b * s_ot + h * s_oh + d, (acc / w_sum).to(out.dtype.element_ty), mask=dm)
 
 
@@ -139,10 +161,10 @@ def choose_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) ->
 
 
 def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_splits=None, block_n=None, out=None,
-                     window=None, softcap=None):
+                     window=None, softcap=None, sinks=None):
     """q (B, Hq, D): one token per sequence. num_splits/block_n override the heuristics (tests); `out`
-    is an optional preallocated (B, Hq, D) result (static buffers for CUDA graphs); window/softcap as in
-    kernels.paged_attention."""
+    is an optional preallocated (B, Hq, D) result (static buffers for CUDA graphs); window/softcap/sinks
+    as in kernels.paged_attention."""
     B, Hq, D = q.shape
     _, PS, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -164,11 +186,12 @@ def decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, num_split
     _decode_stage1[(B, Hkv, num_splits)](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), kv_lens, out, out.stride(0), out.stride(1), mid_o, mid_lse,
-        scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), num_splits,
+        out if sinks is None else sinks, scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), num_splits,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_G=max(16, triton.next_power_of_2(G)), BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D, DIRECT=direct, IEEE=q.dtype == torch.float32, SOFTCAP=softcap is not None,
-        num_warps=cfg["num_warps"],
+        SINKS=sinks is not None, num_warps=cfg["num_warps"],
     )
     if not direct:
-        _decode_stage2[(B, Hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), num_splits, D=D, BLOCK_D=BLOCK_D)
+        _decode_stage2[(B, Hq)](mid_o, mid_lse, out, out.stride(0), out.stride(1), out if sinks is None else sinks,
+                                num_splits, D=D, BLOCK_D=BLOCK_D, SINKS=sinks is not None)
     return out

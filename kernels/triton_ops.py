@@ -16,7 +16,8 @@ __all__ = ["rms_norm", "apply_rotary", "silu_mul", "gelu_tanh_mul", "write_kv", 
            "lora_expand"]
 
 
-def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=None, softcap=None) -> torch.Tensor:
+def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=None, softcap=None,
+                    sinks=None) -> torch.Tensor:
     """T == B means every sequence has one query token (q_len >= 1 each), so the split-KV decode kernel
     applies; anything else (prefill chunks, verification, mixed) goes to the varlen kernel. Deciding by
     shapes keeps the call free of device syncs, so it can be captured in a CUDA graph."""
@@ -26,12 +27,16 @@ def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, wind
         return torch.empty_like(q)
     if isinstance(k_cache, QuantizedPool):  # the pools hold rotated vectors (see kv_quant)
         out = _attend(k_cache.rotate(q).to(q.dtype), k_cache, v_cache, block_table, cu_q, kv_lens, scale, window,
-                      softcap)
+                      softcap, sinks)
         return v_cache.unrotate(out).to(q.dtype)
-    return _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap)
+    return _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap, sinks)
 
 
-def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap) -> torch.Tensor:
+def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap, sinks) -> torch.Tensor:
+    if sinks is not None:
+        sinks = sinks.to(torch.float32).contiguous()
     if q.shape[0] == kv_lens.shape[0]:
-        return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, window=window, softcap=softcap)
-    return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=window, softcap=softcap)
+        return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, window=window, softcap=softcap,
+                                sinks=sinks)
+    return prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window=window, softcap=softcap,
+                             sinks=sinks)

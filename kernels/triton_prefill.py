@@ -7,7 +7,8 @@ T // BLOCK_M + B and each program finds its sequence by binary search over cu_q;
 Each program packs BLOCK_M tokens x the G query heads of one KV head into the rows of a tile, so every
 K/V tile is loaded once per KV head. A chunk's causal limit is kv_len - q_len + i: a reused (cached)
 prefix is just earlier pages. Sliding-window layers skip the kv tiles before the block's window and
-mask per row; soft-capped layers cap the scores (see triton_decode.scores)."""
+mask per row; soft-capped layers cap the scores (see triton_decode.scores); a layer's attention sinks join
+each row's denominator at the end (triton_decode.add_sink)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_decode import LOG2E, scores
+from .triton_decode import LOG2E, add_sink, scores
 from .triton_kv import load_kv_tile, pool_args
 
 
@@ -34,10 +35,10 @@ def _find_seq(cu_q, pid, B, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
-                    bt, s_bt, cu_q, kv_lens, out, s_ot, s_oh, qk_scale, sm_scale, softcap, window, B,
+                    bt, s_bt, cu_q, kv_lens, out, s_ot, s_oh, sinks, qk_scale, sm_scale, softcap, window, B,
                     G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, FMT: tl.constexpr, GS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    IEEE: tl.constexpr, SOFTCAP: tl.constexpr):
+                    IEEE: tl.constexpr, SOFTCAP: tl.constexpr, SINKS: tl.constexpr):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     b = _find_seq(cu_q, pid, B, BLOCK_M)
@@ -93,6 +94,8 @@ def _prefill_kernel(q, s_qt, s_qh, kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_v
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
+        if SINKS:
+            acc, l_i = add_sink(acc, l_i, m_i, sinks, heads, row_ok)
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # padding rows may have seen nothing
         tl.store(out + tok_off[:, None] * s_ot + heads[:, None] * s_oh + d[None, :], o.to(out.dtype.element_ty),
                  mask=qmask)
@@ -109,9 +112,9 @@ def prefill_config(head_dim: int, quantized: bool, fp32: bool) -> dict:
 
 
 def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, block_rows=None, block_n=None, out=None,
-                      window=None, softcap=None):
+                      window=None, softcap=None, sinks=None):
     """q (T, Hq, D) flat over B sequences (cu_q offsets). block_rows/block_n override tile sizes (tests);
-    `out` is an optional preallocated (T, Hq, D) result; window/softcap as in kernels.paged_attention."""
+    `out` is an optional preallocated (T, Hq, D) result; window/softcap/sinks as in kernels.paged_attention."""
     T, Hq, D = q.shape
     _, PS, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -131,8 +134,9 @@ def prefill_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, bl
     _prefill_kernel[grid](
         q, q.stride(0), q.stride(1), kd, kh, ks, vd, vh, vs, s_kd, s_kh, s_ks, s_vd, s_vh, s_vs,
         block_table, block_table.stride(0), cu_q, kv_lens, out, out.stride(0), out.stride(1),
-        scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), B,
+        out if sinks is None else sinks, scale * LOG2E, scale, float(softcap or 0.0), int(window or 0), B,
         G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_M=BLOCK_M, BLOCK_G=BLOCK_G, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
-        IEEE=q.dtype == torch.float32, SOFTCAP=softcap is not None, num_warps=cfg["num_warps"],
+        IEEE=q.dtype == torch.float32, SOFTCAP=softcap is not None, SINKS=sinks is not None,
+        num_warps=cfg["num_warps"],
     )
     return out

@@ -55,7 +55,8 @@ def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: b
     """The transformers config object of a tiny model of `arch` (built by transformers' own config class)."""
     import transformers
 
-    kwargs = dict(vocab_size=default_tokenizer().vocab_size, hidden_size=64, intermediate_size=128,
+    vocab = overrides.get("vocab_size") or default_tokenizer().vocab_size
+    kwargs = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                   max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=tie,
                   bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -80,9 +81,11 @@ def tiny_config(arch: str = "llama", *, rope_scaling: dict | None = None, tie: b
 
 
 def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: dict | None = None, tie: bool = True,
-                     sharded: bool = False, seed: int = 0, weight_std: float = WEIGHT_STD, **overrides) -> Path:
-    """Write an HF model folder (config, safetensors, default tokenizer) and return its path. weight_std:
-    the matrices' spread (wider models want a smaller one for the same gain per layer)."""
+                     sharded: bool = False, seed: int = 0, weight_std: float = WEIGHT_STD, tokenizer: bool = True,
+                     **overrides) -> Path:
+    """Write an HF model folder (config, safetensors, the default tokenizer unless `tokenizer` is False) and
+    return its path. weight_std: the matrices' spread (wider models want a smaller one for the same gain per
+    layer)."""
     from transformers import AutoModelForCausalLM
 
     folder = Path(folder)
@@ -101,7 +104,8 @@ def write_tiny_model(folder: str | Path, arch: str = "llama", *, rope_scaling: d
     if tie:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="1MB" if sharded else "10GB")
-    default_tokenizer().save(folder)
+    if tokenizer:
+        default_tokenizer().save(folder)
     return folder
 
 

@@ -2,7 +2,7 @@
 then softmax routing, clamped SwiGLU, attention sinks, q/k/v/o biases, sliding and full layers alternating,
 YaRN rope) loaded from its HF folder and from a llama.cpp-layout GGUF, its logits and greedy tokens equal
 transformers'; each gpt-oss feature matters (turning it off moves the logits far beyond the tolerance);
-attention sinks in the torch reference and the C++ attention kernel; the Triton path refuses sinks."""
+attention sinks in the torch reference, the C++ attention kernel and the Triton kernels (the CUDA path)."""
 from __future__ import annotations
 
 import json
@@ -29,7 +29,8 @@ LIMIT = 2.0  # the SwiGLU clamp, low enough that the tiny model's activations re
 def gpt_oss_config(**overrides):
     import transformers
 
-    kwargs = dict(vocab_size=default_tokenizer().vocab_size, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+    vocab = overrides.get("vocab_size") or default_tokenizer().vocab_size
+    kwargs = dict(vocab_size=vocab, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8, num_experts_per_tok=2,
                   sliding_window=WINDOW, max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
                   rope_parameters=dict(YARN), swiglu_limit=LIMIT, bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -37,8 +38,9 @@ def gpt_oss_config(**overrides):
     return transformers.GptOssConfig(**kwargs)
 
 
-def write_gpt_oss(folder: Path, seed: int = 0, **overrides) -> Path:
-    """A tiny random gpt-oss HF folder (weights spread wide, as tests.tiny_models draws them)."""
+def write_gpt_oss(folder: Path, seed: int = 0, tokenizer: bool = True, **overrides) -> Path:
+    """A tiny random gpt-oss HF folder (weights spread wide, as tests.tiny_models draws them; the default
+    tokenizer unless `tokenizer` is False)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -52,7 +54,8 @@ def write_gpt_oss(folder: Path, seed: int = 0, **overrides) -> Path:
             else:
                 p.normal_(0.0, WEIGHT_STD if p.dim() > 1 else 0.5)
     model.save_pretrained(folder, safe_serialization=True)
-    default_tokenizer().save(folder)
+    if tokenizer:
+        default_tokenizer().save(folder)
     return folder
 
 
@@ -225,12 +228,16 @@ def test_reference_attention_refuses_misshaped_sinks():
         reference_attention.paged_attention(q, k, v, table, cu, lens, 0.125, sinks=sinks[:2])
 
 
-def test_triton_path_refuses_sinks(monkeypatch):
-    """Where the Triton kernels would run, attention sinks are refused by name, never silently dropped."""
-    q, k, v, table, cu, lens, sinks = _paged_inputs(2, lens=[20], q_lens=[1])
+def test_triton_path_carries_sinks(monkeypatch):
+    """Where the Triton kernels run (a CUDA tensor; here Triton's CPU interpreter), the sinks reach them: decode
+    and a prefill chunk give HF's eager attention, never the sink-less softmax."""
     monkeypatch.setattr(kernels, "use_triton", lambda _t: True)
-    with pytest.raises(ValueError, match="attention sinks \\(gpt-oss\\)"):
-        kernels.paged_attention(q, k, v, table, cu, lens, 0.125, sinks=sinks)
+    for q_lens in ([1, 1], [7, 30]):
+        q, k, v, table, cu, lens, sinks = _paged_inputs(2, lens=[20, 45], q_lens=q_lens)
+        want = _eager(q, k, v, table, cu, lens, 0.125, sinks)
+        got = kernels.paged_attention(q, k, v, table, cu, lens, 0.125, sinks=sinks)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert (kernels.paged_attention(q, k, v, table, cu, lens, 0.125) - want).abs().max() > 1e-2
 
 
 # ---------------------------------------------------------------- GGUF (llama.cpp's layout)

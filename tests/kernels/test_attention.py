@@ -114,3 +114,30 @@ def test_split_heuristic():
     assert choose_splits(1, 8, 32768, 132) == 33
     assert choose_splits(1, 8, 300, 132) == 2  # never splits shorter than ~256 tokens
     assert choose_splits(1, 1, 10**7, 132) == 64
+
+
+@pytest.mark.parametrize("window", [None, 23])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_attention_sinks(window, dtype):
+    """gpt-oss's sinks (one logit per head, no value) in decode, written directly and merged over splits, and
+    in prefill, against the torch reference path (itself held to transformers' gpt-oss); sinks around the
+    scores' size take a real share of each softmax, and one far above them leaves almost nothing."""
+    from kernels import reference_attention
+
+    for sink_scale, shift in ((1.0, 0.0), (1.0, 30.0)):
+        g = torch.Generator().manual_seed(5)
+        sinks = (torch.randn(6, generator=g) * sink_scale + shift).to(dtype)
+        for seqs in (_decode_lens(16) + [(1, 600)], _mixed(16)):
+            case = PagedCase(seqs, 6, 2, 32, 16, dtype=dtype, seed=11)
+            want = reference_attention.paged_attention(*case.args(), window=window, sinks=sinks).float()
+            without = reference_attention.paged_attention(*case.args(), window=window).float()
+            assert (want - without).abs().max() > 0.1  # the sinks matter in this case
+            runs = [triton_ops.paged_attention(*case.args(), window=window, sinks=sinks)]
+            if len(seqs) == case.q.shape[0]:
+                for splits in (1, 3):
+                    runs.append(decode_attention(case.q, case.k_cache, case.v_cache, case.block_table, case.kv,
+                                                 case.scale, num_splits=splits, window=window,
+                                                 sinks=sinks.float()))
+            for got in runs:
+                assert not got.isnan().any()
+                torch.testing.assert_close(got.float(), want, **TOL[dtype])

@@ -190,16 +190,44 @@ def test_engine_on_gpu_matches_cpu_forward(dtype):
     """Prefill logits on the GPU (Triton attention, pointwise kernels) against the CPU fp32 path, and four
     greedy jobs generated together on the GPU (paged decode, chunked prefill): each token is a top choice of
     the CPU one-pass forward over the same tokens."""
+    gpu_model, tok = _tiny_engine(cuda, dtype)
+    cpu_model, _ = _tiny_engine(torch.device("cpu"), torch.float32)
+    _check_engine(gpu_model, cpu_model, tok, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])
+def test_moe_engine_on_gpu_matches_cpu_forward(tmp_path, arch, dtype):
+    """Mixture-of-experts models loaded from their HF folders onto the GPU, as _check_engine: Qwen3-MoE (a dense
+    layer among sparse ones) and gpt-oss (attention sinks in the Triton kernels, sliding and full layers,
+    biased router and experts, clamped SwiGLU). fp16, not bf16: these tiny models' wide weights turn bf16's
+    rounding into logits 10-20 % off the fp32 forward on any device (the dense test covers bf16)."""
+    from engine import Model
+    from engine.bench.synthetic import placeholder_tokenizer
+
+    if arch == "gpt-oss":
+        from tests.engine.test_gpt_oss import write_gpt_oss
+
+        folder = write_gpt_oss(tmp_path / arch, tokenizer=False, vocab_size=512)
+    else:
+        from tests.tiny_models import write_tiny_model
+
+        folder = write_tiny_model(tmp_path / arch, arch, tie=False, tokenizer=False, vocab_size=512)
+    gpu_model = Model.load(folder, device=cuda, dtype=dtype)
+    cpu_model = Model.load(folder, device="cpu", dtype=torch.float32)
+    assert any(layer.moe is not None for layer in gpu_model.layers)
+    _check_engine(gpu_model, cpu_model, placeholder_tokenizer(512), dtype)
+
+
+def _check_engine(gpu_model, cpu_model, tok, dtype):
     from engine import DynamicGenerator, DynamicJob, PagedCache, SamplerSettings
     from tests.engine.pagetable_checks import check_released
     from tools.logits import forward_tokens
 
-    gpu_model, tok = _tiny_engine(cuda, dtype)
-    cpu_model, _ = _tiny_engine(torch.device("cpu"), torch.float32)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 512, (1, n), generator=g) for n in (5, 70, 300, 33)]
     a, b = forward_tokens(gpu_model, prompts[2]).float().cpu(), forward_tokens(cpu_model, prompts[2])
-    tol = 2e-2 if dtype == torch.float32 else 6e-2
+    tol = 2e-2 if dtype == torch.float32 else 6e-2  # half precision: gpt-oss's fp16 forward on the CPU is 0.028 off
     assert ((a - b).norm() / b.norm()) < tol
     gen = DynamicGenerator(gpu_model, PagedCache(gpu_model, max_tokens=2048, page_size=16), tok, max_chunk_size=64)
     jobs = [DynamicJob(p, 24, gen_settings=SamplerSettings.greedy()) for p in prompts]
@@ -209,7 +237,9 @@ def test_engine_on_gpu_matches_cpu_forward(dtype):
         for r in gen.iterate():
             if r["stage"] == "streaming":
                 tokens[id(r["job"])] += r["token_ids"]
-    margin = 0.02 if dtype == torch.float32 else 0.15
+    # a token within this many standard deviations of the CPU's best (half precision picks among near ties;
+    # gpt-oss's fp16 forward on the CPU's own torch path lands up to ~0.17 away)
+    margin = {torch.float32: 0.02, torch.float16: 0.25}.get(dtype, 0.15)
     for p, j in zip(prompts, jobs):
         out = tokens[id(j)]
         assert len(out) == 24

@@ -31,7 +31,7 @@ step() {  # step NAME CAP command...: run with the smaller of CAP and what is le
 step env 30 bash -c "nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv; \
   $py -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, \
   torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).multi_processor_count)'; lscpu | grep 'Model name'"
-step tests 200 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -rs --durations=8
+step tests 300 $py -m pytest -q -p no:cacheprovider --noconftest -m gpu tests/kernels/test_gpu.py -rs --durations=8
 step small 90 $py -m engine bench --model smollm2-135m-random --peer transformers --repeats 3 --streams 8
 step engine 150 $py -m engine bench --model llama3-8b-random --peer transformers --repeats 1 --streams 64
 step dequant 60 $py -m tools.bench.dequant_bench --json "$out/dequant.json"

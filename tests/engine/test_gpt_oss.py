@@ -252,13 +252,13 @@ def _roundtrip(m: torch.Tensor, qtype: str | None) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(m.float().numpy(), q), q)).reshape(m.shape)
 
 
-def write_gpt_oss_gguf(folder: Path, out: Path, qtype="F32") -> Path:
+def write_gpt_oss_gguf(folder: Path, out: Path, qtype="F32", tokenizer: bool = True) -> Path:
     """The GGUF llama.cpp's convert_hf_to_gguf.py writes for a gpt-oss folder: its tensor names (attn_sinks,
     post_attention_norm as the MLP's input norm, the router's bias in ffn_gate_inp.bias), gate_up_proj split
     into ffn_gate_exps and ffn_up_exps (even and odd columns) and every expert stack transposed to
     (experts, rows, cols), the biases stacked beside them; yarn scaling in rope.scaling.* keys. Matrices
     (2-D, and the expert stacks expert by expert) in qtype: F32, F16, Q8_0 or MXFP4, or a function of the GGUF name
-    giving one."""
+    giving one; the default model's vocabulary unless `tokenizer` is False."""
     import gguf
     from safetensors.torch import load_file
 
@@ -285,7 +285,8 @@ def write_gpt_oss_gguf(folder: Path, out: Path, qtype="F32") -> Path:
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(rope["factor"])
     w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-    copy_default_tokenizer(w)
+    if tokenizer:
+        copy_default_tokenizer(w)
     def matrix(name: str, t: torch.Tensor) -> None:  # 2-D, or a 3-D stack quantized expert by expert
         t = t.float().contiguous()
         quant = gguf.GGMLQuantizationType[qtype(name) if callable(qtype) else qtype]

@@ -219,6 +219,32 @@ def test_moe_engine_on_gpu_matches_cpu_forward(tmp_path, arch, dtype):
     _check_engine(gpu_model, cpu_model, placeholder_tokenizer(512), dtype)
 
 
+@pytest.mark.parametrize("kind", ["llama-q4_k_m", "gpt-oss-mxfp4"])
+def test_gguf_on_gpu_matches_cpu_forward(tmp_path, kind):
+    """GGUF files on the GPU (their blocks decoded to dense weights while loading), as _check_engine: a Llama
+    in llama.cpp's Q4_K_M mix (Q4_K and Q6_K matrices, rows of whole super-blocks) in bf16 and gpt-oss with
+    MXFP4 experts in fp32 (with the GGUF's clamp at 7 its tiny model's half-precision logits wander from
+    fp32's on the CPU's own path too), each against the same file's CPU fp32 forward."""
+    from engine import Model
+    from engine.bench.synthetic import placeholder_tokenizer
+    from tests.tiny_models import WIDE, q4_k_m, write_tiny_gguf, write_tiny_model
+
+    if kind == "gpt-oss-mxfp4":
+        from tests.engine.test_gpt_oss import write_gpt_oss, write_gpt_oss_gguf
+
+        hf = write_gpt_oss(tmp_path / "hf", tokenizer=False, vocab_size=512)
+        path = write_gpt_oss_gguf(hf, tmp_path / "m.gguf", lambda n: "MXFP4" if "_exps" in n else "Q8_0",
+                                  tokenizer=False)
+    else:
+        hf = write_tiny_model(tmp_path / "hf", "llama", tie=False, tokenizer=False, vocab_size=512, weight_std=0.125,
+                              **WIDE)
+        path = write_tiny_gguf(hf, tmp_path / "m.gguf", q4_k_m, tokenizer=False)
+    dtype = torch.float32 if kind.startswith("gpt-oss") else torch.bfloat16
+    gpu_model = Model.load(path, device=cuda, dtype=dtype, weights="dense")
+    cpu_model = Model.load(path, device="cpu", dtype=torch.float32, weights="dense")
+    _check_engine(gpu_model, cpu_model, placeholder_tokenizer(512), dtype)
+
+
 def _check_engine(gpu_model, cpu_model, tok, dtype):
     from engine import DynamicGenerator, DynamicJob, PagedCache, SamplerSettings
     from tests.engine.pagetable_checks import check_released

@@ -33,30 +33,33 @@ def _compile(fn, types: dict, constexprs: dict, arch: int, num_warps: int = 4, n
 
 def _attn_types(dtype: str, fmt: int) -> dict:
     t = {"q": DT[dtype], "out": DT[dtype], "bt": "*i32", "kv_lens": "*i32", "cu_q": "*i32",
-         "mid_o": "*fp32", "mid_lse": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32", "softcap": "fp32"}
+         "mid_o": "*fp32", "mid_lse": "*fp32", "sinks": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32",
+         "softcap": "fp32"}
     pool = POOL[fmt] or (DT[dtype],) * 3
     for prefix in ("k", "v"):
         t[prefix + "d"], t[prefix + "h"], t[prefix + "s"] = pool
     return t
 
 
-def variants(dtype: str = "fp16", fmt: int = 0, D: int = 128, G: int = 4, PS: int = 16, softcap: bool = False):
+def variants(dtype: str = "fp16", fmt: int = 0, D: int = 128, G: int = 4, PS: int = 16, softcap: bool = False,
+             sinks: bool = False):
     """(name, kernel, types, constexprs, num_warps) for one model shape, with the launchers' own tile
-    choices (decode_config / prefill_config); softcap=True: the soft-capped variants (Gemma 2)."""
+    choices (decode_config / prefill_config); softcap=True: the soft-capped variants (Gemma 2); sinks=True:
+    attention sinks (gpt-oss)."""
     BD = triton.next_power_of_2(D)
     BG = triton.next_power_of_2(G)
     gs = 32 if fmt else D
     t = _attn_types(dtype, fmt)
     fp32 = dtype == "fp32"
-    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=fp32, SOFTCAP=softcap)
+    common = dict(G=G, D=D, PS=PS, FMT=fmt, GS=gs, BLOCK_D=BD, IEEE=fp32, SOFTCAP=softcap, SINKS=sinks)
     dc = triton_decode.decode_config(D, fmt != 0, fp32)
     pc = triton_prefill.prefill_config(D, fmt != 0, fp32)
-    tag = f"{dtype},fmt{fmt},D{D}" + (",softcap" if softcap else "")
+    tag = f"{dtype},fmt{fmt},D{D}" + (",softcap" if softcap else "") + (",sinks" if sinks else "")
     out = []
     for direct in (True, False):
         out.append((f"decode_stage1[{tag},direct={direct}]", triton_decode._decode_stage1, t,
                     dict(common, BLOCK_G=max(16, BG), BLOCK_N=dc["BLOCK_N"], DIRECT=direct), dc["num_warps"]))
-    out.append((f"decode_stage2[{tag}]", triton_decode._decode_stage2, t, dict(D=D, BLOCK_D=BD), 4))
+    out.append((f"decode_stage2[{tag}]", triton_decode._decode_stage2, t, dict(D=D, BLOCK_D=BD, SINKS=sinks), 4))
     out.append((f"prefill[{tag}]", triton_prefill._prefill_kernel, t,
                 dict(common, BLOCK_M=max(1, pc["ROWS"] // BG), BLOCK_G=BG, BLOCK_N=pc["BLOCK_N"]), pc["num_warps"]))
     kvt = {"src": DT[dtype], "slots": "*i64"}
@@ -128,6 +131,7 @@ def quick_set():
         + _pick(variants("bf16", 6), "decode_stage1", "prefill", "write_kv")
         + _pick(variants("fp16", 4, D=64, G=3), "decode_stage1")
         + _pick(variants("bf16", 0, D=256, G=2, softcap=True), "decode_stage1", "prefill")
+        + _pick(variants("bf16", 0, D=64, G=8, sinks=True), "decode_stage1", "decode_stage2", "prefill")
         + pointwise_variants("bf16")
         + lora_variants("bf16")
         + dequant_variants("bf16", (12,))
@@ -143,6 +147,7 @@ def full_set():
     todo += variants("fp32", 0, D=64, G=3)
     todo += variants("fp16", 0, D=256, G=2) + variants("fp16", 4, D=256, G=2) + variants("fp16", 6, D=64, G=3)
     todo += variants("bf16", 0, D=256, G=2, softcap=True)
+    todo += variants("bf16", 0, D=64, G=8, sinks=True) + variants("fp16", 8, D=64, G=8, sinks=True)
     todo += dequant_variants("fp16", tuple(triton_dequant.FORMATS))
     return todo
 

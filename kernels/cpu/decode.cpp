@@ -3,7 +3,8 @@
 // layer (at batch 1 that dispatch was ~1 ms of a ~9 ms step). The same kernel functions as the per-op path,
 // called in the same order, so both paths give the same bits. A matrix made of parts in different formats (a
 // Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied by its own
-// kernel and the outputs joined, as engine.model.qlinear.PartsLinear does.
+// kernel and the outputs joined, as engine.model.qlinear.PartsLinear does. A q|k|v bias (Qwen2) is added to the
+// joined output as the per-op path adds it.
 #include "common.h"
 #include "ops.h"
 
@@ -16,9 +17,9 @@
 namespace pagedeck {
 namespace {
 
-// per layer: input_norm, post_norm, then (qs, d, m) of each part of kMatrices matrices: qkv, o, gate_up, down;
-// beside them each part's format id (formats.h), in the same order
-constexpr int64_t kMatrices = 4;
+// per layer: input_norm, post_norm, the q|k|v bias (empty: none), then (qs, d, m) of each part of kMatrices
+// matrices: qkv, o, gate_up, down; beside them each part's format id (formats.h), in the same order
+constexpr int64_t kMatrices = 4, kLayerTensors = 3;
 
 c10::optional<at::Tensor> minimums(const at::Tensor& m) {  // q8 weights have none: an empty tensor
   return m.numel() ? c10::optional<at::Tensor>(m) : c10::nullopt;
@@ -49,7 +50,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
     TORCH_CHECK(parts[i] >= 1 && (parts[i] == 1 || i % kMatrices != 2), "gate_up must be one part (its SwiGLU)");
     total += 3 * parts[i];
   }
-  TORCH_CHECK((int64_t)weights.size() == total + 2 * L, "decode_layers' weights do not match the part counts");
+  TORCH_CHECK((int64_t)weights.size() == total + kLayerTensors * L,
+              "decode_layers' weights do not match the part counts");
   TORCH_CHECK((int64_t)fmts.size() * 3 == total, "decode_layers wants one format id per part");
   TORCH_CHECK(cu_q.scalar_type() == at::kInt && cu_q.is_contiguous(), "cu_q must be contiguous int32");
   const int32_t* cu = cu_q.data_ptr<int32_t>();
@@ -61,11 +63,12 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
   const int64_t* fmt = fmts.data();
   for (int64_t l = 0; l < L; ++l) {
     const int64_t* n = parts.data() + l * kMatrices;
-    const at::Tensor *qkv_w = w + 2, *o_w = qkv_w + 3 * n[0];
+    const at::Tensor *qkv_w = w + kLayerTensors, *o_w = qkv_w + 3 * n[0];
     const at::Tensor *gate_up_w = o_w + 3 * n[1], *down_w = gate_up_w + 3 * n[2];
     const int64_t *qkv_f = fmt, *o_f = qkv_f + n[0], *gate_up_f = o_f + n[1], *down_f = gate_up_f + n[2];
     auto [h, sum] = rms_norm(x, w[0], eps, residual);
-    const at::Tensor qkv = project(h, qkv_w, qkv_f, n[0], 0);
+    at::Tensor qkv = project(h, qkv_w, qkv_f, n[0], 0);
+    if (w[2].numel()) qkv = qkv + w[2];
     auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
                          max_q);
     x = project(o, o_w, o_f, n[1], 0);

@@ -207,8 +207,8 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
                   plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
     the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
-    layer input_norm, post_norm, the q|k|v bias (an empty tensor for none), then packed.stack_entry() of each
-    part of qkv, o, gate_up, down; parts: per
+    layer input_norm, post_norm, the q|k|v bias, q_norm and k_norm (each an empty tensor for none), then
+    packed.stack_entry() of each part of qkv, o, gate_up, down; parts: per
     layer the number of parts of those four (1 but for a matrix kept in several formats; gate_up always 1);
     formats: each part's kernel id (kernels.formats), in the weights' order.
     Returns the last layer's output and the residual stream (their sum is the hidden state)."""

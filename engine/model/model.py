@@ -331,22 +331,21 @@ class Model:
         return F.linear(x, self.lm_head)
 
 
-_NO_BIAS = torch.empty(0)
+_NONE = torch.empty(0)
 
 
 def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:
     """kernels.decode_layers' weight list, part counts and parts' kernel ids, or None where a layer has what it
-    doesn't do (a dense projection, an o bias, q/k norms, sinks, a gate|up in several formats). A q|k|v bias
-    (Qwen2) rides along, an empty tensor where there is none."""
+    doesn't do (a dense projection, an o bias, sinks, a gate|up in several formats). A q|k|v bias (Qwen2) and
+    per-head q/k norms (Qwen3) ride along, an empty tensor where there is none."""
     stack, parts, ids = [], [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        if (layer.q_norm is not None or isinstance(layer.gate_up, PartsLinear)
-                or layer.o_bias is not None or layer.sinks is not None
+        if (isinstance(layer.gate_up, PartsLinear) or layer.o_bias is not None or layer.sinks is not None
                 or not all(isinstance(w, PackedLinear) for w in weights)):
             return None
-        bias = layer.qkv_bias if layer.qkv_bias is not None else _NO_BIAS
-        stack += [layer.input_norm, layer.post_norm, bias]
+        stack += [layer.input_norm, layer.post_norm] + [_NONE if t is None else t.float().contiguous()
+                                                         for t in (layer.qkv_bias, layer.q_norm, layer.k_norm)]
         for w in weights:
             stack += kernels.packed.stack_entry(w.blocks)
             parts.append(len(w.parts) if isinstance(w, PartsLinear) else 1)

@@ -4,7 +4,7 @@
 // called in the same order, so both paths give the same bits. A matrix made of parts in different formats (a
 // Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied by its own
 // kernel and the outputs joined, as engine.model.qlinear.PartsLinear does. A q|k|v bias (Qwen2) is added to the
-// joined output as the per-op path adds it.
+// joined output as the per-op path adds it; per-head q/k norms (Qwen3) go to the attention call as there.
 #include "common.h"
 #include "ops.h"
 
@@ -17,21 +17,22 @@
 namespace pagedeck {
 namespace {
 
-// per layer: input_norm, post_norm, the q|k|v bias (empty: none), then (qs, d, m) of each part of kMatrices
-// matrices: qkv, o, gate_up, down; beside them each part's format id (formats.h), in the same order
-constexpr int64_t kMatrices = 4, kLayerTensors = 3;
+// per layer: input_norm, post_norm, the q|k|v bias, q_norm and k_norm (each empty: none), then (qs, d, m) of
+// each part of kMatrices matrices: qkv, o, gate_up, down; beside them each part's format id (formats.h), in the
+// same order
+constexpr int64_t kMatrices = 4, kLayerTensors = 5;
 
-c10::optional<at::Tensor> minimums(const at::Tensor& m) {  // q8 weights have none: an empty tensor
-  return m.numel() ? c10::optional<at::Tensor>(m) : c10::nullopt;
+c10::optional<at::Tensor> given(const at::Tensor& t) {  // an empty tensor stands for none (q8 weights' minimums too)
+  return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
 }
 
 // x @ W^T for W given as `parts` (qs, d, m) triples from w on, of formats fmt[0..parts), stacked along the
 // output (act only for one part)
 at::Tensor project(const at::Tensor& x, const at::Tensor* w, const int64_t* fmt, int64_t parts, int64_t act) {
-  if (parts == 1) return qmatmul(x, w[0], w[1], minimums(w[2]), fmt[0], act);
+  if (parts == 1) return qmatmul(x, w[0], w[1], given(w[2]), fmt[0], act);
   std::vector<at::Tensor> ys;
   for (int64_t i = 0; i < parts; ++i)
-    ys.push_back(qmatmul(x, w[3 * i], w[3 * i + 1], minimums(w[3 * i + 2]), fmt[i], 0));
+    ys.push_back(qmatmul(x, w[3 * i], w[3 * i + 1], given(w[3 * i + 2]), fmt[i], 0));
   return at::cat(ys, 1);
 }
 
@@ -70,7 +71,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
     at::Tensor qkv = project(h, qkv_w, qkv_f, n[0], 0);
     if (w[2].numel()) qkv = qkv + w[2];
     auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
-                         max_q);
+                         max_q, c10::nullopt, given(w[3]), given(w[4]), eps);
     x = project(o, o_w, o_f, n[1], 0);
     auto [h2, sum2] = rms_norm(x, w[1], eps, sum);
     residual = sum2;

@@ -50,15 +50,16 @@ def test_parts_keeping_dense_prompt_rows_still_become_one_format():
         PartsLinear([q, v])
 
 
-@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0", "qwen2-Q4_K_M"])
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0", "qwen2-Q4_K_M", "qwen3-Q4_K_M"])
 def path(tmp_path_factory, request):
     folder = tmp_path_factory.mktemp(f"parts-{request.param}")
-    if request.param.startswith("qwen2"):  # q|k|v biases; 2 layers: attn_v Q6_K in layer 0 (mixed q|k|v)
+    if request.param.startswith("qwen"):  # q|k|v biases (Qwen2) or q/k norms (Qwen3); 2 layers, layer 1's q|k|v mixed
         from tests.tiny_models import WIDE, q4_k_m, write_tiny_gguf, write_tiny_model
 
-        hf = write_tiny_model(folder / "hf", "qwen2", tie=False, tokenizer=False, vocab_size=512, weight_std=0.125,
+        arch = request.param.split("-")[0]
+        hf = write_tiny_model(folder / "hf", arch, tie=False, tokenizer=False, vocab_size=512, weight_std=0.125,
                               **WIDE)
-        return write_tiny_gguf(hf, folder / "qwen2.gguf", q4_k_m, tokenizer=False)
+        return write_tiny_gguf(hf, folder / f"{arch}.gguf", q4_k_m, tokenizer=False)
     # 8 layers of llama.cpp's Q4_K_M recipe: attn_v is Q6_K in layers 0, 3, 6 and 7 (mixed q|k|v)
     return write_random_gguf(folder / "m.gguf", "tiny-256", 8, request.param)
 
@@ -69,6 +70,8 @@ def test_one_call_decode_gives_the_per_layer_bits(path, monkeypatch):
     mixed = [isinstance(layer.qkv, PartsLinear) for layer in model.layers]
     if path.name == "qwen2.gguf":  # the biases go into the one call too
         assert mixed == [False, True] and all(layer.qkv_bias is not None for layer in model.layers)
+    elif path.name == "qwen3.gguf":  # and the per-head q/k norms
+        assert mixed == [False, True] and all(layer.q_norm is not None for layer in model.layers)
     else:
         assert mixed == ([i in (0, 3, 6, 7) for i in range(8)] if "Q4_K_M" in str(path) else [False] * 8)
     stack, parts, ids = model.decode_stack

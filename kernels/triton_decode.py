@@ -36,14 +36,22 @@ def scores(qk, qk_scale, sm_scale, softcap, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
-def add_sink(acc, l_i, m_i, sinks, heads, row_ok):
-    """Fold each row's sink logit (natural units, no value) into a running softmax whose maximum is m_i
-    (base 2): the denominator grows, the weighted values stay; returned rescaled to the new maximum."""
-    sink = tl.load(sinks + heads, mask=row_ok, other=float("-inf")).to(tl.float32) * 1.4426950408889634  # LOG2E
-    m_new = tl.maximum(m_i, sink)
+def sink_weights(m, sink_logit):
+    """A sink logit (natural units, no value) joining a running softmax whose maximum is m (base 2; may be -inf):
+    (alpha, w), the factor that rescales the running sums to the new maximum and the sink's share to add to the
+    denominator. Elementwise: a row's scalars or a tile's vectors alike."""
+    sink = sink_logit.to(tl.float32) * 1.4426950408889634  # LOG2E
+    m_new = tl.maximum(m, sink)
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    return acc * alpha[:, None], l_i * alpha + tl.exp2(sink - m_safe)
+    return tl.exp2(m - m_safe), tl.exp2(sink - m_safe)
+
+
+@triton.jit
+def add_sink(acc, l_i, m_i, sinks, heads, row_ok):
+    """Each row's sink folded into its running softmax (acc, l_i, maximum m_i): the denominator grows, the
+    weighted values stay; returned rescaled to the new maximum."""
+    alpha, w = sink_weights(m_i, tl.load(sinks + heads, mask=row_ok, other=float("-inf")))
+    return acc * alpha[:, None], l_i * alpha + w
 
 
 @triton.jit
@@ -129,11 +137,9 @@ def _decode_stage2(mid_o, mid_lse, out, s_ot, s_oh, sinks, S, D: tl.constexpr, B
         w_sum = w_sum * a + w
         m = m_new
     if SINKS:  # one more logit with no value: only the denominator grows
-        sink = tl.load(sinks + h).to(tl.float32) * 1.4426950408889634  # LOG2E
-        m_new = tl.maximum(m, sink)
-        a = tl.exp2(m - m_new)
-        acc = acc * a
-        w_sum = w_sum * a + tl.exp2(sink - m_new)
+        alpha, w = sink_weights(m, tl.load(sinks + h))
+        acc = acc * alpha
+        w_sum = w_sum * alpha + w
     tl.store(out + b * s_ot + h * s_oh + d, (acc / w_sum).to(out.dtype.element_ty), mask=dm)
 
 

@@ -33,8 +33,8 @@ def paged_attention(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, wind
 
 
 def _attend(q, k_cache, v_cache, block_table, cu_q, kv_lens, scale, window, softcap, sinks) -> torch.Tensor:
-    if sinks is not None:
-        sinks = sinks.to(torch.float32).contiguous()
+    if sinks is not None:  # the kernels read it in its own dtype, one logit a head
+        sinks = sinks.contiguous()
     if q.shape[0] == kv_lens.shape[0]:
         return decode_attention(q, k_cache, v_cache, block_table, kv_lens, scale, window=window, softcap=softcap,
                                 sinks=sinks)

@@ -33,8 +33,8 @@ def _compile(fn, types: dict, constexprs: dict, arch: int, num_warps: int = 4, n
 
 def _attn_types(dtype: str, fmt: int) -> dict:
     t = {"q": DT[dtype], "out": DT[dtype], "bt": "*i32", "kv_lens": "*i32", "cu_q": "*i32",
-         "mid_o": "*fp32", "mid_lse": "*fp32", "sinks": "*fp32", "qk_scale": "fp32", "sm_scale": "fp32",
-         "softcap": "fp32"}
+         "mid_o": "*fp32", "mid_lse": "*fp32", "sinks": DT[dtype], "qk_scale": "fp32", "sm_scale": "fp32",
+         "softcap": "fp32"}  # sinks: the model's own dtype, as the launchers pass them
     pool = POOL[fmt] or (DT[dtype],) * 3
     for prefix in ("k", "v"):
         t[prefix + "d"], t[prefix + "h"], t[prefix + "s"] = pool

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the typed values, for type checkers and readers; at run tim
     PAGEDECK_API_KEY: str | None
     PAGEDECK_DENSE_COPY: str
     PAGEDECK_HUGE_PAGES: bool
+    PAGEDECK_MAPPED_START: bool
     PAGEDECK_TOKENIZER_CACHE: Path | bool | None
     PAGEDECK_CPU_KERNELS: bool
     PAGEDECK_CPU_ISA: str
@@ -122,6 +123,9 @@ VARIABLES: dict[str, Var] = {v.name: v for v in [
     Var("PAGEDECK_HUGE_PAGES", "flag (0: off)", "on",
         "0 keeps loaded weights on 4 KB pages (no MADV_COLLAPSE to 2 MB pages)", ("engine.model.huge_pages",),
         _on_unless_0),
+    Var("PAGEDECK_MAPPED_START", "flag (0: off)", "on",
+        "0 makes a GGUF's load copy its weights into their kernel layouts before the model is used, instead of "
+        "starting on the mapped file while they move in the background", ("engine.model.gguf.weights",), _on_unless_0),
     Var("PAGEDECK_TOKENIZER_CACHE", "path, or 0 (off)", "the user cache's pagedeck/tokenizers folder",
         "where the BPE merges recovered from a SentencePiece GGUF's vocabulary are kept between loads (one "
         "checked entry per file version); 0 recovers them on every load",

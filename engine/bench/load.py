@@ -1,7 +1,8 @@
 """`python -m engine bench-load MODEL [--weights auto] [--threads 2]`: what loading a model costs and how fast
-it decodes: anonymous memory before, at the peak of and after loading (sampled every 20 ms), against the
-file size; batch-1 decode step time against the weight-bandwidth roofline, once the loader's background move of
-the weights onto 2 MB pages has finished (engine.model.huge_pages). One process, one model.
+it decodes: resident memory (the mapped file's pages included) before, at the peak of and after loading and
+the weights' settling (sampled every 20 ms), against the file size; batch-1 decode step time against the
+weight-bandwidth roofline, once the weights have settled in the background (engine.model.settle: their kernel
+layouts, then 2 MB pages). One process, one model.
 
 For big files where `python -m engine bench`'s TTFT runs take too long on a CPU (e.g. tools.models.synthetic_gguf's
 7B-shaped Q4_K_M layers).
@@ -26,9 +27,9 @@ from .measure import read_bandwidth
 from .serving import decode_weight_bytes
 
 
-def _anon_bytes() -> int:
+def _rss_bytes() -> int:
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,19 +39,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--while-moving", action="store_true",
-                    help="decode at once, while the weights still move onto 2 MB pages (the first seconds a user "
-                         "sees), and print every step")
+                    help="decode at once, while the weights still settle (the first seconds a user sees), and "
+                         "print every step")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     estimate = estimate_memory(args.model, weights=args.weights).weights_bytes
-    base = peak = _anon_bytes()
+    base = peak = _rss_bytes()
     done = threading.Event()
 
     def sample():
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, _anon_bytes())
+            peak = max(peak, _rss_bytes())
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -58,15 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     model = Model.load(args.model, weights=args.weights)
     load_s = time.perf_counter() - t0
-    done.set()
-    sampler.join()
-    after = _anon_bytes()
+    loaded = _rss_bytes()
     moved = ""
-    mover = model.huge_page_thread
-    if mover is not None and not args.while_moving:  # the steady state: decode after the background move
+    mover = model.settle_thread
+    if mover is not None and not args.while_moving:  # the steady state: decode once the weights have settled
         t = time.perf_counter()
         mover.join()
-        moved = f"; weights on 2 MB pages {time.perf_counter() - t:.1f} s later"
+        moved = f"; weights settled {time.perf_counter() - t:.1f} s later"
+    if not args.while_moving:
+        done.set()
+        sampler.join()
+    after = _rss_bytes()
     cache = PagedCache(model, max_tokens=512, page_size=256)
     prompt = list(range(100, 116))
     model.forward(Batch.build([(prompt, 0, [0, 1])], 256, [len(prompt)]), cache)
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         model.forward(batch, cache)
         steps.append(time.perf_counter() - t)
     step = statistics.median(steps[len(steps) // 4:])
+    done.set()
+    sampler.join()
     if args.while_moving:
         still = mover is not None and mover.is_alive()
         print(f"steps while moving ({'still moving after them' if still else 'the move done meanwhile'}): "
@@ -89,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
           f"loaded in {load_s:.1f} s{moved}, {torch.get_num_threads()} threads")
     print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
           f"{bandwidth / 1e9:.1f} GB/s read bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
-    print(f"anonymous memory: +{(peak - base) / 1e6:.0f} MB at the peak of loading ({(peak - base) / file_bytes:.2f}x "
-          f"the {file_bytes / 1e6:.0f} MB file), +{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
+    what = "loading, settling and the steps" if args.while_moving else "loading and settling"
+    print(f"resident memory (file pages included): +{(loaded - base) / 1e6:.0f} MB once loaded, +{(peak - base) / 1e6:.0f} "
+          f"MB at the peak of {what} ({(peak - base) / file_bytes:.2f}x the {file_bytes / 1e6:.0f} MB file), "
+          f"+{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
           f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x; estimated before "
           f"loading: {estimate / 1e6:.0f} MB)")
     return 0

@@ -238,13 +238,13 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         model, tokenizer = load_model_and_tokenizer(args.model, weights=args.weights)
     load_s = time.perf_counter() - t
-    memory = _process_memory()
     log(f"pagedeck: loaded {model.name} on {model.device} ({model.dtype}, {model.weight_format} weights) "
         f"in {load_s:.2f} s")
-    if getattr(model, "huge_page_thread", None) is not None:  # its background work would slow what follows
+    if getattr(model, "settle_thread", None) is not None:  # its background work would slow what follows
         t = time.perf_counter()
-        model.huge_page_thread.join()
-        log(f"pagedeck: weights moved onto 2 MB pages in the background in {time.perf_counter() - t:.2f} s more")
+        model.settle_thread.join()
+        log(f"pagedeck: weights settled in the background (kernel layouts, 2 MB pages) in {time.perf_counter() - t:.2f} s more")
+    memory = _process_memory()  # settled: a model started on its mapped file holds its weights only now
     vocab = min(model.vocab_size, tokenizer.vocab_size)
     w = make_workload(args, vocab, tokenizer.special_token_ids | tokenizer.stop_token_ids, model.config.max_seq_len)
 
@@ -346,7 +346,7 @@ def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
         f"{', '.join(map(str, setup['read_bandwidth_readings_gb_s']))}), decode weights "
         f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
         + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
-        f"memory after load: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "
+        f"memory once loaded and settled: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "
         f"(anonymous {setup.get('rss_anon_bytes', 0) / 1e6:.0f} MB), peak {setup['peak_rss_bytes'] / 1e6:.0f} MB; "
         f"file {setup['file_bytes'] / 1e6:.0f} MB",
         "",

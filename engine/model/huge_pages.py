@@ -6,8 +6,8 @@ Asking at allocation (MADV_HUGEPAGE before the loader writes) made decode ~8-10 
 but loading 2.5-3x slower in a VM, where each fresh 2 MB page is first populated by the host (0.6 -> 1.5-2.1 s,
 `python -m engine bench-load`). So the loader writes plain pages and a background thread then asks the kernel
 to collapse each weight buffer's whole 2 MB ranges in place (MADV_COLLAPSE, Linux 6.1+), a few MB at a time,
-at the lowest CPU priority, so that it takes the time decode leaves idle; decode reads the same bytes before and
-after. PAGEDECK_HUGE_PAGES=0 turns it off (to compare); where the kernel lacks MADV_COLLAPSE the thread stops at
+at the lowest CPU priority, so that it takes the time decode leaves idle (engine.model.settle runs it last,
+after the weights have settled); decode reads the same bytes before and after. PAGEDECK_HUGE_PAGES=0 turns it off (to compare); where the kernel lacks MADV_COLLAPSE the thread stops at
 the first refusal.
 """
 from __future__ import annotations
@@ -120,22 +120,26 @@ def collapse(ranges: list[tuple[int, int]]) -> Collapsed:
     return Collapsed(done, refused)
 
 
-def _background(ranges: list[tuple[int, int]]) -> Collapsed:
-    """collapse() at the lowest CPU priority (nice 19, this thread only): each collapsed page is a 2 MB copy, and
-    on two cores the copies beside a decode step made its first seconds' steps 2-7x slower (Qwen2.5-1.5B Q6_K:
-    52-267 ms against ~31); at nice 19 the steps keep their pace and the copies take the idle time between them."""
+def lowest_priority() -> None:
+    """This thread at the lowest CPU priority (nice 19, this thread only): each collapsed page is a 2 MB copy,
+    and on two cores the copies beside a decode step made its first seconds' steps 2-7x slower (Qwen2.5-1.5B
+    Q6_K: 52-267 ms against ~31); at nice 19 the steps keep their pace and the copies take the idle time between
+    them. Not Linux, or not allowed: the thread competes as any other."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except (AttributeError, OSError):  # not Linux, or not allowed: the copies compete as before
+    except (AttributeError, OSError):
         pass
-    return collapse(ranges)
 
 
-def collapse_in_background(storages: list[torch.UntypedStorage]) -> threading.Thread | None:
-    """Start collapse() of the storages' 2 MB ranges on a daemon thread; None where there is nothing to do."""
-    ranges = aligned_ranges(storages)
+def wanted(storages: list[torch.UntypedStorage]) -> bool:
+    """Whether collapsing these storages has anything to do here (2 MB ranges, MADV_COLLAPSE callable, not
+    turned off by PAGEDECK_HUGE_PAGES=0)."""
+    return bool(aligned_ranges(storages)) and _madvise() is not None and envs.PAGEDECK_HUGE_PAGES
+
+
+def collapse_wanted(ranges: list[tuple[int, int]]) -> Collapsed:
+    """collapse(ranges) unless PAGEDECK_HUGE_PAGES=0 or the call is missing (engine.model.settle calls it last,
+    on the settled weights)."""
     if not ranges or _madvise() is None or not envs.PAGEDECK_HUGE_PAGES:
-        return None
-    th = threading.Thread(target=_background, args=(ranges,), name="pagedeck-huge-pages", daemon=True)
-    th.start()
-    return th
+        return Collapsed(0, 0)
+    return collapse(ranges)

@@ -19,9 +19,9 @@ from .config import ModelConfig
 from .embedding import GGMLRows
 from .catalog.memory import check_fits
 from .moe import MoEBlock, build as build_moe
-from .qlinear import PackedLinear, Q8Linear, cat_packed
+from .qlinear import PackedLinear, PartsLinear, Q8Linear, cat_packed
 from .heap import loading_heap, release_freed_memory
-from .weights import default_model_path, load_weights
+from .weights import default_model_path, load_checkpoint
 
 
 @dataclass
@@ -99,25 +99,37 @@ def plan_load(path: str | Path | None, device: str | torch.device | None, dtype:
 
 
 def load(plan: LoadPlan, progress: Callable[[float], None] | None = None,
-         moving: Callable[[], None] | None = None) -> tuple[ModelConfig, ModelWeights]:
+         moving: Callable[[], None] | None = None) -> tuple[ModelConfig, ModelWeights, tuple | None]:
     """Read the checkpoint and build its weights (progress(1.0) once they are built; moving(): see
-    engine.model.weights.load_weights); the weights' large blocks get mappings of their own
-    (heap.loading_heap), so that freeing the model gives them back whole."""
+    engine.model.weights.load_checkpoint); the weights' large blocks get mappings of their own
+    (heap.loading_heap), so that freeing the model gives them back whole.
+
+    Returns (config, weights, None), or, where a GGUF lets the model start on its mapped file (engine.model.
+    settle), (config, the weights as views of the file, (the settled weights, the load's Unmoved)): the settled
+    ones are built around tensors that only its moves fill."""
     with loading_heap():
-        config, state = load_weights(plan.path, dtype=plan.dtype, device="cpu", progress=progress, fmt=plan.fmt,
-                                     moving=moving)
+        config, state, unmoved = load_checkpoint(plan.path, dtype=plan.dtype, device="cpu", progress=progress,
+                                                 fmt=plan.fmt, moving=moving, start_mapped=plan.device.type == "cpu")
         built = build(config, state, plan.device, plan.dtype, plan.fmt)
         del state
+        first = None
+        if unmoved is not None:
+            first = build(config, unmoved.mapped, plan.device, plan.dtype, plan.fmt, keep_parts=True)
+            unmoved.mapped = {}
     release_freed_memory()
     if progress is not None:
         progress(1.0)
-    return config, built
+    if first is None:
+        return config, built, None
+    return config, first, (built, unmoved)
 
 
-def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype, fmt: str = "dense") -> ModelWeights:
+def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype, fmt: str = "dense",
+          keep_parts: bool = False) -> ModelWeights:
     """The weights of an HF-named state dict (tensors, or PackedLinear matrices kept packed in format `fmt`);
     the q/k/v and gate/up entries are removed from `w` once fused (they would otherwise be held twice while
-    loading)."""
+    loading). `keep_parts`: packed q|k|v and gate|up stay their parts, never copied (PartsLinear: a model started
+    on its mapped file, engine.model.settle)."""
     c = config
 
     def get(name: str) -> torch.Tensor:
@@ -137,6 +149,8 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         parts = [get(n) for n in names]
         for n in names:  # the parts become the fused copy: drop them so loading never holds a model twice
             w.pop(n)
+        if keep_parts and all(isinstance(p, PackedLinear) for p in parts):
+            return PartsLinear(parts)
         if all(isinstance(p, PackedLinear) for p in parts):
             out = cat_packed(parts, consume=True)
         else:

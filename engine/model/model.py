@@ -8,6 +8,7 @@ sinks and an output-projection bias (gpt-oss), and a mixture of experts in place
 """
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -18,7 +19,7 @@ import kernels
 
 from ..cache.budget import pool_dtype
 from ..cache.spec import CacheSpec
-from . import huge_pages, image_attention, loader
+from . import image_attention, loader, settle
 from .batch import Batch
 from .config import ModelConfig, attention_fuses, decode_layers_fit
 from .embedding import GGMLRows
@@ -35,9 +36,10 @@ _NO_LORA_STATE = ("Model holds no LoRA adapters: pass lora= to forward() "
 
 
 class Model:
-    """Config + weights + forward. Nothing on a Model changes after it is built, so generators share one:
-    what differs per generator (the rotary for its context length, LoRA adapters, the cache) is passed to
-    forward()."""
+    """Config + weights + forward. Nothing on a Model changes after it is built but the layout its weights are
+    read in while they settle after loading (engine.model.settle: the same values, the same results), so
+    generators share one: what differs per generator (the rotary for its context length, LoRA adapters, the
+    cache) is passed to forward()."""
 
     def __init__(self, config: ModelConfig, weights: ModelWeights, device: torch.device, dtype: torch.dtype,
                  path: Path | None = None):
@@ -68,7 +70,9 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.decode_stack = _decode_stack(self.layers) if decode_layers_fit(c) else None
-        self.huge_page_thread = None  # Model.load's background move of the weights onto 2 MB pages
+        self.settle_thread = None  # Model.load's background settling of the weights (engine.model.settle)
+        self.settled_event = threading.Event()  # set once the weights are in their kernel layouts
+        self.settled_event.set()
         # Gemma 3 attends both ways within an image's run of embedding rows (engine.model.image_attention)
         self.bidirectional_images = c.arch == "gemma3"
 
@@ -96,11 +100,35 @@ class Model:
         `moving()` is called once, when the rest of the load leaves the GIL free (a GGUF's bytes moving in C++):
         engine.load_model_and_tokenizer starts the tokenizer's build there."""
         plan = loader.plan_load(path, device, dtype, weights, check_memory)
-        config, built = loader.load(plan, progress, moving)
+        config, built, unsettled = loader.load(plan, progress, moving)
         model = cls(config, built, plan.device, plan.dtype, plan.path)
-        if model.device.type == "cpu":  # decode streams every weight each step: onto 2 MB pages, off the load's path
-            model.huge_page_thread = huge_pages.collapse_in_background(model.weight_storages())
+        if unsettled is not None:
+            model.settled_event.clear()
+        if model.device.type == "cpu":  # the weights into their kernel layouts and onto 2 MB pages, off the load's path
+            model.settle_thread = settle.in_background(model, settle.Settling(*unsettled) if unsettled else None)
         return model
+
+    def wait_settled(self, timeout: float | None = None) -> bool:
+        """Wait until the weights are in their kernel layouts (engine.model.settle; at once where the load built
+        them so); False if `timeout` seconds passed first. Results never depend on it: tools and tests that
+        inspect the layouts, and benchmarks of the steady state, wait."""
+        return self.settled_event.wait(timeout)
+
+    def adopt(self, part: int | str, weights: ModelWeights) -> None:
+        """Take `weights`' layer `part` (an index), or for part "global" its embedding, head and final norm: the
+        same values in another layout (engine.model.settle hands them over as they settle). A step running
+        meanwhile reads each layer either way."""
+        if part == "global":
+            self.embed, self.lm_head, self.norm = weights.embed, weights.lm_head, weights.norm
+        else:
+            self.layers[part] = weights.layers[part]
+
+    def settled(self, adopted: bool = True) -> None:
+        """Settling ended: with every part `adopted`, the all-layers decode's weight list over the settled layers;
+        otherwise (it failed, or the process exits) the model stays on what it has."""
+        if adopted:
+            self.decode_stack = _decode_stack(self.layers) if decode_layers_fit(self.config) else None
+        self.settled_event.set()
 
     @classmethod
     def from_state_dict(cls, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device,

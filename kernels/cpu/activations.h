@@ -238,4 +238,23 @@ inline void clamped_swiglu(float* g, const float* u, int64_t n, float limit, flo
 }
 #endif
 
+// out (rows, I) = act(gate row, up row) for gate_up (rows, 2 I) = [gate | up], act(g, u, I) writing into g:
+// the torch-facing form of an epilogue (the silu_mul and clamped_swiglu ops), so torch paths get its bits.
+template <typename Act>
+at::Tensor gated_rows(const at::Tensor& gate_up, const Act& act) {
+  check_cpu_f32(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be (rows, 2 I), got ", gate_up.sizes());
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  at::Tensor out = at::empty({T, I}, gate_up.options());
+  const float* p = gate_up.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::copy_n(p + r * 2 * I, I, o + r * I);
+      act(o + r * I, p + r * 2 * I + I, I);
+    }
+  });
+  return out;
+}
+
 }  // namespace pagedeck

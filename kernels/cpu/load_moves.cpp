@@ -9,7 +9,8 @@
 // A move is one of the repackers (repack.cpp) on its arguments, or a release: madvise(MADV_DONTNEED) of an
 // address range of the file's private, never written map, once the moves before it have read it (the file's
 // pages stay in the page cache; the process stops counting them, so the file and its packed copy are not both
-// resident). `moved` counts the moved source bytes as the call goes, for the caller's progress reports.
+// resident). `moved` counts the moved source bytes as the call goes, for the caller's progress reports. `solo`
+// runs every move on the calling thread alone (a background move beside a running decode).
 #include "common.h"
 #include "shared_range.h"
 
@@ -39,7 +40,7 @@ void copy_bytes(const uint8_t* from, uint8_t* to, int64_t bytes) {
 void run_moves(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>& dst,
                const std::vector<at::Tensor>& scale, const std::vector<at::Tensor>& minimum,
                const std::vector<int64_t>& kind, const std::vector<int64_t>& arg, const std::vector<int64_t>& length,
-               at::Tensor moved) {
+               at::Tensor moved, bool solo) {
   const size_t n = kind.size();
   TORCH_CHECK(src.size() == n && dst.size() == n && scale.size() == n && minimum.size() == n && arg.size() == n &&
                   length.size() == n,
@@ -47,6 +48,11 @@ void run_moves(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>
   TORCH_CHECK(moved.scalar_type() == at::kLong && moved.numel() == 1 && moved.is_contiguous(),
               "moved must be one int64");
   int64_t* count = moved.data_ptr<int64_t>();
+  struct Alone {  // shared_range::solo() for this call, restored however it ends
+    bool before = shared_range::solo();
+    explicit Alone(bool on) { shared_range::solo() = before || on; }
+    ~Alone() { shared_range::solo() = before; }
+  } alone(solo);
   for (size_t i = 0; i < n; ++i) {
     switch (kind[i]) {
       case kGroup: group_superblocks(src[i], dst[i], arg[i]); break;
@@ -71,7 +77,7 @@ void run_moves(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("run_moves(Tensor[] src, Tensor(a!)[] dst, Tensor(b!)[] scale, Tensor(c!)[] minimum, int[] kind, "
-          "int[] arg, int[] length, Tensor(d!) moved) -> ()",
+          "int[] arg, int[] length, Tensor(d!) moved, bool solo=False) -> ()",
           &run_moves);
 }
 

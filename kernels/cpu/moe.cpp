@@ -416,19 +416,9 @@ at::Tensor moe_experts_op(const at::Tensor& x, const at::Tensor& experts, const 
 // gpt-oss's clamped SwiGLU of [gate | up] rows (T, 2I) -> (T, I): the torch path's (engine.model.moe) and the
 // kernel's epilogue, one function so that both round alike
 at::Tensor clamped_swiglu_op(const at::Tensor& gate_up, double limit, double alpha) {
-  check_cpu_f32(gate_up, "gate_up");
-  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be (rows, 2 I), got ", gate_up.sizes());
-  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
-  at::Tensor out = at::empty({T, I}, gate_up.options());
-  const float* p = gate_up.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, T, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      std::copy_n(p + r * 2 * I, I, o + r * I);
-      clamped_swiglu(o + r * I, p + r * 2 * I + I, I, (float)limit, (float)alpha);
-    }
+  return gated_rows(gate_up, [&](float* g, const float* u, int64_t n) {
+    clamped_swiglu(g, u, n, (float)limit, (float)alpha);
   });
-  return out;
 }
 
 }  // namespace

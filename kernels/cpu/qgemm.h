@@ -7,8 +7,9 @@
 // panel, kCols x K bytes, stays in L2 while every activation row passes over it), and a register tile of
 // kRows activation rows x kCols columns accumulates with one broadcast 4-byte activation word against one
 // vector of 8 columns per step (VNNI dpbusd, or AVX2 maddubs + madd): no horizontal reductions at all.
-// With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512_seq (the same with
-// its accumulators in registers), and q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
+// With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512 too for calls of
+// 16 rows or more (8 rows a tile) and tile512_seq below that (the same with its accumulators in registers), and
+// q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
 // unpack_block16, panel.h's unpack_scales16); q6 takes tile512 too, its sub-block scales applied in fp32 (exact
 // there). The panel layout is panel.h's; each format's own unpacker lives with the format (affine.h, q8.h, q6.h)
 // and unpack_panel here picks it. Another format feeds the same tiles by filling a Panel (codes, dw, zw; q6: slo,
@@ -204,9 +205,9 @@ inline void step512(const int32_t* wp, const int8_t* const* xrow, int64_t j, int
 
 // q8's 512-bit tile: up to 3 activation rows with every lane's accumulator in a register (8 R zmm; q8 has no
 // minimums to accumulate), so the blocks are read in address order, one after another, where tile512's
-// lane-major order (its accumulators would not fit) walks each panel 8 times at a stride: with that walk a
-// one-row call on a q8g head was slower than the row-ordered per-row path. Each lane sees tile512's sequence
-// (the same bits).
+// lane-major order walks each panel 8 times at a stride: with that walk a one-row call on a q8g head was slower
+// than the row-ordered per-row path (prompt chunks take tile512's walk: panel_rows). Each lane sees tile512's
+// sequence (the same bits).
 template <int R>
 inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
   __m512 va[R][8];
@@ -216,16 +217,15 @@ inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int
   const int8_t* xrow[R];
   for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
   for (int64_t j = 0; j < nb; ++j) {
-    __m512i sums[R];
-    for (int r = 0; r < R; ++r) sums[r] = _mm512_setzero_si512();
+    __m512i sums[R];  // from -128 times the activations' sum: the + 128 of the codes taken off as they add up
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]);
     const int32_t* wp = p.codes + j * 8 * kCols;
     for (int t = 0; t < 8; ++t) step512<R>(wp, xrow, j, t, sums);
     const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
     const int l = (int)(j & 7);
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * a.nbp + j;
-      const __m512i isums = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(128 * a.isum[at]));
-      va[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isums), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r][l]);
+      va[r][l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r][l]);
     }
   }
   const __mmask16 keep = (__mmask16)((1u << cols) - 1);
@@ -239,7 +239,6 @@ inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int
 
 template <int R, int F>
 inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
-  static_assert(F != kQ8, "q8 takes tile512_seq");
   constexpr bool Q4 = F == kQ4 || F == kQ5;
   // lane l of an element's accumulators takes blocks l, l + 8, l + 16, ... in order, so the lanes run one
   // after another with their accumulators in registers (the per-row path's order within each lane)
@@ -249,16 +248,19 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
   for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
   for (int64_t j0 = 0; j0 < nb; j0 += kChunk512)
   for (int l = 0; l < 8; ++l) {
-    __m512 va[R], vm[R];
+    __m512 va[R], vm[R];  // vm: Q4's minimums only (the other formats' stay zeros, never loaded)
     for (int r = 0; r < R; ++r) {
       va[r] = _mm512_load_ps(acc[r][l]);
-      vm[r] = _mm512_load_ps(mins[r][l]);
+      vm[r] = Q4 ? _mm512_load_ps(mins[r][l]) : _mm512_setzero_ps();
     }
     const int64_t j1 = std::min<int64_t>(nb, j0 + kChunk512);
     for (int64_t j = j0 + l; j < j1; j += 8) {
-      // q6: each half of 16 starts from -32 times its activations' sum, so that it ends at sum (q - 32) x
+      // q6: each half of 16 starts from -32 times its activations' sum, so that it ends at sum (q - 32) x; q8
+      // from -128 times the block's (its codes are u8 q + 128)
       auto start = [&](int r, int h) {
-        return F == kQ6 ? _mm512_set1_epi32(-32 * a.xs16[2 * ((m0 + r) * a.nbp + j) + h]) : _mm512_setzero_si512();
+        if (F == kQ6) return _mm512_set1_epi32(-32 * a.xs16[2 * ((m0 + r) * a.nbp + j) + h]);
+        if (F == kQ8) return _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]);
+        return _mm512_setzero_si512();
       };
       __m512i sums[R], lo[R];
       for (int r = 0; r < R; ++r) sums[r] = lo[r] = start(r, 0);
@@ -295,7 +297,7 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
     }
     for (int r = 0; r < R; ++r) {
       _mm512_store_ps(acc[r][l], va[r]);
-      _mm512_store_ps(mins[r][l], vm[r]);
+      if (Q4) _mm512_store_ps(mins[r][l], vm[r]);
     }
   }
   auto hsum8 = [](float (*v)[kCols]) {  // hsum's pairing, column-wise
@@ -307,13 +309,19 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(out + r * ldo, keep, _mm512_add_ps(hsum8(acc[r]), hsum8(mins[r])));
 }
 constexpr int kRows512 = 4;  // activation rows per 512-bit register tile
+// q8's lane-major tile: 8 rows (16 zmm of accumulators and block sums: q8 keeps no minimums), for calls of at
+// least kLaneMajorQ8 rows (prompt chunks); fewer rows (8 chats' steps over a q8g head) keep tile512_seq's
+// address order
+constexpr int kRowsQ8 = 8;
+constexpr int64_t kLaneMajorQ8 = 16;
 #endif
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
 // q6 takes tile512 with its sub-block scales applied in fp32: with two vpmulld a block and row instead, its zmm
 // form ran 0.7x as fast as the ymm tile at 512 rows; in fp32 it runs ~1.3x faster than the ymm tile
-// (docs/performance/kernels.md, "Prompt rows of the K-quant mixes"). q8 takes tile512_seq (panel_rows), never
-// tile512.
+// (docs/performance/kernels.md, "Prompt rows of the K-quant mixes"). q8 (and the lookup-table formats, whose
+// panels are q8's) takes tile512 with 8 rows a tile for prompt chunks (lane-major, 16 zmm live: 1.1x tile512_seq's
+// 3 rows on IQ4_XS matrices at 512 rows) and tile512_seq for the rows left and for small calls.
 template <int F>
 constexpr bool kWide = F != kQ8;
 
@@ -334,7 +342,9 @@ template <int F>
 inline void panel_rows(const View& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
 #ifdef PD_AVX512
-  if constexpr (F == kQ8) {  // three rows a tile, in address order (tile512_seq)
+  if constexpr (F == kQ8) {  // eight rows a lane-major tile for prompt chunks, then three a tile in address order
+    if (M >= kLaneMajorQ8)
+      for (; m + kRowsQ8 <= M; m += kRowsQ8) tile512<kRowsQ8, F>(p, a, m, out + m * ldo, ldo, cols);
     for (; m + 3 <= M; m += 3) tile512_seq<3>(p, a, m, out + m * ldo, ldo, cols);
     if (M - m == 2) tile512_seq<2>(p, a, m, out + m * ldo, ldo, cols);
     if (M - m == 1) tile512_seq<1>(p, a, m, out + m * ldo, ldo, cols);

@@ -386,7 +386,14 @@ std::vector<int64_t> native_groups() {
   return ids;
 }
 
+// silu(gate) * up of gate_up (rows, 2 I) = [gate | up] -> (rows, I), as the matmul's fused epilogue computes it:
+// for a [gate | up] held in parts (engine.model.qlinear.PartsLinear), whose rows then match the fused matrix's.
+at::Tensor silu_mul_op(const at::Tensor& gate_up) {
+  return gated_rows(gate_up, [](float* g, const float* u, int64_t n) { silu_mul(g, u, n); });
+}
+
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
+  lib.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul_op);
   lib.def("set_tuning(int? qgemm_rows, int? row_chunk) -> ()", &set_tuning);
   lib.def("get_tuning() -> int[]", &get_tuning);
   lib.def("native_groups() -> int[]", &native_groups);

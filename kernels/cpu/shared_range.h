@@ -123,12 +123,19 @@ class Helpers {
   std::atomic<uint64_t> offered_{0};  // calls offered so far
 };
 
+// Set on a thread whose share_range calls run on it alone (a model's weights moving in the background at the
+// lowest priority: helpers at normal priority would take cores from the decode running beside it).
+inline bool& solo() {
+  thread_local bool alone = false;
+  return alone;
+}
+
 template <typename F>
 void share_range(int64_t begin, int64_t end, int64_t grain, const F& fn) {
   const int64_t n = end - begin, threads = at::get_num_threads();
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
-  if (threads <= 1 || n <= grain || at::in_parallel_region()) {
+  if (threads <= 1 || n <= grain || solo() || at::in_parallel_region()) {
     fn(begin, end);
     return;
   }

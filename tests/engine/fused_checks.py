@@ -29,6 +29,7 @@ def load_fused_and_stacked(path: Path, monkeypatch) -> tuple[dict, Model, Model]
     direct = Model.load(path, weights="packed")
     monkeypatch.setattr(fused_on_read, "plan", lambda *a: {})
     stacked = Model.load(path, weights="packed")
+    assert direct.wait_settled(60) and stacked.wait_settled(60)  # their layers as settled (engine.model.settle)
     return planned[0], direct, stacked
 
 

@@ -9,8 +9,6 @@ import ctypes.util
 import errno
 import functools
 import mmap
-import os
-import threading
 import time
 
 import pytest
@@ -136,27 +134,13 @@ def logits(model: Model) -> torch.Tensor:
 def test_a_loaded_model_moves_and_answers_the_same(path, monkeypatch):
     monkeypatch.setenv("PAGEDECK_HUGE_PAGES", "0")
     plain = Model.load(path, weights="packed")
-    assert plain.huge_page_thread is None
+    assert plain.settle_thread is None
     monkeypatch.delenv("PAGEDECK_HUGE_PAGES")
     moved = Model.load(path, weights="packed")
-    assert moved.huge_page_thread is not None, "the loader did not start moving the weights onto 2 MB pages"
-    moved.huge_page_thread.join(timeout=60)
-    assert not moved.huge_page_thread.is_alive()
+    assert moved.settle_thread is not None, "the loader did not start moving the weights onto 2 MB pages"
+    moved.settle_thread.join(timeout=60)
+    assert not moved.settle_thread.is_alive()
     head = moved.lm_head.blocks[0]  # the 13 MB q8 head's codes: at least five whole 2 MB pages, of which a
     # machine short of free 2 MB pages may give only some (see test_collapse_keeps_the_contents)
     assert huge_kb(head.data_ptr(), head.numel() * head.element_size()) >= 2 * 1024
     assert torch.equal(logits(moved), logits(plain))
-
-
-def test_the_background_move_runs_at_the_lowest_priority(monkeypatch):
-    """Each collapsed page is a 2 MB copy; beside a decode step on two cores they slowed its steps 2-7x, so the
-    thread runs at nice 19 (and the caller's priority is left alone)."""
-    seen = []
-    monkeypatch.setattr(huge_pages, "collapse",
-                        lambda ranges: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
-    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    buf = torch.empty(4 * MB, dtype=torch.uint8)
-    th = huge_pages.collapse_in_background([buf.untyped_storage()])
-    assert th is not None
-    th.join(timeout=30)
-    assert seen == [19] and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == ours

@@ -61,7 +61,7 @@ def test_too_large_is_refused_before_loading_with_numbers_and_advice(monkeypatch
     with pytest.raises(memory.ModelTooLarge, match="will not fit"):
         memory.check_fits(default_model_path(), cache_tokens=32768, weights="dense")
     allocated = []
-    monkeypatch.setattr("engine.model.loader.load_weights", lambda *a, **k: allocated.append(1))
+    monkeypatch.setattr("engine.model.loader.load_checkpoint", lambda *a, **k: allocated.append(1))
     monkeypatch.setattr(memory, "available_bytes", lambda device="cpu": 700 << 20)  # not even the weights
     with pytest.raises(memory.ModelTooLarge):
         Model.load(weights="dense")  # refused from the header, before reading any tensor

@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def stream(model: Model, threads: list[int], rounds: int) -> int:
     """--stream: per matrix class, one row through every layer's matrix in turn (and the head)."""
-    if model.huge_page_thread is not None:
-        model.huge_page_thread.join()  # the weights as decode reads them once loading has settled
+    if model.settle_thread is not None:
+        model.settle_thread.join()  # the weights as decode reads them once loading has settled
     classes = {name: [getattr(layer, name) for layer in model.layers] for name in ("qkv", "o", "gate_up", "down")}
     classes["head"] = [model.lm_head]
     print(f"{model.name}: one-row calls over all {len(model.layers)} layers, medians of {rounds}")

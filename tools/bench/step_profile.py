@@ -171,8 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--clock cpu sees the calling thread only: use it with --threads 1")
     torch.set_num_threads(args.threads)
     model = Model.load(args.model, weights=args.weights)
-    if model.huge_page_thread is not None:  # its background collapse of the weights' pages would be timed too
-        model.huge_page_thread.join()
+    if model.settle_thread is not None:  # its background collapse of the weights' pages would be timed too
+        model.settle_thread.join()
     if args.per_op:
         model.decode_stack = None  # no one-call stack: Model.forward takes its per-layer path
     out = []

@@ -152,7 +152,9 @@ class GGUFFile:
                 if len(m)]
 
     def close(self) -> None:
-        """Unmap the file (and its split parts) where no tensor views them any more; else drop their pages."""
+        """Unmap the file (and its split parts). Only once nothing reads through a view of it: a torch view does not
+        keep the map open (engine.model.settle, whose model starts on such views, never closes it: the map goes
+        with its last view). A map something still exports as a buffer only has its pages dropped."""
         for m in {id(m): m for m in [self._map, *self._maps.values()]}.values():
             try:
                 m.close()

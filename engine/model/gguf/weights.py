@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from engine import envs
 from engine.model import moe
+from engine.model.embedding import GGMLRows
 from engine.model.packing import fused_on_read, move_queue
 from engine.model.packing import repack
 from engine.model.config import ModelConfig
@@ -16,6 +18,7 @@ from engine.model.ggml_blocks import dequantizable
 from engine.model.gguf.file import GGUFFile, GGUFTensorInfo
 from engine.model.heap import release_freed_memory
 from engine.model.tensor_names import check_names, check_shapes, expected_tensor_names, keeps_dense_copy
+from kernels import cpu_ext
 
 Progress = Callable[[float], None] | None
 
@@ -72,23 +75,82 @@ def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
                              f"cannot read")
 
 
+class Unmoved:
+    """A load whose byte moves have not run (engine.model.settle runs them): the queue, its segments marked per
+    tensor with the layer it belongs to (its index, or "global" for the embedding, head and final norm), the
+    file, and `mapped`: the state as views of the file (the kernel formats that read the file's blocks as
+    stored, in rows), for the model to start on."""
+
+    def __init__(self, moves: move_queue.MoveQueue, gguf: GGUFFile, mapped: dict, files: dict[object, list[str]]):
+        self.moves, self.gguf, self.mapped, self.files = moves, gguf, mapped, files
+
+
 def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense",
-              moving: Callable[[], None] | None = None):
-    """(config, HF-named state) of a GGUF file. The byte moves out of the mapped file are queued as the tensors
-    are walked and run at the end in one C++ call (engine.model.packing.move_queue); `moving()` is called as
-    they start, when the GIL is free for the caller's other work."""
+              moving: Callable[[], None] | None = None, start_mapped: bool = False):
+    """(config, HF-named state, Unmoved or None) of a GGUF file. The byte moves out of the mapped file are
+    queued as the tensors are walked and run at the end in one C++ call (engine.model.packing.move_queue);
+    `moving()` is called as they start, when the GIL is free for the caller's other work. With `start_mapped`,
+    where the model can start on the mapped file (_mapped_formats) the moves are not run: they come back in an
+    Unmoved, with the state of views the model starts on, and the state's packed tensors stay empty until they
+    run."""
     gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
     with move_queue.deferring(gf.spans()) as moves:
-        config, state, expected, unexpected, total = _read_tensors(gf, path, dtype, device, progress, fmt)
+        config, state, expected, unexpected, total, mapped, files = _read_tensors(gf, path, dtype, device, progress,
+                                                                                fmt, start_mapped)
+        check_names(path, expected, state, unexpected)
+        check_shapes(path, config, state)
+        if mapped is not None:
+            if moving is not None:
+                moving()
+            return config, state, Unmoved(moves, gf, mapped, files)
         queued = moves.nbytes
         moves.run(None if progress is None else lambda moved: progress((total - queued + moved) / total), moving)
-    check_names(path, expected, state, unexpected)
-    check_shapes(path, config, state)
     gf.close()  # nothing loaded views the file: unmap it
-    return config, state
+    return config, state, None
 
 
-def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str):
+def _layer_key(gguf_name: str) -> object:
+    """The layer a GGUF tensor belongs to (its index), or "global" (embedding, head, final norm)."""
+    return int(gguf_name.split(".")[1]) if gguf_name.startswith("blk.") else "global"
+
+
+def _fusion_reads_nothing(mapped_as: dict[str, type], fused: dict) -> bool:
+    """Whether building the settled weights reads no part's bytes (it runs before the moves fill them): every
+    q|k|v and gate|up group is written while reading (fused_on_read's plan) or stays in parts (mixed formats,
+    qlinear.PartsLinear); a group stacked after packing would be stacked from still-empty parts."""
+    for group in fused_on_read.FUSED_NAMES:
+        for name in mapped_as:
+            if not name.endswith(group[0]):
+                continue
+            names = [name[: -len(group[0])] + part for part in group]
+            if not any(n in fused for n in names) and len({mapped_as.get(n) for n in names}) == 1:
+                return False
+    return True
+
+
+def _mapped_formats(todo: list, stacks: list, fmt: str, keep_dense: bool, tied: bool,
+                    packs: bool) -> dict[str, type] | None:
+    """{HF name: the block class reading it as the file stores it} for every packed matrix of the walk, where
+    the model can start on the mapped file: weights="packed" with the C++ kernels built, no dense prompt-row
+    weights (PartsLinear parts keep none), no expert stacks, and every packed matrix in a format the kernels
+    read as the file's blocks (K-quants, IQ4). None otherwise (or under PAGEDECK_MAPPED_START=0)."""
+    if (not envs.PAGEDECK_MAPPED_START or fmt != "packed" or keep_dense or stacks or not packs
+            or not cpu_ext.available()):
+        return None
+    out = {}
+    for t, name in todo:
+        table = repack.gguf_table(name, tied, packs)
+        if table == "rows" or not (table == "head" or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
+            continue
+        cls = repack.block_class(repack.kernel_format(t.tensor_type.name, fmt))
+        if cls is None or len(t.shape) != 2 or t.shape[-1] % cls.spec.values:
+            return None
+        out[name] = cls
+    return out
+
+
+def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str,
+                  start_mapped: bool):
     config = ModelConfig.from_gguf(gf)
     permute = config.arch in ("llama", "mistral")  # llama.cpp only reorders q/k rows for llama-family files
     expected = expected_tensor_names(config)
@@ -112,6 +174,11 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
     packs = any(repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt) for t, name in todo) or any(
         repack.keeps_packed(t.name, t.tensor_type.name, len(t.shape), fmt) for t, _ in stacks)
     fused = fused_on_read.plan({name: (t.tensor_type, t.shape) for t, name in todo}, fmt, keep_dense)
+    mapped_as = _mapped_formats(todo, stacks, fmt, keep_dense, tied, packs) if start_mapped else None
+    if mapped_as is not None and not _fusion_reads_nothing(mapped_as, fused):
+        mapped_as = None
+    mapped: dict | None = None if mapped_as is None else {}
+    files: dict[object, list[str]] = {}  # layer key -> its GGUF tensors (marks of the move queue)
     pairs = moe.gguf_gate_up_pairs([t.name for t, _ in stacks], config)  # gate's stack -> up's
     renamed: dict[str, str] = {}  # experts' gate and up names -> their fused [gate | up]'s, where written so
     done = 0
@@ -123,8 +190,14 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
         elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = config.num_kv_heads
         table = repack.gguf_table(name, tied, packs)
+        rows = gf.rows(t.name, heads)[1] if name in fused or (mapped_as and name in mapped_as) else None
+        if mapped is not None:  # the model's first state: the file's own rows (q/k of llama files a copy)
+            if name in mapped_as:
+                mapped[name] = mapped_as[name](rows.reshape(int(t.shape[-2]), -1), keep_rows=True)
+            elif table == "rows":
+                mapped[name] = GGMLRows(gf.raw(t.name).reshape(int(t.shape[-2]), -1), t.tensor_type, tuple(t.shape))
         if name in fused:  # written into its rows of the fused matrix, which joins the state once complete
-            whole = fused[name].write(name, gf.rows(t.name, heads)[1])
+            whole = fused[name].write(name, rows)
             if whole is not None:
                 state[fused[name].name] = whole
         elif table == "rows":
@@ -134,7 +207,13 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
             state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
             if kept is not None:
                 release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
-        gf.release(t.name)  # copied or packed: the file's pages need not stay resident
+        if mapped is None:
+            gf.release(t.name)  # copied or packed: the file's pages need not stay resident
+        else:  # the model starts on these pages; the settling run lets them go with its layer
+            files.setdefault(_layer_key(t.name), []).append(t.name)
+            move_queue.mark(_layer_key(t.name))
+            if name not in mapped and name in state:
+                mapped[name] = state[name]  # norms, biases: no move, the same tensor
         done += t.nbytes
         if progress:
             progress((done - move_queue.pending()) / total)
@@ -162,4 +241,4 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
         if progress:
             progress((done - move_queue.pending()) / total)
     expected = list(dict.fromkeys(fused[n].name if n in fused else renamed.get(n, n) for n in expected))
-    return config, state, expected, unexpected, total
+    return config, state, expected, unexpected, total, mapped, files

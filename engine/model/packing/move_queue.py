@@ -11,6 +11,10 @@ its address ranges) are queued instead of run, as are the madvise(DONTNEED) rele
 (which must follow the moves that read them); anything else (rows copied to be unpermuted, tests, the
 safetensors loader) runs at once. `MoveQueue.run` then runs them in order. Destinations must not be read
 before it: the loader builds the matrices' objects around still-empty tensors and only reads them later.
+
+A load that starts on the mapped file (engine.model.settle) runs the queue later, in the background: `mark(key)`
+closes the moves queued since the last mark as one segment (one tensor's), and `segments()` gives them to run
+one by one with `run_segment`, so each finished part of the model can be used as soon as its bytes have moved.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class MoveQueue:
         self.length: list[int] = []
         self.nbytes = 0  # source bytes of the queued moves
         self.last = (0, 0)  # the last queued move's source (address, end)
+        self.marks: list[tuple[int, object]] = []  # (moves queued before it, key), in order
 
     def holds(self, t: torch.Tensor) -> bool:
         """Whether `t` is a contiguous view of a mapped file (its moves can wait: the map outlives the queue)."""
@@ -66,6 +71,29 @@ class MoveQueue:
         if kind != RELEASE:
             self.nbytes += src.numel() * src.element_size()
             self.last = (src.data_ptr(), src.data_ptr() + src.numel() * src.element_size())
+
+    def mark(self, key: object) -> None:
+        """Close the moves queued since the last mark as a segment named `key` (run_segment)."""
+        self.marks.append((len(self.kind), key))
+
+    def segments(self) -> list[tuple[int, int, object]]:
+        """(first move, end, key) of each marked segment, in order, then one for the moves after the last mark
+        (key None) where there are some."""
+        out, start = [], 0
+        for end, key in self.marks:
+            out.append((start, end, key))
+            start = end
+        if start < len(self.kind):
+            out.append((start, len(self.kind), None))
+        return out
+
+    def run_segment(self, start: int, end: int, solo: bool = False) -> None:
+        """Run moves [start, end) in one C++ call (leaving the GIL free); `solo`: on this thread alone. The queue
+        keeps its moves (run_segment is for a queue run piece by piece, then dropped)."""
+        if end > start:
+            cpu_ext.ops().run_moves(self.src[start:end], self.dst[start:end], self.scale[start:end],
+                                    self.minimum[start:end], self.kind[start:end], self.arg[start:end],
+                                    self.length[start:end], torch.zeros(1, dtype=torch.int64), solo)
 
     def run(self, report: Callable[[int], None] | None = None, started: Callable[[], None] | None = None) -> None:
         """Run the queued moves in one C++ call; `started()` first (the caller's other work can start: the call
@@ -112,6 +140,13 @@ def pending() -> int:
     """Source bytes of the active queue's moves (0 where none is active): a load's progress counts them once run."""
     q = _active.get()
     return 0 if q is None else q.nbytes
+
+
+def mark(key: object) -> None:
+    """MoveQueue.mark on the active queue (nothing where none is active)."""
+    q = _active.get()
+    if q is not None:
+        q.mark(key)
 
 
 def _queue_for(src: torch.Tensor) -> MoveQueue | None:

@@ -23,7 +23,8 @@ class SuperBlockLinear(PackedLinear):
     (kernels.packed.groupable), its rows regrouped 16 at a time in `qs` (kernels.packed's q4k16, q5k16, q6k16 and
     iq4xs16: the same bytes, the same bits, kernels without horizontal reductions); `grouped` says which. Give rows,
     or groups with grouped=True (the loader writes the file's rows straight into groups,
-    kernels.packed.group_superblocks).
+    kernels.packed.group_superblocks). keep_rows=True keeps given rows as they are, never copied into groups (a
+    model's first seconds on its mapped file, engine.model.settle: `qs` is then a view of the file).
     """
 
     format: str
@@ -31,7 +32,8 @@ class SuperBlockLinear(PackedLinear):
     QTYPE: GGMLQuantizationType
     GROUPS = False
 
-    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None, grouped: bool = False):
+    def __init__(self, qs: torch.Tensor, dense: torch.Tensor | None = None, grouped: bool = False,
+                 keep_rows: bool = False):
         n, row_bytes = qs.shape
         if grouped:
             n, row_bytes = n * GROUP_ROWS, row_bytes // GROUP_ROWS
@@ -41,7 +43,7 @@ class SuperBlockLinear(PackedLinear):
                              f"got {qs.dtype} {tuple(qs.shape)}")
         self.qs, self.grouped = qs.contiguous(), grouped
         super().__init__((n, row_bytes // self.BLOCK_BYTES * self.spec.values), dense)
-        if not grouped and self.GROUPS and groupable(n, self.spec.grouped_id):
+        if not grouped and not keep_rows and self.GROUPS and groupable(n, self.spec.grouped_id):
             groups = self.empty_groups(n, self.shape[1])
             group_superblocks(self.qs, groups, self.BLOCK_BYTES)
             self.qs, self.grouped = groups, True

@@ -1,0 +1,125 @@
+"""A loaded model's weights settling into their kernel layouts in the background, after it has started on the
+mapped file.
+
+Loading copies every weight of a GGUF out of the mapped file once: into the kernels' 16-row groups, q|k|v and
+gate|up fused (engine.model.packing). On a 1.3 GB Q6_K file that copy was ~0.45 s of a ~0.5 s load, page
+faults mostly, where llama.cpp maps the file and is ready in ~0.25 s. Where every packed matrix is in a format
+the kernels also read as the file stores it (the K-quants and IQ4 types: rows of the file's blocks), the load
+does not wait for it: the model starts on views of the mapped file (each matrix's rows; q|k|v and gate|up as
+parts, qlinear.PartsLinear), and a thread here then runs the load's queued moves (engine.model.packing.
+move_queue), one tensor at a time, on its own core share and at the lowest CPU priority so that a decode step
+beside it keeps its pace. As soon as all of a layer's tensors have moved the model takes that layer's settled
+weights (Model.adopt) and the file's pages under the old ones are let go (madvise DONTNEED: they stay in the
+page cache, the process stops holding them), so the file and its settled copy are never both resident beyond a
+layer. Last the all-layers decode stack is built over the settled layers and their buffers go onto 2 MB pages
+(engine.model.huge_pages).
+
+A step that runs meanwhile reads each layer as it finds it: the row kernels and the grouped ones give the same
+bits, and so do parts and the fused matrix (rows are independent), so nothing a user sees depends on when the
+weights settle, only how fast the first steps are (rows ~20 % slower than groups on a Q6_K file). The model is
+held weakly: one dropped meanwhile (a reload) stops the work and is freed. At exit the work stops after the
+tensor in hand (a daemon thread woken inside a C++ call while the interpreter finalizes aborts the process).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from . import huge_pages
+from .gguf.weights import Unmoved
+from .loader import ModelWeights
+
+log = logging.getLogger(__name__)
+
+
+class Model(Protocol):
+    """What settling needs of engine.model.model.Model (which imports this module)."""
+
+    def adopt(self, part: int | str, weights: ModelWeights) -> None: ...
+    def settled(self, adopted: bool = True) -> None: ...
+    def weight_storages(self) -> list[torch.UntypedStorage]: ...
+
+
+@dataclass
+class Settling:
+    """What a model started on its mapped file still has to take: its settled weights (built around tensors the
+    queued moves fill) and the load's unmoved bytes."""
+    weights: ModelWeights
+    unmoved: Unmoved
+
+
+_exiting = threading.Event()
+_threads: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    _exiting.set()
+    for th in list(_threads):
+        th.join(timeout=10)
+
+
+def in_background(model: Model, settling: Settling | None) -> threading.Thread | None:
+    """Start settling the model's weights (where it started on the mapped file) and then moving them onto 2 MB
+    pages, on a daemon thread; None where there is nothing to do."""
+    if settling is None and not huge_pages.wanted(model.weight_storages()):
+        return None
+    th = threading.Thread(target=_settle, args=(weakref.ref(model), settling), name="pagedeck-settle", daemon=True)
+    _threads.add(th)
+    th.start()
+    return th
+
+
+def _settle(ref: "weakref.ref[Model]", settling: Settling | None) -> None:
+    huge_pages.lowest_priority()
+    if settling is not None:
+        adopted = False
+        try:
+            adopted = _move(ref, settling)
+        except Exception:  # the model keeps running on the mapped file: slower, the same results
+            log.exception("the weights could not settle; the model stays on the mapped file")
+        finally:
+            model = ref()
+            if model is not None:
+                model.settled(adopted)
+            del model
+            # the file's pages go; the map itself goes with the last view of it (a step may still be reading
+            # the layers it started with: closing it here would pull the pages from under that step)
+            settling.unmoved.gguf.release()
+        if not adopted:
+            return
+    model = ref()
+    if model is None:
+        return
+    ranges = huge_pages.aligned_ranges(model.weight_storages())
+    del model  # collapsing never needs the model: a reload meanwhile frees it
+    huge_pages.collapse_wanted(ranges)
+
+
+def _move(ref: "weakref.ref[Model]", settling: Settling) -> bool:
+    """Run the moves tensor by tensor, handing the model each layer (and the embedding, head and norm) once its
+    tensors have all moved; False where the model was dropped on the way (or the process is exiting)."""
+    u = settling.unmoved
+    left = {key: len(names) for key, names in u.files.items()}
+    for start, end, key in u.moves.segments():
+        if ref() is None or _exiting.is_set():
+            return False
+        u.moves.run_segment(start, end, solo=True)
+        if key is None:
+            continue
+        left[key] -= 1
+        if left[key] == 0:
+            model = ref()
+            if model is None:
+                return False
+            model.adopt(key, settling.weights)
+            del model
+            for name in u.files[key]:
+                u.gguf.release(name)
+    return True

@@ -1,24 +1,24 @@
-"""A loaded model's weights settling into their kernel layouts in the background, after it has started on the
-mapped file.
+"""A loaded model's weights settling into their kernel layouts in the background, after it has started on the mapped
+file.
 
-Loading copies every weight of a GGUF out of the mapped file once: into the kernels' 16-row groups, q|k|v and
-gate|up fused (engine.model.packing). On a 1.3 GB Q6_K file that copy was ~0.45 s of a ~0.5 s load, page
-faults mostly, where llama.cpp maps the file and is ready in ~0.25 s. Where every packed matrix is in a format
-the kernels also read as the file stores it (the K-quants and IQ4 types: rows of the file's blocks), the load
-does not wait for it: the model starts on views of the mapped file (each matrix's rows; q|k|v and gate|up as
-parts, qlinear.PartsLinear), and a thread here then runs the load's queued moves (engine.model.packing.
-move_queue), one tensor at a time, on its own core share and at the lowest CPU priority so that a decode step
-beside it keeps its pace. As soon as all of a layer's tensors have moved the model takes that layer's settled
-weights (Model.adopt) and the file's pages under the old ones are let go (madvise DONTNEED: they stay in the
-page cache, the process stops holding them), so the file and its settled copy are never both resident beyond a
-layer. Last the all-layers decode stack is built over the settled layers and their buffers go onto 2 MB pages
-(engine.model.huge_pages).
+Copying every weight of a GGUF out of the mapped file into the kernels' layouts (16-row groups, q|k|v and gate|up
+fused: engine.model.packing) takes ~0.45 s of a 1.3 GB Q6_K file on two cores, page faults mostly, where llama.cpp
+maps the file and is ready in ~0.3 s. So where every packed matrix is in a format the kernels also read as the
+file stores it (the K-quants and IQ4 types: rows of the file's blocks), the load does not wait for it: the model
+starts on views of the mapped file (each matrix's rows; q|k|v and gate|up as parts, qlinear.PartsLinear), and a
+thread here then runs the load's queued moves (engine.model.packing.move_queue), one tensor at a time, on its own
+core share and at the lowest CPU priority so that a decode step beside it keeps its pace. As soon as all of a
+layer's tensors have moved the model takes that layer's settled weights (Model.adopt) and the file's pages under
+the old ones are let go (madvise DONTNEED: they stay in the page cache, the process stops holding them), so the
+file and its settled copy are never both resident beyond a layer. Last the all-layers decode stack is built over
+the settled layers and their buffers go onto 2 MB pages (engine.model.huge_pages).
 
 A step that runs meanwhile reads each layer as it finds it: the row kernels and the grouped ones give the same
 bits, and so do parts and the fused matrix (rows are independent), so nothing a user sees depends on when the
-weights settle, only how fast the first steps are (rows ~20 % slower than groups on a Q6_K file). The model is
-held weakly: one dropped meanwhile (a reload) stops the work and is freed. At exit the work stops after the
-tensor in hand (a daemon thread woken inside a C++ call while the interpreter finalizes aborts the process).
+weights settle, only how fast the first steps are (~15-25 % slower on a Q6_K file: rows, and the per-layer path
+until the all-layers decode stack is built). The model is held weakly: one dropped meanwhile (a reload) stops the
+work and is freed. At exit the work stops after the tensor in hand (a daemon thread woken inside a C++ call while
+the interpreter finalizes aborts the process).
 """
 from __future__ import annotations
 

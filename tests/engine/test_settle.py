@@ -147,12 +147,15 @@ def paced(monkeypatch, seconds: float) -> None:
 
 def test_steps_while_settling_give_the_settled_bits(path, monkeypatch):
     want = steps(settled_reference(path, monkeypatch), 2)
-    go = threading.Semaphore(0)  # one tensor's moves after each round of steps: every mix of layers is seen
+    # in lockstep: one tensor's moves (and the hand-over they complete) after each round of steps, so that the
+    # steps meet every mix of settled and unsettled layers
+    go, moved = threading.Semaphore(0), threading.Semaphore(0)
     real = MoveQueue.run_segment
 
     def run_segment(self, start, end, solo=False):
         go.acquire(timeout=30)
         real(self, start, end, solo)
+        moved.release()
 
     monkeypatch.setattr(MoveQueue, "run_segment", run_segment)
     model = Model.load(path, weights="packed")
@@ -162,6 +165,8 @@ def test_steps_while_settling_give_the_settled_bits(path, monkeypatch):
         seen.add(sum(isinstance(layer.gate_up, PartsLinear) for layer in model.layers))  # layers not yet settled
         assert all(torch.equal(a, b) for a, b in zip(steps(model, 2), want))
         go.release()
+        while not moved.acquire(timeout=0.05) and not model.settled_event.is_set():
+            pass
     assert set(range(1, len(model.layers) + 1)) <= seen, f"steps saw {sorted(seen)} layers unsettled"
     assert all(torch.equal(a, b) for a, b in zip(steps(model, 2), want))
 

@@ -1,6 +1,6 @@
 """`python -m engine bench-load MODEL [--weights auto] [--threads 2]`: what loading a model costs and how fast
-it decodes: resident memory (the mapped file's pages included) before, at the peak of and after loading and
-the weights' settling (sampled every 20 ms), against the file size; batch-1 decode step time against the
+it decodes: resident memory (the mapped file's pages included) once loaded, at the peak of loading, the weights'
+settling and the decode steps (sampled every 20 ms), and after them, against the file size; batch-1 decode step time against the
 weight-bandwidth roofline, once the weights have settled in the background (engine.model.settle: their kernel
 layouts, then 2 MB pages). One process, one model.
 
@@ -66,10 +66,6 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         mover.join()
         moved = f"; weights settled {time.perf_counter() - t:.1f} s later"
-    if not args.while_moving:
-        done.set()
-        sampler.join()
-    after = _rss_bytes()
     cache = PagedCache(model, max_tokens=512, page_size=256)
     prompt = list(range(100, 116))
     model.forward(Batch.build([(prompt, 0, [0, 1])], 256, [len(prompt)]), cache)
@@ -82,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     step = statistics.median(steps[len(steps) // 4:])
     done.set()
     sampler.join()
+    after = _rss_bytes()
     if args.while_moving:
         still = mover is not None and mover.is_alive()
         print(f"steps while moving ({'still moving after them' if still else 'the move done meanwhile'}): "
@@ -94,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
           f"loaded in {load_s:.1f} s{moved}, {torch.get_num_threads()} threads")
     print(f"decode: {step * 1e3:.1f} ms a step = {1 / step:.2f} tok/s; {weight_bytes / 1e6:.0f} MB of weights a token at "
           f"{bandwidth / 1e9:.1f} GB/s read bandwidth -> roofline {roofline:.2f} tok/s ({100 / step / roofline:.0f}% of it)")
-    what = "loading, settling and the steps" if args.while_moving else "loading and settling"
     print(f"resident memory (file pages included): +{(loaded - base) / 1e6:.0f} MB once loaded, +{(peak - base) / 1e6:.0f} "
-          f"MB at the peak of {what} ({(peak - base) / file_bytes:.2f}x the {file_bytes / 1e6:.0f} MB file), "
+          f"MB at the peak of loading, settling and {args.steps} decode steps ({(peak - base) / file_bytes:.2f}x the {file_bytes / 1e6:.0f} MB file), "
           f"+{(after - base) / 1e6:.0f} MB after ({(after - base) / file_bytes:.2f}x); "
           f"weights {model.memory_bytes() / 1e6:.0f} MB ({model.memory_bytes() / file_bytes:.2f}x; estimated before "
           f"loading: {estimate / 1e6:.0f} MB)")

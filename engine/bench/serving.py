@@ -243,7 +243,8 @@ def _bench(args: argparse.Namespace) -> int:
     if getattr(model, "settle_thread", None) is not None:  # its background work would slow what follows
         t = time.perf_counter()
         model.settle_thread.join()
-        log(f"pagedeck: weights settled in the background (kernel layouts, 2 MB pages) in {time.perf_counter() - t:.2f} s more")
+        log(f"pagedeck: weights settled in the background (kernel layouts, 2 MB pages) in "
+            f"{time.perf_counter() - t:.2f} s more")
     memory = _process_memory()  # settled: a model started on its mapped file holds its weights only now
     vocab = min(model.vocab_size, tokenizer.vocab_size)
     w = make_workload(args, vocab, tokenizer.special_token_ids | tokenizer.stop_token_ids, model.config.max_seq_len)
@@ -346,7 +347,8 @@ def format_table(setup: dict, engine: dict, peer: dict, ratio: dict) -> str:
         f"{', '.join(map(str, setup['read_bandwidth_readings_gb_s']))}), decode weights "
         f"{setup['decode_weight_bytes'] / 1e6:.0f} MB -> roofline {setup['roofline_tok_s']:.1f} tok/s"
         + (f" (dense weights: {setup['dense_roofline_tok_s']:.1f} tok/s)" if setup["weights"] != "dense" else ""),
-        f"memory once loaded and settled: weights {setup['weights_bytes'] / 1e6:.0f} MB, RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "
+        f"memory once loaded and settled: weights {setup['weights_bytes'] / 1e6:.0f} MB, "
+        f"RSS {setup.get('rss_bytes', 0) / 1e6:.0f} MB "
         f"(anonymous {setup.get('rss_anon_bytes', 0) / 1e6:.0f} MB), peak {setup['peak_rss_bytes'] / 1e6:.0f} MB; "
         f"file {setup['file_bytes'] / 1e6:.0f} MB",
         "",

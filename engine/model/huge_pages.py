@@ -7,8 +7,8 @@ but loading 2.5-3x slower in a VM, where each fresh 2 MB page is first populated
 `python -m engine bench-load`). So the loader writes plain pages and a background thread then asks the kernel
 to collapse each weight buffer's whole 2 MB ranges in place (MADV_COLLAPSE, Linux 6.1+), a few MB at a time,
 at the lowest CPU priority, so that it takes the time decode leaves idle (engine.model.settle runs it last,
-after the weights have settled); decode reads the same bytes before and after. PAGEDECK_HUGE_PAGES=0 turns it off (to compare); where the kernel lacks MADV_COLLAPSE the thread stops at
-the first refusal.
+after the weights have settled); decode reads the same bytes before and after. PAGEDECK_HUGE_PAGES=0 turns it
+off (to compare); where the kernel lacks MADV_COLLAPSE the thread stops at the first refusal.
 """
 from __future__ import annotations
 
@@ -131,15 +131,12 @@ def lowest_priority() -> None:
         pass
 
 
+def enabled() -> bool:
+    """Whether weights go onto 2 MB pages here: MADV_COLLAPSE callable, not turned off by PAGEDECK_HUGE_PAGES=0
+    (engine.model.settle collapses the settled weights' ranges where so)."""
+    return _madvise() is not None and envs.PAGEDECK_HUGE_PAGES
+
+
 def wanted(storages: list[torch.UntypedStorage]) -> bool:
-    """Whether collapsing these storages has anything to do here (2 MB ranges, MADV_COLLAPSE callable, not
-    turned off by PAGEDECK_HUGE_PAGES=0)."""
-    return bool(aligned_ranges(storages)) and _madvise() is not None and envs.PAGEDECK_HUGE_PAGES
-
-
-def collapse_wanted(ranges: list[tuple[int, int]]) -> Collapsed:
-    """collapse(ranges) unless PAGEDECK_HUGE_PAGES=0 or the call is missing (engine.model.settle calls it last,
-    on the settled weights)."""
-    if not ranges or _madvise() is None or not envs.PAGEDECK_HUGE_PAGES:
-        return Collapsed(0, 0)
-    return collapse(ranges)
+    """Whether collapsing these storages has anything to do: enabled, and 2 MB ranges among them."""
+    return enabled() and bool(aligned_ranges(storages))

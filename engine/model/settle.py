@@ -26,6 +26,7 @@ import atexit
 import logging
 import threading
 import weakref
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -97,29 +98,34 @@ def _settle(ref: "weakref.ref[Model]", settling: Settling | None) -> None:
     model = ref()
     if model is None:
         return
-    ranges = huge_pages.aligned_ranges(model.weight_storages())
+    storages = model.weight_storages()
     del model  # collapsing never needs the model: a reload meanwhile frees it
-    huge_pages.collapse_wanted(ranges)
+    if huge_pages.enabled():
+        huge_pages.collapse(huge_pages.aligned_ranges(storages))
 
 
 def _move(ref: "weakref.ref[Model]", settling: Settling) -> bool:
     """Run the moves tensor by tensor, handing the model each layer (and the embedding, head and norm) once its
     tensors have all moved; False where the model was dropped on the way (or the process is exiting)."""
     u = settling.unmoved
-    left = {key: len(names) for key, names in u.files.items()}
-    for start, end, key in u.moves.segments():
+    segments = u.moves.segments()  # each marked with (the part it belongs to, its GGUF tensor's name)
+    left = Counter(mark[0] for *_, mark in segments if mark is not None)
+    moved: dict[object, list[str]] = defaultdict(list)
+    for start, end, mark in segments:
         if ref() is None or _exiting.is_set():
             return False
         u.moves.run_segment(start, end, solo=True)
-        if key is None:
+        if mark is None:
             continue
-        left[key] -= 1
-        if left[key] == 0:
+        part, name = mark
+        moved[part].append(name)
+        left[part] -= 1
+        if left[part] == 0:
             model = ref()
             if model is None:
                 return False
-            model.adopt(key, settling.weights)
+            model.adopt(part, settling.weights)
             del model
-            for name in u.files[key]:
+            for name in moved.pop(part):
                 u.gguf.release(name)
     return True

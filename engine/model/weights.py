@@ -21,7 +21,8 @@ from engine.model.safetensors_weights import load_hf_folder
 from engine.model.tensor_names import expected_tensor_names, tensor_shapes
 
 __all__ = ["DEFAULT_MODEL_FILE", "GGUFFile", "GGUFTensorInfo", "SkippedArray", "default_model_path",
-           "expected_tensor_names", "hf_name", "load_checkpoint", "load_weights", "release_freed_memory", "tensor_shapes"]
+           "expected_tensor_names", "hf_name", "load_checkpoint", "load_weights", "release_freed_memory",
+           "tensor_shapes"]
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 Progress = Callable[[float], None] | None

@@ -189,7 +189,7 @@ def test_moves_and_collapse_run_at_the_lowest_priority(path, monkeypatch):
         real(self, start, end, solo)
 
     monkeypatch.setattr(MoveQueue, "run_segment", run_segment)
-    monkeypatch.setattr(huge_pages, "collapse_wanted", lambda ranges: seen["collapse"].add(nice()))
+    monkeypatch.setattr(huge_pages, "collapse", lambda ranges: seen["collapse"].add(nice()))
     ours = nice()
     model = Model.load(path, weights="packed")
     model.settle_thread.join(timeout=60)

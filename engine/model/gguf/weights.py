@@ -77,12 +77,12 @@ def _check_types(path: Path, tensors: list[GGUFTensorInfo]) -> None:
 
 class Unmoved:
     """A load whose byte moves have not run (engine.model.settle runs them): the queue, its segments marked per
-    tensor with the layer it belongs to (its index, or "global" for the embedding, head and final norm), the
-    file, and `mapped`: the state as views of the file (the kernel formats that read the file's blocks as
-    stored, in rows), for the model to start on."""
+    tensor with (the layer it belongs to: its index, or "global" for the embedding, head and final norm; the
+    tensor's GGUF name), the file, and `mapped`: the state as views of the file (the kernel formats that read
+    the file's blocks as stored, in rows), for the model to start on."""
 
-    def __init__(self, moves: move_queue.MoveQueue, gguf: GGUFFile, mapped: dict, files: dict[object, list[str]]):
-        self.moves, self.gguf, self.mapped, self.files = moves, gguf, mapped, files
+    def __init__(self, moves: move_queue.MoveQueue, gguf: GGUFFile, mapped: dict):
+        self.moves, self.gguf, self.mapped = moves, gguf, mapped
 
 
 def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Progress, fmt: str = "dense",
@@ -95,14 +95,14 @@ def load_gguf(path: Path, dtype: torch.dtype, device: torch.device, progress: Pr
     run."""
     gf = GGUFFile(path, header_only=True)  # the config needs only the vocabulary's length
     with move_queue.deferring(gf.spans()) as moves:
-        config, state, expected, unexpected, total, mapped, files = _read_tensors(gf, path, dtype, device, progress,
-                                                                                fmt, start_mapped)
+        config, state, expected, unexpected, total, mapped = _read_tensors(gf, path, dtype, device, progress, fmt,
+                                                                         start_mapped)
         check_names(path, expected, state, unexpected)
         check_shapes(path, config, state)
         if mapped is not None:
             if moving is not None:
                 moving()
-            return config, state, Unmoved(moves, gf, mapped, files)
+            return config, state, Unmoved(moves, gf, mapped)
         queued = moves.nbytes
         moves.run(None if progress is None else lambda moved: progress((total - queued + moved) / total), moving)
     gf.close()  # nothing loaded views the file: unmap it
@@ -178,7 +178,6 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
     if mapped_as is not None and not _fusion_reads_nothing(mapped_as, fused):
         mapped_as = None
     mapped: dict | None = None if mapped_as is None else {}
-    files: dict[object, list[str]] = {}  # layer key -> its GGUF tensors (marks of the move queue)
     pairs = moe.gguf_gate_up_pairs([t.name for t, _ in stacks], config)  # gate's stack -> up's
     renamed: dict[str, str] = {}  # experts' gate and up names -> their fused [gate | up]'s, where written so
     done = 0
@@ -210,8 +209,7 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
         if mapped is None:
             gf.release(t.name)  # copied or packed: the file's pages need not stay resident
         else:  # the model starts on these pages; the settling run lets them go with its layer
-            files.setdefault(_layer_key(t.name), []).append(t.name)
-            move_queue.mark(_layer_key(t.name))
+            move_queue.mark((_layer_key(t.name), t.name))
             if name not in mapped and name in state:
                 mapped[name] = state[name]  # norms, biases: no move, the same tensor
         done += t.nbytes
@@ -241,4 +239,4 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
         if progress:
             progress((done - move_queue.pending()) / total)
     expected = list(dict.fromkeys(fused[n].name if n in fused else renamed.get(n, n) for n in expected))
-    return config, state, expected, unexpected, total, mapped, files
+    return config, state, expected, unexpected, total, mapped

@@ -17,8 +17,8 @@ class PartsLinear(PackedLinear):
     q|k|v): each part multiplies with its own kernel and the outputs are joined. The group reads the file's
     own bytes; as one q8 matrix (the rule where prompt rows keep dense weights, cat_packed) it would read ~1.8x
     as many a token and need re-quantizing at load. `blocks` is every part's (qs, d, m) in order. A [gate | up]
-    in parts applies SwiGLU as the fused kernel's epilogue does (the same bits as the parts stacked into one
-    matrix of their format)."""
+    in parts applies SwiGLU as the fused kernel's epilogue does (apply_act: the same bits as the parts stacked
+    into one matrix of their format)."""
 
     format = "parts"
 
@@ -46,12 +46,7 @@ class PartsLinear(PackedLinear):
         return [i for p in self.parts for i in p.kernel_ids]
 
     def __call__(self, x: torch.Tensor, act: str | None = None) -> torch.Tensor:
-        y = torch.cat([p(x) for p in self.parts], dim=-1)
-        ops = cpu_ext.ops()
-        if act == "swiglu" and ops is not None:  # the fused kernel's own epilogue: its bits
-            out = ops.silu_mul(y.reshape(-1, y.shape[-1]))
-            return out.view(*y.shape[:-1], out.shape[-1])
-        return apply_act(y, act)
+        return apply_act(torch.cat([p(x) for p in self.parts], dim=-1), act)
 
 
 def cat_packed(parts: list[PackedLinear], consume: bool = False) -> PackedLinear:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels
-from kernels import formats
+from kernels import cpu_ext, formats
 from kernels.packed import qmatmul
 
 from .dense_weights import dense_product
@@ -22,8 +22,16 @@ def tile_rows(k: int) -> int:
 
 
 def apply_act(y: torch.Tensor, act: str | None) -> torch.Tensor:
-    """The fused epilogue done apart: silu(gate) * up of a [gate | up] output with act="swiglu"."""
-    return kernels.silu_mul(y) if act == "swiglu" else y
+    """The fused epilogue done apart: silu(gate) * up of a [gate | up] output with act="swiglu", through the
+    kernel's own function where the CPU kernels run (so a [gate | up] held in parts, or given a bias, gets the
+    bits the fused matrix's epilogue gives), else kernels.silu_mul."""
+    if act != "swiglu":
+        return y
+    ops = cpu_ext.ops()
+    if ops is None or y.device.type != "cpu" or y.dtype != torch.float32:
+        return kernels.silu_mul(y)
+    out = ops.silu_mul(y.reshape(-1, y.shape[-1]))
+    return out.view(*y.shape[:-1], out.shape[-1])
 
 
 class PackedLinear:
@@ -104,9 +112,7 @@ class PackedLinear:
         x2 = x if x.dim() == 2 else x.reshape(-1, self.shape[1])  # the decode path: lean, it runs ~120 times a step
         y = qmatmul(x2, self.blocks, self.kernel_id, act)
         if y is None:
-            y = self._fallback(x2)
-            if act == "swiglu":
-                y = kernels.silu_mul(y)
+            y = apply_act(self._fallback(x2), act)
         return y if x.dim() == 2 else y.view(*lead, y.shape[-1])
 
 

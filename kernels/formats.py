@@ -10,7 +10,9 @@ A packed (N, K) matrix is `blocks` = (qs, d, m) (kernels.packed) in one of the f
 - `kernel_id`: the C++ kernels' id of the format in rows (qmatmul.cpp dispatches on it; kernels/cpu/formats.h
   is generated from this table), `grouped_id`: its id with rows regrouped GROUP_ROWS at a time (the same bits,
   a layout the decode or GEMM tiles read without horizontal reductions or panel unpacking), None where the
-  format has no grouped layout.
+  format has no grouped layout;
+- `start_only`: a layout a model only starts on (its mapped file's blocks read as stored, engine.model.settle)
+  while they move into the layout of the type's holder, with the holder's bits; never what a load keeps.
 
 A matrix's kernel id travels beside its blocks (PackedLinear.kernel_id) into every C++ call, and the C++ checks
 the tensors' shapes against the layout that id names: a new layout whose rows have another's byte count is
@@ -41,6 +43,7 @@ class Format:
     code_bytes: int
     scales: int
     grouped_id: int | None = None
+    start_only: bool = False
 
     @property
     def block_bytes(self) -> int:
@@ -80,12 +83,20 @@ IQ4NL = Format("iq4nl", 8, {"IQ4_NL": 0}, GROUP, 18, 0)  # fp16 d + 32 codes int
 IQ4XS = Format("iq4xs", 9, {"IQ4_XS": 0}, SUPER, 136, 0, grouped_id=13)  # fp16 d, eight 6-bit scales, 256 codes (IQ4_NL's table)
 # Q4_K with a plane of fifth bits, read by q4k's kernels through its layout (kernels/cpu/kquant.h, q4k.h)
 Q5K = Format("q5k", 10, {"Q5_K": 0}, SUPER, 176, 0, grouped_id=12)
+# Q8_0's blocks as stored (fp16 d + 32 int8 codes), read by the lookup-table family's kernels with q8's bits
+Q8S = Format("q8s", 14, {"Q8_0": 0}, GROUP, 34, 0, start_only=True)
+# Q5_0's blocks as stored (fp16 d, 32 fifth bits, 16 nibble bytes), read by q5's kernels with q5's bits
+Q5S = Format("q5s", 15, {"Q5_0": 0}, GROUP, 22, 0, start_only=True)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K)}
+FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K, Q8S, Q5S)}
 REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, Q3_K, IQ2_XS, F16, ...) becomes this one
-HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() for t in f.exact}  # GGUF type name -> its format
+# GGUF type name -> the format a load keeps it in
+HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only for t in f.exact}
+# GGUF type name -> the start-only format reading its blocks as stored, where its holder repacks them
+STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
-              "iq4xs": "kIQ4XS", "q5k": "kQ5K"}
+              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S",
+              "q5s": "kQ5S"}
 _CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16"}
 
 

@@ -110,7 +110,7 @@ def load(plan: LoadPlan, progress: Callable[[float], None] | None = None,
     with loading_heap():
         config, state, unmoved = load_checkpoint(plan.path, dtype=plan.dtype, device="cpu", progress=progress,
                                                  fmt=plan.fmt, moving=moving, start_mapped=plan.device.type == "cpu")
-        built = build(config, state, plan.device, plan.dtype, plan.fmt)
+        built = build(config, state, plan.device, plan.dtype, plan.fmt, moved=unmoved is None)
         del state
         first = None
         if unmoved is not None:
@@ -125,11 +125,12 @@ def load(plan: LoadPlan, progress: Callable[[float], None] | None = None,
 
 
 def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype, fmt: str = "dense",
-          keep_parts: bool = False) -> ModelWeights:
+          keep_parts: bool = False, moved: bool = True) -> ModelWeights:
     """The weights of an HF-named state dict (tensors, or PackedLinear matrices kept packed in format `fmt`);
     the q/k/v and gate/up entries are removed from `w` once fused (they would otherwise be held twice while
     loading). `keep_parts`: packed q|k|v and gate|up stay their parts, never copied (PartsLinear: a model started
-    on its mapped file, engine.model.settle)."""
+    on its mapped file, engine.model.settle). `moved=False`: the state's bytes are still to be moved in (the
+    settled weights of such a model), so nothing is read: the head is grouped when it is adopted (group_head)."""
     c = config
 
     def get(name: str) -> torch.Tensor:
@@ -204,6 +205,13 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
         lm_head = kernels.pad_embedding(head)  # a copy where the vocabulary is padded
         if head is embed and lm_head is not head:  # tied: the embedding is a view of the padded head, not a second table
             embed = lm_head[: embed.shape[0]]
-    if isinstance(lm_head, Q8Linear) and not lm_head.prompt_dense:
-        lm_head.group()  # its 8-row calls (8 chats) then read it with no panels to unpack (kernels/cpu/q8.h)
+    if moved:
+        group_head(lm_head)
     return ModelWeights(embed, lm_head, norm, layers, weight_format)
+
+
+def group_head(lm_head) -> None:
+    """A q8 output head's rows regrouped in place (its 8-row calls, 8 chats, then read it with no panels to
+    unpack: kernels/cpu/q8.h); after its bytes have moved, as regrouping reads them."""
+    if isinstance(lm_head, Q8Linear) and not lm_head.prompt_dense:
+        lm_head.group()

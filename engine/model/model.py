@@ -119,6 +119,7 @@ class Model:
         same values in another layout (engine.model.settle hands them over as they settle). A step running
         meanwhile reads each layer either way."""
         if part == "global":
+            loader.group_head(weights.lm_head)  # its bytes have moved now
             self.embed, self.lm_head, self.norm = weights.embed, weights.lm_head, weights.norm
         else:
             self.layers[part] = weights.layers[part]

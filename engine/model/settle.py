@@ -4,7 +4,8 @@ file.
 Copying every weight of a GGUF out of the mapped file into the kernels' layouts (16-row groups, q|k|v and gate|up
 fused: engine.model.packing) takes ~0.45 s of a 1.3 GB Q6_K file on two cores, page faults mostly, where llama.cpp
 maps the file and is ready in ~0.3 s. So where every packed matrix is in a format the kernels also read as the
-file stores it (the K-quants and IQ4 types: rows of the file's blocks), the load does not wait for it: the model
+file stores it (the K-quants and IQ4 types; Q8_0 and Q5_0 through the start-only formats q8s and q5s, which give
+q8's and q5's bits: rows of the file's blocks), the load does not wait for it: the model
 starts on views of the mapped file (each matrix's rows; q|k|v and gate|up as parts, qlinear.PartsLinear), and a
 thread here then runs the load's queued moves (engine.model.packing.move_queue), one tensor at a time, on its own
 core share and at the lowest CPU priority so that a decode step beside it keeps its pace. As soon as all of a

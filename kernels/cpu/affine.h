@@ -140,4 +140,37 @@ inline void unpack_block16(const uint8_t* qs, int64_t nb, int64_t n0, int64_t j,
 #endif
 
 }  // namespace q5
+
+// q5s: GGUF Q5_0 blocks as the file stores them, what a model reads while its mapped file's Q5_0 blocks move
+// into q5's layout (engine.model.settle): 22 bytes a block, fp16 d, 32 fifth bits (bit i: weight i), 16 nibble
+// bytes (q4's order). Read by q5's kernels with m = -16 d, the minimum q5 stores for Q5_0 (exact), so its
+// products have q5's bits.
+namespace q5s {
+
+constexpr int64_t kBytes = 22;
+
+inline uint32_t fifth_bits(const uint8_t* block) {
+  uint32_t h;
+  std::memcpy(&h, block + 2, 4);
+  return h;
+}
+
+inline float scale(const uint8_t* block) {
+  uint16_t d;
+  std::memcpy(&d, block, 2);
+  return half_to_float(d);
+}
+
+// code i (0..31) of a block
+inline int code(const uint8_t* block, int i) {
+  const uint8_t b = block[6 + (i & 15)];
+  return (i < 16 ? (b & 15) : (b >> 4)) | (int)((fifth_bits(block) >> i) & 1) << 4;
+}
+
+#ifdef PD_AVX2
+// the 32 codes of a block, in weight order
+inline __m256i codes(const uint8_t* block) { return _mm256_or_si256(q4::codes(block + 6), q5::spread(fifth_bits(block))); }
+#endif
+
+}  // namespace q5s
 }  // namespace pagedeck

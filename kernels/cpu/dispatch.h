@@ -39,6 +39,8 @@ static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                   formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
                   formats::kLayouts[formats::kIQ4XS].code_bytes == lut4::Iq4xs::kBytes &&
                   formats::kLayouts[formats::kIQ4XS].values == lut4::Iq4xs::kValues &&
+                  formats::kLayouts[formats::kQ8S].code_bytes == lut4::Q8s::kBytes &&
+                  formats::kLayouts[formats::kQ5S].code_bytes == q5s::kBytes &&
                   formats::kLayouts[formats::kQ5K].code_bytes == q4k::Q5K::kBytes &&
                   formats::kLayouts[formats::kQ5K].values == q4k::kSuper,
               "kernels/formats.py and the format headers disagree: regenerate formats.h (python -m kernels.formats)");
@@ -62,12 +64,14 @@ void with_format(formats::Format f, Fn&& fn) {
     case kQ6K16: return fn(std::integral_constant<int, kQ6K16>{});
     case kQ5K16: return fn(std::integral_constant<int, kQ5K16>{});
     case kIQ4XS16: return fn(std::integral_constant<int, kIQ4XS16>{});
+    case kQ8S: return fn(std::integral_constant<int, kQ8S>{});
+    case kQ5S: return fn(std::integral_constant<int, kQ5S>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
 // The activations a format's per-row kernel reads: Q8_K per 256 (the q4k family: quantize_k), per 32 in q4's
-// paired layout (q4, q5), or per 32 in natural order (q6 and q6k16, q8, the lut4 family: quantize_rows without
+// paired layout (q4, q5, q5s), or per 32 in natural order (q6 and q6k16, q8, the lut4 family: quantize_rows without
 // pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
 constexpr int kRowActKinds = 3;
@@ -75,7 +79,7 @@ constexpr int kRowActKinds = 3;
 constexpr RowActs row_acts(int F) {
   using namespace formats;
   if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16) return RowActs::kPer256;
-  return F == kQ4 || F == kQ5 ? RowActs::kPaired : RowActs::kNatural;
+  return F == kQ4 || F == kQ5 || F == kQ5S ? RowActs::kPaired : RowActs::kNatural;
 }
 
 // Whether format F has per-row kernels (weight_row, or the grouped formats' 16-row groups): q8g has only GEMM

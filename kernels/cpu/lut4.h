@@ -1,21 +1,25 @@
-// The 4-bit lookup-table family: formats whose 4-bit codes are indices into a 16-entry table of int8 values,
-// one exact fp32 scale per 32 weights, kept as the file stores their blocks (the scales inside them):
+// The blocks-as-stored family: GGUF formats kept as the file stores their blocks, one exact fp32 scale per 32
+// weights inside them, whose values are int8 codes (looked up in a 16-entry table for the 4-bit ones):
 //   mxfp4 (GGUF MXFP4, gpt-oss's experts): 17 bytes a 32 weights: one E8M0 exponent byte e, 16 bytes of
 //     nibbles; w = kvalues_mxfp4[code] * 2^(e - 128) (the E2M1 values doubled, so the exponent is one lower:
 //     ggml's e8m0_to_fp32_half). The scale spans 2^-128..2^127, beyond fp16: it is kept as its byte.
 //   iq4nl (GGUF IQ4_NL): 18 bytes a 32 weights: fp16 d, 16 bytes of nibbles; w = d * kvalues_iq4nl[code].
 //   iq4xs (GGUF IQ4_XS): 136 bytes a 256 weights: fp16 d, 16 high and 32 low bits of eight 6-bit scales ls
 //     (one a 32 weights), 128 bytes of nibbles (16 a 32); w = d (ls - 32) * kvalues_iq4nl[code].
-// In every block of 32 the low nibbles of its 16 bytes are weights 0..15, the high ones 16..31 (q4's order).
-// Each block's scale is an exact fp32 value (a power of two; an fp16 value; an fp16 value times an integer
-// below 33 in magnitude), so the blocks hold the file's weights exactly.
+//   q8s (GGUF Q8_0 as stored): 34 bytes a 32 weights: fp16 d, 32 int8 codes q; w = d q. No table: the codes
+//     are the values. A model starts on it while its mapped file's Q8_0 blocks move into q8's layout
+//     (engine.model.settle); being q8's product on the same codes and scales, it gives q8's bits.
+// In every 4-bit block of 32 the low nibbles of its 16 bytes are weights 0..15, the high ones 16..31 (q4's
+// order). Each block's scale is an exact fp32 value (a power of two; an fp16 value; an fp16 value times an
+// integer below 33 in magnitude), so the blocks hold the file's weights exactly.
 //
-// The product is q8's (rows.h, qgemm.h): a code becomes its table value stored as u8 v + 128 by one vpshufb of
-// the table, then meets the int8 activations through q8::dot (dpbusd, taking 128 * sum(x) out once a block
-// with VNNI; |v| * sign(x, v) on AVX2); every block's integer sum is exact, and the float part is q8's
-// sequence: lane j % 8 of an accumulator takes fma(sum, d_w * d_x, acc) per block j, the result hsum(acc) +
-// hsum(0). The GEMM path fills q8's panel (codes u8 v + 128, dw the fp32 block scales) and runs q8's tiles,
-// which repeat that sequence, so prompt rows and decode rows give the same bits whatever the batch.
+// The product is q8's (rows.h, qgemm.h): a code becomes its value stored as u8 v + 128 (one vpshufb of the
+// table, or q8s's code with its top bit flipped), then meets the int8 activations through q8::dot (dpbusd,
+// taking 128 * sum(x) out once a block with VNNI; |v| * sign(x, v) on AVX2); every block's integer sum is
+// exact, and the float part is q8's sequence: lane j % 8 of an accumulator takes fma(sum, d_w * d_x, acc) per
+// block j, the result hsum(acc) + hsum(0). The GEMM path fills q8's panel (codes u8 v + 128, dw the fp32 block
+// scales) and runs q8's tiles, which repeat that sequence, so prompt rows and decode rows give the same bits
+// whatever the batch.
 #pragma once
 
 #include "activations.h"
@@ -52,6 +56,7 @@ inline float e8m0_half(uint8_t e) {
 // (j counts them along a row) the 16 nibble bytes and the exact fp32 scale.
 struct Mxfp4 {
   static constexpr int64_t kValues = 32, kBytes = 17;
+  static constexpr bool kNibbles = true;
   static constexpr const int8_t* kTable = kMxfp4;
   static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j * kBytes + 1; }
   static float scale(const uint8_t* row, int64_t j) { return e8m0_half(row[j * kBytes]); }
@@ -59,6 +64,7 @@ struct Mxfp4 {
 
 struct Iq4nl {
   static constexpr int64_t kValues = 32, kBytes = 18;
+  static constexpr bool kNibbles = true;
   static constexpr const int8_t* kTable = kIq4nl;
   static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j * kBytes + 2; }
   static float scale(const uint8_t* row, int64_t j) { return half_at(row + j * kBytes); }
@@ -66,6 +72,7 @@ struct Iq4nl {
 
 struct Iq4xs {
   static constexpr int64_t kValues = 256, kBytes = 136;
+  static constexpr bool kNibbles = true;
   static constexpr const int8_t* kTable = kIq4nl;
   static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j / 8 * kBytes + 8 + 16 * (j % 8); }
   static float scale(const uint8_t* row, int64_t j) {
@@ -76,6 +83,15 @@ struct Iq4xs {
     const int ls = ((sb[4 + b / 2] >> (4 * (b % 2))) & 0x0F) | (((high >> (2 * b)) & 3) << 4);
     return half_at(sb) * (float)(ls - 32);
   }
+};
+
+// Q8_0's blocks as stored: no table, block j's 32 int8 codes after its fp16 scale
+struct Q8s {
+  static constexpr int64_t kValues = 32, kBytes = 34;
+  static constexpr bool kNibbles = false;
+  static constexpr const int8_t* kTable = nullptr;
+  static const uint8_t* codes(const uint8_t* row, int64_t j) { return row + j * kBytes + 2; }
+  static float scale(const uint8_t* row, int64_t j) { return half_at(row + j * kBytes); }
 };
 
 // The family's member of format id F (formats.h); void for the other formats
@@ -95,23 +111,35 @@ template <>
 struct Of<formats::kIQ4XS> {
   using type = Iq4xs;
 };
+template <>
+struct Of<formats::kQ8S> {
+  using type = Q8s;
+};
 template <int F>
 constexpr bool kIs = !std::is_void<typename Of<F>::type>::value;
 
-// code i (0..15) of block j of a row
+// the int8 value of weight i (0..31) of block j of a row
 template <class B>
-inline int code(const uint8_t* row, int64_t j, int i) {
-  const uint8_t b = B::nibbles(row, j)[i & 15];
-  return i < 16 ? (b & 15) : (b >> 4);
+inline int value(const uint8_t* row, int64_t j, int i) {
+  if constexpr (!B::kNibbles) {
+    return (int8_t)B::codes(row, j)[i];
+  } else {
+    const uint8_t b = B::nibbles(row, j)[i & 15];
+    return B::kTable[i < 16 ? (b & 15) : (b >> 4)];
+  }
 }
 
 #ifdef PD_AVX2
-// the table as u8 v + 128 in both 128-bit lanes (vpshufb's lookup)
+// the table as u8 v + 128 in both 128-bit lanes (vpshufb's lookup; unused by q8s)
 template <class B>
 inline __m256i table() {
-  alignas(16) uint8_t t[16];
-  for (int i = 0; i < 16; ++i) t[i] = (uint8_t)(B::kTable[i] + 128);
-  return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)t));
+  if constexpr (!B::kNibbles) {
+    return _mm256_setzero_si256();
+  } else {
+    alignas(16) uint8_t t[16];
+    for (int i = 0; i < 16; ++i) t[i] = (uint8_t)(B::kTable[i] + 128);
+    return _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)t));
+  }
 }
 
 // the 32 table values (u8 v + 128) of the 16 nibble bytes at p, in weight order
@@ -120,6 +148,16 @@ inline __m256i values(const uint8_t* p, __m256i tab) {
   const __m128i raw = _mm_loadu_si128((const __m128i*)p);
   const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
   return _mm256_shuffle_epi8(tab, idx);
+}
+
+// the 32 values (u8 v + 128) of block j of a row, in weight order
+template <class B>
+inline __m256i block_values(const uint8_t* row, int64_t j, __m256i tab) {
+  if constexpr (!B::kNibbles) {
+    return _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)B::codes(row, j)), _mm256_set1_epi8((char)0x80));
+  } else {
+    return values(B::nibbles(row, j), tab);
+  }
 }
 
 // The fp32 scales of blocks j..j+7 (j a multiple of 8 for iq4xs: one super-block's), as B::scale gives them
@@ -159,10 +197,9 @@ struct Index64 {
   alignas(64) uint8_t b[64];
 };
 
-// The codes (u8 v + 128) of blocks j..j+7 into c[0..4) (two blocks a register, each 32 codes in weight order)
-// and their 8 fp32 scales.
+// group8 (below) of a 4-bit format: its nibbles looked up in its table
 template <class B>
-inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
+inline __m256 nibble_group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
   const __m512i low = _mm512_set1_epi8(0x0F);
 #ifdef PD_AVX512_VBMI
   if constexpr (B::kValues == 32) {
@@ -223,6 +260,23 @@ inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
   return scales8<B>(row, j);
 }
 
+// The codes (u8 v + 128) of blocks j..j+7 into c[0..4) (two blocks a register, each 32 codes in weight order)
+// and their 8 fp32 scales: q8s's codes with their top bits flipped, the 4-bit formats' through nibble_group8.
+template <class B>
+inline __m256 group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
+  if constexpr (!B::kNibbles) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    for (int h = 0; h < 4; ++h) {
+      const __m256i a = _mm256_loadu_si256((const __m256i*)B::codes(row, j + 2 * h));
+      const __m256i b = _mm256_loadu_si256((const __m256i*)B::codes(row, j + 2 * h + 1));
+      c[h] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), flip);
+    }
+    return scales8<B>(row, j);
+  } else {
+    return nibble_group8<B>(row, j, tab, c);
+  }
+}
+
 // per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: hadd's pattern on 512-bit registers
 inline __m512i hadd512(__m512i a, __m512i b) {
   const __m512 fa = _mm512_castsi512_ps(a), fb = _mm512_castsi512_ps(b);
@@ -248,7 +302,7 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
     const int len = (int)std::min<int64_t>(8, nb - j0);
     {  // the row streams kPrefetch bytes ahead
-      const char* q = (const char*)B::nibbles(row, j0) + kPrefetch;
+      const char* q = (const char*)row + j0 * kBlock / B::kValues * B::kBytes + kPrefetch;
       for (int64_t b = 0; b < 8 * 32 * B::kBytes / B::kValues; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
     }
 #ifdef PD_AVX512
@@ -270,7 +324,7 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
     }
 #endif
     __m256i c[8];
-    for (int k = 0; k < len; ++k) c[k] = values(B::nibbles(row, j0 + k), tab);
+    for (int k = 0; k < len; ++k) c[k] = block_values<B>(row, j0 + k, tab);
     __m256 dwv;
     if (len == 8) {
       dwv = scales8<B>(row, j0);
@@ -313,7 +367,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
     for (int64_t j = 0; j < nb; ++j) {
       __m256i r[8];
       for (int c = 0; c < 8; ++c)
-        r[c] = g + c < cols ? values(B::nibbles(qs + (n0 + g + c) * row_bytes, j), tab) : _mm256_setzero_si256();
+        r[c] = g + c < cols ? block_values<B>(qs + (n0 + g + c) * row_bytes, j, tab) : _mm256_setzero_si256();
       gemm::transpose8(r);
       int32_t* dst = p.codes.data() + j * 8 * kCols + g;
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
@@ -339,7 +393,7 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
     for (int64_t j = 0; j < nb; ++j) {
       const int8_t* x = a.q.data() + ((m0 + r) * nb + j) * kBlock;
       int32_t s = 0;
-      for (int i = 0; i < kBlock; ++i) s += B::kTable[code<B>(row, j, i)] * x[i];
+      for (int i = 0; i < kBlock; ++i) s += value<B>(row, j, i) * x[i];
       acc += (float)s * (B::scale(row, j) * a.d[(m0 + r) * a.nbp + j]);
     }
     out[r] = acc;

@@ -38,6 +38,7 @@ namespace gemm {
 
 using formats::kQ4;  // the formats' ids (formats.h, generated from kernels/formats.py)
 using formats::kQ5;
+using formats::kQ5S;
 using formats::kQ6;
 using formats::kQ8;
 constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
@@ -45,8 +46,8 @@ constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each
 // The panel of weight rows n0..n0+cols of format fmt (panel.h's layout), by the format's own unpacker
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
-  const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q6f = fmt == kQ6;
-  const float centre = q5::centre(q5f);
+  const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q6f = fmt == kQ6, q5s = fmt == kQ5S;  // q5s: its scales in its blocks
+  const float centre = q5::centre(q5f || q5s);
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
@@ -54,7 +55,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
   p.shi.assign(q6f ? nb * kCols : 0, 0);
   if (q6f) return q6::unpack_panel(qs, nb, n0, cols, p);
 #ifdef PD_AVX512
-  const bool fast = cols == kCols, q8f = fmt == kQ8;
+  const bool fast = cols == kCols && !q5s, q8f = fmt == kQ8;
   if (fast && q4)
     for (int64_t j = 0; j < nb; ++j) q4::unpack_block16(qs, nb, n0, j, p.codes.data() + j * 8 * kCols);
   if (fast && q8f)
@@ -76,6 +77,8 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
         const int64_t n = n0 + g + c;
         if (g + c >= cols) {
           r[c] = _mm256_setzero_si256();
+        } else if (q5s) {
+          r[c] = q5s::codes(qs + (n * nb + j) * q5s::kBytes);
         } else if (q5f) {
           r[c] = q5::codes(qs + n * nb * q5::kBytes, nb, j);
         } else if (q4) {
@@ -92,6 +95,12 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
   for (int c = 0; c < cols; ++c) {
     const int64_t n = n0 + c;
     for (int64_t j = scaled; j < nb; ++j) {
+      if (q5s) {  // m = -16 d, the minimum q5 stores for Q5_0
+        const float dw = q5s::scale(qs + (n * nb + j) * q5s::kBytes);
+        p.dw[j * kCols + c] = dw;
+        p.zw[j * kCols + c] = std::fma(centre, dw, -16.0f * dw);
+        continue;
+      }
       const float dw = half_to_float(d[n * nb + j]);
       p.dw[j * kCols + c] = dw;
       if (q4 || q5f) p.zw[j * kCols + c] = std::fma(centre, dw, half_to_float(m[n * nb + j]));

@@ -21,6 +21,10 @@
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
 //   mxfp4, iq4nl, iq4xs: GGUF MXFP4 / IQ4_NL / IQ4_XS blocks as the file stores them (lut4.h): 4-bit codes into a
 //       16-entry int8 table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
+//   q5s: GGUF Q5_0 blocks as the file stores them (affine.h; qs is (N, K / 32 * 22)), q5's kernels and bits:
+//       what a model reads while its mapped file's Q5_0 blocks move into q5's layout (engine.model.settle).
+//   q8s: GGUF Q8_0 blocks as the file stores them (lut4.h; qs is (N, K / 32 * 34)), q8's bits: what a model
+//       reads while its mapped file's Q8_0 blocks move into q8's layout (engine.model.settle).
 // Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
 // products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
@@ -35,7 +39,7 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs) with iq4xs16.h.
+// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs16.h.
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
@@ -76,6 +80,7 @@ using formats::kQ4K16;
 using formats::kQ5;
 using formats::kQ5K;
 using formats::kQ5K16;
+using formats::kQ5S;
 using formats::kIQ4XS16;
 using formats::kQ6;
 using formats::kQ6K16;
@@ -176,6 +181,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
   constexpr int G = Q4K                                        ? (int)gemm::kQ4
                     : F == kQ8G || lut4::kIs<F> || F == kIQ4XS16 ? (int)gemm::kQ8
                     : F == kQ6K16                                ? (int)kQ6
+                    : F == kQ5S                                  ? (int)kQ5
                                                                  : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
@@ -315,7 +321,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   if (q4k || q4k16 || f == kQ5K || f == kQ5K16) {  // activations per 256 (q4k.h)
     quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
-    quantize_rows(x.data_ptr<float>(), M, K, a, affine && !big, q6);
+    quantize_rows(x.data_ptr<float>(), M, K, a, row_acts(f) == RowActs::kPaired && !big, q6);
   }
   Weights w{(const uint8_t*)qs.data_ptr(), L.scales == 0 ? nullptr : (const uint16_t*)d.data_ptr(),
             affine ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};

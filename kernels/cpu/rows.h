@@ -1,8 +1,8 @@
-// The per-row (decode-sized) path of the per-32 formats q4, q5 and q8 (qmatmul.cpp's weight_row): one weight
-// row unpacked a pair of blocks at a time and met by up to 4 activation rows (dot_tile), every block's integer
-// dot product reduced exactly, then scaled. q4 and q5 are the affine nibble family (affine.h: w = d (q - c) + z,
-// z = m + c d against the exact block sums of x), q8 the symmetric one (q8.h: codes stored u8 = q + 128). The
-// K-quants' per-row kernels are q6.h's, q4k.h's and q4k16.h's.
+// The per-row (decode-sized) path of the per-32 formats q4, q5 (and q5s, Q5_0's blocks as stored) and q8
+// (qmatmul.cpp's weight_row): one weight row unpacked a pair of blocks at a time and met by up to 4 activation
+// rows (dot_tile), every block's integer dot product reduced exactly, then scaled. q4 and q5 are the affine
+// nibble family (affine.h: w = d (q - c) + z, z = m + c d against the exact block sums of x), q8 the symmetric
+// one (q8.h: codes stored u8 = q + 128). The K-quants' per-row kernels are q6.h's, q4k.h's and q4k16.h's.
 #pragma once
 
 #include "activations.h"
@@ -18,18 +18,21 @@ namespace rows {
 
 using formats::kQ4;
 using formats::kQ5;
+using formats::kQ5S;
 using formats::kQ8;
 
 struct Weights {
   const uint8_t* qs;
   const uint16_t* d;  // q4, q5, q8 and q8g
-  const uint16_t* m;  // q4 and q5
+  const uint16_t* m;  // q4 and q5 (q5s: inside its blocks, d with them)
   int64_t K, nb;
 };
 
-// the nibble formats: codes below 16 (q4) or 32 (q5), a minimum per block, products centred (qmatmul.cpp's top comment)
-constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5; }
-constexpr float centre(int F) { return q5::centre(F == kQ5); }
+// the nibble formats: codes below 16 (q4) or 32 (q5, q5s), a minimum per block, products centred (qmatmul.cpp's
+// top comment)
+constexpr bool nibbled(int F) { return F == kQ4 || F == kQ5 || F == kQ5S; }
+constexpr bool five_bit(int F) { return F == kQ5 || F == kQ5S; }
+constexpr float centre(int F) { return q5::centre(five_bit(F)); }
 
 #ifdef PD_AVX2
 // Scales are read 8 fp16 values at a time (isa.h's load_halfs); lanes past the row's end read the next row's
@@ -48,6 +51,17 @@ template <int F>
 inline Pair load_pair(const Weights& w, int64_t n, int64_t j, int64_t left) {
   const __m256i low = _mm256_set1_epi8(0x0F), zero = _mm256_setzero_si256();
   if (left <= 0) return {zero, zero, 0};
+  if (F == kQ5S) {  // the file's blocks: their nibbles and fifth bits put as q5's pair has them
+    const uint8_t* b = w.qs + (n * w.nb + j) * q5s::kBytes;
+    if (left >= 2) {
+      const uint8_t* b1 = b + q5s::kBytes;
+      const __m256i v = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)(b1 + 6)), _mm_loadu_si128((const __m128i*)(b + 6)));
+      const uint32_t h0 = q5s::fifth_bits(b), h1 = q5s::fifth_bits(b1);
+      return {_mm256_or_si256(_mm256_and_si256(v, low), q5::spread((h0 & 0xFFFF) | h1 << 16)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), q5::spread(h0 >> 16 | (h1 & 0xFFFF0000u))), 2};
+    }
+    return {q5s::codes(b), zero, 1};
+  }
   if (F == kQ5) {  // affine.h's q5 pair: 32 nibble bytes, then the fifth bits of the low and the high nibbles
     const uint8_t* p = w.qs + (n * w.nb + j) * q5::kBytes;
     if (left >= 2) {
@@ -98,15 +112,15 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
   for (int r = 0; r < MT; ++r)
     for (int c = 0; c < NT; ++c) acc[r][c] = mins[r][c] = _mm256_setzero_ps();
   const int64_t nb = w.nb;
-  const int64_t bpb = F == kQ5 ? q5::kBytes : Q4 ? 16 : 32;  // code bytes a block
+  const int64_t bpb = F == kQ5S ? q5s::kBytes : F == kQ5 ? q5::kBytes : Q4 ? 16 : 32;  // code bytes a block
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
     const int64_t len = std::min<int64_t>(8, nb - j0);
     {  // the weight streams kPrefetch bytes of codes ahead (on into the next rows)
       const char* q = (const char*)(w.qs + (n0 * nb + j0) * bpb) + kPrefetch;
       for (int64_t b = 0; b < 8 * bpb; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
       const int64_t ahead = kPrefetch / bpb;
-      _mm_prefetch((const char*)(w.d + n0 * nb + j0 + ahead), _MM_HINT_T0);
-      if (Q4) _mm_prefetch((const char*)(w.m + n0 * nb + j0 + ahead), _MM_HINT_T0);
+      if (F != kQ5S) _mm_prefetch((const char*)(w.d + n0 * nb + j0 + ahead), _MM_HINT_T0);
+      if (Q4 && F != kQ5S) _mm_prefetch((const char*)(w.m + n0 * nb + j0 + ahead), _MM_HINT_T0);
     }
     __m256i half[MT][NT], sums[MT][NT];
     for (int k = 0; k < 4; ++k) {
@@ -129,8 +143,17 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
     }
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int c = 0; c < NT; ++c) {
-      const __m256 dw = load_halfs(w.d + (n0 + c) * nb + j0);
-      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(centre(F)), dw, load_halfs(w.m + (n0 + c) * nb + j0)) : dw;
+      __m256 dw, m;
+      if constexpr (F == kQ5S) {  // the blocks' d (lanes past the row's end 0: they meet zero sums), m = -16 d
+        alignas(32) float t[8] = {};
+        for (int64_t k = 0; k < len; ++k) t[k] = q5s::scale(w.qs + ((n0 + c) * nb + j0 + k) * q5s::kBytes);
+        dw = _mm256_load_ps(t);
+        m = _mm256_mul_ps(dw, _mm256_set1_ps(-16.0f));
+      } else {
+        dw = load_halfs(w.d + (n0 + c) * nb + j0);
+        m = Q4 ? load_halfs(w.m + (n0 + c) * nb + j0) : dw;
+      }
+      const __m256 zw = Q4 ? _mm256_fmadd_ps(_mm256_set1_ps(centre(F)), dw, m) : dw;
       for (int r = 0; r < MT; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j0;
         __m256i exact = _mm256_permutevar8x32_epi32(sums[r][c], order);
@@ -140,7 +163,7 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         acc[r][c] = _mm256_fmadd_ps(blocks, _mm256_mul_ps(dw, _mm256_loadu_ps(a.d.data() + at)), acc[r][c]);
         if (Q4) {  // w = d (q - 8) + z: the block offset z meets the exact sum of x, the -8 d the int8 sum
           __m256 c8 = _mm256_loadu_ps(a.c.data() + at);  // 8 d_x isum; q5's 16 d_x isum is exactly twice it
-          if (F == kQ5) c8 = _mm256_add_ps(c8, c8);
+          if (five_bit(F)) c8 = _mm256_add_ps(c8, c8);
           mins[r][c] = _mm256_fmadd_ps(zw, _mm256_loadu_ps(a.s.data() + at), mins[r][c]);
           mins[r][c] = _mm256_fnmadd_ps(dw, c8, mins[r][c]);
         }
@@ -165,7 +188,9 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
         int32_t s = 0;
         for (int i = 0; i < kBlock; ++i) {
           int wq;
-          if (F == kQ5) {
+          if (F == kQ5S) {
+            wq = q5s::code(w.qs + (n * w.nb + j) * q5s::kBytes, i);
+          } else if (F == kQ5) {
             wq = q5::code(w.qs + n * w.nb * q5::kBytes, w.nb, j, i);
           } else if (Q4) {
             const uint8_t b = w.qs[(n * w.nb + j) * 16 + (i & 15)];
@@ -175,10 +200,12 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
           }
           s += wq * xq[i];
         }
-        const float dw = half_to_float(w.d[n * w.nb + j]);
+        const float dw = F == kQ5S ? q5s::scale(w.qs + (n * w.nb + j) * q5s::kBytes) : half_to_float(w.d[n * w.nb + j]);
         acc += (float)s * (dw * a.d[blk]);
-        if (Q4)
-          mins += (half_to_float(w.m[n * w.nb + j]) + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
+        if (Q4) {
+          const float m = F == kQ5S ? -16.0f * dw : half_to_float(w.m[n * w.nb + j]);
+          mins += (m + centre(F) * dw) * a.s[blk] - dw * a.c[blk] * (centre(F) / 8);
+        }
       }
       out[r * ldo + c] = acc + mins;
     }

@@ -18,6 +18,15 @@ from engine.model.gguf.file import GGUFFile
 from tools.models.synthetic_gguf import write_random_gguf
 
 
+def settled(model: Model) -> Model:
+    """The model once its weights have settled and its settling has ended (a model started on its mapped file,
+    engine.model.settle, holds views of the file until then): the layout the estimate describes."""
+    if model.settle_thread is not None:
+        model.settle_thread.join(120)
+    gc.collect()
+    return model
+
+
 def storages(model: Model) -> list[torch.UntypedStorage]:
     """Every storage behind the model's weights, once per weight object that holds it (so a table held by
     both the embedding and the head, if it were held twice, shows up twice)."""
@@ -56,7 +65,7 @@ def test_estimate_is_the_storage_loading_keeps(files, name, dense_copy, monkeypa
         monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
     path = files[name]
     est = memory.estimate_memory(path, weights="auto")
-    model = Model.load(path, weights="auto")
+    model = settled(Model.load(path, weights="auto"))
     actual = unique_bytes(model)
     assert abs(est.weights_bytes - actual) <= 0.1 * actual  # the promise; in fact byte for byte:
     assert est.weights_bytes == actual == model.memory_bytes()
@@ -70,7 +79,7 @@ def test_estimate_is_the_storage_loading_keeps(files, name, dense_copy, monkeypa
 @pytest.mark.parametrize("name", ["tied-q8_0", "tied-q4_0"])
 def test_tied_head_is_stored_once_and_serves_the_lookups(files, name, monkeypatch):
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
-    model = Model.load(files[name], weights="auto")
+    model = settled(Model.load(files[name], weights="auto"))
     assert model.embed is model.lm_head and isinstance(model.lm_head, PackedLinear)
     all_refs = storages(model)  # lists the embedding's parts and the head's: the same storages
     head_parts = [p for p in [*model.lm_head.blocks, model.lm_head.dense] if p is not None]
@@ -100,7 +109,7 @@ def test_untied_embedding_is_the_files_rows(files):
 def test_loaded_model_keeps_no_mapping_of_its_file(files, monkeypatch):
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
     path = files["untied-q4_k_m"]
-    model = Model.load(path, weights="auto")
+    model = settled(Model.load(path, weights="auto"))
     with open("/proc/self/maps") as f:
         assert str(path) not in f.read()
     assert model.memory_bytes() < 2 * path.stat().st_size  # no storage views the whole file
@@ -146,8 +155,7 @@ def test_loading_leaves_no_file_pages_and_no_second_copy_resident(files, tmp_pat
     size_kb = path.stat().st_size // 1024
     gc.collect()
     before = _rss_kb()
-    model = Model.load(path, weights="auto")
-    gc.collect()
+    model = settled(Model.load(path, weights="auto"))
     after = _rss_kb()
     assert after["file"] - before["file"] < 0.05 * size_kb  # the file's pages are not left resident
     weights_kb = model.memory_bytes() // 1024

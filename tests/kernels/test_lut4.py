@@ -1,7 +1,8 @@
-"""The 4-bit lookup-table formats (kernels/cpu/lut4.h): mxfp4 (GGUF MXFP4), iq4nl (IQ4_NL) and iq4xs (IQ4_XS) hold
-the file's weights exactly (gguf-py's own decoders, every exponent and scale), the kernel computes its stated
-arithmetic (table value times int8 activation, exact per block, times the block's scale), the GEMM path gives
-the per-row path's bits, rows never depend on the batch, and the narrower builds (AVX2 only; AVX-512 without VBMI) give the same bits."""
+"""The blocks-as-stored family (kernels/cpu/lut4.h): mxfp4 (GGUF MXFP4), iq4nl (IQ4_NL), iq4xs (IQ4_XS) and q8s
+(Q8_0 as stored) hold the file's weights exactly (gguf-py's own decoders, every exponent and scale), the kernel
+computes its stated arithmetic (table value or code times int8 activation, exact per block, times the block's
+scale), the GEMM path gives the per-row path's bits, rows never depend on the batch, q8s gives q8's bits, and
+the narrower builds (AVX2 only; AVX-512 without VBMI) give the same bits."""
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from engine.model.ggml_blocks import KVALUES_IQ4NL, KVALUES_MXFP4, e8m0_half, iq4_xs_scales
 from engine.model.packing import experts, repack
-from engine.model.qlinear import IQ4NLLinear, IQ4XSLinear, MXFP4Linear, PartsLinear, Q8Linear, cat_packed
+from engine.model.qlinear import IQ4NLLinear, IQ4XSLinear, MXFP4Linear, PartsLinear, Q8Linear, Q8SLinear, cat_packed
 from kernels import cpu_ext, formats
 from tests.kernels.test_cpu_kernels import (_has_vnni, assert_rows_independent, cpu_flags, quantized_activations,
                                              run_on_isa_build)
@@ -22,13 +23,14 @@ from tools.ggml_writers import quantize as quantize_ggml
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
-TYPES = {"mxfp4": Q.MXFP4, "iq4nl": Q.IQ4_NL, "iq4xs": Q.IQ4_XS}
-CLASSES = {"mxfp4": MXFP4Linear, "iq4nl": IQ4NLLinear, "iq4xs": IQ4XSLinear}
+TYPES = {"mxfp4": Q.MXFP4, "iq4nl": Q.IQ4_NL, "iq4xs": Q.IQ4_XS, "q8s": Q.Q8_0}
+CLASSES = {"mxfp4": MXFP4Linear, "iq4nl": IQ4NLLinear, "iq4xs": IQ4XSLinear, "q8s": Q8SLinear}
+HELD = [f for f in TYPES if not formats.get(f).start_only]  # the formats a load keeps
 
 
 def random_blocks(fmt: str, n: int, k: int, seed: int = 0, exponents: tuple[int, int] = (110, 135)) -> torch.Tensor:
     """(n, row bytes) of random block bytes (every code and sub-block scale) with scales in a finite range:
-    MXFP4 exponent bytes in `exponents`, IQ4 fp16 d of random signs and magnitudes around 1e-3."""
+    MXFP4 exponent bytes in `exponents`, IQ4 and Q8_0 fp16 d of random signs and magnitudes around 1e-3."""
     g = torch.Generator().manual_seed(seed)
     values, nbytes = GGML_QUANT_SIZES[TYPES[fmt]]
     raw = torch.randint(0, 256, (n * k // values, nbytes), generator=g, dtype=torch.uint8)
@@ -41,7 +43,7 @@ def random_blocks(fmt: str, n: int, k: int, seed: int = 0, exponents: tuple[int,
 
 
 def from_writer(fmt: str, n: int, k: int, seed: int = 0) -> torch.Tensor:
-    """Blocks of real weights: gguf-py's MXFP4 quantizer, tools.ggml_writers' IQ4 ones."""
+    """Blocks of real weights: gguf-py's MXFP4 and Q8_0 quantizers, tools.ggml_writers' IQ4 ones."""
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
     return torch.from_numpy(quantize_ggml(w, TYPES[fmt])).reshape(n, -1).clone()
 
@@ -51,6 +53,9 @@ def table_values_and_scales(w) -> tuple[torch.Tensor, torch.Tensor]:
     definition says (not through the decoders under test)."""
     n, k = w.shape
     raw = w.row_blocks().reshape(-1, w.spec.code_bytes)
+    if w.format == "q8s":  # no table: the int8 codes are the values
+        codes, scales = raw[:, 2:].contiguous().view(torch.int8).double(), raw[:, 0:2].contiguous().view(torch.float16)
+        return codes.view(n, k // 32, 32), scales.double().view(n, k // 32)
     if w.format == "iq4xs":
         nibbles, scales = raw[:, 8:].reshape(-1, 16), iq4_xs_scales(raw).reshape(-1)
     elif w.format == "iq4nl":
@@ -88,7 +93,8 @@ def test_the_blocks_hold_the_files_exact_weights(fmt):
     with np.errstate(over="ignore", invalid="ignore"):
         expected = torch.from_numpy(gguf_dequantize(raw.numpy(), qtype).reshape(64, k).copy())
     assert_same_bits(w.dequantize(), expected)
-    assert w.format == fmt and w.spec is formats.holding(qtype.name) and repack.decodes_exactly(qtype.name, fmt)
+    assert w.format == fmt and repack.decodes_exactly(qtype.name, fmt)
+    assert w.spec is (formats.STARTS_ON[qtype.name] if w.spec.start_only else formats.holding(qtype.name))
     ids = torch.tensor([5, 63, 5])
     assert_same_bits(w.embedding(ids), expected[ids])
 
@@ -104,7 +110,7 @@ def assert_same_bits(got: torch.Tensor, expected: torch.Tensor) -> None:
 @pytest.mark.parametrize("fmt", list(TYPES))
 def test_sizes_are_the_files(fmt):
     w = CLASSES[fmt](random_blocks(fmt, 24, 512, 2))
-    bits = {"mxfp4": 4.25, "iq4nl": 4.5, "iq4xs": 4.25}[fmt]
+    bits = {"mxfp4": 4.25, "iq4nl": 4.5, "iq4xs": 4.25, "q8s": 8.5}[fmt]
     assert w.nbytes() * 8 / w.numel() == bits
     assert w.nbytes() == repack.packed_nbytes(fmt, (24, 512)) == experts.storage_bytes(fmt, (24, 512))
     assert experts.storage_bytes(fmt, (3, 24, 512)) == 3 * w.nbytes()
@@ -129,14 +135,15 @@ def test_matmul_computes_its_stated_arithmetic(fmt, source, N, K, M):
 
 @pytest.mark.parametrize("fmt", list(TYPES))
 def test_extreme_codes_and_activations_sum_exactly(fmt):
-    """The table's largest magnitudes (IQ4's -127 and 113, MXFP4's +-12) against full-scale activations of one
-    sign and of mixed signs: AVX2's maddubs pairs (|v| * sign(x, v)) and VNNI's u8 v + 128 with 128 sum(x) taken
-    out must stay exact."""
+    """The table's largest magnitudes (IQ4's -127 and 113, MXFP4's +-12, Q8_0's -128 and 127) against full-scale
+    activations of one sign and of mixed signs: AVX2's maddubs pairs (|v| * sign(x, v)) and VNNI's u8 v + 128
+    with 128 sum(x) taken out must stay exact."""
     N, K = 6, 512
     qs = random_blocks(fmt, N, K, 3)
     raw = qs.view(-1, formats.get(fmt).code_bytes)
-    nib = {"mxfp4": slice(1, None), "iq4nl": slice(2, None), "iq4xs": slice(8, None)}[fmt]
-    lo, hi = (0x77, 0xFF) if fmt == "mxfp4" else (0x00, 0xFF)  # codes 7 / 15 (+-12), or 0 / 15 (-127, 113)
+    nib = {"mxfp4": slice(1, None), "iq4nl": slice(2, None), "iq4xs": slice(8, None), "q8s": slice(2, None)}[fmt]
+    # codes 7 / 15 (+-12), 0 / 15 (-127, 113), or Q8_0's -128 / 127
+    lo, hi = {"mxfp4": (0x77, 0xFF), "q8s": (0x80, 0x7F)}.get(fmt, (0x00, 0xFF))
     raw[0::2, nib] = lo
     raw[1::2, nib] = hi
     w = CLASSES[fmt](raw.reshape(N, -1))
@@ -187,7 +194,7 @@ def test_the_kernel_refuses_blocks_of_another_format():
         IQ4XSLinear(random_blocks("iq4nl", 4, 512))
 
 
-@pytest.mark.parametrize("fmt", list(TYPES))
+@pytest.mark.parametrize("fmt", HELD)
 def test_loader_keeps_the_files_blocks(fmt):
     """from_blocks (a 2-D matrix, or an expert stack one expert at a time) keeps the blocks as they are, in
     their own format: not re-quantized to q8, which took 8.5 bits a weight."""
@@ -205,6 +212,27 @@ def test_loader_keeps_the_files_blocks(fmt):
     assert type(fused) is CLASSES[fmt] and torch.equal(fused.row_blocks(), qs[:32])
     as_q8 = repack.from_blocks(qs[:16], qtype, (16, 512), "q8", keep_dense=False)
     assert isinstance(as_q8, Q8Linear) and got.nbytes() < 0.55 * as_q8.nbytes()
+
+
+@pytest.mark.parametrize("N,K,M", [(64, 1024, 1), (48, 512, 5), (64, 1024, 23), (40, 768, 130)])
+def test_q8s_gives_q8s_bits(N, K, M):
+    """Q8_0's blocks read as stored (what a model starts on) give the bits of the same blocks moved into q8's
+    layout (what it settles into: rows, or groups for an output head) for every row count, per-row and GEMM
+    paths, SwiGLU's epilogue too, so a step's logits never change as the layers settle."""
+    raw = torch.from_numpy(gguf_quantize(np.random.default_rng(N + M).standard_normal((N, K)).astype(np.float32) * 0.05,
+                                         Q.Q8_0)).reshape(N, -1)
+    stored = Q8SLinear(raw)
+    moved = repack.from_blocks(raw, Q.Q8_0, (N, K), keep_dense=False)
+    head = repack.from_blocks(raw, Q.Q8_0, (N, K), keep_dense=False)
+    assert moved.format == "q8" and not moved.grouped and head.group() == (N % 32 == 0)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 2
+    x[0, 3] = 30.0
+    for rows in ("1", "1000000"):
+        want = _call(moved, x, None, rows)
+        assert torch.equal(_call(stored, x, None, rows), want)
+        assert torch.equal(_call(stored, x, "swiglu", rows), _call(moved, x, "swiglu", rows))
+    assert torch.equal(stored(x), head(x))
+    assert torch.equal(stored.embedding(torch.tensor([0, N - 1])), moved.embedding(torch.tensor([0, N - 1])))
 
 
 def test_mixed_fused_parts_keep_their_formats():

@@ -2,7 +2,8 @@
 holds gguf's own decode of the file's blocks; its products are the stated arithmetic (q4's, centred at 16) to
 fp32 rounding, per-row and GEMM paths bit for bit, every row independent of the others, on both builds (VNNI
 and AVX2); the C++ just-in-time decode gives the same bits as the torch one; a file's Q5_0 matrices load as
-q5, fused gate|up included, and answer as the file's dense weights do."""
+q5, fused gate|up included, and answer as the file's dense weights do. q5s, Q5_0's blocks read as the file
+stores them (what a model starts on), gives q5's bits."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.model.packing import repack
-from engine.model.qlinear import Q5Linear, cat_packed
+from engine.model.qlinear import Q5Linear, Q5SLinear, cat_packed
 from kernels import cpu_ext
 from kernels.formats import Q5
 from kernels.packed import q5_codes, q5_pack
@@ -116,6 +117,27 @@ def test_swiglu_epilogue_and_fused_parts():
     g, u = both(x).chunk(2, dim=-1)
     torch.testing.assert_close(both(x, "swiglu"), F.silu(g) * u, rtol=1e-5, atol=1e-6)
     assert torch.equal(_call(both, x, "swiglu", "1"), _call(both, x, "swiglu", "1000000"))
+
+
+@pytest.mark.parametrize("N,K,M", [(64, 1056, 1), (37, 96, 3), (48, 640, 5), (64, 1056, 23), (40, 2048, 130)])
+def test_q5s_gives_q5s_bits(N, K, M):
+    """Q5_0's blocks read as stored (a model's start on its mapped file) give the bits of the same blocks moved
+    into q5's layout (what it settles into) for every row count, per-row and GEMM paths, pairs and an odd last
+    block (K 1056: 33 blocks), SwiGLU's epilogue too; and decode to gguf's own weights."""
+    g = torch.Generator().manual_seed(N + M)
+    raw = torch.from_numpy(quantize_ggml(torch.randn(N, K, generator=g) * 0.05, Q.Q5_0)).reshape(N, -1)
+    stored = Q5SLinear(raw)
+    moved = repack.from_blocks(raw, Q.Q5_0, (N, K), keep_dense=False)
+    assert isinstance(moved, Q5Linear) and stored.nbytes() == raw.numel()
+    x = torch.randn(M, K, generator=g) * 2
+    x[0, 3] = 30.0
+    for rows in ("1", "1000000"):
+        assert torch.equal(_call(stored, x, None, rows), _call(moved, x, None, rows))
+        if N % 2 == 0:
+            assert torch.equal(_call(stored, x, "swiglu", rows), _call(moved, x, "swiglu", rows))
+    exact = torch.from_numpy(gguf_dequantize(raw.numpy(), Q.Q5_0).reshape(N, K).astype(np.float32))
+    assert torch.equal(stored.dequantize(), exact)
+    assert torch.equal(stored.embedding(torch.tensor([0, N - 1])), moved.embedding(torch.tensor([0, N - 1])))
 
 
 def test_gemma_like_file_loads_q5_and_answers_as_its_dense_weights(tmp_path):

@@ -133,7 +133,8 @@ def _mapped_formats(todo: list, stacks: list, fmt: str, keep_dense: bool, tied: 
     """{HF name: the block class reading it as the file stores it} for every packed matrix of the walk, where
     the model can start on the mapped file: weights="packed" with the C++ kernels built, no dense prompt-row
     weights (PartsLinear parts keep none), no expert stacks, and every packed matrix in a format the kernels
-    read as the file's blocks (K-quants, IQ4). None otherwise (or under PAGEDECK_MAPPED_START=0)."""
+    read as the file's blocks (K-quants, IQ4, Q8_0 and Q5_0 through q8s and q5s). None otherwise (or under
+    PAGEDECK_MAPPED_START=0)."""
     if (not envs.PAGEDECK_MAPPED_START or fmt != "packed" or keep_dense or stacks or not packs
             or not cpu_ext.available()):
         return None
@@ -142,7 +143,7 @@ def _mapped_formats(todo: list, stacks: list, fmt: str, keep_dense: bool, tied: 
         table = repack.gguf_table(name, tied, packs)
         if table == "rows" or not (table == "head" or repack.keeps_packed(name, t.tensor_type.name, len(t.shape), fmt)):
             continue
-        cls = repack.block_class(repack.kernel_format(t.tensor_type.name, fmt))
+        cls = repack.start_class(t.tensor_type.name, fmt)
         if cls is None or len(t.shape) != 2 or t.shape[-1] % cls.spec.values:
             return None
         out[name] = cls

@@ -12,6 +12,8 @@ which type exactly; every other type becomes q8):
   * Q5_0, Q5_1 -> q5, exact (5 bits a weight and q4's scales: Q5_0's w = d(q - 16) is minimum -16d). As q8
     a Gemma-3-270M-like file's Q5_0 q/k/gate/up read 1.55x the bytes a token.
   * Q8_0 -> q8, exact.
+  (A model starting on its mapped file reads Q8_0 and Q5_0 as the file stores them until they have moved into
+  q8 and q5: start_class, the start-only formats q8s and q5s, with the same bits; engine.model.settle.)
   * Q6_K -> q6: the file's super-blocks as they are (exact, 6.56 bits a weight; as q8 they took 8.5, and a
     Q4_K_M file's output head and half its ffn_down are Q6_K).
   * MXFP4 -> mxfp4, IQ4_NL -> iq4nl, IQ4_XS -> iq4xs: the file's blocks as they are (exact; 4.25, 4.5 and
@@ -67,7 +69,7 @@ from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
 from ..qlinear import (LUT4_CLASSES, PackedLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear, SuperBlockLinear,
                        tile_rows)
-from ..qlinear.superblock import Q5KLinear
+from ..qlinear.superblock import Q5KLinear, Q5SLinear
 
 PACKED_FORMATS = ("packed", "q8")
 DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 270M Gemma-3-like file (1.07 GB) over
@@ -80,6 +82,7 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
              "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
              "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
 _SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear}  # K-quants kept as the file's super-blocks
+_STARTS = {"q5s": Q5SLinear}  # start-only formats outside the lookup-table family (kernels.formats.STARTS_ON)
 # a GGUF's 3-D expert stacks (experts, rows, cols): packed one expert at a time (engine.model.packing.experts)
 EXPERT_STACKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 # parts fused into one matrix by the model (HF and llama.cpp names), so they share one kernel format
@@ -131,6 +134,15 @@ def block_class(kind: str) -> type[SuperBlockLinear] | None:
     """The class that keeps kernel format `kind` as the file's own blocks (K-quant super-blocks, the 4-bit
     lookup-table formats), or None where the format is repacked (q4, q5, q8)."""
     return _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind)
+
+
+def start_class(dtype: str, fmt: str) -> type[SuperBlockLinear] | None:
+    """The class a model starting on its mapped file reads a stored type's blocks with, as the file stores
+    them: its kernel format's own where that keeps them so, else the start-only format reading them with the
+    holder's bits (Q8_0: q8s, Q5_0: q5s; kernels.formats.STARTS_ON); None where no kernel reads them as stored."""
+    cls = block_class(kernel_format(dtype, fmt))
+    start = formats.STARTS_ON.get(dtype) if fmt == "packed" else None
+    return cls if cls is not None or start is None else block_class(start.name) or _STARTS[start.name]
 
 
 def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False) -> dict[str, str]:

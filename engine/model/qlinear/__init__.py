@@ -9,8 +9,8 @@ Without pagedeck's CPU kernels q4 falls back to torch's int4 kernel (bf16 activa
 rows.
 
 Its modules: packed_linear (PackedLinear, the interface, and stacking rows), one per format family as the C++
-kernels have them (affine: q4 and q5; q8: q8 and its grouped rows; superblock: q6 and q4k; lut4: mxfp4, iq4nl
-and iq4xs, 4-bit codes into a table), fusion (fused
+kernels have them (affine: q4 and q5; q8: q8 and its grouped rows; superblock: q6, q4k, q5k and q5s, Q5_0's blocks as stored; lut4: mxfp4, iq4nl
+and iq4xs, 4-bit codes into a table, and q8s, Q8_0's blocks as stored), fusion (fused
 q|k|v and gate|up at load: cat_packed, PartsLinear), routing (a step's rows to their weights: RowSplit,
 linear) and dense_weights (prompt rows through the exact dense weights: dense_product).
 
@@ -34,13 +34,13 @@ from __future__ import annotations
 from .affine import AffineLinear, Q4Linear, Q5Linear
 from .dense_weights import TILE_ROWS, dense_product
 from .fusion import PartsLinear, cat_packed
-from .lut4 import LUT4_CLASSES, IQ4NLLinear, IQ4XSLinear, Lut4Linear, MXFP4Linear
+from .lut4 import LUT4_CLASSES, IQ4NLLinear, IQ4XSLinear, Lut4Linear, MXFP4Linear, Q8SLinear
 from .packed_linear import TILE_WEIGHTS, PackedLinear, tile_rows
 from .q8 import Q8Linear
 from .routing import RowSplit, linear
-from .superblock import Q4KLinear, Q6Linear, SuperBlockLinear
+from .superblock import Q4KLinear, Q5SLinear, Q6Linear, SuperBlockLinear
 
 __all__ = ["AffineLinear", "IQ4NLLinear", "IQ4XSLinear", "LUT4_CLASSES", "Lut4Linear", "MXFP4Linear", "PackedLinear",
-           "PartsLinear", "Q4KLinear", "Q4Linear", "Q5Linear", "Q6Linear", "Q8Linear",
+           "PartsLinear", "Q4KLinear", "Q4Linear", "Q5Linear", "Q5SLinear", "Q6Linear", "Q8Linear", "Q8SLinear",
            "RowSplit", "SuperBlockLinear", "TILE_ROWS", "TILE_WEIGHTS", "cat_packed", "dense_product", "linear",
            "tile_rows"]

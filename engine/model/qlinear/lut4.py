@@ -1,6 +1,7 @@
-"""The 4-bit lookup-table formats kept as the file stores them: mxfp4 (GGUF MXFP4, gpt-oss's experts), iq4nl
-(GGUF IQ4_NL) and iq4xs (GGUF IQ4_XS): 4-bit codes into a 16-entry table, one exact scale per 32 weights inside
-the blocks (kernels/cpu/lut4.h is the C++ family's)."""
+"""The blocks-as-stored formats whose values are int8 codes: the 4-bit lookup-table ones, mxfp4 (GGUF MXFP4,
+gpt-oss's experts), iq4nl (GGUF IQ4_NL) and iq4xs (GGUF IQ4_XS), 4-bit codes into a 16-entry table, and q8s
+(GGUF Q8_0 as stored, what a model starts on before its Q8_0 blocks move into q8's layout); one exact scale per 32
+weights inside the blocks (kernels/cpu/lut4.h is the C++ family's)."""
 from __future__ import annotations
 
 import torch
@@ -50,4 +51,15 @@ class IQ4XSLinear(Lut4Linear):
     GROUPS = True
 
 
-LUT4_CLASSES: dict[str, type[Lut4Linear]] = {c.format: c for c in (MXFP4Linear, IQ4NLLinear, IQ4XSLinear)}
+class Q8SLinear(Lut4Linear):
+    """GGUF Q8_0 blocks as the file stores them: w = d * q, fp16 d and 32 int8 codes q a 32 weights. A model on
+    its mapped file reads these (keep_rows, views of the file) until settling has moved them into q8's layout
+    (Q8Linear: codes + 128, scales apart), whose bits these kernels give (kernels/cpu/lut4.h)."""
+
+    spec = formats.Q8S
+    format = spec.name
+    BLOCK_BYTES = spec.code_bytes
+    QTYPE = GGMLQuantizationType.Q8_0
+
+
+LUT4_CLASSES: dict[str, type[Lut4Linear]] = {c.format: c for c in (MXFP4Linear, IQ4NLLinear, IQ4XSLinear, Q8SLinear)}

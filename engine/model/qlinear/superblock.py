@@ -1,5 +1,6 @@
 """The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K) and q5k (GGUF Q5_K), each in
-rows or regrouped 16 at a time."""
+rows or regrouped 16 at a time; and q5s, GGUF Q5_0's blocks as stored, what a model starts on before they move
+into q5's layout."""
 from __future__ import annotations
 
 import torch
@@ -133,3 +134,16 @@ class Q5KLinear(SuperBlockLinear):
     BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.Q5_K
     GROUPS = True
+
+
+class Q5SLinear(SuperBlockLinear):
+    """GGUF Q5_0 blocks as the file stores them: w = d * (q - 16), fp16 d, 32 fifth bits and 16 nibble bytes a 32
+    weights. A model on its mapped file reads these (keep_rows, views of the file) until settling has moved them
+    into q5's layout (Q5Linear: pairs of blocks, scales apart); q5's kernels read them with m = -16 d, so with
+    q5's bits (kernels/cpu/affine.h)."""
+
+    spec = formats.Q5S
+    format = spec.name
+    BLOCK_BYTES = spec.code_bytes
+    QTYPE = GGMLQuantizationType.Q5_0
+

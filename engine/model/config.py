@@ -503,9 +503,8 @@ def attention_fuses(c: ModelConfig) -> bool:
 
 
 def decode_layers_fit(c: ModelConfig) -> bool:
-    """Whether the CPU kernels' all-layers decode (kernels/cpu/decode.cpp) serves this architecture: the plain
-    one, q/k norms allowed (no sandwich norms, GeGLU, soft-capped scores, sliding windows, partial or scaled
-    rotary)."""
-    return not (c.sandwich_norm or c.hidden_act != "silu" or c.attn_softcap
-                or c.sliding_rope_theta is not None or c.rope_attention_factor != 1.0
-                or c.rotary_dims != c.head_dim or any(c.layer_window(i) for i in range(c.num_layers)))
+    """Whether the CPU kernels' all-layers decode (kernels/cpu/decode.cpp) serves this architecture: SwiGLU or
+    GeGLU MLPs, q/k norms, sandwich norms, sliding windows with their own rotary base, soft-capped scores
+    allowed; not partial or scaled rotary (LongRoPE)."""
+    return (c.hidden_act in ("silu", "gelu_tanh") and c.rope_attention_factor == 1.0
+            and c.rotary_dims == c.head_dim)

@@ -241,11 +241,17 @@ class Model:
         # 32-token follow-up took 2.7 s on 4 layers of a 7B-shaped file, measured), the kernels are 4-90x
         # faster below ~300 rows, and a row still takes one path whatever its chunk.
         rows = RowSplit.of_batch(batch.prompt_rows, batch.cu_q) if packed and self.prompt_dense else None
-        stack = self.decode_stack if plan.fused and plan.short and lora is None else None
+        # (image rows attend both ways within their run in Gemma 3: the per-layer path's attention does that)
+        stack = self.decode_stack if plan.fused and plan.short and lora is None and not batch.mm_blocks else None
         if stack is not None and (rows is None or rows.prompt_rows is None):  # of_batch: no prompt rows -> None
             # every row packed, every chunk short: all layers in one call, the same kernels as _layers
-            x, residual = kernels.decode_layers(x, *stack, cache.k, cache.v, batch.slot_mapping, batch.block_table,
-                                                batch.cu_q, batch.kv_lens, c.num_heads, self.scale, eps, plan)
+            sliding = rotary.sliding_inv_freq
+            x, residual = kernels.decode_layers(
+                x, *stack, cache.k, cache.v, batch.slot_mapping, batch.block_table, batch.cu_q, batch.kv_lens,
+                c.num_heads, self.scale, eps, plan, rotary=plan.rotary_tables(rotary.inv_freq, rotary.attention_factor),
+                sliding_rotary=None if sliding is None else plan.rotary_tables(sliding, rotary.attention_factor),
+                windows=[layer.window for layer in self.layers], sliding=[layer.sliding_rope for layer in self.layers],
+                gate="geglu" if c.hidden_act == "gelu_tanh" else "swiglu", softcap=c.attn_softcap)
         else:
             x, residual = self._layers(x, batch, cache, plan, rotary, rows, lora, packed)
         x = (x + residual).index_select(0, batch.logit_rows)
@@ -278,14 +284,14 @@ class Model:
             if lora is not None:
                 lora.add(i, "o", o, x)
             if layer.attn_out_norm is not None:
-                x = kernels.rms_norm(x, layer.attn_out_norm, eps)[0]
+                x = kernels.rms_norm(x, layer.attn_out_norm, eps, fast=packed)[0]
             h, residual = kernels.rms_norm(x, layer.post_norm, eps, residual, packed)
             if layer.moe is not None:  # a mixture of experts (LoRA adapters never target it: engine.model.lora)
                 x = layer.moe(h, rows)
             else:
                 x = self._mlp(i, layer, h, rows, lora, swiglu)
             if layer.mlp_out_norm is not None:
-                x = kernels.rms_norm(x, layer.mlp_out_norm, eps)[0]
+                x = kernels.rms_norm(x, layer.mlp_out_norm, eps, fast=packed)[0]
         return x, residual
 
     def _mlp(self, i: int, layer: Layer, h: torch.Tensor, rows: RowSplit | None, lora: "LoRAApply | None",
@@ -365,16 +371,18 @@ _NONE = torch.empty(0)
 
 def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:
     """kernels.decode_layers' weight list, part counts and parts' kernel ids, or None where a layer has what it
-    doesn't do (a dense projection, an o bias, sinks, a gate|up in several formats). A q|k|v bias (Qwen2) and
-    per-head q/k norms (Qwen3) ride along, an empty tensor where there is none."""
+    doesn't do (a dense projection, an o bias, sinks, a gate|up in several formats). A q|k|v bias (Qwen2),
+    per-head q/k norms (Qwen3, Gemma 3) and the norms of the attention's and the MLP's output (Gemma) ride
+    along, an empty tensor where there is none."""
     stack, parts, ids = [], [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
         if (isinstance(layer.gate_up, PartsLinear) or layer.o_bias is not None or layer.sinks is not None
                 or not all(isinstance(w, PackedLinear) for w in weights)):
             return None
-        stack += [layer.input_norm, layer.post_norm] + [_NONE if t is None else t.float().contiguous()
-                                                         for t in (layer.qkv_bias, layer.q_norm, layer.k_norm)]
+        stack += [layer.input_norm, layer.post_norm] + [
+            _NONE if t is None else t.float().contiguous()
+            for t in (layer.qkv_bias, layer.q_norm, layer.k_norm, layer.attn_out_norm, layer.mlp_out_norm)]
         for w in weights:
             stack += kernels.packed.stack_entry(w.blocks)
             parts.append(len(w.parts) if isinstance(w, PartsLinear) else 1)

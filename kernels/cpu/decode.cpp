@@ -1,10 +1,13 @@
 // Every decoder layer of a decode-sized step in one call: RMSNorm, q|k|v, rotary + K/V write + attention, o,
-// RMSNorm, gate|up with SwiGLU, down, for all layers, without going back to Python between the ~7 kernels of a
-// layer (at batch 1 that dispatch was ~1 ms of a ~9 ms step). The same kernel functions as the per-op path,
-// called in the same order, so both paths give the same bits. A matrix made of parts in different formats (a
-// Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied by its own
-// kernel and the outputs joined, as engine.model.qlinear.PartsLinear does. A q|k|v bias (Qwen2) is added to the
-// joined output as the per-op path adds it; per-head q/k norms (Qwen3) go to the attention call as there.
+// RMSNorm, gate|up with SwiGLU or GeGLU, down, for all layers, without going back to Python between the ~7
+// kernels of a layer (at batch 1 that dispatch was ~1 ms of a ~9 ms step). The same kernel functions as the
+// per-op path, called in the same order, so both paths give the same bits. A matrix made of parts in different
+// formats (a Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied
+// by its own kernel and the outputs joined, as engine.model.qlinear.PartsLinear does. A q|k|v bias (Qwen2) is
+// added to the joined output as the per-op path adds it; per-head q/k norms (Qwen3, Gemma 3) go to the
+// attention call as there. Gemma's layers: a norm after the attention's and the MLP's output (sandwich norms),
+// GeGLU (the gate's tanh GELU times up, by the same ATen ops as the per-op path's), a sliding window per layer
+// and the sliding layers' own rotary tables.
 #include "common.h"
 #include "ops.h"
 
@@ -17,10 +20,16 @@
 namespace pagedeck {
 namespace {
 
-// per layer: input_norm, post_norm, the q|k|v bias, q_norm and k_norm (each empty: none), then (qs, d, m) of
-// each part of kMatrices matrices: qkv, o, gate_up, down; beside them each part's format id (formats.h), in the
-// same order
-constexpr int64_t kMatrices = 4, kLayerTensors = 5;
+// per layer: input_norm, post_norm, the q|k|v bias, q_norm, k_norm, the attention output's and the MLP output's
+// norms (each empty: none), then (qs, d, m) of each part of kMatrices matrices: qkv, o, gate_up, down; beside
+// them each part's format id (formats.h), in the same order
+constexpr int64_t kMatrices = 4, kLayerTensors = 7;
+enum Gate : int64_t { kSwiGLU = 1, kGeGLU = 2 };
+
+// norm(x) * weight, where the layer has the norm (a non-empty weight)
+at::Tensor norm_if(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return weight.numel() ? std::get<0>(rms_norm(x, weight, eps, c10::nullopt)) : x;
+}
 
 c10::optional<at::Tensor> given(const at::Tensor& t) {  // an empty tensor stands for none (q8 weights' minimums too)
   return t.numel() ? c10::optional<at::Tensor>(t) : c10::nullopt;
@@ -38,14 +47,18 @@ at::Tensor project(const at::Tensor& x, const at::Tensor* w, const int64_t* fmt,
 
 std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::TensorList weights, at::TensorList k_pools,
                                                  at::TensorList v_pools, const at::Tensor& cos, const at::Tensor& sin,
+                                                 const at::Tensor& sliding_cos, const at::Tensor& sliding_sin,
                                                  const at::Tensor& slot_mapping, const at::Tensor& block_table,
                                                  const at::Tensor& cu_q, const at::Tensor& kv_lens,
-                                                 at::IntArrayRef parts, at::IntArrayRef fmts, int64_t Hq,
-                                                 double scale, double eps,
-                                                 int64_t max_q) {
+                                                 at::IntArrayRef parts, at::IntArrayRef fmts, at::IntArrayRef windows,
+                                                 at::IntArrayRef sliding, int64_t Hq, double scale, double eps,
+                                                 int64_t gate, double softcap, int64_t max_q) {
   const int64_t L = (int64_t)k_pools.size();
   TORCH_CHECK(L > 0 && (int64_t)parts.size() == L * kMatrices && (int64_t)v_pools.size() == L,
               "decode_layers wants ", kMatrices, " part counts and a K and V pool per layer");
+  TORCH_CHECK((int64_t)windows.size() == L && (int64_t)sliding.size() == L,
+              "decode_layers wants a window and a rotary choice per layer");
+  TORCH_CHECK(gate == kSwiGLU || gate == kGeGLU, "decode_layers' gate is 1 (SwiGLU) or 2 (GeGLU), got ", gate);
   int64_t total = 0;
   for (int64_t i = 0; i < L * kMatrices; ++i) {
     TORCH_CHECK(parts[i] >= 1 && (parts[i] == 1 || i % kMatrices != 2), "gate_up must be one part (its SwiGLU)");
@@ -70,12 +83,22 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
     auto [h, sum] = rms_norm(x, w[0], eps, residual);
     at::Tensor qkv = project(h, qkv_w, qkv_f, n[0], 0);
     if (w[2].numel()) qkv = qkv + w[2];
-    auto [o, q] = attend(qkv, k_pools[l], v_pools[l], cos, sin, slot_mapping, block_table, cu_q, kv_lens, Hq, scale,
-                         max_q, c10::nullopt, given(w[3]), given(w[4]), eps);
-    x = project(o, o_w, o_f, n[1], 0);
+    const bool own_rope = sliding[l] != 0;
+    auto [o, q] = attend(qkv, k_pools[l], v_pools[l], own_rope ? sliding_cos : cos, own_rope ? sliding_sin : sin,
+                         slot_mapping, block_table, cu_q, kv_lens, Hq, scale, max_q, c10::nullopt, given(w[3]),
+                         given(w[4]), eps, windows[l], softcap);
+    x = norm_if(project(o, o_w, o_f, n[1], 0), w[5], eps);
     auto [h2, sum2] = rms_norm(x, w[1], eps, sum);
     residual = sum2;
-    x = project(project(h2, gate_up_w, gate_up_f, n[2], 1), down_w, down_f, n[3], 0);
+    at::Tensor a;
+    if (gate == kSwiGLU) {
+      a = project(h2, gate_up_w, gate_up_f, n[2], 1);
+    } else {  // kernels/reference.py's gelu_tanh_mul, op for op
+      const at::Tensor gu = project(h2, gate_up_w, gate_up_f, n[2], 0);
+      const int64_t I = gu.size(1) / 2;
+      a = at::gelu(gu.narrow(1, 0, I), "tanh") * gu.narrow(1, I, I);
+    }
+    x = norm_if(project(a, down_w, down_f, n[3], 0), w[6], eps);
     w = down_w + 3 * n[3];
     fmt = down_f + n[3];
   }
@@ -97,9 +120,9 @@ int64_t parallel_threads() {
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("parallel_threads() -> int", &parallel_threads);
   lib.def("decode_layers(Tensor x, Tensor[] weights, Tensor(a!)[] k_pools, Tensor(b!)[] v_pools, Tensor cos, "
-          "Tensor sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, Tensor kv_lens, int[] parts, "
-          "int[] formats, int Hq, "
-          "float scale, float eps, int max_q) -> (Tensor, Tensor)",
+          "Tensor sin, Tensor sliding_cos, Tensor sliding_sin, Tensor slot_mapping, Tensor block_table, Tensor cu_q, "
+          "Tensor kv_lens, int[] parts, int[] formats, int[] windows, int[] sliding, int Hq, "
+          "float scale, float eps, int gate, float softcap, int max_q) -> (Tensor, Tensor)",
           &decode_layers);
 }
 

@@ -52,15 +52,19 @@ def test_parts_keeping_dense_prompt_rows_still_become_one_format():
         PartsLinear([q, v])
 
 
-@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0", "qwen2-Q4_K_M", "qwen3-Q4_K_M"])
+@pytest.fixture(scope="module", params=["Q4_K_M", "Q4_0", "qwen2-Q4_K_M", "qwen3-Q4_K_M", "gemma2-Q4_K_M",
+                                        "gemma3-Q4_K_M"])
 def path(tmp_path_factory, request):
     folder = tmp_path_factory.mktemp(f"parts-{request.param}")
-    if request.param.startswith("qwen"):  # q|k|v biases (Qwen2) or q/k norms (Qwen3); 2 layers, layer 1's q|k|v mixed
+    # q|k|v biases (Qwen2) or q/k norms (Qwen3); 2 layers, layer 1's q|k|v mixed. Gemma: sandwich norms, GeGLU,
+    # sliding windows (shorter than the test's context), soft caps (2), q/k norms and the sliding layers' own
+    # rotary base (3)
+    if request.param.startswith(("qwen", "gemma")):
         from tests.tiny_models import WIDE, q4_k_m, write_tiny_gguf, write_tiny_model
 
         arch = request.param.split("-")[0]
-        hf = write_tiny_model(folder / "hf", arch, tie=False, tokenizer=False, vocab_size=512, weight_std=0.125,
-                              **WIDE)
+        hf = write_tiny_model(folder / "hf", arch, tie=arch.startswith("gemma"), tokenizer=False, vocab_size=512,
+                              weight_std=0.125, **WIDE)
         return write_tiny_gguf(hf, folder / f"{arch}.gguf", q4_k_m, tokenizer=False)
     # 8 layers of llama.cpp's Q4_K_M recipe: attn_v is Q6_K in layers 0, 3, 6 and 7 (mixed q|k|v)
     return write_random_gguf(folder / "m.gguf", "tiny-256", 8, request.param)
@@ -75,22 +79,38 @@ def test_one_call_decode_gives_the_per_layer_bits(path, monkeypatch):
         assert mixed == [False, True] and all(layer.qkv_bias is not None for layer in model.layers)
     elif path.name == "qwen3.gguf":  # and the per-head q/k norms
         assert mixed == [False, True] and all(layer.q_norm is not None for layer in model.layers)
+    elif path.name.startswith("gemma"):  # and the sandwich norms, windows, soft caps, the sliding layers' rotary
+        assert all(layer.attn_out_norm is not None and layer.mlp_out_norm is not None for layer in model.layers)
+        assert any(layer.window for layer in model.layers) and any(not layer.window for layer in model.layers)
+        assert model.config.hidden_act == "gelu_tanh"
+        if path.name == "gemma3.gguf":
+            assert any(layer.sliding_rope for layer in model.layers) and model.config.attn_softcap is None
+        else:
+            assert model.config.attn_softcap
     else:
         assert mixed == ([i in (0, 3, 6, 7) for i in range(8)] if "Q4_K_M" in str(path) else [False] * 8)
     stack, parts, ids = model.decode_stack
     assert parts == [n for m in mixed for n in ([3, 1, 1, 1] if m else [1, 1, 1, 1])]
 
+    calls = []
+    real = kernels.decode_layers
+    monkeypatch.setattr(kernels, "decode_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+
     def decode(one_call: bool) -> list[torch.Tensor]:
         if not one_call:
             model.decode_stack = None
-        cache, ids, out = PagedCache(model, max_tokens=64, page_size=16), list(range(3, 12)), []
-        model.forward(Batch.build([(ids, 0, [0])], 16, [len(ids)]), cache)
+        cache, ids, out = PagedCache(model, max_tokens=64, page_size=16), list(range(3, 30)), []  # past windows of 16
+        model.forward(Batch.build([(ids, 0, [0, 1])], 16, [len(ids)]), cache)
         for step in range(4):
             at = len(ids) + step
-            out.append(model.forward(Batch.build([([20 + step], at, [0])], 16, [1], prompt_seqs=[False]), cache))
+            out.append(model.forward(Batch.build([([20 + step], at, [0, 1])], 16, [1], prompt_seqs=[False]),
+                                     cache))
         return out
 
-    one, per_layer = decode(True), decode(False)
+    one = decode(True)
+    assert len(calls) == 4, "the steps did not take the one-call decode"
+    per_layer = decode(False)
+    assert len(calls) == 4
     model.decode_stack = (stack, parts, ids)
     assert all(torch.equal(a, b) for a, b in zip(one, per_layer))
     if mixed[0]:  # a stack whose counts miss the parts: refused, not misread

@@ -207,9 +207,11 @@ def _read_tensors(gf: GGUFFile, path: Path, dtype: torch.dtype, device: torch.de
             state[name] = kept if kept is not None else gf.tensor(t.name, dtype, device, row_perm_heads=heads)
             if kept is not None:
                 release_freed_memory()  # repacking frees tile temporaries: give them back before the next tensor
-        if mapped is None:
-            gf.release(t.name)  # copied or packed: the file's pages need not stay resident
-        else:  # the model starts on these pages; the settling run lets them go with its layer
+        # copied or packed: the file's pages need not stay resident. Where the model starts on them, this runs
+        # with the tensor's moves in the settling (a step meanwhile reads them back from the page cache; the
+        # settling lets go again what steps read once it hands the model the tensor's layer)
+        gf.release(t.name)
+        if mapped is not None:
             move_queue.mark((_layer_key(t.name), t.name))
             if name not in mapped and name in state:
                 mapped[name] = state[name]  # norms, biases: no move, the same tensor

@@ -53,7 +53,7 @@ inline float e8m0_half(uint8_t e) {
 }
 
 // A format of the family: its block bytes (kBytes a kValues weights), its table, and per block of 32 weights
-// (j counts them along a row) the 16 nibble bytes and the exact fp32 scale.
+// (j counts them along a row) the 16 nibble bytes (kNibbles; q8s: its 32 codes) and the exact fp32 scale.
 struct Mxfp4 {
   static constexpr int64_t kValues = 32, kBytes = 17;
   static constexpr bool kNibbles = true;

@@ -213,7 +213,7 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
     layer input_norm, post_norm, the q|k|v bias, q_norm, k_norm, the attention output's and the MLP output's
     norms (Gemma's sandwich norms; each an empty tensor for none), then packed.stack_entry() of each part of
     qkv, o, gate_up, down; parts: per layer the number of parts of those four (1 but for a matrix kept in
-    several formats; gate_up always 1); formats: each part's kernel id (kernels.formats), in the weights'
+    several formats, or in parts on a mapped file); formats: each part's kernel id (kernels.formats), in the weights'
     order. rotary: the (cos, sin) tables (default plan.rotary), sliding_rotary those of the layers with
     `sliding` set (their own base: Gemma 3); windows: each layer's sliding window (0 or None: none; default
     none); gate: "swiglu" or "geglu"; softcap: the scores' soft cap. Returns the last layer's output and the

@@ -123,6 +123,8 @@ class Model:
             self.embed, self.lm_head, self.norm = weights.embed, weights.lm_head, weights.norm
         else:
             self.layers[part] = weights.layers[part]
+            if self.decode_stack is not None:  # a step reads the stack once: it sees the old layer or the new
+                self.decode_stack = _decode_stack(self.layers)
 
     def settled(self, adopted: bool = True) -> None:
         """Settling ended: with every part `adopted`, the all-layers decode's weight list over the settled layers;
@@ -371,14 +373,13 @@ _NONE = torch.empty(0)
 
 def _decode_stack(layers: list[Layer]) -> tuple[list[torch.Tensor], list[int], list[int]] | None:
     """kernels.decode_layers' weight list, part counts and parts' kernel ids, or None where a layer has what it
-    doesn't do (a dense projection, an o bias, sinks, a gate|up in several formats). A q|k|v bias (Qwen2),
+    doesn't do (a dense projection, an o bias, sinks). A q|k|v bias (Qwen2),
     per-head q/k norms (Qwen3, Gemma 3) and the norms of the attention's and the MLP's output (Gemma) ride
     along, an empty tensor where there is none."""
     stack, parts, ids = [], [], []
     for layer in layers:
         weights = (layer.qkv, layer.o, layer.gate_up, layer.down)
-        if (isinstance(layer.gate_up, PartsLinear) or layer.o_bias is not None or layer.sinks is not None
-                or not all(isinstance(w, PackedLinear) for w in weights)):
+        if layer.o_bias is not None or layer.sinks is not None or not all(isinstance(w, PackedLinear) for w in weights):
             return None
         stack += [layer.input_norm, layer.post_norm] + [
             _NONE if t is None else t.float().contiguous()

@@ -2,8 +2,9 @@
 // RMSNorm, gate|up with SwiGLU or GeGLU, down, for all layers, without going back to Python between the ~7
 // kernels of a layer (at batch 1 that dispatch was ~1 ms of a ~9 ms step). The same kernel functions as the
 // per-op path, called in the same order, so both paths give the same bits. A matrix made of parts in different
-// formats (a Q4_K_M file's Q4_K q and k beside its Q6_K v) is several (qs, d, m) triples, each part multiplied
-// by its own kernel and the outputs joined, as engine.model.qlinear.PartsLinear does. A q|k|v bias (Qwen2) is
+// formats (a Q4_K_M file's Q4_K q and k beside its Q6_K v, or a model's gate and up on its mapped file) is
+// several (qs, d, m) triples, each part multiplied by its own kernel and the outputs joined, as
+// engine.model.qlinear.PartsLinear does (SwiGLU then done apart by the epilogue's own function). A q|k|v bias (Qwen2) is
 // added to the joined output as the per-op path adds it; per-head q/k norms (Qwen3, Gemma 3) go to the
 // attention call as there. Gemma's layers: a norm after the attention's and the MLP's output (sandwich norms),
 // GeGLU (the gate's tanh GELU times up, by the same ATen ops as the per-op path's), a sliding window per layer
@@ -61,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
   TORCH_CHECK(gate == kSwiGLU || gate == kGeGLU, "decode_layers' gate is 1 (SwiGLU) or 2 (GeGLU), got ", gate);
   int64_t total = 0;
   for (int64_t i = 0; i < L * kMatrices; ++i) {
-    TORCH_CHECK(parts[i] >= 1 && (parts[i] == 1 || i % kMatrices != 2), "gate_up must be one part (its SwiGLU)");
+    TORCH_CHECK(parts[i] >= 1, "decode_layers wants at least one part a matrix");
     total += 3 * parts[i];
   }
   TORCH_CHECK((int64_t)weights.size() == total + kLayerTensors * L,
@@ -91,8 +92,8 @@ std::tuple<at::Tensor, at::Tensor> decode_layers(const at::Tensor& x0, at::Tenso
     auto [h2, sum2] = rms_norm(x, w[1], eps, sum);
     residual = sum2;
     at::Tensor a;
-    if (gate == kSwiGLU) {
-      a = project(h2, gate_up_w, gate_up_f, n[2], 1);
+    if (gate == kSwiGLU) {  // the epilogue, or for parts (a model still on its mapped file) the same one apart
+      a = n[2] == 1 ? project(h2, gate_up_w, gate_up_f, 1, 1) : silu_mul_op(project(h2, gate_up_w, gate_up_f, n[2], 0));
     } else {  // kernels/reference.py's gelu_tanh_mul, op for op
       const at::Tensor gu = project(h2, gate_up_w, gate_up_f, n[2], 0);
       const int64_t I = gu.size(1) / 2;

@@ -25,6 +25,10 @@ std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& qkv, const at::Tenso
                                           const c10::optional<at::Tensor>& k_norm = c10::nullopt, double norm_eps = 0.0,
                                           int64_t window = 0, double softcap = 0.0);
 
+// silu(gate) * up of gate_up (rows, 2 I) = [gate | up] -> (rows, I), the matmul's SwiGLU epilogue done apart
+// (qmatmul.cpp): for a [gate | up] held in parts, whose rows then match the fused matrix's
+at::Tensor silu_mul_op(const at::Tensor& gate_up);
+
 // (norm(x + residual) * weight, x + residual) (norm.cpp)
 std::tuple<at::Tensor, at::Tensor> rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps,
                                             const c10::optional<at::Tensor>& residual);

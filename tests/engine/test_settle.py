@@ -14,6 +14,7 @@ import weakref
 import pytest
 import torch
 
+import kernels
 from engine import Model
 from engine.cache.paged_cache import PagedCache
 from engine.model import huge_pages, settle
@@ -112,11 +113,20 @@ def test_starts_on_the_file_and_settles_to_the_same_bits(path, monkeypatch):
     ref = settled_reference(path, monkeypatch)
     model, settling = held_load(path, monkeypatch)
     ranges = file_ranges(path)
-    assert not model.settled_event.is_set() and model.decode_stack is None
+    assert not model.settled_event.is_set()
     on_file = [in_file(m.blocks[0], ranges) for m in matrices(model)]
     copies = 2 * len(model.layers) if path.name != "qwen2.gguf" else 0  # llama files' q and k rows: unpermuted copies
     assert on_file.count(False) == copies, "the model did not start on the file's own rows"
-    assert all(torch.equal(a, b) for a, b in zip(steps(model), steps(ref)))  # every page of the file read
+    # its decode steps take the all-layers call on the file's rows too (gate|up in parts, SwiGLU apart)
+    assert model.decode_stack is not None and all(layer.gate_up.__class__ is PartsLinear for layer in model.layers)
+    calls = []
+    real = kernels.decode_layers
+    monkeypatch.setattr(kernels, "decode_layers", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = steps(model)
+    assert len(calls) == 5, "the steps on the file's rows did not take the all-layers decode"
+    assert all(torch.equal(a, b) for a, b in zip(got, steps(ref)))  # every page of the file read
+    monkeypatch.undo()
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
 
     resident = []  # the file's resident bytes as each part is handed over: a settled part's pages are let go
     adopt = model.adopt

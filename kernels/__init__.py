@@ -201,12 +201,15 @@ def fused_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     return (out, q) if with_q else out
 
 
+_GATES = {"swiglu": 1, "geglu": 2}  # kernels/cpu/decode.cpp's gate ids
+
+
 def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int], formats: list[int],
                   k_caches: list[torch.Tensor], v_caches: list[torch.Tensor], slot_mapping: torch.Tensor, block_table: torch.Tensor,
                   cu_q: torch.Tensor, kv_lens: torch.Tensor, num_heads: int, scale: float, eps: float,
                   plan: StepPlan, rotary: tuple[torch.Tensor, torch.Tensor] | None = None,
                   sliding_rotary: tuple[torch.Tensor, torch.Tensor] | None = None, windows: list[int] | None = None,
-                  sliding: list[bool] | None = None, gate: str = "swiglu",
+                  sliding: list[int] | None = None, gate: str = "swiglu",
                   softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Every decoder layer of a step whose chunks are all short, in one CPU call (kernels/cpu/decode.cpp):
     the per-layer path's kernels in the same order (same bits), without Python between them. weights: per
@@ -214,10 +217,10 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
     norms (Gemma's sandwich norms; each an empty tensor for none), then packed.stack_entry() of each part of
     qkv, o, gate_up, down; parts: per layer the number of parts of those four (1 but for a matrix kept in
     several formats, or in parts on a mapped file); formats: each part's kernel id (kernels.formats), in the weights'
-    order. rotary: the (cos, sin) tables (default plan.rotary), sliding_rotary those of the layers with
-    `sliding` set (their own base: Gemma 3); windows: each layer's sliding window (0 or None: none; default
-    none); gate: "swiglu" or "geglu"; softcap: the scores' soft cap. Returns the last layer's output and the
-    residual stream (their sum is the hidden state)."""
+    order. rotary: the (cos, sin) tables (default plan.rotary), sliding_rotary those of the layers whose
+    `sliding` is 1 (their own base: Gemma 3); windows: each layer's sliding window (0: none; default none);
+    gate: "swiglu" or "geglu"; softcap: the scores' soft cap. Returns the last layer's output and the residual
+    stream (their sum is the hidden state)."""
     if not plan.fused or not plan.short:
         raise ValueError("decode_layers needs a fused plan without long prefill chunks")
     if gate not in _GATES:
@@ -225,11 +228,8 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
     cos, sin = rotary if rotary is not None else plan.rotary
     scos, ssin = sliding_rotary if sliding_rotary is not None else (cos, sin)
     n = len(k_caches)
-    windows = [w or 0 for w in windows] if windows is not None else [0] * n
-    sliding = [int(bool(s)) for s in sliding] if sliding is not None else [0] * n
     return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, scos, ssin, slot_mapping,
-                                        block_table, cu_q, kv_lens, parts, formats, windows, sliding, num_heads,
+                                        block_table, cu_q, kv_lens, parts, formats, windows or [0] * n,
+                                        sliding or [0] * n, num_heads,
                                         scale, eps, _GATES[gate], softcap or 0.0, _attention.SHORT_Q)
 
-
-_GATES = {"swiglu": 1, "geglu": 2}  # kernels/cpu/decode.cpp's gate ids

@@ -95,8 +95,7 @@ HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only 
 # GGUF type name -> the start-only format reading its blocks as stored, where its holder repacks them
 STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
-              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S",
-              "q5s": "kQ5S"}
+              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S"}
 _CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16"}
 
 

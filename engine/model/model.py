@@ -70,6 +70,10 @@ class Model:
         self.q_size = c.num_heads * c.head_dim
         self.kv_size = c.num_kv_heads * c.head_dim
         self.decode_stack = _decode_stack(self.layers) if decode_layers_fit(c) else None
+        # the all-layers decode's per-layer options: facts of the config, fixed for the model's life
+        self.decode_options = dict(windows=[c.layer_window(i) or 0 for i in range(c.num_layers)],
+                                   sliding=[int(c.layer_uses_sliding_rope(i)) for i in range(c.num_layers)],
+                                   gate="geglu" if c.hidden_act == "gelu_tanh" else "swiglu", softcap=c.attn_softcap)
         self.settle_thread = None  # Model.load's background settling of the weights (engine.model.settle)
         self.settled_event = threading.Event()  # set once the weights are in their kernel layouts
         self.settled_event.set()
@@ -252,8 +256,7 @@ class Model:
                 x, *stack, cache.k, cache.v, batch.slot_mapping, batch.block_table, batch.cu_q, batch.kv_lens,
                 c.num_heads, self.scale, eps, plan, rotary=plan.rotary_tables(rotary.inv_freq, rotary.attention_factor),
                 sliding_rotary=None if sliding is None else plan.rotary_tables(sliding, rotary.attention_factor),
-                windows=[layer.window for layer in self.layers], sliding=[layer.sliding_rope for layer in self.layers],
-                gate="geglu" if c.hidden_act == "gelu_tanh" else "swiglu", softcap=c.attn_softcap)
+                **self.decode_options)
         else:
             x, residual = self._layers(x, batch, cache, plan, rotary, rows, lora, packed)
         x = (x + residual).index_select(0, batch.logit_rows)

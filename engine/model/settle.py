@@ -5,22 +5,22 @@ Copying every weight of a GGUF out of the mapped file into the kernels' layouts 
 fused: engine.model.packing) takes ~0.45 s of a 1.3 GB Q6_K file on two cores, page faults mostly, where llama.cpp
 maps the file and is ready in ~0.3 s. So where every packed matrix is in a format the kernels also read as the
 file stores it (the K-quants and IQ4 types; Q8_0 and Q5_0 through the start-only formats q8s and q5s, which give
-q8's and q5's bits: rows of the file's blocks), the load does not wait for it: the model
-starts on views of the mapped file (each matrix's rows; q|k|v and gate|up as parts, qlinear.PartsLinear), and a
-thread here then runs the load's queued moves (engine.model.packing.move_queue), one tensor at a time, on its own
-core share and at the lowest CPU priority so that a decode step beside it keeps its pace. As soon as all of a
-layer's tensors have moved the model takes that layer's settled weights (Model.adopt) and the file's pages under
-the old ones are let go (madvise DONTNEED: they stay in the page cache, the process stops holding them), so the
-file and its settled copy are never both resident beyond a layer. Last the all-layers decode stack is built over
-the settled layers and their buffers go onto 2 MB pages (engine.model.huge_pages).
+q8's and q5's bits: rows of the file's blocks), the load does not wait for it: the model starts on views of the
+mapped file (each matrix's rows; q|k|v and gate|up as parts, qlinear.PartsLinear), and a thread here then runs the
+load's queued moves (engine.model.packing.move_queue), one tensor at a time, on its own core share and at the
+lowest CPU priority so that a decode step beside it keeps its pace. Each tensor's file pages are let go with its
+moves (madvise DONTNEED: they stay in the page cache, the process stops holding them; a step meanwhile reads
+them back), so the file and its settled copy are never both resident beyond a tensor; as soon as all of a
+layer's tensors have moved the model takes that layer's settled weights (Model.adopt) and what steps read of the
+old ones meanwhile is let go again. Last the all-layers decode stack is rebuilt over the settled layers and their
+buffers go onto 2 MB pages (engine.model.huge_pages).
 
 A step that runs meanwhile reads each layer as it finds it: the row kernels and the grouped ones give the same
 bits, and so do parts and the fused matrix (rows are independent), so nothing a user sees depends on when the
 weights settle, only how fast the first steps are (~10 % slower on a Q6_K file: the file's rows instead of 16-row
 groups; the all-layers decode call takes the parts, its stack rebuilt as each layer is handed over). The model
-is held weakly: one dropped meanwhile (a reload) stops the
-work and is freed. At exit the work stops after the tensor in hand (a daemon thread woken inside a C++ call while
-the interpreter finalizes aborts the process).
+is held weakly: one dropped meanwhile (a reload) stops the work and is freed. At exit the work stops after the
+tensor in hand (a daemon thread woken inside a C++ call while the interpreter finalizes aborts the process).
 """
 from __future__ import annotations
 

@@ -132,17 +132,16 @@ def kernel_format(dtype: str, fmt: str) -> str:
 
 def block_class(kind: str) -> type[SuperBlockLinear] | None:
     """The class that keeps kernel format `kind` as the file's own blocks (K-quant super-blocks, the 4-bit
-    lookup-table formats), or None where the format is repacked (q4, q5, q8)."""
-    return _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind)
+    lookup-table formats, the start-only q8s and q5s), or None where the format is repacked (q4, q5, q8)."""
+    return _SUPERBLOCKS.get(kind) or LUT4_CLASSES.get(kind) or _STARTS.get(kind)
 
 
 def start_class(dtype: str, fmt: str) -> type[SuperBlockLinear] | None:
     """The class a model starting on its mapped file reads a stored type's blocks with, as the file stores
     them: its kernel format's own where that keeps them so, else the start-only format reading them with the
     holder's bits (Q8_0: q8s, Q5_0: q5s; kernels.formats.STARTS_ON); None where no kernel reads them as stored."""
-    cls = block_class(kernel_format(dtype, fmt))
     start = formats.STARTS_ON.get(dtype) if fmt == "packed" else None
-    return cls if cls is not None or start is None else block_class(start.name) or _STARTS[start.name]
+    return block_class(start.name if start is not None else kernel_format(dtype, fmt))
 
 
 def kernel_formats(tensors: dict[str, str], fmt: str, own_formats: bool = False) -> dict[str, str]:

@@ -230,6 +230,5 @@ def decode_layers(x: torch.Tensor, weights: list[torch.Tensor], parts: list[int]
     n = len(k_caches)
     return _cpu_ext.ops().decode_layers(x, weights, k_caches, v_caches, cos, sin, scos, ssin, slot_mapping,
                                         block_table, cu_q, kv_lens, parts, formats, windows or [0] * n,
-                                        sliding or [0] * n, num_heads,
-                                        scale, eps, _GATES[gate], softcap or 0.0, _attention.SHORT_Q)
-
+                                        sliding or [0] * n, num_heads, scale, eps, _GATES[gate], softcap or 0.0,
+                                        _attention.SHORT_Q)

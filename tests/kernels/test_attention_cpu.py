@@ -10,7 +10,7 @@ import torch
 
 import kernels
 from kernels import cpu_ext
-from tests.kernels.test_cpu_kernels import _has_vnni, fused_vs_reference, isa_build_env, run_on_isa_build
+from tests.kernels.test_cpu_kernels import _has_vnni, fused_vs_reference, run_on_isa_build
 from tests.kernels.test_oracle import PagedCase
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
@@ -113,23 +113,21 @@ def test_pools_of_another_or_of_mixed_element_types_are_refused(k_dtype, v_dtype
                                 case.cu_q, case.kv, 4, 0.1, plan)
 
 
+def attention_bits() -> dict[str, torch.Tensor]:
+    """This build's attention on every head group size the register-blocked path takes, D 64 and 128, fp16 and
+    fp32 pools, decode rows and a 37-row chunk: what the AVX2-only build must give bit for bit."""
+    return {f"{G}-{D}-{dtype}": fused_vs_reference([(1, 70), (37, 300), (3, 3)], 2 * G, 2, D, 16, seed=G + D,
+                                                   dtype=dtype)[0]
+            for G in range(1, 9) for D, dtype in ((64, F16), (128, torch.float32), (128, F16))}
+
+
 @pytest.mark.skipif(not _has_vnni(), reason="no AVX-512 here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build runs this file too, and its attention equals this build's bit for bit (a row's bits
-    are the same on every build, as every kernel's): every head group size the register-blocked path takes, D 64
-    and 128, fp16 and fp32 pools, decode rows and a long prefill chunk."""
-    saved = {}
-    for G in range(1, 9):
-        for D, dtype in ((64, F16), (128, torch.float32), (128, F16)):
-            seqs = [(1, 70), (37, 300), (3, 3)]
-            out, *_ = fused_vs_reference(seqs, 2 * G, 2, D, 16, seed=G + D, dtype=dtype)
-            saved[f"{G}-{D}-{dtype}"] = out
-    check = ("from tests.kernels.test_cpu_kernels import fused_vs_reference; F16 = torch.float16\n"
-             "for G in range(1, 9):\n"
-             "    for D, dtype in ((64, F16), (128, torch.float32), (128, F16)):\n"
-             "        out, *_ = fused_vs_reference([(1, 70), (37, 300), (3, 3)], 2 * G, 2, D, 16, seed=G + D, dtype=dtype)\n"
-             "        assert torch.equal(out, d[f'{G}-{D}-{dtype}']), (G, D, dtype)")
-    run_on_isa_build(saved, check, [__file__], "not avx2_build")
+    are the same on every build, as every kernel's)."""
+    check = ("from tests.kernels.test_attention_cpu import attention_bits\n"
+             "for case, out in attention_bits().items(): assert torch.equal(out, d[case]), case")
+    run_on_isa_build(attention_bits(), check, [__file__], "not avx2_build")
 
 
 @pytest.mark.parametrize("dtype", [F16, torch.float32])

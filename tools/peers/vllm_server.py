@@ -31,6 +31,7 @@ VENV = WORK / "venv"
 MODEL = WORK / "smollm2-hf"
 TORCH, VLLM = "2.13.0", "0.32.0"
 START_TIMEOUT_S = 600
+SERVER_LOG_TAIL = 60  # lines of the server's log (other than its answered requests) printed when a test fails
 
 
 def log(message: str) -> None:
@@ -141,6 +142,10 @@ def main(argv: list[str]) -> int:
         env = {**os.environ, "PAGEDECK_VLLM_URL": url}
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                 str(ROOT / "tests" / "integration"), *argv], cwd=ROOT, env=env)
+        if tests.returncode:  # CI keeps only what was printed: the server's side of a failure goes with it
+            lines = (WORK / "server.log").read_text(errors="replace").splitlines()
+            tail = [line for line in lines if '" 200 OK' not in line][-SERVER_LOG_TAIL:]  # not the served requests
+            log(f"tests failed; the last {len(tail)} lines of {WORK / 'server.log'}:\n" + "\n".join(tail))
         return tests.returncode
     except KeyboardInterrupt:
         return 130

@@ -32,7 +32,7 @@ def run(coro):
 async def chat(backend: RemoteBackend, identifier, text: str, settings: ChatSettings,
                tracker: ReplyTracker | None = None) -> ReplyTracker:
     """One reply, folded exactly as a chat pane folds it; errors end up in tracker.stats.error."""
-    tracker = tracker or ReplyTracker(time.perf_counter())
+    tracker = ReplyTracker(time.perf_counter()) if tracker is None else tracker
     try:
         job, tracker.stats.prompt_tokens = backend.start_job(identifier, [{"role": "user", "content": text}], settings)
         async for r in job:
@@ -111,7 +111,11 @@ def test_four_chats_at_once_show_in_the_parsed_metrics(remote):
             await backend.close()
         assert max(inside) == 4, f"the server never reported all four chats running at once: {rounds}"
         assert kv_peak > 0, "no KV-cache usage seen while generating"
-        after = snapshot_from_metrics(await RemoteClient(remote.url, remote.key).metrics_text())
+        client = RemoteClient(remote.url, remote.key)
+        try:
+            after = snapshot_from_metrics(await client.metrics_text())
+        finally:
+            await client.close()
         assert after["active_jobs"] == 0 and after["tokens_generated_total"] >= sum(r.stats.new_tokens for r in replies)
 
     run(body())

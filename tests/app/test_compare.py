@@ -132,8 +132,10 @@ def test_a_second_model_beside_the_first_both_generating(qtbot, loop, store, tin
         assert dash.model_choice.count() == 2 and not dash.model_choice.isHidden()
         main_gen, side_gen = service.generator, service.beside[str(second_model)].generator
         assert main_gen is not side_gen and service.cache is not service.beside[str(second_model)].cache
-        largest = lambda: {"main": main_gen.metrics()["batch_size_peak"],  # noqa: E731 - each one's largest step
-                           "side": side_gen.metrics()["batch_size_peak"]}
+
+        def largest() -> dict:  # each generator's largest step so far
+            return {"main": main_gen.metrics()["batch_size_peak"], "side": side_gen.metrics()["batch_size_peak"]}
+
         assert largest() == {"main": 0, "side": 0}
         bar.send("hello there")
         await wait_until(lambda: _done(panes), 120, "both models' replies")

@@ -75,10 +75,10 @@ def test_server_panel_serves_the_apps_generator_next_to_the_chats(qtbot, loop, s
             api_ids |= {v for v in snap["page_owner_identifiers"].values() if isinstance(v, str)}
             await asyncio.sleep(0.005)
         chunks = call.result()
-        assert win.service.snapshot()["active_jobs"] == 1, "the chat ended before the API request did"
+        snap = win.service.snapshot()
+        assert snap["active_jobs"] == 1, "the chat ended before the API request did"
         # the generator's own record of its largest step: the request and the chat in one batch
-        assert win.service.snapshot()["batch_size_peak"] == 2, \
-            "the API request did not run in the same batch as the chat"
+        assert snap["batch_size_peak"] == 2, "the API request did not run in the same batch as the chat"
         assert chunks[0].id in api_ids  # on the page map under its request id
         assert "1 requests (0 running)" in panel.status_label.text()
         with pytest.raises(openai.AuthenticationError):

@@ -1,6 +1,6 @@
 // Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows:
-// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the q4k formats, per
-// 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue (and
+// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the K-quant formats
+// (q4k, q5k, q6 and their groups), per 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue (and
 // gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its portable
 // loop beside it.
 #pragma once
@@ -16,23 +16,24 @@
 namespace pagedeck {
 
 // Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
-// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's codes (|bs| <= 32 * 127).
+// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's 32 codes (|bs| <= 32 * 127;
+// q4k's minimums meet them) and hs[(r * nsb + s) * 16 + h] = the sum of its h-th 16 codes (q6's offset of 32
+// meets them).
 struct ActK {
   std::vector<int8_t> q;
   std::vector<float> d;
-  std::vector<int16_t> bs;
+  std::vector<int16_t> bs, hs;
   int64_t nsb = 0;
 };
 
 // q (M, K) int8; per block, rows padded with zeros to nbp = a multiple of 8 blocks (M, nbp): scale d,
-// exact sum s, c = 8 d sum(q), isum = sum(q); per 16 (M, 2 nbp), for q6 only: xs16 = sum(q)
+// exact sum s, c = 8 d sum(q), isum = sum(q)
 struct QuantAct {
   std::vector<int8_t> q;
   std::vector<float> d, s, c;
   std::vector<int32_t> isum;
-  std::vector<int16_t> xs16;
   int64_t nbp = 0;
-  ActK k;  // q4k's activations (per 256, quantize_k) instead of the per-32 ones
+  ActK k;  // the K-quants' activations (per 256, quantize_k) instead of the per-32 ones
 };
 
 inline QuantAct& scratch() {
@@ -61,7 +62,7 @@ inline __m256i quantize32(const float* v, __m256 inv, int8_t* q) {
 constexpr int64_t kQuantizeGrain = 1 << 18;
 
 // One block of 32 activations v into q (int8) and its slot r of a's per-block figures.
-inline void quantize_block(const float* v, int8_t* q, QuantAct& a, int64_t r, bool sums16) {
+inline void quantize_block(const float* v, int8_t* q, QuantAct& a, int64_t r) {
 #ifdef PD_AVX2
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x0 = _mm256_loadu_ps(v), x1 = _mm256_loadu_ps(v + 8), x2 = _mm256_loadu_ps(v + 16),
@@ -75,12 +76,6 @@ inline void quantize_block(const float* v, int8_t* q, QuantAct& a, int64_t r, bo
   const __m256 inv = _mm256_set1_ps(d > 0.0f ? 127.0f / amax : 0.0f);
   const __m256i s32 = quantize32(v, inv, q);
   a.isum[r] = hsum_i32(s32);
-  if (sums16) {  // [lo, hi, lo, hi]: the sums of weights 0..15 and 16..31
-    __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    t = _mm_hadd_epi32(t, t);
-    a.xs16[2 * r] = (int16_t)_mm_cvtsi128_si32(t);
-    a.xs16[2 * r + 1] = (int16_t)_mm_extract_epi32(t, 1);
-  }
   a.c[r] = 8.0f * d * (float)a.isum[r];
 #else  // portable
   float amax = 0.0f, sum = 0.0f;
@@ -98,19 +93,13 @@ inline void quantize_block(const float* v, int8_t* q, QuantAct& a, int64_t r, bo
   }
   a.isum[r] = isum;
   a.c[r] = 8.0f * d * (float)isum;
-  if (sums16) {
-    int32_t lo = 0;
-    for (int i = 0; i < 16; ++i) lo += q[i];
-    a.xs16[2 * r] = (int16_t)lo;
-    a.xs16[2 * r + 1] = (int16_t)(isum - lo);
-  }
 #endif
 }
 
 // pairs: q4's layout, each pair of blocks (j, j+1) stored as [x_j[0:16], x_j+1[0:16], x_j[16:32], x_j+1[16:32]]
 // so that one 32-byte load of the two blocks' nibbles meets its activations without a cross-lane shuffle
 // (an odd last block stays as it is).
-inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs, bool sums16) {
+inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, bool pairs) {
   const int64_t nb = K / kBlock, nbp = (nb + 7) / 8 * 8;
   a.nbp = nbp;
   a.q.resize(M * K);
@@ -118,10 +107,9 @@ inline void quantize_rows(const float* x, int64_t M, int64_t K, QuantAct& a, boo
   a.s.assign(M * nbp, 0.0f);
   a.c.assign(M * nbp, 0.0f);
   a.isum.assign(M * nbp, 0);
-  a.xs16.assign(sums16 ? M * nbp * 2 : 0, 0);
   at::parallel_for(0, M * nb, kQuantizeGrain / kBlock, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk)
-      quantize_block(x + blk * kBlock, a.q.data() + blk * kBlock, a, blk / nb * nbp + blk % nb, sums16);
+      quantize_block(x + blk * kBlock, a.q.data() + blk * kBlock, a, blk / nb * nbp + blk % nb);
   });
 #ifdef PD_AVX2
   if (!pairs) return;
@@ -147,6 +135,7 @@ inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
   a.q.resize(M * K);
   a.d.resize(M * nsb);
   a.bs.resize(M * nsb * 8);
+  a.hs.resize(M * nsb * 16);
   at::parallel_for(0, M * nsb, kQuantizeGrain / q4k::kSuper, [&](int64_t s0, int64_t s1) {
     for (int64_t sbi = s0; sbi < s1; ++sbi) {
       const float* v = x + sbi * q4k::kSuper;
@@ -157,16 +146,25 @@ inline void quantize_k(const float* x, int64_t M, int64_t K, ActK& a) {
       for (int i = 0; i < q4k::kSuper; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
       const float amax = hmax(mx);
       const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-      for (int b = 0; b < 8; ++b) a.bs[sbi * 8 + b] = (int16_t)hsum_i32(quantize32(v + 32 * b, inv, q + 32 * b));
+      for (int b = 0; b < 8; ++b) {  // quantize32's lanes 0-3 sum codes 0..15, lanes 4-7 codes 16..31
+        const __m256i s32 = quantize32(v + 32 * b, inv, q + 32 * b);
+        __m128i t = _mm_hadd_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+        t = _mm_hadd_epi32(t, t);  // [lo, hi, lo, hi]
+        const int32_t lo = _mm_cvtsi128_si32(t), hi = _mm_extract_epi32(t, 1);
+        a.hs[sbi * 16 + 2 * b] = (int16_t)lo;
+        a.hs[sbi * 16 + 2 * b + 1] = (int16_t)hi;
+        a.bs[sbi * 8 + b] = (int16_t)(lo + hi);
+      }
 #else  // portable
       float amax = 0.0f;
       for (int i = 0; i < q4k::kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int b = 0; b < 8; ++b) {
+      for (int h = 0; h < 16; ++h) {
         int32_t s = 0;
-        for (int i = 32 * b; i < 32 * b + 32; ++i) s += q[i] = (int8_t)std::nearbyint(v[i] * inv);
-        a.bs[sbi * 8 + b] = (int16_t)s;
+        for (int i = 16 * h; i < 16 * h + 16; ++i) s += q[i] = (int8_t)std::nearbyint(v[i] * inv);
+        a.hs[sbi * 16 + h] = (int16_t)s;
       }
+      for (int b = 0; b < 8; ++b) a.bs[sbi * 8 + b] = (int16_t)(a.hs[sbi * 16 + 2 * b] + a.hs[sbi * 16 + 2 * b + 1]);
 #endif
       a.d[sbi] = amax / 127.0f;
     }

@@ -70,15 +70,15 @@ void with_format(formats::Format f, Fn&& fn) {
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
-// The activations a format's per-row kernel reads: Q8_K per 256 (the q4k family: quantize_k), per 32 in q4's
-// paired layout (q4, q5, q5s), or per 32 in natural order (q6 and q6k16, q8, the lut4 family: quantize_rows without
-// pairs).
+// The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6 and their groups:
+// quantize_k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, the lut4 family:
+// quantize_rows without pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
 constexpr int kRowActKinds = 3;
 
 constexpr RowActs row_acts(int F) {
   using namespace formats;
-  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16) return RowActs::kPer256;
+  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16) return RowActs::kPer256;
   return F == kQ4 || F == kQ5 || F == kQ5S ? RowActs::kPaired : RowActs::kNatural;
 }
 
@@ -96,7 +96,7 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
   static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kIQ4XS16 && F != kQ8G,
                 "the grouped formats go by 16-row groups, q8g by GEMM tiles");
   if constexpr (F == kQ6) {
-    q6::weight_row(w.qs, w.K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, n, out);
+    q6::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ4K) {
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ5K) {
@@ -128,7 +128,7 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
   } else if constexpr (F == formats::kIQ4XS16) {
     iq4xs16::group_rows(w.qs, w.K, a, M, g, out);
   } else {
-    q6k16::group_rows(w.qs, w.K, a, M, g, out);
+    q6k16::group_rows(w.qs, w.K, a.k, M, g, out);
   }
 }
 

@@ -15,7 +15,7 @@
 //
 // A call goes in four phases:
 //   1. x is quantized once per activation kind its gate|up formats need (dispatch.h's row_acts: per 32 for q4,
-//      q5, q6, q8 and the lut4 family; per 256, Q8_K, for q4k and q5k), and each expert's rows are gathered
+//      q5, q8 and the lut4 family; per 256, Q8_K, for q4k, q5k and q6), and each expert's rows are gathered
 //      from it;
 //   2. gate|up tasks: gate rows and up rows of a chunk (plus their biases), the activation into the expert's
 //      rows of A;
@@ -142,7 +142,7 @@ void quantize(const float* x, int64_t M, int64_t K, Kind kind, QuantAct& a) {
   if (kind == Kind::kPer256) {
     quantize_k(x, M, K, a.k);
   } else {
-    quantize_rows(x, M, K, a, kind == Kind::kPaired, kind == Kind::kNatural);
+    quantize_rows(x, M, K, a, kind == Kind::kPaired);
   }
 }
 
@@ -157,6 +157,7 @@ void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind
     take(src.k.q, dst.k.q, K);
     take(src.k.d, dst.k.d, src.k.nsb);
     take(src.k.bs, dst.k.bs, src.k.nsb * 8);
+    take(src.k.hs, dst.k.hs, src.k.nsb * 16);
     return;
   }
   const int64_t nbp = src.nbp;
@@ -166,7 +167,6 @@ void gather(const QuantAct& src, const int64_t* rows, int64_t M, int64_t K, Kind
   take(src.s, dst.s, nbp);
   take(src.c, dst.c, nbp);
   take(src.isum, dst.isum, nbp);
-  take(src.xs16, dst.xs16, src.xs16.empty() ? 0 : 2 * nbp);
 }
 
 // out[m * ldo + n - n0] = weight row n . activation row m for rows [n0, n1) (whole groups for the grouped formats) and all M

@@ -1,13 +1,14 @@
 // The GEMM path's panel: up to kCols weight rows of any format unpacked into one layout that the register
-// tiles (qgemm.h, q4k.h's) read, [block][4-byte step][column], and the transposes that build it. Each format's
-// unpacker fills a Panel (affine.h: q4 and q5, q8.h, q6.h, q4k.h, q4k16.h); q8g keeps its weights in this
-// layout and hands the tiles a View of them.
+// tiles (qgemm.h's, q4k.h's, q6.h's) read, [block][4-byte step][column], and the transposes that build it. Each format's
+// unpacker fills a Panel (affine.h: q4 and q5, q8.h, q6.h, q4k.h, the grouped formats' headers); q8g keeps its
+// weights in this layout and hands the tiles a View of them.
 #pragma once
 
 #include "common.h"
 
 #ifdef PD_AVX2
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace pagedeck {
@@ -17,20 +18,19 @@ constexpr int kCols = 16;  // weight rows per panel: two vectors of 8 int32 lane
 constexpr int kRows = 4;   // activation rows per register tile
 
 // One activation matrix, quantized as quantize_rows does without its q4 pair layout: q (M, K) int8 in natural
-// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5 doubles it), integer sum isum;
-// q6: xs16, the integer sums per 16 (stride 2 nbp).
+// order; per row and block (stride nbp): scale d, exact sum s, c = 8 d isum (q5 doubles it), integer sum isum.
+// (The K-quants' tiles read activations per 256 instead: activations.h's ActK.)
 struct Act {
   const int8_t* q;
   const float *d, *s, *c;
   const int32_t* isum;
   int64_t nb, nbp;
-  const int16_t* xs16;
 };
 
 // A panel of up to kCols weight rows, unpacked: codes[(j * 8 + t) * kCols + col] holds weights 4t..4t+3 of
 // block j (q4: codes 0..15; q5: 0..31; q8: stored u8 = q + 128), dw / zw[j * kCols + col] the block's fp32 scale
-// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. q6: codes 0..63, dw the
-// super-block's d, slo / shi the int8 scales of the block's two halves of 16.
+// and (q4) z = m + 8 d (q5: m + 16 d); columns past the panel's rows are zero. The K-quants' unpackers (q4k.h,
+// q6.h) give the fields their own meanings, per super-block where the format's scale is.
 // What the tiles read of a panel: an unpacked Panel's vectors, or weights kept in that layout (q8's row groups).
 struct View {
   const int32_t* codes;
@@ -76,6 +76,7 @@ struct Cols16f {
   __m512 v;
 };
 inline Cols16 zero16() { return {_mm512_setzero_si512()}; }
+inline Cols16 set16(int32_t v) { return {_mm512_set1_epi32(v)}; }
 inline Cols16 load16(const int32_t* p) { return {_mm512_loadu_si512((const void*)p)}; }
 inline Cols16 add16(Cols16 a, Cols16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline Cols16 mullo16(Cols16 a, Cols16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
@@ -102,6 +103,7 @@ struct Cols16f {
   __m256 v[2];
 };
 inline Cols16 zero16() { return {{_mm256_setzero_si256(), _mm256_setzero_si256()}}; }
+inline Cols16 set16(int32_t v) { return {{_mm256_set1_epi32(v), _mm256_set1_epi32(v)}}; }
 inline Cols16 load16(const int32_t* p) {
   return {{_mm256_loadu_si256((const __m256i*)p), _mm256_loadu_si256((const __m256i*)(p + 8))}};
 }
@@ -137,6 +139,45 @@ inline void store16f(float* out, Cols16f v, int cols) {
   std::memcpy(out, res, cols * sizeof(float));
 }
 #endif
+
+// Activation rows per tile of the K-quants' Cols16 tiles (q4k.h, q6.h): with 32 zmm, 8 rows' accumulators, integer
+// sums and dot-product chains fit beside the weight vector (26 live), and each weight load serves 8 dpbusd; with 16
+// ymm (two per Cols16) kRows. Random Q6_K matrices of Qwen2.5-1.5B's shapes at 1056 rows, one thread: 8 rows a tile
+// ran 1.2-1.35x faster than 4, 6 and 10 rows slower than 8 (kernels.md, "Prompt rows of the K-quant mixes").
+#ifdef PD_AVX512
+constexpr int kRowsK = 8;
+#else
+constexpr int kRowsK = kRows;
+#endif
+
+// The K-quant tiles' frame (q4k.h, q6.h): out[r * ldo + col] for activation rows m0..m0+R (int8 codes q, K a row)
+// and the panel's first `cols` columns, each row's 16 accumulators stepped by super(s, xrow, acc) over the nsb
+// super-blocks in order (xrow[r]: row m0 + r's codes).
+template <int R, class Super>
+inline void superblock_tile(const int8_t* q, int64_t K, int64_t nsb, int64_t m0, float* out, int64_t ldo, int cols,
+                            Super&& super) {
+  Cols16f acc[R];
+  const int8_t* xrow[R];
+  for (int r = 0; r < R; ++r) {
+    acc[r] = zero16f();
+    xrow[r] = q + (m0 + r) * K;
+  }
+  for (int64_t s = 0; s < nsb; ++s) super(s, xrow, acc);
+  for (int r = 0; r < R; ++r) store16f(out + r * ldo, acc[r], cols);
+}
+
+// tile(std::integral_constant<int, R>, m) for rows m..m+R: M rows in tiles of kRowsK, the rest in one tile
+template <int R, class Tile>
+inline void rest_tile(int64_t m, int64_t left, Tile& tile) {
+  if (left == R) return tile(std::integral_constant<int, R>{}, m);
+  if constexpr (R > 1) rest_tile<R - 1>(m, left, tile);
+}
+template <class Tile>
+inline void row_tiles(int64_t M, Tile&& tile) {
+  int64_t m = 0;
+  for (; m + kRowsK <= M; m += kRowsK) tile(std::integral_constant<int, kRowsK>{}, m);
+  if (M > m) rest_tile<kRowsK - 1>(m, M - m, tile);
+}
 
 #ifdef PD_AVX512
 // T[L] = [X[0] lane L, X[1] lane L, X[2] lane L, X[3] lane L] (128-bit lanes): a 4x4 transpose of lanes

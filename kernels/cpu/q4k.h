@@ -199,13 +199,8 @@ template <int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
   using gemm::kCols;
   const int64_t nsb = a.nsb;
-  gemm::Cols16f acc[R];
-  const int8_t* xrow[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = gemm::zero16f();
-    xrow[r] = a.q.data() + (m0 + r) * K;
-  }
-  for (int64_t s = 0; s < nsb; ++s) {
+  gemm::superblock_tile<R>(a.q.data(), K, nsb, m0, out, ldo, cols, [&](int64_t s, const int8_t* const* xrow,
+                                                                      gemm::Cols16f* acc) {
     gemm::Cols16 I[R], J[R];
     for (int r = 0; r < R; ++r) I[r] = J[r] = gemm::zero16();
     for (int b = 0; b < 8; ++b) {
@@ -238,22 +233,12 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
       acc[r] = gemm::fma16<false>(I[r], d, dx, acc[r]);
       acc[r] = gemm::fma16<true>(J[r], dm, dx, acc[r]);
     }
-  }
-  for (int r = 0; r < R; ++r) gemm::store16f(out + r * ldo, acc[r], cols);
-}
-
-template <int R = 1>
-inline void rows_tail(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m, int64_t left, float* out,
-                      int64_t ldo, int cols) {
-  if (left == R) return gemm_tile<R>(p, a, K, m, out, ldo, cols);
-  if constexpr (R + 1 < gemm::kRows) rows_tail<R + 1>(p, a, K, m, left, out, ldo, cols);
+  });
 }
 
 // out (M rows, stride ldo) = activation rows . the panel's columns
 inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
-  int64_t m = 0;
-  for (; m + gemm::kRows <= M; m += gemm::kRows) gemm_tile<gemm::kRows>(p, a, K, m, out + m * ldo, ldo, cols);
-  if (M > m) rows_tail(p, a, K, m, M - m, out + m * ldo, ldo, cols);
+  gemm::row_tiles(M, [&](auto R, int64_t m) { gemm_tile<R>(p, a, K, m, out + m * ldo, ldo, cols); });
 }
 #endif
 

@@ -3,14 +3,18 @@
 // Re-quantizing them to q8 (as pagedeck did) cost 8.5 bits a weight instead of 6.56, and batch-1 decode
 // streams every weight once a token.
 //
-// Per 32-weight block b of a super-block the integer sum is exact:
-//   S_b = sc[2b] * sum_{i<16} q_i x_i + sc[2b+1] * sum_{i>=16} q_i x_i - 32 * (sc[2b] xs[2b] + sc[2b+1] xs[2b+1])
-// with x the int8 activations and xs their sums per 16 (quantize_rows); a super-block is one group of 8 blocks
-// of the q8 kernel, so the float part is q8's: acc (lane b) = fma(S_b, d * d_x[b], acc), result hsum(acc) +
-// hsum(0). The same sequence for every (row, column), whatever the tile or thread split, so results never
-// depend on the batch; prompt rows (qgemm.h) compute the same integers and the same float sequence.
+// The arithmetic is llama.cpp's Q6_K x Q8_K: activations quantized per 256 (activations.h's quantize_k: one fp32
+// scale d_x a super-block, int8 codes x, and hs_h = the integer sum of the h-th 16 codes), the int8 scales applied
+// as integers, the whole super-block one exact int32
+//   I = sum_h sc_h (q_h . x_h - 32 hs_h)      (|I| <= 256 * 128 * 32 * 127 < 2^31)
+// and fp32 once a super-block: acc = fma(I, d d_x, acc), the result the last acc. Per-32 activation scales held
+// the GEMM to a float epilogue (two conversions, two multiplies, an fma) every 32 weights and activation row,
+// on the same ports as its dpbusd. The per-row path (tile), the 16-row groups (q6k16.h) and the GEMM path
+// (gemm_tile, over panels from unpack_panel) build the same integers and run this one fp32 chain per output
+// element, so their bits are the same for any batch, row order or thread count.
 #pragma once
 
+#include "activations.h"
 #include "common.h"
 #include "kquant.h"
 #include "panel.h"
@@ -18,89 +22,91 @@
 namespace pagedeck {
 namespace q6 {
 
+// one super-block's step of an output element's chain
+inline float step(float acc, int32_t I, float d, float dx) { return std::fma((float)I, d * dx, acc); }
+
 #ifdef PD_AVX2
-// out[r] = weight row n . activation rows m0..m0+MT (xq: int8 (M, K) natural order; dx: scales (M, nbp);
-// xs: int16 sums per 16 (M, 2 nbp)).
+// out[r] = weight row `row` . activation rows m0..m0+MT: per super-block the codes meet each row's activations
+// 32 at a time (maddubs: int16 pairs of at most 2 * 63 * 127; madd with the block's two scales as int16 adds
+// sc times them into int32 lanes), the offset of 32 from the scales against hs (one madd), then step.
 template <int MT>
-inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const int16_t* xs, int64_t K,
-                 int64_t nbp, int64_t m0, float* out) {
-  __m256 acc[MT];
-  for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
+inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
+  float acc[MT];
+  for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * kBytes;
     for (int b = 0; b < 256; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
     const __m128i sc8 = _mm_loadu_si128((const __m128i*)(sb + 192));
-    __m256i half[MT][2];
+    __m256i isum[MT];
+    for (int r = 0; r < MT; ++r) isum[r] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
       __m256i c[4];
       half_codes(sb, n, c);
-      __m256i sc[4];
-      for (int k = 0; k < 4; ++k) sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_shuffle(4 * n + k)));
-      for (int r = 0; r < MT; ++r) {
-        const int8_t* x = xq + (m0 + r) * K + s * kSuper + 128 * n;
-        __m256i v[4];
-        for (int k = 0; k < 4; ++k)
-          v[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(c[k], _mm256_loadu_si256((const __m256i*)(x + 32 * k))),
-                                   sc[k]);
-        // [A0 A1 A2 A3 | B0 B1 B2 B3]: A_k = lanes 0-3 of block k (its first 16 weights), B_k lanes 4-7
-        half[r][n] = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+      for (int k = 0; k < 4; ++k) {
+        const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_shuffle(4 * n + k)));
+        for (int r = 0; r < MT; ++r) {
+          const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper + 128 * n + 32 * k;
+          const __m256i v = _mm256_maddubs_epi16(c[k], _mm256_loadu_si256((const __m256i*)x));
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(v, sc));
+        }
       }
     }
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const __m256 d = _mm256_set1_ps(scale_d(sb));
+    const float d = scale_d(sb);
     for (int r = 0; r < MT; ++r) {
-      const __m256i lo = _mm256_permute2x128_si256(half[r][0], half[r][1], 0x20);
-      const __m256i hi = _mm256_permute2x128_si256(half[r][0], half[r][1], 0x31);
-      const int64_t at = (m0 + r) * nbp + s * 8;
-      const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)(xs + 2 * at)));
-      const __m256i sums = _mm256_sub_epi32(_mm256_add_epi32(lo, hi), _mm256_slli_epi32(corr, 5));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(d, _mm256_loadu_ps(dx + at)), acc[r]);
+      const int64_t at = (m0 + r) * nsb + s;
+      const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)(a.hs.data() + 16 * at)));
+      acc[r] = step(acc[r], hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, 5))), d, a.d[at]);
     }
   }
-  for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(_mm256_setzero_ps());
+  for (int r = 0; r < MT; ++r) out[r] = acc[r];
 }
-#else  // portable: the same integers, scaled block by block
+#else  // portable: the same integers and chain, one code at a time
 template <int MT>
-inline void tile(const uint8_t* row, int64_t nsb, const int8_t* xq, const float* dx, const int16_t* xs, int64_t K,
-                 int64_t nbp, int64_t m0, float* out) {
+inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   for (int r = 0; r < MT; ++r) {
     float acc = 0.0f;
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* sb = row + s * kBytes;
       const int8_t* sc = (const int8_t*)(sb + 192);
-      const float d = scale_d(sb);
-      for (int b = 0; b < 8; ++b) {
-        int32_t sum = 0;
-        for (int i = 0; i < 32; ++i)
-          sum += sc[2 * b + i / 16] * (code(sb, 32 * b + i) - 32) * xq[(m0 + r) * K + s * kSuper + 32 * b + i];
-        acc += (float)sum * (d * dx[(m0 + r) * nbp + s * 8 + b]);
+      const int64_t at = (m0 + r) * nsb + s;
+      const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper;
+      int32_t I = 0;
+      for (int h = 0; h < 16; ++h) {
+        int32_t dot = 0;
+        for (int i = 16 * h; i < 16 * h + 16; ++i) dot += code(sb, i) * x[i];
+        I += sc[h] * (dot - 32 * a.hs[16 * at + h]);
       }
+      acc = step(acc, I, scale_d(sb), a.d[at]);
     }
-    (void)xs;
     out[r] = acc;
   }
 }
 #endif
 
 // out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
-inline void weight_row(const uint8_t* qs, int64_t K, const int8_t* xq, const float* dx, const int16_t* xs, int64_t nbp,
-                       int64_t M, int64_t n, float* out) {
+inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t n, float* out) {
   const int64_t nsb = K / kSuper;
   const uint8_t* row = qs + n * nsb * kBytes;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
-  for (; m < M; ++m) tile<1>(row, nsb, xq, dx, xs, K, nbp, m, out + m);
+  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, a, K, m, out + m);
+  for (; m < M; ++m) tile<1>(row, nsb, a, K, m, out + m);
 }
 
 #ifdef PD_AVX2
-// The GEMM path's q6 panel (qgemm.h's unpack_panel sizes it, its tiles read it): one pass over each
-// super-block of a column (its 192 code bytes read once, as tile reads them, instead of 64 bytes per block and
-// a variable shift), the 8 blocks of 8 columns transposed together; d converted once per super-block instead
-// of once per block. The same codes and scales as the per-row tile: codes 0..63, dw the super-block's d,
-// slo / shi the int8 scales of the block's two halves of 16.
+// The GEMM path's panel of rows n0..n0+cols (panel.h's Panel, q6's meaning of its fields): codes[(j * 8 + t) *
+// kCols + col] = codes 4t..4t+3 (0..63) of 32-weight block j, slo / shi[j * kCols + col] = the int8 scales of
+// its two halves of 16, dw[s * kCols + col] = super-block s's d; columns past `cols` are zero. One pass over
+// each super-block of a column (its 192 code bytes read once, as tile reads them), the 8 blocks of 8 columns
+// transposed together.
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
   using gemm::kCols;
   const int64_t nsb = nb / 8, q6row = nsb * kBytes;
+  p.codes.resize(nb * 8 * kCols);
+  p.dw.assign(nsb * kCols, 0.0f);
+  p.zw.clear();
+  p.slo.assign(nb * kCols, 0);
+  p.shi.assign(nb * kCols, 0);
   for (int g = 0; g < kCols; g += 8) {
     for (int64_t s = 0; s < nsb; ++s) {
       __m256i blk[8][8];  // [block of the super-block][column]
@@ -131,11 +137,11 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
       // bytes 206..209: sc[14], sc[15] and d (never read past the super-block)
       const __m256i top = _mm256_i32gather_epi32((const int*)(base + 206), idx, 1);
       const __m256i dh = _mm256_srli_epi32(top, 16);
-      const __m256 d = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dh), _mm256_extracti128_si256(dh, 1)));
+      _mm256_storeu_ps(p.dw.data() + s * kCols + c0,
+                       _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(dh), _mm256_extracti128_si256(dh, 1))));
       for (int b = 0; b < 8; ++b) {
         const __m256i x = b == 7 ? top : _mm256_i32gather_epi32((const int*)(base + 192 + 2 * b), idx, 1);
         const int64_t at = (s * 8 + b) * kCols + c0;
-        _mm256_storeu_ps(p.dw.data() + at, d);
         _mm256_storeu_si256((__m256i*)(p.slo.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 24), 24));
         _mm256_storeu_si256((__m256i*)(p.shi.data() + at), _mm256_srai_epi32(_mm256_slli_epi32(x, 16), 24));
       }
@@ -145,16 +151,51 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
     const uint8_t* row = qs + (n0 + c) * q6row;
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* sb = row + s * kBytes;
-      const float d = scale_d(sb);
       const int8_t* sc = (const int8_t*)(sb + 192);
+      p.dw[s * kCols + c] = scale_d(sb);
       for (int b = 0; b < 8; ++b) {
-        const int64_t at = (s * 8 + b) * kCols + c;
-        p.dw[at] = d;
-        p.slo[at] = sc[2 * b];
-        p.shi[at] = sc[2 * b + 1];
+        p.slo[(s * 8 + b) * kCols + c] = sc[2 * b];
+        p.shi[(s * 8 + b) * kCols + c] = sc[2 * b + 1];
       }
     }
   }
+}
+
+// out[r * ldo + col] for activation rows m0..m0+R and the panel's first `cols` columns, all 16 columns a vector
+// (panel.h's Cols16): per half of 16 weights 4 dot-product steps from -32 hs (so the half ends at q_h . x_h -
+// 32 hs_h), then I += sc_h times it (vpmulld); per super-block step's fp32 chain, lane-wise.
+template <int R>
+inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
+  constexpr int64_t C = gemm::kCols;
+  const int64_t nsb = a.nsb;
+  auto super = [&](int64_t s, const int8_t* const* xrow, gemm::Cols16f* acc) {
+    gemm::Cols16 I[R];
+    for (int r = 0; r < R; ++r) I[r] = gemm::zero16();
+    for (int h = 0; h < 16; ++h) {  // half h of the super-block: steps 4 (h % 2)..+4 of block 8 s + h / 2
+      const int64_t j = 8 * s + h / 2;
+      const int32_t* wp = p.codes.data() + (j * 8 + 4 * (h % 2)) * C;
+      gemm::Cols16 sums[R];
+      for (int r = 0; r < R; ++r) sums[r] = gemm::set16(-32 * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]);
+      for (int t = 0; t < 4; ++t) {
+        const gemm::Cols16 w = gemm::load16(wp + t * C);
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, xrow[r] + 16 * (16 * s + h) + 4 * t, 4);
+          sums[r] = gemm::dot16(sums[r], w, word);
+        }
+      }
+      const gemm::Cols16 sc = gemm::load16((h % 2 ? p.shi.data() : p.slo.data()) + j * C);
+      for (int r = 0; r < R; ++r) I[r] = gemm::add16(I[r], gemm::mullo16(sums[r], sc));
+    }
+    const gemm::Cols16f d = gemm::load16f(p.dw.data() + s * C);
+    for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<false>(I[r], d, a.d[(m0 + r) * nsb + s], acc[r]);
+  };
+  gemm::superblock_tile<R>(a.q.data(), K, nsb, m0, out, ldo, cols, super);
+}
+
+// out (M rows, stride ldo) = activation rows . the panel's columns
+inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
+  gemm::row_tiles(M, [&](auto R, int64_t m) { gemm_tile<R>(p, a, K, m, out + m * ldo, ldo, cols); });
 }
 #endif
 

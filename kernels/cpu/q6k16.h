@@ -1,8 +1,8 @@
 // The q6k16 format of qmatmul: GGUF Q6_K rows regrouped 16 at a time, so that one 512-bit vector holds the same
 // 4 code bytes of 16 weight rows and a step of several activation rows shares each unpacked super-block. q6.h's
-// rows cost each activation row ~50 instructions a super-block (two madds, and a tree of hadds to bring each
-// 32-weight block's sum into its lane), so an 8-row step cost nearly 8 one-row calls; here an activation row
-// costs 4 dpbusd a weight row and super-block, the 6-bit codes are taken apart once for all the rows of a call.
+// rows cost each activation row 16 multiply instructions (maddubs and madd a 32 codes) and a horizontal sum a
+// weight row and super-block, so an 8-row step costs nearly 8 one-row calls; here an activation row costs 4
+// dpbusd a weight row and super-block, the 6-bit codes taken apart once for all the rows of a call.
 //
 // A group of 16 rows (r = 0..15) stores, per super-block s, kGroupBytes = 16 x 210 bytes:
 //   [0, 3072)     48 lines of 64 bytes, line 3 (8 n + w) + p holding row r's 4 bytes at 4 r:
@@ -13,12 +13,12 @@
 // so the three lines of (n, w) give, for k = 0..3, the codes of weights 128 n + 32 k + 4 w + (0..3) of all 16
 // rows: one dpbusd against the 4 activation codes broadcast adds them into each row's own int32 lane.
 //
-// The arithmetic is q6.h's exactly: per row, super-block and 32-weight block b the exact integer
-//   S_b = sc[2b] (q_lo . x_lo - 32 xs[2b]) + sc[2b+1] (q_hi . x_hi - 32 xs[2b+1])
-// (q6.h's, regrouped), then acc_b = fma(S_b, d * dx_b, acc_b) a super-block after another and hsum's order over
-// the eight acc_b at the end. So this kernel, q6.h's rows and the GEMM path (panels unpacked from the groups)
-// give the same bits, whatever the batch, row order or thread count. Without AVX-512 each row of a group goes
-// through q6.h's own tile (the loader keeps Q6_K in rows there: kernels.packed.groupable).
+// The arithmetic is q6.h's exactly: per row and super-block the exact integer
+//   I = sum_h sc_h (q_h . x_h - 32 hs_h)
+// (q6.h's, regrouped), then acc = fma(I, d * d_x, acc) a super-block after another. So this kernel, q6.h's rows
+// and the GEMM path (panels unpacked from the groups) give the same bits, whatever the batch, row order or
+// thread count. Without AVX-512 each row of a group goes through q6.h's own tile (the loader keeps Q6_K in rows
+// there: kernels.packed.groupable).
 #pragma once
 
 #include "activations.h"
@@ -81,24 +81,24 @@ inline void unpack(const uint8_t* g, Unpacked& u) {
   u.d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
 }
 
-// acc[8 m + b] (16 rows each) += the super-block s of activation rows m0..m0+MT: MT rows share each code vector
-// and give the core independent dpbusd chains to overlap.
+// acc[m] (16 rows) steps over super-block s for activation rows m0..m0+MT, which share each code vector and give
+// the core independent dpbusd chains to overlap: each half of 16 from -32 hs_h, then I += sc_h times it.
 template <int MT>
-inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+inline void accumulate(const Unpacked& u, const ActK& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+  const int64_t nsb = K / q6::kSuper;
   const int8_t* x[MT];
-  const int16_t* xs[MT];
-  const float* dx[MT];
+  const int16_t* hs[MT];
+  __m512i I[MT];
   for (int r = 0; r < MT; ++r) {
-    const int64_t at = (m0 + r) * a.nbp + s * 8;
     x[r] = a.q.data() + (m0 + r) * K + s * q6::kSuper;
-    xs[r] = a.xs16.data() + 2 * at;
-    dx[r] = a.d.data() + at;
+    hs[r] = a.hs.data() + ((m0 + r) * nsb + s) * 16;
+    I[r] = _mm512_setzero_si512();
   }
   for (int b = 0; b < 8; ++b) {
     __m512i lo[MT], hi[MT];
     for (int r = 0; r < MT; ++r) {
-      lo[r] = _mm512_set1_epi32(-32 * (int32_t)xs[r][2 * b]);
-      hi[r] = _mm512_set1_epi32(-32 * (int32_t)xs[r][2 * b + 1]);
+      lo[r] = _mm512_set1_epi32(-32 * (int32_t)hs[r][2 * b]);
+      hi[r] = _mm512_set1_epi32(-32 * (int32_t)hs[r][2 * b + 1]);
     }
     for (int w = 0; w < 4; ++w) {
       const __m512i cl = u.codes[8 * b + w], ch = u.codes[8 * b + 4 + w];
@@ -110,25 +110,26 @@ inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t 
         hi[r] = _mm512_dpbusd_epi32(hi[r], ch, _mm512_set1_epi32(xh));
       }
     }
-    for (int r = 0; r < MT; ++r) {
-      const __m512i S =
-          _mm512_add_epi32(_mm512_mullo_epi32(lo[r], u.sc[2 * b]), _mm512_mullo_epi32(hi[r], u.sc[2 * b + 1]));
-      __m512& o = acc[8 * (m0 + r) + b];
-      o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(u.d, _mm512_set1_ps(dx[r][b])), o);
-    }
+    for (int r = 0; r < MT; ++r)
+      I[r] = _mm512_add_epi32(I[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], u.sc[2 * b]),
+                                                     _mm512_mullo_epi32(hi[r], u.sc[2 * b + 1])));
+  }
+  for (int r = 0; r < MT; ++r) {
+    __m512& o = acc[m0 + r];
+    o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(u.d, _mm512_set1_ps(a.d[(m0 + r) * nsb + s])), o);
   }
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
-inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
-  row_groups::group_kernel<Group, Unpacked, 8>(qs, K / q6::kSuper, M, g, out, unpack,
+inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
+  row_groups::group_kernel<Group, Unpacked, 1>(qs, K / q6::kSuper, M, g, out, unpack,
       [&](auto mt, const Unpacked& u, int64_t m0, int64_t s, __m512* acc) { accumulate<mt>(u, a, K, m0, s, acc); });
 }
 #else  // each row of the group through q6.h's tile
-inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
+inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / q6::kSuper;
   row_groups::each_row<Group>(qs + g * nsb * kGroupBytes, nsb, M, out, [&](const uint8_t* row, float* col) {
-    q6::weight_row(row, K, a.q.data(), a.d.data(), a.xs16.data(), a.nbp, M, 0, col);
+    q6::weight_row(row, K, a, M, 0, col);
   });
 }
 #endif
@@ -142,19 +143,19 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
   const int64_t nsb = nb / 8;
   const uint8_t* grp = qs + g * nsb * kGroupBytes;
   p.codes.resize(nb * 8 * kCols);
-  p.dw.resize(nb * kCols);
-  p.zw.assign(nb * kCols, 0.0f);
+  p.dw.resize(nsb * kCols);
+  p.zw.clear();
   p.slo.resize(nb * kCols);
   p.shi.resize(nb * kCols);
 #ifdef PD_AVX512
   thread_local Unpacked u;
   for (int64_t s = 0; s < nsb; ++s) {
     unpack(grp + s * kGroupBytes, u);
+    _mm512_storeu_ps(p.dw.data() + s * kCols, u.d);
     for (int b = 0; b < 8; ++b) {
       for (int t = 0; t < 8; ++t)
         _mm512_storeu_si512(p.codes.data() + ((s * 8 + b) * 8 + t) * kCols, u.codes[8 * b + t]);
       const int64_t at = (s * 8 + b) * kCols;
-      _mm512_storeu_ps(p.dw.data() + at, u.d);
       _mm512_storeu_si512(p.slo.data() + at, u.sc[2 * b]);
       _mm512_storeu_si512(p.shi.data() + at, u.sc[2 * b + 1]);
     }

@@ -1,4 +1,5 @@
-// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q6/q8 weights.
+// Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q5/q8 weights (and the formats whose
+// panels are q8's); the K-quants' tiles live with their formats (q4k.h, q6.h).
 //
 // The decode path (qmatmul.cpp's dot_tile) meets one weight row at a time and reduces every block's integer
 // dot product horizontally; with many activation rows that is load- and shuffle-bound. Here a panel of kCols
@@ -10,11 +11,10 @@
 // With AVX-512 VNNI, q4 and q5 take tile512 (one zmm of all 16 columns a step), q8 tile512 too for calls of
 // 16 rows or more (8 rows a tile) and tile512_seq below that (the same with its accumulators in registers), and
 // q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
-// unpack_block16, panel.h's unpack_scales16); q6 takes tile512 too, its sub-block scales applied in fp32 (exact
-// there). The panel layout is panel.h's; each format's own unpacker lives with the format (affine.h, q8.h, q6.h)
-// and unpack_panel here picks it. Another format feeds the same tiles by filling a Panel (codes, dw, zw; q6: slo,
-// shi) as panel.h documents; q4k fills a Panel with its own meaning of the fields and runs its own tile (q4k.h:
-// integer sub-block scales).
+// unpack_block16, panel.h's unpack_scales16). The panel layout is panel.h's; each format's own unpacker lives
+// with the format (affine.h, q8.h) and unpack_panel here picks it. Another format feeds the same tiles by
+// filling a Panel (codes, dw, zw) as panel.h documents; q4k and q6 fill a Panel with their own meaning of the
+// fields and run their own tiles (q4k.h, q6.h: integer sub-block scales).
 //
 // Results are bit-identical to dot_tile's: the block sums are exact integers either way, and the float part
 // repeats dot_tile's per-element sequence exactly: per block j, lane j % 8 of the element's accumulator
@@ -27,7 +27,6 @@
 #include "common.h"
 #include "formats.h"
 #include "panel.h"
-#include "q6.h"
 #include "q8.h"
 
 #ifdef PD_AVX2
@@ -39,21 +38,17 @@ namespace gemm {
 using formats::kQ4;  // the formats' ids (formats.h, generated from kernels/formats.py)
 using formats::kQ5;
 using formats::kQ5S;
-using formats::kQ6;
 using formats::kQ8;
 constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
 
 // The panel of weight rows n0..n0+cols of format fmt (panel.h's layout), by the format's own unpacker
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m, int64_t nb, int fmt, int64_t n0,
                          int cols, Panel& p) {
-  const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q6f = fmt == kQ6, q5s = fmt == kQ5S;  // q5s: its scales in its blocks
+  const bool q4 = fmt == kQ4, q5f = fmt == kQ5, q5s = fmt == kQ5S;  // q5s: its scales in its blocks
   const float centre = q5::centre(q5f || q5s);
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nb * kCols, 0.0f);
   p.zw.assign(nb * kCols, 0.0f);
-  p.slo.assign(q6f ? nb * kCols : 0, 0);
-  p.shi.assign(q6f ? nb * kCols : 0, 0);
-  if (q6f) return q6::unpack_panel(qs, nb, n0, cols, p);
 #ifdef PD_AVX512
   const bool fast = cols == kCols && !q5s, q8f = fmt == kQ8;
   if (fast && q4)
@@ -110,15 +105,13 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
 
 // acc += 4-byte dot products of weight codes w (u8; q8 without VNNI: the s8 codes w with |w| = aw) and the
 // broadcast activation word x (s8): isa.h's dot_u8s8, or dot_s8 for q8's codes on AVX2.
-template <bool U8>  // U8: codes below 128 (q4, q5 and q6), or VNNI's u8 q8 codes
+template <bool U8>  // U8: codes below 128 (q4 and q5), or VNNI's u8 q8 codes
 inline __m256i step(__m256i acc, __m256i w, __m256i aw, __m256i x) {
   if (U8 || kVnni) return dot_u8s8(acc, w, x);
   return dot_s8(acc, w, aw, x);
 }
 
 // out[r * ldo + c] for activation rows m0..m0+R and the panel's first `cols` columns.
-// q6: the steps of each half of 16 sum apart, S = slo (sum_lo - 32 xs_lo) + shi (sum_hi - 32 xs_hi): the per-row
-// path's exact integer.
 template <int R, int F>
 inline void tile(const View& p, const Act& a, int64_t m0, float* out, int64_t ldo, int cols) {
   constexpr bool Q4 = F == kQ4 || F == kQ5, U8 = F != kQ8;
@@ -126,19 +119,12 @@ inline void tile(const View& p, const Act& a, int64_t m0, float* out, int64_t ld
   const int64_t nb = a.nb;
   const __m256i offset = _mm256_set1_epi8((char)0x80);
   for (int64_t j = 0; j < nb; ++j) {
-    __m256i sums[R][2], lo[R][2];
-    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = lo[r][0] = lo[r][1] = _mm256_setzero_si256();
+    __m256i sums[R][2];
+    for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
     const int32_t* wp = p.codes + j * 8 * kCols;
     const int8_t* xq[R];
     for (int r = 0; r < R; ++r) xq[r] = a.q + ((m0 + r) * nb + j) * kBlock;
     for (int t = 0; t < 8; ++t) {
-      if (F == kQ6 && t == 4) {
-        for (int r = 0; r < R; ++r)
-          for (int h = 0; h < 2; ++h) {
-            lo[r][h] = sums[r][h];
-            sums[r][h] = _mm256_setzero_si256();
-          }
-      }
       __m256i w0 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols));
       __m256i w1 = _mm256_loadu_si256((const __m256i*)(wp + t * kCols + 8));
       __m256i a0 = w0, a1 = w1;
@@ -163,15 +149,7 @@ inline void tile(const View& p, const Act& a, int64_t m0, float* out, int64_t ld
       const __m256 dx = _mm256_set1_ps(a.d[at]);
       const __m256i fix = _mm256_set1_epi32(F == kQ8 && kVnni ? 128 * a.isum[at] : 0);  // q8: the + 128 of the codes
       for (int h = 0; h < 2; ++h) {
-        __m256i isums = _mm256_sub_epi32(sums[r][h], fix);
-        if (F == kQ6) {
-          const __m256i slo = _mm256_loadu_si256((const __m256i*)(p.slo + j * kCols + 8 * h));
-          const __m256i shi = _mm256_loadu_si256((const __m256i*)(p.shi + j * kCols + 8 * h));
-          const __m256i xlo = _mm256_set1_epi32(32 * a.xs16[2 * at]), xhi = _mm256_set1_epi32(32 * a.xs16[2 * at + 1]);
-          isums = _mm256_add_epi32(_mm256_mullo_epi32(_mm256_sub_epi32(lo[r][h], xlo), slo),
-                                   _mm256_mullo_epi32(_mm256_sub_epi32(sums[r][h], xhi), shi));
-        }
-        const __m256 s = _mm256_cvtepi32_ps(isums);
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], fix));
         float* ap = acc[r][l] + 8 * h;
         _mm256_store_ps(ap, _mm256_fmadd_ps(s, _mm256_mul_ps(dw[h], dx), _mm256_load_ps(ap)));
         if (Q4) {
@@ -264,39 +242,17 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
     }
     const int64_t j1 = std::min<int64_t>(nb, j0 + kChunk512);
     for (int64_t j = j0 + l; j < j1; j += 8) {
-      // q6: each half of 16 starts from -32 times its activations' sum, so that it ends at sum (q - 32) x; q8
-      // from -128 times the block's (its codes are u8 q + 128)
-      auto start = [&](int r, int h) {
-        if (F == kQ6) return _mm512_set1_epi32(-32 * a.xs16[2 * ((m0 + r) * a.nbp + j) + h]);
-        if (F == kQ8) return _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]);
-        return _mm512_setzero_si512();
-      };
-      __m512i sums[R], lo[R];
-      for (int r = 0; r < R; ++r) sums[r] = lo[r] = start(r, 0);
+      // q8 starts from -128 times the block's activations' sum (its codes are u8 q + 128)
+      __m512i sums[R];
+      for (int r = 0; r < R; ++r)
+        sums[r] = F == kQ8 ? _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]) : _mm512_setzero_si512();
       const int32_t* wp = p.codes + j * 8 * kCols;
-      for (int t = 0; t < 8; ++t) {
-        if (F == kQ6 && t == 4) {
-          for (int r = 0; r < R; ++r) {
-            lo[r] = sums[r];
-            sums[r] = start(r, 1);
-          }
-        }
-        step512<R>(wp, xrow, j, t, sums);
-      }
+      for (int t = 0; t < 8; ++t) step512<R>(wp, xrow, j, t, sums);
       const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
       const __m512 zw = Q4 ? _mm512_loadu_ps(p.zw + j * kCols) : dw;
-      // q6's block sum S = slo * lo + shi * hi in fp32, exact: |lo|, |hi| <= 16 * 32 * 128 = 2^16 and |s| <= 2^7, so
-      // each product and the sum are integers of at most 2^24 (the 256-bit tile's two vpmulld, here two cvt)
-      const __m512 slo = F == kQ6 ? _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(p.slo + j * kCols))) : dw;
-      const __m512 shi = F == kQ6 ? _mm512_cvtepi32_ps(_mm512_loadu_si512((const void*)(p.shi + j * kCols))) : dw;
       for (int r = 0; r < R; ++r) {
         const int64_t at = (m0 + r) * a.nbp + j;
-        __m512 s;
-        if (F == kQ6) {
-          s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), shi, _mm512_mul_ps(_mm512_cvtepi32_ps(lo[r]), slo));
-        } else {
-          s = _mm512_cvtepi32_ps(sums[r]);
-        }
+        const __m512 s = _mm512_cvtepi32_ps(sums[r]);
         va[r] = _mm512_fmadd_ps(s, _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), va[r]);
         if (Q4) {
           const float c = F == kQ5 ? a.c[at] + a.c[at] : a.c[at];
@@ -326,9 +282,7 @@ constexpr int64_t kLaneMajorQ8 = 16;
 #endif
 
 // out (M rows, stride ldo) = activation rows . weight rows n0..n0+cols of the panel p (already unpacked).
-// q6 takes tile512 with its sub-block scales applied in fp32: with two vpmulld a block and row instead, its zmm
-// form ran 0.7x as fast as the ymm tile at 512 rows; in fp32 it runs ~1.3x faster than the ymm tile
-// (docs/performance/kernels.md, "Prompt rows of the K-quant mixes"). q8 (and the lookup-table formats, whose
+// q8 (and the lookup-table formats, whose
 // panels are q8's) takes tile512 with 8 rows a tile for prompt chunks (lane-major, 16 zmm live: 1.1x tile512_seq's
 // 3 rows on IQ4_XS matrices at 512 rows) and tile512_seq for the rows left and for small calls.
 template <int F>

@@ -161,6 +161,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q5k16::unpack_panel(w.qs, w.nb, n0 / q5k16::kRows, panel);
   } else if (F == kIQ4XS16) {
     iq4xs16::unpack_panel(w.qs, w.nb, n0 / iq4xs16::kRows, panel);
+  } else if (F == kQ6) {
+    q6::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -178,9 +180,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
-  constexpr int G = Q4K                                        ? (int)gemm::kQ4
+  constexpr bool Q6 = F == kQ6 || F == kQ6K16;                                 // q6.h's
+  constexpr int G = Q4K || Q6                                  ? (int)gemm::kQ4
                     : F == kQ8G || lut4::kIs<F> || F == kIQ4XS16 ? (int)gemm::kQ8
-                    : F == kQ6K16                                ? (int)kQ6
                     : F == kQ5S                                  ? (int)kQ5
                                                                  : F;
   thread_local gemm::Panel panel;
@@ -188,6 +190,8 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
     if constexpr (Q4K) {
       q4k::panel_rows(panel, ak, w.K, M, o, ldo, cols);
+    } else if constexpr (Q6) {
+      q6::panel_rows(panel, ak, w.K, M, o, ldo, cols);
     } else {
       gemm::panel_rows<G>(v, a, M, o, ldo, cols);
     }
@@ -223,11 +227,11 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // q5k's rows (not grouped as q4k16's are) cost each activation row nearly a one-row call: random Q5_K matrices
 // of Qwen2.5-1.5B's gate and down shapes, 8 a call, 2 threads, GEMM / per-row time 1.38 and 1.05 at 8 rows,
 // 0.94 and 0.77 at 12, 0.80 and 0.65 at 16. q6k16's group kernel (one dpbusd per 4 codes of 16 rows, the codes
-// unpacked once a call) keeps up with the GEMM to ~32-64 rows since q6's GEMM tile went 512-bit
-// (`python -m tools.bench.qmatmul_bench --prompt-rows 16,32,64 --threads 2 --gemm-format q6`: group kernel / GEMM
-// time 0.7-0.85 at 16 rows, ~1.0 at 32, 1.1-1.3 at 64). q5k16's group kernel stays ahead to ~1024 rows (its
-// panels unpack through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.9-3.5 at 64 rows,
-// 1.3-1.5 at 256, ~1.0 at 1024. iq4xs16's stays ahead to ~256 rows
+// unpacked once a call) keeps up with the GEMM to ~64 rows (`python -m tools.bench.qmatmul_bench --prompt-rows
+// 32,64,128 --threads 2 --gemm-format q6`, int8 multiply-adds a CPU second, GEMM / group kernel: 0.76-1.01 at 32
+// rows, 1.00-1.19 at 64, 1.03-1.22 at 128). q5k16's group kernel stays ahead to ~384-512 rows (its panels unpack
+// through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.6-3.0 at 64 rows, 1.16-1.2 at 256,
+// 0.96-1.04 at 384, 0.90-0.96 at 512, 0.80-0.89 at 768. iq4xs16's stays ahead to ~256 rows
 // (--gemm-format iq4xs: 1.0-1.2 at 128 rows, 1.0-1.1 at 256, 0.75-0.85 at 1024).
 // Short rows move q4 and q8 to the GEMM from 5 rows: dot_tile's per-group epilogue and final sums weigh on a
 // row of K <= 2048 (18-64 blocks), so each activation row costs it nearly a one-row call. The default model's
@@ -248,7 +252,7 @@ int64_t gemm_rows(Format f, int64_t K) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
   if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
-  if (f == kQ5K16) return 1024;
+  if (f == kQ5K16) return 512;
   if (f == kIQ4XS16) return 256;
   if (f == kQ6K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
@@ -294,7 +298,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
               qs.scalar_type(), " ", qs.sizes());
   TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
   const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
-  const bool q6 = f == kQ6 || f == kQ6K16, q4k = f == kQ4K, q4k16 = f == kQ4K16, q8g = f == kQ8G;
+  const bool q8g = f == kQ8G;
   const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
@@ -318,10 +322,10 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   TORCH_CHECK(!q8g, "q8g weights need the AVX2 kernels");
   const bool big = false;
 #endif
-  if (q4k || q4k16 || f == kQ5K || f == kQ5K16) {  // activations per 256 (q4k.h)
+  if (row_acts(f) == RowActs::kPer256) {  // the K-quants (q4k.h, q6.h)
     quantize_k(x.data_ptr<float>(), M, K, a.k);
   } else {
-    quantize_rows(x.data_ptr<float>(), M, K, a, row_acts(f) == RowActs::kPaired && !big, q6);
+    quantize_rows(x.data_ptr<float>(), M, K, a, row_acts(f) == RowActs::kPaired && !big);
   }
   Weights w{(const uint8_t*)qs.data_ptr(), L.scales == 0 ? nullptr : (const uint16_t*)d.data_ptr(),
             affine ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
@@ -329,7 +333,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
   const Act ac = (Act)act;
 #ifdef PD_AVX2
   if (big) {
-    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp, a.xs16.data()};
+    const gemm::Act ga{a.q.data(), a.d.data(), a.s.data(), a.c.data(), a.isum.data(), nb, a.nbp};
     // Panels go out in chunks from a shared counter, not in one fixed share per thread: on a machine shared
     // with other processes a descheduled thread's half held the call up (a 512-row prefill ran at one
     // thread's speed). Every element's arithmetic is the same whichever thread takes its panel.

@@ -66,12 +66,28 @@ def test_experts_load_packed_in_the_files_format_and_follow_the_dense_model(moe_
     # row's top-k experts can flip where two router scores nearly tie, as any rounding of h may make them)
     assert ((a - b).norm() / a.norm()).item() < 0.15
     assert (a.argmax(-1) == b.argmax(-1)).float().mean().item() >= 0.7
-    # greedy replies: the same first tokens (a random tiny model's 49k logits have many near-ties, so replies
-    # of dense and packed models part after 3-5 tokens, as test_qlinear notes for dense layers too)
+    # greedy replies: the dense model's tokens up to its first near-tie (a random tiny model's 49k logits have
+    # many: top two within 0.02-0.3 by the second or third token, where int8 activations or a flipped expert
+    # choice may pick either, as test_qlinear notes for dense layers too)
     tok = Tokenizer.load(wide_moe_folder)
-    prompts = [prompt_ids(9 + 7 * i, seed=20 + i) for i in range(3)]
+    prompts = [prompt_ids(9 + 7 * i, seed=20 + i) for i in range(6)]
     ours, theirs = run_greedy(packed, tok, prompts, 3), run_greedy(dense, tok, prompts, 3)
-    assert ours == theirs and all(len(r) == 3 for r in ours)
+    assert all(len(r) == 3 for r in ours)
+    assert sum(clear_prefix(dense, p, t, o) for p, t, o in zip(prompts, theirs, ours)) >= 4
+
+
+def clear_prefix(dense, prompt: torch.Tensor, theirs: list[int], ours: list[int], margin: float = 0.5) -> int:
+    """How many of the dense model's greedy tokens lead by `margin` or more over its runner-up; asserts that
+    `ours` equals `theirs` over those."""
+    logits = forward_tokens(dense, torch.cat([prompt.view(-1), torch.tensor(theirs)]).view(1, -1)).squeeze(0)
+    clear = 0
+    for k, token in enumerate(theirs):
+        top = logits[prompt.numel() - 1 + k].topk(2).values
+        if (top[0] - top[1]).item() < margin:
+            break
+        assert ours[k] == token, (k, ours, theirs)
+        clear += 1
+    return clear
 
 
 def test_packed_experts_keep_rows_independent_of_the_batch(moe_gguf, wide_moe_folder):

@@ -18,6 +18,7 @@ from engine.model.packing import repack
 from engine.model.packing import repack_fast
 from engine.model.qlinear import PartsLinear, Q4KLinear, Q4Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
+from tests.kernels.q8k_oracle import fma32, q8_k
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build
 from tests.kernels.test_q6 import random_q6
 from tests.kernels.test_qgemm import _call
@@ -39,29 +40,6 @@ def random_q4k(N: int, K: int, seed: int = 0, source: str = "writer") -> Q4KLine
 def gguf_weights(w: Q4KLinear) -> torch.Tensor:
     """gguf-py's own Q4_K decoder: the oracle of the weights."""
     return torch.from_numpy(gguf_dequantize(w.row_blocks().numpy(), Q.Q4_K).astype(np.float32)).view(w.shape)
-
-
-def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """fp32 fma(a, b, c), correctly rounded: a * b is exact in float64, the sum is rounded to odd in float64
-    (TwoSum's error decides the last bit) and then to float32, which is the single rounding of the exact value."""
-    p = a.astype(np.float64) * b.astype(np.float64)
-    c = c.astype(np.float64)
-    s = p + c
-    bb = s - p
-    err = (p - (s - bb)) + (c - bb)
-    even = (s.view(np.int64) & 1) == 0
-    s = np.where((err != 0) & even, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
-    return s.astype(np.float32)
-
-
-def q8_k(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q8_K activations as activations.h's quantize_k: per 256 d = max|x| / 127, codes rint(x * (127 / max|x|)), and the
-    integer code sums of each 32."""
-    v = x.numpy().astype(np.float32).reshape(x.shape[0], -1, 256)
-    amax = np.abs(v).max(-1)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    q = np.rint(v * inv[..., None]).astype(np.int64)
-    return q, (amax / np.float32(127)).astype(np.float32), q.reshape(*q.shape[:2], 8, 32).sum(-1)
 
 
 def q4_k_fields(qs: torch.Tensor, N: int, K: int) -> tuple[np.ndarray, ...]:
@@ -95,8 +73,8 @@ def reference_superblocks(x: torch.Tensor, K: int, d, dmin, sc, m, codes) -> tor
     for s in range(K // 256):
         dd = (d[None, :, s] * dx[:, None, s]).astype(np.float32)
         dm = (dmin[None, :, s] * dx[:, None, s]).astype(np.float32)
-        acc = _fma32(I[..., s], dd, acc)
-        acc = _fma32(-J[..., s], dm, acc)
+        acc = fma32(I[..., s], dd, acc)
+        acc = fma32(-J[..., s], dm, acc)
     return torch.from_numpy(acc)
 
 
@@ -105,7 +83,7 @@ def test_reference_fma_rounds_once():
     float32 tie, and ties-to-even would round the wrong way for c > 0."""
     a = np.array([1 + 2 ** -12], np.float32)  # a * a = 1 + 2^-11 + 2^-24: a float32 tie
     for c, want in ((2.0 ** -60, 1 + 2 ** -11 + 2 ** -23), (-(2.0 ** -60), 1 + 2 ** -11)):
-        assert _fma32(a, a, np.array([c], np.float32))[0] == np.float32(want)
+        assert fma32(a, a, np.array([c], np.float32))[0] == np.float32(want)
 
 
 @pytest.mark.parametrize("source", ["writer", "random bytes"])

@@ -7,6 +7,7 @@
 #include "affine.h"
 #include "common.h"
 #include "formats.h"
+#include "iq4xs.h"
 #include "iq4xs16.h"
 #include "kquant.h"
 #include "lut4.h"
@@ -70,15 +71,17 @@ void with_format(formats::Format f, Fn&& fn) {
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
-// The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6 and their groups:
-// quantize_k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, the lut4 family:
-// quantize_rows without pairs).
+// The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6, iq4xs and their
+// groups: quantize_k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, mxfp4, iq4nl,
+// q8s: quantize_rows without pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
 constexpr int kRowActKinds = 3;
 
 constexpr RowActs row_acts(int F) {
   using namespace formats;
-  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16) return RowActs::kPer256;
+  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16 || F == kIQ4XS ||
+      F == kIQ4XS16)
+    return RowActs::kPer256;
   return F == kQ4 || F == kQ5 || F == kQ5S ? RowActs::kPaired : RowActs::kNatural;
 }
 
@@ -101,6 +104,8 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ5K) {
     q4k::weight_row<q4k::Q5K>(w.qs, w.K, a.k, M, n, out);
+  } else if constexpr (F == kIQ4XS) {
+    iq4xs::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (lut4::kIs<F>) {
     lut4::weight_row<typename lut4::Of<F>::type>(w.qs, w.K, a, M, n, out);
   } else {
@@ -126,7 +131,7 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
   } else if constexpr (F == formats::kQ5K16) {
     q5k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else if constexpr (F == formats::kIQ4XS16) {
-    iq4xs16::group_rows(w.qs, w.K, a, M, g, out);
+    iq4xs16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else {
     q6k16::group_rows(w.qs, w.K, a.k, M, g, out);
   }

@@ -1,7 +1,7 @@
 // The iq4xs16 format of qmatmul: GGUF IQ4_XS rows regrouped 16 at a time, q6k16.h's scheme for the lookup-table
 // family's super-block member: one 512-bit vector holds the same 4 nibble bytes of 16 weight rows, each
 // super-block's codes are looked up (u8 v + 128, lut4.h's form) once for all the activation rows of a call, and
-// an activation row costs 8 dpbusd a weight row and super-block instead of lut4.h's per-row reduction tree.
+// an activation row costs 8 dpbusd a weight row and super-block instead of iq4xs.h's per-row reduction tree.
 //
 // A group of 16 rows (r = 0..15) stores, per super-block s, kGroupBytes = 16 x 136 bytes (34 lines):
 //   [0, 32)       d of the 16 rows (fp16)          [32, 64)  the rows' 2 bytes of high scale bits
@@ -10,15 +10,15 @@
 // Word k = 4 b + t holds in its low nibbles codes 4t..4t+3 of block b (32 weights), in its high ones codes
 // 16+4t..16+4t+3.
 //
-// The arithmetic is lut4.h's (q8's) exactly: per row and 32-weight block b the exact integer S_b = u . x - 128
-// sum(x) (u = v + 128), lane b of eight fp32 accumulators takes fma(S_b, dw_b * dx_b, acc_b) a super-block after
-// another (dw_b = d (ls_b - 32), exact), and hsum's order over them at the end. So this kernel, lut4.h's rows and
-// the GEMM path (q8 panels from the groups' rows) give the same bits. Without AVX-512 each row of a group goes
-// through lut4.h's tile (the loader keeps IQ4_XS in rows there: kernels.packed.groupable).
+// The arithmetic is iq4xs.h's exactly: per row and super-block the exact integer I = sum_b (ls_b - 32) S_b with
+// S_b = u_b . x_b - 128 bs_b (u = v + 128), then acc = fma(I, d * d_x, acc) a super-block after another. So this
+// kernel, iq4xs.h's rows and the GEMM path (panels from the groups) give the same bits. Without AVX-512 each row
+// of a group goes through iq4xs.h's tile (the loader keeps IQ4_XS in rows there: kernels.packed.groupable).
 #pragma once
 
 #include "activations.h"
 #include "common.h"
+#include "iq4xs.h"
 #include "lut4.h"
 #include "panel.h"
 #include "row_groups.h"
@@ -48,23 +48,23 @@ struct Group {
 
 #ifdef PD_AVX512
 // One group super-block taken apart: codes[8 b + w] = the table values (u8 v + 128) of weights 32 b + 4 w + (0..3)
-// of the 16 rows (one int32 lane a row), dw[b] the rows' fp32 scale of block b.
+// of the 16 rows (one int32 lane a row), ls[b] the rows' scale ls - 32 of block b, d their d.
 struct Unpacked {
   __m512i codes[64];
-  __m512 dw[8];
+  __m512i ls[8];
+  __m512 d;
 };
 
-// dw[b] = the 16 rows' fp32 scale of block b: its low 4 bits nibble b of the row's low word (byte b / 2, low
-// nibble first), its high 2 bits bits 2b of the high half-word; dw = d (ls - 32), exact in fp32
-inline void scales(const uint8_t* g, __m512 dw[8]) {
+// ls[b] = the 16 rows' ls - 32 of block b: its low 4 bits nibble b of the row's low word (byte b / 2, low nibble
+// first), its high 2 bits bits 2b of the high half-word; d the rows' d
+inline void scales(const uint8_t* g, __m512i ls[8], __m512& d) {
   const __m512i low = _mm512_loadu_si512(g + kLowScales);
   const __m512i high = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(g + kHighScales)));
-  const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
+  d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(g + kD)));
   for (int b = 0; b < 8; ++b) {
     const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(low, 4 * b), _mm512_set1_epi32(0x0F));
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(high, 2 * b), _mm512_set1_epi32(3));
-    const __m512i ls = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
-    dw[b] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(ls));
+    ls[b] = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
   }
 }
 
@@ -76,25 +76,25 @@ inline void unpack(const uint8_t* g, Unpacked& u) {
     u.codes[8 * b + w] = _mm512_shuffle_epi8(tab, _mm512_and_si512(raw, m4));
     u.codes[8 * b + 4 + w] = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
   }
-  scales(g, u.dw);
+  scales(g, u.ls, u.d);
 }
 
-// acc[8 m + b] (16 rows each) += the super-block s of activation rows m0..m0+MT, which share each code vector
-// (a: lut4.h's activations, quantize_rows without pairs: int8 q (M, K), scales d and integer sums isum (M, nbp))
+// acc[m] (16 rows) steps over super-block s for activation rows m0..m0+MT, which share each code vector: each
+// block's sum from -128 bs_b, then I += (ls_b - 32) times it
 template <int MT>
-inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+inline void accumulate(const Unpacked& u, const ActK& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
+  const int64_t nsb = K / B::kValues;
   const int8_t* x[MT];
-  const int32_t* isum[MT];
-  const float* dx[MT];
+  const int16_t* bs[MT];
+  __m512i I[MT];
   for (int r = 0; r < MT; ++r) {
-    const int64_t at = (m0 + r) * a.nbp + s * 8;
     x[r] = a.q.data() + (m0 + r) * K + s * B::kValues;
-    isum[r] = a.isum.data() + at;
-    dx[r] = a.d.data() + at;
+    bs[r] = a.bs.data() + ((m0 + r) * nsb + s) * 8;
+    I[r] = _mm512_setzero_si512();
   }
   for (int b = 0; b < 8; ++b) {
     __m512i S[MT];
-    for (int r = 0; r < MT; ++r) S[r] = _mm512_set1_epi32(-128 * isum[r][b]);
+    for (int r = 0; r < MT; ++r) S[r] = _mm512_set1_epi32(-128 * (int32_t)bs[r][b]);
     for (int w = 0; w < 8; ++w) {
       const __m512i c = u.codes[8 * b + w];
       for (int r = 0; r < MT; ++r) {
@@ -103,32 +103,32 @@ inline void accumulate(const Unpacked& u, const QuantAct& a, int64_t K, int64_t 
         S[r] = _mm512_dpbusd_epi32(S[r], c, _mm512_set1_epi32(xv));
       }
     }
-    for (int r = 0; r < MT; ++r) {
-      __m512& o = acc[8 * (m0 + r) + b];
-      o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r]), _mm512_mul_ps(u.dw[b], _mm512_set1_ps(dx[r][b])), o);
-    }
+    for (int r = 0; r < MT; ++r) I[r] = _mm512_add_epi32(I[r], _mm512_mullo_epi32(S[r], u.ls[b]));
+  }
+  for (int r = 0; r < MT; ++r) {
+    __m512& o = acc[m0 + r];
+    o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[r]), _mm512_mul_ps(u.d, _mm512_set1_ps(a.d[(m0 + r) * nsb + s])), o);
   }
 }
 
 // One activation row: the same integers and float steps as accumulate<1>, each line's codes used as they are
-// looked up (lut4.h's own one-row path is lean enough that the round trip through Unpacked left groups ~18 %
+// looked up (iq4xs.h's own one-row path is lean enough that the round trip through Unpacked left groups ~18 %
 // slower at one row)
-inline void one_row(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t g, float* out) {
+inline void one_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t g, float* out) {
   const int64_t nsb = K / B::kValues;
   const uint8_t* grp = qs + g * nsb * kGroupBytes;
   const __m512i tab = _mm512_broadcast_i32x4(_mm256_castsi256_si128(lut4::table<B>())), m4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[8];
-  for (int b = 0; b < 8; ++b) acc[b] = _mm512_setzero_ps();
-  __m512 dw[8];
+  __m512 acc = _mm512_setzero_ps(), d;
+  __m512i ls[8];
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* gs = grp + s * kGroupBytes;
     row_groups::prefetch<Group>(gs);
-    scales(gs, dw);
+    scales(gs, ls, d);
     const int8_t* x = a.q.data() + s * B::kValues;
-    const int32_t* isum = a.isum.data() + s * 8;
-    const float* dx = a.d.data() + s * 8;
+    const int16_t* bs = a.bs.data() + s * 8;
+    __m512i I = _mm512_setzero_si512();
     for (int b = 0; b < 8; ++b) {
-      __m512i S = _mm512_set1_epi32(-128 * isum[b]);
+      __m512i S = _mm512_set1_epi32(-128 * (int32_t)bs[b]);
       for (int w = 0; w < 4; ++w) {
         const __m512i raw = _mm512_loadu_si512(gs + kCodes + 64 * (4 * b + w));
         int32_t xl, xh;
@@ -138,31 +138,32 @@ inline void one_row(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t g, 
         S = _mm512_dpbusd_epi32(S, _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4)),
                                 _mm512_set1_epi32(xh));
       }
-      acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), _mm512_mul_ps(dw[b], _mm512_set1_ps(dx[b])), acc[b]);
+      I = _mm512_add_epi32(I, _mm512_mullo_epi32(S, ls[b]));
     }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(d, _mm512_set1_ps(a.d[s])), acc);
   }
-  row_groups::store_hsum8(acc, 1, out);
+  _mm512_storeu_ps(out, acc);
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows
-inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
+inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
   if (M == 1) return one_row(qs, K, a, g, out);
-  row_groups::group_kernel<Group, Unpacked, 8>(qs, K / B::kValues, M, g, out, unpack,
+  row_groups::group_kernel<Group, Unpacked, 1>(qs, K / B::kValues, M, g, out, unpack,
       [&](auto mt, const Unpacked& u, int64_t m0, int64_t s, __m512* acc) { accumulate<mt>(u, a, K, m0, s, acc); });
 }
-#else  // each row of the group through lut4.h's tile
-inline void group_rows(const uint8_t* qs, int64_t K, const QuantAct& a, int64_t M, int64_t g, float* out) {
+#else  // each row of the group through iq4xs.h's tile
+inline void group_rows(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t g, float* out) {
   const int64_t nsb = K / B::kValues;
   row_groups::each_row<Group>(qs + g * nsb * kGroupBytes, nsb, M, out, [&](const uint8_t* row, float* col) {
-    lut4::weight_row<B>(row, K, a, M, 0, col);
+    iq4xs::weight_row(row, K, a, M, 0, col);
   });
 }
 #endif
 
 #ifdef PD_AVX2
-// The GEMM path's panel of group g (lut4.h's unpack_panel's meaning of the fields: q8's panel): its 16 rows are
-// the panel's 16 columns, so block j's word t of every column is one vector of the unpacked group. (Through the
-// rows and lut4.h's unpacker, the regrouping cost more than the GEMM: 4x its time at 16 rows.)
+// The GEMM path's panel of group g (iq4xs.h's unpack_panel's meaning of the fields): its 16 rows are the panel's 16
+// columns, so block j's word t of every column is one vector of the unpacked group. (Through the rows and iq4xs.h's
+// unpacker, the regrouping cost more than the GEMM: 4x its time at 16 rows.)
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& p) {
 #ifdef PD_AVX512
   using gemm::kCols;
@@ -170,22 +171,22 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
   const int64_t nsb = nb / 8;
   const uint8_t* grp = qs + g * nsb * kGroupBytes;
   p.codes.resize(nb * 8 * kCols);
-  p.dw.resize(nb * kCols);
-  p.zw.assign(nb * kCols, 0.0f);
-  p.slo.clear();
+  p.dw.resize(nsb * kCols);
+  p.zw.clear();
+  p.slo.resize(nb * kCols);
   p.shi.clear();
   thread_local Unpacked u;
   for (int64_t s = 0; s < nsb; ++s) {
     unpack(grp + s * kGroupBytes, u);
+    _mm512_storeu_ps(p.dw.data() + s * kCols, u.d);
     for (int b = 0; b < 8; ++b) {
       for (int t = 0; t < 8; ++t)
         _mm512_storeu_si512(p.codes.data() + ((s * 8 + b) * 8 + t) * kCols, u.codes[8 * b + t]);
-      _mm512_storeu_ps(p.dw.data() + (s * 8 + b) * kCols, u.dw[b]);
+      _mm512_storeu_si512(p.slo.data() + (s * 8 + b) * kCols, u.ls[b]);
     }
   }
 #else
-  row_groups::panel_via_rows<Group>(qs, nb, g,
-                                    [&](const uint8_t* rows) { lut4::unpack_panel<B>(rows, nb, 0, kRows, p); });
+  row_groups::panel_via_rows<Group>(qs, nb, g, [&](const uint8_t* rows) { iq4xs::unpack_panel(rows, nb, 0, kRows, p); });
 #endif
 }
 #endif

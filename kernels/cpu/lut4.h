@@ -13,7 +13,9 @@
 // order). Each block's scale is an exact fp32 value (a power of two; an fp16 value; an fp16 value times an
 // integer below 33 in magnitude), so the blocks hold the file's weights exactly.
 //
-// The product is q8's (rows.h, qgemm.h): a code becomes its value stored as u8 v + 128 (one vpshufb of the
+// The product of mxfp4, iq4nl and q8s is q8's (rows.h, qgemm.h); iq4xs's, with its sub-block scales applied as
+// integers to activations quantized per 256, is iq4xs.h's (reading the codes through the helpers here). For the
+// others a code becomes its value stored as u8 v + 128 (one vpshufb of the
 // table, or q8s's code with its top bit flipped), then meets the int8 activations through q8::dot (dpbusd,
 // taking 128 * sum(x) out once a block with VNNI; |v| * sign(x, v) on AVX2); every block's integer sum is
 // exact, and the float part is q8's sequence: lane j % 8 of an accumulator takes fma(sum, d_w * d_x, acc) per
@@ -163,21 +165,25 @@ inline __m256i block_values(const uint8_t* row, int64_t j, __m256i tab) {
 // The fp32 scales of blocks j..j+7 (j a multiple of 8 for iq4xs: one super-block's), as B::scale gives them
 // one by one; IQ4_XS's 6-bit sub-block scales are taken apart in vector lanes (one at a time they cost more
 // than the group's dot products).
+// IQ4_XS super-block sb's eight sub-block scales ls - 32 (-32..31) as int32 lanes: block b's low 4 bits are
+// nibble b of the low word (byte b / 2, low nibble first), its high 2 bits bits 2b of the high half-word
+inline __m256i iq4xs_scales(const uint8_t* sb) {
+  uint16_t high;
+  uint32_t low;
+  std::memcpy(&high, sb + 2, 2);
+  std::memcpy(&low, sb + 4, 4);
+  const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                      _mm256_set1_epi32(0x0F));
+  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                      _mm256_set1_epi32(3));
+  return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+}
+
 template <class B>
 inline __m256 scales8(const uint8_t* row, int64_t j) {
   if constexpr (std::is_same<B, Iq4xs>::value) {
     const uint8_t* sb = row + j / 8 * B::kBytes;
-    uint16_t high;
-    uint32_t low;
-    std::memcpy(&high, sb + 2, 2);
-    std::memcpy(&low, sb + 4, 4);
-    // block b: its low 4 bits are nibble b of `low` (byte b / 2, low nibble first), its high 2 bits bits 2b of `high`
-    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                        _mm256_set1_epi32(0x0F));
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                        _mm256_set1_epi32(3));
-    const __m256i ls = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-    return _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(ls));
+    return _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(iq4xs_scales(sb)));
   } else {
     alignas(32) float dw[8];
     for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
@@ -293,9 +299,11 @@ inline __m256i block_sums8(const __m512i* s) {
 }
 #endif
 
-// out[r] = weight row `row` (nb blocks of 32) . activation rows m0..m0+MT (quantize_rows without pairs)
+// out[r] = weight row `row` (nb blocks of 32) . activation rows m0..m0+MT (quantize_rows without pairs; iq4xs's
+// rows are iq4xs.h's)
 template <class B, int MT>
 inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, float* out) {
+  static_assert(!std::is_same<B, Iq4xs>::value, "iq4xs's rows are iq4xs.h's");
   const __m256i tab = table<B>(), zero = _mm256_setzero_si256();
   __m256 acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = _mm256_setzero_ps();
@@ -350,19 +358,14 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
   for (int r = 0; r < MT; ++r) out[r] = hsum(acc[r]) + hsum(_mm256_setzero_ps());
 }
 
-// The GEMM path's panel of weight rows n0..n0+cols in q8's form (panel.h): codes the table values stored
-// u8 v + 128 ([block][4-byte step][column], 8 columns transposed at a time), dw the blocks' fp32 scales; q8's
-// tiles (qgemm.h) multiply it.
+// The codes of a GEMM panel of weight rows n0..n0+cols (panel.h's layout): the table values stored u8 v + 128
+// ([block][4-byte step][column], 8 columns transposed at a time; columns past `cols` zero)
 template <class B>
-inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
+inline void unpack_codes(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
   using gemm::kCols;
   const int64_t row_bytes = nb * kBlock / B::kValues * B::kBytes;
   const __m256i tab = table<B>();
   p.codes.resize(nb * 8 * kCols);
-  p.dw.assign(nb * kCols, 0.0f);
-  p.zw.assign(nb * kCols, 0.0f);
-  p.slo.clear();
-  p.shi.clear();
   for (int g = 0; g < kCols; g += 8) {
     for (int64_t j = 0; j < nb; ++j) {
       __m256i r[8];
@@ -373,6 +376,20 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
       for (int t = 0; t < 8; ++t) _mm256_storeu_si256((__m256i*)(dst + t * kCols), r[t]);
     }
   }
+}
+
+// The GEMM path's panel of weight rows n0..n0+cols in q8's form: unpack_codes' codes, dw the blocks' fp32 scales;
+// q8's tiles (qgemm.h) multiply it. (iq4xs has its own panel and tile: iq4xs.h.)
+template <class B>
+inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
+  static_assert(!std::is_same<B, Iq4xs>::value, "iq4xs's panel is iq4xs.h's");
+  using gemm::kCols;
+  const int64_t row_bytes = nb * kBlock / B::kValues * B::kBytes;
+  unpack_codes<B>(qs, nb, n0, cols, p);
+  p.dw.assign(nb * kCols, 0.0f);
+  p.zw.assign(nb * kCols, 0.0f);
+  p.slo.clear();
+  p.shi.clear();
   for (int c = 0; c < cols; ++c) {
     const uint8_t* row = qs + (n0 + c) * row_bytes;
     int64_t j = 0;
@@ -388,6 +405,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
 #else  // portable: each block's exact integer sum, scaled block by block
 template <class B, int MT>
 inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, float* out) {
+  static_assert(!std::is_same<B, Iq4xs>::value, "iq4xs's rows are iq4xs.h's");
   for (int r = 0; r < MT; ++r) {
     float acc = 0.0f;
     for (int64_t j = 0; j < nb; ++j) {

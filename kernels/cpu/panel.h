@@ -82,6 +82,9 @@ inline Cols16 add16(Cols16 a, Cols16 b) { return {_mm512_add_epi32(a.v, b.v)}; }
 inline Cols16 mullo16(Cols16 a, Cols16 b) { return {_mm512_mullo_epi32(a.v, b.v)}; }
 // acc + the 4-byte dot products of u8 codes w (below 128) with the s8 word x broadcast (dpbusd)
 inline Cols16 dot16(Cols16 acc, Cols16 w, int32_t x) { return {_mm512_dpbusd_epi32(acc.v, w.v, _mm512_set1_epi32(x))}; }
+// acc + the 4-byte dot products of q8-form codes w (u8 q + 128) with the s8 word x broadcast: of u x with VNNI
+// (the caller takes 128 sum(x) out, kVnni), of q x without (maddubs' pairs of u x would saturate)
+inline Cols16 dot16_q8(Cols16 acc, Cols16 w, int32_t x) { return dot16(acc, w, x); }
 // acc + the int16 pairs of w times the int16 pair x broadcast, summed pairwise (dpwssd)
 inline Cols16 madd16(Cols16 acc, Cols16 w, int32_t x) { return {_mm512_dpwssd_epi32(acc.v, w.v, _mm512_set1_epi32(x))}; }
 inline Cols16f zero16f() { return {_mm512_setzero_ps()}; }
@@ -114,6 +117,16 @@ inline Cols16 mullo16(Cols16 a, Cols16 b) {
 inline Cols16 dot16(Cols16 acc, Cols16 w, int32_t x) {
   const __m256i b = _mm256_set1_epi32(x);
   return {{dot_u8s8(acc.v[0], w.v[0], b), dot_u8s8(acc.v[1], w.v[1], b)}};
+}
+inline Cols16 dot16_q8(Cols16 acc, Cols16 w, int32_t x) {
+  if (kVnni) return dot16(acc, w, x);
+  const __m256i b = _mm256_set1_epi32(x), flip = _mm256_set1_epi8((char)0x80);
+  Cols16 out;
+  for (int h = 0; h < 2; ++h) {
+    const __m256i q = _mm256_xor_si256(w.v[h], flip);
+    out.v[h] = dot_s8(acc.v[h], q, _mm256_sign_epi8(q, q), b);
+  }
+  return out;
 }
 inline Cols16 madd16(Cols16 acc, Cols16 w, int32_t x) {
   const __m256i b = _mm256_set1_epi32(x);
@@ -150,19 +163,46 @@ constexpr int kRowsK = 8;
 constexpr int kRowsK = kRows;
 #endif
 
-// The K-quant tiles' frame (q4k.h, q6.h): out[r * ldo + col] for activation rows m0..m0+R (int8 codes q, K a row)
-// and the panel's first `cols` columns, each row's 16 accumulators stepped by super(s, xrow, acc) over the nsb
-// super-blocks in order (xrow[r]: row m0 + r's codes).
-template <int R, class Super>
-inline void superblock_tile(const int8_t* q, int64_t K, int64_t nsb, int64_t m0, float* out, int64_t ldo, int cols,
-                            Super&& super) {
+// One sub-block of a K-quant tile (q4k.h, q6.h, iq4xs.h): I[r] += sc * (start(r) + T dot-product steps of the
+// weight words at wp (kCols apart) with row r's activation words at xrow[r] + x0), dot: dot16 or dot16_q8
+template <int R, int T, class Start, class Dot>
+inline void sub_block(const int32_t* wp, const int8_t* const* xrow, int64_t x0, const int32_t* sc, Start&& start,
+                      Dot&& dot, Cols16* I) {
+  Cols16 sums[R];
+  for (int r = 0; r < R; ++r) sums[r] = start(r);
+  for (int t = 0; t < T; ++t) {
+    const Cols16 w = load16(wp + t * kCols);
+    for (int r = 0; r < R; ++r) {
+      int32_t word;
+      std::memcpy(&word, xrow[r] + x0 + 4 * t, 4);
+      sums[r] = dot(sums[r], w, word);
+    }
+  }
+  const Cols16 scale = load16(sc);
+  for (int r = 0; r < R; ++r) I[r] = add16(I[r], mullo16(sums[r], scale));
+}
+
+// The K-quant tiles' frame (q4k.h, q6.h, iq4xs.h): out[r * ldo + col] for activation rows m0..m0+R (int8 codes q,
+// K a row; scales dx per row and super-block, nsb a row) and the panel's first `cols` columns. Per super-block s
+// in order: ints(s, xrow, I) builds each row's exact int32 I of the 16 columns (xrow[r]: row m0 + r's codes), then
+// acc[r] = fma(I, d_s * dx, acc[r]) with d_s the panel's dw[s * kCols + col], then more(s, acc) (q4k's minimums).
+template <int R, class Ints, class More>
+inline void superblock_tile(const int8_t* q, const float* dx, const float* dw, int64_t K, int64_t nsb, int64_t m0,
+                            float* out, int64_t ldo, int cols, Ints&& ints, More&& more) {
   Cols16f acc[R];
   const int8_t* xrow[R];
   for (int r = 0; r < R; ++r) {
     acc[r] = zero16f();
     xrow[r] = q + (m0 + r) * K;
   }
-  for (int64_t s = 0; s < nsb; ++s) super(s, xrow, acc);
+  for (int64_t s = 0; s < nsb; ++s) {
+    Cols16 I[R];
+    for (int r = 0; r < R; ++r) I[r] = zero16();
+    ints(s, xrow, I);
+    const Cols16f d = load16f(dw + s * kCols);
+    for (int r = 0; r < R; ++r) acc[r] = fma16<false>(I[r], d, dx[(m0 + r) * nsb + s], acc[r]);
+    more(s, acc);
+  }
   for (int r = 0; r < R; ++r) store16f(out + r * ldo, acc[r], cols);
 }
 

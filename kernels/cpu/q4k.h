@@ -199,26 +199,15 @@ template <int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
   using gemm::kCols;
   const int64_t nsb = a.nsb;
-  gemm::superblock_tile<R>(a.q.data(), K, nsb, m0, out, ldo, cols, [&](int64_t s, const int8_t* const* xrow,
-                                                                      gemm::Cols16f* acc) {
-    gemm::Cols16 I[R], J[R];
-    for (int r = 0; r < R; ++r) I[r] = J[r] = gemm::zero16();
-    for (int b = 0; b < 8; ++b) {
-      const int64_t j = 8 * s + b;
-      const int32_t* wp = p.codes.data() + j * 8 * kCols;
-      gemm::Cols16 sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = gemm::zero16();
-      for (int t = 0; t < 8; ++t) {
-        const gemm::Cols16 w = gemm::load16(wp + t * kCols);
-        for (int r = 0; r < R; ++r) {
-          int32_t word;
-          std::memcpy(&word, xrow[r] + j * 32 + 4 * t, 4);
-          sums[r] = gemm::dot16(sums[r], w, word);
-        }
-      }
-      const gemm::Cols16 sc = gemm::load16(p.slo.data() + j * kCols);
-      for (int r = 0; r < R; ++r) I[r] = gemm::add16(I[r], gemm::mullo16(sums[r], sc));
-    }
+  auto ints = [&](int64_t s, const int8_t* const* xrow, gemm::Cols16* I) {
+    for (int64_t j = 8 * s; j < 8 * s + 8; ++j)
+      gemm::sub_block<R, 8>(
+          p.codes.data() + j * 8 * kCols, xrow, 32 * j, p.slo.data() + j * kCols, [](int) { return gemm::zero16(); },
+          [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
+  };
+  auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // acc -= J * (dmin * dx), J = sum_b m_b bs_b
+    gemm::Cols16 J[R];
+    for (int r = 0; r < R; ++r) J[r] = gemm::zero16();
     for (int i = 0; i < 4; ++i) {
       const gemm::Cols16 mw = gemm::load16(p.shi.data() + (4 * s + i) * kCols);
       for (int r = 0; r < R; ++r) {
@@ -227,18 +216,10 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
         J[r] = gemm::madd16(J[r], mw, word);
       }
     }
-    const gemm::Cols16f d = gemm::load16f(p.dw.data() + s * kCols), dm = gemm::load16f(p.zw.data() + s * kCols);
-    for (int r = 0; r < R; ++r) {
-      const float dx = a.d[(m0 + r) * nsb + s];
-      acc[r] = gemm::fma16<false>(I[r], d, dx, acc[r]);
-      acc[r] = gemm::fma16<true>(J[r], dm, dx, acc[r]);
-    }
-  });
-}
-
-// out (M rows, stride ldo) = activation rows . the panel's columns
-inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
-  gemm::row_tiles(M, [&](auto R, int64_t m) { gemm_tile<R>(p, a, K, m, out + m * ldo, ldo, cols); });
+    const gemm::Cols16f dm = gemm::load16f(p.zw.data() + s * kCols);
+    for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<true>(J[r], dm, a.d[(m0 + r) * nsb + s], acc[r]);
+  };
+  gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);
 }
 #endif
 

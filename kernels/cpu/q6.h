@@ -168,34 +168,17 @@ template <int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
   constexpr int64_t C = gemm::kCols;
   const int64_t nsb = a.nsb;
-  auto super = [&](int64_t s, const int8_t* const* xrow, gemm::Cols16f* acc) {
-    gemm::Cols16 I[R];
-    for (int r = 0; r < R; ++r) I[r] = gemm::zero16();
+  auto ints = [&](int64_t s, const int8_t* const* xrow, gemm::Cols16* I) {
     for (int h = 0; h < 16; ++h) {  // half h of the super-block: steps 4 (h % 2)..+4 of block 8 s + h / 2
       const int64_t j = 8 * s + h / 2;
-      const int32_t* wp = p.codes.data() + (j * 8 + 4 * (h % 2)) * C;
-      gemm::Cols16 sums[R];
-      for (int r = 0; r < R; ++r) sums[r] = gemm::set16(-32 * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]);
-      for (int t = 0; t < 4; ++t) {
-        const gemm::Cols16 w = gemm::load16(wp + t * C);
-        for (int r = 0; r < R; ++r) {
-          int32_t word;
-          std::memcpy(&word, xrow[r] + 16 * (16 * s + h) + 4 * t, 4);
-          sums[r] = gemm::dot16(sums[r], w, word);
-        }
-      }
-      const gemm::Cols16 sc = gemm::load16((h % 2 ? p.shi.data() : p.slo.data()) + j * C);
-      for (int r = 0; r < R; ++r) I[r] = gemm::add16(I[r], gemm::mullo16(sums[r], sc));
+      gemm::sub_block<R, 4>(
+          p.codes.data() + (j * 8 + 4 * (h % 2)) * C, xrow, 16 * (16 * s + h), (h % 2 ? p.shi : p.slo).data() + j * C,
+          [&](int r) { return gemm::set16(-32 * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]); },
+          [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
     }
-    const gemm::Cols16f d = gemm::load16f(p.dw.data() + s * C);
-    for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<false>(I[r], d, a.d[(m0 + r) * nsb + s], acc[r]);
   };
-  gemm::superblock_tile<R>(a.q.data(), K, nsb, m0, out, ldo, cols, super);
-}
-
-// out (M rows, stride ldo) = activation rows . the panel's columns
-inline void panel_rows(const gemm::Panel& p, const ActK& a, int64_t K, int64_t M, float* out, int64_t ldo, int cols) {
-  gemm::row_tiles(M, [&](auto R, int64_t m) { gemm_tile<R>(p, a, K, m, out + m * ldo, ldo, cols); });
+  gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints,
+                           [](int64_t, gemm::Cols16f*) {});
 }
 #endif
 

@@ -19,14 +19,16 @@
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
-//   mxfp4, iq4nl, iq4xs: GGUF MXFP4 / IQ4_NL / IQ4_XS blocks as the file stores them (lut4.h): 4-bit codes into a
-//       16-entry int8 table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
+//   mxfp4, iq4nl: GGUF MXFP4 / IQ4_NL blocks as the file stores them (lut4.h): 4-bit codes into a 16-entry int8
+//       table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
+//   iq4xs: GGUF IQ4_XS super-blocks as the file stores them (lut4.h's codes, iq4xs.h's kernels): the IQ4_NL table
+//       with 6-bit sub-block scales applied as integers, as the K-quants are.
 //   q5s: GGUF Q5_0 blocks as the file stores them (affine.h; qs is (N, K / 32 * 22)), q5's kernels and bits:
 //       what a model reads while its mapped file's Q5_0 blocks move into q5's layout (engine.model.settle).
 //   q8s: GGUF Q8_0 blocks as the file stores them (lut4.h; qs is (N, K / 32 * 34)), q8's bits: what a model
 //       reads while its mapped file's Q8_0 blocks move into q8's layout (engine.model.settle).
-// Activations are quantized per row and block to int8 (d_x = max|x| / 127) and multiplied with integer dot
-// products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
+// Activations are quantized per row and block to int8 (d_x = max|x| / 127; per 256 for the K-quants and
+// iq4xs) and multiplied with integer dot products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
 // computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
 // activation rounding error then meets only d (q - 8), not the block offset (Q4_1 blocks often have |m| ~ 8d,
 // and charging the error to d q + m instead was 5x worse on the default model). Every output element is
@@ -39,12 +41,14 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs16.h.
+// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs.h and
+// iq4xs16.h.
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
 #include "dispatch.h"
 #include "formats.h"
+#include "iq4xs.h"
 #include "iq4xs16.h"
 #include "kquant.h"
 #include "lut4.h"
@@ -151,7 +155,9 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 template <int F>
 gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, std::vector<float>& dw) {
   if (F == kQ8G) return q8g::view(w.qs, w.d, w.nb, n0 / q8g::kRows, dw);
-  if constexpr (lut4::kIs<F>) {
+  if constexpr (F == formats::kIQ4XS) {
+    iq4xs::unpack_panel(w.qs, w.nb, n0, cols, panel);
+  } else if constexpr (lut4::kIs<F>) {
     lut4::unpack_panel<typename lut4::Of<F>::type>(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ4K16) {
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
@@ -181,17 +187,21 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
   constexpr bool Q6 = F == kQ6 || F == kQ6K16;                                 // q6.h's
-  constexpr int G = Q4K || Q6                                  ? (int)gemm::kQ4
+  constexpr bool IQ4XS = F == formats::kIQ4XS || F == kIQ4XS16;                // iq4xs.h's
+  constexpr int G = Q4K || Q6 || IQ4XS                         ? (int)gemm::kQ4
                     : F == kQ8G || lut4::kIs<F> || F == kIQ4XS16 ? (int)gemm::kQ8
                     : F == kQ5S                                  ? (int)kQ5
                                                                  : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
-    if constexpr (Q4K) {
-      q4k::panel_rows(panel, ak, w.K, M, o, ldo, cols);
-    } else if constexpr (Q6) {
-      q6::panel_rows(panel, ak, w.K, M, o, ldo, cols);
+    if constexpr (Q4K || Q6 || IQ4XS) {  // M rows in tiles of gemm::kRowsK, each its format's tile
+      gemm::row_tiles(M, [&](auto R, int64_t m) {
+        auto* at = o + m * ldo;
+        if constexpr (Q4K) q4k::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
+        if constexpr (Q6) q6::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
+        if constexpr (IQ4XS) iq4xs::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
+      });
     } else {
       gemm::panel_rows<G>(v, a, M, o, ldo, cols);
     }
@@ -231,8 +241,8 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 // 32,64,128 --threads 2 --gemm-format q6`, int8 multiply-adds a CPU second, GEMM / group kernel: 0.76-1.01 at 32
 // rows, 1.00-1.19 at 64, 1.03-1.22 at 128). q5k16's group kernel stays ahead to ~384-512 rows (its panels unpack
 // through the rows): --gemm-format q5k, 2 threads, GEMM / group kernel time 2.6-3.0 at 64 rows, 1.16-1.2 at 256,
-// 0.96-1.04 at 384, 0.90-0.96 at 512, 0.80-0.89 at 768. iq4xs16's stays ahead to ~256 rows
-// (--gemm-format iq4xs: 1.0-1.2 at 128 rows, 1.0-1.1 at 256, 0.75-0.85 at 1024).
+// 0.96-1.04 at 384, 0.90-0.96 at 512, 0.80-0.89 at 768. iq4xs16's keeps up to ~64 rows (--gemm-format iq4xs,
+// GEMM / group kernel rate: 0.41-0.87 at 32 rows, 0.95-1.04 at 64, 1.10-1.17 at 128, 1.13-1.53 at 256).
 // Short rows move q4 and q8 to the GEMM from 5 rows: dot_tile's per-group epilogue and final sums weigh on a
 // row of K <= 2048 (18-64 blocks), so each activation row costs it nearly a one-row call. The default model's
 // whole decode step (K 576 and 1536; 1,900 positions, fp16 K/V, `tools.bench.step_profile --batches B`,
@@ -253,7 +263,7 @@ int64_t gemm_rows(Format f, int64_t K) {
   if (forced != kUnset) return forced;
   if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
   if (f == kQ5K16) return 512;
-  if (f == kIQ4XS16) return 256;
+  if (f == kIQ4XS16) return 64;
   if (f == kQ6K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }

@@ -1,7 +1,7 @@
 // Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows:
-// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the K-quant formats
-// (q4k, q5k, q6 and their groups), per 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused epilogue (and
-// gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its portable
+// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the K-quant formats and
+// iq4xs (and their groups), per 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's
+// fused epilogue (and gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its portable
 // loop beside it.
 #pragma once
 
@@ -17,7 +17,7 @@ namespace pagedeck {
 
 // Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
 // d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's 32 codes (|bs| <= 32 * 127;
-// q4k's minimums meet them) and hs[(r * nsb + s) * 16 + h] = the sum of its h-th 16 codes (q6's offset of 32
+// q4k's minimums and iq4xs's offset of 128 meet them) and hs[(r * nsb + s) * 16 + h] = the sum of its h-th 16 codes (q6's offset of 32
 // meets them).
 struct ActK {
   std::vector<int8_t> q;
@@ -33,7 +33,7 @@ struct QuantAct {
   std::vector<float> d, s, c;
   std::vector<int32_t> isum;
   int64_t nbp = 0;
-  ActK k;  // the K-quants' activations (per 256, quantize_k) instead of the per-32 ones
+  ActK k;  // the K-quants' and iq4xs's activations (per 256, quantize_k) instead of the per-32 ones
 };
 
 inline QuantAct& scratch() {

@@ -1,5 +1,6 @@
 // Prompt-rows (GEMM) path of qmatmul: many activation rows against packed q4/q5/q8 weights (and the formats whose
-// panels are q8's); the K-quants' tiles live with their formats (q4k.h, q6.h).
+// panels are q8's); the integer-scale tiles of the K-quants and IQ4_XS live with their formats (q4k.h, q6.h,
+// iq4xs.h).
 //
 // The decode path (qmatmul.cpp's dot_tile) meets one weight row at a time and reduces every block's integer
 // dot product horizontally; with many activation rows that is load- and shuffle-bound. Here a panel of kCols
@@ -13,8 +14,8 @@
 // q4, q5 and q8 panels unpack with 512-bit permutes (affine.h's and q8.h's
 // unpack_block16, panel.h's unpack_scales16). The panel layout is panel.h's; each format's own unpacker lives
 // with the format (affine.h, q8.h) and unpack_panel here picks it. Another format feeds the same tiles by
-// filling a Panel (codes, dw, zw) as panel.h documents; q4k and q6 fill a Panel with their own meaning of the
-// fields and run their own tiles (q4k.h, q6.h: integer sub-block scales).
+// filling a Panel (codes, dw, zw) as panel.h documents; q4k, q6 and iq4xs fill a Panel with their own meaning of
+// the fields and run their own tiles (q4k.h, q6.h, iq4xs.h: integer sub-block scales).
 //
 // Results are bit-identical to dot_tile's: the block sums are exact integers either way, and the float part
 // repeats dot_tile's per-element sequence exactly: per block j, lane j % 8 of the element's accumulator

@@ -1,8 +1,8 @@
-// Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows:
-// d_x = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the K-quant formats and
-// iq4xs (and their groups), per 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's
-// fused epilogue (and gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its portable
-// loop beside it.
+// Activations of the packed matmul (qmatmul.cpp): each row quantized to int8 per 32-weight block (quantize_rows: d_x
+// = max|x| / 127, with the block's exact fp32 sum and integer sum beside it) or, for the K-quant formats and iq4xs
+// (and their groups), per 256 (quantize_k, llama.cpp's Q8_K), and SwiGLU's silu(gate) * up, the matmul's fused
+// epilogue (and gpt-oss's clamped form, the MoE kernel's). Each has its vector form and, for CPUs without AVX2, its
+// portable loop beside it.
 #pragma once
 
 #include "common.h"
@@ -15,9 +15,9 @@
 
 namespace pagedeck {
 
-// Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale
-// d[r * nsb + s] = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's 32 codes (|bs| <= 32 * 127;
-// q4k's minimums and iq4xs's offset of 128 meet them) and hs[(r * nsb + s) * 16 + h] = the sum of its h-th 16 codes (q6's offset of 32
+// Activations as Q8_K: per row r and super-block s (stride nsb): q (M, K) int8 in natural order, scale d[r * nsb + s]
+// = max|x| / 127, bs[(r * nsb + s) * 8 + b] = sum of sub-block b's 32 codes (|bs| <= 32 * 127; q4k's minimums and
+// iq4xs's offset of 128 meet them) and hs[(r * nsb + s) * 16 + h] = the sum of its h-th 16 codes (q6's offset of 32
 // meets them).
 struct ActK {
   std::vector<int8_t> q;

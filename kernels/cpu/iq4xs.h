@@ -26,6 +26,20 @@ constexpr int64_t kSuper = 256;
 inline float step(float acc, int32_t I, float d, float dx) { return std::fma((float)I, d * dx, acc); }
 
 #ifdef PD_AVX2
+// Super-block sb's eight sub-block scales ls - 32 (-32..31) as int32 lanes: block b's low 4 bits are nibble b of
+// the low word (byte b / 2, low nibble first), its high 2 bits bits 2b of the high half-word
+inline __m256i scales(const uint8_t* sb) {
+  uint16_t high;
+  uint32_t low;
+  std::memcpy(&high, sb + 2, 2);
+  std::memcpy(&low, sb + 4, 4);
+  const __m256i nibble = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i pair = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+  const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), nibble), _mm256_set1_epi32(0x0F));
+  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), pair), _mm256_set1_epi32(3));
+  return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+}
+
 // out[r] = weight row `row` (nsb super-blocks) . activation rows m0..m0+MT: per super-block the 8 blocks' codes
 // looked up once, each row's 8 exact block sums (lut4.h's reduction), then I = the sum of their products with
 // the sub-block scales, then step.
@@ -37,12 +51,12 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* sb = row + s * B::kBytes;
     for (int64_t b = 0; b < B::kBytes; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
-    const __m256i ls = lut4::iq4xs_scales(sb);
+    const __m256i ls = scales(sb);
     const float d = lut4::half_at(sb);
 #ifdef PD_AVX512
     const __m512i tab512 = _mm512_broadcast_i32x4(_mm256_castsi256_si128(tab));
     __m512i c[4];
-    lut4::group8<B>(row, 8 * s, tab512, c);
+    lut4::nibble_codes8<B>(row, 8 * s, tab512, c);
 #else
     __m256i c[8];
     for (int k = 0; k < 8; ++k) c[k] = lut4::block_values<B>(row, 8 * s + k, tab);
@@ -88,7 +102,7 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* sb = qs + (n0 + c) * row_bytes + s * B::kBytes;
       alignas(32) int32_t ls[8];
-      _mm256_store_si256((__m256i*)ls, lut4::iq4xs_scales(sb));
+      _mm256_store_si256((__m256i*)ls, scales(sb));
       p.dw[s * kCols + c] = lut4::half_at(sb);
       for (int b = 0; b < 8; ++b) p.slo[(s * 8 + b) * kCols + c] = ls[b];
     }

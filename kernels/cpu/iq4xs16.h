@@ -185,7 +185,8 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t g, gemm::Panel& 
     }
   }
 #else
-  row_groups::panel_via_rows<Group>(qs, nb, g, [&](const uint8_t* rows) { iq4xs::unpack_panel(rows, nb, 0, kRows, p); });
+  row_groups::panel_via_rows<Group>(qs, nb, g,
+                                    [&](const uint8_t* rows) { iq4xs::unpack_panel(rows, nb, 0, kRows, p); });
 #endif
 }
 #endif

@@ -72,19 +72,11 @@ struct Iq4nl {
   static float scale(const uint8_t* row, int64_t j) { return half_at(row + j * kBytes); }
 };
 
-struct Iq4xs {
+struct Iq4xs {  // its 6-bit sub-block scales meet the codes as integers: iq4xs.h
   static constexpr int64_t kValues = 256, kBytes = 136;
   static constexpr bool kNibbles = true;
   static constexpr const int8_t* kTable = kIq4nl;
   static const uint8_t* nibbles(const uint8_t* row, int64_t j) { return row + j / 8 * kBytes + 8 + 16 * (j % 8); }
-  static float scale(const uint8_t* row, int64_t j) {
-    const uint8_t* sb = row + j / 8 * kBytes;
-    const int b = (int)(j % 8);
-    uint16_t high;
-    std::memcpy(&high, sb + 2, 2);
-    const int ls = ((sb[4 + b / 2] >> (4 * (b % 2))) & 0x0F) | (((high >> (2 * b)) & 3) << 4);
-    return half_at(sb) * (float)(ls - 32);
-  }
 };
 
 // Q8_0's blocks as stored: no table, block j's 32 int8 codes after its fp16 scale
@@ -162,33 +154,12 @@ inline __m256i block_values(const uint8_t* row, int64_t j, __m256i tab) {
   }
 }
 
-// The fp32 scales of blocks j..j+7 (j a multiple of 8 for iq4xs: one super-block's), as B::scale gives them
-// one by one; IQ4_XS's 6-bit sub-block scales are taken apart in vector lanes (one at a time they cost more
-// than the group's dot products).
-// IQ4_XS super-block sb's eight sub-block scales ls - 32 (-32..31) as int32 lanes: block b's low 4 bits are
-// nibble b of the low word (byte b / 2, low nibble first), its high 2 bits bits 2b of the high half-word
-inline __m256i iq4xs_scales(const uint8_t* sb) {
-  uint16_t high;
-  uint32_t low;
-  std::memcpy(&high, sb + 2, 2);
-  std::memcpy(&low, sb + 4, 4);
-  const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-                                      _mm256_set1_epi32(0x0F));
-  const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
-                                      _mm256_set1_epi32(3));
-  return _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-}
-
+// The fp32 scales of blocks j..j+7, as B::scale gives them one by one
 template <class B>
 inline __m256 scales8(const uint8_t* row, int64_t j) {
-  if constexpr (std::is_same<B, Iq4xs>::value) {
-    const uint8_t* sb = row + j / 8 * B::kBytes;
-    return _mm256_mul_ps(_mm256_set1_ps(half_at(sb)), _mm256_cvtepi32_ps(iq4xs_scales(sb)));
-  } else {
-    alignas(32) float dw[8];
-    for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
-    return _mm256_load_ps(dw);
-  }
+  alignas(32) float dw[8];
+  for (int k = 0; k < 8; ++k) dw[k] = B::scale(row, j + k);
+  return _mm256_load_ps(dw);
 }
 
 #ifdef PD_AVX512
@@ -203,12 +174,33 @@ struct Index64 {
   alignas(64) uint8_t b[64];
 };
 
+// The codes (u8 v + 128) of 4-bit blocks j..j+7 into c[0..4), two blocks a register (each 32 codes in weight
+// order): four blocks' nibble bytes a register, each block's in one 128-bit lane, looked up in the table
+template <class B>
+inline void nibble_codes8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int q = 0; q < 2; ++q) {  // four blocks' nibble bytes a register, each block's in one 128-bit lane
+    const int64_t jq = j + 4 * q;
+    __m512i v;
+    if constexpr (B::kValues == 256) {  // a super-block's nibble bytes lie together, 16 a block
+      v = _mm512_loadu_si512((const void*)B::nibbles(row, jq));
+    } else {
+      v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)B::nibbles(row, jq)));
+      for (int k = 1; k < 4; ++k) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)B::nibbles(row, jq + k)), k);
+    }
+    const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(v, low));
+    const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    c[2 * q] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
+    c[2 * q + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
+  }
+}
+
 // group8 (below) of a 4-bit format: its nibbles looked up in its table
 template <class B>
 inline __m256 nibble_group8(const uint8_t* row, int64_t j, __m512i tab, __m512i* c) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
 #ifdef PD_AVX512_VBMI
   if constexpr (B::kValues == 32) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
     // Two blocks' bytes in one masked load (nothing read past them); one byte permute puts each block's 16
     // nibble bytes twice side by side, a per-lane shift brings the high nibbles down in the second copy.
     // The scales come out of the same loads (a gather of them costs a third of the loop).
@@ -249,20 +241,7 @@ inline __m256 nibble_group8(const uint8_t* row, int64_t j, __m512i tab, __m512i*
     }
   }
 #endif
-  for (int q = 0; q < 2; ++q) {  // four blocks' nibble bytes a register, each block's in one 128-bit lane
-    const int64_t jq = j + 4 * q;
-    __m512i v;
-    if constexpr (B::kValues == 256) {  // a super-block's nibble bytes lie together, 16 a block
-      v = _mm512_loadu_si512((const void*)B::nibbles(row, jq));
-    } else {
-      v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i*)B::nibbles(row, jq)));
-      for (int k = 1; k < 4; ++k) v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i*)B::nibbles(row, jq + k)), k);
-    }
-    const __m512i lo = _mm512_shuffle_epi8(tab, _mm512_and_si512(v, low));
-    const __m512i hi = _mm512_shuffle_epi8(tab, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-    c[2 * q] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi);
-    c[2 * q + 1] = _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15), hi);
-  }
+  nibble_codes8<B>(row, j, tab, c);
   return scales8<B>(row, j);
 }
 

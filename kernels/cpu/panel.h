@@ -1,7 +1,7 @@
-// The GEMM path's panel: up to kCols weight rows of any format unpacked into one layout that the register
-// tiles (qgemm.h's, q4k.h's, q6.h's) read, [block][4-byte step][column], and the transposes that build it. Each format's
-// unpacker fills a Panel (affine.h: q4 and q5, q8.h, q6.h, q4k.h, the grouped formats' headers); q8g keeps its
-// weights in this layout and hands the tiles a View of them.
+// The GEMM path's panel: up to kCols weight rows of any format unpacked into one layout that the register tiles
+// (qgemm.h's, q4k.h's, q6.h's, iq4xs.h's) read, [block][4-byte step][column], and the transposes that build it. Each
+// format's unpacker fills a Panel (affine.h: q4 and q5, q8.h, q6.h, q4k.h, the grouped formats' headers); q8g keeps
+// its weights in this layout and hands the tiles a View of them.
 #pragma once
 
 #include "common.h"

@@ -166,13 +166,14 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
 // 32 hs_h), then I += sc_h times it (vpmulld); per super-block step's fp32 chain, lane-wise.
 template <int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
-  constexpr int64_t C = gemm::kCols;
+  using gemm::kCols;
   const int64_t nsb = a.nsb;
   auto ints = [&](int64_t s, const int8_t* const* xrow, gemm::Cols16* I) {
     for (int h = 0; h < 16; ++h) {  // half h of the super-block: steps 4 (h % 2)..+4 of block 8 s + h / 2
       const int64_t j = 8 * s + h / 2;
+      const int32_t* sc = (h % 2 ? p.shi : p.slo).data() + j * kCols;
       gemm::sub_block<R, 4>(
-          p.codes.data() + (j * 8 + 4 * (h % 2)) * C, xrow, 16 * (16 * s + h), (h % 2 ? p.shi : p.slo).data() + j * C,
+          p.codes.data() + (j * 8 + 4 * (h % 2)) * kCols, xrow, 16 * (16 * s + h), sc,
           [&](int r) { return gemm::set16(-32 * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]); },
           [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
     }

@@ -27,13 +27,13 @@
 //       what a model reads while its mapped file's Q5_0 blocks move into q5's layout (engine.model.settle).
 //   q8s: GGUF Q8_0 blocks as the file stores them (lut4.h; qs is (N, K / 32 * 34)), q8's bits: what a model
 //       reads while its mapped file's Q8_0 blocks move into q8's layout (engine.model.settle).
-// Activations are quantized per row and block to int8 (d_x = max|x| / 127; per 256 for the K-quants and
-// iq4xs) and multiplied with integer dot products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as llama.cpp does. q4 is
-// computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block sum of x: the
-// activation rounding error then meets only d (q - 8), not the block offset (Q4_1 blocks often have |m| ~ 8d,
-// and charging the error to d q + m instead was 5x worse on the default model). Every output element is
-// computed by the same sequence of operations whatever the number of rows or threads, so results never
-// depend on the batch.
+// Activations are quantized per row and block to int8 (d_x = max|x| / 127; per 256 for the K-quants and iq4xs) and
+// multiplied with integer dot products (AVX2 maddubs, or AVX512-VNNI dpbusd where the compiler may use it), as
+// llama.cpp does. q4 is computed centred, w = d (q - 8) + z with z = m + 8d, and z multiplies the exact fp32 block
+// sum of x: the activation rounding error then meets only d (q - 8), not the block offset (Q4_1 blocks often have |m|
+// ~ 8d, and charging the error to d q + m instead was 5x worse on the default model). Every output element is
+// computed by the same sequence of operations whatever the number of rows or threads, so results never depend on the
+// batch.
 //
 // This file is the scheduling: a call's format id (formats.h, generated from kernels/formats.py) is checked
 // against its tensors and becomes its kernels through dispatch.h (with_format, weight_row; moe.cpp's expert

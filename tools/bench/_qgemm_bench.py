@@ -1,7 +1,7 @@
 """(A helper of tools.bench.qmatmul_bench, not a command.) The prompt-rows (GEMM) path of pagedeck's packed matmul
 against its per-weight-row path, on random Q4 (or, `--gemm-format q6|q5k|iq4xs`, Q6_K, Q5_K or IQ4_XS super-blocks kept
-as the loader keeps them: 16-row groups on AVX-512 VNNI builds) matrices of Llama-3-8B's shapes (`python -m tools.bench.qmatmul_bench
---prompt-rows 128,512 --threads 1 [--gemm-format q6]`).
+as the loader keeps them: 16-row groups on AVX-512 VNNI builds) matrices of Llama-3-8B's shapes (or `--gemm-shapes
+qwen2.5-1.5b`'s) (`python -m tools.bench.qmatmul_bench --prompt-rows 128,512 --threads 1 [--gemm-format q6]`).
 
 Both paths compute the same bits (kernels.cpu_ext.set_tuning picks one per call); the rounds alternate them so a
 shared machine's load meets both alike. Figures: process CPU time per call (what the kernel costs, whatever
@@ -17,8 +17,12 @@ import torch
 from kernels import cpu_ext
 from kernels.packed import ACTIVATIONS
 
-SHAPES = {"o (4096x4096)": (4096, 4096, None), "gate_up (28672x4096, swiglu)": (28672, 4096, "swiglu"),
-          "down (4096x14336)": (4096, 14336, None)}
+SHAPE_SETS = {  # a model's matrices: name -> (N, K, epilogue)
+    "llama3-8b": {"o (4096x4096)": (4096, 4096, None), "gate_up (28672x4096, swiglu)": (28672, 4096, "swiglu"),
+                  "down (4096x14336)": (4096, 14336, None)},
+    "qwen2.5-1.5b": {"qkv (2048x1536)": (2048, 1536, None), "gate_up (17920x1536, swiglu)": (17920, 1536, "swiglu"),
+                     "down (1536x8960)": (1536, 8960, None)},
+}
 PATHS = {"per-row": 1000000000, "gemm": 1}  # rows from which the GEMM path runs
 
 
@@ -61,9 +65,9 @@ def random_iq4xs(N: int, K: int):
 FORMATS = {"q4": random_q4, "q6": random_q6, "q5k": random_q5k, "iq4xs": random_iq4xs}
 
 
-def run(ops, rows: list[int], threads: int, rounds: int, fmt: str = "q4") -> int:
+def run(ops, rows: list[int], threads: int, rounds: int, fmt: str = "q4", shapes: str = "llama3-8b") -> int:
     torch.set_num_threads(threads)
-    weights = {name: (FORMATS[fmt](N, K), act, N, K) for name, (N, K, act) in SHAPES.items()}
+    weights = {name: (FORMATS[fmt](N, K), act, N, K) for name, (N, K, act) in SHAPE_SETS[shapes].items()}
     times: dict = {}
     for _ in range(rounds):
         for m in rows:
@@ -78,11 +82,12 @@ def run(ops, rows: list[int], threads: int, rounds: int, fmt: str = "q4") -> int
                                                                   time.perf_counter() - w0))
     cpu_ext.set_tuning()  # the environment's switches again
     formats = sorted({w.format for w, *_ in weights.values()})
-    print(f"{fmt} packed matmul ({', '.join(formats)}), {threads} thread(s), medians of {rounds} alternating rounds")
+    print(f"{fmt} packed matmul ({', '.join(formats)}), {shapes}'s shapes, {threads} thread(s), medians of {rounds} "
+          "alternating rounds")
     print("| rows | matrix | path | CPU ms a call | wall ms | int8 GMAC/s (CPU time) |")
     print("| --- | --- | --- | --- | --- | --- |")
     for (m, name, path), runs in times.items():
-        N, K = SHAPES[name][:2]
+        N, K = SHAPE_SETS[shapes][name][:2]
         cpu = statistics.median(r[0] for r in runs)
         wall = statistics.median(r[1] for r in runs)
         print(f"| {m} | {name} | {path} | {cpu * 1e3:.0f} | {wall * 1e3:.0f} | {m * N * K / cpu / 1e9:.1f} |")

@@ -153,10 +153,10 @@ inline void store16f(float* out, Cols16f v, int cols) {
 }
 #endif
 
-// Activation rows per tile of the K-quants' Cols16 tiles (q4k.h, q6.h): with 32 zmm, 8 rows' accumulators, integer
-// sums and dot-product chains fit beside the weight vector (26 live), and each weight load serves 8 dpbusd; with 16
-// ymm (two per Cols16) kRows. Random Q6_K matrices of Qwen2.5-1.5B's shapes at 1056 rows, one thread: 8 rows a tile
-// ran 1.2-1.35x faster than 4, 6 and 10 rows slower than 8 (kernels.md, "Prompt rows of the K-quant mixes").
+// Activation rows per tile of the integer-scale Cols16 tiles (q4k.h, q6.h, iq4xs.h): with 32 zmm, 8 rows'
+// accumulators, integer sums and dot-product chains fit beside the weight vector, and each weight load serves 8
+// dpbusd; with 16 ymm (two per Cols16) kRows. Q6_K and IQ4_XS matrices of Qwen2.5-1.5B's shapes at 1,056 rows ran
+// 1.53-1.77x and 1.13-1.26x faster than with 4 (kernels.md, "Prompt rows of the K-quant mixes").
 #ifdef PD_AVX512
 constexpr int kRowsK = 8;
 #else

@@ -29,10 +29,6 @@ namespace q4k16 {
 
 constexpr int kRows = row_groups::kRows;
 constexpr int64_t kGroupBytes = kRows * q4k::kBytes;  // one super-block of a group: 2304 bytes
-// Prefetch distance, into L2: two group super-blocks ahead. The 8B-shaped file's whole decode step, alternated
-// in one process against q4k's rows: no software prefetch 1.09-1.13x, this 1.23-1.26x (four ahead 1.15-1.22x);
-// q4k.h's distance (kPrefetch, 2 KB into L1, less than one group super-block here) was 0.94x.
-constexpr int64_t kAhead = 2 * kGroupBytes;
 constexpr int kD = 0, kDmin = 32, kScales = 64, kCodes = 256;
 
 // The group layout (row_groups.h's G): the byte of a group super-block that holds byte `i` (0..143) of row r's
@@ -64,7 +60,7 @@ inline void group_tile(const uint8_t* grp, int64_t nsb, const ActK& a, int64_t K
   const __m256i lane4 = _mm256_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12);
   for (int64_t s = 0; s < nsb; ++s) {
     const uint8_t* g = grp + s * kGroupBytes;
-    for (int64_t i = 0; i < kGroupBytes; i += 64) _mm_prefetch((const char*)(g + kAhead + i), _MM_HINT_T1);
+    row_groups::prefetch<Group>(g);
 
     __m256i sc[2][2], J[MT][2], I[MT][2];
     for (int h = 0; h < 2; ++h) {

@@ -93,15 +93,21 @@ inline void each_row(const uint8_t* grp, int64_t nsb, int64_t M, float* out, Fn&
   }
 }
 
-#ifdef PD_AVX512
-// The group kernels' prefetch: every line of the group super-block one ahead, into L1. Qwen2.5-1.5B's Q6_K shapes,
-// one activation row, 2 threads, from DRAM: q4k16's two ahead into L2 read 33-39 GB/s where the rows read 36-46,
-// four ahead 31-35, none 26-30; this 37-42.
+#ifdef PD_AVX2
+// The group kernels' prefetch: every line of the group super-block one ahead, into L1. The hardware prefetchers
+// do little for these kernels: without it q4k16's gate|up read 24 GB/s where a sum over 512 MB read 45. Qwen2.5-
+// 1.5B's Q6_K shapes, one activation row, 2 threads, from DRAM: two ahead into L2 read 33-39 GB/s where the rows
+// read 36-46, four ahead 31-35, none 26-30; this 37-42. Its Q4_K gate|up (q4k16), 12 alternating rounds: two
+// ahead into L2 37 GB/s (median), four ahead 35, this 41, two ahead into L1 41, non-temporal one ahead 43, every
+// other line 26, none 24; over a whole decode step (alternating builds) this against two ahead into L2 was 1.0-1.08x
+// on that file and 0.99-1.0x on a Llama-3.2-3B-shaped Q4_K_M one, within the VM's bandwidth swings.
 template <class G>
 inline void prefetch(const uint8_t* gs) {
   for (int64_t i = 0; i < G::kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + G::kGroupBytes + i), _MM_HINT_T0);
 }
+#endif
 
+#ifdef PD_AVX512
 // out[m * 16 + r] = hsum's order over the eight per-block accumulators acc[8 m + b] of activation row m (isa.h's
 // hsum(acc) + hsum(0) for each row's lanes): ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), then + 0
 inline void store_hsum8(const __m512* acc, int64_t M, float* out) {

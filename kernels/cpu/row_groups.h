@@ -99,8 +99,8 @@ inline void each_row(const uint8_t* grp, int64_t nsb, int64_t M, float* out, Fn&
 // 1.5B's Q6_K shapes, one activation row, 2 threads, from DRAM: two ahead into L2 read 33-39 GB/s where the rows
 // read 36-46, four ahead 31-35, none 26-30; this 37-42. Its Q4_K gate|up (q4k16), 12 alternating rounds: two
 // ahead into L2 37 GB/s (median), four ahead 35, this 41, two ahead into L1 41, non-temporal one ahead 43, every
-// other line 26, none 24; over a whole decode step (alternating builds) this against two ahead into L2 was 1.0-1.08x
-// on that file and 0.99-1.0x on a Llama-3.2-3B-shaped Q4_K_M one, within the VM's bandwidth swings.
+// other line 26, none 24. A whole decode step (alternating builds, within one bandwidth phase) ran 0.99-1.08x as
+// fast with this as with two ahead into L2 on that file, 0.99x on a Llama-3.2-3B-shaped Q4_K_M one.
 template <class G>
 inline void prefetch(const uint8_t* gs) {
   for (int64_t i = 0; i < G::kGroupBytes; i += 64) _mm_prefetch((const char*)(gs + G::kGroupBytes + i), _MM_HINT_T0);

@@ -72,10 +72,7 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
 #else
       __m256i p[8];
       for (int k = 0; k < 8; ++k) p[k] = q8::dot(c[k], _mm256_loadu_si256((const __m256i*)(x + 32 * k)));
-      // lane k = block k's sum: halves [blocks 0-3 | 0-3] and [4-7 | 4-7] added across lanes
-      const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-      const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-      __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+      __m256i sums = lut4::block_sums8(p);
 #endif
       if (kVnni) {  // u x - 128 x: the block sums of v x
         const __m256i bs = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)(a.bs.data() + 8 * at)));

@@ -278,6 +278,13 @@ inline __m256i block_sums8(const __m512i* s) {
 }
 #endif
 
+// lane k = the sum of s[k]'s 8 int32 lanes (block k's): halves [blocks 0-3 | 0-3] and [4-7 | 4-7] added across lanes
+inline __m256i block_sums8(const __m256i* s) {
+  const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+  const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
 // out[r] = weight row `row` (nb blocks of 32) . activation rows m0..m0+MT (quantize_rows without pairs; iq4xs's
 // rows are iq4xs.h's)
 template <class B, int MT>
@@ -324,10 +331,7 @@ inline void tile(const uint8_t* row, int64_t nb, const QuantAct& a, int64_t m0, 
       const int8_t* x = a.q.data() + ((m0 + r) * nb + j0) * kBlock;
       __m256i s[8];
       for (int k = 0; k < 8; ++k) s[k] = k < len ? q8::dot(c[k], _mm256_loadu_si256((const __m256i*)(x + 32 * k))) : zero;
-      // lane k of `sums` = block j0 + k's exact sum: halves [blocks 0-3 | 0-3] and [4-7 | 4-7] added across lanes
-      const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-      const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-      __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+      __m256i sums = block_sums8(s);  // lane k: block j0 + k's exact sum
       const int64_t at = (m0 + r) * a.nbp + j0;
       if (kVnni)  // u x - 128 x: the block sums of v x (padding blocks: 0 - 0)
         sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)(a.isum.data() + at)), 7));

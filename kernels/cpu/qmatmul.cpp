@@ -188,10 +188,10 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
   constexpr bool Q6 = F == kQ6 || F == kQ6K16;                                 // q6.h's
   constexpr bool IQ4XS = F == formats::kIQ4XS || F == kIQ4XS16;                // iq4xs.h's
-  constexpr int G = Q4K || Q6 || IQ4XS                         ? (int)gemm::kQ4
-                    : F == kQ8G || lut4::kIs<F> || F == kIQ4XS16 ? (int)gemm::kQ8
-                    : F == kQ5S                                  ? (int)kQ5
-                                                                 : F;
+  constexpr int G = Q4K || Q6 || IQ4XS         ? (int)gemm::kQ4  // (their own tiles below: G unused)
+                    : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8
+                    : F == kQ5S                 ? (int)kQ5
+                                                : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {

@@ -1,8 +1,9 @@
 """How the packed matmul kernel scales with threads on the default model's shapes:
 `python -m tools.bench.qmatmul_bench [--rows 1,8] [--threads 1,2] [--rounds 5]`.
 
-`--prompt-rows 128,512 [--gemm-format q6|q5k|iq4xs] [--gemm-shapes qwen2.5-1.5b]` instead times the prompt-rows (GEMM) path
-against the per-weight-row path on random Q4 (or Q6_K, Q5_K, IQ4_XS) matrices of Llama-3-8B's (or Qwen2.5-1.5B's) shapes (kernels.cpu_ext.set_tuning switches paths per call; both give the same
+`--prompt-rows 128,512 [--gemm-format q6|q5k|iq4xs] [--gemm-shapes qwen2.5-1.5b]` instead times the prompt-rows
+(GEMM) path against the per-weight-row path on random Q4 (or Q6_K, Q5_K, IQ4_XS) matrices of Llama-3-8B's (or
+Qwen2.5-1.5B's) shapes (kernels.cpu_ext.set_tuning switches paths per call; both give the same
 bits), alternating the two round by round, in process CPU time (robust on a shared machine) and wall time.
 `--stream [--model FILE]` times what a batch-1 decode step streams from memory: each matrix class's one-row
 calls over all layers in order (q|k|v, o, gate|up, down; then the output head), as the step makes them, so the
@@ -33,6 +34,8 @@ from engine.model.model import Model
 from engine.model.qlinear import Q4Linear, Q8Linear
 from kernels import cpu_ext
 from kernels.packed import ACTIVATIONS
+from tools.bench._qgemm_bench import FORMATS, SHAPE_SETS
+from tools.bench._qgemm_bench import run as gemm_run
 
 
 def _time(fn, reps: int) -> float:
@@ -48,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="1,8", help="activation rows per call")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path, 8B shapes")
-    ap.add_argument("--gemm-format", default="q4", choices=["q4", "q6", "q5k", "iq4xs"], help="with --prompt-rows: the weights' format")
-    ap.add_argument("--gemm-shapes", default="llama3-8b", choices=["llama3-8b", "qwen2.5-1.5b"],
+    ap.add_argument("--prompt-rows", default="", help="e.g. 128,512: GEMM path vs per-row path")
+    ap.add_argument("--gemm-format", default="q4", choices=list(FORMATS), help="with --prompt-rows: the weights' format")
+    ap.add_argument("--gemm-shapes", default="llama3-8b", choices=list(SHAPE_SETS),
                     help="with --prompt-rows: whose matrix shapes")
     ap.add_argument("--q6", action="store_true", help="q6 vs q8 one-row calls on 8B shapes (rows: first of --rows)")
     ap.add_argument("--q8-groups", default="", metavar="NxK", help="q8 rows vs q8g groups on a random N x K matrix")
@@ -75,8 +78,6 @@ def main(argv: list[str] | None = None) -> int:
         return q8g_run(args.q8_groups, [int(r) for r in args.rows.split(",")], int(args.threads.split(",")[-1]),
                        args.rounds)
     if args.prompt_rows:
-        from tools.bench._qgemm_bench import run as gemm_run
-
         return gemm_run(ops, [int(r) for r in args.prompt_rows.split(",")], int(args.threads.split(",")[0]),
                         args.rounds, args.gemm_format, args.gemm_shapes)
     if args.stream:

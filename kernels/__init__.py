@@ -60,6 +60,17 @@ def rms_norm(
     return _ref.rms_norm(x, weight, eps, residual)
 
 
+def router_logits(h: torch.Tensor, router: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """h @ router^T (+ bias): a sparse layer's router logits. On a CPU where pagedeck's kernels are built each
+    logit is summed in one fixed order (kernels/cpu/moe.cpp), so a row's experts never depend on the batch
+    (torch's sgemm rounds by the row count and a near-tie then picks another expert); elsewhere torch's."""
+    if h.device.type == "cpu" and h.dtype == router.dtype == torch.float32:
+        ops = _cpu_ext.ops()
+        if ops is not None:
+            return ops.router_logits(h.contiguous(), router.contiguous(), bias)
+    return torch.nn.functional.linear(h, router, bias)
+
+
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor,
                  plan: "StepPlan | None" = None, attention_factor: float = 1.0) -> None:
     """Rotary embedding in place (HF rotate_half convention) at per-token absolute positions; cos and

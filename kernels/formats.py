@@ -31,7 +31,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q5k16.h, q6k16.h, iq4xs16.h, q8.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q5k16.h, q6k16.h, q3k16.h, iq4xs16.h, q8.h)
 
 
 @dataclass(frozen=True)
@@ -87,16 +87,18 @@ Q5K = Format("q5k", 10, {"Q5_K": 0}, SUPER, 176, 0, grouped_id=12)
 Q8S = Format("q8s", 14, {"Q8_0": 0}, GROUP, 34, 0, start_only=True)
 # Q5_0's blocks as stored (fp16 d, 32 fifth bits, 16 nibble bytes), read by q5's kernels with q5's bits
 Q5S = Format("q5s", 15, {"Q5_0": 0}, GROUP, 22, 0, start_only=True)
+# Q3_K's super-blocks as stored (hmask, 2-bit pairs, sixteen 6-bit scales, fp16 d), read by q6's kernels
+Q3K = Format("q3k", 16, {"Q3_K": 0}, SUPER, 110, 0, grouped_id=17)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K, Q8S, Q5S)}
-REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, Q3_K, IQ2_XS, F16, ...) becomes this one
+FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K, Q8S, Q5S, Q3K)}
+REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, IQ2_XS, F16, ...) becomes this one
 # GGUF type name -> the format a load keeps it in
 HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only for t in f.exact}
 # GGUF type name -> the start-only format reading its blocks as stored, where its holder repacks them
 STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
-              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S"}
-_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16"}
+              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S", "q3k": "kQ3K"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
 
 
 def get(name: str) -> Format:

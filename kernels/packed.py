@@ -14,6 +14,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q6: qs uint8 (N, K/256 * 210): GGUF Q6_K super-blocks as the file stores them (6.56 bits a weight:
   w = d * sc * (code - 32), int8 sc per 16 weights, fp16 d per 256, all inside the block), d an empty fp16
   tensor, m None (kernels/cpu/q6.h).
+- q3k: qs uint8 (N, K/256 * 110): GGUF Q3_K super-blocks as the file stores them (3.44 bits a weight:
+  w = d * sc * (code - 4), codes 0..7 from a third-bit plane and 2-bit pairs, 6-bit sc - 32 per 16 weights, fp16
+  d per 256, all inside the block), d an empty fp16 tensor, m None (kernels/cpu/q6.h's Q3K layout).
 - q4k: qs uint8 (N, K/256 * 144): GGUF Q4_K super-blocks as the file stores them (4.5 bits a weight:
   w = d * sc * code - dmin * m, 6-bit sc and m per 32 weights, fp16 d and dmin per 256), d an empty fp16
   tensor, m None (kernels/cpu/q4k.h).
@@ -26,6 +29,8 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
   Built only where its kernel is vectorized (AVX-512 VNNI builds: native_group).
 - q5k16: Q5_K super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 2816) (kernels/cpu/q5k16.h), q6k16's
   scheme with q5k's bits; AVX-512 VNNI builds only, as q6k16.
+- q3k16: Q3_K super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 1760) (kernels/cpu/q3k16.h), q6k16's
+  scheme with q3k's bits (its codes unpacked into q6k16's vectors); AVX-512 VNNI builds only.
 - iq4xs16: IQ4_XS super-blocks regrouped the same way, qs uint8 (N/16, K/256 * 2176) (kernels/cpu/iq4xs16.h),
   q6k16's scheme with iq4xs's (lut4's) bits; AVX-512 VNNI builds only.
 - q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8

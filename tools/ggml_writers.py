@@ -1,4 +1,4 @@
-"""Writing ggml blocks (Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with plain, not llama.cpp's search-based,
+"""Writing ggml blocks (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with plain, not llama.cpp's search-based,
 quantizers; gguf.quants for the other types): the inverse of engine.model.ggml_blocks, for the GGUFs tests and benchmarks make."""
 from __future__ import annotations
 
@@ -76,6 +76,27 @@ def quantize_q6_k(w: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(w.shape[0], -1)
 
 
+def quantize_q3_k(w: torch.Tensor) -> torch.Tensor:
+    """(rows, K) float -> Q3_K bytes (rows, K/256*110): per 16 weights a scale that meets the largest-magnitude
+    weight at code -4, as a 6-bit sc - 32 under an fp16 d per 256; codes 0..7 (q + 4) split into a third-bit
+    plane (hmask) and 2-bit pairs. A plain, not llama.cpp's search-based, quantizer."""
+    x = w.float().reshape(-1, 16, 16)
+    s = _signed_max(x) / -4  # (nb, 16, 1)
+    d = (s.abs().amax(1, keepdim=True) / 31).to(torch.float16).float()  # (nb, 1, 1)
+    sc = torch.where(d > 0, (s / d.clamp_min(1e-30)).round(), torch.zeros_like(s)).clamp(-32, 31)
+    step = d * sc
+    q = torch.where(step != 0, x / torch.where(step != 0, step, torch.ones_like(step)), torch.zeros_like(x))
+    codes = (q.round().clamp(-4, 3) + 4).to(torch.uint8).reshape(-1, 2, 4, 32)  # weight 128 n + 32 j + l
+    qs = (codes & 3) << torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    qs = qs.sum(2, dtype=torch.uint8).reshape(-1, 64)
+    hmask = ((codes >> 2).reshape(-1, 8, 32) << torch.arange(8, dtype=torch.uint8).view(1, 8, 1)).sum(1, dtype=torch.uint8)
+    u = (sc.reshape(-1, 16) + 32).to(torch.uint8)
+    low = (u[:, 0:8] & 0x0F) | ((u[:, 8:16] & 0x0F) << 4)
+    high = sum(((u[:, 4 * i:4 * i + 4] >> 4) & 3) << (2 * i) for i in range(4)).to(torch.uint8)
+    blocks = torch.cat([hmask, qs, low, high, _half_bytes(d)], dim=1)
+    return blocks.reshape(w.shape[0], -1)
+
+
 _IQ4NL = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.float32)
 
 
@@ -115,7 +136,8 @@ def quantize_iq4_xs(w: torch.Tensor) -> torch.Tensor:
 
 def quantize(t: torch.Tensor, qtype) -> np.ndarray:
     """ggml bytes of a 2-D float tensor: our writers for K-quants and the IQ4 types, gguf.quants for the rest."""
-    writers = {GGMLQuantizationType.Q4_K: quantize_q4_k,
+    writers = {GGMLQuantizationType.Q3_K: quantize_q3_k,
+               GGMLQuantizationType.Q4_K: quantize_q4_k,
                GGMLQuantizationType.Q5_K: quantize_q5_k,
                GGMLQuantizationType.Q6_K: quantize_q6_k,
                GGMLQuantizationType.IQ4_NL: quantize_iq4_nl,

@@ -1,4 +1,4 @@
-"""ggml's K-quant blocks (Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
+"""ggml's K-quant blocks (Q3_K, Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
 the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs); below them the
 exact decoders of every type the loader reads fast (Q8_0, Q4_0, Q4_1, and the 4-bit lookup-table types MXFP4,
 IQ4_NL, IQ4_XS: codes into a 16-entry table times one scale a 32 weights).
@@ -6,6 +6,8 @@ IQ4_NL, IQ4_XS: codes into a 16-entry table times one scale a 32 weights).
 Super-blocks hold 256 weights. Q4_K/Q5_K: fp16 d and dmin, twelve bytes packing eight 6-bit scales and
 mins (one per 32 weights), then 4-bit codes (plus one high bit per weight for Q5_K): w = d*sc*q - dmin*m.
 Q6_K: 4 low bits, 2 high bits, sixteen int8 scales (one per 16 weights), fp16 d: w = d*sc*(q - 32).
+Q3_K: a third bit a weight (hmask), 2 low bits, sixteen 6-bit scales less 32, fp16 d: w = d*sc*(q - 4), the
+offset taken where the third bit is clear.
 The decoders follow gguf's numpy reference operation for operation, so results are bit-identical.
 """
 
@@ -66,6 +68,26 @@ def q6_k_affine(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     high = (qh.reshape(-1, 2, 1, 32) >> shifts) & 0x03
     q = ((low | (high << 4)).to(torch.int8) - 32).reshape(-1, 16, 16)
     return q, (d * scales).reshape(-1, 16, 1)
+
+
+def q3_k_affine(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q3_K blocks (nb, 110) -> signed codes (nb, 16, 16) int8 in -4..3 and scales (nb, 16, 1): w = s*q."""
+    hmask, qs, sc = b[:, 0:32], b[:, 32:96], b[:, 96:108]
+    d = _f16(b[:, 108:110])
+    low = (sc[:, 0:8].reshape(-1, 1, 8) >> torch.tensor([0, 4], dtype=torch.uint8, device=b.device).view(1, 2, 1))
+    high = sc[:, 8:12].reshape(-1, 1, 4) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 4, 1)
+    scales = ((low.reshape(-1, 16) & 0x0F) | ((high.reshape(-1, 16) & 0x03) << 4)).to(torch.int8) - 32
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 1, 4, 1)
+    ql = (qs.reshape(-1, 2, 1, 32) >> shifts) & 0x03  # (nb, 2, 4, 32): weight 128 n + 32 j + l
+    bits = torch.arange(8, dtype=torch.uint8, device=b.device).view(1, 8, 1)
+    qh = ((hmask.reshape(-1, 1, 32) >> bits) & 1) ^ 1  # (nb, 8, 32): 1 where the offset applies
+    q = (ql.reshape(-1, 8, 32).to(torch.int8) - (qh << 2).to(torch.int8)).reshape(-1, 16, 16)
+    return q, (d * scales.float()).reshape(-1, 16, 1)
+
+
+def dequantize_q3_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    q, s = q3_k_affine(b)
+    torch.mul(s, q.float(), out=out.view(-1, 16, 16))
 
 
 def dequantize_q4_k(b: torch.Tensor, out: torch.Tensor) -> None:
@@ -154,7 +176,7 @@ _FAST = {
     GGMLQuantizationType.IQ4_XS: _dq_iq4_xs,
     GGMLQuantizationType.Q8_0: _dq_q8_0, GGMLQuantizationType.Q4_0: _dq_q4_0, GGMLQuantizationType.Q4_1: _dq_q4_1,
     GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q5_K: dequantize_q5_k,
-    GGMLQuantizationType.Q6_K: dequantize_q6_k,
+    GGMLQuantizationType.Q6_K: dequantize_q6_k, GGMLQuantizationType.Q3_K: dequantize_q3_k,
 }
 _PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
           GGMLQuantizationType.BF16: torch.bfloat16, GGMLQuantizationType.F64: torch.float64}

@@ -13,7 +13,7 @@ gate|up and down), weights a softmax over the top-k router logits, and a clamped
 In a batched step the (row, k) choices are flattened and sorted by expert (a stable argsort), so each expert
 that any row chose runs one matmul over exactly its rows, through qlinear.linear (dense or packed weights
 alike); the weighted outputs are scattered back with index_add_. A row's experts depend on its own router
-logits only, and its output is the sum of its experts' rows added in expert order: neither depends on what
+logits only (on a CPU each summed in one fixed order, kernels.router_logits), and its output is the sum of its experts' rows added in expert order: neither depends on what
 else is in the batch. Experts are kept as one matrix per expert (not a 3-D stack) so a packed format
 applies to each as to any other projection: a GGUF's expert stacks are packed expert by expert in the file's
 own formats (engine.model.packing.experts), gate and up of one expert fused into one [gate | up] matrix as
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kernels import cpu_ext
 
 from . import moe_kernel
@@ -80,7 +81,7 @@ class MoEBlock:
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) in h's dtype, experts (T, k)) of each row: softmax over all experts in fp32, top-k,
         renormalised where norm_topk; or (topk_softmax) the top-k logits, then a softmax over those k."""
-        logits = F.linear(h, self.router, self.router_bias)
+        logits = kernels.router_logits(h, self.router, self.router_bias)
         if self.routing == "topk_softmax":
             top, experts = torch.topk(logits, self.top_k, dim=-1)
             top = torch.softmax(top, dim=-1, dtype=torch.float32)

@@ -16,6 +16,7 @@
 #include "q6.h"
 #include "q5k16.h"
 #include "q6k16.h"
+#include "q3k16.h"
 #include "q8.h"
 #include "rows.h"
 
@@ -25,6 +26,10 @@ namespace pagedeck {
 
 static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                   formats::kLayouts[formats::kQ6].code_bytes == q6::kBytes &&
+                  formats::kLayouts[formats::kQ3K].code_bytes == q3k::kBytes &&
+                  formats::kLayouts[formats::kQ3K].values == q3k::kSuper &&
+                  formats::kLayouts[formats::kQ3K16].code_bytes * formats::kLayouts[formats::kQ3K16].rows ==
+                      q3k16::kGroupBytes &&
                   formats::kLayouts[formats::kQ4K].code_bytes == q4k::kBytes &&
                   formats::kLayouts[formats::kQ4K16].code_bytes * formats::kLayouts[formats::kQ4K16].rows ==
                       q4k16::kGroupBytes &&
@@ -67,11 +72,13 @@ void with_format(formats::Format f, Fn&& fn) {
     case kIQ4XS16: return fn(std::integral_constant<int, kIQ4XS16>{});
     case kQ8S: return fn(std::integral_constant<int, kQ8S>{});
     case kQ5S: return fn(std::integral_constant<int, kQ5S>{});
+    case kQ3K: return fn(std::integral_constant<int, kQ3K>{});
+    case kQ3K16: return fn(std::integral_constant<int, kQ3K16>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
-// The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6, iq4xs and their
+// The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6, q3k, iq4xs and their
 // groups: quantize_k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, mxfp4, iq4nl,
 // q8s: quantize_rows without pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
@@ -79,8 +86,8 @@ constexpr int kRowActKinds = 3;
 
 constexpr RowActs row_acts(int F) {
   using namespace formats;
-  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16 || F == kIQ4XS ||
-      F == kIQ4XS16)
+  if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16 || F == kQ3K || F == kQ3K16 ||
+      F == kIQ4XS || F == kIQ4XS16)
     return RowActs::kPer256;
   return F == kQ4 || F == kQ5 || F == kQ5S ? RowActs::kPaired : RowActs::kNatural;
 }
@@ -96,10 +103,12 @@ constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 template <int F>
 void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   using namespace formats;
-  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kIQ4XS16 && F != kQ8G,
+  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kQ3K16 && F != kIQ4XS16 && F != kQ8G,
                 "the grouped formats go by 16-row groups, q8g by GEMM tiles");
   if constexpr (F == kQ6) {
     q6::weight_row(w.qs, w.K, a.k, M, n, out);
+  } else if constexpr (F == kQ3K) {
+    q6::weight_row<q6::Q3K>(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ4K) {
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ5K) {
@@ -119,7 +128,8 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
 
 // Whether format F keeps its rows in 16-row groups whose kernel computes a whole group (group_rows).
 constexpr bool grouped_rows(int F) {
-  return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16 || F == formats::kIQ4XS16;
+  return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16 || F == formats::kQ3K16 ||
+         F == formats::kIQ4XS16;
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows, of a grouped format F
@@ -132,6 +142,8 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
     q5k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else if constexpr (F == formats::kIQ4XS16) {
     iq4xs16::group_rows(w.qs, w.K, a.k, M, g, out);
+  } else if constexpr (F == formats::kQ3K16) {
+    q3k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else {
     q6k16::group_rows(w.qs, w.K, a.k, M, g, out);
   }

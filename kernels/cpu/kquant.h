@@ -9,6 +9,9 @@
 //     dmin m. Its kernels are q4k's, read through the layout (q4k::Q5K) with the fifth-bit plane added.
 //   Q6_K (q6): 210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d;
 //     w = d sc[i / 16] (q - 32).
+//   Q3_K (q3k): 110 bytes: 32 bytes hmask of third bits, 64 of 2-bit pairs, 12 bytes of sixteen 6-bit scales,
+//     fp16 d; code 0..7 (the third bit set: + 4), w = d (sc[i / 16] - 32) (q - 4). Its kernels are q6's, read
+//     through its layout (q6.h's Q3K).
 #pragma once
 
 #include "common.h"
@@ -155,4 +158,58 @@ inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
 #endif
 
 }  // namespace q6
+
+namespace q3k {
+
+constexpr int64_t kSuper = 256, kBytes = 110;
+constexpr int kHmask = 0, kQs = 32, kScales = 96, kD = 108;
+
+// code (0..7) of weight i = 128 n + 32 j + l of one super-block: bits 2j of byte 32 n + l of the pairs, bit
+// 4n + j of hmask byte l the third (gguf's "minus 4 where clear", as an offset of 4 on every code)
+inline int code(const uint8_t* sb, int i) {
+  const int n = i / 128, j = (i % 128) / 32, l = i % 32;
+  return ((sb[kQs + 32 * n + l] >> (2 * j)) & 3) | (((sb[kHmask + l] >> (4 * n + j)) & 1) << 2);
+}
+
+// scale h (of weights 16h..16h+15), -32..31: the low nibble of byte h (h < 8) or h - 8 (its high nibble), the
+// high two bits at 2 (h / 4) of byte 8 + h % 4 (ggml's kmask regrouping)
+inline int8_t scale(const uint8_t* sb, int h) {
+  const uint8_t* q = sb + kScales;
+  const int low = h < 8 ? q[h] & 0x0F : q[h - 8] >> 4;
+  return (int8_t)((low | ((q[8 + h % 4] >> (2 * (h / 4))) & 3) << 4) - 32);
+}
+
+inline float scale_d(const uint8_t* sb) {
+  uint16_t h;
+  std::memcpy(&h, sb + kD, 2);
+  return half_to_float(h);
+}
+
+#ifdef PD_AVX2
+// the sixteen scales (-32..31) as int8, scale(sb, h) in byte h
+inline __m128i scales16(const uint8_t* sb) {
+  constexpr uint32_t k2 = 0x0f0f0f0f, k3 = 0x03030303;
+  uint32_t u[3];
+  std::memcpy(u, sb + kScales, 12);
+  const __m128i v = _mm_set_epi32((int)(((u[1] >> 4) & k2) | (((u[2] >> 6) & k3) << 4)),
+                                  (int)(((u[0] >> 4) & k2) | (((u[2] >> 4) & k3) << 4)),
+                                  (int)((u[1] & k2) | (((u[2] >> 2) & k3) << 4)), (int)((u[0] & k2) | ((u[2] & k3) << 4)));
+  return _mm_sub_epi8(v, _mm_set1_epi8(32));
+}
+
+// c[j] = the 32 codes (0..7) of block 4n + j of a super-block, j = 0..3, from two 32-byte loads: the pairs of
+// bytes 32 + 32n.. and the third bits of hmask
+inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
+  const __m256i m2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(sb + kQs + 32 * n));
+  const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + kHmask));
+  for (int j = 0; j < 4; ++j) {
+    const __m128i sq = _mm_cvtsi32_si128(2 * j), sh = _mm_cvtsi32_si128(4 * n + j);
+    c[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, sq), m2),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, sh), one), 2));
+  }
+}
+#endif
+
+}  // namespace q3k
 }  // namespace pagedeck

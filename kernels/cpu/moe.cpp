@@ -406,6 +406,46 @@ at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at:
   return out;
 }
 
+// Router logits (T, E) = x W^T (+ bias), each an fp32 dot product in one fixed order (two 8-lane chains, isa.h's
+// hsum, the tail, then the bias), so a row's logits, and so its experts, never depend on the batch: torch's
+// sgemm sums in an order that depends on the row count (a row alone and the same row among 24 differed by up to
+// 1e-4 on a 128 x 2048 router), and a near-tie between a row's k-th and (k+1)-th expert then routed it one way
+// batched and the other alone. Experts split over the threads, each running every row against its router row.
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  check_cpu_f32(x, "x");
+  check_cpu_f32(w, "router");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "router_logits wants x (T, K) and a router (E, K)");
+  const int64_t T = x.size(0), E = w.size(0), K = w.size(1);
+  if (bias.has_value()) {
+    check_cpu_f32(*bias, "router bias");
+    TORCH_CHECK(bias->numel() == E, "the router bias wants one value an expert");
+  }
+  at::Tensor y = at::empty({T, E}, x.options());
+  const float *xs = x.data_ptr<float>(), *ws = w.data_ptr<float>();
+  const float* bs = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* ys = y.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t)(1 << 16) / std::max<int64_t>(1, T * K));
+  at::parallel_for(0, E, grain, [&](int64_t e0, int64_t e1) {
+    for (int64_t e = e0; e < e1; ++e)
+      for (int64_t t = 0; t < T; ++t) {
+        const float *a = xs + t * K, *b = ws + e * K;
+        float r = 0.0f;
+        int64_t i = 0;
+#ifdef PD_AVX2
+        __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+        for (; i + 16 <= K; i += 16) {
+          s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+          s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        }
+        r = hsum(_mm256_add_ps(s0, s1));
+#endif
+        for (; i < K; ++i) r += a[i] * b[i];
+        ys[t * E + e] = bs ? r + bs[e] : r;
+      }
+  });
+  return y;
+}
+
 namespace {
 
 at::Tensor moe_experts_op(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
@@ -430,6 +470,7 @@ TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
           "int act) -> Tensor",
           &moe_experts_op);
   lib.def("clamped_swiglu(Tensor gate_up, float limit, float alpha) -> Tensor", &clamped_swiglu_op);
+  lib.def("router_logits(Tensor x, Tensor router, Tensor? bias) -> Tensor", &router_logits);
 }
 
 }  // namespace pagedeck

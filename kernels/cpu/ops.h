@@ -39,4 +39,7 @@ struct MoEExperts;
 at::Tensor moe_experts(const at::Tensor& x, const at::Tensor& experts, const at::Tensor& weights,
                        const MoEExperts& table, int64_t act);
 
+// x (T, K) @ router (E, K)^T (+ bias): a sparse layer's router logits, each in one fixed order (moe.cpp)
+at::Tensor router_logits(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+
 }  // namespace pagedeck

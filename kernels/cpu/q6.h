@@ -1,12 +1,15 @@
 // The q6 format of qmatmul: GGUF Q6_K super-blocks kept as the file stores them (210 bytes a 256 weights: 128
 // bytes of low nibbles, 64 of high 2-bit pairs, sixteen int8 scales, fp16 d), w = d * sc[i / 16] * (q - 32).
 // Re-quantizing them to q8 (as pagedeck did) cost 8.5 bits a weight instead of 6.56, and batch-1 decode
-// streams every weight once a token.
+// streams every weight once a token. The q3k format (GGUF Q3_K, 110 bytes: w = d * sc[i / 16] * (q - 4), codes
+// 0..7, sixteen 6-bit scales less 32; kquant.h) has the same shape of arithmetic with an offset of 4, so these
+// kernels read both, through a layout (Q6K, Q3K: its codes, scales, d and offset); 3.44 bits a weight where q8
+// took 8.5.
 //
 // The arithmetic is llama.cpp's Q6_K x Q8_K: activations quantized per 256 (activations.h's quantize_k: one fp32
 // scale d_x a super-block, int8 codes x, and hs_h = the integer sum of the h-th 16 codes), the int8 scales applied
 // as integers, the whole super-block one exact int32
-//   I = sum_h sc_h (q_h . x_h - 32 hs_h)      (|I| <= 256 * 128 * 32 * 127 < 2^31)
+//   I = sum_h sc_h (q_h . x_h - 32 hs_h)      (|I| <= 256 * 128 * 32 * 127 < 2^31; Q3_K's offset 4 for 32)
 // and fp32 once a super-block: acc = fma(I, d d_x, acc), the result the last acc. Per-32 activation scales held
 // the GEMM to a float epilogue (two conversions, two multiplies, an fma) every 32 weights and activation row,
 // on the same ports as its dpbusd. The per-row path (tile), the 16-row groups (q6k16.h) and the GEMM path
@@ -19,29 +22,56 @@
 #include "kquant.h"
 #include "panel.h"
 
+#include <type_traits>
+
 namespace pagedeck {
 namespace q6 {
 
 // one super-block's step of an output element's chain
 inline float step(float acc, int32_t I, float d, float dx) { return std::fma((float)I, d * dx, acc); }
 
+// The two layouts these kernels read: the super-block's bytes, a code and a scale, d, the codes' offset as a
+// power of two, and (AVX2) the codes of half n's four blocks of 32 and the sixteen scales as int8 lanes.
+struct Q6K {
+  static constexpr int64_t kBytes = q6::kBytes;
+  static constexpr int kOffsetBits = 5;  // q - 32
+  static int code(const uint8_t* sb, int i) { return q6::code(sb, i); }
+  static int8_t scale(const uint8_t* sb, int h) { return (int8_t)sb[192 + h]; }
+  static float d(const uint8_t* sb) { return scale_d(sb); }
+#ifdef PD_AVX2
+  static void codes(const uint8_t* sb, int n, __m256i c[4]) { half_codes(sb, n, c); }
+  static __m128i scales(const uint8_t* sb) { return _mm_loadu_si128((const __m128i*)(sb + 192)); }
+#endif
+};
+struct Q3K {
+  static constexpr int64_t kBytes = q3k::kBytes;
+  static constexpr int kOffsetBits = 2;  // q - 4
+  static int code(const uint8_t* sb, int i) { return q3k::code(sb, i); }
+  static int8_t scale(const uint8_t* sb, int h) { return q3k::scale(sb, h); }
+  static float d(const uint8_t* sb) { return q3k::scale_d(sb); }
+#ifdef PD_AVX2
+  static void codes(const uint8_t* sb, int n, __m256i c[4]) { q3k::half_codes(sb, n, c); }
+  static __m128i scales(const uint8_t* sb) { return q3k::scales16(sb); }
+#endif
+};
+
 #ifdef PD_AVX2
 // out[r] = weight row `row` . activation rows m0..m0+MT: per super-block the codes meet each row's activations
 // 32 at a time (maddubs: int16 pairs of at most 2 * 63 * 127; madd with the block's two scales as int16 adds
-// sc times them into int32 lanes), the offset of 32 from the scales against hs (one madd), then step.
-template <int MT>
+// sc times them into int32 lanes), the offset (32, Q3_K's 4) from the scales against hs (one madd), then step.
+template <class L, int MT>
 inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   float acc[MT];
   for (int r = 0; r < MT; ++r) acc[r] = 0.0f;
   for (int64_t s = 0; s < nsb; ++s) {
-    const uint8_t* sb = row + s * kBytes;
-    for (int b = 0; b < 256; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
-    const __m128i sc8 = _mm_loadu_si128((const __m128i*)(sb + 192));
+    const uint8_t* sb = row + s * L::kBytes;
+    for (int b = 0; b < L::kBytes; b += 64) _mm_prefetch((const char*)sb + kPrefetch + b, _MM_HINT_T0);
+    const __m128i sc8 = L::scales(sb);
     __m256i isum[MT];
     for (int r = 0; r < MT; ++r) isum[r] = _mm256_setzero_si256();
     for (int n = 0; n < 2; ++n) {
       __m256i c[4];
-      half_codes(sb, n, c);
+      L::codes(sb, n, c);
       for (int k = 0; k < 4; ++k) {
         const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, scale_shuffle(4 * n + k)));
         for (int r = 0; r < MT; ++r) {
@@ -52,32 +82,31 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
       }
     }
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const float d = scale_d(sb);
+    const float d = L::d(sb);
     for (int r = 0; r < MT; ++r) {
       const int64_t at = (m0 + r) * nsb + s;
       const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)(a.hs.data() + 16 * at)));
-      acc[r] = step(acc[r], hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, 5))), d, a.d[at]);
+      acc[r] = step(acc[r], hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, L::kOffsetBits))), d, a.d[at]);
     }
   }
   for (int r = 0; r < MT; ++r) out[r] = acc[r];
 }
 #else  // portable: the same integers and chain, one code at a time
-template <int MT>
+template <class L, int MT>
 inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int64_t m0, float* out) {
   for (int r = 0; r < MT; ++r) {
     float acc = 0.0f;
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* sb = row + s * kBytes;
-      const int8_t* sc = (const int8_t*)(sb + 192);
+      const uint8_t* sb = row + s * L::kBytes;
       const int64_t at = (m0 + r) * nsb + s;
       const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper;
       int32_t I = 0;
       for (int h = 0; h < 16; ++h) {
         int32_t dot = 0;
-        for (int i = 16 * h; i < 16 * h + 16; ++i) dot += code(sb, i) * x[i];
-        I += sc[h] * (dot - 32 * a.hs[16 * at + h]);
+        for (int i = 16 * h; i < 16 * h + 16; ++i) dot += L::code(sb, i) * x[i];
+        I += L::scale(sb, h) * (dot - (1 << L::kOffsetBits) * a.hs[16 * at + h]);
       }
-      acc = step(acc, I, scale_d(sb), a.d[at]);
+      acc = step(acc, I, L::d(sb), a.d[at]);
     }
     out[r] = acc;
   }
@@ -85,12 +114,13 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
 #endif
 
 // out[m] = weight row n . activation row m, 4 activation rows sharing each unpacked super-block
+template <class L = Q6K>
 inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, int64_t n, float* out) {
   const int64_t nsb = K / kSuper;
-  const uint8_t* row = qs + n * nsb * kBytes;
+  const uint8_t* row = qs + n * nsb * L::kBytes;
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) tile<4>(row, nsb, a, K, m, out + m);
-  for (; m < M; ++m) tile<1>(row, nsb, a, K, m, out + m);
+  for (; m + 4 <= M; m += 4) tile<L, 4>(row, nsb, a, K, m, out + m);
+  for (; m < M; ++m) tile<L, 1>(row, nsb, a, K, m, out + m);
 }
 
 #ifdef PD_AVX2
@@ -98,10 +128,11 @@ inline void weight_row(const uint8_t* qs, int64_t K, const ActK& a, int64_t M, i
 // kCols + col] = codes 4t..4t+3 (0..63) of 32-weight block j, slo / shi[j * kCols + col] = the int8 scales of
 // its two halves of 16, dw[s * kCols + col] = super-block s's d; columns past `cols` are zero. One pass over
 // each super-block of a column (its 192 code bytes read once, as tile reads them), the 8 blocks of 8 columns
-// transposed together.
+// transposed together. (Q3_K: codes 0..7, its scales decoded a column at a time.)
+template <class L = Q6K>
 inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, gemm::Panel& p) {
   using gemm::kCols;
-  const int64_t nsb = nb / 8, q6row = nsb * kBytes;
+  const int64_t nsb = nb / 8, q6row = nsb * L::kBytes;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nsb * kCols, 0.0f);
   p.zw.clear();
@@ -115,10 +146,10 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
           for (int b = 0; b < 8; ++b) blk[b][c] = _mm256_setzero_si256();
           continue;
         }
-        const uint8_t* sb = qs + (n0 + g + c) * q6row + s * kBytes;
+        const uint8_t* sb = qs + (n0 + g + c) * q6row + s * L::kBytes;
         for (int n = 0; n < 2; ++n) {
           __m256i c4[4];
-          half_codes(sb, n, c4);
+          L::codes(sb, n, c4);
           for (int k = 0; k < 4; ++k) blk[4 * n + k][c] = c4[k];
         }
       }
@@ -129,8 +160,8 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
       }
     }
   }
-  int c0 = 0;  // full groups of 8 columns: the scales' bytes gathered one dword (sc[2b], sc[2b + 1], ...) a column
-  for (; c0 + 8 <= cols; c0 += 8) {
+  int c0 = 0;  // Q6_K's full groups of 8 columns: the scales' bytes gathered one dword (sc[2b], sc[2b + 1], ...) a column
+  for (; std::is_same_v<L, Q6K> && c0 + 8 <= cols; c0 += 8) {
     const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)q6row));
     for (int64_t s = 0; s < nsb; ++s) {
       const uint8_t* base = qs + (n0 + c0) * q6row + s * kBytes;
@@ -150,12 +181,11 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
   for (int c = c0; c < cols; ++c) {
     const uint8_t* row = qs + (n0 + c) * q6row;
     for (int64_t s = 0; s < nsb; ++s) {
-      const uint8_t* sb = row + s * kBytes;
-      const int8_t* sc = (const int8_t*)(sb + 192);
-      p.dw[s * kCols + c] = scale_d(sb);
+      const uint8_t* sb = row + s * L::kBytes;
+      p.dw[s * kCols + c] = L::d(sb);
       for (int b = 0; b < 8; ++b) {
-        p.slo[(s * 8 + b) * kCols + c] = sc[2 * b];
-        p.shi[(s * 8 + b) * kCols + c] = sc[2 * b + 1];
+        p.slo[(s * 8 + b) * kCols + c] = L::scale(sb, 2 * b);
+        p.shi[(s * 8 + b) * kCols + c] = L::scale(sb, 2 * b + 1);
       }
     }
   }
@@ -163,8 +193,8 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
 
 // out[r * ldo + col] for activation rows m0..m0+R and the panel's first `cols` columns, all 16 columns a vector
 // (panel.h's Cols16): per half of 16 weights 4 dot-product steps from -32 hs (so the half ends at q_h . x_h -
-// 32 hs_h), then I += sc_h times it (vpmulld); per super-block step's fp32 chain, lane-wise.
-template <int R>
+// 32 hs_h; Q3_K's 4), then I += sc_h times it (vpmulld); per super-block step's fp32 chain, lane-wise.
+template <class L, int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
   using gemm::kCols;
   const int64_t nsb = a.nsb;
@@ -174,7 +204,7 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
       const int32_t* sc = (h % 2 ? p.shi : p.slo).data() + j * kCols;
       gemm::sub_block<R, 4>(
           p.codes.data() + (j * 8 + 4 * (h % 2)) * kCols, xrow, 16 * (16 * s + h), sc,
-          [&](int r) { return gemm::set16(-32 * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]); },
+          [&](int r) { return gemm::set16(-(1 << L::kOffsetBits) * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]); },
           [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
     }
   };

@@ -82,8 +82,9 @@ inline void unpack(const uint8_t* g, Unpacked& u) {
 }
 
 // acc[m] (16 rows) steps over super-block s for activation rows m0..m0+MT, which share each code vector and give
-// the core independent dpbusd chains to overlap: each half of 16 from -32 hs_h, then I += sc_h times it.
-template <int MT>
+// the core independent dpbusd chains to overlap: each half of 16 from -32 hs_h (the codes' offset: q3k16.h's
+// are Q3_K's, offset 4), then I += sc_h times it.
+template <int MT, int kOffsetBits = q6::Q6K::kOffsetBits>
 inline void accumulate(const Unpacked& u, const ActK& a, int64_t K, int64_t m0, int64_t s, __m512* acc) {
   const int64_t nsb = K / q6::kSuper;
   const int8_t* x[MT];
@@ -97,8 +98,8 @@ inline void accumulate(const Unpacked& u, const ActK& a, int64_t K, int64_t m0, 
   for (int b = 0; b < 8; ++b) {
     __m512i lo[MT], hi[MT];
     for (int r = 0; r < MT; ++r) {
-      lo[r] = _mm512_set1_epi32(-32 * (int32_t)hs[r][2 * b]);
-      hi[r] = _mm512_set1_epi32(-32 * (int32_t)hs[r][2 * b + 1]);
+      lo[r] = _mm512_set1_epi32(-(1 << kOffsetBits) * (int32_t)hs[r][2 * b]);
+      hi[r] = _mm512_set1_epi32(-(1 << kOffsetBits) * (int32_t)hs[r][2 * b + 1]);
     }
     for (int w = 0; w < 4; ++w) {
       const __m512i cl = u.codes[8 * b + w], ch = u.codes[8 * b + 4 + w];

@@ -5,6 +5,7 @@
 //       GGUF's Q4_0/Q4_1 order), d and m fp16 per block.
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
 //   q6: GGUF Q6_K super-blocks as the file stores them (kquant.h, q6.h), no separate scales.
+//   q3k: GGUF Q3_K super-blocks as the file stores them (kquant.h): q6's kernels through Q3_K's layout.
 //   q4k: GGUF Q4_K super-blocks as the file stores them (kquant.h, q4k.h), no separate scales.
 //   q5k: GGUF Q5_K super-blocks as the file stores them (kquant.h): q4k's kernels with a fifth-bit plane.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
@@ -15,6 +16,8 @@
 //       q6k16's scheme with iq4xs's bits.
 //   q6k16: Q6_K super-blocks with rows regrouped 16 at a time (q6k16.h; qs is (N / 16, K / 256 * 3360)), the same
 //       bits as q6, the codes taken apart once for all the activation rows of a call.
+//   q3k16: Q3_K super-blocks with rows regrouped 16 at a time (q3k16.h; qs is (N / 16, K / 256 * 1760)), q6k16's
+//       scheme with q3k's bits.
 //   q5: w = d * q + m, q in 0..31 (GGUF Q5_0/Q5_1), q4's scales plus a fifth bit plane beside the nibbles
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
@@ -41,7 +44,7 @@
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
 // header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs.h and
+// q6k16.h, q3k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs.h and
 // iq4xs16.h.
 #include "activations.h"
 #include "affine.h"
@@ -86,6 +89,8 @@ using formats::kQ5K;
 using formats::kQ5K16;
 using formats::kQ5S;
 using formats::kIQ4XS16;
+using formats::kQ3K;
+using formats::kQ3K16;
 using formats::kQ6;
 using formats::kQ6K16;
 using formats::kQ8;
@@ -163,12 +168,16 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q4k16::unpack_panel(w.qs, w.nb, n0 / q4k16::kRows, panel);
   } else if (F == kQ6K16) {
     q6k16::unpack_panel(w.qs, w.nb, n0 / q6k16::kRows, panel);
+  } else if (F == kQ3K16) {
+    q3k16::unpack_panel(w.qs, w.nb, n0 / q3k16::kRows, panel);
   } else if (F == kQ5K16) {
     q5k16::unpack_panel(w.qs, w.nb, n0 / q5k16::kRows, panel);
   } else if (F == kIQ4XS16) {
     iq4xs16::unpack_panel(w.qs, w.nb, n0 / iq4xs16::kRows, panel);
   } else if (F == kQ6) {
     q6::unpack_panel(w.qs, w.nb, n0, cols, panel);
+  } else if (F == kQ3K) {
+    q6::unpack_panel<q6::Q3K>(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -186,20 +195,21 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
-  constexpr bool Q6 = F == kQ6 || F == kQ6K16;                                 // q6.h's
+  constexpr bool Q6 = F == kQ6 || F == kQ6K16, Q3K = F == kQ3K || F == kQ3K16;  // q6.h's (Q6_K's, Q3_K's)
   constexpr bool IQ4XS = F == formats::kIQ4XS || F == kIQ4XS16;                // iq4xs.h's
-  constexpr int G = Q4K || Q6 || IQ4XS         ? (int)gemm::kQ4  // (their own tiles below: G unused)
+  constexpr int G = Q4K || Q6 || Q3K || IQ4XS  ? (int)gemm::kQ4  // (their own tiles below: G unused)
                     : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8
                     : F == kQ5S                 ? (int)kQ5
                                                 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
-    if constexpr (Q4K || Q6 || IQ4XS) {  // M rows in tiles of gemm::kRowsK, each its format's tile
+    if constexpr (Q4K || Q6 || Q3K || IQ4XS) {  // M rows in tiles of gemm::kRowsK, each its format's tile
       gemm::row_tiles(M, [&](auto R, int64_t m) {
         auto* at = o + m * ldo;
         if constexpr (Q4K) q4k::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
-        if constexpr (Q6) q6::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
+        if constexpr (Q6) q6::gemm_tile<q6::Q6K, R>(panel, ak, w.K, m, at, ldo, cols);
+        if constexpr (Q3K) q6::gemm_tile<q6::Q3K, R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (IQ4XS) iq4xs::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
       });
     } else {
@@ -264,7 +274,7 @@ int64_t gemm_rows(Format f, int64_t K) {
   if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
   if (f == kQ5K16) return 512;
   if (f == kIQ4XS16) return 64;
-  if (f == kQ6K16) return 64;
+  if (f == kQ6K16 || f == kQ3K16) return 64;
   return f == kQ4K || f == kQ4K16 ? 32 : f == kQ5K || f == formats::kIQ4XS ? 12 : 8;
 }
 
@@ -402,6 +412,7 @@ std::vector<int64_t> native_groups() {
   ids.push_back(kQ6K16);
   ids.push_back(kQ5K16);
   ids.push_back(kIQ4XS16);
+  ids.push_back(kQ3K16);
 #endif
   return ids;
 }

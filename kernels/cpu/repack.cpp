@@ -7,7 +7,7 @@
 //   q8_quantize:   fp32 rows -> Q8_0 as gguf.quants writes it: d = max|w| / 127, code = round-half-away(w * (1/d)),
 //                  clamped to +-127, scale fp16(d);
 //   q4_to_q8:      q4 rows -> q8 of their exact weights (fused q|k|v whose v is Q6_K: every part becomes q8);
-//   group_superblocks / ungroup_superblocks: IQ4_XS, Q4_K, Q5_K or Q6_K rows <-> groups of 16 rows (q4k16.h, q6k16.h), the
+//   group_superblocks / ungroup_superblocks: Q3_K, IQ4_XS, Q4_K, Q5_K or Q6_K rows <-> groups of 16 rows (q4k16.h, q6k16.h), the
 //                  same bytes rearranged;
 //   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
@@ -24,6 +24,7 @@
 #include "q4k16.h"
 #include "q5k16.h"
 #include "q6k16.h"
+#include "q3k16.h"
 #include "q8.h"
 #include "shared_range.h"
 
@@ -211,23 +212,24 @@ void q4_to_q8(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& m
   });
 }
 
-// rows (n, k / 256 * B) super-blocks <-> groups of 16 rows (n / 16, k / 256 * 16 B): B = 136 (IQ4_XS, iq4xs16.h),
-// 144 (Q4_K, q4k16.h), 176 (Q5_K, q5k16.h) or 210 (Q6_K, q6k16.h); one group a task, either way (Pack: rows ->
+// rows (n, k / 256 * B) super-blocks <-> groups of 16 rows (n / 16, k / 256 * 16 B): B = 110 (Q3_K, q3k16.h), 136
+// (IQ4_XS, iq4xs16.h), 144 (Q4_K, q4k16.h), 176 (Q5_K, q5k16.h) or 210 (Q6_K, q6k16.h); one group a task, either way (Pack: rows ->
 // groups)
 template <bool Pack>
 void move_groups(const at::Tensor& rows, const at::Tensor& groups, int64_t block_bytes) {
   check_u8(rows, "rows");
   check_u8(groups, "groups");
   TORCH_CHECK(block_bytes == q4k::kBytes || block_bytes == q6::kBytes || block_bytes == q4k::Q5K::kBytes ||
-                  block_bytes == lut4::Iq4xs::kBytes,
-              "groups of 16 rows hold IQ4_XS (136-byte), Q4_K (144-byte), Q5_K (176-byte) or Q6_K (210-byte) "
-              "super-blocks, not ", block_bytes, "-byte ones");
+                  block_bytes == lut4::Iq4xs::kBytes || block_bytes == q3k::kBytes,
+              "groups of 16 rows hold Q3_K (110-byte), IQ4_XS (136-byte), Q4_K (144-byte), Q5_K (176-byte) or Q6_K "
+              "(210-byte) super-blocks, not ", block_bytes, "-byte ones");
   const int64_t n = rows.size(0), row_bytes = rows.size(1), group_bytes = row_bytes * q4k16::kRows;
   TORCH_CHECK(rows.dim() == 2 && row_bytes % block_bytes == 0 && n % q4k16::kRows == 0 && groups.dim() == 2 &&
                   groups.size(0) == n / q4k16::kRows && groups.size(1) == group_bytes,
               "groups of 16 rows want (n / 16, 16 x row bytes) for rows (n, row bytes), n a multiple of 16");
   uint8_t *r = (uint8_t*)rows.data_ptr(), *g = (uint8_t*)groups.data_ptr();
   const auto move = block_bytes == q6::kBytes           ? row_groups::move_group<Pack, q6k16::Group>
+                    : block_bytes == q3k::kBytes        ? row_groups::move_group<Pack, q3k16::Group>
                     : block_bytes == q4k::kBytes        ? row_groups::move_group<Pack, q4k16::Group>
                     : block_bytes == lut4::Iq4xs::kBytes ? row_groups::move_group<Pack, iq4xs16::Group>
                                                         : row_groups::move_group<Pack, q5k16::Group>;

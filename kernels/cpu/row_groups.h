@@ -1,6 +1,6 @@
-// What the 16-row grouped formats (q4k16.h, q5k16.h, q6k16.h) share: moving a group's super-blocks between the
-// file's row order and the group's interleaved layout, and the portable fallback that runs each row of a group
-// through the rows' own kernel. Each format describes its layout as a struct G with kBytes (a row's super-block),
+// What the 16-row grouped formats (q4k16.h, q5k16.h, q6k16.h, q3k16.h, iq4xs16.h) share: moving a group's
+// super-blocks between the file's row order and the group's interleaved layout, and the portable fallback that
+// runs each row of a group through the rows' own kernel. Each format describes its layout as a struct G with kBytes (a row's super-block),
 // kGroupBytes (16 of them, interleaved), kRuns (the super-block's byte ranges, each moved `unit` bytes at a time)
 // and at(r, i) (the group byte holding byte i of row r's super-block; a run's unit u puts row r at at(0, i) + u r).
 #pragma once
@@ -121,7 +121,7 @@ inline void store_hsum8(const __m512* acc, int64_t M, float* out) {
 #endif
 
 #ifdef PD_AVX512
-// The group kernels (q5k16.h, q6k16.h, iq4xs16.h): out[m * 16 + r] = weight row 16 g + r . activation row m for
+// The group kernels (q5k16.h, q6k16.h, q3k16.h, iq4xs16.h): out[m * 16 + r] = weight row 16 g + r . activation row m for
 // all M rows. Per group super-block s (prefetch: the next one's lines into L1) unpack(bytes, u) once
 // into the format's U, then accumulate(std::integral_constant<int, MT>, u, m0, s, acc) over the activation rows 4,
 // 2 and 1 at a time (they share the unpacked codes); kAccs fp32 accumulators a row: 8 (one a 32-weight block,

@@ -1,4 +1,4 @@
-"""A qwen3moe GGUF's expert stacks stay packed in the file's formats (Q4_K, Q6_K, Q8_0, Q4_0): one packed
+"""A qwen3moe GGUF's expert stacks stay packed in the file's formats (Q4_K, Q6_K, Q8_0, Q4_0, Q3_K): one packed
 matrix per expert, gate|up fused, never a dense copy; logits follow the dequantized (fp32) model within the
 dense packed path's bounds, greedy replies equal, rows batch-invariant; the estimate counts the experts'
 packed bytes and decode_bytes only the top-k experts a token runs; loading peaks near the file's size."""
@@ -14,14 +14,14 @@ import torch
 
 from engine import Model, Tokenizer, estimate_memory
 from engine.model.packing import repack
-from engine.model.qlinear import PackedLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, RowSplit
+from engine.model.qlinear import PackedLinear, Q3KLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, RowSplit
 from tests.engine.test_model_peer import prompt_ids
 from tests.engine.test_moe import run_greedy
 from tests.engine.test_qlinear import decode_logits
 from tests.tiny_models import write_tiny_gguf, write_tiny_model
 from tools.logits import forward_tokens
 
-KERNEL = {"Q4_K": Q4KLinear, "Q6_K": Q6Linear, "Q8_0": Q8Linear, "Q4_0": Q4Linear}
+KERNEL = {"Q4_K": Q4KLinear, "Q6_K": Q6Linear, "Q8_0": Q8Linear, "Q4_0": Q4Linear, "Q3_K": Q3KLinear}
 MB = 1 << 20
 
 
@@ -90,10 +90,13 @@ def clear_prefix(dense, prompt: torch.Tensor, theirs: list[int], ours: list[int]
     return clear
 
 
-def test_packed_experts_keep_rows_independent_of_the_batch(moe_gguf, wide_moe_folder):
+def test_packed_experts_keep_rows_independent_of_the_batch(moe_gguf, wide_moe_folder, tmp_path, monkeypatch):
     """A row's block output is the same alone, in a batch and shuffled, through the packed kernels and with
-    prompt rows on dense weights; jobs batched together decode as they do alone."""
-    _, _, _, packed = moe_gguf
+    prompt rows on dense weights; jobs batched together decode as they do alone, bit for bit, where every row
+    takes the kernels (every matrix packed, the router's logits in one order: kernels.router_logits; the
+    fixture's F32 attention and dense prompt rows go through sgemm, which rounds by the row count, so there a
+    near-tie may pick another token batched than alone)."""
+    qtype, _, _, packed = moe_gguf
     block = packed.layers[1].moe
     h = torch.randn(24, packed.config.hidden_size, generator=torch.Generator().manual_seed(1))
     prompt = torch.tensor([2, 3, 4, 5, 11, 17])
@@ -110,9 +113,13 @@ def test_packed_experts_keep_rows_independent_of_the_batch(moe_gguf, wide_moe_fo
         moved = None if rows is None else RowSplit(inverse[prompt].sort().values, 24)
         torch.testing.assert_close(block(h[shuffled], moved), together[shuffled], rtol=0, atol=tol)
     tok = Tokenizer.load(wide_moe_folder)
+    path = write_tiny_gguf(wide_moe_folder, tmp_path / f"moe-all-{qtype}.gguf",
+                           lambda name: "F32" if "norm" in name or "gate_inp" in name else qtype, tokenizer=False)
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    kernels_only = Model.load(path, device="cpu", dtype=torch.float32, weights="packed")
     prompts = [prompt_ids(5 + 11 * i, seed=10 + i) for i in range(4)]
-    alone = [run_greedy(packed, tok, [p], 10)[0] for p in prompts]
-    assert run_greedy(packed, tok, prompts, 10) == alone
+    alone = [run_greedy(kernels_only, tok, [p], 10)[0] for p in prompts]
+    assert run_greedy(kernels_only, tok, prompts, 10) == alone
 
 
 def test_estimate_counts_packed_experts_and_decode_bytes_the_active_ones(moe_gguf):

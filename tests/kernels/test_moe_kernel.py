@@ -211,3 +211,26 @@ def test_a_quantized_models_greedy_tokens_are_the_same_alone_and_batched(tmp_pat
     assert run_greedy(model, tok, prompts, 12) == alone
     with moe_kernel.torch_path():
         assert run_greedy(model, tok, prompts, 12) == alone
+
+
+def test_router_logits_do_not_depend_on_the_batch():
+    """A row's router logits are the same bits alone, among others and on one thread (torch's sgemm rounds by the
+    row count: a near-tie between two experts then routed a row differently batched than alone), and are the
+    float product up to rounding."""
+    import kernels
+
+    g = torch.Generator().manual_seed(3)
+    router, bias = torch.randn(128, 2048, generator=g), torch.randn(128, generator=g)
+    h = torch.randn(37, 2048, generator=g)
+    together = kernels.router_logits(h, router, bias)
+    for i in (0, 5, 36):
+        assert torch.equal(kernels.router_logits(h[i:i + 1], router, bias), together[i:i + 1])
+    assert torch.equal(kernels.router_logits(h[3:11], router, bias), together[3:11])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.router_logits(h, router, bias), together)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(together, torch.nn.functional.linear(h.double(), router.double(), bias.double()).float(),
+                               rtol=1e-5, atol=1e-4)

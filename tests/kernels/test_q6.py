@@ -1,6 +1,7 @@
-"""The q6 format (GGUF Q6_K super-blocks kept as the file stores them, kernels/cpu/q6.h) against the float64
-statement of its integer arithmetic on its exact weights, row by row whatever the row count or thread split,
-on both builds (VNNI and AVX2), and against what it replaced (Q6_K re-quantized to q8) where parts must fuse."""
+"""The q6 and q3k formats (GGUF Q6_K and Q3_K super-blocks kept as the file stores them, both multiplied by
+kernels/cpu/q6.h, Q3_K through its layout) against the float64 statement of their integer arithmetic on their
+exact weights, row by row whatever the row count or thread split, on both builds (VNNI and AVX2), and against
+what they replaced (re-quantized to q8) where parts must fuse."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,39 +9,59 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType as Q
+from gguf.quants import dequantize as gguf_dequantize
 
 from engine.model.packing import repack
-from engine.model.ggml_blocks import dequantize, q6_k_affine
-from engine.model.qlinear import Q4Linear, Q6Linear, Q8Linear, cat_packed
+from engine.model.ggml_blocks import dequantize, q3_k_affine, q6_k_affine
+from engine.model.qlinear import Q3KLinear, Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build, random_q4
 from tests.kernels.q8k_oracle import fma32, q8_k
 from tests.kernels.test_qgemm import _call
-from tools.ggml_writers import quantize_q6_k
+from tools.ggml_writers import quantize_q3_k, quantize_q6_k
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
+# format -> (class, GGUF type, bytes a super-block, the codes' offset, the writer)
+LAYOUTS = {"q6": (Q6Linear, Q.Q6_K, 210, 32, quantize_q6_k), "q3k": (Q3KLinear, Q.Q3_K, 110, 4, quantize_q3_k)}
+FMTS = list(LAYOUTS)
 
-def random_q6(N: int, K: int, seed: int = 0, source: str = "writer") -> Q6Linear:
-    """From gguf's own Q6_K writer, or random block bytes (every code, scale sign and magnitude) with finite d."""
+
+def random_q6(N: int, K: int, seed: int = 0, source: str = "writer", fmt: str = "q6") -> Q6Linear | Q3KLinear:
+    """From our plain writer, or random block bytes (every code, scale sign and magnitude) with finite d."""
+    cls, _, nbytes, _, writer = LAYOUTS[fmt]
     g = torch.Generator().manual_seed(seed)
     if source == "writer":
-        return Q6Linear(quantize_q6_k(torch.randn(N, K, generator=g) * 0.05).reshape(N, -1).clone())
-    raw = torch.randint(0, 256, (N * K // 256, 210), generator=g, dtype=torch.uint8)
-    raw[:, 208:210] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
-    return Q6Linear(raw.reshape(N, -1))
+        return cls(writer(torch.randn(N, K, generator=g) * 0.05).reshape(N, -1).clone())
+    raw = torch.randint(0, 256, (N * K // 256, nbytes), generator=g, dtype=torch.uint8)
+    raw[:, nbytes - 2:] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
+    return cls(raw.reshape(N, -1))
 
 
-def reference_q6(x: torch.Tensor, w: Q6Linear) -> torch.Tensor:
-    """llama.cpp's Q6_K x Q8_K arithmetic in NumPy, to the bit: per super-block the exact integer
-    I = sum_i sc_(i / 16) (q_i - 32) x_i (x the Q8_K activations), then acc = fma(I, d d_x, acc) in float32,
+def _scales_and_d(fmt: str, blocks: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Each super-block's sixteen integer scales (nb, 16) and its d (nb,), read from the bytes as ggml states
+    them: Q6_K's int8 at 192, Q3_K's 6-bit values less 32 (low nibbles of bytes 0..7, then their high
+    nibbles; the top two bits of scale h at 2 (h / 4) of byte 8 + h % 4)."""
+    b = blocks.numpy()
+    if fmt == "q6":
+        return b[:, 192:208].view(np.int8).astype(np.int64), b[:, 208:210].copy().view(np.float16)[:, 0].astype(np.float32)
+    s = b[:, 96:108].astype(np.int64)
+    low = np.concatenate([s[:, 0:8] & 15, s[:, 0:8] >> 4], axis=1)
+    high = np.stack([(s[:, 8 + h % 4] >> (2 * (h // 4))) & 3 for h in range(16)], axis=1)
+    return (low | high << 4) - 32, b[:, 108:110].copy().view(np.float16)[:, 0].astype(np.float32)
+
+
+def reference_q6(x: torch.Tensor, w: Q6Linear | Q3KLinear) -> torch.Tensor:
+    """llama.cpp's Q6_K (Q3_K) x Q8_K arithmetic in NumPy, to the bit: per super-block the exact integer
+    I = sum_i sc_(i / 16) (q_i - offset) x_i (x the Q8_K activations), then acc = fma(I, d d_x, acc) in float32,
     super-block after super-block."""
+    fmt = w.format
     q, dx, _ = q8_k(x)
     M, (N, K) = x.shape[0], w.shape
-    blocks = w.row_blocks().reshape(-1, 210)
-    sc = blocks[:, 192:208].contiguous().view(torch.int8).numpy().astype(np.int64).reshape(N, K // 256, 16)
-    d = blocks[:, 208:210].contiguous().view(torch.float16).numpy().astype(np.float32).reshape(N, K // 256)
-    codes, _ = q6_k_affine(blocks)  # q - 32, (super-blocks, 16, 16)
+    blocks = w.row_blocks().reshape(-1, LAYOUTS[fmt][2])
+    sc, d = _scales_and_d(fmt, blocks)
+    sc, d = sc.reshape(N, K // 256, 16), d.reshape(N, K // 256)
+    codes, _ = (q6_k_affine if fmt == "q6" else q3_k_affine)(blocks)  # q - offset, (super-blocks, 16, 16)
     signed = codes.numpy().astype(np.int64).reshape(N, K // 256, 16, 16) * sc[..., None]
     I = np.einsum("mshi,nshi->mns", q.reshape(M, K // 256, 16, 16), signed).astype(np.float32)
     acc = np.zeros((M, N), np.float32)
@@ -49,10 +70,11 @@ def reference_q6(x: torch.Tensor, w: Q6Linear) -> torch.Tensor:
     return torch.from_numpy(acc)
 
 
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("source", ["writer", "random bytes"])
 @pytest.mark.parametrize("N,K,M", [(37, 768, 9), (8, 256, 1), (64, 4096, 5), (5, 512, 16)])
-def test_q6_matmul_computes_its_stated_arithmetic(source, N, K, M):
-    w = random_q6(N, K, N + K, source)
+def test_q6_matmul_computes_its_stated_arithmetic(fmt, source, N, K, M):
+    w = random_q6(N, K, N + K, source, fmt)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
     x[0, 5] = 40.0  # an outlier channel
     if M > 4:
@@ -63,46 +85,63 @@ def test_q6_matmul_computes_its_stated_arithmetic(source, N, K, M):
     assert ((y - dense).norm() / dense.norm()).item() < 5e-2
 
 
-def test_q6_keeps_the_files_exact_weights_and_size():
-    w = random_q6(24, 512, 1)
-    exact = dequantize(w.row_blocks(), Q.Q6_K, (24, 512))
+@pytest.mark.parametrize("fmt,bits", [("q6", 6.5625), ("q3k", 3.4375)])
+def test_q6_keeps_the_files_exact_weights_and_size(fmt, bits):
+    _, qtype, nbytes, _, _ = LAYOUTS[fmt]
+    w = random_q6(24, 512, 1, "random bytes", fmt)
+    exact = dequantize(w.row_blocks(), qtype, (24, 512))
+    assert np.array_equal(exact.numpy(), gguf_dequantize(w.row_blocks().numpy(), qtype))  # gguf's own decoder
     assert torch.equal(w.dequantize(), exact)
     ids = torch.tensor([3, 23, 3])
     assert torch.equal(w.embedding(ids), exact[ids])
-    assert w.nbytes() == 24 * 512 // 256 * 210 == repack.packed_nbytes("q6", (24, 512))
-    assert w.nbytes() * 8 / w.numel() == 6.5625
+    assert w.nbytes() == 24 * 512 // 256 * nbytes == repack.packed_nbytes(fmt, (24, 512))
+    assert w.nbytes() * 8 / w.numel() == bits
 
 
-def test_extreme_codes_scales_and_activations_sum_exactly():
-    """Codes 0 and 63 with scales -128 and 127 against full-scale activations: the int16 pair sums of maddubs
-    and the int32 products with the scales must not overflow."""
+def _extreme_blocks(fmt: str, N: int, K: int) -> torch.Tensor:
+    """Every other row all top codes (63, Q3_K's 7), the rest all code 0; scales at both ends (Q6_K's 127 and
+    -128 alternating; Q3_K's 31 on the top rows, -32 on the others); d 1e-3."""
+    nbytes = LAYOUTS[fmt][2]
+    raw = torch.zeros(N * K // 256, nbytes, dtype=torch.uint8)
+    if fmt == "q6":
+        raw[0::2, :192] = 0xFF  # every code 63
+        raw[:, 192:208] = torch.tensor([127, 128], dtype=torch.uint8).repeat(8)  # scales 127, -128 alternating
+    else:
+        raw[0::2, :108] = 0xFF  # every code 7, every scale 63 - 32 = 31 (the others: code 0, scale -32)
+    raw[:, nbytes - 2:] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_extreme_codes_scales_and_activations_sum_exactly(fmt):
+    """Codes at both ends with scales at both ends against full-scale activations: the int16 pair sums of
+    maddubs and the int32 products with the scales must not overflow."""
     N, K = 6, 512
-    raw = torch.zeros(N * K // 256, 210, dtype=torch.uint8)
-    raw[0::2, :192] = 0xFF  # every code 63
-    raw[:, 192:208] = torch.tensor([127, 128], dtype=torch.uint8).repeat(8)  # scales 127, -128 alternating
-    raw[:, 208:210] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
-    w = Q6Linear(raw.reshape(N, -1))
+    w = LAYOUTS[fmt][0](_extreme_blocks(fmt, N, K).reshape(N, -1))
     signs = torch.randn(2, K, generator=torch.Generator().manual_seed(0)).sign()
     x = torch.cat([torch.full((1, K), 2.0), torch.full((1, K), -2.0), signs * 3])
     # float32 accumulation errs ~1e-8 of sum |w x| (rows of mixed signs cancel, so a bound relative to the
     # result fails on ~6 % of sign draws); an overflowed int16 pair sum or int32 product errs by a large part of it
     scale = x.double().abs() @ w.dequantize().double().abs().T
     assert ((w(x).double() - reference_q6(x, w).double()).abs() <= 1e-6 * scale).all()
+    assert torch.equal(_call(w, x, None, "1"), w(x))  # the GEMM path's panel of them too
 
 
-def test_a_rows_result_never_depends_on_the_other_rows():
+@pytest.mark.parametrize("fmt", FMTS)
+def test_a_rows_result_never_depends_on_the_other_rows(fmt):
     """Tiles of 4 activation rows, single rows, the GEMM path (from 8 rows) and thread splits give the same bits:
     batch invariance."""
-    w = random_q6(70, 1024, 2)
+    w = random_q6(70, 1024, 2, "writer", fmt)
     x = torch.randn(41, 1024)
     assert_rows_independent(w, x, (0, 5, 13, 40), (2, 9))
 
 
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("N,K,M", [(40, 1024, 23), (5, 256, 16), (33, 768, 9)])  # a last panel of 8, 5, 1 columns
-def test_gemm_path_gives_the_per_row_paths_bits(N, K, M):
+def test_gemm_path_gives_the_per_row_paths_bits(fmt, N, K, M):
     """Prompt rows (qgemm.h: the codes of a panel of 16 weight rows unpacked once, the halves of 16 summed
     apart) must give the per-row path's bits for every element."""
-    w = random_q6(N, K, N * K, "random bytes")
+    w = random_q6(N, K, N * K, "random bytes", fmt)
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 3
     x[1, 7] = 40.0
     x[2] = 0.0
@@ -113,8 +152,9 @@ def test_gemm_path_gives_the_per_row_paths_bits(N, K, M):
         assert torch.equal(_call(w, x, "swiglu", "1"), _call(w, x, "swiglu", "1000000"))
 
 
-def test_swiglu_epilogue_is_silu_of_gate_times_up():
-    w = random_q6(192, 512, 3)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_swiglu_epilogue_is_silu_of_gate_times_up(fmt):
+    w = random_q6(192, 512, 3, "writer", fmt)
     x = torch.randn(9, 512)
     gate, up = w(x).chunk(2, dim=-1)
     torch.testing.assert_close(w(x, "swiglu"), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
@@ -136,24 +176,70 @@ def test_fused_parts_stay_q6_or_become_the_q8_they_were():
     assert isinstance(q4, Q4Linear)
 
 
-def test_loader_keeps_q6_k_as_q6():
-    w = random_q6(12, 768, 7)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_loader_keeps_the_files_blocks(fmt):
+    cls, qtype, _, _, _ = LAYOUTS[fmt]
+    w = random_q6(12, 768, 7, "writer", fmt)
     seen = []
-    got = repack.from_blocks(w.row_blocks(), Q.Q6_K, (12, 768), "packed", keep_dense=False,
+    got = repack.from_blocks(w.row_blocks(), qtype, (12, 768), "packed", keep_dense=False,
                              done=lambda r0, r1: seen.append(r1))
-    assert isinstance(got, Q6Linear) and torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
+    assert isinstance(got, cls) and torch.equal(got.row_blocks(), w.row_blocks()) and got.qs.data_ptr() != w.qs.data_ptr()
     assert seen[-1] == 12
-    assert repack.kernel_format("Q6_K", "packed") == "q6" and repack.kernel_format("Q6_K", "q8") == "q8"
+    assert repack.kernel_format(qtype.name, "packed") == fmt and repack.kernel_format(qtype.name, "q8") == "q8"
     formats = repack.kernel_formats({"blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K",
-                                     "blk.0.attn_v.weight": "Q6_K", "blk.0.ffn_down.weight": "Q6_K"}, "packed")
+                                     "blk.0.attn_v.weight": qtype.name, "blk.0.ffn_down.weight": qtype.name}, "packed")
     assert formats == {"blk.0.attn_q.weight": "q8", "blk.0.attn_k.weight": "q8", "blk.0.attn_v.weight": "q8",
-                       "blk.0.ffn_down.weight": "q6"}
+                       "blk.0.ffn_down.weight": fmt}
+
+
+def test_a_q3_k_part_beside_others_keeps_its_format_or_becomes_q8_of_its_exact_weights():
+    """A Q3_K_M file's q/k (Q3_K) beside its v (Q5_K or Q6_K): kept part by part where the kernels run
+    (qlinear.PartsLinear), else q8 of each part's exact weights, as every type without a format once was."""
+    q3, q6 = random_q6(16, 512, 9, "writer", "q3k"), random_q6(8, 512, 10)
+    parts = cat_packed([q3, q6])
+    assert [p.format for p in parts.parts] == ["q3k", "q6"]
+    x = torch.randn(3, 512)
+    assert torch.equal(parts(x), torch.cat([q3(x), q6(x)], dim=1))
+    q3.dense = q3.dequantize()  # a part keeping dense prompt rows: the group becomes q8
+    mixed = cat_packed([q3, random_q4(8, 512, 11)])
+    assert isinstance(mixed, Q8Linear)
+    old = repack.from_blocks(q3.row_blocks(), Q.Q3_K, (16, 512), "q8", keep_dense=False)
+    assert torch.equal(mixed.qs[:16], old.qs) and torch.equal(mixed.scale[:16], old.scale)
 
 
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path, tested above")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build (PAGEDECK_CPU_ISA=avx2) runs this file too, and its results equal this build's."""
-    w = random_q6(40, 1024, 8)
+    w, w3 = random_q6(40, 1024, 8), random_q6(40, 1024, 8, "random bytes", "q3k")
     x = torch.randn(6, 1024, generator=torch.Generator().manual_seed(1))
-    check = "from engine.model.qlinear import Q6Linear; assert torch.equal(Q6Linear(d['qs'])(d['x']), d['y'])"
-    run_on_isa_build({"qs": w.row_blocks(), "x": x, "y": w(x)}, check, [__file__], "not avx2_build")
+    check = ("from engine.model.qlinear import Q3KLinear, Q6Linear; "
+             "assert torch.equal(Q6Linear(d['qs'])(d['x']), d['y']); assert torch.equal(Q3KLinear(d['q3'])(d['x']), d['y3'])")
+    run_on_isa_build({"qs": w.row_blocks(), "q3": w3.row_blocks(), "x": x, "y": w(x), "y3": w3(x)}, check, [__file__],
+                     "not avx2_build")
+
+
+def test_q3_k_m_files_keep_q3_k_and_give_llama_cpps_logits(tmp_path, monkeypatch):
+    """llama.cpp's own Q3_K_M of a model (its quantizer and per-layer recipe: Q3_K beside Q4_K/Q5_K attn_v,
+    ffn_down and o), read packed: its Q3_K matrices are q3k, its weights (no dense prompt copies) no bigger than
+    the file, and its logits stay within the quantized fidelity bounds against llama.cpp's
+    (tests/engine/test_fidelity_llamacpp)."""
+    pytest.importorskip("llama_cpp")
+    from engine import Model
+    from tests.engine.test_fidelity_llamacpp import check
+    from tests.llamacpp_fidelity import build
+    from tests.oracles.llamacpp_peer import run_jobs
+    from tools.models._llamacpp_quantized import quantize, tensor_types
+
+    files = build(tmp_path, [("llama", "F32")])  # F32: the kl_ref bound
+    mixed = quantize(files.paths["llama", "F32"], tmp_path / "llama-Q3_K_M.gguf", "Q3_K_M")
+    assert {"Q3_K", "Q4_K"} <= set(tensor_types(mixed).values())
+    out = mixed.with_suffix(".npy")
+    (result,) = run_jobs([{"op": "logits", "model": str(mixed), "ids": files.ids, "out": str(out)}], tmp_path)
+    files.paths["llama", "Q3_K_M"], files.peer["llama", "Q3_K_M"] = mixed, {**result, "out": str(out)}
+    check(files, ("llama", "Q3_K_M"), "packed")
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    model = Model.load(mixed, weights="packed")
+    kept = {p.format for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+            for p in getattr(m, "parts", [m])}
+    assert "q3k" in kept and "q8" not in kept, kept  # no part re-quantized
+    assert model.memory_bytes() <= mixed.stat().st_size

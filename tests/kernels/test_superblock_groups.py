@@ -1,5 +1,5 @@
-"""Q6_K, Q5_K and IQ4_XS rows regrouped 16 at a time (q6k16, q5k16 and iq4xs16, kernels/cpu/q6k16.h, q5k16.h and
-iq4xs16.h): their bytes are the file's rows rearranged as the headers state (a NumPy statement of each layout) and go
+"""Q6_K, Q5_K, IQ4_XS and Q3_K rows regrouped 16 at a time (q6k16, q5k16, iq4xs16 and q3k16, kernels/cpu/q6k16.h,
+q5k16.h, iq4xs16.h and q3k16.h): their bytes are the file's rows rearranged as the headers state (a NumPy statement of each layout) and go
 back to the same rows; their products are the rows' own bit for bit (the group kernel for any number of activation
 rows, the GEMM path, SwiGLU), hence the rows' arithmetic (test_q6.py, test_q5k.py and test_lut4.py check it against
 float64 references); the AVX2-only build, which runs a group's rows through the rows' tile, gives the same bits; the
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.qlinear import IQ4XSLinear, Q6Linear, SuperBlockLinear, cat_packed
+from engine.model.qlinear import IQ4XSLinear, Q3KLinear, Q6Linear, SuperBlockLinear, cat_packed
 from engine.model.qlinear.superblock import Q5KLinear
 from kernels import cpu_ext, formats
 from kernels.packed import NO_SCALES, group_superblocks, native_group, superblock_rows
@@ -33,15 +33,20 @@ def _random_q5k(n: int, k: int, seed: int, source: str = "writer") -> Q5KLinear:
     return random_q5k(n, k, seed)  # random fields (every code, fifth bit, scale and minimum)
 
 
+def _random_q3k(n: int, k: int, seed: int, source: str = "writer") -> Q3KLinear:
+    return random_q6(n, k, seed, source, "q3k")
+
+
 def _random_iq4xs(n: int, k: int, seed: int, source: str = "writer") -> IQ4XSLinear:
     return IQ4XSLinear(random_blocks("iq4xs", n, k, seed))  # every code and sub-block scale, finite d
 
 
 KINDS = {"q6": (Q6Linear, _random_q6, reference_q6), "q5k": (Q5KLinear, _random_q5k, reference_q5k),
-         "iq4xs": (IQ4XSLinear, _random_iq4xs, reference_lut4)}
+         "iq4xs": (IQ4XSLinear, _random_iq4xs, reference_lut4), "q3k": (Q3KLinear, _random_q3k, reference_q6)}
 # the layouts of the word-interleaved formats: (first byte, bytes, unit) per field of a row's block
 FIELDS = {"q5k": [(0, 2, 2), (2, 2, 2), (4, 12, 4), (16, 32, 4), (48, 128, 4)],
-          "iq4xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)]}
+          "iq4xs": [(0, 2, 2), (2, 2, 2), (4, 4, 4), (8, 128, 4)],
+          "q3k": [(32, 64, 4), (0, 32, 4), (96, 12, 1), (108, 2, 2)]}
 
 
 def grouped(w: SuperBlockLinear) -> SuperBlockLinear:
@@ -62,9 +67,10 @@ def in_rows(w: SuperBlockLinear) -> SuperBlockLinear:
 
 
 def layout_words(rows: torch.Tensor, kind: str) -> np.ndarray:
-    """q5k16's and iq4xs16's groups as their headers state them: per group and super-block, field by field (q5k:
-    d, dmin, the scale words, the fifth-bit words, the nibble words; iq4xs: d, the high scale bits, the low ones,
-    the nibble words), unit j of rows 0..15, then unit j + 1 of rows 0..15..."""
+    """q5k16's, iq4xs16's and q3k16's groups as their headers state them: per group and super-block, field by field
+    (q5k: d, dmin, the scale words, the fifth-bit words, the nibble words; iq4xs: d, the high scale bits, the low
+    ones, the nibble words; q3k: the pair words, the hmask words, the scale bytes, d), unit j of rows 0..15, then
+    unit j + 1 of rows 0..15..."""
     fields, size = FIELDS[kind], sum(f[1] for f in FIELDS[kind])
     n, nsb = rows.shape[0], rows.shape[1] // size
     b = rows.numpy().reshape(n // 16, 16, nsb, size).transpose(0, 2, 1, 3)  # (group, super-block, row, byte)
@@ -105,7 +111,7 @@ def test_groups_are_the_rows_bytes_as_stated_and_go_back(kind):
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 13, 40])
 @pytest.mark.parametrize("rows_from", ["1000000", "1"])  # the group kernel for every M; the GEMM path for every M
 @pytest.mark.parametrize("kind,source", [("q6", "writer"), ("q6", "random bytes"), ("q5k", "random fields"),
-                                         ("iq4xs", "random blocks")])
+                                         ("iq4xs", "random blocks"), ("q3k", "writer"), ("q3k", "random bytes")])
 def test_groups_give_the_rows_bits(M, rows_from, kind, source):
     cls, random, reference = KINDS[kind]
     w = grouped(random(64, 1024, M, source))
@@ -143,7 +149,7 @@ def test_grouped_weights_decode_gather_and_stack_as_their_rows():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_they_are_grouped_where_their_group_kernel_is_vectorized(kind):
-    """AVX-512 VNNI builds group Q6_K, Q5_K and IQ4_XS (whole groups in each SwiGLU half); the others keep the rows,
+    """AVX-512 VNNI builds group Q6_K, Q5_K, IQ4_XS and Q3_K (whole groups in each SwiGLU half); the others keep the rows,
     which their rows' tiles run faster than a group's rows one by one."""
     cls, random, _ = KINDS[kind]
     assert native_group(cls.spec.grouped_id) == _has_avx512_vnni()
@@ -154,7 +160,7 @@ def test_they_are_grouped_where_their_group_kernel_is_vectorized(kind):
 def test_bad_groups_are_refused_by_name():
     with pytest.raises(ValueError, match="q6 groups must be uint8"):
         Q6Linear(torch.zeros(2, 1000, dtype=torch.uint8), grouped=True)
-    with pytest.raises(RuntimeError, match="136-byte.*144-byte.*176-byte.*210-byte.*not 18-byte"):
+    with pytest.raises(RuntimeError, match="110-byte.*136-byte.*144-byte.*176-byte.*210-byte.*not 18-byte"):
         group_superblocks(torch.zeros(16, 18, dtype=torch.uint8), torch.zeros(1, 288, dtype=torch.uint8), 18)
 
 
@@ -172,10 +178,10 @@ def test_the_avx2_build_gives_the_same_bits():
         w = grouped(random(64, 1024, 9, "random bytes"))
         saved |= {kind: w.qs, kind + "rows": _call(w, x, None, "1000000"), kind + "gemm": _call(w, x, None, "1"),
                   kind + "swiglu": _call(w, x, "swiglu", "1000000")}
-    check = ("from engine.model.qlinear import IQ4XSLinear, Q6Linear\n"
+    check = ("from engine.model.qlinear import IQ4XSLinear, Q3KLinear, Q6Linear\n"
              "from engine.model.qlinear.superblock import Q5KLinear\n"
              "from kernels import cpu_ext\n"
-             "for kind, cls in (('q6', Q6Linear), ('q5k', Q5KLinear), ('iq4xs', IQ4XSLinear)):\n"
+             "for kind, cls in (('q6', Q6Linear), ('q5k', Q5KLinear), ('iq4xs', IQ4XSLinear), ('q3k', Q3KLinear)):\n"
              "    w = cls(d[kind], grouped=True)\n"
              "    for rows, key in (('1000000', 'rows'), ('1', 'gemm')):\n"
              "        with cpu_ext.tuning(qgemm_rows=int(rows)):\n"

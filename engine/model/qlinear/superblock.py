@@ -1,6 +1,6 @@
-"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K) and q5k (GGUF Q5_K), each in
-rows or regrouped 16 at a time; and q5s, GGUF Q5_0's blocks as stored, what a model starts on before they move
-into q5's layout."""
+"""The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K), q5k (GGUF Q5_K) and q3k
+(GGUF Q3_K), each in rows or regrouped 16 at a time; and q5s, GGUF Q5_0's blocks as stored, what a model starts
+on before they move into q5's layout."""
 from __future__ import annotations
 
 import torch
@@ -99,6 +99,18 @@ class Q6Linear(SuperBlockLinear):
     format = spec.name
     BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.Q6_K
+    GROUPS = True
+
+
+class Q3KLinear(SuperBlockLinear):
+    """GGUF Q3_K super-blocks (kernels.packed's q3k): w = d * sc * (code - 4), codes 0..7 and sixteen 6-bit
+    scales less 32, 3.44 bits a weight (as q8 they took 8.5: a Q3_K_M file held ~2x its size). Multiplied by q6's
+    kernels read through Q3_K's layout (kernels/cpu/q6.h), or in 16-row groups q3k16 (kernels/cpu/q3k16.h)."""
+
+    spec = formats.Q3K
+    format = spec.name
+    BLOCK_BYTES = spec.code_bytes
+    QTYPE = GGMLQuantizationType.Q3_K
     GROUPS = True
 
 

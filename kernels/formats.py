@@ -89,15 +89,17 @@ Q8S = Format("q8s", 14, {"Q8_0": 0}, GROUP, 34, 0, start_only=True)
 Q5S = Format("q5s", 15, {"Q5_0": 0}, GROUP, 22, 0, start_only=True)
 # Q3_K's super-blocks as stored (hmask, 2-bit pairs, sixteen 6-bit scales, fp16 d), read by q6's kernels
 Q3K = Format("q3k", 16, {"Q3_K": 0}, SUPER, 110, 0, grouped_id=17)
+# Q2_K's super-blocks as stored (4-bit scales and minimums, 2-bit pairs, fp16 d and dmin), read by q6's kernels
+Q2K = Format("q2k", 18, {"Q2_K": 0}, SUPER, 84, 0)
 
-FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K, Q8S, Q5S, Q3K)}
-REQUANTIZED = Q8  # every stored type no format holds exactly (Q2_K, IQ2_XS, F16, ...) becomes this one
+FORMATS: dict[str, Format] = {f.name: f for f in (Q8, Q4, Q6, Q4K, Q5, MXFP4, IQ4NL, IQ4XS, Q5K, Q8S, Q5S, Q3K, Q2K)}
+REQUANTIZED = Q8  # every stored type no format holds exactly (IQ2_XS, IQ3_S, F16, ...) becomes this one
 # GGUF type name -> the format a load keeps it in
 HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only for t in f.exact}
 # GGUF type name -> the start-only format reading its blocks as stored, where its holder repacks them
 STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
-              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S", "q3k": "kQ3K"}
+              "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S", "q3k": "kQ3K", "q2k": "kQ2K"}
 _CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
 
 

@@ -17,6 +17,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q3k: qs uint8 (N, K/256 * 110): GGUF Q3_K super-blocks as the file stores them (3.44 bits a weight:
   w = d * sc * (code - 4), codes 0..7 from a third-bit plane and 2-bit pairs, 6-bit sc - 32 per 16 weights, fp16
   d per 256, all inside the block), d an empty fp16 tensor, m None (kernels/cpu/q6.h's Q3K layout).
+- q2k: qs uint8 (N, K/256 * 84): GGUF Q2_K super-blocks as the file stores them (2.63 bits a weight:
+  w = d * sc * code - dmin * m, codes 0..3, 4-bit sc and m per 16 weights, fp16 d and dmin per 256), d an empty
+  fp16 tensor, m None (kernels/cpu/q6.h's Q2K layout).
 - q4k: qs uint8 (N, K/256 * 144): GGUF Q4_K super-blocks as the file stores them (4.5 bits a weight:
   w = d * sc * code - dmin * m, 6-bit sc and m per 32 weights, fp16 d and dmin per 256), d an empty fp16
   tensor, m None (kernels/cpu/q4k.h).

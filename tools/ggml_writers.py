@@ -1,4 +1,4 @@
-"""Writing ggml blocks (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with plain, not llama.cpp's search-based,
+"""Writing ggml blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with plain, not llama.cpp's search-based,
 quantizers; gguf.quants for the other types): the inverse of engine.model.ggml_blocks, for the GGUFs tests and benchmarks make."""
 from __future__ import annotations
 
@@ -27,14 +27,15 @@ def _half_bytes(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float16).reshape(-1, 1).view(torch.uint8).reshape(-1, 2)
 
 
-def _sub_block_affine(x: torch.Tensor, levels: int):
-    """Per 32-weight sub-block min/scale quantized to 6 bits under fp16 super-scales (Q4_K/Q5_K)."""
+def _sub_block_affine(x: torch.Tensor, levels: int, grid: int = 63):
+    """Per sub-block (x's last dim) min/scale quantized to `grid` steps (6 bits for Q4_K/Q5_K, 4 for Q2_K) under
+    fp16 super-scales."""
     lo = x.amin(-1).clamp(max=0)  # (nb, 8): w = s*q - m with m = -lo >= 0
     scale = (x.amax(-1) - lo) / levels
-    d = (scale.amax(-1, keepdim=True) / 63).to(torch.float16).float()  # 6-bit scales under it, rounded up: no clipping
-    dmin = ((-lo).amax(-1, keepdim=True) / 63).to(torch.float16).float()
-    sc = torch.where(d > 0, (scale / d.clamp_min(1e-30)).ceil(), torch.zeros_like(scale)).clamp(0, 63).to(torch.uint8)
-    mn = torch.where(dmin > 0, (-lo / dmin.clamp_min(1e-30)).round(), torch.zeros_like(lo)).clamp(0, 63).to(torch.uint8)
+    d = (scale.amax(-1, keepdim=True) / grid).to(torch.float16).float()  # scales under it, rounded up: no clipping
+    dmin = ((-lo).amax(-1, keepdim=True) / grid).to(torch.float16).float()
+    sc = torch.where(d > 0, (scale / d.clamp_min(1e-30)).ceil(), torch.zeros_like(scale)).clamp(0, grid).to(torch.uint8)
+    mn = torch.where(dmin > 0, (-lo / dmin.clamp_min(1e-30)).round(), torch.zeros_like(lo)).clamp(0, grid).to(torch.uint8)
     s, m = (d * sc.float())[..., None], (dmin * mn.float())[..., None]
     q = torch.where(s > 0, ((x + m) / s.clamp_min(1e-30)).round(), torch.zeros_like(x)).clamp(0, levels)
     return q.to(torch.uint8), d, dmin, sc, mn
@@ -76,6 +77,20 @@ def quantize_q6_k(w: torch.Tensor) -> torch.Tensor:
     return blocks.reshape(w.shape[0], -1)
 
 
+def _pairs(codes: torch.Tensor) -> torch.Tensor:
+    """(nb, 2, 4, 32) codes < 4 -> (nb, 64) bytes: code of weight 128 n + 32 j + l at bits 2 j of byte 32 n + l."""
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
+    return ((codes & 3) << shifts).sum(2, dtype=torch.uint8).reshape(-1, 64)
+
+
+def quantize_q2_k(w: torch.Tensor) -> torch.Tensor:
+    """(rows, K) float -> Q2_K bytes (rows, K/256*84): per 16 weights an affine step and minimum as 4-bit values
+    under fp16 d and dmin (w = d*sc*q - dmin*m, codes 0..3)."""
+    q, d, dmin, sc, mn = _sub_block_affine(w.float().reshape(-1, 16, 16), 3, grid=15)
+    blocks = torch.cat([sc | (mn << 4), _pairs(q.reshape(-1, 2, 4, 32)), _half_bytes(d), _half_bytes(dmin)], dim=1)
+    return blocks.reshape(w.shape[0], -1)
+
+
 def quantize_q3_k(w: torch.Tensor) -> torch.Tensor:
     """(rows, K) float -> Q3_K bytes (rows, K/256*110): per 16 weights a scale that meets the largest-magnitude
     weight at code -4, as a 6-bit sc - 32 under an fp16 d per 256; codes 0..7 (q + 4) split into a third-bit
@@ -87,8 +102,7 @@ def quantize_q3_k(w: torch.Tensor) -> torch.Tensor:
     step = d * sc
     q = torch.where(step != 0, x / torch.where(step != 0, step, torch.ones_like(step)), torch.zeros_like(x))
     codes = (q.round().clamp(-4, 3) + 4).to(torch.uint8).reshape(-1, 2, 4, 32)  # weight 128 n + 32 j + l
-    qs = (codes & 3) << torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(1, 1, 4, 1)
-    qs = qs.sum(2, dtype=torch.uint8).reshape(-1, 64)
+    qs = _pairs(codes)
     hmask = ((codes >> 2).reshape(-1, 8, 32) << torch.arange(8, dtype=torch.uint8).view(1, 8, 1)).sum(1, dtype=torch.uint8)
     u = (sc.reshape(-1, 16) + 32).to(torch.uint8)
     low = (u[:, 0:8] & 0x0F) | ((u[:, 8:16] & 0x0F) << 4)
@@ -136,7 +150,8 @@ def quantize_iq4_xs(w: torch.Tensor) -> torch.Tensor:
 
 def quantize(t: torch.Tensor, qtype) -> np.ndarray:
     """ggml bytes of a 2-D float tensor: our writers for K-quants and the IQ4 types, gguf.quants for the rest."""
-    writers = {GGMLQuantizationType.Q3_K: quantize_q3_k,
+    writers = {GGMLQuantizationType.Q2_K: quantize_q2_k,
+               GGMLQuantizationType.Q3_K: quantize_q3_k,
                GGMLQuantizationType.Q4_K: quantize_q4_k,
                GGMLQuantizationType.Q5_K: quantize_q5_k,
                GGMLQuantizationType.Q6_K: quantize_q6_k,

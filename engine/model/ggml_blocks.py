@@ -1,4 +1,4 @@
-"""ggml's K-quant blocks (Q3_K, Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
+"""ggml's K-quant blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
 the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs); below them the
 exact decoders of every type the loader reads fast (Q8_0, Q4_0, Q4_1, and the 4-bit lookup-table types MXFP4,
 IQ4_NL, IQ4_XS: codes into a 16-entry table times one scale a 32 weights).
@@ -7,7 +7,8 @@ Super-blocks hold 256 weights. Q4_K/Q5_K: fp16 d and dmin, twelve bytes packing 
 mins (one per 32 weights), then 4-bit codes (plus one high bit per weight for Q5_K): w = d*sc*q - dmin*m.
 Q6_K: 4 low bits, 2 high bits, sixteen int8 scales (one per 16 weights), fp16 d: w = d*sc*(q - 32).
 Q3_K: a third bit a weight (hmask), 2 low bits, sixteen 6-bit scales less 32, fp16 d: w = d*sc*(q - 4), the
-offset taken where the third bit is clear.
+offset taken where the third bit is clear. Q2_K: a 4-bit scale and minimum per 16 weights, 2-bit codes, fp16 d
+and dmin: w = d*sc*q - dmin*m.
 The decoders follow gguf's numpy reference operation for operation, so results are bit-identical.
 """
 
@@ -83,6 +84,16 @@ def q3_k_affine(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     qh = ((hmask.reshape(-1, 1, 32) >> bits) & 1) ^ 1  # (nb, 8, 32): 1 where the offset applies
     q = (ql.reshape(-1, 8, 32).to(torch.int8) - (qh << 2).to(torch.int8)).reshape(-1, 16, 16)
     return q, (d * scales.float()).reshape(-1, 16, 1)
+
+
+def dequantize_q2_k(b: torch.Tensor, out: torch.Tensor) -> None:
+    """Q2_K blocks (nb, 84): (d * sc) * q - dmin * m per 16 weights, in gguf's operation order."""
+    sc, qs = b[:, 0:16], b[:, 16:80]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(1, 1, 4, 1)
+    q = ((qs.reshape(-1, 2, 1, 32) >> shifts) & 0x03).reshape(-1, 16, 16).float()
+    dl, ml = (d * (sc & 0x0F).float())[..., None], (dmin * (sc >> 4).float())[..., None]
+    torch.sub(dl * q, ml, out=out.view(-1, 16, 16))
 
 
 def dequantize_q3_k(b: torch.Tensor, out: torch.Tensor) -> None:
@@ -177,6 +188,7 @@ _FAST = {
     GGMLQuantizationType.Q8_0: _dq_q8_0, GGMLQuantizationType.Q4_0: _dq_q4_0, GGMLQuantizationType.Q4_1: _dq_q4_1,
     GGMLQuantizationType.Q4_K: dequantize_q4_k, GGMLQuantizationType.Q5_K: dequantize_q5_k,
     GGMLQuantizationType.Q6_K: dequantize_q6_k, GGMLQuantizationType.Q3_K: dequantize_q3_k,
+    GGMLQuantizationType.Q2_K: dequantize_q2_k,
 }
 _PLAIN = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
           GGMLQuantizationType.BF16: torch.bfloat16, GGMLQuantizationType.F64: torch.float64}

@@ -28,6 +28,8 @@ static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                   formats::kLayouts[formats::kQ6].code_bytes == q6::kBytes &&
                   formats::kLayouts[formats::kQ3K].code_bytes == q3k::kBytes &&
                   formats::kLayouts[formats::kQ3K].values == q3k::kSuper &&
+                  formats::kLayouts[formats::kQ2K].code_bytes == q2k::kBytes &&
+                  formats::kLayouts[formats::kQ2K].values == q2k::kSuper &&
                   formats::kLayouts[formats::kQ3K16].code_bytes * formats::kLayouts[formats::kQ3K16].rows ==
                       q3k16::kGroupBytes &&
                   formats::kLayouts[formats::kQ4K].code_bytes == q4k::kBytes &&
@@ -74,12 +76,13 @@ void with_format(formats::Format f, Fn&& fn) {
     case kQ5S: return fn(std::integral_constant<int, kQ5S>{});
     case kQ3K: return fn(std::integral_constant<int, kQ3K>{});
     case kQ3K16: return fn(std::integral_constant<int, kQ3K16>{});
+    case kQ2K: return fn(std::integral_constant<int, kQ2K>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
 // The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6, q3k, iq4xs and their
-// groups: quantize_k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, mxfp4, iq4nl,
+// groups: quantize_k; q2k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, mxfp4, iq4nl,
 // q8s: quantize_rows without pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
 constexpr int kRowActKinds = 3;
@@ -87,7 +90,7 @@ constexpr int kRowActKinds = 3;
 constexpr RowActs row_acts(int F) {
   using namespace formats;
   if (F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16 || F == kQ6 || F == kQ6K16 || F == kQ3K || F == kQ3K16 ||
-      F == kIQ4XS || F == kIQ4XS16)
+      F == kQ2K || F == kIQ4XS || F == kIQ4XS16)
     return RowActs::kPer256;
   return F == kQ4 || F == kQ5 || F == kQ5S ? RowActs::kPaired : RowActs::kNatural;
 }
@@ -109,6 +112,8 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
     q6::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ3K) {
     q6::weight_row<q6::Q3K>(w.qs, w.K, a.k, M, n, out);
+  } else if constexpr (F == kQ2K) {
+    q6::weight_row<q6::Q2K>(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ4K) {
     q4k::weight_row(w.qs, w.K, a.k, M, n, out);
   } else if constexpr (F == kQ5K) {

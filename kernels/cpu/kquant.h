@@ -12,6 +12,9 @@
 //   Q3_K (q3k): 110 bytes: 32 bytes hmask of third bits, 64 of 2-bit pairs, 12 bytes of sixteen 6-bit scales,
 //     fp16 d; code 0..7 (the third bit set: + 4), w = d (sc[i / 16] - 32) (q - 4). Its kernels are q6's, read
 //     through its layout (q6.h's Q3K).
+//   Q2_K (q2k): 84 bytes: sixteen bytes of a 4-bit scale and a 4-bit minimum per 16 weights, Q3_K's 64 bytes
+//     of 2-bit pairs, fp16 d and dmin; w = d sc[i / 16] q - dmin m[i / 16]. Its kernels are q6's too (q6.h's
+//     Q2K), with q4k's step for the minimums.
 #pragma once
 
 #include "common.h"
@@ -159,6 +162,25 @@ inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
 
 }  // namespace q6
 
+namespace q2k {
+
+constexpr int64_t kSuper = 256, kBytes = 84;
+constexpr int kScales = 0, kQs = 16, kD = 80, kDmin = 82;
+
+// code (0..3) of weight i = 128 n + 32 j + l of a super-block of 2-bit pairs at `qs`: bits 2j of byte 32 n + l
+inline int pair(const uint8_t* qs, int i) { return (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3; }
+
+#ifdef PD_AVX2
+// c[j] = the 32 codes (0..3) of block 4n + j, j = 0..3, from the 32 pair bytes of half n at `qs`
+inline void half_pairs(const uint8_t* qs, int n, __m256i c[4]) {
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * n));
+  for (int j = 0; j < 4; ++j) c[j] = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)), m2);
+}
+#endif
+
+}  // namespace q2k
+
 namespace q3k {
 
 constexpr int64_t kSuper = 256, kBytes = 110;
@@ -167,8 +189,7 @@ constexpr int kHmask = 0, kQs = 32, kScales = 96, kD = 108;
 // code (0..7) of weight i = 128 n + 32 j + l of one super-block: bits 2j of byte 32 n + l of the pairs, bit
 // 4n + j of hmask byte l the third (gguf's "minus 4 where clear", as an offset of 4 on every code)
 inline int code(const uint8_t* sb, int i) {
-  const int n = i / 128, j = (i % 128) / 32, l = i % 32;
-  return ((sb[kQs + 32 * n + l] >> (2 * j)) & 3) | (((sb[kHmask + l] >> (4 * n + j)) & 1) << 2);
+  return q2k::pair(sb + kQs, i) | (((sb[kHmask + i % 32] >> (4 * (i / 128) + (i % 128) / 32)) & 1) << 2);
 }
 
 // scale h (of weights 16h..16h+15), -32..31: the low nibble of byte h (h < 8) or h - 8 (its high nibble), the
@@ -198,16 +219,13 @@ inline __m128i scales16(const uint8_t* sb) {
 }
 
 // c[j] = the 32 codes (0..7) of block 4n + j of a super-block, j = 0..3, from two 32-byte loads: the pairs of
-// bytes 32 + 32n.. and the third bits of hmask
+// bytes 32 + 32n.. (Q2_K's) and the third bits of hmask
 inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
-  const __m256i m2 = _mm256_set1_epi8(0x03), one = _mm256_set1_epi8(1);
-  const __m256i q = _mm256_loadu_si256((const __m256i*)(sb + kQs + 32 * n));
+  const __m256i one = _mm256_set1_epi8(1);
   const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + kHmask));
-  for (int j = 0; j < 4; ++j) {
-    const __m128i sq = _mm_cvtsi32_si128(2 * j), sh = _mm_cvtsi32_si128(4 * n + j);
-    c[j] = _mm256_or_si256(_mm256_and_si256(_mm256_srl_epi16(q, sq), m2),
-                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, sh), one), 2));
-  }
+  q2k::half_pairs(sb + kQs, n, c);
+  for (int j = 0; j < 4; ++j)
+    c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(4 * n + j)), one), 2));
 }
 #endif
 

@@ -42,6 +42,7 @@ struct Panel {
   std::vector<int32_t> codes;
   std::vector<float> dw, zw;
   std::vector<int32_t> slo, shi;
+  std::vector<int32_t> mins;  // Q2_K's minimum pairs (q6.h's unpack_panel), read by its gemm_tile only
   View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data()}; }
 };
 

@@ -4,7 +4,9 @@
 // streams every weight once a token. The q3k format (GGUF Q3_K, 110 bytes: w = d * sc[i / 16] * (q - 4), codes
 // 0..7, sixteen 6-bit scales less 32; kquant.h) has the same shape of arithmetic with an offset of 4, so these
 // kernels read both, through a layout (Q6K, Q3K: its codes, scales, d and offset); 3.44 bits a weight where q8
-// took 8.5.
+// took 8.5. So does q2k (GGUF Q2_K, 84 bytes: w = d * sc[i / 16] * q - dmin * m[i / 16], codes 0..3, 4-bit sc
+// and m), whose minimums take the offset's place: J = sum_h m_h hs_h, and q4k's step (kquant.h) ends each
+// super-block: fma(I, d d_x, acc), then fma(-J, dmin d_x, acc). 2.63 bits a weight.
 //
 // The arithmetic is llama.cpp's Q6_K x Q8_K: activations quantized per 256 (activations.h's quantize_k: one fp32
 // scale d_x a super-block, int8 codes x, and hs_h = the integer sum of the h-th 16 codes), the int8 scales applied
@@ -35,6 +37,7 @@ inline float step(float acc, int32_t I, float d, float dx) { return std::fma((fl
 struct Q6K {
   static constexpr int64_t kBytes = q6::kBytes;
   static constexpr int kOffsetBits = 5;  // q - 32
+  static constexpr bool kMins = false;
   static int code(const uint8_t* sb, int i) { return q6::code(sb, i); }
   static int8_t scale(const uint8_t* sb, int h) { return (int8_t)sb[192 + h]; }
   static float d(const uint8_t* sb) { return scale_d(sb); }
@@ -46,12 +49,32 @@ struct Q6K {
 struct Q3K {
   static constexpr int64_t kBytes = q3k::kBytes;
   static constexpr int kOffsetBits = 2;  // q - 4
+  static constexpr bool kMins = false;
   static int code(const uint8_t* sb, int i) { return q3k::code(sb, i); }
   static int8_t scale(const uint8_t* sb, int h) { return q3k::scale(sb, h); }
   static float d(const uint8_t* sb) { return q3k::scale_d(sb); }
 #ifdef PD_AVX2
   static void codes(const uint8_t* sb, int n, __m256i c[4]) { q3k::half_codes(sb, n, c); }
   static __m128i scales(const uint8_t* sb) { return q3k::scales16(sb); }
+#endif
+};
+struct Q2K {  // no offset: sixteen 4-bit minimums m_h and dmin (kMins)
+  static constexpr int64_t kBytes = q2k::kBytes;
+  static constexpr int kOffsetBits = 0;
+  static constexpr bool kMins = true;
+  static int code(const uint8_t* sb, int i) { return q2k::pair(sb + q2k::kQs, i); }
+  static int8_t scale(const uint8_t* sb, int h) { return (int8_t)(sb[q2k::kScales + h] & 15); }
+  static int8_t min(const uint8_t* sb, int h) { return (int8_t)(sb[q2k::kScales + h] >> 4); }
+  static float d(const uint8_t* sb) { return q4k::half_at(sb + q2k::kD); }
+  static float dmin(const uint8_t* sb) { return q4k::half_at(sb + q2k::kDmin); }
+#ifdef PD_AVX2
+  static void codes(const uint8_t* sb, int n, __m256i c[4]) { q2k::half_pairs(sb + q2k::kQs, n, c); }
+  static __m128i scales(const uint8_t* sb) {
+    return _mm_and_si128(_mm_loadu_si128((const __m128i*)(sb + q2k::kScales)), _mm_set1_epi8(15));
+  }
+  static __m128i mins(const uint8_t* sb) {
+    return _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)(sb + q2k::kScales)), 4), _mm_set1_epi8(15));
+  }
 #endif
 };
 
@@ -81,12 +104,18 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
         }
       }
     }
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    // against hs: the scales (the offset's correction), or Q2_K's minimums (J)
+    __m256i w16;
+    if constexpr (L::kMins) w16 = _mm256_cvtepi8_epi16(L::mins(sb));
+    else w16 = _mm256_cvtepi8_epi16(sc8);
     const float d = L::d(sb);
     for (int r = 0; r < MT; ++r) {
       const int64_t at = (m0 + r) * nsb + s;
-      const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i*)(a.hs.data() + 16 * at)));
-      acc[r] = step(acc[r], hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, L::kOffsetBits))), d, a.d[at]);
+      const __m256i corr = _mm256_madd_epi16(w16, _mm256_loadu_si256((const __m256i*)(a.hs.data() + 16 * at)));
+      if constexpr (L::kMins)
+        acc[r] = q4k::step(acc[r], hsum_i32(isum[r]), hsum_i32(corr), d, L::dmin(sb), a.d[at]);
+      else
+        acc[r] = step(acc[r], hsum_i32(_mm256_sub_epi32(isum[r], _mm256_slli_epi32(corr, L::kOffsetBits))), d, a.d[at]);
     }
   }
   for (int r = 0; r < MT; ++r) out[r] = acc[r];
@@ -100,13 +129,19 @@ inline void tile(const uint8_t* row, int64_t nsb, const ActK& a, int64_t K, int6
       const uint8_t* sb = row + s * L::kBytes;
       const int64_t at = (m0 + r) * nsb + s;
       const int8_t* x = a.q.data() + (m0 + r) * K + s * kSuper;
-      int32_t I = 0;
+      int32_t I = 0, J = 0;
       for (int h = 0; h < 16; ++h) {
         int32_t dot = 0;
         for (int i = 16 * h; i < 16 * h + 16; ++i) dot += L::code(sb, i) * x[i];
-        I += L::scale(sb, h) * (dot - (1 << L::kOffsetBits) * a.hs[16 * at + h]);
+        if constexpr (L::kMins) {
+          I += L::scale(sb, h) * dot;
+          J += L::min(sb, h) * a.hs[16 * at + h];
+        } else {
+          I += L::scale(sb, h) * (dot - (1 << L::kOffsetBits) * a.hs[16 * at + h]);
+        }
       }
-      acc = step(acc, I, L::d(sb), a.d[at]);
+      if constexpr (L::kMins) acc = q4k::step(acc, I, J, L::d(sb), L::dmin(sb), a.d[at]);
+      else acc = step(acc, I, L::d(sb), a.d[at]);
     }
     out[r] = acc;
   }
@@ -135,7 +170,12 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
   const int64_t nsb = nb / 8, q6row = nsb * L::kBytes;
   p.codes.resize(nb * 8 * kCols);
   p.dw.assign(nsb * kCols, 0.0f);
-  p.zw.clear();
+  if constexpr (L::kMins) {  // Q2_K: dmin and the minimums' pairs m_2i | m_2i+1 << 16
+    p.zw.assign(nsb * kCols, 0.0f);
+    p.mins.assign(nb * kCols, 0);
+  } else {
+    p.zw.clear();
+  }
   p.slo.assign(nb * kCols, 0);
   p.shi.assign(nb * kCols, 0);
   for (int g = 0; g < kCols; g += 8) {
@@ -187,13 +227,19 @@ inline void unpack_panel(const uint8_t* qs, int64_t nb, int64_t n0, int cols, ge
         p.slo[(s * 8 + b) * kCols + c] = L::scale(sb, 2 * b);
         p.shi[(s * 8 + b) * kCols + c] = L::scale(sb, 2 * b + 1);
       }
+      if constexpr (L::kMins) {
+        p.zw[s * kCols + c] = L::dmin(sb);
+        for (int b = 0; b < 8; ++b)
+          p.mins[(s * 8 + b) * kCols + c] = L::min(sb, 2 * b) | (int32_t)L::min(sb, 2 * b + 1) << 16;
+      }
     }
   }
 }
 
 // out[r * ldo + col] for activation rows m0..m0+R and the panel's first `cols` columns, all 16 columns a vector
 // (panel.h's Cols16): per half of 16 weights 4 dot-product steps from -32 hs (so the half ends at q_h . x_h -
-// 32 hs_h; Q3_K's 4), then I += sc_h times it (vpmulld); per super-block step's fp32 chain, lane-wise.
+// 32 hs_h; Q3_K's 4; Q2_K's from 0), then I += sc_h times it (vpmulld); per super-block step's fp32 chain,
+// lane-wise, and Q2_K's minimums after it (J from eight int16-pair multiply-adds of m against hs, as q4k.h's).
 template <class L, int R>
 inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0, float* out, int64_t ldo, int cols) {
   using gemm::kCols;
@@ -204,12 +250,30 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
       const int32_t* sc = (h % 2 ? p.shi : p.slo).data() + j * kCols;
       gemm::sub_block<R, 4>(
           p.codes.data() + (j * 8 + 4 * (h % 2)) * kCols, xrow, 16 * (16 * s + h), sc,
-          [&](int r) { return gemm::set16(-(1 << L::kOffsetBits) * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]); },
+          [&](int r) {
+            return L::kMins ? gemm::zero16()
+                            : gemm::set16(-(1 << L::kOffsetBits) * (int32_t)a.hs[((m0 + r) * nsb + s) * 16 + h]);
+          },
           [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
     }
   };
-  gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints,
-                           [](int64_t, gemm::Cols16f*) {});
+  auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // Q2_K: acc -= J * (dmin * dx), J = sum_h m_h hs_h
+    if constexpr (L::kMins) {
+      gemm::Cols16 J[R];
+      for (int r = 0; r < R; ++r) J[r] = gemm::zero16();
+      for (int b = 0; b < 8; ++b) {
+        const gemm::Cols16 mw = gemm::load16(p.mins.data() + (8 * s + b) * kCols);
+        for (int r = 0; r < R; ++r) {
+          int32_t word;
+          std::memcpy(&word, a.hs.data() + ((m0 + r) * nsb + s) * 16 + 2 * b, 4);
+          J[r] = gemm::madd16(J[r], mw, word);
+        }
+      }
+      const gemm::Cols16f dm = gemm::load16f(p.zw.data() + s * kCols);
+      for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<true>(J[r], dm, a.d[(m0 + r) * nsb + s], acc[r]);
+    }
+  };
+  gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);
 }
 #endif
 

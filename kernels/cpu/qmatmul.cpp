@@ -6,6 +6,8 @@
 //   q8: w = d * q, q int8 (GGUF's Q8_0) stored as u8 q + 128, d fp16 per block.
 //   q6: GGUF Q6_K super-blocks as the file stores them (kquant.h, q6.h), no separate scales.
 //   q3k: GGUF Q3_K super-blocks as the file stores them (kquant.h): q6's kernels through Q3_K's layout.
+//   q2k: GGUF Q2_K super-blocks as the file stores them (kquant.h): q6's kernels through Q2_K's layout, its
+//       minimums as q4k's.
 //   q4k: GGUF Q4_K super-blocks as the file stores them (kquant.h, q4k.h), no separate scales.
 //   q5k: GGUF Q5_K super-blocks as the file stores them (kquant.h): q4k's kernels with a fifth-bit plane.
 //   q4k16: the same super-blocks with rows regrouped 16 at a time (q4k16.h; qs is (N / 16, K / 256 * 2304)),
@@ -89,6 +91,7 @@ using formats::kQ5K;
 using formats::kQ5K16;
 using formats::kQ5S;
 using formats::kIQ4XS16;
+using formats::kQ2K;
 using formats::kQ3K;
 using formats::kQ3K16;
 using formats::kQ6;
@@ -178,6 +181,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q6::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ3K) {
     q6::unpack_panel<q6::Q3K>(w.qs, w.nb, n0, cols, panel);
+  } else if (F == kQ2K) {
+    q6::unpack_panel<q6::Q2K>(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ4K) {
     q4k::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ5K) {
@@ -195,21 +200,22 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                   int64_t p0, int64_t p1, float* y) {
   using gemm::kCols;
   constexpr bool Q4K = F == kQ4K || F == kQ4K16 || F == kQ5K || F == kQ5K16;  // q4k.h's panels and tiles
-  constexpr bool Q6 = F == kQ6 || F == kQ6K16, Q3K = F == kQ3K || F == kQ3K16;  // q6.h's (Q6_K's, Q3_K's)
+  constexpr bool Q6 = F == kQ6 || F == kQ6K16, Q3K = F == kQ3K || F == kQ3K16, Q2K = F == kQ2K;  // q6.h's
   constexpr bool IQ4XS = F == formats::kIQ4XS || F == kIQ4XS16;                // iq4xs.h's
-  constexpr int G = Q4K || Q6 || Q3K || IQ4XS  ? (int)gemm::kQ4  // (their own tiles below: G unused)
+  constexpr int G = Q4K || Q6 || Q3K || Q2K || IQ4XS ? (int)gemm::kQ4  // (their own tiles below: G unused)
                     : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8
                     : F == kQ5S                 ? (int)kQ5
                                                 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
   auto rows = [&](const gemm::View& v, float* o, int64_t ldo, int cols) {
-    if constexpr (Q4K || Q6 || Q3K || IQ4XS) {  // M rows in tiles of gemm::kRowsK, each its format's tile
+    if constexpr (Q4K || Q6 || Q3K || Q2K || IQ4XS) {  // M rows in tiles of gemm::kRowsK, each its format's tile
       gemm::row_tiles(M, [&](auto R, int64_t m) {
         auto* at = o + m * ldo;
         if constexpr (Q4K) q4k::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (Q6) q6::gemm_tile<q6::Q6K, R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (Q3K) q6::gemm_tile<q6::Q3K, R>(panel, ak, w.K, m, at, ldo, cols);
+        if constexpr (Q2K) q6::gemm_tile<q6::Q2K, R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (IQ4XS) iq4xs::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
       });
     } else {

@@ -1,5 +1,6 @@
-"""GGUFs of MXFP4, IQ4_NL, IQ4_XS and Q3_K matrices (written by gguf-py: its MXFP4 quantizer, tools.ggml_writers'
-IQ4 and Q3_K ones) load with weights="packed" keeping those formats (kernels/cpu/lut4.h; q6.h's Q3K layout), not
+"""GGUFs of MXFP4, IQ4_NL, IQ4_XS, Q3_K and Q2_K matrices (written by gguf-py: its MXFP4 quantizer,
+tools.ggml_writers' IQ4, Q3_K and Q2_K ones) load with weights="packed" keeping those formats (kernels/cpu/lut4.h;
+q6.h's Q3K and Q2K layouts), not
 re-quantized to q8, and give
 the dequantized dense model's logits: prompt rows through the exact weights decoded just in time, generated
 rows through the kernels; the memory estimate is the storage loading keeps, byte for byte."""
@@ -17,9 +18,9 @@ from tools.models.synthetic_gguf import write_random_gguf
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
-# the type -> (its kernel format, a tiny shape whose rows it fits: IQ4_XS and Q3_K need rows of 256)
+# the type -> (its kernel format, a tiny shape whose rows it fits: IQ4_XS and the K-quants need rows of 256)
 CASES = {"MXFP4": ("mxfp4", "tiny"), "IQ4_NL": ("iq4nl", "tiny"), "IQ4_XS": ("iq4xs", "tiny-256"),
-         "Q3_K": ("q3k", "tiny-256")}
+         "Q3_K": ("q3k", "tiny-256"), "Q2_K": ("q2k", "tiny-256")}
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""A qwen3moe GGUF's expert stacks stay packed in the file's formats (Q4_K, Q6_K, Q8_0, Q4_0, Q3_K): one packed
+"""A qwen3moe GGUF's expert stacks stay packed in the file's formats (Q4_K, Q6_K, Q8_0, Q4_0, Q3_K, Q2_K): one packed
 matrix per expert, gate|up fused, never a dense copy; logits follow the dequantized (fp32) model within the
 dense packed path's bounds, greedy replies equal, rows batch-invariant; the estimate counts the experts'
 packed bytes and decode_bytes only the top-k experts a token runs; loading peaks near the file's size."""
@@ -14,14 +14,14 @@ import torch
 
 from engine import Model, Tokenizer, estimate_memory
 from engine.model.packing import repack
-from engine.model.qlinear import PackedLinear, Q3KLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, RowSplit
+from engine.model.qlinear import PackedLinear, Q2KLinear, Q3KLinear, Q4KLinear, Q4Linear, Q6Linear, Q8Linear, RowSplit
 from tests.engine.test_model_peer import prompt_ids
 from tests.engine.test_moe import run_greedy
 from tests.engine.test_qlinear import decode_logits
 from tests.tiny_models import write_tiny_gguf, write_tiny_model
 from tools.logits import forward_tokens
 
-KERNEL = {"Q4_K": Q4KLinear, "Q6_K": Q6Linear, "Q8_0": Q8Linear, "Q4_0": Q4Linear, "Q3_K": Q3KLinear}
+KERNEL = {"Q4_K": Q4KLinear, "Q6_K": Q6Linear, "Q8_0": Q8Linear, "Q4_0": Q4Linear, "Q3_K": Q3KLinear, "Q2_K": Q2KLinear}
 MB = 1 << 20
 
 

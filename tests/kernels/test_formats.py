@@ -35,7 +35,7 @@ def test_every_stored_type_has_one_holder_and_ids_are_distinct():
     ids = [f.kernel_id for f in formats.FORMATS.values()] + [f.grouped_id for f in formats.FORMATS.values()
                                                              if f.grouped_id is not None]
     assert sorted(ids) == list(range(len(ids)))
-    assert formats.holding("Q2_K") is formats.REQUANTIZED and formats.holding("F16") is formats.REQUANTIZED
+    assert formats.holding("IQ2_XS") is formats.REQUANTIZED and formats.holding("F16") is formats.REQUANTIZED
     assert formats.holding("Q5_K") is formats.Q5K and formats.holding("Q5_K", "q8") is formats.REQUANTIZED
 
 

@@ -1,5 +1,5 @@
-"""The q6 and q3k formats (GGUF Q6_K and Q3_K super-blocks kept as the file stores them, both multiplied by
-kernels/cpu/q6.h, Q3_K through its layout) against the float64 statement of their integer arithmetic on their
+"""The q6, q3k and q2k formats (GGUF Q6_K, Q3_K and Q2_K super-blocks kept as the file stores them, all multiplied
+by kernels/cpu/q6.h, Q3_K and Q2_K through their layouts) against the float64 statement of their integer arithmetic on their
 exact weights, row by row whatever the row count or thread split, on both builds (VNNI and AVX2), and against
 what they replaced (re-quantized to q8) where parts must fuse."""
 from __future__ import annotations
@@ -13,17 +13,18 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from engine.model.packing import repack
 from engine.model.ggml_blocks import dequantize, q3_k_affine, q6_k_affine
-from engine.model.qlinear import Q3KLinear, Q4Linear, Q6Linear, Q8Linear, cat_packed
+from engine.model.qlinear import Q2KLinear, Q3KLinear, Q4Linear, Q6Linear, Q8Linear, cat_packed
 from kernels import cpu_ext
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, run_on_isa_build, random_q4
 from tests.kernels.q8k_oracle import fma32, q8_k
 from tests.kernels.test_qgemm import _call
-from tools.ggml_writers import quantize_q3_k, quantize_q6_k
+from tools.ggml_writers import quantize_q2_k, quantize_q3_k, quantize_q6_k
 
 pytestmark = pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here")
 
-# format -> (class, GGUF type, bytes a super-block, the codes' offset, the writer)
-LAYOUTS = {"q6": (Q6Linear, Q.Q6_K, 210, 32, quantize_q6_k), "q3k": (Q3KLinear, Q.Q3_K, 110, 4, quantize_q3_k)}
+# format -> (class, GGUF type, bytes a super-block, the codes' offset (Q2_K: minimums instead), the writer)
+LAYOUTS = {"q6": (Q6Linear, Q.Q6_K, 210, 32, quantize_q6_k), "q3k": (Q3KLinear, Q.Q3_K, 110, 4, quantize_q3_k),
+           "q2k": (Q2KLinear, Q.Q2_K, 84, 0, quantize_q2_k)}
 FMTS = list(LAYOUTS)
 
 
@@ -34,7 +35,8 @@ def random_q6(N: int, K: int, seed: int = 0, source: str = "writer", fmt: str = 
     if source == "writer":
         return cls(writer(torch.randn(N, K, generator=g) * 0.05).reshape(N, -1).clone())
     raw = torch.randint(0, 256, (N * K // 256, nbytes), generator=g, dtype=torch.uint8)
-    raw[:, nbytes - 2:] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
+    for at in (nbytes - 4, nbytes - 2) if fmt == "q2k" else (nbytes - 2,):  # d (and Q2_K's d before its dmin)
+        raw[:, at:at + 2] = (torch.rand(raw.shape[0], generator=g) * 1e-3).half().view(torch.uint8).view(-1, 2)
     return cls(raw.reshape(N, -1))
 
 
@@ -43,6 +45,8 @@ def _scales_and_d(fmt: str, blocks: torch.Tensor) -> tuple[np.ndarray, np.ndarra
     them: Q6_K's int8 at 192, Q3_K's 6-bit values less 32 (low nibbles of bytes 0..7, then their high
     nibbles; the top two bits of scale h at 2 (h / 4) of byte 8 + h % 4)."""
     b = blocks.numpy()
+    if fmt == "q2k":  # 4-bit scales (the low nibbles), d at 80
+        return (b[:, 0:16] & 15).astype(np.int64), b[:, 80:82].copy().view(np.float16)[:, 0].astype(np.float32)
     if fmt == "q6":
         return b[:, 192:208].view(np.int8).astype(np.int64), b[:, 208:210].copy().view(np.float16)[:, 0].astype(np.float32)
     s = b[:, 96:108].astype(np.int64)
@@ -52,21 +56,34 @@ def _scales_and_d(fmt: str, blocks: torch.Tensor) -> tuple[np.ndarray, np.ndarra
 
 
 def reference_q6(x: torch.Tensor, w: Q6Linear | Q3KLinear) -> torch.Tensor:
-    """llama.cpp's Q6_K (Q3_K) x Q8_K arithmetic in NumPy, to the bit: per super-block the exact integer
+    """llama.cpp's Q6_K (Q3_K, Q2_K) x Q8_K arithmetic in NumPy, to the bit: per super-block the exact integer
     I = sum_i sc_(i / 16) (q_i - offset) x_i (x the Q8_K activations), then acc = fma(I, d d_x, acc) in float32,
-    super-block after super-block."""
+    super-block after super-block; Q2_K's codes 0..3 with no offset, and after each step its minimums' exact
+    J = sum_h m_h hs_h (hs_h: the sum of x's h-th 16 codes) as acc = fma(-J, dmin d_x, acc)."""
     fmt = w.format
     q, dx, _ = q8_k(x)
     M, (N, K) = x.shape[0], w.shape
     blocks = w.row_blocks().reshape(-1, LAYOUTS[fmt][2])
     sc, d = _scales_and_d(fmt, blocks)
     sc, d = sc.reshape(N, K // 256, 16), d.reshape(N, K // 256)
-    codes, _ = (q6_k_affine if fmt == "q6" else q3_k_affine)(blocks)  # q - offset, (super-blocks, 16, 16)
+    if fmt == "q2k":  # codes 0..3 of weight 128 n + 32 j + l: bits 2 j of byte 16 + 32 n + l
+        pairs = blocks[:, 16:80].numpy().astype(np.int64).reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6]).reshape(1, 1, 4, 1)
+        codes = torch.from_numpy((pairs & 3).reshape(-1, 16, 16))
+    else:
+        codes, _ = (q6_k_affine if fmt == "q6" else q3_k_affine)(blocks)  # q - offset, (super-blocks, 16, 16)
     signed = codes.numpy().astype(np.int64).reshape(N, K // 256, 16, 16) * sc[..., None]
     I = np.einsum("mshi,nshi->mns", q.reshape(M, K // 256, 16, 16), signed).astype(np.float32)
     acc = np.zeros((M, N), np.float32)
+    if fmt == "q2k":
+        b = blocks.numpy()
+        mins = (b[:, 0:16] >> 4).astype(np.int64).reshape(N, K // 256, 16)
+        dmin = b[:, 82:84].copy().view(np.float16)[:, 0].astype(np.float32).reshape(N, K // 256)
+        hs = q.reshape(M, K // 256, 16, 16).sum(-1)
+        J = np.einsum("msh,nsh->mns", hs, mins).astype(np.float32)
     for s in range(K // 256):
         acc = fma32(I[..., s], (d[None, :, s] * dx[:, None, s]).astype(np.float32), acc)
+        if fmt == "q2k":
+            acc = fma32(-J[..., s], (dmin[None, :, s] * dx[:, None, s]).astype(np.float32), acc)
     return torch.from_numpy(acc)
 
 
@@ -85,7 +102,7 @@ def test_q6_matmul_computes_its_stated_arithmetic(fmt, source, N, K, M):
     assert ((y - dense).norm() / dense.norm()).item() < 5e-2
 
 
-@pytest.mark.parametrize("fmt,bits", [("q6", 6.5625), ("q3k", 3.4375)])
+@pytest.mark.parametrize("fmt,bits", [("q6", 6.5625), ("q3k", 3.4375), ("q2k", 2.625)])
 def test_q6_keeps_the_files_exact_weights_and_size(fmt, bits):
     _, qtype, nbytes, _, _ = LAYOUTS[fmt]
     w = random_q6(24, 512, 1, "random bytes", fmt)
@@ -99,15 +116,19 @@ def test_q6_keeps_the_files_exact_weights_and_size(fmt, bits):
 
 
 def _extreme_blocks(fmt: str, N: int, K: int) -> torch.Tensor:
-    """Every other row all top codes (63, Q3_K's 7), the rest all code 0; scales at both ends (Q6_K's 127 and
-    -128 alternating; Q3_K's 31 on the top rows, -32 on the others); d 1e-3."""
+    """Every other row all top codes (63, Q3_K's 7, Q2_K's 3), the rest all code 0; scales at both ends (Q6_K's
+    127 and -128 alternating; Q3_K's 31 on the top rows, -32 on the others; Q2_K's scales and minimums 15 and 0);
+    d (and dmin) 1e-3."""
     nbytes = LAYOUTS[fmt][2]
     raw = torch.zeros(N * K // 256, nbytes, dtype=torch.uint8)
     if fmt == "q6":
         raw[0::2, :192] = 0xFF  # every code 63
         raw[:, 192:208] = torch.tensor([127, 128], dtype=torch.uint8).repeat(8)  # scales 127, -128 alternating
-    else:
+    elif fmt == "q3k":
         raw[0::2, :108] = 0xFF  # every code 7, every scale 63 - 32 = 31 (the others: code 0, scale -32)
+    else:
+        raw[0::2, :80] = 0xFF  # every code 3, every scale and minimum 15 (the others: 0)
+        raw[:, 80:82] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
     raw[:, nbytes - 2:] = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8)
     return raw
 
@@ -218,11 +239,12 @@ def test_the_avx2_build_gives_the_same_bits():
                      "not avx2_build")
 
 
-def test_q3_k_m_files_keep_q3_k_and_give_llama_cpps_logits(tmp_path, monkeypatch):
-    """llama.cpp's own Q3_K_M of a model (its quantizer and per-layer recipe: Q3_K beside Q4_K/Q5_K attn_v,
-    ffn_down and o), read packed: its Q3_K matrices are q3k, its weights (no dense prompt copies) no bigger than
-    the file, and its logits stay within the quantized fidelity bounds against llama.cpp's
-    (tests/engine/test_fidelity_llamacpp)."""
+@pytest.mark.parametrize("recipe,qtype,fmt,beside", [("Q3_K_M", "Q3_K", "q3k", "Q4_K"), ("Q2_K", "Q2_K", "q2k", "Q3_K")])
+def test_low_bit_files_keep_their_types_and_give_llama_cpps_logits(tmp_path, monkeypatch, recipe, qtype, fmt, beside):
+    """llama.cpp's own Q3_K_M and Q2_K of a model (its quantizer and per-layer recipe: Q3_K beside Q4_K/Q5_K
+    attn_v, ffn_down and o; Q2_K beside Q3_K and a Q6_K head), read packed: their Q3_K and Q2_K matrices are q3k and q2k,
+    the weights (no dense prompt copies) no bigger than the file, and the logits within the quantized fidelity
+    bounds against llama.cpp's (tests/engine/test_fidelity_llamacpp)."""
     pytest.importorskip("llama_cpp")
     from engine import Model
     from tests.engine.test_fidelity_llamacpp import check
@@ -231,15 +253,15 @@ def test_q3_k_m_files_keep_q3_k_and_give_llama_cpps_logits(tmp_path, monkeypatch
     from tools.models._llamacpp_quantized import quantize, tensor_types
 
     files = build(tmp_path, [("llama", "F32")])  # F32: the kl_ref bound
-    mixed = quantize(files.paths["llama", "F32"], tmp_path / "llama-Q3_K_M.gguf", "Q3_K_M")
-    assert {"Q3_K", "Q4_K"} <= set(tensor_types(mixed).values())
+    mixed = quantize(files.paths["llama", "F32"], tmp_path / f"llama-{recipe}.gguf", recipe)
+    assert {qtype, beside} <= set(tensor_types(mixed).values())
     out = mixed.with_suffix(".npy")
     (result,) = run_jobs([{"op": "logits", "model": str(mixed), "ids": files.ids, "out": str(out)}], tmp_path)
-    files.paths["llama", "Q3_K_M"], files.peer["llama", "Q3_K_M"] = mixed, {**result, "out": str(out)}
-    check(files, ("llama", "Q3_K_M"), "packed")
+    files.paths["llama", recipe], files.peer["llama", recipe] = mixed, {**result, "out": str(out)}
+    check(files, ("llama", recipe), "packed")
     monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
     model = Model.load(mixed, weights="packed")
     kept = {p.format for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
             for p in getattr(m, "parts", [m])}
-    assert "q3k" in kept and "q8" not in kept, kept  # no part re-quantized
+    assert fmt in kept and "q8" not in kept, kept  # no part re-quantized
     assert model.memory_bytes() <= mixed.stat().st_size

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 # ftype names --quantize takes (llama.cpp's LLAMA_FTYPE_MOSTLY_<name>)
-QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "Q4_K_S", "Q5_K_S", "Q4_0", "Q3_K_M", "MXFP4_MOE")
+QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "IQ4_XS", "Q4_K_S", "Q5_K_S", "Q4_0", "Q3_K_M", "Q2_K", "MXFP4_MOE")
 SOURCE_TYPES = ("F16", "BF16")
 ARCHS = ("llama", "qwen2", "gemma3", "qwen3moe", "gpt-oss")
 

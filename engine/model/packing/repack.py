@@ -1,4 +1,4 @@
-"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q3k, q4, q4k, q5, q6 and q8): which tensors a
+"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q2k, q3k, q4, q4k, q5, q6 and q8): which tensors a
 weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
 weights="packed" (auto for a GGUF on a CPU), per ggml type (kernels.formats' table says which format holds
@@ -25,7 +25,9 @@ which type exactly; every other type becomes q8):
   * Q3_K -> q3k: the file's super-blocks as they are (exact, 3.44 bits a weight; as q8 they took 8.5, so a
     Q3_K_M file, Q3_K but for its attn_v, ffn_down and head, held ~2x its size), multiplied by q6's kernels
     through Q3_K's layout (kernels/cpu/q6.h).
-  * Every other type (Q2_K, the other IQ types): the exact decode re-quantized as Q8_0, per 32
+  * Q2_K -> q2k: the file's super-blocks as they are (exact, 2.63 bits a weight; as q8 they took 8.5, ~3x), q6's
+    kernels through Q2_K's layout with q4k's minimums.
+  * Every other type (the IQ2/IQ3/IQ1 and T types): the exact decode re-quantized as Q8_0, per 32
     weights symmetric int8: its step is max|w|/127, several times finer than these types' own steps (5 or 6
     bits), so the error it adds is a fraction of the file's own quantization error (measured in the tests).
   * F16/F32/BF16 matrices stay dense; but where the layers are packed, a dense output head is packed as q8
@@ -48,7 +50,7 @@ bigger model sends prompt rows through the packed kernels too, so resident memor
 (a 7B Q4_K_M: ~1.2x) and a mixed step is one pass over the weights. The rule depends on the model alone,
 never on free memory, so the same model always loads (and answers) the same way, and the estimate knows it.
 Where a matrix's kernel format holds the file's weights exactly (decodes_exactly: Q4_0/Q4_1 as q4, Q5_0/Q5_1 as q5, Q8_0 as
-q8, Q3_K, Q6_K, Q4_K, Q5_K, MXFP4, IQ4_NL, IQ4_XS)
+q8, Q2_K, Q3_K, Q6_K, Q4_K, Q5_K, MXFP4, IQ4_NL, IQ4_XS)
 no fp32 copy is kept: qlinear.dense_product decodes it just in time into a reused scratch buffer, the same
 bits (the default model: ~1x its file instead of ~5.5x with the copy). The others (re-quantized q8, Q4_K
 fused as q4) and, under PAGEDECK_DENSE_COPY=1, every matrix keep the copy; PAGEDECK_DENSE_COPY=0 turns
@@ -70,7 +72,7 @@ from ... import envs
 from . import move_queue, repack_fast
 from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
-from ..qlinear import (LUT4_CLASSES, PackedLinear, Q3KLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear,
+from ..qlinear import (LUT4_CLASSES, PackedLinear, Q2KLinear, Q3KLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear,
                        SuperBlockLinear, tile_rows)
 from ..qlinear.superblock import Q5KLinear, Q5SLinear
 
@@ -84,7 +86,7 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
              "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
              "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
              "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
-_SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear, "q3k": Q3KLinear}  # K-quants kept as the file's super-blocks
+_SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear, "q3k": Q3KLinear, "q2k": Q2KLinear}  # K-quants kept as the file's super-blocks
 _STARTS = {"q5s": Q5SLinear}  # start-only formats outside the lookup-table family (kernels.formats.STARTS_ON)
 # a GGUF's 3-D expert stacks (experts, rows, cols): packed one expert at a time (engine.model.packing.experts)
 EXPERT_STACKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")

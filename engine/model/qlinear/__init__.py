@@ -38,9 +38,9 @@ from .lut4 import LUT4_CLASSES, IQ4NLLinear, IQ4XSLinear, Lut4Linear, MXFP4Linea
 from .packed_linear import TILE_WEIGHTS, PackedLinear, tile_rows
 from .q8 import Q8Linear
 from .routing import RowSplit, linear
-from .superblock import Q3KLinear, Q4KLinear, Q5SLinear, Q6Linear, SuperBlockLinear
+from .superblock import Q2KLinear, Q3KLinear, Q4KLinear, Q5SLinear, Q6Linear, SuperBlockLinear
 
 __all__ = ["AffineLinear", "IQ4NLLinear", "IQ4XSLinear", "LUT4_CLASSES", "Lut4Linear", "MXFP4Linear", "PackedLinear",
-           "PartsLinear", "Q3KLinear", "Q4KLinear", "Q4Linear", "Q5Linear", "Q5SLinear", "Q6Linear", "Q8Linear", "Q8SLinear",
+           "PartsLinear", "Q2KLinear", "Q3KLinear", "Q4KLinear", "Q4Linear", "Q5Linear", "Q5SLinear", "Q6Linear", "Q8Linear", "Q8SLinear",
            "RowSplit", "SuperBlockLinear", "TILE_ROWS", "TILE_WEIGHTS", "cat_packed", "dense_product", "linear",
            "tile_rows"]

@@ -1,5 +1,5 @@
 """The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K), q5k (GGUF Q5_K) and q3k
-(GGUF Q3_K), each in rows or regrouped 16 at a time; and q5s, GGUF Q5_0's blocks as stored, what a model starts
+(GGUF Q3_K), each in rows or regrouped 16 at a time, and q2k (GGUF Q2_K) in rows; and q5s, GGUF Q5_0's blocks as stored, what a model starts
 on before they move into q5's layout."""
 from __future__ import annotations
 
@@ -112,6 +112,17 @@ class Q3KLinear(SuperBlockLinear):
     BLOCK_BYTES = spec.code_bytes
     QTYPE = GGMLQuantizationType.Q3_K
     GROUPS = True
+
+
+class Q2KLinear(SuperBlockLinear):
+    """GGUF Q2_K super-blocks (kernels.packed's q2k): w = d * sc * code - dmin * m, codes 0..3, a 4-bit scale and
+    minimum per 16 weights, 2.63 bits a weight (as q8 they took 8.5: a Q2_K file held ~3x its size). Multiplied by
+    q6's kernels read through Q2_K's layout, its minimums as q4k's (kernels/cpu/q6.h), in rows."""
+
+    spec = formats.Q2K
+    format = spec.name
+    BLOCK_BYTES = spec.code_bytes
+    QTYPE = GGMLQuantizationType.Q2_K
 
 
 class Q4KLinear(SuperBlockLinear):

@@ -224,8 +224,10 @@ inline void half_codes(const uint8_t* sb, int n, __m256i c[4]) {
   const __m256i one = _mm256_set1_epi8(1);
   const __m256i h = _mm256_loadu_si256((const __m256i*)(sb + kHmask));
   q2k::half_pairs(sb + kQs, n, c);
-  for (int j = 0; j < 4; ++j)
-    c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(4 * n + j)), one), 2));
+  for (int j = 0; j < 4; ++j) {
+    const __m256i third = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(4 * n + j)), one);
+    c[j] = _mm256_or_si256(c[j], _mm256_slli_epi16(third, 2));
+  }
 }
 #endif
 

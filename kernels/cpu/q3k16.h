@@ -1,8 +1,8 @@
 // The q3k16 format of qmatmul: GGUF Q3_K rows regrouped 16 at a time, q6k16.h's scheme for Q3_K: one 512-bit
 // vector holds the same 4 code bytes of 16 weight rows, so an activation row costs 4 dpbusd a weight row and
 // super-block and the 3-bit codes are taken apart once for all the rows of a call (q6.h's rows spend a
-// maddubs, a madd and a scale shuffle on every 32 codes of every row: ~14 GB/s a core from DRAM where this
-// format's bytes want ~35).
+// maddubs, a madd and a scale shuffle on every 32 codes of every row: a Q3_K gate|up read ~14 GB/s a core
+// from DRAM in rows, ~22 in these groups, where q4k16's read ~35).
 //
 // A group of 16 rows (r = 0..15) stores, per super-block s, kGroupBytes = 16 x 110 bytes:
 //   [0, 1024)     16 lines, line 8 n + w holding row r's 2-bit pair bytes 32 + 32 n + 4 w.. at 4 r

@@ -1,5 +1,5 @@
-"""ggml's K-quant blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group form
-the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs); below them the
+"""ggml's K-quant blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) in vectorized torch: exact decoding and the affine per-group
+form the packed matmuls use (tools.ggml_writers writes such blocks, for test and benchmark GGUFs); below them the
 exact decoders of every type the loader reads fast (Q8_0, Q4_0, Q4_1, and the 4-bit lookup-table types MXFP4,
 IQ4_NL, IQ4_XS: codes into a 16-entry table times one scale a 32 weights).
 

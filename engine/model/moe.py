@@ -10,16 +10,16 @@ gate|up and down), weights a softmax over the top-k router logits, and a clamped
 (experts.gate_up_proj (E, hidden, 2I) with gate and up interleaved column by column, experts.down_proj
 (E, I, hidden)); hf_experts splits them into one [gate | up] and one down matrix per expert on load.
 
-In a batched step the (row, k) choices are flattened and sorted by expert (a stable argsort), so each expert
-that any row chose runs one matmul over exactly its rows, through qlinear.linear (dense or packed weights
-alike); the weighted outputs are scattered back with index_add_. A row's experts depend on its own router
-logits only (on a CPU each summed in one fixed order, kernels.router_logits), and its output is the sum of its experts' rows added in expert order: neither depends on what
-else is in the batch. Experts are kept as one matrix per expert (not a 3-D stack) so a packed format
-applies to each as to any other projection: a GGUF's expert stacks are packed expert by expert in the file's
-own formats (engine.model.packing.experts), gate and up of one expert fused into one [gate | up] matrix as
-the dense layers have them. With packed experts a prompt row takes the exact dense weights where the model
-keeps them (qlinear.RowSplit, per expert over just its rows), as every other projection does; which path a
-row takes depends on the row alone.
+In a batched step the (row, k) choices are flattened and sorted by expert (a stable argsort), so each expert that
+any row chose runs one matmul over exactly its rows, through qlinear.linear (dense or packed weights alike); the
+weighted outputs are scattered back with index_add_. A row's experts depend on its own router logits only (on a CPU
+each summed in one fixed order, kernels.router_logits), and its output is the sum of its experts' rows added in
+expert order: neither depends on what else is in the batch. Experts are kept as one matrix per expert (not a 3-D
+stack) so a packed format applies to each as to any other projection: a GGUF's expert stacks are packed expert by
+expert in the file's own formats (engine.model.packing.experts), gate and up of one expert fused into one
+[gate | up] matrix as the dense layers have them. With packed experts a prompt row takes the exact dense weights
+where the model keeps them (qlinear.RowSplit, per expert over just its rows), as every other projection does; which
+path a row takes depends on the row alone.
 
 A decode step reads the router and, per token, its top-k experts: decode_bytes counts k of the E experts
 (their mean size), not all of them.
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.nn.functional as F
 
 import kernels
 from kernels import cpu_ext

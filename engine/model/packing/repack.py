@@ -1,5 +1,5 @@
-"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q2k, q3k, q4, q4k, q5, q6 and q8): which tensors a
-weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
+"""Stored matrices into the CPU kernels' formats (engine.model.qlinear's q2k, q3k, q4, q4k, q5, q6 and q8): which
+tensors a weight format keeps packed, what each costs, and whether a dense copy for prompt rows is kept.
 
 weights="packed" (auto for a GGUF on a CPU), per ggml type (kernels.formats' table says which format holds
 which type exactly; every other type becomes q8):
@@ -72,8 +72,8 @@ from ... import envs
 from . import move_queue, repack_fast
 from .readahead import read_ahead
 from ..ggml_blocks import dequantize, half, q4_k_affine
-from ..qlinear import (LUT4_CLASSES, PackedLinear, Q2KLinear, Q3KLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear, Q8Linear,
-                       SuperBlockLinear, tile_rows)
+from ..qlinear import (LUT4_CLASSES, PackedLinear, Q2KLinear, Q3KLinear, Q4KLinear, Q4Linear, Q5Linear, Q6Linear,
+                       Q8Linear, SuperBlockLinear, tile_rows)
 from ..qlinear.superblock import Q5KLinear, Q5SLinear
 
 PACKED_FORMATS = ("packed", "q8")
@@ -86,7 +86,8 @@ _MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight
              "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
              "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
              "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
-_SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear, "q3k": Q3KLinear, "q2k": Q2KLinear}  # K-quants kept as the file's super-blocks
+# K-quants kept as the file's super-blocks
+_SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear, "q3k": Q3KLinear, "q2k": Q2KLinear}
 _STARTS = {"q5s": Q5SLinear}  # start-only formats outside the lookup-table family (kernels.formats.STARTS_ON)
 # a GGUF's 3-D expert stacks (experts, rows, cols): packed one expert at a time (engine.model.packing.experts)
 EXPERT_STACKS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")

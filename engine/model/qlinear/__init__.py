@@ -40,7 +40,7 @@ from .q8 import Q8Linear
 from .routing import RowSplit, linear
 from .superblock import Q2KLinear, Q3KLinear, Q4KLinear, Q5SLinear, Q6Linear, SuperBlockLinear
 
-__all__ = ["AffineLinear", "IQ4NLLinear", "IQ4XSLinear", "LUT4_CLASSES", "Lut4Linear", "MXFP4Linear", "PackedLinear",
-           "PartsLinear", "Q2KLinear", "Q3KLinear", "Q4KLinear", "Q4Linear", "Q5Linear", "Q5SLinear", "Q6Linear", "Q8Linear", "Q8SLinear",
-           "RowSplit", "SuperBlockLinear", "TILE_ROWS", "TILE_WEIGHTS", "cat_packed", "dense_product", "linear",
-           "tile_rows"]
+__all__ = ["AffineLinear", "IQ4NLLinear", "IQ4XSLinear", "LUT4_CLASSES", "Lut4Linear", "MXFP4Linear",
+           "PackedLinear", "PartsLinear", "Q2KLinear", "Q3KLinear", "Q4KLinear", "Q4Linear", "Q5Linear",
+           "Q5SLinear", "Q6Linear", "Q8Linear", "Q8SLinear", "RowSplit", "SuperBlockLinear", "TILE_ROWS",
+           "TILE_WEIGHTS", "cat_packed", "dense_product", "linear", "tile_rows"]

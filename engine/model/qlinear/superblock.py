@@ -1,6 +1,6 @@
 """The K-quant formats kept as the file stores them: q6 (GGUF Q6_K), q4k (GGUF Q4_K), q5k (GGUF Q5_K) and q3k
-(GGUF Q3_K), each in rows or regrouped 16 at a time, and q2k (GGUF Q2_K) in rows; and q5s, GGUF Q5_0's blocks as stored, what a model starts
-on before they move into q5's layout."""
+(GGUF Q3_K), each in rows or regrouped 16 at a time, and q2k (GGUF Q2_K) in rows; and q5s, GGUF Q5_0's blocks
+as stored, what a model starts on before they move into q5's layout."""
 from __future__ import annotations
 
 import torch

@@ -206,18 +206,13 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
           [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
   };
   auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // acc -= J * (dmin * dx), J = sum_b m_b bs_b
-    gemm::Cols16 J[R];
-    for (int r = 0; r < R; ++r) J[r] = gemm::zero16();
-    for (int i = 0; i < 4; ++i) {
-      const gemm::Cols16 mw = gemm::load16(p.shi.data() + (4 * s + i) * kCols);
-      for (int r = 0; r < R; ++r) {
-        int32_t word;
-        std::memcpy(&word, a.bs.data() + ((m0 + r) * nsb + s) * 8 + 2 * i, 4);
-        J[r] = gemm::madd16(J[r], mw, word);
-      }
+    const int16_t* sums[R];
+    float dx[R];
+    for (int r = 0; r < R; ++r) {
+      sums[r] = a.bs.data() + ((m0 + r) * nsb + s) * 8;
+      dx[r] = a.d[(m0 + r) * nsb + s];
     }
-    const gemm::Cols16f dm = gemm::load16f(p.zw.data() + s * kCols);
-    for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<true>(J[r], dm, a.d[(m0 + r) * nsb + s], acc[r]);
+    gemm::minimum_step<R>(p.shi.data() + 4 * s * kCols, 4, sums, p.zw.data() + s * kCols, dx, acc);
   };
   gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);
 }

@@ -259,18 +259,13 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
   };
   auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // Q2_K: acc -= J * (dmin * dx), J = sum_h m_h hs_h
     if constexpr (L::kMins) {
-      gemm::Cols16 J[R];
-      for (int r = 0; r < R; ++r) J[r] = gemm::zero16();
-      for (int b = 0; b < 8; ++b) {
-        const gemm::Cols16 mw = gemm::load16(p.mins.data() + (8 * s + b) * kCols);
-        for (int r = 0; r < R; ++r) {
-          int32_t word;
-          std::memcpy(&word, a.hs.data() + ((m0 + r) * nsb + s) * 16 + 2 * b, 4);
-          J[r] = gemm::madd16(J[r], mw, word);
-        }
+      const int16_t* sums[R];
+      float dx[R];
+      for (int r = 0; r < R; ++r) {
+        sums[r] = a.hs.data() + ((m0 + r) * nsb + s) * 16;
+        dx[r] = a.d[(m0 + r) * nsb + s];
       }
-      const gemm::Cols16f dm = gemm::load16f(p.zw.data() + s * kCols);
-      for (int r = 0; r < R; ++r) acc[r] = gemm::fma16<true>(J[r], dm, a.d[(m0 + r) * nsb + s], acc[r]);
+      gemm::minimum_step<R>(p.mins.data() + 8 * s * kCols, 8, sums, p.zw.data() + s * kCols, dx, acc);
     }
   };
   gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);

@@ -40,11 +40,12 @@ def test_focusing_a_chat_makes_the_other_one_give_its_pages_back(qtbot, loop, st
         await wait_until(lambda: not a.session.running and not b.session.running, timeout=200, what="both replies")
         assert jb.preemptions == 0 and ja.preemptions > 0 and ja.resumes == ja.preemptions
         assert [p.session.messages[-1].stats.new_tokens for p in (a, b)] == [300, 300]
-        await wait_until(lambda: a.session.chat_id in window.dashboard.page_map.preemptions.per_chat(),
-                         what="the dashboard's count")
         table = window.dashboard.page_map.preemptions
+        want = {a.session.chat_id: (ja.preemptions, ja.resumes, ja.recomputed_tokens)}
+        # the dashboard hears of the preemption and of the resume in separate samples: wait for both
+        await wait_until(lambda: table.per_chat() == want, what="the dashboard's counts")
         counts = table.per_chat()
-        assert counts == {a.session.chat_id: (ja.preemptions, ja.resumes, ja.recomputed_tokens)}
+        assert counts == want
         assert table.isVisibleTo(window.dashboard) and table.rowCount() == 1
         assert table.item(0, 0).text() == a.session.chat.title and table.item(0, 1).text() == str(ja.preemptions)
         await service.close()

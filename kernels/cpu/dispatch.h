@@ -102,7 +102,8 @@ constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 // out[m] = row n of W . activation row m, for all M rows: up to 4 activation rows share each unpacked weight row.
 // Weight rows go strictly one after another: tiles that interleaved 2-4 weight rows read 2.7x slower from
 // DRAM (the prefetchers lose the streams; 4.9 vs 13 GB/s for the q8 head, measured), and software
-// prefetching did not win that back. (The grouped formats compute 16-row groups instead: group_rows below.)
+// prefetching did not win that back. (The grouped formats compute 16-row groups instead: group_rows below;
+// short rows at one activation row go in pairs, one stream still: qmatmul.cpp's kPairedRowBytes.)
 template <int F>
 void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   using namespace formats;

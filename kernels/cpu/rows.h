@@ -115,9 +115,11 @@ inline void dot_tile(const Weights& w, int64_t n0, const QuantAct& a, int64_t m0
   const int64_t bpb = F == kQ5S ? q5s::kBytes : F == kQ5 ? q5::kBytes : Q4 ? 16 : 32;  // code bytes a block
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
     const int64_t len = std::min<int64_t>(8, nb - j0);
-    {  // the weight streams kPrefetch bytes of codes ahead (on into the next rows)
-      const char* q = (const char*)(w.qs + (n0 * nb + j0) * bpb) + kPrefetch;
-      for (int64_t b = 0; b < 8 * bpb; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+    {  // each weight row of the tile streams kPrefetch bytes of codes ahead (on into the next rows)
+      for (int c = 0; c < NT; ++c) {
+        const char* q = (const char*)(w.qs + ((n0 + c) * nb + j0) * bpb) + kPrefetch;
+        for (int64_t b = 0; b < 8 * bpb; b += 64) _mm_prefetch(q + b, _MM_HINT_T0);
+      }
       const int64_t ahead = kPrefetch / bpb;
       if (F != kQ5S) _mm_prefetch((const char*)(w.d + n0 * nb + j0 + ahead), _MM_HINT_T0);
       if (Q4 && F != kQ5S) _mm_prefetch((const char*)(w.m + n0 * nb + j0 + ahead), _MM_HINT_T0);

@@ -90,16 +90,18 @@ def test_packed_matmul_computes_its_stated_arithmetic(fmt, N, K):
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
-def test_a_rows_result_never_depends_on_the_other_rows(fmt):
-    """Row tiles (4x2, 1x4, 1x1) and thread splits must not change a row's bits: batch invariance."""
-    w = random_q4(70, 576) if fmt == "q4" else Q8Linear.quantize(torch.randn(70, 576))
-    x = torch.randn(13, 576)
+@pytest.mark.parametrize("K", [576, 320, 2048])  # q4 rows of 288, 160, 1024 bytes; q8 576, 320, 2048
+def test_a_rows_result_never_depends_on_the_other_rows(fmt, K):
+    """Row tiles (4x1 ... 1x1, a single activation row's pairs of short weight rows) and thread splits must not
+    change a row's bits: batch invariance. 71 rows: the last chunk of rows is odd, so a pair is left over."""
+    w = random_q4(71, K) if fmt == "q4" else Q8Linear.quantize(torch.randn(71, K))
+    x = torch.randn(13, K)
     assert_rows_independent(w, x, range(13), (2, 9))
 
 
 @pytest.mark.parametrize("fmt", ["q4", "q8"])
 def test_swiglu_epilogue_is_silu_of_gate_times_up(fmt):
-    w = random_q4(192, 576, 3) if fmt == "q4" else Q8Linear.quantize(torch.randn(192, 576) * 0.05)
+    w = random_q4(190, 576, 3) if fmt == "q4" else Q8Linear.quantize(torch.randn(190, 576) * 0.05)  # odd halves
     x = torch.randn(9, 576)
     gate, up = w(x).chunk(2, dim=-1)
     torch.testing.assert_close(w(x, "swiglu"), F.silu(gate) * up, rtol=1e-5, atol=1e-6)

@@ -31,7 +31,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/q4k16.h, q5k16.h, q6k16.h, q3k16.h, iq4xs16.h, q8.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/row_groups.h's formats, q8.h's q8g, q4g.h)
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Format:
 
 # The kernel ids are the C++ kernels' (kernels/cpu/formats.h); their order is history, never meaning.
 Q8 = Format("q8", 0, {"Q8_0": 0}, GROUP, GROUP, 1, grouped_id=6)
-Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2)
+Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2, grouped_id=19)
 Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0, grouped_id=11)
 Q4K = Format("q4k", 3, {"Q4_K": 0}, SUPER, 144, 0, grouped_id=4)
 Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
@@ -100,7 +100,7 @@ HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only 
 STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
               "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S", "q3k": "kQ3K", "q2k": "kQ2K"}
-_CPP_GROUPED = {"q8": "kQ8G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4": "kQ4G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
 
 
 def get(name: str) -> Format:

@@ -39,6 +39,10 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8
   (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
   count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
+- q4g: q4 with rows regrouped GROUP_ROWS at a time (kernels/cpu/q4g.h): qs uint8 (N/16, K/32 * 256),
+  [block][4-byte word][row], d and m fp16 (N/16, K/32 * 16), [block][row]: one vector holds 16 rows' words, so
+  a decode-sized product needs no horizontal reduction; the same bits as the rows. AVX-512 VNNI builds only;
+  q4_group / q4_ungroup convert.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -216,6 +220,24 @@ def q8_ungroup(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.T
     codes = qs.view(g, nb, 8, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4)
     scale = d.view(g, nb, GROUP_ROWS).transpose(1, 2)
     return codes.reshape(g * GROUP_ROWS, nb * GROUP), scale.reshape(g * GROUP_ROWS, nb)
+
+
+def q4_group(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q4 rows (qs (N, K/2), scale and minimum (N, K/32), N % 16 == 0) -> q4g groups (qs (N/16, K/32 * 256), d and
+    m (N/16, K/32 * 16)), in place as q8_group (kernels/cpu/q4g.h states the layout; needs the CPU kernels)."""
+    n, half = qs.shape
+    cpu_ext.ops().q4_group_in_place(qs, scale, minimum)
+    nb = half // 16
+    return (qs.view(n // GROUP_ROWS, half * GROUP_ROWS), scale.view(n // GROUP_ROWS, nb * GROUP_ROWS),
+            minimum.view(n // GROUP_ROWS, nb * GROUP_ROWS))
+
+
+def q4_ungroup(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q4g groups -> q4 rows (qs (N, K/2), scale and minimum (N, K/32), not padded): q4_group's inverse."""
+    g, nb = d.shape[0], d.shape[1] // GROUP_ROWS
+    codes = qs.view(g, nb, 4, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * GROUP_ROWS, nb * 16)
+    return (codes, d.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb),
+            m.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb))
 
 
 def q8_dequantize(qs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from .config import ModelConfig
 from .embedding import GGMLRows
 from .catalog.memory import check_fits
 from .moe import MoEBlock, build as build_moe
-from .qlinear import PackedLinear, PartsLinear, Q8Linear, cat_packed
+from .qlinear import PackedLinear, PartsLinear, Q4Linear, Q8Linear, cat_packed
 from .heap import loading_heap, release_freed_memory
 from .weights import default_model_path, load_checkpoint
 
@@ -207,7 +207,18 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
             embed = lm_head[: embed.shape[0]]
     if moved:
         group_head(lm_head)
+        group_matrices(layers)
     return ModelWeights(embed, lm_head, norm, layers, weight_format)
+
+
+def group_matrices(layers: list[Layer]) -> None:
+    """The decoder layers' q4 matrices regrouped in place (kernels/cpu/q4g.h: decode rows without the per-row
+    tile's horizontal reductions, the same bits); after their bytes have moved, as regrouping reads them. Experts
+    keep their rows (the MoE kernel's per-row tasks read rows)."""
+    for layer in layers:
+        for t in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            if isinstance(t, Q4Linear):
+                t.group()
 
 
 def group_head(lm_head) -> None:

@@ -126,6 +126,7 @@ class Model:
             loader.group_head(weights.lm_head)  # its bytes have moved now
             self.embed, self.lm_head, self.norm = weights.embed, weights.lm_head, weights.norm
         else:
+            loader.group_matrices([weights.layers[part]])  # its bytes have moved now
             self.layers[part] = weights.layers[part]
             if self.decode_stack is not None:  # a step reads the stack once: it sees the old layer or the new
                 self.decode_stack = _decode_stack(self.layers)

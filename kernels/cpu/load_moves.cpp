@@ -23,11 +23,12 @@ namespace pagedeck {
 void group_superblocks(const at::Tensor& rows, at::Tensor groups, int64_t block_bytes);
 void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale);
 void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q5_1);
+void q4_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q4_1);
 
 namespace {
 
 // engine/model/packing/move_queue.py's kinds
-enum Kind : int64_t { kGroup = 0, kQ8_0 = 1, kQ5 = 2, kCopy = 3, kRelease = 4 };
+enum Kind : int64_t { kGroup = 0, kQ8_0 = 1, kQ5 = 2, kCopy = 3, kRelease = 4, kQ4 = 5 };
 
 void copy_bytes(const uint8_t* from, uint8_t* to, int64_t bytes) {
   constexpr int64_t kPiece = 1 << 20;
@@ -58,6 +59,7 @@ void run_moves(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>
       case kGroup: group_superblocks(src[i], dst[i], arg[i]); break;
       case kQ8_0: q8_0_repack(src[i], dst[i], scale[i]); break;
       case kQ5: q5_repack(src[i], dst[i], scale[i], minimum[i], arg[i] != 0); break;
+      case kQ4: q4_repack(src[i], dst[i], scale[i], minimum[i], arg[i] != 0); break;
       case kCopy:
         TORCH_CHECK(src[i].is_contiguous() && dst[i].is_contiguous() && src[i].nbytes() == dst[i].nbytes(),
                     "a copy wants contiguous tensors of one size");

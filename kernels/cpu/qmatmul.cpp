@@ -24,6 +24,8 @@
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
+//   q4g: q4 with rows regrouped 16 at a time (q4g.h; qs (N / 16, K / 32 * 256), d and m (N / 16, K / 32 * 16)):
+//       q4's bits without the per-row tile's horizontal reductions.
 //   mxfp4, iq4nl: GGUF MXFP4 / IQ4_NL blocks as the file stores them (lut4.h): 4-bit codes into a 16-entry int8
 //       table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
 //   iq4xs: GGUF IQ4_XS super-blocks as the file stores them (lut4.h's codes, iq4xs.h's kernels): the IQ4_NL table
@@ -98,6 +100,7 @@ using formats::kQ6;
 using formats::kQ6K16;
 using formats::kQ8;
 using formats::kQ8G;
+using formats::kQ4G;
 using rows::Weights;
 
 // The grouped formats (q4k16, q6k16): y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate groups
@@ -202,6 +205,8 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
     q5k16::unpack_panel(w.qs, w.nb, n0 / q5k16::kRows, panel);
   } else if (F == kIQ4XS16) {
     iq4xs16::unpack_panel(w.qs, w.nb, n0 / iq4xs16::kRows, panel);
+  } else if (F == kQ4G) {
+    q4g::unpack_panel(w.qs, w.d, w.m, w.nb, n0 / q4g::kRows, panel);
   } else if (F == kQ6) {
     q6::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ3K) {
@@ -230,6 +235,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
   constexpr int G = Q4K || Q6 || Q3K || Q2K || IQ4XS ? (int)gemm::kQ4  // (their own tiles below: G unused)
                     : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8
                     : F == kQ5S                 ? (int)kQ5
+                    : F == kQ4G                 ? (int)kQ4
                                                 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
@@ -299,10 +305,16 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 
+// q4g's group kernel (the group read again from L1 for each activation row) keeps ahead of the GEMM to ~24 rows:
+// random q4g matrices of the default model's shapes and a 1.5B's gate|up, 2 threads, GEMM / group kernel time
+// 1.42-1.75 at 4 rows, 1.20-1.29 at 8, 1.01-1.14 at 16, 0.94-1.05 at 24, 0.90-1.00 at 32 (docs/performance/log-4.md).
+constexpr int64_t kQ4GemmRows = 24;
+
 int64_t gemm_rows(Format f, int64_t K) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
   if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
+  if (f == kQ4G) return kQ4GemmRows;
   if (f == kQ5K16) return 512;
   if (f == kIQ4XS16) return 64;
   if (f == kQ6K16 || f == kQ3K16) return 64;
@@ -349,18 +361,21 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
               qs.scalar_type(), " ", qs.sizes());
   TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
   const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
-  const bool q8g = f == kQ8G;
+  const bool q8g = f == kQ8G, grouped_scales = q8g || f == kQ4G;  // scales (N / 16, K / 32 * 16), by group
   const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
            (int64_t)t.storage().nbytes() >= (t.storage_offset() + N * nb + kScalePad) * 2;
   };
-  TORCH_CHECK(!q8g || (d.scalar_type() == at::kHalf && d.is_contiguous() && d.dim() == 2 &&
-                        d.size(0) == qs.size(0) && d.size(1) == nb * q8g::kRows),
-              "q8g scales must be (N/16, K/32 * 16) fp16");
-  TORCH_CHECK(L.scales == 0 || q8g || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
+  auto by_group = [&](const at::Tensor& t) {
+    return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == qs.size(0) &&
+           t.size(1) == nb * L.rows;
+  };
+  TORCH_CHECK(!grouped_scales || (by_group(d) && (!affine || by_group(*m))), L.name,
+              affine ? " scales and minimums" : " scales", " must be (N/16, K/32 * 16) fp16");
+  TORCH_CHECK(L.scales == 0 || grouped_scales || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
               " values of padding after them");
-  TORCH_CHECK(!affine || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad,
+  TORCH_CHECK(!affine || grouped_scales || padded(*m), "minimums must be (N, K/32) fp16 with ", kScalePad,
               " values of padding after them");
   TORCH_CHECK(act == kNone || (act == kSwiGLU && N % (2 * L.rows) == 0), "bad activation");
   const int64_t Nout = act == kSwiGLU ? N / 2 : N;
@@ -440,6 +455,7 @@ std::vector<int64_t> native_groups() {
   ids.push_back(kQ4K16);
 #endif
 #ifdef PD_AVX512
+  ids.push_back(kQ4G);
   ids.push_back(kQ6K16);
   ids.push_back(kQ5K16);
   ids.push_back(kIQ4XS16);

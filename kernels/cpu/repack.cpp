@@ -10,17 +10,20 @@
 //   group_superblocks / ungroup_superblocks: Q3_K, IQ4_XS, Q4_K, Q5_K or Q6_K rows <-> groups of 16 rows (q4k16.h, q6k16.h), the
 //                  same bytes rearranged;
 //   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
+//   q4_group_in_place: q4 rows -> q4g's groups of 16 rows (q4g.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 //   q8_0_repack:   Q8_0 blocks -> q8 (the file's codes + 128 and its scales: exact);
-//   q5_repack:     Q5_0 / Q5_1 blocks -> q5 (kernels.packed.q5_layout's order, d and m or -16 d: exact).
-// The last two are the loader's one pass over Q8_0 and Q5_0 / Q5_1 blocks (a Gemma-3-270M-like file's embedding
-// and projections, a Q8_0 file's every matrix), where torch's route (views, masks, copies per tile) took most of
-// the load. Every function splits its work with shared_range (the calling thread and helpers as they get a
+//   q5_repack:     Q5_0 / Q5_1 blocks -> q5 (kernels.packed.q5_layout's order, d and m or -16 d: exact);
+//   q4_repack:     Q4_0 / Q4_1 blocks -> q4 (the file's nibble bytes, d and m or -8 d: exact).
+// The last three are the loader's one pass over Q8_0, Q5_0 / Q5_1 and Q4_0 / Q4_1 blocks (a Gemma-3-270M-like
+// file's embedding and projections, a Q8_0 or Q4_0 file's every matrix), where torch's route (views, masks,
+// copies per tile) took most of the load. Every function splits its work with shared_range (the calling thread and helpers as they get a
 // core), not OpenMP's fork and join: the load runs beside the tokenizer's thread and, in the many-model server,
 // beside a serving model, and a join per ~1 MB tile waited on busy cores.
 #include "common.h"
 #include "iq4xs16.h"
+#include "q4g.h"
 #include "q4k16.h"
 #include "q5k16.h"
 #include "q6k16.h"
@@ -271,6 +274,28 @@ void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
   });
 }
 
+// q4 rows (qs (N, K/2) uint8, scale and minimum (N, K/32) fp16) regrouped into q4g groups in place (q4g.h); the
+// caller then views them as (N/16, K/32 * 256) and (N/16, K/32 * 16).
+void q4_group_in_place(at::Tensor qs, at::Tensor scale, at::Tensor minimum) {
+  const int64_t n = qs.size(0), nb = qs.size(1) / 16;
+  auto rows_of_scales = [&](const at::Tensor& t) {
+    return t.is_contiguous() && t.scalar_type() == at::kHalf && t.dim() == 2 && t.size(0) == n && t.size(1) == nb;
+  };
+  TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.size(1) == nb * 16 &&
+                  n % q4g::kRows == 0 && rows_of_scales(scale) && rows_of_scales(minimum),
+              "q4_group_in_place takes q4 rows: qs (N, K/2) uint8 with N % 16 == 0, scale and minimum (N, K/32) fp16");
+  uint8_t* q = qs.data_ptr<uint8_t>();
+  uint16_t *d = (uint16_t*)scale.data_ptr(), *m = (uint16_t*)minimum.data_ptr();
+  shared_range::share_range(0, n / q4g::kRows, 16, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> tmp(q4g::kRows * nb * 16);
+    std::vector<uint16_t> tmp_s(2 * q4g::kRows * nb);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t at = g * q4g::kRows * nb;
+      q4g::group_in_place(q + at * 16, d + at, m + at, nb, tmp.data(), tmp_s.data());
+    }
+  });
+}
+
 // raw (n, k / 32 * 34) Q8_0 blocks -> qs (n, k) = code + 128 and scale (n, k / 32), the file's own values
 void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
   check_u8(raw, "raw");
@@ -295,20 +320,58 @@ void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
 // raw (n, nb * 22) Q5_0 or (n, nb * 24) Q5_1 blocks -> q5's qs (n, nb * 20), scale = d and minimum = m (Q5_1) or
 // fp16(-16 d) (Q5_0) (n, nb): each pair of blocks' nibbles, then their fifth bits as 16-bit words [j low,
 // j+1 low, j high, j+1 high]; an odd last block's nibbles and bits as they are (kernels.packed.q5_layout)
-void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q5_1) {
+// raw Q4_0 (18 bytes: d, 16 nibble bytes) or Q4_1 (20: d, m, nibbles) blocks -> qs (n, nb * 16), the file's nibble
+// bytes in its order, scale and minimum (n * nb) fp16: d, and m or -8 d (exact in fp16 but past |d| = 8188, where
+// torch's fp16 product overflows to infinity as this does)
+// The per-32 affine repackers' tensors, checked: raw blocks of in_bytes -> qs (n, nb * out_bytes) codes and
+// scale, minimum (n * nb) fp16
+struct AffineMove {
+  const uint8_t* src;
+  uint8_t* dst;
+  uint16_t *sp, *mp;
+  int64_t n, nb;
+};
+
+AffineMove affine_move(const at::Tensor& raw, at::Tensor& qs, at::Tensor& scale, at::Tensor& minimum,
+                       int64_t out_bytes, int64_t in_bytes, const char* type) {
   check_u8(raw, "raw");
   check_u8(qs, "qs");
-  constexpr int64_t kOut = 20;
-  const int64_t head = q5_1 ? 4 : 2, in_bytes = head + 20;
-  TORCH_CHECK(qs.dim() == 2 && qs.size(1) % kOut == 0, "qs must be (n, nb * 20)");
-  const int64_t n = qs.size(0), nb = qs.size(1) / kOut;
-  TORCH_CHECK(raw.numel() == n * nb * in_bytes, "Q5 sizes do not match");
+  TORCH_CHECK(qs.dim() == 2 && qs.size(1) % out_bytes == 0, "qs must be (n, nb * ", out_bytes, ")");
+  const int64_t n = qs.size(0), nb = qs.size(1) / out_bytes;
+  TORCH_CHECK(raw.numel() == n * nb * in_bytes, type, " sizes do not match");
   check_half(scale, n * nb, "scale");
   check_half(minimum, n * nb, "minimum");
-  const uint8_t* src = raw.data_ptr<uint8_t>();
-  uint8_t* dst = qs.data_ptr<uint8_t>();
-  uint16_t* sp = (uint16_t*)scale.data_ptr();
-  uint16_t* mp = (uint16_t*)minimum.data_ptr();
+  return {raw.data_ptr<uint8_t>(), qs.data_ptr<uint8_t>(), (uint16_t*)scale.data_ptr(), (uint16_t*)minimum.data_ptr(),
+          n, nb};
+}
+
+void q4_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q4_1) {
+  const int64_t head = q4_1 ? 4 : 2, in_bytes = head + 16;
+  const AffineMove mv = affine_move(raw, qs, scale, minimum, 16, in_bytes, "Q4");
+  shared_range::share_range(0, mv.n * mv.nb, 8192, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* in = mv.src + b * in_bytes;
+      std::memcpy(mv.sp + b, in, 2);
+      if (q4_1) {
+        std::memcpy(mv.mp + b, in + 2, 2);
+      } else {
+        uint16_t d;
+        std::memcpy(&d, in, 2);
+        mv.mp[b] = to_half(-8.0f * half_to_float(d));
+      }
+      std::memcpy(mv.dst + b * 16, in + head, 16);
+    }
+  });
+}
+
+void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tensor minimum, bool q5_1) {
+  constexpr int64_t kOut = 20;
+  const int64_t head = q5_1 ? 4 : 2, in_bytes = head + 20;
+  const AffineMove mv = affine_move(raw, qs, scale, minimum, kOut, in_bytes, "Q5");
+  const uint8_t* src = mv.src;
+  uint8_t* dst = mv.dst;
+  uint16_t *sp = mv.sp, *mp = mv.mp;
+  const int64_t n = mv.n, nb = mv.nb;
   shared_range::share_range(0, n, std::max<int64_t>(1, 4096 / nb), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t j = 0; j < nb; ++j) {
@@ -346,6 +409,7 @@ void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q8_group_in_place(Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_group_in_place);
+  lib.def("q4_group_in_place(Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_group_in_place);
   lib.def("group_superblocks(Tensor rows, Tensor(a!) groups, int block_bytes) -> ()", &group_superblocks);
   lib.def("ungroup_superblocks(Tensor groups, Tensor(a!) rows, int block_bytes) -> ()", &ungroup_superblocks);
   lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);
@@ -353,6 +417,7 @@ TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q8_quantize_into(Tensor w, Tensor(a!) codes, Tensor(b!) scale, bool biased) -> ()", &q8_quantize_into);
   lib.def("q6_k_to_q8(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q6_k_to_q8);
   lib.def("q8_0_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_0_repack);
+  lib.def("q4_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum, bool q4_1) -> ()", &q4_repack);
   lib.def("q5_repack(Tensor raw, Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum, bool q5_1) -> ()", &q5_repack);
 }
 

@@ -102,11 +102,12 @@ def test_q4_to_q8_requantize_gives_the_torch_routes_bits():
     assert torch.equal(fast.qs, slow.qs) and torch.equal(_bits(fast.scale), _bits(slow.scale))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q5_1])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_0, Q.Q4_1])
 @pytest.mark.parametrize("k", [96, 640])  # an odd number of 32-weight blocks a row (q5 pairs them), and even
 def test_per_32_blocks_load_through_cpp_with_the_torch_routes_bits(qtype, k, monkeypatch):
-    """Q8_0 -> q8 and Q5_0/Q5_1 -> q5 (repack_fast.tile_into, a tile of rows a call) equal the torch route bit
-    for bit: random block bytes (every code and fifth-bit pattern, Q5_0's -16d minimum) over several tiles."""
+    """Q8_0 -> q8, Q5_0/Q5_1 -> q5 and Q4_0/Q4_1 -> q4 (repack_fast.tile_into, a tile of rows a call) equal the
+    torch route bit for bit: random block bytes (every code and fifth-bit pattern, Q5_0's -16d and Q4_0's -8d
+    minimums) over several tiles."""
     from gguf import GGML_QUANT_SIZES
 
     from engine.model.qlinear import packed_linear
@@ -115,7 +116,7 @@ def test_per_32_blocks_load_through_cpp_with_the_torch_routes_bits(qtype, k, mon
     n = 300
     g = torch.Generator().manual_seed(3)
     raw = torch.randint(0, 256, (n * k // 32, size), generator=g, dtype=torch.uint8)
-    for at in (0, 2) if qtype == Q.Q5_1 else (0,):
+    for at in (0, 2) if qtype in (Q.Q5_1, Q.Q4_1) else (0,):
         raw[:, at:at + 2] = ((torch.rand(raw.shape[0], generator=g) - 0.5) * 0.04).half().view(torch.uint8).view(-1, 2)
     rows = raw.reshape(n, -1)
     tiles = []

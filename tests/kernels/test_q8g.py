@@ -64,22 +64,30 @@ def test_a_rows_result_never_depends_on_the_batch_or_the_threads():
     assert_rows_independent(g, torch.randn(11, 640), (0, 4, 10), (1, 4))
 
 
-def test_grouped_weights_decode_and_gather_as_their_rows():
-    w = random_q8(64, 256, 5)
-    g = grouped_copy(w)
+def assert_decodes_as_its_rows(g, w) -> None:
+    """Grouped matrix g decodes (whole, a range of rows across groups into a buffer and as a tensor, embedding
+    rows) as w, the same rows ungrouped, and is refused by cat, naming its format."""
     assert torch.equal(g.dequantize(), w.dequantize())
     assert torch.equal(g.dense_rows(5, 37), w.dense_rows(5, 37))
+    out = torch.empty(32, w.shape[1])
+    g.dense_into(5, 37, out)
+    assert torch.equal(out, w.dense_rows(5, 37))
     ids = torch.tensor([[0, 15, 16, 63], [31, 32, 17, 1]])
     assert torch.equal(g.embedding(ids), w.embedding(ids))
-    with pytest.raises(ValueError, match="grouped q8"):
-        Q8Linear.cat([g, w])
+    with pytest.raises(ValueError, match=f"grouped {w.format}"):
+        type(w).cat([g, w])
+
+
+def test_grouped_weights_decode_and_gather_as_their_rows():
+    w = random_q8(64, 256, 5)
+    assert_decodes_as_its_rows(grouped_copy(w), w)
 
 
 def test_only_whole_groups_in_each_half_are_grouped():
     """48 rows: SwiGLU's halves (24 rows) would split a group; such a matrix keeps its rows."""
     w = random_q8(48, 128)
     assert not w.group() and w.qs.shape == (48, 128)
-    with pytest.raises(RuntimeError, match="q8g scales"):
+    with pytest.raises(RuntimeError, match="q8 grouped scales must be"):
         cpu_ext.ops().qmatmul(torch.randn(1, 128), torch.zeros(3, 4 * 512, dtype=torch.uint8),
                               torch.zeros(3, 4 * 15, dtype=torch.float16), None, formats.Q8.id(grouped=True), 0)
 

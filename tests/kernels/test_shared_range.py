@@ -88,7 +88,7 @@ with tempfile.TemporaryFile() as f:
     while time.perf_counter() - start < float(sys.argv[1]):
         with move_queue.deferring([(view.data_ptr(), len(m))]) as q:  # a load's queue: 2,000 calls in one
             for _ in range(2000):
-                move_queue.repack(view, None, qs, scale, None)
+                move_queue.repack(view, "Q8_0", qs, scale, None)
             q.run()
     del view
     m.close()

@@ -83,8 +83,8 @@ class FusedRows:
         r0, r1 = self.offsets[part], self.ends[part]
         read_ahead(raw)
         minimum = None if self.q8 else self.minimum[r0:r1]
-        if not repack_fast.tile_into(raw.reshape(r1 - r0, -1), self.qtype, self.qs[r0:r1], self.scale[r0:r1],
-                                     minimum):
+        if not repack_fast.tile_into(raw.reshape(r1 - r0, -1), self.qtype, "q8" if self.q8 else "q5", self.qs[r0:r1],
+                                     self.scale[r0:r1], minimum):
             raise RuntimeError("the C++ repackers are not built (plan() fuses nothing then)")
         self.todo.discard(part)
         if self.todo:

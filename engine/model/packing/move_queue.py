@@ -28,7 +28,7 @@ import torch
 from kernels import cpu_ext
 from kernels.packed import group_superblocks
 
-GROUP, Q8_0, Q5, COPY, RELEASE = range(5)  # kernels/cpu/load_moves.cpp's kinds
+GROUP, Q8_0, Q5, COPY, RELEASE, Q4 = range(6)  # kernels/cpu/load_moves.cpp's kinds
 _NONE = torch.empty(0, dtype=torch.uint8)
 _POLL = 0.05  # seconds between progress reports while the moves run
 
@@ -163,18 +163,20 @@ def group(rows: torch.Tensor, groups: torch.Tensor, block_bytes: int) -> None:
         q.add(GROUP, rows, groups, arg=block_bytes)
 
 
-def repack(raw: torch.Tensor, q5_1: bool | None, qs: torch.Tensor, scale: torch.Tensor,
+def repack(raw: torch.Tensor, type_name: str, qs: torch.Tensor, scale: torch.Tensor,
            minimum: torch.Tensor | None) -> None:
-    """Q8_0 (q5_1 None) or Q5_0 / Q5_1 blocks `raw` repacked into q8's or q5's tensors (kernels/cpu/repack.cpp),
-    queued where raw is in the mapped file."""
+    """Q8_0, Q5_0 / Q5_1 or Q4_0 / Q4_1 blocks `raw` (GGUF type `type_name`) repacked into q8's, q5's or q4's
+    tensors (kernels/cpu/repack.cpp), queued where raw is in the mapped file."""
+    kind = {"Q8_0": Q8_0, "Q5_0": Q5, "Q5_1": Q5, "Q4_0": Q4, "Q4_1": Q4}[type_name]
+    second = type_name in ("Q5_1", "Q4_1")  # blocks with their own minimum
     q = _queue_for(raw)
     ops = cpu_ext.ops()
     if q is not None:
-        q.add(Q8_0 if q5_1 is None else Q5, raw, qs, scale, _NONE if minimum is None else minimum, arg=int(bool(q5_1)))
-    elif q5_1 is None:
+        q.add(kind, raw, qs, scale, _NONE if minimum is None else minimum, arg=int(second))
+    elif kind == Q8_0:
         ops.q8_0_repack(raw.contiguous(), qs, scale)
     else:
-        ops.q5_repack(raw.contiguous(), qs, scale, minimum, q5_1)
+        (ops.q5_repack if kind == Q5 else ops.q4_repack)(raw.contiguous(), qs, scale, minimum, second)
 
 
 def copy(src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -281,7 +281,7 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
         qs = torch.empty(n, k, dtype=torch.uint8)
         for r0 in range(0, n, step):
             tile = rows[r0:r0 + step]
-            if not repack_fast.tile_into(tile, qtype, qs[r0:r0 + step], scale[r0:r0 + step]):  # Q8_0 in C++
+            if not repack_fast.tile_into(tile, qtype, "q8", qs[r0:r0 + step], scale[r0:r0 + step]):  # Q8_0 in C++
                 if qtype == Q.Q8_0:  # exact: the file's codes and scales
                     blocks = tile.reshape(-1, GGML_QUANT_SIZES[qtype][1])
                     codes, scale[r0:r0 + step] = blocks[:, 2:].reshape(tile.shape[0], k), half(blocks, 0).view(-1, k // GROUP)
@@ -293,8 +293,10 @@ def _from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[i
         return Q8Linear.from_packed(qs, scale, exact, keep_dense)
     qs, minimum = torch.empty(n, k // 2, dtype=torch.uint8), padded_scales(n, k // GROUP)
     for r0 in range(0, n, step):
-        codes, scale[r0:r0 + step], minimum[r0:r0 + step] = q4_parts(rows[r0:r0 + step], qtype, k)
-        qs[r0:r0 + step] = pack_nibbles(codes)
+        tile = rows[r0:r0 + step]
+        if not repack_fast.tile_into(tile, qtype, "q4", qs[r0:r0 + step], scale[r0:r0 + step], minimum[r0:r0 + step]):
+            codes, scale[r0:r0 + step], minimum[r0:r0 + step] = q4_parts(tile, qtype, k)  # Q4_K, or no C++
+            qs[r0:r0 + step] = pack_nibbles(codes)
         if done is not None:
             done(r0, min(r0 + step, n))
     out = Q4Linear.from_packed(qs, scale, minimum)
@@ -313,7 +315,7 @@ def _q5_from_blocks(rows: torch.Tensor, qtype: GGMLQuantizationType, shape: tupl
     head = 4 if qtype == Q.Q5_1 else 2  # bytes of d (and m) before the block's qh (4) and nibbles (16)
     for r0 in range(0, n, step):
         tile = rows[r0:r0 + step]
-        if repack_fast.tile_into(tile, qtype, qs[r0:r0 + step], scale[r0:r0 + step], minimum[r0:r0 + step]):
+        if repack_fast.tile_into(tile, qtype, "q5", qs[r0:r0 + step], scale[r0:r0 + step], minimum[r0:r0 + step]):
             if done is not None:
                 done(r0, min(r0 + step, n))
             continue

@@ -6,8 +6,9 @@ import torch
 
 from kernels import cpu_ext, formats
 from kernels.formats import GROUP
-from kernels.packed import (check_blocks, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
-                            q4_dequantize, q4_supported, q5_dequantize, q5_pack)
+from kernels.formats import GROUP_ROWS
+from kernels.packed import (check_blocks, groupable, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
+                            q4_dequantize, q4_group, q4_supported, q4_ungroup, q5_dequantize, q5_pack)
 
 from .packed_linear import PackedLinear, prompt_weights, stack_parts
 
@@ -15,7 +16,8 @@ from .packed_linear import PackedLinear, prompt_weights, stack_parts
 class AffineLinear(PackedLinear):
     """Codes with an fp16 scale and minimum per 32 weights, w = code * scale + minimum: the q4 and q5 formats,
     which differ only in how the codes are laid out (`_codes` packs them, `_decode` gives the weights back,
-    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes)."""
+    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes). Q4Linear's rows may be regrouped
+    16 at a time (group(); `grouped` says which): row access (rows, dense_rows, embedding rows) reads either."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
@@ -34,6 +36,7 @@ class AffineLinear(PackedLinear):
 
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
         self.qs, self.scale, self.minimum = qs, scale, minimum
+        self.grouped = False
         super().__init__((qs.shape[0], self._weights(qs.shape[1])), None)
         if keep_dense:
             self.dense = self.dequantize()
@@ -41,23 +44,40 @@ class AffineLinear(PackedLinear):
     @classmethod
     def cat(cls, parts: list, consume: bool = False):
         """Stack along the output dim (fused q|k|v and gate|up): the packed bytes as they are (see stack_parts)."""
+        if any(p.grouped for p in parts):
+            raise ValueError(f"grouped {cls.format} matrices are not stacked: stack the rows, then group the result")
         dense, jit = prompt_weights(parts, consume)
         out = cls.from_packed(stack_parts(parts, "qs", consume), pad_scales(stack_parts(parts, "scale", consume)),
                               pad_scales(stack_parts(parts, "minimum", consume)))
         out.dense, out.jit_dense = dense, jit
         return out
 
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(qs, scale, minimum) of rows [start, stop) in row order (scales unpadded)."""
+        if not self.grouped:
+            return self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop]
+        g0, g1 = start // GROUP_ROWS, -(-stop // GROUP_ROWS)
+        lo = start - g0 * GROUP_ROWS
+        return tuple(t[lo:lo + stop - start] for t in q4_ungroup(self.qs[g0:g1], self.scale[g0:g1],
+                                                                 self.minimum[g0:g1]))
+
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
-        return self._decode(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop])
+        return self._decode(*self.rows(start, stop))
 
     def dense_into(self, start: int, stop: int, out: torch.Tensor) -> None:
         ops = cpu_ext.ops()
         if ops is None:
             return super().dense_into(start, stop, out)
-        getattr(ops, self._decode_into)(self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop], out)
+        getattr(ops, self._decode_into)(*self.rows(start, stop), out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
+        if not self.grouped:
+            return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
+        g, r = ids // GROUP_ROWS, ids % GROUP_ROWS  # a group's codes are [block][word][row][4 bytes], its scales [block][row]
+        nb = self.shape[1] // GROUP
+        qs = self.qs.view(-1, nb, 4, GROUP_ROWS, 4)[g, :, :, r].reshape(ids.numel(), nb * 16)
+        return self._decode(qs, self.scale.view(-1, nb, GROUP_ROWS)[g, :, r],
+                            self.minimum.view(-1, nb, GROUP_ROWS)[g, :, r])
 
     @property
     def blocks(self) -> tuple:
@@ -66,7 +86,11 @@ class AffineLinear(PackedLinear):
 
 class Q4Linear(AffineLinear):
     """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.packing.repack reads them from
-    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales)."""
+    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales).
+
+    group() regroups the rows 16 at a time in place (kernels.packed's q4g: the same bits, a decode-sized product
+    without the per-row tile's horizontal reductions), for the decoder layers' matrices once a model is loaded
+    (engine.model.loader.group_matrices)."""
 
     spec = formats.Q4
     format = spec.name
@@ -86,11 +110,19 @@ class Q4Linear(AffineLinear):
         self._int4 = None  # torch's packing, built only if the fallback runs
         super()._set(qs, scale, minimum, keep_dense)
 
+    def group(self) -> bool:
+        """Regroup the rows in place where q4g's kernel is vectorized, the weights are on the CPU and whole groups
+        fill each half (kernels.packed.groupable); whether it is grouped now."""
+        if not self.grouped and self.qs.device.type == "cpu" and groupable(self.shape[0], self.spec.grouped_id):
+            self.qs, self.scale, self.minimum = q4_group(self.qs, self.scale, self.minimum)
+            self.grouped = True
+        return self.grouped
+
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         if not int4_available() or x.device.type != "cpu":
             return super()._fallback(x)
         if self._int4 is None:
-            self._int4 = int4_weight(self.qs, self.scale, self.minimum)
+            self._int4 = int4_weight(*self.rows(0, self.shape[0]))
         return int4_matmul(x, self._int4)
 
 

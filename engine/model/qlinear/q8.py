@@ -48,7 +48,7 @@ class Q8Linear(PackedLinear):
         qs, scale = torch.empty(N, K, dtype=torch.uint8), padded_scales(N, K // GROUP)
         ops = cpu_ext.ops()
         if ops is not None and isinstance(p, Q4Linear):  # kernels/cpu/repack.cpp: same bits, one pass
-            ops.q4_to_q8(p.qs, p.scale, p.minimum, qs, scale)
+            ops.q4_to_q8(*p.rows(0, N), qs, scale)
             return cls.from_packed(qs, scale, p.dense, p.dense is not None)
         if ops is not None and isinstance(p, Q6Linear):
             ops.q6_k_to_q8(p.row_blocks().contiguous(), qs, scale)

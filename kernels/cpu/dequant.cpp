@@ -6,6 +6,7 @@
 // q5's "+ minimum", as there.
 #include "common.h"
 #include "affine.h"
+#include "q4g.h"
 
 #include <torch/library.h>
 
@@ -18,31 +19,44 @@ void check_rows(const at::Tensor& t, at::ScalarType type, int64_t n, int64_t col
               name, " must be (", n, ", ", cols, ") rows with unit column stride");
 }
 
-// Rows of an affine format (w = code * scale + minimum per block of 32) -> out (n, k) fp32; codes(row, g, c)
-// writes block g's 32 codes of a row of qs into c.
-template <class Codes>
-void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const at::Tensor& scale,
-                 const at::Tensor& minimum, at::Tensor out, Codes codes) {
-  const int64_t n = qs.size(0), k = groups * kBlock;
-  check_rows(qs, at::kByte, n, row_bytes, "qs");
-  check_rows(scale, at::kHalf, n, groups, "scale");
-  check_rows(minimum, at::kHalf, n, groups, "minimum");
-  check_rows(out, at::kFloat, n, k, "out");
-  const uint8_t* q = qs.data_ptr<uint8_t>();
-  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
-  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+// n rows of an affine format (w = code * scale + minimum per block of 32) -> out (n, groups * 32) fp32;
+// block(r, g, c, d, m) writes row r's block g's 32 codes into c and its fp16 scale and minimum into d and m.
+template <class Block>
+void affine_rows(int64_t n, int64_t groups, at::Tensor out, Block block) {
+  check_rows(out, at::kFloat, n, groups * kBlock, "out");
   float* o = out.data_ptr<float>();
-  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0), ostride = out.stride(0);
+  const int64_t ostride = out.stride(0);
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
     uint8_t c[kBlock];
     for (int64_t r = r0; r < r1; ++r) {
       for (int64_t g = 0; g < groups; ++g) {
-        const float d = half_to_float(sp[r * sstride + g]), m = half_to_float(mp[r * mstride + g]);
-        codes(q + r * qstride, g, c);
+        uint16_t dh, mh;
+        block(r, g, c, dh, mh);
+        const float d = half_to_float(dh), m = half_to_float(mh);
         float* w = o + r * ostride + g * kBlock;
         for (int t = 0; t < kBlock; ++t) w[t] = (float)c[t] * d + m;
       }
     }
+  });
+}
+
+// Rows of qs (n, row_bytes) with scale and minimum (n, groups) fp16 -> out; codes(row, g, c) writes block g's
+// 32 codes of a row of qs into c.
+template <class Codes>
+void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const at::Tensor& scale,
+                 const at::Tensor& minimum, at::Tensor out, Codes codes) {
+  const int64_t n = qs.size(0);
+  check_rows(qs, at::kByte, n, row_bytes, "qs");
+  check_rows(scale, at::kHalf, n, groups, "scale");
+  check_rows(minimum, at::kHalf, n, groups, "minimum");
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
+  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+  const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0);
+  affine_rows(n, groups, out, [&](int64_t r, int64_t g, uint8_t* c, uint16_t& d, uint16_t& m) {
+    codes(q + r * qstride, g, c);
+    d = sp[r * sstride + g];
+    m = mp[r * mstride + g];
   });
 }
 
@@ -57,6 +71,33 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
       c[t] = b[t] & 0x0F;
       c[t + 16] = b[t] >> 4;
     }
+  });
+}
+
+// rows [start, stop) of q4g groups (q4g.h: qs (N / 16, k / 32 * 256), scale / minimum (N / 16, k / 32 * 16)
+// fp16) -> out (stop - start, k) fp32, read where they lie: the bits of q4_dequantize_into on the same rows
+void q4g_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
+                         int64_t stop, at::Tensor out) {
+  const int64_t G = qs.size(0), groups = qs.size(1) / q4g::kBlockBytes;
+  check_rows(qs, at::kByte, G, groups * q4g::kBlockBytes, "qs");
+  check_rows(scale, at::kHalf, G, groups * q4g::kRows, "scale");
+  check_rows(minimum, at::kHalf, G, groups * q4g::kRows, "minimum");
+  TORCH_CHECK(qs.is_contiguous() && scale.is_contiguous() && minimum.is_contiguous(), "q4g groups must be contiguous");
+  TORCH_CHECK(0 <= start && start <= stop && stop <= G * q4g::kRows, "rows [", start, ", ", stop, ") are not in ",
+              G * q4g::kRows, " rows");
+  const uint8_t* q = qs.data_ptr<uint8_t>();
+  const uint16_t* sp = (const uint16_t*)scale.data_ptr();
+  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+  affine_rows(stop - start, groups, out, [&](int64_t i, int64_t j, uint8_t* c, uint16_t& d, uint16_t& m) {
+    const int64_t r = start + i, g = r / q4g::kRows, lane = r % q4g::kRows;
+    const uint8_t* b = q + (g * groups + j) * q4g::kBlockBytes + 4 * lane;
+    for (int t = 0; t < 4; ++t)
+      for (int k = 0; k < 4; ++k) {
+        c[4 * t + k] = b[64 * t + k] & 0x0F;
+        c[16 + 4 * t + k] = b[64 * t + k] >> 4;
+      }
+    d = sp[(g * groups + j) * q4g::kRows + lane];
+    m = mp[(g * groups + j) * q4g::kRows + lane];
   });
 }
 
@@ -98,6 +139,8 @@ void q8_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, at::Tenso
 
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q4_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q4_dequantize_into);
+  lib.def("q4g_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, int start, int stop, Tensor(a!) out) -> ()",
+          &q4g_dequantize_into);
   lib.def("q5_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q5_dequantize_into);
   lib.def("q8_dequantize_into(Tensor qs, Tensor scale, Tensor(a!) out) -> ()", &q8_dequantize_into);
 }

@@ -31,7 +31,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 GROUP = 32  # weights a block of the per-32 formats (GGUF's QK4_x / QK8_0)
 SUPER = 256  # weights a K-quant super-block (GGUF's QK_K)
-GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/row_groups.h's formats, q8.h's q8g, q4g.h)
+GROUP_ROWS = 16  # rows a group of the grouped layouts (kernels/cpu/row_groups.h's formats, q8.h's q8g, affine_groups.h)
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ Q8 = Format("q8", 0, {"Q8_0": 0}, GROUP, GROUP, 1, grouped_id=6)
 Q4 = Format("q4", 1, {"Q4_0": 2, "Q4_1": 0}, GROUP, GROUP // 2, 2, grouped_id=19)
 Q6 = Format("q6", 2, {"Q6_K": 0}, SUPER, 210, 0, grouped_id=11)
 Q4K = Format("q4k", 3, {"Q4_K": 0}, SUPER, 144, 0, grouped_id=4)
-Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2)
+Q5 = Format("q5", 5, {"Q5_0": 2, "Q5_1": 0}, GROUP, 20, 2, grouped_id=20)
 # the 4-bit lookup-table family (kernels/cpu/lut4.h): the file's blocks as they are, their scales inside them
 MXFP4 = Format("mxfp4", 7, {"MXFP4": 0}, GROUP, 17, 0)  # E8M0 exponent byte + 32 E2M1 codes
 IQ4NL = Format("iq4nl", 8, {"IQ4_NL": 0}, GROUP, 18, 0)  # fp16 d + 32 codes into kvalues_iq4nl
@@ -100,7 +100,7 @@ HOLDER: dict[str, Format] = {t: f for f in FORMATS.values() if not f.start_only 
 STARTS_ON: dict[str, Format] = {t: f for f in FORMATS.values() if f.start_only for t in f.exact}
 _CPP_NAMES = {"q8": "kQ8", "q4": "kQ4", "q6": "kQ6", "q4k": "kQ4K", "q5": "kQ5", "mxfp4": "kMXFP4", "iq4nl": "kIQ4NL",
               "iq4xs": "kIQ4XS", "q5k": "kQ5K", "q8s": "kQ8S", "q5s": "kQ5S", "q3k": "kQ3K", "q2k": "kQ2K"}
-_CPP_GROUPED = {"q8": "kQ8G", "q4": "kQ4G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
+_CPP_GROUPED = {"q8": "kQ8G", "q4": "kQ4G", "q5": "kQ5G", "q4k": "kQ4K16", "q6": "kQ6K16", "q5k": "kQ5K16", "iq4xs": "kIQ4XS16", "q3k": "kQ3K16"}
 
 
 def get(name: str) -> Format:

@@ -39,10 +39,11 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q8g: q8 with rows regrouped GROUP_ROWS at a time in the GEMM tiles' own layout (kernels/cpu/q8.h): qs uint8
   (N/16, K/32 * 512), [block][4-byte step][row], d fp16 (N/16, K/32 * 16), [block][row], m None. Every row
   count multiplies with no panel to unpack; the same bits as the rows. q8_group / q8_ungroup convert.
-- q4g: q4 with rows regrouped GROUP_ROWS at a time (kernels/cpu/q4g.h): qs uint8 (N/16, K/32 * 256),
-  [block][4-byte word][row], d and m fp16 (N/16, K/32 * 16), [block][row]: one vector holds 16 rows' words, so
-  a decode-sized product needs no horizontal reduction; the same bits as the rows. AVX-512 VNNI builds only;
-  q4_group / q4_ungroup convert.
+- q4g, q5g: q4 and q5 with rows regrouped GROUP_ROWS at a time (kernels/cpu/affine_groups.h): qs uint8
+  (N/16, K/32 * 256), [block][4-byte word][row] (q5g: K/32 * 320, each block then [row][32 fifth bits]), d and m
+  fp16 (N/16, K/32 * 16), [block][row]: one vector holds 16 rows' words, so a decode-sized product needs no
+  horizontal reduction; the same bits as the rows. AVX-512 VNNI builds only; q4_group / q4_ungroup and q5_group /
+  q5_ungroup convert.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way
@@ -224,7 +225,8 @@ def q8_ungroup(qs: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 def q4_group(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """q4 rows (qs (N, K/2), scale and minimum (N, K/32), N % 16 == 0) -> q4g groups (qs (N/16, K/32 * 256), d and
-    m (N/16, K/32 * 16)), in place as q8_group (kernels/cpu/q4g.h states the layout; needs the CPU kernels)."""
+    m (N/16, K/32 * 16)), in place as q8_group (kernels/cpu/affine_groups.h states the layout; needs the CPU
+    kernels)."""
     n, half = qs.shape
     cpu_ext.ops().q4_group_in_place(qs, scale, minimum)
     nb = half // 16
@@ -237,6 +239,31 @@ def q4_ungroup(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torc
     g, nb = d.shape[0], d.shape[1] // GROUP_ROWS
     codes = qs.view(g, nb, 4, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * GROUP_ROWS, nb * 16)
     return (codes, d.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb),
+            m.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb))
+
+
+def q5_group(qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q5 rows (qs (N, K/32 * 20) in q5_layout's order, scale and minimum (N, K/32), N % 16 == 0) -> q5g groups
+    (qs (N/16, K/32 * 320), d and m (N/16, K/32 * 16)), new tensors (kernels/cpu/affine_groups.h states the
+    layout: per block q4g's nibble words, then each row's 32 fifth bits)."""
+    nibbles, fifth = q5_fields(qs)
+    n, nb = nibbles.shape[:2]
+    g = n // GROUP_ROWS
+    words = nibbles.reshape(g, GROUP_ROWS, nb, 4, 4).permute(0, 2, 3, 1, 4).reshape(g, nb, 256)
+    bits = fifth.reshape(g, GROUP_ROWS, nb, 4).permute(0, 2, 1, 3).reshape(g, nb, 64)
+    by_block = [padded_scales(g, nb * GROUP_ROWS) for _ in (scale, minimum)]  # the rows' bytes, padding included
+    for t, rows in zip(by_block, (scale, minimum)):
+        t.copy_(rows.reshape(g, GROUP_ROWS, nb).transpose(1, 2).reshape(g, nb * GROUP_ROWS))
+    return torch.cat([words, bits], 2).reshape(g, nb * 320), *by_block
+
+
+def q5_ungroup(qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q5g groups -> q5 rows (qs (N, K/32 * 20), scale and minimum (N, K/32), not padded): q5_group's inverse."""
+    g, nb = d.shape[0], d.shape[1] // GROUP_ROWS
+    blocks = qs.view(g, nb, 320)
+    nibbles = blocks[..., :256].reshape(g, nb, 4, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4).reshape(g * GROUP_ROWS, nb, 16)
+    fifth = blocks[..., 256:].reshape(g, nb, GROUP_ROWS, 4).permute(0, 2, 1, 3).reshape(g * GROUP_ROWS, nb, 4)
+    return (q5_layout(nibbles, fifth), d.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb),
             m.view(g, nb, GROUP_ROWS).transpose(1, 2).reshape(g * GROUP_ROWS, nb))
 
 

@@ -19,7 +19,7 @@ from .config import ModelConfig
 from .embedding import GGMLRows
 from .catalog.memory import check_fits
 from .moe import MoEBlock, build as build_moe
-from .qlinear import PackedLinear, PartsLinear, Q4Linear, Q8Linear, cat_packed
+from .qlinear import AffineLinear, PackedLinear, PartsLinear, Q8Linear, cat_packed
 from .heap import loading_heap, release_freed_memory
 from .weights import default_model_path, load_checkpoint
 
@@ -212,13 +212,18 @@ def build(config: ModelConfig, w: dict, device: torch.device, dtype: torch.dtype
 
 
 def group_matrices(layers: list[Layer]) -> None:
-    """The decoder layers' q4 matrices regrouped in place (kernels/cpu/q4g.h: decode rows without the per-row
-    tile's horizontal reductions, the same bits); after their bytes have moved, as regrouping reads them. Experts
-    keep their rows (the MoE kernel's per-row tasks read rows)."""
+    """The decoder layers' q4 and q5 matrices regrouped 16 rows at a time (kernels/cpu/affine_groups.h: decode rows
+    without the per-row tile's horizontal sums, the same bits), parts of a matrix kept in parts too; after their
+    bytes have moved, as regrouping reads them. Experts keep their rows (the MoE kernel's per-row tasks read
+    rows). q5 groups are new tensors: the rows' freed heap goes back to the OS (~60 MB on a Gemma-3-270M file)."""
+    grouped = False
     for layer in layers:
         for t in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            if isinstance(t, Q4Linear):
-                t.group()
+            for part in t.parts if isinstance(t, PartsLinear) else [t]:
+                if isinstance(part, AffineLinear):
+                    grouped = part.group() or grouped
+    if grouped:
+        release_freed_memory()
 
 
 def group_head(lm_head) -> None:

@@ -35,6 +35,7 @@ from typing import Protocol
 import torch
 
 from . import huge_pages
+from .heap import release_freed_memory
 from .gguf.weights import Unmoved
 from .loader import ModelWeights
 
@@ -73,14 +74,21 @@ def in_background(model: Model, settling: Settling | None) -> threading.Thread |
     pages, on a daemon thread; None where there is nothing to do."""
     if settling is None and not huge_pages.wanted(model.weight_storages()):
         return None
-    th = threading.Thread(target=_settle, args=(weakref.ref(model), settling), name="pagedeck-settle", daemon=True)
+    ref, held = weakref.ref(model), [settling]  # held: the thread's only reference to `settling`, dropped by
+    # _settle once the model has adopted its layers (the thread's arguments would keep it to the end)
+
+    def run() -> None:
+        _settle(ref, held)
+
+    th = threading.Thread(target=run, name="pagedeck-settle", daemon=True)
     _threads.add(th)
     th.start()
     return th
 
 
-def _settle(ref: "weakref.ref[Model]", settling: Settling | None) -> None:
+def _settle(ref: "weakref.ref[Model]", held: list) -> None:
     huge_pages.lowest_priority()
+    settling: Settling | None = held.pop()
     if settling is not None:
         adopted = False
         try:
@@ -95,6 +103,8 @@ def _settle(ref: "weakref.ref[Model]", settling: Settling | None) -> None:
             # the file's pages go; the map itself goes with the last view of it (a step may still be reading
             # the layers it started with: closing it here would pull the pages from under that step)
             settling.unmoved.gguf.release()
+            settling = None  # the layouts the model started on, and those replaced while settling, go now
+            release_freed_memory()  # (q5 rows before their groups, ...): their heap back to the OS
         if not adopted:
             return
     model = ref()

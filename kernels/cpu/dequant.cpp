@@ -6,7 +6,7 @@
 // q5's "+ minimum", as there.
 #include "common.h"
 #include "affine.h"
-#include "q4g.h"
+#include "affine_groups.h"
 
 #include <torch/library.h>
 
@@ -74,31 +74,39 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
   });
 }
 
-// rows [start, stop) of q4g groups (q4g.h: qs (N / 16, k / 32 * 256), scale / minimum (N / 16, k / 32 * 16)
-// fp16) -> out (stop - start, k) fp32, read where they lie: the bits of q4_dequantize_into on the same rows
-void q4g_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
-                         int64_t stop, at::Tensor out) {
-  const int64_t G = qs.size(0), groups = qs.size(1) / q4g::kBlockBytes;
-  check_rows(qs, at::kByte, G, groups * q4g::kBlockBytes, "qs");
-  check_rows(scale, at::kHalf, G, groups * q4g::kRows, "scale");
-  check_rows(minimum, at::kHalf, G, groups * q4g::kRows, "minimum");
-  TORCH_CHECK(qs.is_contiguous() && scale.is_contiguous() && minimum.is_contiguous(), "q4g groups must be contiguous");
-  TORCH_CHECK(0 <= start && start <= stop && stop <= G * q4g::kRows, "rows [", start, ", ", stop, ") are not in ",
-              G * q4g::kRows, " rows");
+// rows [start, stop) of q4g or q5g groups (affine_groups.h: qs (N / 16, k / 32 * block bytes), scale / minimum
+// (N / 16, k / 32 * 16) fp16) -> out (stop - start, k) fp32, read where they lie: the rows' decoders' bits
+template <class L>
+void groups_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
+                 int64_t stop, at::Tensor out) {
+  using affine_groups::kRows;
+  const int64_t G = qs.size(0), groups = qs.size(1) / L::kBlockBytes;
+  check_rows(qs, at::kByte, G, groups * L::kBlockBytes, "qs");
+  check_rows(scale, at::kHalf, G, groups * kRows, "scale");
+  check_rows(minimum, at::kHalf, G, groups * kRows, "minimum");
+  TORCH_CHECK(qs.is_contiguous() && scale.is_contiguous() && minimum.is_contiguous(), "groups must be contiguous");
+  TORCH_CHECK(0 <= start && start <= stop && stop <= G * kRows, "rows [", start, ", ", stop, ") are not in ",
+              G * kRows, " rows");
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const uint16_t* sp = (const uint16_t*)scale.data_ptr();
   const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
   affine_rows(stop - start, groups, out, [&](int64_t i, int64_t j, uint8_t* c, uint16_t& d, uint16_t& m) {
-    const int64_t r = start + i, g = r / q4g::kRows, lane = r % q4g::kRows;
-    const uint8_t* b = q + (g * groups + j) * q4g::kBlockBytes + 4 * lane;
-    for (int t = 0; t < 4; ++t)
-      for (int k = 0; k < 4; ++k) {
-        c[4 * t + k] = b[64 * t + k] & 0x0F;
-        c[16 + 4 * t + k] = b[64 * t + k] >> 4;
-      }
-    d = sp[(g * groups + j) * q4g::kRows + lane];
-    m = mp[(g * groups + j) * q4g::kRows + lane];
+    const int64_t r = start + i, g = r / kRows, lane = r % kRows;
+    const uint8_t* b = q + (g * groups + j) * L::kBlockBytes;
+    for (int t = 0; t < kBlock; ++t) c[t] = (uint8_t)affine_groups::code<L>(b, (int)lane, t);
+    d = sp[(g * groups + j) * kRows + lane];
+    m = mp[(g * groups + j) * kRows + lane];
   });
+}
+
+void q4g_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
+                         int64_t stop, at::Tensor out) {
+  groups_into<affine_groups::Q4G>(qs, scale, minimum, start, stop, out);
+}
+
+void q5g_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
+                         int64_t stop, at::Tensor out) {
+  groups_into<affine_groups::Q5G>(qs, scale, minimum, start, stop, out);
 }
 
 // q5 rows: qs (n, k / 32 * 20) in affine.h's q5 layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
@@ -141,6 +149,8 @@ TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q4_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q4_dequantize_into);
   lib.def("q4g_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, int start, int stop, Tensor(a!) out) -> ()",
           &q4g_dequantize_into);
+  lib.def("q5g_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, int start, int stop, Tensor(a!) out) -> ()",
+          &q5g_dequantize_into);
   lib.def("q5_dequantize_into(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) out) -> ()", &q5_dequantize_into);
   lib.def("q8_dequantize_into(Tensor qs, Tensor scale, Tensor(a!) out) -> ()", &q8_dequantize_into);
 }

@@ -12,7 +12,7 @@
 #include "kquant.h"
 #include "lut4.h"
 #include "q4k.h"
-#include "q4g.h"
+#include "affine_groups.h"
 #include "q4k16.h"
 #include "q6.h"
 #include "q5k16.h"
@@ -43,9 +43,11 @@ static_assert(formats::kLayouts[formats::kQ5].code_bytes == q5::kBytes &&
                   formats::kLayouts[formats::kIQ4XS16].code_bytes * formats::kLayouts[formats::kIQ4XS16].rows ==
                       iq4xs16::kGroupBytes &&
                   formats::kLayouts[formats::kQ8G].rows == q8g::kRows &&
-                  formats::kLayouts[formats::kQ4G].rows == q4g::kRows &&
+                  formats::kLayouts[formats::kQ4G].rows == affine_groups::kRows &&
                   formats::kLayouts[formats::kQ4G].code_bytes * formats::kLayouts[formats::kQ4G].rows ==
-                      q4g::kBlockBytes &&
+                      affine_groups::Q4G::kBlockBytes &&
+                  formats::kLayouts[formats::kQ5G].code_bytes * formats::kLayouts[formats::kQ5G].rows ==
+                      affine_groups::Q5G::kBlockBytes &&
                   formats::kLayouts[formats::kQ4K].values == q4k::kSuper &&
                   formats::kLayouts[formats::kMXFP4].code_bytes == lut4::Mxfp4::kBytes &&
                   formats::kLayouts[formats::kIQ4NL].code_bytes == lut4::Iq4nl::kBytes &&
@@ -82,13 +84,14 @@ void with_format(formats::Format f, Fn&& fn) {
     case kQ3K16: return fn(std::integral_constant<int, kQ3K16>{});
     case kQ2K: return fn(std::integral_constant<int, kQ2K>{});
     case kQ4G: return fn(std::integral_constant<int, kQ4G>{});
+    case kQ5G: return fn(std::integral_constant<int, kQ5G>{});
   }
   TORCH_CHECK(false, "unknown packed format id ", (int)f);
 }
 
 // The activations a format's per-row kernel reads: Q8_K per 256 (the K-quants q4k, q5k, q6, q3k, iq4xs and their
 // groups: quantize_k; q2k), per 32 in q4's paired layout (q4, q5, q5s), or per 32 in natural order (q8, mxfp4, iq4nl,
-// q8s, q4g: quantize_rows without pairs).
+// q8s, q4g, q5g: quantize_rows without pairs).
 enum class RowActs : int { kPer256 = 0, kPaired = 1, kNatural = 2 };
 constexpr int kRowActKinds = 3;
 
@@ -112,7 +115,8 @@ constexpr bool has_row_kernel(int F) { return F != formats::kQ8G; }
 template <int F>
 void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n, float* out) {
   using namespace formats;
-  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kQ3K16 && F != kIQ4XS16 && F != kQ8G && F != kQ4G,
+  static_assert(F != kQ4K16 && F != kQ5K16 && F != kQ6K16 && F != kQ3K16 && F != kIQ4XS16 && F != kQ8G && F != kQ4G &&
+                    F != kQ5G,
                 "the grouped formats go by 16-row groups, q8g by GEMM tiles");
   if constexpr (F == kQ6) {
     q6::weight_row(w.qs, w.K, a.k, M, n, out);
@@ -140,7 +144,7 @@ void weight_row(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t n,
 // Whether format F keeps its rows in 16-row groups whose kernel computes a whole group (group_rows).
 constexpr bool grouped_rows(int F) {
   return F == formats::kQ4K16 || F == formats::kQ5K16 || F == formats::kQ6K16 || F == formats::kQ3K16 ||
-         F == formats::kIQ4XS16 || F == formats::kQ4G;
+         F == formats::kIQ4XS16 || F == formats::kQ4G || F == formats::kQ5G;
 }
 
 // out[m * 16 + r] = weight row 16 g + r . activation row m, for all M rows, of a grouped format F
@@ -156,7 +160,9 @@ void group_rows(const rows::Weights& w, const QuantAct& a, int64_t M, int64_t g,
   } else if constexpr (F == formats::kQ3K16) {
     q3k16::group_rows(w.qs, w.K, a.k, M, g, out);
   } else if constexpr (F == formats::kQ4G) {
-    q4g::group_rows(w.qs, w.d, w.m, w.nb, a, M, g, out);
+    affine_groups::group_rows<affine_groups::Q4G>(w.qs, w.d, w.m, w.nb, a, M, g, out);
+  } else if constexpr (F == formats::kQ5G) {
+    affine_groups::group_rows<affine_groups::Q5G>(w.qs, w.d, w.m, w.nb, a, M, g, out);
   } else {
     q6k16::group_rows(w.qs, w.K, a.k, M, g, out);
   }

@@ -8,8 +8,8 @@
 namespace pagedeck {
 namespace formats {
 
-enum Format : int { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6, kMXFP4 = 7, kIQ4NL = 8, kIQ4XS = 9, kQ5K = 10, kQ6K16 = 11, kQ5K16 = 12, kIQ4XS16 = 13, kQ8S = 14, kQ5S = 15, kQ3K = 16, kQ3K16 = 17, kQ2K = 18, kQ4G = 19 };
-constexpr int64_t kCount = 20;
+enum Format : int { kQ8 = 0, kQ4 = 1, kQ6 = 2, kQ4K = 3, kQ4K16 = 4, kQ5 = 5, kQ8G = 6, kMXFP4 = 7, kIQ4NL = 8, kIQ4XS = 9, kQ5K = 10, kQ6K16 = 11, kQ5K16 = 12, kIQ4XS16 = 13, kQ8S = 14, kQ5S = 15, kQ3K = 16, kQ3K16 = 17, kQ2K = 18, kQ4G = 19, kQ5G = 20 };
+constexpr int64_t kCount = 21;
 
 struct Layout {
   int64_t values;      // weights a block
@@ -40,6 +40,7 @@ constexpr Layout kLayouts[kCount] = {
     {256, 110, 0, 16, "q3k grouped"},  // kQ3K16
     {256, 84, 0, 1, "q2k"},  // kQ2K
     {32, 16, 2, 16, "q4 grouped"},  // kQ4G
+    {32, 20, 2, 16, "q5 grouped"},  // kQ5G
 };
 
 }  // namespace formats

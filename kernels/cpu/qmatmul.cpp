@@ -24,8 +24,8 @@
 //       (affine.h; qs is (N, K / 32 * 20)), computed as q4 centred at 16.
 //   q8g: q8 with rows regrouped 16 at a time in the GEMM panel's layout (q8.h; qs (N / 16, K / 32 * 512), d
 //       (N / 16, K / 32 * 16)): every row count takes the GEMM tiles, with nothing to unpack; q8's bits.
-//   q4g: q4 with rows regrouped 16 at a time (q4g.h; qs (N / 16, K / 32 * 256), d and m (N / 16, K / 32 * 16)):
-//       q4's bits without the per-row tile's horizontal reductions.
+//   q4g, q5g: q4 and q5 with rows regrouped 16 at a time (affine_groups.h; qs (N / 16, K / 32 * 256) and (N / 16,
+//       K / 32 * 320), d and m (N / 16, K / 32 * 16)): the rows' bits without the per-row tile's horizontal sums.
 //   mxfp4, iq4nl: GGUF MXFP4 / IQ4_NL blocks as the file stores them (lut4.h): 4-bit codes into a 16-entry int8
 //       table, an exact fp32 scale per 32; multiplied as q8 (their panels are q8's).
 //   iq4xs: GGUF IQ4_XS super-blocks as the file stores them (lut4.h's codes, iq4xs.h's kernels): the IQ4_NL table
@@ -47,9 +47,9 @@
 // tasks share them), and output rows or panels are handed to threads. The kernels live by concept: isa.h (the
 // instruction-set switches and shared vector primitives), activations.h (activation quantisation, SwiGLU),
 // rows.h (the per-row tiles of q4, q5 and q8), panel.h and qgemm.h (the GEMM panel layout and tiles), and one
-// header per format family: affine.h (q4, q5), q8.h (q8, q8g), kquant.h (the K-quant super-blocks) with q6.h,
-// q6k16.h, q3k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4, iq4nl, iq4xs, q8s) with iq4xs.h and
-// iq4xs16.h.
+// header per format family: affine.h (q4, q5) with affine_groups.h (q4g, q5g), q8.h (q8, q8g), kquant.h (the
+// K-quant super-blocks) with q6.h, q6k16.h, q3k16.h, q4k.h, q4k16.h and q5k16.h (their kernels), lut4.h (mxfp4,
+// iq4nl, iq4xs, q8s) with iq4xs.h and iq4xs16.h.
 #include "activations.h"
 #include "affine.h"
 #include "common.h"
@@ -101,6 +101,7 @@ using formats::kQ6K16;
 using formats::kQ8;
 using formats::kQ8G;
 using formats::kQ4G;
+using formats::kQ5G;
 using rows::Weights;
 
 // The grouped formats (q4k16, q6k16): y rows [n0, n1) (multiples of 16) a group at a time; SwiGLU's gate groups
@@ -206,7 +207,9 @@ gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, st
   } else if (F == kIQ4XS16) {
     iq4xs16::unpack_panel(w.qs, w.nb, n0 / iq4xs16::kRows, panel);
   } else if (F == kQ4G) {
-    q4g::unpack_panel(w.qs, w.d, w.m, w.nb, n0 / q4g::kRows, panel);
+    affine_groups::unpack_panel<affine_groups::Q4G>(w.qs, w.d, w.m, w.nb, n0 / affine_groups::kRows, panel);
+  } else if (F == kQ5G) {
+    affine_groups::unpack_panel<affine_groups::Q5G>(w.qs, w.d, w.m, w.nb, n0 / affine_groups::kRows, panel);
   } else if (F == kQ6) {
     q6::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if (F == kQ3K) {
@@ -236,6 +239,7 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
                     : F == kQ8G || lut4::kIs<F> ? (int)gemm::kQ8
                     : F == kQ5S                 ? (int)kQ5
                     : F == kQ4G                 ? (int)kQ4
+                    : F == kQ5G                 ? (int)kQ5
                                                 : F;
   thread_local gemm::Panel panel;
   thread_local std::vector<float> gate, up, dw;
@@ -305,8 +309,8 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
 constexpr int64_t kUnset = std::numeric_limits<int64_t>::min();
 std::atomic<int64_t> forced_gemm_rows{kUnset}, forced_row_chunk{kUnset};
 
-// q4g's group kernel (the group read again from L1 for each activation row) keeps ahead of the GEMM to ~24 rows:
-// random q4g matrices of the default model's shapes and a 1.5B's gate|up, 2 threads, GEMM / group kernel time
+// q4g's and q5g's group kernel (the group read again from L1 for each activation row) keeps ahead of the GEMM to
+// ~24 rows: random q4g matrices of the default model's shapes and a 1.5B's gate|up, 2 threads, GEMM / group kernel time
 // 1.42-1.75 at 4 rows, 1.20-1.29 at 8, 1.01-1.14 at 16, 0.94-1.05 at 24, 0.90-1.00 at 32 (docs/performance/log-4.md).
 constexpr int64_t kQ4GemmRows = 24;
 
@@ -314,7 +318,7 @@ int64_t gemm_rows(Format f, int64_t K) {
   const int64_t forced = forced_gemm_rows.load(std::memory_order_relaxed);
   if (forced != kUnset) return forced;
   if ((f == kQ4 || f == kQ8) && K <= 2048) return 5;
-  if (f == kQ4G) return kQ4GemmRows;
+  if (f == kQ4G || f == kQ5G) return kQ4GemmRows;
   if (f == kQ5K16) return 512;
   if (f == kIQ4XS16) return 64;
   if (f == kQ6K16 || f == kQ3K16) return 64;
@@ -361,7 +365,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
               qs.scalar_type(), " ", qs.sizes());
   TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
   const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
-  const bool q8g = f == kQ8G, grouped_scales = q8g || f == kQ4G;  // scales (N / 16, K / 32 * 16), by group
+  const bool q8g = f == kQ8G, grouped_scales = q8g || f == kQ4G || f == kQ5G;  // scales (N / 16, K / 32 * 16), by group
   const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
@@ -456,6 +460,7 @@ std::vector<int64_t> native_groups() {
 #endif
 #ifdef PD_AVX512
   ids.push_back(kQ4G);
+  ids.push_back(kQ5G);
   ids.push_back(kQ6K16);
   ids.push_back(kQ5K16);
   ids.push_back(kIQ4XS16);

@@ -10,7 +10,7 @@
 //   group_superblocks / ungroup_superblocks: Q3_K, IQ4_XS, Q4_K, Q5_K or Q6_K rows <-> groups of 16 rows (q4k16.h, q6k16.h), the
 //                  same bytes rearranged;
 //   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
-//   q4_group_in_place: q4 rows -> q4g's groups of 16 rows (q4g.h), where they lie;
+//   q4_group_in_place: q4 rows -> q4g's groups of 16 rows (affine_groups.h), where they lie;
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 //   q8_0_repack:   Q8_0 blocks -> q8 (the file's codes + 128 and its scales: exact);
@@ -23,7 +23,7 @@
 // beside a serving model, and a join per ~1 MB tile waited on busy cores.
 #include "common.h"
 #include "iq4xs16.h"
-#include "q4g.h"
+#include "affine_groups.h"
 #include "q4k16.h"
 #include "q5k16.h"
 #include "q6k16.h"
@@ -274,7 +274,7 @@ void q8_group_in_place(at::Tensor qs, at::Tensor scale) {
   });
 }
 
-// q4 rows (qs (N, K/2) uint8, scale and minimum (N, K/32) fp16) regrouped into q4g groups in place (q4g.h); the
+// q4 rows (qs (N, K/2) uint8, scale and minimum (N, K/32) fp16) regrouped into q4g groups in place (affine_groups.h); the
 // caller then views them as (N/16, K/32 * 256) and (N/16, K/32 * 16).
 void q4_group_in_place(at::Tensor qs, at::Tensor scale, at::Tensor minimum) {
   const int64_t n = qs.size(0), nb = qs.size(1) / 16;
@@ -282,16 +282,16 @@ void q4_group_in_place(at::Tensor qs, at::Tensor scale, at::Tensor minimum) {
     return t.is_contiguous() && t.scalar_type() == at::kHalf && t.dim() == 2 && t.size(0) == n && t.size(1) == nb;
   };
   TORCH_CHECK(qs.dim() == 2 && qs.is_contiguous() && qs.scalar_type() == at::kByte && qs.size(1) == nb * 16 &&
-                  n % q4g::kRows == 0 && rows_of_scales(scale) && rows_of_scales(minimum),
+                  n % affine_groups::kRows == 0 && rows_of_scales(scale) && rows_of_scales(minimum),
               "q4_group_in_place takes q4 rows: qs (N, K/2) uint8 with N % 16 == 0, scale and minimum (N, K/32) fp16");
   uint8_t* q = qs.data_ptr<uint8_t>();
   uint16_t *d = (uint16_t*)scale.data_ptr(), *m = (uint16_t*)minimum.data_ptr();
-  shared_range::share_range(0, n / q4g::kRows, 16, [&](int64_t g0, int64_t g1) {
-    std::vector<uint8_t> tmp(q4g::kRows * nb * 16);
-    std::vector<uint16_t> tmp_s(2 * q4g::kRows * nb);
+  shared_range::share_range(0, n / affine_groups::kRows, 16, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> tmp(affine_groups::kRows * nb * 16);
+    std::vector<uint16_t> tmp_s(2 * affine_groups::kRows * nb);
     for (int64_t g = g0; g < g1; ++g) {
-      const int64_t at = g * q4g::kRows * nb;
-      q4g::group_in_place(q + at * 16, d + at, m + at, nb, tmp.data(), tmp_s.data());
+      const int64_t at = g * affine_groups::kRows * nb;
+      affine_groups::group_in_place(q + at * 16, d + at, m + at, nb, tmp.data(), tmp_s.data());
     }
   });
 }

@@ -131,7 +131,11 @@ def test_starts_on_the_file_and_settles_to_the_same_bits(path, monkeypatch):
     resident = []  # the file's resident bytes as each part is handed over: a settled part's pages are let go
     adopt = model.adopt
     monkeypatch.setattr(model, "adopt", lambda part, weights: resident.append(file_rss(path)) or adopt(part, weights))
-    settle._settle(weakref.ref(model), settling)
+    gone = weakref.ref(settling)
+    held = [settling]
+    del settling
+    settle._settle(weakref.ref(model), held)
+    assert gone() is None, "settling ended but kept what the model started on (its heap could not go back to the OS)"
     assert len(resident) == len(model.layers) + 1 and resident == sorted(resident, reverse=True)
     assert resident[-1] < resident[0] / 2, f"resident file bytes as the parts settled: {resident}"
     assert model.wait_settled(0)
@@ -141,7 +145,6 @@ def test_starts_on_the_file_and_settles_to_the_same_bits(path, monkeypatch):
     assert model.decode_stack is not None and model.decode_stack[1:] == ref.decode_stack[1:]
     assert all(torch.equal(a, b) for a, b in zip(steps(model), steps(ref)))
     assert file_rss(path) <= 4 << 20  # the header's pages (the map goes with the last view: below)
-    del settling
     gc.collect()
     assert file_rss(path) == 0 and not file_ranges(path), "the file is still mapped after settling"
 

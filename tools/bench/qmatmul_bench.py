@@ -33,7 +33,7 @@ import torch
 from engine.model.model import Model
 from engine.model.qlinear import Q4Linear, Q8Linear
 from kernels import cpu_ext
-from kernels.packed import ACTIVATIONS
+from kernels.packed import ACTIVATIONS, pad_scales
 from tools.bench._qgemm_bench import FORMATS, SHAPE_SETS
 from tools.bench._qgemm_bench import run as gemm_run
 
@@ -89,9 +89,12 @@ def main(argv: list[str] | None = None) -> int:
               "down": (layer.down, None), "head": (model.lm_head, None)}
     stub = {}  # the first 8 rows of each matrix: the fixed cost of a call
     for name, (w, _) in shapes.items():
-        qs, d, m = w.blocks
-        stub[name] = (Q4Linear.from_packed(qs[:8], d[:8], m[:8]) if isinstance(w, Q4Linear)
-                      else Q8Linear.from_packed(qs[:8], d[:8]))
+        if isinstance(w, Q4Linear):  # in rows (8 rows are no group)
+            qs, d, m = w.rows(0, 8)
+            stub[name] = Q4Linear.from_packed(qs.contiguous(), pad_scales(d), pad_scales(m))
+        else:
+            qs, d, m = w.blocks
+            stub[name] = Q8Linear.from_packed(qs[:8], d[:8])
     threads = [int(t) for t in args.threads.split(",")]
     times: dict = {}
     region: dict = {}

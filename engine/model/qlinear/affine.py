@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_ext, formats
-from kernels.formats import GROUP
-from kernels.formats import GROUP_ROWS
+from kernels.formats import GROUP, GROUP_ROWS
 from kernels.packed import (check_blocks, groupable, int4_available, int4_matmul, int4_weight, pack_nibbles, pad_scales,
-                            q4_dequantize, q4_group, q4_supported, q4_ungroup, q5_dequantize, q5_pack)
+                            q4_dequantize, q4_group, q4_supported, q4_ungroup, q5_dequantize, q5_group, q5_pack,
+                            q5_ungroup)
 
 from .packed_linear import PackedLinear, prompt_weights, stack_parts
 
@@ -16,8 +16,12 @@ from .packed_linear import PackedLinear, prompt_weights, stack_parts
 class AffineLinear(PackedLinear):
     """Codes with an fp16 scale and minimum per 32 weights, w = code * scale + minimum: the q4 and q5 formats,
     which differ only in how the codes are laid out (`_codes` packs them, `_decode` gives the weights back,
-    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes). Q4Linear's rows may be regrouped
-    16 at a time (group(); `grouped` says which): row access (rows, dense_rows, embedding rows) reads either."""
+    `_decode_into` names the C++ decoder, `_weights` is K of a row of codes).
+
+    group() regroups the rows 16 at a time (kernels.packed's q4g and q5g, `_group` / `_ungroup`: the same bits,
+    a decode-sized product without the per-row tile's horizontal sums), for the decoder layers' matrices once a
+    model is loaded (engine.model.loader.group_matrices); `grouped` says which. Row access (rows, dense_rows,
+    dense_into, embedding rows) reads either layout."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
@@ -58,8 +62,16 @@ class AffineLinear(PackedLinear):
             return self.qs[start:stop], self.scale[start:stop], self.minimum[start:stop]
         g0, g1 = start // GROUP_ROWS, -(-stop // GROUP_ROWS)
         lo = start - g0 * GROUP_ROWS
-        return tuple(t[lo:lo + stop - start] for t in q4_ungroup(self.qs[g0:g1], self.scale[g0:g1],
-                                                                 self.minimum[g0:g1]))
+        return tuple(t[lo:lo + stop - start] for t in self._ungroup(self.qs[g0:g1], self.scale[g0:g1],
+                                                                    self.minimum[g0:g1]))
+
+    def group(self) -> bool:
+        """Regroup the rows where the format's group kernel is vectorized, the weights are on the CPU and whole
+        groups fill each half (kernels.packed.groupable); whether it is grouped now."""
+        if not self.grouped and self.qs.device.type == "cpu" and groupable(self.shape[0], self.spec.grouped_id):
+            self.qs, self.scale, self.minimum = self._group(self.qs, self.scale, self.minimum)
+            self.grouped = True
+        return self.grouped
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
         return self._decode(*self.rows(start, stop))
@@ -69,17 +81,16 @@ class AffineLinear(PackedLinear):
         if ops is None:
             return super().dense_into(start, stop, out)
         if self.grouped:  # read where they lie: a prompt chunk decodes every matrix, ungrouping them cost a third more
-            return ops.q4g_dequantize_into(self.qs, self.scale, self.minimum, start, stop, out)
+            return getattr(ops, self._decode_groups_into)(self.qs, self.scale, self.minimum, start, stop, out)
         getattr(ops, self._decode_into)(*self.rows(start, stop), out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
         if not self.grouped:
             return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
-        g, r = ids // GROUP_ROWS, ids % GROUP_ROWS  # a group's codes are [block][word][row][4 bytes], its scales [block][row]
-        nb = self.shape[1] // GROUP
-        qs = self.qs.view(-1, nb, 4, GROUP_ROWS, 4)[g, :, :, r].reshape(ids.numel(), nb * 16)
-        return self._decode(qs, self.scale.view(-1, nb, GROUP_ROWS)[g, :, r],
-                            self.minimum.view(-1, nb, GROUP_ROWS)[g, :, r])
+        groups, inverse = torch.unique(ids // GROUP_ROWS, return_inverse=True)  # the ids' groups, as rows
+        at = inverse * GROUP_ROWS + ids % GROUP_ROWS
+        qs, scale, minimum = self._ungroup(self.qs[groups], self.scale[groups], self.minimum[groups])
+        return self._decode(qs[at], scale[at], minimum[at])
 
     @property
     def blocks(self) -> tuple:
@@ -88,15 +99,12 @@ class AffineLinear(PackedLinear):
 
 class Q4Linear(AffineLinear):
     """4-bit codes (GGUF nibble order) with fp16 scale and minimum per 32 (engine.model.packing.repack reads them from
-    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales).
-
-    group() regroups the rows 16 at a time in place (kernels.packed's q4g: the same bits, a decode-sized product
-    without the per-row tile's horizontal reductions), for the decoder layers' matrices once a model is loaded
-    (engine.model.loader.group_matrices)."""
+    GGUF Q4_0/Q4_1 blocks without rounding, from Q4_K with fp16-rounded sub-block scales); grouped in place (q4g)."""
 
     spec = formats.Q4
     format = spec.name
     _codes, _decode, _decode_into = staticmethod(pack_nibbles), staticmethod(q4_dequantize), "q4_dequantize_into"
+    _group, _ungroup, _decode_groups_into = staticmethod(q4_group), staticmethod(q4_ungroup), "q4g_dequantize_into"
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         if not q4_supported():
@@ -111,14 +119,6 @@ class Q4Linear(AffineLinear):
     def _set(self, qs: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool) -> None:
         self._int4 = None  # torch's packing, built only if the fallback runs
         super()._set(qs, scale, minimum, keep_dense)
-
-    def group(self) -> bool:
-        """Regroup the rows in place where q4g's kernel is vectorized, the weights are on the CPU and whole groups
-        fill each half (kernels.packed.groupable); whether it is grouped now."""
-        if not self.grouped and self.qs.device.type == "cpu" and groupable(self.shape[0], self.spec.grouped_id):
-            self.qs, self.scale, self.minimum = q4_group(self.qs, self.scale, self.minimum)
-            self.grouped = True
-        return self.grouped
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         if not int4_available() or x.device.type != "cpu":
@@ -136,6 +136,7 @@ class Q5Linear(AffineLinear):
     spec = formats.Q5
     format = spec.name
     _codes, _decode, _decode_into = staticmethod(q5_pack), staticmethod(q5_dequantize), "q5_dequantize_into"
+    _group, _ungroup, _decode_groups_into = staticmethod(q5_group), staticmethod(q5_ungroup), "q5g_dequantize_into"
 
     @staticmethod
     def _weights(code_bytes: int) -> int:

@@ -1,0 +1,183 @@
+"""q4 and q5 rows regrouped 16 at a time (q4g and q5g, kernels/cpu/affine_groups.h): the groups hold the rows'
+bytes as the header states (a NumPy statement of the layout) and go back to the same rows; their products are
+the rows' own bit for bit for every row count (the group kernel and the GEMM from groups), with and without
+SwiGLU, on both builds; a grouped matrix decodes and gathers the rows' weights; the loader groups the default
+model's q4 matrices and a Gemma-shaped file's q5 ones, and the logits keep their bits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gguf import GGMLQuantizationType as Q
+
+from engine.model.qlinear import AffineLinear, PartsLinear, Q4Linear, Q5Linear
+from kernels import cpu_ext, formats
+from kernels.packed import native_group, q4_ungroup, q5_fields, q5_ungroup
+from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, run_on_isa_build
+from tests.kernels.test_q5 import random_q5
+from tests.kernels.test_q8g import assert_decodes_as_its_rows
+from tests.kernels.test_qgemm import _call
+
+pytestmark = [pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU kernels did not build here"),
+              pytest.mark.skipif(cpu_ext.available() and not native_group(formats.Q4.id(grouped=True)),
+                                 reason="q4g's kernel is vectorized on AVX-512 VNNI builds only; elsewhere q4 stays "
+                                        "in rows (the AVX2 build's bits are checked from a VNNI machine below)")]
+
+
+def random_rows(fmt: str, N: int, K: int, seed: int = 0) -> AffineLinear:
+    """q4 (Q4_1-like offsets) or q5 (a Q5_1 matrix written by the gguf package, as the loader packs it)."""
+    return random_q4(N, K, seed) if fmt == "q4" else random_q5(N, K, seed, Q.Q5_1)[0]
+
+
+def grouped_copy(w: AffineLinear) -> AffineLinear:
+    out = type(w).from_packed(w.qs.clone(), w.scale.clone(), w.minimum.clone())
+    assert out.group()
+    return out
+
+
+def layout(w: AffineLinear) -> tuple[np.ndarray, ...]:
+    """The groups as the header states them: per block the nibble words [word t][row][4 bytes], then (q5) each
+    row's 4 bytes of fifth bits; scales and minimums [block][row]."""
+    n, nb = w.shape[0], w.shape[1] // 32
+    if isinstance(w, Q5Linear):
+        nibbles, fifth = (t.numpy() for t in q5_fields(w.qs))
+    else:
+        nibbles, fifth = w.qs.numpy().reshape(n, nb, 16), np.zeros((n, nb, 0), np.uint8)
+    words = nibbles.reshape(n // 16, 16, nb, 4, 4).transpose(0, 2, 3, 1, 4).reshape(n // 16, nb, -1)
+    bits = fifth.reshape(n // 16, 16, nb, -1).transpose(0, 2, 1, 3).reshape(n // 16, nb, -1)
+    codes = np.concatenate([words, bits], 2).reshape(n // 16, -1)
+    by_block = [t.numpy().reshape(n // 16, 16, nb).transpose(0, 2, 1).reshape(n // 16, -1) for t in (w.scale, w.minimum)]
+    return codes, *by_block
+
+
+@pytest.mark.parametrize("fmt,block", [("q4", 256), ("q5", 320)])
+def test_groups_are_the_rows_bytes_as_stated_and_go_back(fmt, block):
+    w = random_rows(fmt, 64, 640)
+    g = grouped_copy(w)
+    codes, scales, minimums = layout(w)
+    assert g.qs.shape == (4, 20 * block) and g.scale.shape == (4, 20 * 16) and g.minimum.shape == (4, 20 * 16)
+    assert np.array_equal(g.qs.numpy(), codes)
+    assert np.array_equal(g.scale.numpy(), scales) and np.array_equal(g.minimum.numpy(), minimums)
+    for a, b in zip((q4_ungroup if fmt == "q4" else q5_ungroup)(g.qs, g.scale, g.minimum), (w.qs, w.scale, w.minimum)):
+        assert torch.equal(a, b)
+
+
+# K: 32 (one block), 544 (17 blocks: the lanes' last pass is short), 576 (the default model's), 2048
+@pytest.mark.parametrize("fmt", ["q4", "q5"])
+@pytest.mark.parametrize("K", [32, 544, 576, 2048])  # 544: q5's odd last block, stored apart in rows
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 16, 23, 24, 33])  # the group kernel below 24 rows, the GEMM from 24
+def test_groups_give_the_rows_bits(M, K, fmt):
+    w = random_rows(fmt, 96, K, M + K)
+    g = grouped_copy(w)
+    x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 2
+    x[0, 3] = 50.0  # an outlier channel
+    if M > 2:
+        x[2] = 0.0  # an all-zero row (zero block scales)
+    for rows_from in ("1000000", "1"):  # the rows' per-row path and their GEMM path
+        assert torch.equal(g(x), _call(w, x, None, rows_from))
+        assert torch.equal(g(x, "swiglu"), _call(w, x, "swiglu", rows_from))
+    for rows_from in ("1000000", "1"):  # and the groups' own two paths
+        assert torch.equal(_call(g, x, None, rows_from), g(x))
+
+
+@pytest.mark.parametrize("cls,top", [(Q4Linear, 15), (Q5Linear, 31)])
+def test_extreme_codes_and_activations_keep_the_rows_bits(cls, top):
+    """The largest codes and 0 against activations at +-127 after rounding: the int32 sums at their largest."""
+    N, K = 32, 2048
+    codes = torch.full((N, K), top, dtype=torch.uint8)
+    codes[::2, ::3] = 0
+    scale = torch.full((N, K // 32), 0.5, dtype=torch.float16)
+    w = cls(codes, scale, (-(top + 1) // 2 * scale.float()).half(), keep_dense=False)
+    g = grouped_copy(w)
+    x = torch.full((3, K), 1.0)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    assert torch.equal(g(x), w(x)) and torch.equal(g(x[1:2]), w(x[1:2]))
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q5"])
+def test_a_rows_result_never_depends_on_the_batch_or_the_threads(fmt):
+    g = grouped_copy(random_rows(fmt, 160, 576, 3))
+    assert_rows_independent(g, torch.randn(11, 576), (0, 4, 10), (1, 4))
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q5"])
+def test_grouped_weights_decode_and_gather_as_their_rows(fmt):
+    w = random_rows(fmt, 64, 288, 5)  # 9 blocks: q5's odd last block
+    assert_decodes_as_its_rows(grouped_copy(w), w)
+
+
+def test_only_whole_groups_in_each_half_are_grouped():
+    """48 rows: SwiGLU's halves (24 rows) would split a group; such a matrix keeps its rows. Groups of the wrong
+    shape are refused, naming the format."""
+    w = random_q4(48, 128)
+    assert not w.group() and w.qs.shape == (48, 64)
+    with pytest.raises(RuntimeError, match="q4 grouped scales and minimums"):
+        cpu_ext.ops().qmatmul(torch.randn(1, 128), torch.zeros(3, 4 * 256, dtype=torch.uint8),
+                              torch.zeros(3, 4 * 15, dtype=torch.float16), torch.zeros(3, 4 * 16, dtype=torch.float16),
+                              formats.Q4.id(grouped=True), 0)
+
+
+def test_the_default_model_loads_grouped_and_its_logits_keep_their_bits(monkeypatch):
+    """The embedded SmolLM2 (Q4_1): its decoder layers' q4 matrices are grouped at load; every logit, decode rows
+    (the group kernel) and prompt rows through the packed kernels (the GEMM from groups), equals the rows'
+    (PAGEDECK_ROW_GROUPS=0)."""
+    from engine import Model
+    from engine.model.weights import default_model_path
+    from tools.logits import forward_tokens
+
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")  # prompt rows through the packed kernels too
+    grouped = Model.load(default_model_path(), weights="packed", check_memory=False)
+    assert grouped.wait_settled(60)
+    mats = [t for layer in grouped.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert all(isinstance(t, Q4Linear) and t.grouped for t in mats)
+    monkeypatch.setenv("PAGEDECK_ROW_GROUPS", "0")
+    rows = Model.load(default_model_path(), weights="packed", check_memory=False)
+    assert rows.wait_settled(60) and not rows.layers[0].gate_up.grouped
+    for n in (12, 40):
+        ids = torch.randint(20, 40000, (1, n), generator=torch.Generator().manual_seed(n))
+        assert torch.equal(forward_tokens(grouped, ids), forward_tokens(rows, ids))
+        assert torch.equal(forward_tokens(grouped, ids, prompt=False), forward_tokens(rows, ids, prompt=False))
+
+
+def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their_bits(tmp_path, monkeypatch):
+    """Gemma 3's Q4_K_M recipe keeps q, k, gate and up in Q5_0 (q5), v in Q8_0 in some layers (q|k|v then held in
+    parts): every q5 matrix and part is grouped at load, and every logit equals the rows'."""
+    from engine import Model
+    from tools.logits import forward_tokens
+    from tools.models.synthetic_gguf import write_random_gguf
+
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    path = write_random_gguf(tmp_path / "g.gguf", "gemma3-270m", 2, "Q4_K_M", tied=True)
+    grouped = Model.load(path, weights="packed", check_memory=False)
+    assert grouped.wait_settled(60)
+    monkeypatch.setenv("PAGEDECK_ROW_GROUPS", "0")
+    rows = Model.load(path, weights="packed", check_memory=False)
+    assert rows.wait_settled(60)
+
+    def q5(model):
+        mats = [t for layer in model.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return [p for t in mats for p in (t.parts if isinstance(t, PartsLinear) else [t]) if isinstance(p, Q5Linear)]
+
+    assert q5(grouped) and all(p.grouped for p in q5(grouped)) and not any(p.grouped for p in q5(rows))
+    ids = torch.randint(20, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(forward_tokens(grouped, ids), forward_tokens(rows, ids))
+    assert torch.equal(forward_tokens(grouped, ids, prompt=False), forward_tokens(rows, ids, prompt=False))
+
+
+@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path")
+def test_the_avx2_build_gives_the_same_bits():
+    """The AVX2-only build keeps q4 and q5 in rows at load, but groups given to it are multiplied by the
+    statement's lane-by-lane form (affine_groups.h's group_rows_portable) and the panels from groups: the same
+    bits as this build's."""
+    saved, x = {}, torch.randn(30, 544, generator=torch.Generator().manual_seed(1))
+    for fmt in ("q4", "q5"):
+        g = grouped_copy(random_rows(fmt, 64, 544, 8))
+        saved |= {f"{fmt}_qs": g.qs, f"{fmt}_d": g.scale, f"{fmt}_m": g.minimum, f"{fmt}_y": g(x), f"{fmt}_y3": g(x[:3])}
+    check = ("from kernels.packed import qmatmul; from kernels.formats import Q4, Q5\n"
+             "for n, F in (('q4', Q4), ('q5', Q5)):\n"
+             "    w, f = (d[n + '_qs'], d[n + '_d'], d[n + '_m']), F.id(grouped=True)\n"
+             "    assert torch.equal(qmatmul(d['x'], w, f), d[n + '_y'])\n"
+             "    assert torch.equal(qmatmul(d['x'][:3], w, f), d[n + '_y3'])")
+    run_on_isa_build(saved | {"x": x}, check, ["tests/kernels/test_cpu_kernels.py"], "never_depends")

@@ -215,15 +215,12 @@ def group_matrices(layers: list[Layer]) -> None:
     """The decoder layers' q4 and q5 matrices regrouped 16 rows at a time (kernels/cpu/affine_groups.h: decode rows
     without the per-row tile's horizontal sums, the same bits), parts of a matrix kept in parts too; after their
     bytes have moved, as regrouping reads them. Experts keep their rows (the MoE kernel's per-row tasks read
-    rows). q5 groups are new tensors: the rows' freed heap goes back to the OS (~60 MB on a Gemma-3-270M file)."""
-    grouped = False
+    rows). (q5 groups are new tensors: the heap the rows leave goes back with load()'s trim, or settling's.)"""
     for layer in layers:
         for t in (layer.qkv, layer.o, layer.gate_up, layer.down):
             for part in t.parts if isinstance(t, PartsLinear) else [t]:
                 if isinstance(part, AffineLinear):
-                    grouped = part.group() or grouped
-    if grouped:
-        release_freed_memory()
+                    part.group()
 
 
 def group_head(lm_head) -> None:

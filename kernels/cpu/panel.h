@@ -183,24 +183,25 @@ inline void sub_block(const int32_t* wp, const int8_t* const* xrow, int64_t x0, 
   for (int r = 0; r < R; ++r) I[r] = add16(I[r], mullo16(sums[r], scale));
 }
 
-// The K-quant minimums' step of super-block s (q4k.h's per 32, q6.h's Q2_K per 16): acc[r] -= J_r * (dm * dx_r),
-// J_r = the exact sum over n int16-pair words pairs[i] (m_2i | m_2i+1 << 16 of each column) times row r's pair
-// of activation sums at sums[r] + 2 i
+// The K-quant minimums' step of super-block s for activation rows m0..m0+R (q4k.h's per 32, q6.h's Q2_K per 16):
+// acc[r] -= J_r * (dm * dx), J_r = the exact sum over n int16-pair words pairs[i] (m_2i | m_2i+1 << 16 of each
+// column) times the pair i of row m0 + r's 2 n activation sums of super-block s (sums: 2 n a super-block, nsb
+// super-blocks a row; dx: one scale a super-block)
 template <int R>
-inline void minimum_step(const int32_t* pairs, int n, const int16_t* const* sums, const float* dm, const float* dx,
-                         Cols16f* acc) {
+inline void minimum_step(const int32_t* pairs, int n, const int16_t* sums, const float* dx, int64_t nsb, int64_t m0,
+                         int64_t s, const float* dm, Cols16f* acc) {
   Cols16 J[R];
   for (int r = 0; r < R; ++r) J[r] = zero16();
   for (int i = 0; i < n; ++i) {
     const Cols16 mw = load16(pairs + i * kCols);
     for (int r = 0; r < R; ++r) {
       int32_t word;
-      std::memcpy(&word, sums[r] + 2 * i, 4);
+      std::memcpy(&word, sums + ((m0 + r) * nsb + s) * 2 * n + 2 * i, 4);
       J[r] = madd16(J[r], mw, word);
     }
   }
   const Cols16f d = load16f(dm);
-  for (int r = 0; r < R; ++r) acc[r] = fma16<true>(J[r], d, dx[r], acc[r]);
+  for (int r = 0; r < R; ++r) acc[r] = fma16<true>(J[r], d, dx[(m0 + r) * nsb + s], acc[r]);
 }
 
 // The K-quant tiles' frame (q4k.h, q6.h, iq4xs.h): out[r * ldo + col] for activation rows m0..m0+R (int8 codes q,

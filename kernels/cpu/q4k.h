@@ -206,13 +206,8 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
           [](gemm::Cols16 acc, gemm::Cols16 w, int32_t x) { return gemm::dot16(acc, w, x); }, I);
   };
   auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // acc -= J * (dmin * dx), J = sum_b m_b bs_b
-    const int16_t* sums[R];
-    float dx[R];
-    for (int r = 0; r < R; ++r) {
-      sums[r] = a.bs.data() + ((m0 + r) * nsb + s) * 8;
-      dx[r] = a.d[(m0 + r) * nsb + s];
-    }
-    gemm::minimum_step<R>(p.shi.data() + 4 * s * kCols, 4, sums, p.zw.data() + s * kCols, dx, acc);
+    gemm::minimum_step<R>(p.shi.data() + 4 * s * kCols, 4, a.bs.data(), a.d.data(), nsb, m0, s, p.zw.data() + s * kCols,
+                          acc);
   };
   gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);
 }

@@ -258,15 +258,9 @@ inline void gemm_tile(const gemm::Panel& p, const ActK& a, int64_t K, int64_t m0
     }
   };
   auto minimums = [&](int64_t s, gemm::Cols16f* acc) {  // Q2_K: acc -= J * (dmin * dx), J = sum_h m_h hs_h
-    if constexpr (L::kMins) {
-      const int16_t* sums[R];
-      float dx[R];
-      for (int r = 0; r < R; ++r) {
-        sums[r] = a.hs.data() + ((m0 + r) * nsb + s) * 16;
-        dx[r] = a.d[(m0 + r) * nsb + s];
-      }
-      gemm::minimum_step<R>(p.mins.data() + 8 * s * kCols, 8, sums, p.zw.data() + s * kCols, dx, acc);
-    }
+    if constexpr (L::kMins)
+      gemm::minimum_step<R>(p.mins.data() + 8 * s * kCols, 8, a.hs.data(), a.d.data(), nsb, m0, s,
+                            p.zw.data() + s * kCols, acc);
   };
   gemm::superblock_tile<R>(a.q.data(), a.d.data(), p.dw.data(), K, nsb, m0, out, ldo, cols, ints, minimums);
 }

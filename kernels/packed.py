@@ -42,8 +42,9 @@ A packed (N, K) weight is `blocks` = (qs, d, m), in blocks of 32 weights along K
 - q4g, q5g: q4 and q5 with rows regrouped GROUP_ROWS at a time (kernels/cpu/affine_groups.h): qs uint8
   (N/16, K/32 * 256), [block][4-byte word][row] (q5g: K/32 * 320, each block then [row][32 fifth bits]), d and m
   fp16 (N/16, K/32 * 16), [block][row]: one vector holds 16 rows' words, so a decode-sized product needs no
-  horizontal reduction; the same bits as the rows. AVX-512 VNNI builds only; q4_group / q4_ungroup and q5_group /
-  q5_ungroup convert.
+  horizontal reduction; the same bits as the rows. m is None where every minimum is -8 d (q4g: GGUF Q4_0) or
+  -16 d (q5g: GGUF Q5_0): a token then reads the file's bytes. AVX-512 VNNI builds only; q4_group / q4_ungroup
+  and q5_group / q5_ungroup convert.
 
 qmatmul() quantizes each activation row to int8 per block and multiplies with integer dot products, as
 llama.cpp does (pagedeck's CPU kernels, kernels.cpu_ext); every output element is computed the same way

@@ -10,7 +10,7 @@
 //     [64 t + 4 r, +4), t = 0..3: word t of row r's 16 nibble bytes (GGUF order: low nibbles weights 4t..4t+3,
 //         high ones 16+4t..16+4t+3);
 //     q5g only, [256 + 4 r, +4): row r's 32 fifth bits (bit i: weight i's, GGUF's qh word);
-//   d, m (N / 16, nb * 16) fp16: block j's scale and minimum of row r at 16 j + r.
+//   d, m (N / 16, nb * 16) fp16: block j's scale and minimum of row r at 16 j + r (m may be absent: below).
 // q4 rows become groups in place (group_in_place; kernels/packed.py's q4_group), q5 rows in torch (q5_group).
 //
 // The arithmetic is rows.h's dot_tile's, lane for lane: per row and block j the exact int32 sum I of its codes
@@ -19,6 +19,10 @@
 // m_w) with the centre c = 8 (q5: 16, and c_x doubled) (qmatmul.cpp's top comment: the centred product); the
 // result is hsum(acc) + hsum(mins) in isa.h's hsum pairing. So a group gives its rows' bits (the per-row and the
 // GEMM path alike) whatever the batch, the row order or the threads.
+//
+// Groups of GGUF Q4_0 and Q5_0 rows may come without minimums (m a null pointer): theirs is m = -c d, so z_w =
+// fma(c, d_w, m_w) is exactly 0 and its term leaves mins as it was; the kernels skip it and the 2 bytes a block
+// the rows store for it (Q4_0's 18 file bytes a block read as 18, not 20). The bits are the rows' still.
 #pragma once
 
 #include "activations.h"
@@ -85,7 +89,7 @@ template <class L>
 inline void group_rows_portable(const uint8_t* qs, const uint16_t* d, const uint16_t* mn, int64_t nb,
                                 const QuantAct& a, int64_t M, int64_t g, float* out) {
   const uint8_t* grp = qs + g * nb * L::kBlockBytes;
-  const uint16_t *gd = d + g * nb * kRows, *gm = mn + g * nb * kRows;
+  const uint16_t *gd = d + g * nb * kRows, *gm = mn ? mn + g * nb * kRows : nullptr;
   for (int64_t m = 0; m < M; ++m)
     for (int r = 0; r < kRows; ++r) {
       float acc[8] = {}, mins[8] = {};
@@ -95,12 +99,11 @@ inline void group_rows_portable(const uint8_t* qs, const uint16_t* d, const uint
         for (int i = 0; i < kBlock; ++i) I += code<L>(grp + j * L::kBlockBytes, r, i) * x[i];
         const int64_t at = m * a.nbp + j;
         const float dw = half_to_float(gd[j * kRows + r]);
-        const float zw = std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r]));
         const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];  // q5's 16 d_x isum is twice q4's
         const int l = (int)(j % 8);
         const float ddx = dw * a.d[at];
         acc[l] = std::fma((float)I, ddx, acc[l]);
-        mins[l] = std::fma(zw, a.s[at], mins[l]);
+        if (gm) mins[l] = std::fma(std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])), a.s[at], mins[l]);
         mins[l] = std::fma(-dw, c, mins[l]);
       }
       out[m * kRows + r] = pair_sum(acc) + pair_sum(mins);
@@ -134,10 +137,10 @@ inline void words(const uint8_t* b, __m512i* w) {
 
 // One activation row x (its K int8 codes; scales, sums and c at a.*[at0 + j]) against group grp: out[r], r < 16.
 // Lane l of acc / mins is the accumulator of blocks j = l (mod 8), kept in registers by unrolling 8 blocks.
-template <class L>
+// kMin: the group has minimums (gm), else m = -c d (above).
+template <class L, bool kMin>
 inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm, int64_t nb, const int8_t* x,
                       const QuantAct& a, int64_t at0, bool prefetch, float* out) {
-  const __m512 centre = _mm512_set1_ps(L::kCentre);
   __m512 acc[8], mins[8];
   for (int l = 0; l < 8; ++l) acc[l] = mins[l] = _mm512_setzero_ps();
   for (int64_t j0 = 0; j0 < nb; j0 += 8) {
@@ -151,7 +154,7 @@ inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm
           _mm_prefetch((const char*)(b + kAhead * L::kBlockBytes + t), _MM_HINT_T0);
         if (l % 2 == 0) {
           _mm_prefetch((const char*)(gd + (j + kAhead) * kRows), _MM_HINT_T0);
-          _mm_prefetch((const char*)(gm + (j + kAhead) * kRows), _MM_HINT_T0);
+          if constexpr (kMin) _mm_prefetch((const char*)(gm + (j + kAhead) * kRows), _MM_HINT_T0);
         }
       }
       __m512i w[8];
@@ -163,11 +166,14 @@ inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm
         I = _mm512_dpbusd_epi32(I, w[t], _mm512_set1_epi32(xw));
       }
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gd + j * kRows)));
-      const __m512 zw = _mm512_fmadd_ps(centre, dw, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gm + j * kRows))));
       const int64_t at = at0 + j;
       const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];
       acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), acc[l]);
-      mins[l] = _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), mins[l]);
+      if constexpr (kMin) {
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gm + j * kRows)));
+        const __m512 zw = _mm512_fmadd_ps(_mm512_set1_ps(L::kCentre), dw, m);
+        mins[l] = _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), mins[l]);
+      }
       mins[l] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), mins[l]);
     }
   }
@@ -187,9 +193,15 @@ inline void group_rows(const uint8_t* qs, const uint16_t* d, const uint16_t* mn,
                        int64_t M, int64_t g, float* out) {
 #ifdef PD_AVX512
   const uint8_t* grp = qs + g * nb * L::kBlockBytes;
-  const uint16_t *gd = d + g * nb * kRows, *gm = mn + g * nb * kRows;
-  for (int64_t m = 0; m < M; ++m)
-    group_row<L>(grp, gd, gm, nb, a.q.data() + m * nb * kBlock, a, m * a.nbp, m == 0, out + m * kRows);
+  const uint16_t* gd = d + g * nb * kRows;
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* x = a.q.data() + m * nb * kBlock;
+    if (mn) {
+      group_row<L, true>(grp, gd, mn + g * nb * kRows, nb, x, a, m * a.nbp, m == 0, out + m * kRows);
+    } else {
+      group_row<L, false>(grp, gd, nullptr, nb, x, a, m * a.nbp, m == 0, out + m * kRows);
+    }
+  }
 #else
   group_rows_portable<L>(qs, d, mn, nb, a, M, g, out);
 #endif
@@ -197,7 +209,7 @@ inline void group_rows(const uint8_t* qs, const uint16_t* d, const uint16_t* mn,
 
 #ifdef PD_AVX2
 // The GEMM panel (panel.h's layout) of group g: word t of a column as words() gives it, dw the scales, zw =
-// fma(centre, d, m), as gemm::unpack_panel gives the rows.
+// fma(centre, d, m) (0 without minimums: fma(c, d, -c d)), as gemm::unpack_panel gives the rows.
 template <class L>
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* mn, int64_t nb, int64_t g,
                          gemm::Panel& p) {
@@ -207,7 +219,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
   p.dw.resize(nb * kCols);
   p.zw.resize(nb * kCols);
   const uint8_t* grp = qs + g * nb * L::kBlockBytes;
-  const uint16_t *gd = d + g * nb * kRows, *gm = mn + g * nb * kRows;
+  const uint16_t *gd = d + g * nb * kRows, *gm = mn ? mn + g * nb * kRows : nullptr;
   for (int64_t j = 0; j < nb; ++j) {
     int32_t* dst = p.codes.data() + j * 8 * kCols;
 #ifdef PD_AVX512
@@ -226,7 +238,7 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
     for (int r = 0; r < kRows; ++r) {
       const float dw = half_to_float(gd[j * kRows + r]);
       p.dw[j * kCols + r] = dw;
-      p.zw[j * kCols + r] = std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r]));
+      p.zw[j * kCols + r] = gm ? std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])) : 0.0f;
     }
   }
 }

@@ -75,7 +75,8 @@ void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at:
 }
 
 // rows [start, stop) of q4g or q5g groups (affine_groups.h: qs (N / 16, k / 32 * block bytes), scale / minimum
-// (N / 16, k / 32 * 16) fp16) -> out (stop - start, k) fp32, read where they lie: the rows' decoders' bits
+// (N / 16, k / 32 * 16) fp16, minimum empty for -c d) -> out (stop - start, k) fp32, read where they lie: the
+// rows' decoders' bits
 template <class L>
 void groups_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, int64_t start,
                  int64_t stop, at::Tensor out) {
@@ -83,19 +84,20 @@ void groups_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor
   const int64_t G = qs.size(0), groups = qs.size(1) / L::kBlockBytes;
   check_rows(qs, at::kByte, G, groups * L::kBlockBytes, "qs");
   check_rows(scale, at::kHalf, G, groups * kRows, "scale");
-  check_rows(minimum, at::kHalf, G, groups * kRows, "minimum");
+  const bool implied = minimum.numel() == 0;  // Q4_0's and Q5_0's -c d
+  if (!implied) check_rows(minimum, at::kHalf, G, groups * kRows, "minimum");
   TORCH_CHECK(qs.is_contiguous() && scale.is_contiguous() && minimum.is_contiguous(), "groups must be contiguous");
   TORCH_CHECK(0 <= start && start <= stop && stop <= G * kRows, "rows [", start, ", ", stop, ") are not in ",
               G * kRows, " rows");
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const uint16_t* sp = (const uint16_t*)scale.data_ptr();
-  const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
+  const uint16_t* mp = implied ? nullptr : (const uint16_t*)minimum.data_ptr();
   affine_rows(stop - start, groups, out, [&](int64_t i, int64_t j, uint8_t* c, uint16_t& d, uint16_t& m) {
     const int64_t r = start + i, g = r / kRows, lane = r % kRows;
     const uint8_t* b = q + (g * groups + j) * L::kBlockBytes;
     for (int t = 0; t < kBlock; ++t) c[t] = (uint8_t)affine_groups::code<L>(b, (int)lane, t);
     d = sp[(g * groups + j) * kRows + lane];
-    m = mp[(g * groups + j) * kRows + lane];
+    m = mp ? mp[(g * groups + j) * kRows + lane] : c10::Half(-L::kCentre * half_to_float(d)).x;  // exact: c is 2^k
   });
 }
 

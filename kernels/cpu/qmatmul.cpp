@@ -363,9 +363,11 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
               "packed weights do not match their declared format ", L.name, " (id ", fmt, ") at K = ", K,
               ": qs must be contiguous uint8 (", L.rows > 1 ? "N/16" : "N", ", ", row_bytes, "), got ",
               qs.scalar_type(), " ", qs.sizes());
-  TORCH_CHECK(m.has_value() == (L.scales == 2), L.name, " weights ", L.scales == 2 ? "need" : "have no", " minimums");
   const bool affine = L.scales == 2;  // q4 and q5: a scale and a minimum per block
   const bool q8g = f == kQ8G, grouped_scales = q8g || f == kQ4G || f == kQ5G;  // scales (N / 16, K / 32 * 16), by group
+  // q4g and q5g may leave out a minimum of -c d (GGUF Q4_0, Q5_0: affine_groups.h)
+  TORCH_CHECK(m.has_value() == affine || (affine && grouped_scales), L.name, " weights ",
+              affine ? "need" : "have no", " minimums");
   const int64_t N = qs.size(0) * L.rows;
   auto padded = [&](const at::Tensor& t) {  // kernels read up to 7 scales past the last row's end
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == N && t.size(1) == nb &&
@@ -375,7 +377,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     return t.scalar_type() == at::kHalf && t.is_contiguous() && t.dim() == 2 && t.size(0) == qs.size(0) &&
            t.size(1) == nb * L.rows;
   };
-  TORCH_CHECK(!grouped_scales || (by_group(d) && (!affine || by_group(*m))), L.name,
+  TORCH_CHECK(!grouped_scales || (by_group(d) && (!m || by_group(*m))), L.name,
               affine ? " scales and minimums" : " scales", " must be (N/16, K/32 * 16) fp16");
   TORCH_CHECK(L.scales == 0 || grouped_scales || padded(d), "scales must be (N, K/32) fp16 with ", kScalePad,
               " values of padding after them");
@@ -398,7 +400,7 @@ at::Tensor qmatmul(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& 
     quantize_rows(x.data_ptr<float>(), M, K, a, row_acts(f) == RowActs::kPaired && !big);
   }
   Weights w{(const uint8_t*)qs.data_ptr(), L.scales == 0 ? nullptr : (const uint16_t*)d.data_ptr(),
-            affine ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
+            m ? (const uint16_t*)m->data_ptr() : nullptr, K, nb};
   float* out = y.data_ptr<float>();
   const Act ac = (Act)act;
 #ifdef PD_AVX2

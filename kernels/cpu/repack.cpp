@@ -11,6 +11,7 @@
 //                  same bytes rearranged;
 //   q8_group_in_place: q8 rows -> q8g's groups of 16 rows (q8.h), where they lie;
 //   q4_group_in_place: q4 rows -> q4g's groups of 16 rows (affine_groups.h), where they lie;
+//   centred_minimums: whether q4 or q5 minimums are all -centre * scale (Q4_0, Q5_0: groups leave them out);
 //   q6_k_to_q8:    Q6_K super-blocks decoded exactly (w = (d * sc) * (q - 32), gguf's order of operations) and
 //                  quantized as q8_quantize does, with no fp32 matrix in between.
 //   q8_0_repack:   Q8_0 blocks -> q8 (the file's codes + 128 and its scales: exact);
@@ -296,6 +297,25 @@ void q4_group_in_place(at::Tensor qs, at::Tensor scale, at::Tensor minimum) {
   });
 }
 
+// Whether every minimum is -centre * scale (what GGUF Q4_0 and Q5_0 blocks hold), compared as floats as
+// torch.equal does: such groups leave their minimums out (affine_groups.h). A Q4_1 or Q5_1 matrix stops at its
+// first block; a Q4_0 one is read once, at the memory's speed (torch's float copies added ~0.1 s to a 1.5B load).
+bool centred_minimums(const at::Tensor& scale, const at::Tensor& minimum, double centre) {
+  TORCH_CHECK(scale.scalar_type() == at::kHalf && minimum.scalar_type() == at::kHalf && scale.is_contiguous() &&
+                  minimum.is_contiguous() && scale.sizes() == minimum.sizes(),
+              "centred_minimums takes contiguous fp16 scales and minimums of one shape");
+  const uint16_t *d = (const uint16_t*)scale.data_ptr(), *m = (const uint16_t*)minimum.data_ptr();
+  const float c = (float)centre;
+  std::atomic<bool> centred{true};
+  shared_range::share_range(0, scale.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
+    if (!centred.load(std::memory_order_relaxed)) return;
+    bool ok = true;
+    for (int64_t i = i0; i < i1; ++i) ok &= half_to_float(m[i]) == -c * half_to_float(d[i]);
+    if (!ok) centred.store(false, std::memory_order_relaxed);
+  });
+  return centred.load();
+}
+
 // raw (n, k / 32 * 34) Q8_0 blocks -> qs (n, k) = code + 128 and scale (n, k / 32), the file's own values
 void q8_0_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale) {
   check_u8(raw, "raw");
@@ -410,6 +430,7 @@ void q5_repack(const at::Tensor& raw, at::Tensor qs, at::Tensor scale, at::Tenso
 TORCH_LIBRARY_FRAGMENT(pagedeck, lib) {
   lib.def("q8_group_in_place(Tensor(a!) qs, Tensor(b!) scale) -> ()", &q8_group_in_place);
   lib.def("q4_group_in_place(Tensor(a!) qs, Tensor(b!) scale, Tensor(c!) minimum) -> ()", &q4_group_in_place);
+  lib.def("centred_minimums(Tensor scale, Tensor minimum, float centre) -> bool", &centred_minimums);
   lib.def("group_superblocks(Tensor rows, Tensor(a!) groups, int block_bytes) -> ()", &group_superblocks);
   lib.def("ungroup_superblocks(Tensor groups, Tensor(a!) rows, int block_bytes) -> ()", &ungroup_superblocks);
   lib.def("q4_to_q8(Tensor qs, Tensor scale, Tensor minimum, Tensor(a!) qs8, Tensor(b!) scale8) -> ()", &q4_to_q8);

@@ -1,8 +1,9 @@
 """q4 and q5 rows regrouped 16 at a time (q4g and q5g, kernels/cpu/affine_groups.h): the groups hold the rows'
 bytes as the header states (a NumPy statement of the layout) and go back to the same rows; their products are
 the rows' own bit for bit for every row count (the group kernel and the GEMM from groups), with and without
-SwiGLU, on both builds; a grouped matrix decodes and gathers the rows' weights; the loader groups the default
-model's q4 matrices and a Gemma-shaped file's q5 ones, and the logits keep their bits."""
+SwiGLU, on both builds; groups of Q4_0 and Q5_0 rows (minimum -centre * scale) hold no minimums and still give
+the rows' bits; a grouped matrix decodes and gathers the rows' weights; the loader groups the default model's q4
+matrices and a Gemma-shaped file's q5 ones, and the logits keep their bits."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,7 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.model.qlinear import AffineLinear, PartsLinear, Q4Linear, Q5Linear
 from kernels import cpu_ext, formats
-from kernels.packed import native_group, q4_ungroup, q5_fields, q5_ungroup
+from kernels.packed import native_group, pad_scales, q4_ungroup, q5_fields, q5_ungroup
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, run_on_isa_build
 from tests.kernels.test_q5 import random_q5
 from tests.kernels.test_q8g import assert_decodes_as_its_rows
@@ -26,14 +27,40 @@ pytestmark = [pytest.mark.skipif(not cpu_ext.available(), reason="pagedeck's CPU
 
 
 def random_rows(fmt: str, N: int, K: int, seed: int = 0) -> AffineLinear:
-    """q4 (Q4_1-like offsets) or q5 (a Q5_1 matrix written by the gguf package, as the loader packs it)."""
-    return random_q4(N, K, seed) if fmt == "q4" else random_q5(N, K, seed, Q.Q5_1)[0]
+    """q4 (Q4_1-like offsets), q5 (a Q5_1 matrix written by the gguf package, as the loader packs it), or their
+    symmetric kin whose minimums are -centre * scale: q4_0 (Q4_0's m = -8 d) and q5_0 (a Q5_0 matrix)."""
+    if fmt == "q4_0":
+        w = random_q4(N, K, seed)
+        return Q4Linear.from_packed(w.qs, w.scale, pad_scales((w.scale.float() * -8).half()))
+    return random_q4(N, K, seed) if fmt == "q4" else random_q5(N, K, seed, Q.Q5_1 if fmt == "q5" else Q.Q5_0)[0]
+
+
+FORMATS = ["q4", "q5", "q4_0", "q5_0"]
 
 
 def grouped_copy(w: AffineLinear) -> AffineLinear:
     out = type(w).from_packed(w.qs.clone(), w.scale.clone(), w.minimum.clone())
     assert out.group()
     return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_groups_of_q4_0_and_q5_0_leave_their_minimums_out(fmt):
+    """A group whose minimums are all -centre * scale (GGUF Q4_0, Q5_0) holds none: a token reads the file's
+    bytes (Q4_0: 18 a block, Q5_0: 22), and the kernel refuses q4 and q5 rows without them."""
+    w = random_rows(fmt, 64, 640)
+    g = grouped_copy(w)
+    symmetric = fmt.endswith("_0")
+    assert (g.minimum is None) == symmetric and (g.blocks[2] is None) == symmetric
+    per_block = {"q4": 20, "q5": 24, "q4_0": 18, "q5_0": 22}[fmt]
+    assert g.nbytes() == 64 * 20 * per_block
+    for part, want in zip(g.rows(0, 64), (w.qs, w.scale[:64], w.minimum[:64])):
+        assert torch.equal(part, want)
+    if symmetric:
+        with pytest.raises(RuntimeError, match="weights need minimums"):
+            cpu_ext.ops().qmatmul(torch.randn(1, 640), w.qs, w.scale, None, w.kernel_id, 0)
+        w.minimum[63, 19] = w.minimum[63, 19].float() * 1.01  # one block of the last row off -c d: kept, all of them
+        assert grouped_copy(w).minimum is not None
 
 
 def layout(w: AffineLinear) -> tuple[np.ndarray, ...]:
@@ -64,7 +91,7 @@ def test_groups_are_the_rows_bytes_as_stated_and_go_back(fmt, block):
 
 
 # K: 32 (one block), 544 (17 blocks: the lanes' last pass is short), 576 (the default model's), 2048
-@pytest.mark.parametrize("fmt", ["q4", "q5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("K", [32, 544, 576, 2048])  # 544: q5's odd last block, stored apart in rows
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 16, 23, 24, 33])  # the group kernel below 24 rows, the GEMM from 24
 def test_groups_give_the_rows_bits(M, K, fmt):
@@ -96,13 +123,13 @@ def test_extreme_codes_and_activations_keep_the_rows_bits(cls, top):
     assert torch.equal(g(x), w(x)) and torch.equal(g(x[1:2]), w(x[1:2]))
 
 
-@pytest.mark.parametrize("fmt", ["q4", "q5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_a_rows_result_never_depends_on_the_batch_or_the_threads(fmt):
     g = grouped_copy(random_rows(fmt, 160, 576, 3))
     assert_rows_independent(g, torch.randn(11, 576), (0, 4, 10), (1, 4))
 
 
-@pytest.mark.parametrize("fmt", ["q4", "q5"])
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_grouped_weights_decode_and_gather_as_their_rows(fmt):
     w = random_rows(fmt, 64, 288, 5)  # 9 blocks: q5's odd last block
     assert_decodes_as_its_rows(grouped_copy(w), w)
@@ -166,18 +193,47 @@ def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their
     assert torch.equal(forward_tokens(grouped, ids, prompt=False), forward_tokens(rows, ids, prompt=False))
 
 
+@pytest.mark.parametrize("quant", ["Q4_0", "Q5_0"])
+def test_a_q4_0_or_q5_0_files_groups_hold_no_minimums_and_the_estimate_knows(tmp_path, monkeypatch, quant):
+    """Every decoder matrix of a Q4_0 (Q5_0) file loads grouped without minimums: the weights hold 2 bytes a
+    block fewer than in rows, the memory estimate says so byte for byte, and the logits keep the rows' bits."""
+    from engine import Model
+    from engine.model.catalog import memory
+    from tools.logits import forward_tokens
+    from tools.models.synthetic_gguf import write_random_gguf
+
+    monkeypatch.setenv("PAGEDECK_DENSE_COPY", "0")
+    path = write_random_gguf(tmp_path / "m.gguf", "tiny", 2, quant)
+    loaded = {}
+    for groups in ("1", "0"):
+        monkeypatch.setenv("PAGEDECK_ROW_GROUPS", groups)
+        model = Model.load(path, weights="packed", check_memory=False)
+        assert model.wait_settled(60)
+        assert memory.estimate_memory(path, weights="packed").weights_bytes == model.memory_bytes()
+        loaded[groups] = model
+    mats = [t for layer in loaded["1"].layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    assert all(isinstance(t, AffineLinear) and t.grouped and t.minimum is None for t in mats)
+    minimums = sum(t.numel() // 32 * 2 + 16 for t in mats)  # each matrix's buffer: 2 bytes a block, SCALE_PAD
+    assert loaded["0"].memory_bytes() - loaded["1"].memory_bytes() == minimums
+    ids = torch.randint(20, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(forward_tokens(loaded["1"], ids), forward_tokens(loaded["0"], ids))
+    assert torch.equal(forward_tokens(loaded["1"], ids, prompt=False), forward_tokens(loaded["0"], ids, prompt=False))
+
+
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build keeps q4 and q5 in rows at load, but groups given to it are multiplied by the
     statement's lane-by-lane form (affine_groups.h's group_rows_portable) and the panels from groups: the same
     bits as this build's."""
     saved, x = {}, torch.randn(30, 544, generator=torch.Generator().manual_seed(1))
-    for fmt in ("q4", "q5"):
+    for fmt in FORMATS:
         g = grouped_copy(random_rows(fmt, 64, 544, 8))
-        saved |= {f"{fmt}_qs": g.qs, f"{fmt}_d": g.scale, f"{fmt}_m": g.minimum, f"{fmt}_y": g(x), f"{fmt}_y3": g(x[:3])}
+        m = g.minimum if g.minimum is not None else torch.empty(0, dtype=torch.float16)  # none: -centre * d
+        saved |= {f"{fmt}_qs": g.qs, f"{fmt}_d": g.scale, f"{fmt}_m": m, f"{fmt}_y": g(x), f"{fmt}_y3": g(x[:3])}
     check = ("from kernels.packed import qmatmul; from kernels.formats import Q4, Q5\n"
-             "for n, F in (('q4', Q4), ('q5', Q5)):\n"
-             "    w, f = (d[n + '_qs'], d[n + '_d'], d[n + '_m']), F.id(grouped=True)\n"
+             "for n, F in (('q4', Q4), ('q5', Q5), ('q4_0', Q4), ('q5_0', Q5)):\n"
+             "    m = d[n + '_m'] if d[n + '_m'].numel() else None\n"
+             "    w, f = (d[n + '_qs'], d[n + '_d'], m), F.id(grouped=True)\n"
              "    assert torch.equal(qmatmul(d['x'], w, f), d[n + '_y'])\n"
              "    assert torch.equal(qmatmul(d['x'][:3], w, f), d[n + '_y3'])")
     run_on_isa_build(saved | {"x": x}, check, ["tests/kernels/test_cpu_kernels.py"], "never_depends")

@@ -129,7 +129,7 @@ def estimate_memory(source: str | Path | ModelInfo | None, cache_tokens: int = D
     dtype = dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     elt = _DTYPE_BYTES[dtype]
     fmt = resolve_weights(weights, info.kind, device)
-    parts = _weight_parts(info, fmt, elt)
+    parts = _weight_parts(info, fmt, elt, device)
     weight_bytes = sum(kept for kept, _ in parts)
     # the pools' own element type (fp16 under packed weights on a CPU: Model.kv_pool_dtype), not the weights'
     cache = kv_cache_bytes(c, cache_tokens, kv_quant, pool_bytes(device.split(":")[0], dtype, fmt, attention_fuses(c)))
@@ -159,10 +159,10 @@ def estimate_download(file_bytes: int, kind: str = "gguf", device: str = "cpu") 
                           resolve_weights("auto", kind, device), 0, None, file_bytes, kind)
 
 
-def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4) -> int:
-    """Bytes the loaded weights hold in format `fmt` (dense ones `elt` bytes a weight): the loader's rules per
-    tensor (engine.model.packing.repack), so it equals Model.memory_bytes() after loading."""
-    return sum(kept for kept, _ in _weight_parts(info, fmt, elt))
+def weights_bytes(info: ModelInfo, fmt: str, elt: int = 4, device: str = "cpu") -> int:
+    """Bytes the loaded weights hold in format `fmt` (dense ones `elt` bytes a weight) on `device`: the loader's
+    rules per tensor (engine.model.packing.repack), so it equals Model.memory_bytes() after loading."""
+    return sum(kept for kept, _ in _weight_parts(info, fmt, elt, device))
 
 
 def _load_peak(parts: list[tuple[int, int]]) -> int:
@@ -174,9 +174,11 @@ def _load_peak(parts: list[tuple[int, int]]) -> int:
     return peak
 
 
-def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, int]]:
-    """Per tensor in file order: (bytes kept once loaded, file bytes resident beside them while it loads)."""
+def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4, device: str = "cpu") -> list[tuple[int, int]]:
+    """Per tensor in file order: (bytes kept once loaded, file bytes resident beside them while it loads); on a
+    CPU the decoder layers' Q4_0 and Q5_0 matrices, once grouped, leave their minimums out."""
     import kernels
+    from kernels.formats import GROUP
     from kernels.packed import SCALE_PAD
 
     from ..packing import experts, repack
@@ -185,9 +187,11 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, in
     packed = {t.name: t for t in info.tensors if repack.keeps_packed(t.name, t.dtype, len(t.shape), fmt)}
     dense_copy = repack.keeps_dense_copy(sum(t.numel for t in packed.values()))
     own = repack.mixed_parts_kept(dense_copy)
-    kernels_of = repack.kernel_formats({n: t.dtype for n, t in packed.items()}, fmt, own)
-    copies = repack.copied({n: t.dtype for n, t in packed.items()}, kernels_of) if dense_copy else set()
+    packed_types = {n: t.dtype for n, t in packed.items()}
+    kernels_of = repack.kernel_formats(packed_types, fmt, own)
+    copies = repack.copied(packed_types, kernels_of) if dense_copy else set()
     names = {t.name for t in info.tensors}
+    rows = {t.name: int(t.shape[0]) for t in info.tensors}
     tied = c.tie_word_embeddings or not names & {"output.weight", "lm_head.weight"}
     head = "token_embd.weight" if "token_embd.weight" in names else "model.embed_tokens.weight"
     if not tied:
@@ -207,8 +211,11 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4) -> list[tuple[int, in
                                         and (repack.dense_copy_forced() or not repack.decodes_exactly(t.dtype, kernel)))
             total += experts.storage_bytes(kernel, t.shape) + (4 * t.numel if copy else 0)  # per expert of a stack
             streamed = info.kind == "gguf"
-            if repack.fused_into(t.name, packed, kernels_of if own else None) and not c.fused_projections:
+            joined = repack.fused_into(t.name, packed, kernels_of if own else None) and not c.fused_projections
+            if joined:
                 total -= experts.matrices(t.shape) * repack.scale_buffers(kernel) * 2 * SCALE_PAD  # one per fused matrix
+            if not device.startswith("cuda") and repack.minimums_left_out(t.name, packed_types, rows, kernels_of, own):
+                total -= t.numel // GROUP * 2 + (0 if joined else 2 * SCALE_PAD)  # the minimums' buffer, freed
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
             total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt
         else:

@@ -81,11 +81,13 @@ DENSE_COPY_MAX_BYTES = 768 << 20  # the default 135M model (540 MB) under it, a 
 Q = GGMLQuantizationType
 _DENSE = ("F32", "F16", "BF16", "F64")
 _EMBED_HEAD = ("lm_head.weight", "embed_tokens.weight", "output.weight", "token_embd.weight")
-# matrices packed: projections, the output head and the token embedding (HF and llama.cpp names)
-_MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight", "o_proj.weight",
-             "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
-             "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
-             "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight") + _EMBED_HEAD
+_CENTRED = {"q4": "Q4_0", "q5": "Q5_0"}  # the stored type of each affine format whose minimums are -centre * d
+# matrices packed: the decoder layers' projections (HF and llama.cpp names), the output head, the token embedding
+_LAYER_MATRICES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "qkv_proj.weight", "o_proj.weight",
+                   "gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight",
+                   "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_qkv.weight", "attn_output.weight",
+                   "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_MATRICES = _LAYER_MATRICES + _EMBED_HEAD
 # K-quants kept as the file's super-blocks
 _SUPERBLOCKS = {"q6": Q6Linear, "q4k": Q4KLinear, "q5k": Q5KLinear, "q3k": Q3KLinear, "q2k": Q2KLinear}
 _STARTS = {"q5s": Q5SLinear}  # start-only formats outside the lookup-table family (kernels.formats.STARTS_ON)
@@ -117,6 +119,33 @@ def fused_into(name: str, packed: set[str] | dict, kernels: dict[str, str] | Non
                 return kernels is None or all(kernels.get(name[: -len(part)] + p, kernels[first]) == kernels[first]
                                               for p in group)
     return False
+
+
+def matrix_parts(name: str, packed: set[str] | dict, kernels: dict[str, str] | None = None) -> list[str]:
+    """The packed stored names that become one matrix with `name` (its q|k|v or gate|up, fused_into's rule; with
+    `kernels`, a mixed group's parts stay apart), or [name] for a matrix of its own."""
+    for group in _FUSED:
+        for part in group:
+            stem = name[: -len(part)]
+            if name.endswith(part) and stem + group[0] in packed:
+                names = [stem + p for p in group if stem + p in packed]
+                if kernels is None or len({kernels[n] for n in names}) == 1:
+                    return names
+    return [name]
+
+
+def minimums_left_out(name: str, packed: dict[str, str], rows: dict[str, int], kernels: dict[str, str],
+                      own_formats: bool) -> bool:
+    """Whether a decoder layer's packed matrix (or part) holds no minimums once loaded (qlinear.AffineLinear.group
+    leaves out minimums that are all -centre * scale): q4 or q5 kept from GGUF Q4_0 or Q5_0, every part of its
+    matrix of that type, and the matrix's rows grouped here (kernels.packed.groupable). The memory estimate's
+    rule; `packed` {name: stored type}, `rows` {name: output rows}."""
+    kernel = kernels.get(name)
+    if kernel not in _CENTRED or not name.endswith(_LAYER_MATRICES):
+        return False
+    parts = matrix_parts(name, packed, kernels if own_formats else None)
+    return (all(packed[p] == _CENTRED[kernel] for p in parts)
+            and groupable(sum(rows[p] for p in parts), formats.get(kernel).grouped_id))
 
 
 def gguf_table(name: str, tied: bool, packs: bool) -> str | None:

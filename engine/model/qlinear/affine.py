@@ -20,8 +20,12 @@ class AffineLinear(PackedLinear):
 
     group() regroups the rows 16 at a time (kernels.packed's q4g and q5g, `_group` / `_ungroup`: the same bits,
     a decode-sized product without the per-row tile's horizontal sums), for the decoder layers' matrices once a
-    model is loaded (engine.model.loader.group_matrices); `grouped` says which. Row access (rows, dense_rows,
-    dense_into, embedding rows) reads either layout."""
+    model is loaded (engine.model.loader.group_matrices); `grouped` says which. Groups whose every minimum is
+    -centre * scale (GGUF Q4_0 and Q5_0) drop them (`minimum` None): the group kernels need not read them, and
+    the bytes a token reads are the file's. Row access (rows, dense_rows, dense_into, embedding rows) reads
+    either layout."""
+
+    centre: float  # the code the format centres its products on (a Q4_0 / Q5_0 block's minimum is -centre * d)
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor, keep_dense: bool = True):
         N, K = codes.shape
@@ -63,7 +67,12 @@ class AffineLinear(PackedLinear):
         g0, g1 = start // GROUP_ROWS, -(-stop // GROUP_ROWS)
         lo = start - g0 * GROUP_ROWS
         return tuple(t[lo:lo + stop - start] for t in self._ungroup(self.qs[g0:g1], self.scale[g0:g1],
-                                                                    self.minimum[g0:g1]))
+                                                                    self._minimums(slice(g0, g1))))
+
+    def _minimums(self, groups) -> torch.Tensor:
+        """The minimums of `groups` (an index into the groups), -centre * scale where the groups dropped them
+        (exact: the centre is a power of two)."""
+        return self.minimum[groups] if self.minimum is not None else (self.scale[groups].float() * -self.centre).half()
 
     def group(self) -> bool:
         """Regroup the rows where the format's group kernel is vectorized, the weights are on the CPU and whole
@@ -71,6 +80,8 @@ class AffineLinear(PackedLinear):
         if not self.grouped and self.qs.device.type == "cpu" and groupable(self.shape[0], self.spec.grouped_id):
             self.qs, self.scale, self.minimum = self._group(self.qs, self.scale, self.minimum)
             self.grouped = True
+            if cpu_ext.ops().centred_minimums(self.scale, self.minimum, self.centre):
+                self.minimum = None
         return self.grouped
 
     def dense_rows(self, start: int, stop: int) -> torch.Tensor:
@@ -81,7 +92,8 @@ class AffineLinear(PackedLinear):
         if ops is None:
             return super().dense_into(start, stop, out)
         if self.grouped:  # read where they lie: a prompt chunk decodes every matrix, ungrouping them cost a third more
-            return getattr(ops, self._decode_groups_into)(self.qs, self.scale, self.minimum, start, stop, out)
+            minimum = self.minimum if self.minimum is not None else self.scale.new_empty(0)
+            return getattr(ops, self._decode_groups_into)(self.qs, self.scale, minimum, start, stop, out)
         getattr(ops, self._decode_into)(*self.rows(start, stop), out)
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
@@ -89,7 +101,7 @@ class AffineLinear(PackedLinear):
             return self._decode(self.qs[ids], self.scale[ids], self.minimum[ids])
         groups, inverse = torch.unique(ids // GROUP_ROWS, return_inverse=True)  # the ids' groups, as rows
         at = inverse * GROUP_ROWS + ids % GROUP_ROWS
-        qs, scale, minimum = self._ungroup(self.qs[groups], self.scale[groups], self.minimum[groups])
+        qs, scale, minimum = self._ungroup(self.qs[groups], self.scale[groups], self._minimums(groups))
         return self._decode(qs[at], scale[at], minimum[at])
 
     @property
@@ -103,6 +115,7 @@ class Q4Linear(AffineLinear):
 
     spec = formats.Q4
     format = spec.name
+    centre = 8.0
     _codes, _decode, _decode_into = staticmethod(pack_nibbles), staticmethod(q4_dequantize), "q4_dequantize_into"
     _group, _ungroup, _decode_groups_into = staticmethod(q4_group), staticmethod(q4_ungroup), "q4g_dequantize_into"
 
@@ -135,6 +148,7 @@ class Q5Linear(AffineLinear):
 
     spec = formats.Q5
     format = spec.name
+    centre = 16.0
     _codes, _decode, _decode_into = staticmethod(q5_pack), staticmethod(q5_dequantize), "q5_dequantize_into"
     _group, _ungroup, _decode_groups_into = staticmethod(q5_group), staticmethod(q5_ungroup), "q5g_dequantize_into"
 

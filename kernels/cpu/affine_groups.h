@@ -20,9 +20,12 @@
 // result is hsum(acc) + hsum(mins) in isa.h's hsum pairing. So a group gives its rows' bits (the per-row and the
 // GEMM path alike) whatever the batch, the row order or the threads.
 //
-// Groups of GGUF Q4_0 and Q5_0 rows may come without minimums (m a null pointer): theirs is m = -c d, so z_w =
-// fma(c, d_w, m_w) is exactly 0 and its term leaves mins as it was; the kernels skip it and the 2 bytes a block
-// the rows store for it (Q4_0's 18 file bytes a block read as 18, not 20). The bits are the rows' still.
+// Groups of GGUF Q4_0 and Q5_0 rows may come without minimums (m a null pointer): theirs is m = -c d, w = d (q -
+// c), and a token reads the file's 18 bytes a Q4_0 block, not 20. Their products are q8's (q8.h) of the same
+// weights: per block the exact int32 sum of (q - c) x (dpbusd's sum of q x less c times the activations' integer
+// sum), acc = fma(I, d_w d_x, acc) in lane j % 8 and no minimums; the GEMM path takes q8's tiles for them
+// (qgemm.h's kCentred, 8 rows a tile where q4 and q5 take 4). The bits are then a q8 matrix's of these weights,
+// not the rows' float centring's (a few ulp apart).
 #pragma once
 
 #include "activations.h"
@@ -99,11 +102,15 @@ inline void group_rows_portable(const uint8_t* qs, const uint16_t* d, const uint
         for (int i = 0; i < kBlock; ++i) I += code<L>(grp + j * L::kBlockBytes, r, i) * x[i];
         const int64_t at = m * a.nbp + j;
         const float dw = half_to_float(gd[j * kRows + r]);
-        const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];  // q5's 16 d_x isum is twice q4's
         const int l = (int)(j % 8);
         const float ddx = dw * a.d[at];
+        if (!gm) {  // centred: q8's sum of (q - c) x
+          acc[l] = std::fma((float)(I - (int32_t)L::kCentre * a.isum[at]), ddx, acc[l]);
+          continue;
+        }
+        const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];  // q5's 16 d_x isum is twice q4's
         acc[l] = std::fma((float)I, ddx, acc[l]);
-        if (gm) mins[l] = std::fma(std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])), a.s[at], mins[l]);
+        mins[l] = std::fma(std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])), a.s[at], mins[l]);
         mins[l] = std::fma(-dw, c, mins[l]);
       }
       out[m * kRows + r] = pair_sum(acc) + pair_sum(mins);
@@ -159,22 +166,23 @@ inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm
       }
       __m512i w[8];
       words<L>(b, w);
-      __m512i I = _mm512_setzero_si512();
+      const int64_t at = at0 + j;
+      // centred (no minimums): from -c times the activations' sum, q8's exact sum of (q - c) x
+      __m512i I = kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(-(int32_t)L::kCentre * a.isum[at]);
       for (int t = 0; t < 8; ++t) {
         int32_t xw;
         std::memcpy(&xw, x + j * kBlock + 4 * t, 4);
         I = _mm512_dpbusd_epi32(I, w[t], _mm512_set1_epi32(xw));
       }
       const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gd + j * kRows)));
-      const int64_t at = at0 + j;
-      const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];
       acc[l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I), _mm512_mul_ps(dw, _mm512_set1_ps(a.d[at])), acc[l]);
       if constexpr (kMin) {
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gm + j * kRows)));
         const __m512 zw = _mm512_fmadd_ps(_mm512_set1_ps(L::kCentre), dw, m);
+        const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];
         mins[l] = _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), mins[l]);
+        mins[l] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), mins[l]);
       }
-      mins[l] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), mins[l]);
     }
   }
   auto pairs = [](const __m512* v) {
@@ -209,7 +217,7 @@ inline void group_rows(const uint8_t* qs, const uint16_t* d, const uint16_t* mn,
 
 #ifdef PD_AVX2
 // The GEMM panel (panel.h's layout) of group g: word t of a column as words() gives it, dw the scales, zw =
-// fma(centre, d, m) (0 without minimums: fma(c, d, -c d)), as gemm::unpack_panel gives the rows.
+// fma(centre, d, m), as gemm::unpack_panel gives the rows; without minimums a kCentred panel (offset c, no zw).
 template <class L>
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* mn, int64_t nb, int64_t g,
                          gemm::Panel& p) {
@@ -238,9 +246,10 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
     for (int r = 0; r < kRows; ++r) {
       const float dw = half_to_float(gd[j * kRows + r]);
       p.dw[j * kCols + r] = dw;
-      p.zw[j * kCols + r] = gm ? std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])) : 0.0f;
+      if (gm) p.zw[j * kCols + r] = std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r]));
     }
   }
+  p.offset = gm ? 128 : (int32_t)L::kCentre;  // without minimums the panel is qgemm.h's kCentred
 }
 #endif
 

@@ -36,6 +36,7 @@ struct View {
   const int32_t* codes;
   const float *dw, *zw;
   const int32_t *slo, *shi;
+  int32_t offset = 128;  // q8's and the centred codes' u8 = q + offset (qgemm.h's kCentred: 8 or 16)
 };
 
 struct Panel {
@@ -43,7 +44,8 @@ struct Panel {
   std::vector<float> dw, zw;
   std::vector<int32_t> slo, shi;
   std::vector<int32_t> mins;  // Q2_K's minimum pairs (q6.h's unpack_panel), read by its gemm_tile only
-  View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data()}; }
+  int32_t offset = 128;
+  View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data(), offset}; }
 };
 
 // r[c] = the 8 code words (t = 0..7) of one block of column c; afterwards r[t] = word t of columns 0..7

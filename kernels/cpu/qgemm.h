@@ -40,6 +40,10 @@ using formats::kQ4;  // the formats' ids (formats.h, generated from kernels/form
 using formats::kQ5;
 using formats::kQ5S;
 using formats::kQ8;
+// Not a stored format: panels of codes u8 = q + offset (View::offset; q4g's and q5g's groups without minimums,
+// GGUF Q4_0's w = d (q - 8) and Q5_0's d (q - 16)), multiplied as q8's are: each block's sum starts from -offset
+// times the activations' sum, so it is the exact sum of (q - offset) x and no minimums accumulate.
+constexpr int kCentred = -1;
 constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
 
 // The panel of weight rows n0..n0+cols of format fmt (panel.h's layout), by the format's own unpacker
@@ -148,7 +152,8 @@ inline void tile(const View& p, const Act& a, int64_t m0, float* out, int64_t ld
     for (int r = 0; r < R; ++r) {
       const int64_t at = (m0 + r) * a.nbp + j;
       const __m256 dx = _mm256_set1_ps(a.d[at]);
-      const __m256i fix = _mm256_set1_epi32(F == kQ8 && kVnni ? 128 * a.isum[at] : 0);  // q8: the + 128 of the codes
+      // q8: the + 128 of the codes (its AVX2 form multiplies q itself); centred codes: their offset
+      const __m256i fix = _mm256_set1_epi32((F == kQ8 && kVnni) || F == kCentred ? p.offset * a.isum[at] : 0);
       for (int h = 0; h < 2; ++h) {
         const __m256 s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sums[r][h], fix));
         float* ap = acc[r][l] + 8 * h;
@@ -205,8 +210,8 @@ inline void tile512_seq(const View& p, const Act& a, int64_t m0, float* out, int
   const int8_t* xrow[R];
   for (int r = 0; r < R; ++r) xrow[r] = a.q + (m0 + r) * nb * kBlock;
   for (int64_t j = 0; j < nb; ++j) {
-    __m512i sums[R];  // from -128 times the activations' sum: the + 128 of the codes taken off as they add up
-    for (int r = 0; r < R; ++r) sums[r] = _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]);
+    __m512i sums[R];  // from -offset times the activations' sum: the + offset of the codes taken off as they add up
+    for (int r = 0; r < R; ++r) sums[r] = _mm512_set1_epi32(-p.offset * a.isum[(m0 + r) * a.nbp + j]);
     const int32_t* wp = p.codes + j * 8 * kCols;
     for (int t = 0; t < 8; ++t) step512<R>(wp, xrow, j, t, sums);
     const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
@@ -243,10 +248,12 @@ inline void tile512(const View& p, const Act& a, int64_t m0, float* out, int64_t
     }
     const int64_t j1 = std::min<int64_t>(nb, j0 + kChunk512);
     for (int64_t j = j0 + l; j < j1; j += 8) {
-      // q8 starts from -128 times the block's activations' sum (its codes are u8 q + 128)
+      // q8 starts from -128 times the block's activations' sum (its codes are u8 q + 128), centred codes from
+      // -offset times it
       __m512i sums[R];
       for (int r = 0; r < R; ++r)
-        sums[r] = F == kQ8 ? _mm512_set1_epi32(-128 * a.isum[(m0 + r) * a.nbp + j]) : _mm512_setzero_si512();
+        sums[r] = F == kQ8 || F == kCentred ? _mm512_set1_epi32(-p.offset * a.isum[(m0 + r) * a.nbp + j])
+                                            : _mm512_setzero_si512();
       const int32_t* wp = p.codes + j * 8 * kCols;
       for (int t = 0; t < 8; ++t) step512<R>(wp, xrow, j, t, sums);
       const __m512 dw = _mm512_loadu_ps(p.dw + j * kCols);
@@ -287,7 +294,7 @@ constexpr int64_t kLaneMajorQ8 = 16;
 // panels are q8's) takes tile512 with 8 rows a tile for prompt chunks (lane-major, 16 zmm live: 1.1x tile512_seq's
 // 3 rows on IQ4_XS matrices at 512 rows) and tile512_seq for the rows left and for small calls.
 template <int F>
-constexpr bool kWide = F != kQ8;
+constexpr bool kWide = F != kQ8 && F != kCentred;
 
 template <int F, int R = 1>
 inline void rows_tail(const View& p, const Act& a, int64_t m, int64_t left, float* out, int64_t ldo, int cols) {
@@ -306,7 +313,7 @@ template <int F>
 inline void panel_rows(const View& p, const Act& a, int64_t M, float* out, int64_t ldo, int cols) {
   int64_t m = 0;
 #ifdef PD_AVX512
-  if constexpr (F == kQ8) {  // eight rows a lane-major tile for prompt chunks, then three a tile in address order
+  if constexpr (F == kQ8 || F == kCentred) {  // eight rows a lane-major tile for prompt chunks, then three a tile
     if (M >= kLaneMajorQ8)
       for (; m + kRowsQ8 <= M; m += kRowsQ8) tile512<kRowsQ8, F>(p, a, m, out + m * ldo, ldo, cols);
     for (; m + 3 <= M; m += 3) tile512_seq<3>(p, a, m, out + m * ldo, ldo, cols);

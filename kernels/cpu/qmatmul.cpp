@@ -192,6 +192,7 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 template <int F>
 gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, std::vector<float>& dw) {
   if (F == kQ8G) return q8g::view(w.qs, w.d, w.nb, n0 / q8g::kRows, dw);
+  panel.offset = 128;  // q8-form codes' (a centred group's unpacker sets its own)
   if constexpr (F == formats::kIQ4XS) {
     iq4xs::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if constexpr (lut4::kIs<F>) {
@@ -253,8 +254,10 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
         if constexpr (Q2K) q6::gemm_tile<q6::Q2K, R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (IQ4XS) iq4xs::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
       });
-    } else {
+    } else if ((F != kQ4G && F != kQ5G) || w.m) {
       gemm::panel_rows<G>(v, a, M, o, ldo, cols);
+    } else {  // q4g and q5g without minimums: q8's tiles (affine_groups.h)
+      gemm::panel_rows<gemm::kCentred>(v, a, M, o, ldo, cols);
     }
   };
   for (int64_t pi = p0; pi < p1; ++pi) {

@@ -12,9 +12,10 @@ import torch
 
 from gguf import GGMLQuantizationType as Q
 
-from engine.model.qlinear import AffineLinear, PartsLinear, Q4Linear, Q5Linear
+from engine.model.qlinear import AffineLinear, PackedLinear, PartsLinear, Q4Linear, Q5Linear, Q8Linear
 from kernels import cpu_ext, formats
-from kernels.packed import native_group, pad_scales, q4_ungroup, q5_fields, q5_ungroup
+from kernels.packed import (native_group, pad_scales, q4_ungroup, q5_codes, q5_fields, q5_ungroup,
+                            unpack_nibbles)
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, run_on_isa_build
 from tests.kernels.test_q5 import random_q5
 from tests.kernels.test_q8g import assert_decodes_as_its_rows
@@ -36,6 +37,40 @@ def random_rows(fmt: str, N: int, K: int, seed: int = 0) -> AffineLinear:
 
 
 FORMATS = ["q4", "q5", "q4_0", "q5_0"]
+
+
+def q8_twin(codes: torch.Tensor, scale: torch.Tensor, centre: float) -> Q8Linear:
+    """q8 rows of the weights scale * (codes - centre): what a group without minimums multiplies as."""
+    return Q8Linear((codes.to(torch.int16) - int(centre)).to(torch.int8), scale, keep_dense=False)
+
+
+def with_q8_twins(model) -> int:
+    """Every grouped matrix or part of `model` that holds no minimums replaced by its q8 twin (the all-layers
+    decode's stack rebuilt over them): the model its logits must equal bit for bit. Returns how many."""
+    swapped = 0
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            t = getattr(layer, name)
+            parts = t.parts if isinstance(t, PartsLinear) else [t]
+            for i, p in enumerate(parts):
+                if isinstance(p, AffineLinear) and p.grouped and p.minimum is None:
+                    qs, scale, _ = p.rows(0, p.shape[0])
+                    twin = q8_twin(unpack_nibbles(qs) if isinstance(p, Q4Linear) else q5_codes(qs), scale, p.centre)
+                    parts[i] = twin
+                    swapped += 1
+                    if not isinstance(t, PartsLinear):
+                        setattr(layer, name, twin)
+    model.settled()
+    return swapped
+
+
+def oracle(w: AffineLinear) -> PackedLinear:
+    """What a grouped copy of rows w must equal bit for bit: the rows themselves, or, where every minimum is
+    -centre * scale (Q4_0, Q5_0: groups without minimums), q8 rows of the same weights (codes q - centre)."""
+    n = w.shape[0]
+    if not torch.equal(w.minimum[:n].float(), w.scale[:n].float() * -w.centre):
+        return w
+    return q8_twin(unpack_nibbles(w.qs) if isinstance(w, Q4Linear) else q5_codes(w.qs), w.scale[:n], w.centre)
 
 
 def grouped_copy(w: AffineLinear) -> AffineLinear:
@@ -95,8 +130,8 @@ def test_groups_are_the_rows_bytes_as_stated_and_go_back(fmt, block):
 @pytest.mark.parametrize("K", [32, 544, 576, 2048])  # 544: q5's odd last block, stored apart in rows
 @pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 8, 9, 16, 23, 24, 33])  # the group kernel below 24 rows, the GEMM from 24
 def test_groups_give_the_rows_bits(M, K, fmt):
-    w = random_rows(fmt, 96, K, M + K)
-    g = grouped_copy(w)
+    w = oracle(random_rows(fmt, 96, K, M + K))
+    g = grouped_copy(random_rows(fmt, 96, K, M + K))
     x = torch.randn(M, K, generator=torch.Generator().manual_seed(M)) * 2
     x[0, 3] = 50.0  # an outlier channel
     if M > 2:
@@ -108,15 +143,16 @@ def test_groups_give_the_rows_bits(M, K, fmt):
         assert torch.equal(_call(g, x, None, rows_from), g(x))
 
 
+@pytest.mark.parametrize("centred", [True, False])  # Q4_0 / Q5_0 (no minimums kept) or Q4_1 / Q5_1
 @pytest.mark.parametrize("cls,top", [(Q4Linear, 15), (Q5Linear, 31)])
-def test_extreme_codes_and_activations_keep_the_rows_bits(cls, top):
+def test_extreme_codes_and_activations_keep_the_rows_bits(cls, top, centred):
     """The largest codes and 0 against activations at +-127 after rounding: the int32 sums at their largest."""
     N, K = 32, 2048
     codes = torch.full((N, K), top, dtype=torch.uint8)
     codes[::2, ::3] = 0
     scale = torch.full((N, K // 32), 0.5, dtype=torch.float16)
-    w = cls(codes, scale, (-(top + 1) // 2 * scale.float()).half(), keep_dense=False)
-    g = grouped_copy(w)
+    w = cls(codes, scale, (-(top + 1) // 2 * scale.float() + (0 if centred else 0.25)).half(), keep_dense=False)
+    g, w = grouped_copy(w), oracle(w)
     x = torch.full((3, K), 1.0)
     x[1] = -1.0
     x[2, ::2] = -1.0
@@ -170,7 +206,9 @@ def test_the_default_model_loads_grouped_and_its_logits_keep_their_bits(monkeypa
 
 def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their_bits(tmp_path, monkeypatch):
     """Gemma 3's Q4_K_M recipe keeps q, k, gate and up in Q5_0 (q5), v in Q8_0 in some layers (q|k|v then held in
-    parts): every q5 matrix and part is grouped at load, and every logit equals the rows'."""
+    parts): every q5 matrix and part is grouped at load, without minimums (Q5_0's are -16 d), and every logit
+    equals the model's with those groups as q8 rows of the same weights (and is within float rounding of the
+    rows')."""
     from engine import Model
     from tools.logits import forward_tokens
     from tools.models.synthetic_gguf import write_random_gguf
@@ -187,16 +225,29 @@ def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their
         mats = [t for layer in model.layers for t in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         return [p for t in mats for p in (t.parts if isinstance(t, PartsLinear) else [t]) if isinstance(p, Q5Linear)]
 
-    assert q5(grouped) and all(p.grouped for p in q5(grouped)) and not any(p.grouped for p in q5(rows))
+    assert q5(grouped) and all(p.grouped and p.minimum is None for p in q5(grouped))
+    assert not any(p.grouped for p in q5(rows))
+    assert_twins_logits(grouped, rows)
+
+
+def assert_twins_logits(grouped, rows) -> None:
+    """grouped's logits (prompt and decode rows) equal those of its groups without minimums swapped for their q8
+    twins bit for bit, and the rows' within float rounding (the rows centre their products in floats)."""
+    from tools.logits import forward_tokens
+
     ids = torch.randint(20, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(forward_tokens(grouped, ids), forward_tokens(rows, ids))
-    assert torch.equal(forward_tokens(grouped, ids, prompt=False), forward_tokens(rows, ids, prompt=False))
+    want = [forward_tokens(grouped, ids), forward_tokens(grouped, ids, prompt=False)]
+    assert with_q8_twins(grouped) > 0
+    assert torch.equal(forward_tokens(grouped, ids), want[0])
+    assert torch.equal(forward_tokens(grouped, ids, prompt=False), want[1])
+    for logits in want:
+        torch.testing.assert_close(logits, forward_tokens(rows, ids), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q5_0"])
 def test_a_q4_0_or_q5_0_files_groups_hold_no_minimums_and_the_estimate_knows(tmp_path, monkeypatch, quant):
     """Every decoder matrix of a Q4_0 (Q5_0) file loads grouped without minimums: the weights hold 2 bytes a
-    block fewer than in rows, the memory estimate says so byte for byte, and the logits keep the rows' bits."""
+    block fewer than in rows, the memory estimate says so byte for byte, and the logits are the q8 twins'."""
     from engine import Model
     from engine.model.catalog import memory
     from tools.logits import forward_tokens
@@ -215,9 +266,7 @@ def test_a_q4_0_or_q5_0_files_groups_hold_no_minimums_and_the_estimate_knows(tmp
     assert all(isinstance(t, AffineLinear) and t.grouped and t.minimum is None for t in mats)
     minimums = sum(t.numel() // 32 * 2 + 16 for t in mats)  # each matrix's buffer: 2 bytes a block, SCALE_PAD
     assert loaded["0"].memory_bytes() - loaded["1"].memory_bytes() == minimums
-    ids = torch.randint(20, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
-    assert torch.equal(forward_tokens(loaded["1"], ids), forward_tokens(loaded["0"], ids))
-    assert torch.equal(forward_tokens(loaded["1"], ids, prompt=False), forward_tokens(loaded["0"], ids, prompt=False))
+    assert_twins_logits(loaded["1"], loaded["0"])
 
 
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path")

@@ -21,11 +21,12 @@
 // GEMM path alike) whatever the batch, the row order or the threads.
 //
 // Groups of GGUF Q4_0 and Q5_0 rows may come without minimums (m a null pointer): theirs is m = -c d, w = d (q -
-// c), and a token reads the file's 18 bytes a Q4_0 block, not 20. Their products are q8's (q8.h) of the same
-// weights: per block the exact int32 sum of (q - c) x (dpbusd's sum of q x less c times the activations' integer
-// sum), acc = fma(I, d_w d_x, acc) in lane j % 8 and no minimums; the GEMM path takes q8's tiles for them
-// (qgemm.h's kCentred, 8 rows a tile where q4 and q5 take 4). The bits are then a q8 matrix's of these weights,
-// not the rows' float centring's (a few ulp apart).
+// c), and a token reads the file's bytes (18 a Q4_0 block, not 20). q5g's then leave out the z_w term, which is
+// exactly 0 (fma(c, d, -c d)): the rows' bits still, as the Q5_0 rows a model starts on (q5s) give, so settling
+// changes no result. q4g's (no Q4_0 model starts on its file) are multiplied as q8 rows (q8.h) of the same
+// weights: per block the exact int32 sum of (q - c) x (dpbusd's sum of q x less c times the activations'
+// integer sum), acc = fma(I, d_w d_x, acc) in lane j % 8, no minimums, and the GEMM path takes q8's tiles
+// (qgemm.h's kCentred, 8 rows a tile where q4 takes 4): a q8 matrix's bits, a few ulp from the rows'.
 #pragma once
 
 #include "activations.h"
@@ -48,11 +49,13 @@ struct Q4G {
   static constexpr int64_t kBlockBytes = kRows * 16;  // 256 nibble bytes
   static constexpr bool kFive = false;
   static constexpr float kCentre = 8.0f;
+  static constexpr bool kIntegerCentre = true;  // without minimums: q8's arithmetic (above)
 };
 struct Q5G {
   static constexpr int64_t kBlockBytes = kRows * 20;  // 256 nibble bytes, 64 of fifth bits
   static constexpr bool kFive = true;
   static constexpr float kCentre = 16.0f;
+  static constexpr bool kIntegerCentre = false;  // without minimums: the rows' float centring (above)
 };
 
 // code i (0..31) of row r in group block b (a block's kBlockBytes)
@@ -104,13 +107,13 @@ inline void group_rows_portable(const uint8_t* qs, const uint16_t* d, const uint
         const float dw = half_to_float(gd[j * kRows + r]);
         const int l = (int)(j % 8);
         const float ddx = dw * a.d[at];
-        if (!gm) {  // centred: q8's sum of (q - c) x
+        if (!gm && L::kIntegerCentre) {  // q8's sum of (q - c) x
           acc[l] = std::fma((float)(I - (int32_t)L::kCentre * a.isum[at]), ddx, acc[l]);
           continue;
         }
         const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];  // q5's 16 d_x isum is twice q4's
         acc[l] = std::fma((float)I, ddx, acc[l]);
-        mins[l] = std::fma(std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])), a.s[at], mins[l]);
+        if (gm) mins[l] = std::fma(std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])), a.s[at], mins[l]);
         mins[l] = std::fma(-dw, c, mins[l]);
       }
       out[m * kRows + r] = pair_sum(acc) + pair_sum(mins);
@@ -144,7 +147,7 @@ inline void words(const uint8_t* b, __m512i* w) {
 
 // One activation row x (its K int8 codes; scales, sums and c at a.*[at0 + j]) against group grp: out[r], r < 16.
 // Lane l of acc / mins is the accumulator of blocks j = l (mod 8), kept in registers by unrolling 8 blocks.
-// kMin: the group has minimums (gm), else m = -c d (above).
+// kMin: the group has minimums (gm), else m = -c d (above: q4g's integer centring, q5g's float one).
 template <class L, bool kMin>
 inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm, int64_t nb, const int8_t* x,
                       const QuantAct& a, int64_t at0, bool prefetch, float* out) {
@@ -167,8 +170,9 @@ inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm
       __m512i w[8];
       words<L>(b, w);
       const int64_t at = at0 + j;
-      // centred (no minimums): from -c times the activations' sum, q8's exact sum of (q - c) x
-      __m512i I = kMin ? _mm512_setzero_si512() : _mm512_set1_epi32(-(int32_t)L::kCentre * a.isum[at]);
+      // q4g without minimums: from -c times the activations' sum, q8's exact sum of (q - c) x
+      constexpr bool kInteger = !kMin && L::kIntegerCentre;
+      __m512i I = kInteger ? _mm512_set1_epi32(-(int32_t)L::kCentre * a.isum[at]) : _mm512_setzero_si512();
       for (int t = 0; t < 8; ++t) {
         int32_t xw;
         std::memcpy(&xw, x + j * kBlock + 4 * t, 4);
@@ -179,8 +183,10 @@ inline void group_row(const uint8_t* grp, const uint16_t* gd, const uint16_t* gm
       if constexpr (kMin) {
         const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(gm + j * kRows)));
         const __m512 zw = _mm512_fmadd_ps(_mm512_set1_ps(L::kCentre), dw, m);
-        const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];
         mins[l] = _mm512_fmadd_ps(zw, _mm512_set1_ps(a.s[at]), mins[l]);
+      }
+      if constexpr (!kInteger) {
+        const float c = L::kFive ? a.c[at] + a.c[at] : a.c[at];
         mins[l] = _mm512_fnmadd_ps(dw, _mm512_set1_ps(c), mins[l]);
       }
     }
@@ -217,7 +223,7 @@ inline void group_rows(const uint8_t* qs, const uint16_t* d, const uint16_t* mn,
 
 #ifdef PD_AVX2
 // The GEMM panel (panel.h's layout) of group g: word t of a column as words() gives it, dw the scales, zw =
-// fma(centre, d, m), as gemm::unpack_panel gives the rows; without minimums a kCentred panel (offset c, no zw).
+// fma(centre, d, m), as gemm::unpack_panel gives the rows (0 without minimums; q4g's panel is then kCentred).
 template <class L>
 inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* mn, int64_t nb, int64_t g,
                          gemm::Panel& p) {
@@ -246,10 +252,11 @@ inline void unpack_panel(const uint8_t* qs, const uint16_t* d, const uint16_t* m
     for (int r = 0; r < kRows; ++r) {
       const float dw = half_to_float(gd[j * kRows + r]);
       p.dw[j * kCols + r] = dw;
-      if (gm) p.zw[j * kCols + r] = std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r]));
+      p.zw[j * kCols + r] = gm ? std::fma(L::kCentre, dw, half_to_float(gm[j * kRows + r])) : 0.0f;
     }
   }
-  p.offset = gm ? 128 : (int32_t)L::kCentre;  // without minimums the panel is qgemm.h's kCentred
+  // q4g without minimums: the panel is qgemm.h's kCentred (its zw unread)
+  p.offset = !gm && L::kIntegerCentre ? (int32_t)L::kCentre : 128;
 }
 #endif
 

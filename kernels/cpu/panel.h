@@ -36,7 +36,7 @@ struct View {
   const int32_t* codes;
   const float *dw, *zw;
   const int32_t *slo, *shi;
-  int32_t offset = 128;  // q8's and the centred codes' u8 = q + offset (qgemm.h's kCentred: 8 or 16)
+  int32_t offset = 128;  // q8's codes' u8 = q + offset (128; qgemm.h's kCentred panels: 8)
 };
 
 struct Panel {

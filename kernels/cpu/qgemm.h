@@ -40,9 +40,9 @@ using formats::kQ4;  // the formats' ids (formats.h, generated from kernels/form
 using formats::kQ5;
 using formats::kQ5S;
 using formats::kQ8;
-// Not a stored format: panels of codes u8 = q + offset (View::offset; q4g's and q5g's groups without minimums,
-// GGUF Q4_0's w = d (q - 8) and Q5_0's d (q - 16)), multiplied as q8's are: each block's sum starts from -offset
-// times the activations' sum, so it is the exact sum of (q - offset) x and no minimums accumulate.
+// Not a stored format: panels of codes u8 = q + offset (View::offset; q4g's groups without minimums, GGUF
+// Q4_0's w = d (q - 8)), multiplied as q8's are: each block's sum starts from -offset times the activations'
+// sum, so it is the exact sum of (q - offset) x and no minimums accumulate.
 constexpr int kCentred = -1;
 constexpr int64_t kChunk512 = 64;  // blocks a pass of tile512 takes, 8 for each lane's registers
 

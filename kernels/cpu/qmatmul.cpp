@@ -254,9 +254,9 @@ void gemm_compute(const Weights& w, const gemm::Act& a, const ActK& ak, int64_t 
         if constexpr (Q2K) q6::gemm_tile<q6::Q2K, R>(panel, ak, w.K, m, at, ldo, cols);
         if constexpr (IQ4XS) iq4xs::gemm_tile<R>(panel, ak, w.K, m, at, ldo, cols);
       });
-    } else if ((F != kQ4G && F != kQ5G) || w.m) {
+    } else if (F != kQ4G || w.m) {
       gemm::panel_rows<G>(v, a, M, o, ldo, cols);
-    } else {  // q4g and q5g without minimums: q8's tiles (affine_groups.h)
+    } else {  // q4g without minimums (Q4_0): q8's tiles (affine_groups.h)
       gemm::panel_rows<gemm::kCentred>(v, a, M, o, ldo, cols);
     }
   };

@@ -1,8 +1,8 @@
 """q4 and q5 rows regrouped 16 at a time (q4g and q5g, kernels/cpu/affine_groups.h): the groups hold the rows'
 bytes as the header states (a NumPy statement of the layout) and go back to the same rows; their products are
 the rows' own bit for bit for every row count (the group kernel and the GEMM from groups), with and without
-SwiGLU, on both builds; groups of Q4_0 and Q5_0 rows (minimum -centre * scale) hold no minimums and still give
-the rows' bits; a grouped matrix decodes and gathers the rows' weights; the loader groups the default model's q4
+SwiGLU, on both builds; groups of Q4_0 and Q5_0 rows (minimum -centre * scale) hold no minimums, Q5_0's give
+the rows' bits and Q4_0's those of q8 rows of the same weights (its integer centring); a grouped matrix decodes and gathers the rows' weights; the loader groups the default model's q4
 matrices and a Gemma-shaped file's q5 ones, and the logits keep their bits."""
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from gguf import GGMLQuantizationType as Q
 
 from engine.model.qlinear import AffineLinear, PackedLinear, PartsLinear, Q4Linear, Q5Linear, Q8Linear
 from kernels import cpu_ext, formats
-from kernels.packed import (native_group, pad_scales, q4_ungroup, q5_codes, q5_fields, q5_ungroup,
-                            unpack_nibbles)
+from kernels.packed import native_group, pad_scales, q4_ungroup, q5_fields, q5_ungroup, unpack_nibbles
 from tests.kernels.test_cpu_kernels import _has_vnni, assert_rows_independent, random_q4, run_on_isa_build
 from tests.kernels.test_q5 import random_q5
 from tests.kernels.test_q8g import assert_decodes_as_its_rows
@@ -45,17 +44,17 @@ def q8_twin(codes: torch.Tensor, scale: torch.Tensor, centre: float) -> Q8Linear
 
 
 def with_q8_twins(model) -> int:
-    """Every grouped matrix or part of `model` that holds no minimums replaced by its q8 twin (the all-layers
-    decode's stack rebuilt over them): the model its logits must equal bit for bit. Returns how many."""
+    """Every grouped q4 matrix or part of `model` that holds no minimums (Q4_0's) replaced by its q8 twin (the
+    all-layers decode's stack rebuilt over them): the model its logits must equal bit for bit. Returns how many."""
     swapped = 0
     for layer in model.layers:
         for name in ("qkv", "o", "gate_up", "down"):
             t = getattr(layer, name)
             parts = t.parts if isinstance(t, PartsLinear) else [t]
             for i, p in enumerate(parts):
-                if isinstance(p, AffineLinear) and p.grouped and p.minimum is None:
+                if isinstance(p, Q4Linear) and p.grouped and p.minimum is None:
                     qs, scale, _ = p.rows(0, p.shape[0])
-                    twin = q8_twin(unpack_nibbles(qs) if isinstance(p, Q4Linear) else q5_codes(qs), scale, p.centre)
+                    twin = q8_twin(unpack_nibbles(qs), scale, p.centre)
                     parts[i] = twin
                     swapped += 1
                     if not isinstance(t, PartsLinear):
@@ -65,12 +64,13 @@ def with_q8_twins(model) -> int:
 
 
 def oracle(w: AffineLinear) -> PackedLinear:
-    """What a grouped copy of rows w must equal bit for bit: the rows themselves, or, where every minimum is
-    -centre * scale (Q4_0, Q5_0: groups without minimums), q8 rows of the same weights (codes q - centre)."""
+    """What a grouped copy of rows w must equal bit for bit: the rows themselves, or, for q4 rows whose every
+    minimum is -8 * scale (Q4_0: groups without minimums, multiplied as q8), q8 rows of the same weights (codes
+    q - 8). (Q5_0's groups keep the rows' bits: a model starts on Q5_0 rows and settles into groups.)"""
     n = w.shape[0]
-    if not torch.equal(w.minimum[:n].float(), w.scale[:n].float() * -w.centre):
+    if not isinstance(w, Q4Linear) or not torch.equal(w.minimum[:n].float(), w.scale[:n].float() * -w.centre):
         return w
-    return q8_twin(unpack_nibbles(w.qs) if isinstance(w, Q4Linear) else q5_codes(w.qs), w.scale[:n], w.centre)
+    return q8_twin(unpack_nibbles(w.qs), w.scale[:n], w.centre)
 
 
 def grouped_copy(w: AffineLinear) -> AffineLinear:
@@ -207,8 +207,7 @@ def test_the_default_model_loads_grouped_and_its_logits_keep_their_bits(monkeypa
 def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their_bits(tmp_path, monkeypatch):
     """Gemma 3's Q4_K_M recipe keeps q, k, gate and up in Q5_0 (q5), v in Q8_0 in some layers (q|k|v then held in
     parts): every q5 matrix and part is grouped at load, without minimums (Q5_0's are -16 d), and every logit
-    equals the model's with those groups as q8 rows of the same weights (and is within float rounding of the
-    rows')."""
+    equals the rows'."""
     from engine import Model
     from tools.logits import forward_tokens
     from tools.models.synthetic_gguf import write_random_gguf
@@ -231,23 +230,29 @@ def test_a_gemma_shaped_files_q5_matrices_load_grouped_and_the_logits_keep_their
 
 
 def assert_twins_logits(grouped, rows) -> None:
-    """grouped's logits (prompt and decode rows) equal those of its groups without minimums swapped for their q8
-    twins bit for bit, and the rows' within float rounding (the rows centre their products in floats)."""
+    """grouped's logits (prompt and decode rows) equal those of its Q4_0 groups swapped for their q8 twins bit
+    for bit, and the rows' bit for bit where it has none (Q5_0), else within float rounding (the rows centre
+    their products in floats)."""
     from tools.logits import forward_tokens
 
     ids = torch.randint(20, 2000, (1, 12), generator=torch.Generator().manual_seed(0))
     want = [forward_tokens(grouped, ids), forward_tokens(grouped, ids, prompt=False)]
-    assert with_q8_twins(grouped) > 0
+    twins = with_q8_twins(grouped)
     assert torch.equal(forward_tokens(grouped, ids), want[0])
     assert torch.equal(forward_tokens(grouped, ids, prompt=False), want[1])
-    for logits in want:
-        torch.testing.assert_close(logits, forward_tokens(rows, ids), rtol=1e-4, atol=1e-4)
+    rows_logits = [forward_tokens(rows, ids), forward_tokens(rows, ids, prompt=False)]
+    for got, ref in zip(want, rows_logits):
+        if twins:
+            torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+        else:
+            assert torch.equal(got, ref)
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q5_0"])
 def test_a_q4_0_or_q5_0_files_groups_hold_no_minimums_and_the_estimate_knows(tmp_path, monkeypatch, quant):
     """Every decoder matrix of a Q4_0 (Q5_0) file loads grouped without minimums: the weights hold 2 bytes a
-    block fewer than in rows, the memory estimate says so byte for byte, and the logits are the q8 twins'."""
+    block fewer than in rows, the memory estimate says so byte for byte, and the logits are the q8 twins' (the
+    rows')."""
     from engine import Model
     from engine.model.catalog import memory
     from tools.logits import forward_tokens

@@ -11,6 +11,14 @@ from tests.app.support import loop, run  # noqa: F401
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
+def settled(model) -> None:
+    """Wait for the model's weights to settle behind it (engine.model.settle, at the lowest priority): on busy
+    cores a reading taken as the load returned caught the new model half settled, not the old one kept."""
+    assert model.wait_settled(120)
+    if model.settle_thread is not None:
+        model.settle_thread.join(120)
+
+
 def test_reload_without_replies_leaves_no_old_model_resident(qtbot, loop):
     from app.local.engine_service import EngineService
 
@@ -19,10 +27,12 @@ def test_reload_without_replies_leaves_no_old_model_resident(qtbot, loop):
         request = {"path": None, "cache_tokens": 8 * 512}  # the default model, as the app soak loads it
         try:
             assert await service.load(request)
+            settled(service.model)
             anon = status_mb("RssAnon")[0]
             held = service.model.memory_bytes() / 2**20
             for _ in range(2):
                 assert await service.load(request)
+                settled(service.model)
                 grew = status_mb("RssAnon")[0] - anon
                 assert grew < held / 2, f"RSS grew {grew:.0f} MB at a reload (the model holds {held:.0f} MB)"
         finally:

@@ -1,7 +1,9 @@
 """Loading a GGUF of real vocabulary size holds about the file, no more: the peak resident set (VmHWM, file
-pages included) while Model.load(weights="packed") runs stays within 1.3x the file and what stays after
-within 1.05x; model and tokenizer loaded together add no more than the tokenizer's own keep. Each load
-runs in a fresh process, its peak reset after the imports (/proc/self/clear_refs)."""
+pages included) while Model.load(weights="packed") runs and its weights settle stays within 1.3x the file and
+what stays after within 1.05x; model and tokenizer loaded together add no more than the tokenizer's own keep.
+Each load runs in a fresh process, its peak reset after the imports (/proc/self/clear_refs). The figures are
+read once settling has ended: the settle thread runs at the lowest priority, so on busy cores a reading taken
+as Model.load returns caught it anywhere (a peak half the estimate's, freed heap not yet given back)."""
 
 from __future__ import annotations
 
@@ -35,6 +37,11 @@ elif sys.argv[2] == "tokenizer":
     loaded = engine.Tokenizer.load(sys.argv[1])
 else:
     loaded = load_model_and_tokenizer(sys.argv[1], weights="packed")
+model = loaded if isinstance(loaded, Model) else loaded[0] if isinstance(loaded, tuple) else None
+if model is not None:  # the model starts on the mapped file; its weights settle behind it, at the lowest priority
+    model.wait_settled()
+    if model.settle_thread is not None:
+        model.settle_thread.join()  # it gives back what it freed as it ends
 now = status()
 ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)  # what the heap still held of what the load freed
 print(json.dumps({"peak": now["VmHWM"] - base, "after": now["VmRSS"] - base,

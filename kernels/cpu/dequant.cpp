@@ -10,6 +10,9 @@
 
 #include <torch/library.h>
 
+#include <cstring>
+#include <utility>
+
 namespace pagedeck {
 namespace {
 
@@ -19,32 +22,69 @@ void check_rows(const at::Tensor& t, at::ScalarType type, int64_t n, int64_t col
               name, " must be (", n, ", ", cols, ") rows with unit column stride");
 }
 
-// n rows of an affine format (w = code * scale + minimum per block of 32) -> out (n, groups * 32) fp32;
-// block(r, g, c, d, m) writes row r's block g's 32 codes into c and its fp16 scale and minimum into d and m.
-template <class Block>
-void affine_rows(int64_t n, int64_t groups, at::Tensor out, Block block) {
+// One block of an affine format: w[i] = code_i * d + m, code_i = nibble i of its 16 bytes (GGUF order: low
+// nibbles weights 0..15, high ones 16..31) plus 16 where bit i of `fifth` is set (q5). code * d is exact in
+// fp32, so one fma gives "* scale + minimum"'s bits. A prompt chunk of a model without an fp32 copy decodes
+// every matrix through here (the default model's layers: ~120 ms a chunk one code at a time, ~20 vectorized).
+inline void decode32(const uint8_t* nib, uint32_t fifth, float d, float m, float* w) {
+#if defined(PD_AVX512)
+  const __m128i bytes = _mm_loadu_si128((const __m128i*)nib), low = _mm_set1_epi8(0x0F);
+  const __m512i sixteen = _mm512_set1_epi32(16);
+  __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(bytes, low));
+  __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), low));
+  lo = _mm512_mask_add_epi32(lo, (__mmask16)(fifth & 0xFFFF), lo, sixteen);
+  hi = _mm512_mask_add_epi32(hi, (__mmask16)(fifth >> 16), hi, sixteen);
+  const __m512 vd = _mm512_set1_ps(d), vm = _mm512_set1_ps(m);
+  _mm512_storeu_ps(w, _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), vd, vm));
+  _mm512_storeu_ps(w + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), vd, vm));
+#elif defined(PD_AVX2)
+  const __m128i bytes = _mm_loadu_si128((const __m128i*)nib), low = _mm_set1_epi8(0x0F);
+  const __m128i halves[2] = {_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low)};
+  const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128), sixteen = _mm256_set1_epi32(16);
+  const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+  for (int q = 0; q < 4; ++q) {  // weights 8q..8q+7: bytes 8 (q % 2).. of the low (q < 2) or high nibbles
+    const __m128i h = halves[q / 2];
+    __m256i c = _mm256_cvtepu8_epi32(q % 2 ? _mm_unpackhi_epi64(h, h) : h);
+    const __m256i f = _mm256_and_si256(_mm256_set1_epi32((int)(fifth >> (8 * q))), bit);
+    c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_cmpeq_epi32(f, bit), sixteen));
+    _mm256_storeu_ps(w + 8 * q, _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), vd, vm));
+  }
+#else
+  for (int i = 0; i < 16; ++i) {
+    w[i] = (float)((nib[i] & 15) | ((fifth >> i) & 1) << 4) * d + m;
+    w[i + 16] = (float)((nib[i] >> 4) | ((fifth >> (i + 16)) & 1) << 4) * d + m;
+  }
+#endif
+}
+
+// n rows of an affine format -> out (n, groups * 32) fp32; block(r, g) gives row r's block g as its 16 nibble
+// bytes, fifth bits (0 for q4), scale and minimum: {nib, fifth, d, m}.
+struct Block {
+  const uint8_t* nib;
+  uint32_t fifth;
+  float d, m;
+};
+
+template <class Of>
+void affine_rows(int64_t n, int64_t groups, at::Tensor out, Of block) {
   check_rows(out, at::kFloat, n, groups * kBlock, "out");
   float* o = out.data_ptr<float>();
   const int64_t ostride = out.stride(0);
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
-    uint8_t c[kBlock];
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1; ++r)
       for (int64_t g = 0; g < groups; ++g) {
-        uint16_t dh, mh;
-        block(r, g, c, dh, mh);
-        const float d = half_to_float(dh), m = half_to_float(mh);
-        float* w = o + r * ostride + g * kBlock;
-        for (int t = 0; t < kBlock; ++t) w[t] = (float)c[t] * d + m;
+        uint8_t gathered[16];  // a group's row: its 4 nibble words gathered here
+        const Block b = block(r, g, gathered);
+        decode32(b.nib, b.fifth, b.d, b.m, o + r * ostride + g * kBlock);
       }
-    }
   });
 }
 
-// Rows of qs (n, row_bytes) with scale and minimum (n, groups) fp16 -> out; codes(row, g, c) writes block g's
-// 32 codes of a row of qs into c.
-template <class Codes>
+// Rows of qs (n, row_bytes) with scale and minimum (n, groups) fp16 -> out; at(row, g) gives block g's nibble
+// bytes and fifth bits in a row of qs.
+template <class At>
 void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const at::Tensor& scale,
-                 const at::Tensor& minimum, at::Tensor out, Codes codes) {
+                 const at::Tensor& minimum, at::Tensor out, At at) {
   const int64_t n = qs.size(0);
   check_rows(qs, at::kByte, n, row_bytes, "qs");
   check_rows(scale, at::kHalf, n, groups, "scale");
@@ -53,10 +93,9 @@ void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const 
   const uint16_t* sp = (const uint16_t*)scale.data_ptr();
   const uint16_t* mp = (const uint16_t*)minimum.data_ptr();
   const int64_t qstride = qs.stride(0), sstride = scale.stride(0), mstride = minimum.stride(0);
-  affine_rows(n, groups, out, [&](int64_t r, int64_t g, uint8_t* c, uint16_t& d, uint16_t& m) {
-    codes(q + r * qstride, g, c);
-    d = sp[r * sstride + g];
-    m = mp[r * mstride + g];
+  affine_rows(n, groups, out, [&](int64_t r, int64_t g, uint8_t*) {
+    const auto [nib, fifth] = at(q + r * qstride, g);
+    return Block{nib, fifth, half_to_float(sp[r * sstride + g]), half_to_float(mp[r * mstride + g])};
   });
 }
 
@@ -65,13 +104,8 @@ void affine_into(const at::Tensor& qs, int64_t row_bytes, int64_t groups, const 
 // q4 rows: qs (n, k / 2) nibbles in GGUF order, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
 void q4_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
   const int64_t groups = qs.size(1) * 2 / kBlock;
-  affine_into(qs, qs.size(1), groups, scale, minimum, out, [](const uint8_t* row, int64_t g, uint8_t* c) {
-    const uint8_t* b = row + g * 16;
-    for (int t = 0; t < 16; ++t) {
-      c[t] = b[t] & 0x0F;
-      c[t + 16] = b[t] >> 4;
-    }
-  });
+  affine_into(qs, qs.size(1), groups, scale, minimum, out,
+              [](const uint8_t* row, int64_t g) { return std::pair<const uint8_t*, uint32_t>(row + g * 16, 0); });
 }
 
 // rows [start, stop) of q4g or q5g groups (affine_groups.h: qs (N / 16, k / 32 * block bytes), scale / minimum
@@ -92,12 +126,14 @@ void groups_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor
   const uint8_t* q = qs.data_ptr<uint8_t>();
   const uint16_t* sp = (const uint16_t*)scale.data_ptr();
   const uint16_t* mp = implied ? nullptr : (const uint16_t*)minimum.data_ptr();
-  affine_rows(stop - start, groups, out, [&](int64_t i, int64_t j, uint8_t* c, uint16_t& d, uint16_t& m) {
-    const int64_t r = start + i, g = r / kRows, lane = r % kRows;
+  affine_rows(stop - start, groups, out, [&](int64_t i, int64_t j, uint8_t* gathered) {
+    const int64_t r = start + i, g = r / kRows, lane = r % kRows, at = (g * groups + j) * kRows + lane;
     const uint8_t* b = q + (g * groups + j) * L::kBlockBytes;
-    for (int t = 0; t < kBlock; ++t) c[t] = (uint8_t)affine_groups::code<L>(b, (int)lane, t);
-    d = sp[(g * groups + j) * kRows + lane];
-    m = mp ? mp[(g * groups + j) * kRows + lane] : c10::Half(-L::kCentre * half_to_float(d)).x;  // exact: c is 2^k
+    for (int t = 0; t < 4; ++t) std::memcpy(gathered + 4 * t, b + 64 * t + 4 * lane, 4);
+    uint32_t fifth = 0;
+    if constexpr (L::kFive) std::memcpy(&fifth, b + 256 + 4 * lane, 4);
+    const float d = half_to_float(sp[at]);
+    return Block{gathered, fifth, d, mp ? half_to_float(mp[at]) : -L::kCentre * d};  // exact: c is a power of 2
   });
 }
 
@@ -114,15 +150,9 @@ void q5g_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at
 // q5 rows: qs (n, k / 32 * 20) in affine.h's q5 layout, scale / minimum (n, k / 32) fp16 -> out (n, k) fp32
 void q5_dequantize_into(const at::Tensor& qs, const at::Tensor& scale, const at::Tensor& minimum, at::Tensor out) {
   const int64_t groups = qs.size(1) / q5::kBytes;
-  auto codes = [groups](const uint8_t* row, int64_t g, uint8_t* c) {
-    const uint8_t* b = q5::nibbles(row, g);
-    const uint32_t h = q5::fifth_bits(row, groups, g);
-    for (int t = 0; t < 16; ++t) {
-      c[t] = (b[t] & 0x0F) | ((h >> t) & 1) << 4;
-      c[t + 16] = (b[t] >> 4) | ((h >> (t + 16)) & 1) << 4;
-    }
-  };
-  affine_into(qs, groups * q5::kBytes, groups, scale, minimum, out, codes);
+  affine_into(qs, groups * q5::kBytes, groups, scale, minimum, out, [groups](const uint8_t* row, int64_t g) {
+    return std::pair<const uint8_t*, uint32_t>(q5::nibbles(row, g), q5::fifth_bits(row, groups, g));
+  });
 }
 
 // q8 rows: qs (n, k) uint8 code + 128, scale (n, k / 32) fp16 -> out (n, k) fp32

@@ -275,6 +275,34 @@ def test_a_q4_0_or_q5_0_files_groups_hold_no_minimums_and_the_estimate_knows(tmp
 
 
 @pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path")
+def test_prompt_decoders_give_the_weights_on_both_builds():
+    """What a prompt chunk of a model without an fp32 copy multiplies: rows and groups (q4, q5, Q4_0's and
+    Q5_0's without minimums) decoded by the C++ decoders, vectorized per block, equal the weights torch's decode
+    of the rows gives, on this build and on the AVX2 one (its own vector form)."""
+    saved, ops = {}, cpu_ext.ops()
+    for fmt in FORMATS:
+        w = random_rows(fmt, 64, 544, 9)  # 17 blocks: q5's odd last block, stored apart in rows
+        g, want = grouped_copy(w), w.dense_rows(0, 64)
+        for name, t in (("rows", w), ("groups", g)):
+            out = torch.full((64, 544), float("nan"))
+            t.dense_into(0, 64, out)
+            assert torch.equal(out, want), (fmt, name)
+        m = g.minimum if g.minimum is not None else torch.empty(0, dtype=torch.float16)
+        saved |= {f"{fmt}_rows": (w.qs, w.scale[:64], w.minimum[:64]), f"{fmt}_groups": (g.qs, g.scale, m),
+                  f"{fmt}_want": want}
+    check = ("from kernels import cpu_ext; ops = cpu_ext.ops()\n"
+             "for n in ('q4', 'q5', 'q4_0', 'q5_0'):\n"
+             "    five = n.startswith('q5')\n"
+             "    out = torch.empty(64, 544)\n"
+             "    (ops.q5_dequantize_into if five else ops.q4_dequantize_into)(*d[n + '_rows'], out)\n"
+             "    assert torch.equal(out, d[n + '_want']), n\n"
+             "    out = torch.empty(64, 544)\n"
+             "    (ops.q5g_dequantize_into if five else ops.q4g_dequantize_into)(*d[n + '_groups'], 0, 64, out)\n"
+             "    assert torch.equal(out, d[n + '_want']), n")
+    run_on_isa_build(saved, check, ["tests/kernels/test_cpu_kernels.py"], "never_depends")
+
+
+@pytest.mark.skipif(not _has_vnni(), reason="no VNNI here: the default build is the AVX2 path")
 def test_the_avx2_build_gives_the_same_bits():
     """The AVX2-only build keeps q4 and q5 in rows at load, but groups given to it are multiplied by the
     statement's lane-by-lane form (affine_groups.h's group_rows_portable) and the panels from groups: the same

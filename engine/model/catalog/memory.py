@@ -214,7 +214,8 @@ def _weight_parts(info: ModelInfo, fmt: str, elt: int = 4, device: str = "cpu") 
             joined = repack.fused_into(t.name, packed, kernels_of if own else None) and not c.fused_projections
             if joined:
                 total -= experts.matrices(t.shape) * repack.scale_buffers(kernel) * 2 * SCALE_PAD  # one per fused matrix
-            if not device.startswith("cuda") and repack.minimums_left_out(t.name, packed_types, rows, kernels_of, own):
+            if not device.startswith("cuda") and repack.minimums_left_out(t.name, packed_types, rows, kernels_of,
+                                                                          own):
                 total -= t.numel // GROUP * 2 + (0 if joined else 2 * SCALE_PAD)  # the minimums' buffer, freed
         elif t.name == head and not packed:  # a dense head is padded to the kernels' vocabulary multiple
             total += kernels.pad_vocab(t.shape[0]) * t.numel // t.shape[0] * elt

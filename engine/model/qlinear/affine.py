@@ -21,9 +21,9 @@ class AffineLinear(PackedLinear):
     group() regroups the rows 16 at a time (kernels.packed's q4g and q5g, `_group` / `_ungroup`: the same bits,
     a decode-sized product without the per-row tile's horizontal sums), for the decoder layers' matrices once a
     model is loaded (engine.model.loader.group_matrices); `grouped` says which. Groups whose every minimum is
-    -centre * scale (GGUF Q4_0 and Q5_0) drop them (`minimum` None): the group kernels need not read them, and
-    the bytes a token reads are the file's. Row access (rows, dense_rows, dense_into, embedding rows) reads
-    either layout."""
+    -centre * scale (GGUF Q4_0 and Q5_0) drop them (`minimum` None), so the bytes a token reads are the file's;
+    Q4_0's then multiply as q8 rows of the same weights (kernels/cpu/affine_groups.h). Row access (rows,
+    dense_rows, dense_into, embedding rows) reads either layout."""
 
     centre: float  # the code the format centres its products on (a Q4_0 / Q5_0 block's minimum is -centre * d)
 
@@ -72,7 +72,9 @@ class AffineLinear(PackedLinear):
     def _minimums(self, groups) -> torch.Tensor:
         """The minimums of `groups` (an index into the groups), -centre * scale where the groups dropped them
         (exact: the centre is a power of two)."""
-        return self.minimum[groups] if self.minimum is not None else (self.scale[groups].float() * -self.centre).half()
+        if self.minimum is not None:
+            return self.minimum[groups]
+        return (self.scale[groups].float() * -self.centre).half()
 
     def group(self) -> bool:
         """Regroup the rows where the format's group kernel is vectorized, the weights are on the CPU and whole

@@ -44,7 +44,7 @@ struct Panel {
   std::vector<float> dw, zw;
   std::vector<int32_t> slo, shi;
   std::vector<int32_t> mins;  // Q2_K's minimum pairs (q6.h's unpack_panel), read by its gemm_tile only
-  int32_t offset = 128;
+  int32_t offset = 128;  // only q4g's unpacker sets another (8), on every call: each format has its own Panel
   View view() const { return {codes.data(), dw.data(), zw.data(), slo.data(), shi.data(), offset}; }
 };
 

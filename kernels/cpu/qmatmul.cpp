@@ -192,7 +192,6 @@ void compute(const Weights& w, const QuantAct& a, int64_t M, int64_t Nout, Act a
 template <int F>
 gemm::View unpack(const Weights& w, int64_t n0, int cols, gemm::Panel& panel, std::vector<float>& dw) {
   if (F == kQ8G) return q8g::view(w.qs, w.d, w.nb, n0 / q8g::kRows, dw);
-  panel.offset = 128;  // q8-form codes' (a centred group's unpacker sets its own)
   if constexpr (F == formats::kIQ4XS) {
     iq4xs::unpack_panel(w.qs, w.nb, n0, cols, panel);
   } else if constexpr (lut4::kIs<F>) {

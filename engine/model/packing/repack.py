@@ -108,22 +108,10 @@ def keeps_packed(name: str, dtype: str, ndim: int, fmt: str) -> bool:
     return fmt == "q8" or dtype not in _DENSE
 
 
-def fused_into(name: str, packed: set[str] | dict, kernels: dict[str, str] | None = None) -> bool:
-    """Whether `name` is a later part of a fused group (k and v of q|k|v, up of gate|up) whose first part is
-    in `packed` too: its packed scales then join the first part's buffer (one SCALE_PAD for the group). With
-    `kernels` ({name: kernel format}, mixed groups kept in parts) a group of mixed formats joins nothing."""
-    for group in _FUSED:
-        for part in group[1:]:
-            first = name[: -len(part)] + group[0]
-            if name.endswith(part) and first in packed:
-                return kernels is None or all(kernels.get(name[: -len(part)] + p, kernels[first]) == kernels[first]
-                                              for p in group)
-    return False
-
-
 def matrix_parts(name: str, packed: set[str] | dict, kernels: dict[str, str] | None = None) -> list[str]:
-    """The packed stored names that become one matrix with `name` (its q|k|v or gate|up, fused_into's rule; with
-    `kernels`, a mixed group's parts stay apart), or [name] for a matrix of its own."""
+    """The packed stored names that become one matrix with `name` (its q|k|v or gate|up, first part first, where
+    that first part is packed; with `kernels`, a mixed group's parts stay apart), or [name] for a matrix of its
+    own."""
     for group in _FUSED:
         for part in group:
             stem = name[: -len(part)]
@@ -132,6 +120,13 @@ def matrix_parts(name: str, packed: set[str] | dict, kernels: dict[str, str] | N
                 if kernels is None or len({kernels[n] for n in names}) == 1:
                     return names
     return [name]
+
+
+def fused_into(name: str, packed: set[str] | dict, kernels: dict[str, str] | None = None) -> bool:
+    """Whether `name` is a later part of a fused group (k and v of q|k|v, up of gate|up) whose first part is
+    in `packed` too: its packed scales then join the first part's buffer (one SCALE_PAD for the group). With
+    `kernels` ({name: kernel format}, mixed groups kept in parts) a group of mixed formats joins nothing."""
+    return matrix_parts(name, packed, kernels)[0] != name
 
 
 def minimums_left_out(name: str, packed: dict[str, str], rows: dict[str, int], kernels: dict[str, str],
